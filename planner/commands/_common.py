@@ -1,0 +1,97 @@
+"""Flags and output helpers shared by several commands (one place, so every command spells them alike)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from planner.errors import ConfigError
+from planner.types import ParallelConfig
+
+RECOMPUTE_CHOICES = ("none", "selective", "full")
+
+
+def add_json_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print exactly one JSON document on stdout")
+
+
+def emit_json(document: Any) -> None:
+    """Print one deterministic JSON document on stdout."""
+    sys.stdout.write(json.dumps(document, indent=2, sort_keys=True) + "\n")
+
+
+def add_dim_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dim", action="append", default=[], metavar="NAME=INT",
+                        help="bind a symbolic dimension (repeatable), e.g. --dim batch=1 --dim seq=2048")
+
+
+def parse_dims(items: list[str]) -> dict[str, int]:
+    dims: dict[str, int] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise ConfigError(f"--dim {item!r}: expected NAME=INT, e.g. --dim seq=2048")
+        try:
+            number = int(value)
+        except ValueError:
+            raise ConfigError(f"--dim {item!r}: {value!r} is not an integer; use e.g. --dim {name}=1") from None
+        if number <= 0:
+            raise ConfigError(f"--dim {item!r}: a dimension must be a positive integer")
+        dims[name.strip()] = number
+    return dims
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive integer")
+    return value
+
+
+def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cluster", required=True,
+                        help="a cluster file (YAML/JSON) or a shorthand NODE*COUNT[+NODE*COUNT...]")
+    parser.add_argument("--global-batch", type=positive_int, required=True, metavar="N",
+                        help="samples per iteration")
+    parser.add_argument("--tables", metavar="FILE",
+                        help='embedding-table statistics, JSON/YAML {"tables": [{"name","rows","dim","pooling_factor"}]}')
+    add_dim_flag(parser)
+
+
+def add_config_flags(parser: argparse.ArgumentParser, required: bool = False) -> None:
+    """The parallel-configuration flags; for `plan` and `whatif` each one pins that choice."""
+    parser.add_argument("--tp", type=positive_int, required=required, help="tensor-parallel degree")
+    parser.add_argument("--pp", type=positive_int, required=required, help="pipeline-parallel degree (stages)")
+    parser.add_argument("--dp", type=positive_int, required=required, help="data-parallel degree")
+    parser.add_argument("--micro-batch", type=positive_int, help="micro-batch size (omitted: the best feasible)")
+    parser.add_argument("--vpp", type=positive_int, help="virtual pipeline stages per device (interleaved schedule)")
+    parser.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage")
+    parser.add_argument("--recompute", choices=RECOMPUTE_CHOICES, help="activation recomputation")
+    parser.add_argument("--sequence-parallel", action="store_true", default=None,
+                        help="shard layer-norm/dropout activations across the tensor-parallel group")
+    parser.add_argument("--schedule", choices=("1f1b", "interleaved", "gpipe"), help="pipeline schedule")
+    parser.add_argument("--optimizer", choices=("adam", "sgd", "adagrad"), default="adam")
+
+
+def config_from_args(args: argparse.Namespace, defaults_to_one: bool = True) -> ParallelConfig:
+    """A ParallelConfig from the flags. For `estimate`, tp/pp/dp are given; for `plan` they may be None
+    (searched), which ``defaults_to_one=False`` keeps as 0 meaning "free"."""
+    free = 1 if defaults_to_one else 0
+    return ParallelConfig(
+        global_batch=args.global_batch,
+        tp=args.tp if args.tp is not None else free,
+        pp=args.pp if args.pp is not None else free,
+        dp=args.dp if args.dp is not None else free,
+        micro_batch=args.micro_batch,
+        vpp=args.vpp,
+        zero=args.zero,
+        recompute=args.recompute,
+        sequence_parallel=args.sequence_parallel,
+        schedule=args.schedule,
+        optimizer=args.optimizer,
+    )

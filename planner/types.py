@@ -1,0 +1,268 @@
+"""Stage contracts: the small frozen data classes that flow between the pipeline's boxes.
+
+    MODEL.onnx --graph/--> LayerGraph (+ EmbeddingTable)      hardware_profiles/ --hardware/--> Cluster
+                                  \\                                   /
+                                   cost/ --> Estimate  <-- ParallelConfig
+                                                 |
+                                             search/ --> Plan (planner.plan)
+
+A reader learns the whole pipeline from this file. Nothing here computes much; every stage takes these
+objects and never mutates them.
+
+Conventions
+-----------
+* Units are in the names: ``_s`` seconds, ``_bytes`` bytes, ``_Bps`` bytes per second, ``flops`` counts
+  floating-point operations (a multiply-add is 2), ``_flops_per_s`` FLOP/s.
+* Per-layer numbers in :class:`Layer` and :class:`OpCost` are for ONE sample (batch dimension = 1) of the
+  bound dimensions; they scale linearly with the micro-batch. ``LayerGraph.batch`` records the batch the user
+  bound (``--dim batch=N``), which ``inspect`` multiplies back in for its report.
+* Training numerics: bf16/fp16 activations and weights (2 bytes), fp32 master weights and optimizer states.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+# ----------------------------------------------------------------------------------------------- graph
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """Forward cost of one ONNX node, for one sample.
+
+    ``gemm`` is the (m, n, k) of the node's matrix product where it has one (MatMul, Gemm, Conv as
+    implicit GEMM), with every batch-like dimension folded into ``m`` for ONE sample; the cost model uses
+    it for size-dependent efficiency. ``tp_split`` says how Megatron-style tensor parallelism splits it:
+    ``"column"`` (output features split, no communication), ``"row"`` (input features split; an all-reduce of
+    its output follows), ``"sharded"`` (element-wise work on an already-split tensor, divided by tp) or
+    ``"replicated"`` (every tensor-parallel rank does all of it).
+    """
+
+    name: str
+    op_type: str
+    flops: float
+    bytes_read: float
+    bytes_written: float
+    gemm: tuple[int, int, int] | None = None
+    tp_split: str = "replicated"
+
+
+@dataclass(frozen=True)
+class TransformerDims:
+    """Shape of a transformer block, where the importer recognised one (the cost and memory models use it
+    for tensor-parallel divisibility and Korthikanti et al.'s activation formulas)."""
+
+    hidden: int
+    heads: int
+    seq_len: int
+    ffn: int
+    kv_heads: int | None = None
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One pipeline unit (an embedding, a transformer block, a head, an MLP layer...). Numbers per sample."""
+
+    index: int
+    name: str
+    kind: str  # "embedding" | "block" | "head" | "mlp" | "other"
+    params: int
+    flops_forward: float
+    activation_bytes: float  # saved for backward, tp=1, no recompute
+    output_bytes: float  # the boundary tensor(s) handed to the next layer
+    ops: tuple[OpCost, ...] = ()
+    transformer: TransformerDims | None = None
+    input_bytes: float = 0.0  # boundary tensor(s) received from the previous layer
+
+
+@dataclass(frozen=True)
+class EmbeddingTable:
+    """A sparse embedding table (rows x dim), looked up ``pooling_factor`` times per sample."""
+
+    name: str
+    rows: int
+    dim: int
+    pooling_factor: float = 1.0
+    dtype_bytes: int = 4  # stored precision of the table (fp32 unless stated)
+
+
+@dataclass(frozen=True)
+class LayerGraph:
+    """An imported model: ordered pipeline units plus its embedding tables."""
+
+    name: str
+    layers: tuple[Layer, ...]
+    embedding_tables: tuple[EmbeddingTable, ...] = ()
+    batch: int = 1  # the bound batch (micro-batch) dimension used for reporting
+    dims: tuple[tuple[str, int], ...] = ()  # every bound symbolic dimension, sorted by name
+    family: str | None = None  # "gpt", "llama", "bert", "dlrm" when known (from builder metadata)
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def params(self) -> int:
+        return sum(layer.params for layer in self.layers)
+
+    @property
+    def flops_forward(self) -> float:
+        """Forward FLOPs per sample."""
+        return sum(layer.flops_forward for layer in self.layers)
+
+
+# -------------------------------------------------------------------------------------------- hardware
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """One accelerator model. ``peak_flops_per_s`` is dense peak per dtype (``fp32``, ``tf32``, ``fp16``,
+    ``bf16``, ``fp8``). ``gemm_efficiency`` is a curve of (GEMM FLOPs, achieved fraction of peak) pairs,
+    interpolated in log-space; ``memory_efficiency`` is the achieved fraction of ``memory_bandwidth_Bps``."""
+
+    name: str
+    peak_flops_per_s: Mapping[str, float]
+    memory_bytes: int
+    memory_bandwidth_Bps: float
+    gemm_efficiency: tuple[tuple[float, float], ...] = ((1.0, 0.7),)
+    memory_efficiency: float = 0.8
+    vendor: str = "nvidia"
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class NodeProfile:
+    """A server: ``devices_per_node`` identical devices joined by an intra-node fabric, and NICs.
+    Bandwidths are per device (intra) and per node (inter), each way."""
+
+    name: str
+    device: DeviceProfile
+    devices_per_node: int
+    intra_node_bandwidth_Bps: float
+    intra_node_latency_s: float
+    inter_node_bandwidth_Bps: float
+    inter_node_latency_s: float
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class DeviceGroup:
+    """``count`` identical nodes of a cluster. Devices are numbered globally from ``first_device``."""
+
+    name: str
+    node: NodeProfile
+    count: int
+    first_device: int = 0
+    price_per_node_hour: float | None = None
+
+    @property
+    def num_devices(self) -> int:
+        return self.count * self.node.devices_per_node
+
+
+@dataclass(frozen=True)
+class Cluster:
+    groups: tuple[DeviceGroup, ...]
+    fabric_latency_s: float = 5e-6
+    oversubscription: float = 1.0
+    name: str = ""
+
+    @property
+    def num_devices(self) -> int:
+        return sum(g.num_devices for g in self.groups)
+
+    @property
+    def device_types(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(g.node.device.name for g in self.groups))
+
+
+# ------------------------------------------------------------------------------------------ cost model
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """One parallel configuration. Fields left ``None`` resolve to the best feasible choice."""
+
+    global_batch: int
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    micro_batch: int | None = None
+    vpp: int | None = None
+    zero: int | None = None
+    recompute: str | None = None  # "none" | "selective" | "full"
+    sequence_parallel: bool | None = None
+    schedule: str | None = None  # "1f1b" | "interleaved" | "gpipe"
+    optimizer: str = "adam"  # "adam" | "sgd" | "adagrad"
+    dtype: str = "bf16"
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Seconds per part of one iteration, on the critical path; ``total_s`` is their sum."""
+
+    compute_s: float = 0.0
+    tp_comm_s: float = 0.0
+    pp_comm_s: float = 0.0
+    dp_comm_s: float = 0.0
+    bubble_s: float = 0.0
+    optimizer_s: float = 0.0
+    embedding_s: float = 0.0
+
+    @property
+    def total_s(self) -> float:
+        return (self.compute_s + self.tp_comm_s + self.pp_comm_s + self.dp_comm_s + self.bubble_s
+                + self.optimizer_s + self.embedding_s)
+
+    def to_dict(self) -> dict[str, float]:
+        return {
+            "compute_s": self.compute_s, "tp_comm_s": self.tp_comm_s, "pp_comm_s": self.pp_comm_s,
+            "dp_comm_s": self.dp_comm_s, "bubble_s": self.bubble_s, "optimizer_s": self.optimizer_s,
+            "embedding_s": self.embedding_s,
+        }
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes per device, by kind."""
+
+    weights_bytes: float = 0.0
+    gradients_bytes: float = 0.0
+    optimizer_bytes: float = 0.0
+    activations_bytes: float = 0.0
+    other_bytes: float = 0.0  # workspace, communication buffers, fragmentation margin
+
+    @property
+    def total_bytes(self) -> float:
+        return (self.weights_bytes + self.gradients_bytes + self.optimizer_bytes + self.activations_bytes
+                + self.other_bytes)
+
+
+@dataclass(frozen=True)
+class StageEstimate:
+    """One pipeline stage as the cost model sees it."""
+
+    index: int
+    first_layer: int
+    last_layer: int  # inclusive
+    device_type: str
+    devices: tuple[int, ...]
+    tp: int
+    dp: int
+    forward_s: float  # one micro-batch, compute + tp communication
+    backward_s: float  # one micro-batch, including recompute
+    memory: MemoryBreakdown
+    memory_capacity_bytes: float
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The cost model's prediction for one resolved configuration."""
+
+    config: ParallelConfig  # every field resolved
+    iteration_time_s: float
+    throughput_samples_per_s: float
+    feasible: bool
+    memory_per_device_bytes: float  # the largest over devices
+    breakdown: Breakdown
+    stages: tuple[StageEstimate, ...] = ()
+    reason: str = ""  # why infeasible, or empty
+    notes: tuple[str, ...] = field(default_factory=tuple)

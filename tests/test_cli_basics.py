@@ -1,0 +1,26 @@
+import subprocess
+import sys
+
+import pytest
+
+from planner.cli import main
+
+
+def test_help_exits_zero(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    assert "planner" in capsys.readouterr().out
+
+
+def test_unknown_command_is_one_line_exit_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["no-such-command"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("planner: error:")
+
+
+def test_python_dash_m():
+    out = subprocess.run([sys.executable, "-m", "planner", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0
