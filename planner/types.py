@@ -196,6 +196,44 @@ class ParallelConfig:
 
 
 @dataclass(frozen=True)
+class ReplicaSpec:
+    """A set of identical devices serving one pipeline stage: ``dp`` replicas of a ``tp``-way group.
+    ``batch_share`` is the fraction of the stage's samples these devices process (heterogeneous data
+    parallelism gives faster device types a larger share); the shares of a stage sum to 1."""
+
+    devices: tuple[int, ...]  # global device ids, len == tp * dp, tp-groups contiguous
+    tp: int
+    dp: int
+    batch_share: float = 1.0
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """Layers ``first_layer..last_layer`` (inclusive) on one or more replica groups."""
+
+    first_layer: int
+    last_layer: int
+    replicas: tuple[ReplicaSpec, ...]
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    """A fully explicit plan shape, as the search hands it to the cost model (uneven layer splits,
+    a device type per stage, heterogeneous replicas). Every field resolved."""
+
+    stages: tuple[StageSpec, ...]
+    global_batch: int
+    micro_batch: int
+    vpp: int = 1
+    zero: int = 0
+    recompute: str = "none"
+    sequence_parallel: bool = False
+    schedule: str = "1f1b"
+    optimizer: str = "adam"
+    dtype: str = "bf16"
+
+
+@dataclass(frozen=True)
 class Breakdown:
     """Seconds per part of one iteration, on the critical path; ``total_s`` is their sum."""
 
