@@ -99,6 +99,19 @@ class CostModelBackend:
             self._segments[key] = hit
         return hit
 
+    def _memory_of(self, option: StageOption, settings: Settings) -> tuple[np.ndarray, np.ndarray]:
+        """Per segment: memory with no micro-batch in flight, and what each one in flight adds (the cost
+        model's stage memory is affine in the micro-batches in flight)."""
+        key = ("memory", option, settings)
+        hit = self._segments.get(key)
+        if hit is None:
+            _, _, params, act, peak = self._segments_of(option, settings)
+            zero, one = (stage_memory(params, act, n, settings.zero, settings.dp, settings.optimizer, settings.dtype,
+                                      peak).total_bytes for n in (0, 1))
+            hit = (zero, one - zero)
+            self._segments[key] = hit
+        return hit
+
     def stage_matrices(self, layout: Layout, settings: Settings, global_batch: int):
         m = settings.num_micro_batches(global_batch)
         P = layout.num_stages
@@ -111,9 +124,8 @@ class CostModelBackend:
             sends.append(self._send_s(devices[k][0], devices[k + 1][0], self.layer_table(option, settings).output_bytes,
                                       option) if k + 1 < P else None)
             in_flight = micro_batches_in_flight(k, P, m, settings.schedule, settings.vpp)
-            mem = stage_memory(params, act, in_flight, settings.zero, settings.dp, settings.optimizer,
-                               settings.dtype, peak)
-            fits.append(mem.total_bytes <= self.capacity_bytes(option))
+            empty, per_micro_batch = self._memory_of(option, settings)
+            fits.append(empty + in_flight * per_micro_batch <= self.capacity_bytes(option))
         return bound_matrices(fwd, bwd, sends, fits, self._tail0(layout.options[0], devices[0], settings), m)
 
     def _tail0(self, option: StageOption, devices: tuple[int, ...], settings: Settings) -> np.ndarray:
