@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from planner.hardware.cluster import locate
-from planner.plan import Plan, SearchInfo, StagePlan
+from planner.plan import Plan, SearchInfo, StagePlan, cluster_summary
 from planner.types import Cluster, Estimate, LayerGraph, PipelineSpec
 
 
@@ -19,13 +19,6 @@ def physical_bound_s(model: LayerGraph, cluster: Cluster, spec: PipelineSpec) ->
     return 3.0 * model.flops_forward * spec.global_batch / peak if peak else 0.0
 
 
-def cluster_summary(cluster: Cluster) -> dict:
-    return {"name": cluster.name, "num_devices": cluster.num_devices,
-            "groups": [{"name": g.name, "node": g.node.name, "device": g.node.device.name, "count": g.count,
-                        "devices": g.num_devices, "first_device": g.first_device}
-                       for g in cluster.groups]}
-
-
 def to_plan(model: LayerGraph, cluster: Cluster, spec: PipelineSpec, estimate: Estimate, search: SearchInfo,
             bottleneck: str) -> Plan:
     stages = []
@@ -39,7 +32,7 @@ def to_plan(model: LayerGraph, cluster: Cluster, spec: PipelineSpec, estimate: E
             time_s=float(est.forward_s + est.backward_s)))
     m = spec.global_batch // (spec.micro_batch * spec.stages[0].replicas[0].dp)
     return Plan(
-        model={"name": model.name, "params": model.params, "flops_per_sample": 3.0 * model.flops_forward,
+        model={"name": model.name, "params": model.params, "flops_per_sample": model.flops_forward,
                "layers": len(model.layers)},
         cluster=cluster_summary(cluster), global_batch=spec.global_batch, micro_batch=spec.micro_batch,
         num_micro_batches=m, schedule=spec.schedule, zero=spec.zero,

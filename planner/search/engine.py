@@ -33,7 +33,7 @@ from planner.types import Cluster, Estimate, PipelineSpec, ReplicaSpec, StageSpe
 
 log = logging.getLogger(__name__)
 
-MAX_GRID = 16  # stage-count combinations per pool set before mixed layouts fall back to whole pools
+MAX_GRID = 64  # stage-count combinations per pool set before mixed layouts fall back to whole pools
 _REL_TOL = 1e-9
 
 
