@@ -13,8 +13,10 @@ micro-batches in flight (1F1B: n_k = min(P - k, m)) needs
 Summing over stages, sum_l min_o (c1 ppr_l + act_l)/room + sum_k (n_k - 1) act(S_k)/room <= P; every stage
 but the last holds at least one layer, so the second sum is at least the rearrangement pairing of the
 P - 1 largest (n_k - 1) with the P - 1 smallest per-layer act/room. Each layer alone (with its transient
-peak) must also fit on some option, and the stages of any subset of options need as many distinct layers
-that fit on one of them (Hall's condition: every stage holds at least one layer).
+peak) must also fit on some option, and the stages of any subset T of options need distinct layers that
+fit on one of them (Hall's condition: every stage holds at least one layer). In any order, T's c_T stages
+sit at distinct positions, so for i = 1..c_T at least c_T - i + 1 of them hold min(i, m) or more
+micro-batches: the i-th layer best able to carry in-flight micro-batches on T must carry min(c_T - i + 1, m).
 """
 
 from __future__ import annotations
@@ -62,6 +64,19 @@ def option_profile(backend: Backend, option: StageOption, settings: Settings) ->
                          peak_unit=units[2])
 
 
+def _hall_table(carry: np.ndarray, num_micro_batches: int) -> np.ndarray:
+    """``ok[c]``: c stages can each get a distinct layer, the i-th (1-based) carrying min(c - i + 1, m)
+    micro-batches, given each layer's ``carry`` (the most micro-batches it can hold alone)."""
+    L = len(carry)
+    best = np.sort(carry)[::-1]
+    ok = np.zeros(L + 1, dtype=bool)
+    ok[0] = True
+    for count in range(1, L + 1):
+        need = np.minimum(count - np.arange(count), num_micro_batches)
+        ok[count] = bool((best[:count] >= need).all())
+    return ok
+
+
 def _rho(values: np.ndarray, ref: int) -> np.ndarray:
     """min_l values[o, l] / values[ref, l] over layers where the reference is positive, per option o."""
     base = values[ref]
@@ -86,6 +101,10 @@ def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_ba
     act = np.stack([p.act_unit for p in profiles])
     alone = static + act + np.stack([p.peak_unit for p in profiles])
     O, L = fwd.shape
+    with np.errstate(divide="ignore", invalid="ignore"):
+        spare = 1.0 - static - np.stack([p.peak_unit for p in profiles])
+        max_in_flight = np.where(spare < 0, -1.0, np.where(act > 0, np.floor(spare / np.where(act > 0, act, 1.0)),
+                                                            np.inf))
     # rho[ref, o]: q_l(o) >= rho * q_l(ref) for q = (m - 1) b + x f with any x >= 0
     rho = np.stack([np.minimum(_rho(bwd, ref), _rho(fwd, ref)) for ref in range(O)])
     with np.errstate(divide="ignore"):
@@ -120,11 +139,12 @@ def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_ba
         with np.errstate(invalid="ignore"):
             pairing = weights @ np.where(np.isfinite(smallest_act), smallest_act, 1e300)
         worst = float(alone[M].min(axis=0).max())
-        fits = alone[M] <= 1.0  # (|M|, L): layer fits alone on the option
         subsets = np.array([[i in t for i in range(len(M))] for size in range(1, len(M) + 1)
-                            for t in itertools.combinations(range(len(M)), size)], dtype=float)
-        room_for = np.array([int(fits[t.astype(bool)].any(axis=0).sum()) for t in subsets])
-        hall = ((c[:, M] @ subsets.T) <= room_for[None, :]).all(axis=1)
+                            for t in itertools.combinations(range(len(M)), size)], dtype=bool)
+        carry = max_in_flight[M]  # (|M|, L)
+        ok = np.stack([_hall_table(carry[t].max(axis=0), m) for t in subsets])  # (subsets, L + 1)
+        need = (c[:, M] @ subsets.T.astype(float)).astype(int)  # (rows, subsets): stages on each subset
+        hall = ok[np.arange(len(subsets))[None, :], np.minimum(need, L + 1 - 1)].all(axis=1) & (need <= L).all(axis=1)
         feasible = (worst <= 1.0) & hall & (base_use + pairing[P_rows] <= P_rows * (1 + 1e-12))
         out[rows] = np.where(feasible, sum_min + max_g, np.inf)
     return out
