@@ -128,9 +128,9 @@ def _layers(graph: OpGraph, units: list[layer_detection.Unit], costs: dict[int, 
     params = [0] * n
     saved_bytes = [0.0] * n
     assigned: set[str] = set()
-    counted: set[str] = set()
     b = graph.static_batch
     for k, unit in enumerate(units):
+        counted: set[str] = set()  # a tensor saved by ops of two layers lives on both their stages
         for i in sorted(unit.nodes):
             node = graph.nodes[i]
             for t in node.inputs:

@@ -64,7 +64,7 @@ def _by_scope(graph: OpGraph, compute: list[Node], flops: dict[int, float], has_
             if key:
                 covered.setdefault(key[0], {}).setdefault(key[1], 0.0)
                 covered[key[0]][key[1]] += flops.get(node.index, 0.0)
-    ranked = sorted(((sum(v.values()), k) for k, v in covered.items() if len(v) >= 2), key=lambda x: (-x[0], x[1]))
+    ranked = sorted(((sum(v.values()), k) for k, v in covered.items()), key=lambda x: (-x[0], x[1]))
     chosen: list[tuple[str, ...]] = []
     for share, key in ranked:
         if share < _MIN_SHARE * total:
@@ -164,7 +164,7 @@ def _by_structure(graph: OpGraph, compute: list[Node], has_param: set[int], tabl
         pieces.append([node.index for node in compute[start:b + 1]])
         start = b + 1
     pieces.append([node.index for node in compute[start:]])
-    pieces = _merge_weightless(pieces, has_param)
+    pieces = _merge_weightless(graph, pieces, has_param)
     sigs = [_signature(graph, piece) for piece in pieces]
     start, period, count = _best_run(sigs)
     units: list[Unit] = []
@@ -211,21 +211,28 @@ _MLP_OPS = frozenset({"MatMul", "Gemm", "Add", "Relu", "Gelu", "Sigmoid", "Tanh"
                       "Identity", "Cast", "Squeeze", "Unsqueeze"})
 
 
-def _merge_weightless(pieces: list[list[int]], has_param: set[int]) -> list[list[int]]:
-    """A piece without parameters joins the piece before it (the first one joins the next)."""
+def _merge_weightless(graph: OpGraph, pieces: list[list[int]], anchors: set[int]) -> list[list[int]]:
+    """A piece without a matrix product joins the piece before it; the first ones join the next, and so
+    does a piece with parameters just before the last anchored piece (a final norm belongs to the head)."""
+    anchored = [any(i in anchors for i in piece) for piece in pieces]
+    last_anchor = max((k for k, a in enumerate(anchored) if a), default=-1)
     merged: list[list[int]] = []
     pending: list[int] = []
-    for piece in pieces:
-        if any(i in has_param for i in piece):
+    for k, piece in enumerate(pieces):
+        if anchored[k]:
             merged.append(pending + piece)
             pending = []
-        elif merged:
-            merged[-1].extend(piece)
-        else:
+        elif not merged or (k == last_anchor - 1 and _has_params(graph, piece)):
             pending.extend(piece)
+        else:
+            merged[-1].extend(piece)
     if pending:
         merged.append(pending)
     return merged
+
+
+def _has_params(graph: OpGraph, piece: list[int]) -> bool:
+    return any(t in graph.param_roots for i in piece for t in graph.nodes[i].inputs)
 
 
 def _signature(graph: OpGraph, piece: list[int]) -> int:

@@ -368,6 +368,18 @@ def _infer_shapes(model: onnx.ModelProto, bound: dict[str, int], weight_inputs: 
     for t in src.initializer:
         shapes[t.name] = tuple(t.dims)
         types[t.name] = t.data_type
+    # where inference left a gap (custom ops), trust the shapes the exporter declared
+    for vi in list(src.value_info) + list(src.output):
+        if shapes.get(vi.name) is None and vi.type.tensor_type.HasField("shape"):
+            dims = []
+            for d in vi.type.tensor_type.shape.dim:
+                value = d.dim_value if d.HasField("dim_value") else bound.get(d.dim_param)
+                if value is None:
+                    break
+                dims.append(value)
+            else:
+                shapes[vi.name] = tuple(dims)
+                types.setdefault(vi.name, vi.type.tensor_type.elem_type)
     return shapes, types
 
 
