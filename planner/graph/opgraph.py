@@ -9,6 +9,7 @@ every other one to the user's ``--dim`` value or the model's ``planner.default_d
 from __future__ import annotations
 
 import ast
+import heapq
 import json
 import logging
 from dataclasses import dataclass, field
@@ -102,14 +103,15 @@ class OpGraph:
     dims: dict[str, int] = field(default_factory=dict)
     family: str | None = None
     warnings: list[str] = field(default_factory=list)
+    _numels: dict[str, int | None] = field(default_factory=dict, repr=False)
 
     def numel(self, tensor: str) -> int | None:
+        cache = self._numels
+        if tensor in cache:
+            return cache[tensor]
         shape = self.shapes.get(tensor)
-        if shape is None:
-            return None
-        n = 1
-        for d in shape:
-            n *= d
+        n = None if shape is None else _numel(shape)
+        cache[tensor] = n
         return n
 
     def is_compute(self, node: Node) -> bool:
@@ -134,7 +136,7 @@ def build(model: onnx.ModelProto, dims: Mapping[str, int] | None, name: str) -> 
     family = meta.get("planner.family") or None
     bound, user_batch, static_batch = _bind_dims(graph, data_inputs, dims or {}, meta, name)
     batch_dim = _batch_name(graph, data_inputs)
-    shapes, types = _infer_shapes(model, bound, weight_inputs, data_inputs, name)
+    shapes, types = _infer_shapes(model, bound, data_inputs, name)
 
     const, param_roots, params = _constants(graph, nodes, init_names, weight_inputs, types, shapes, consumers)
     producer = {t: node.index for node in nodes for t in node.outputs if t}
@@ -155,13 +157,14 @@ def _topological(graph: onnx.GraphProto, init_names: set[str], name: str) -> lis
     """Kahn's algorithm; a cycle or a tensor that nothing produces is a ModelError naming the node."""
     protos = list(graph.node)
     _check_text(graph, name)
-    inputs_of = [tuple(p.input) + _implicit_inputs(p) for p in protos]
+    inputs_of = [tuple(p.input) + _implicit_inputs(p) if p.op_type in _SUBGRAPH_OPS or p.domain not in ("", "ai.onnx")
+                 else tuple(p.input) for p in protos]
     available = {i.name for i in graph.input} | init_names | {""}
     producer: dict[str, int] = {}
     for i, p in enumerate(protos):
         for t in p.output:
             if t:
-                if t in producer or t in available - {""}:
+                if t in producer or t in available:
                     raise ModelError(f"{name}: tensor '{t}' is produced twice (by node "
                                      f"'{p.name or p.op_type}'); the graph is not valid ONNX")
                 producer[t] = i
@@ -178,16 +181,16 @@ def _topological(graph: onnx.GraphProto, init_names: set[str], name: str) -> lis
         waiting[i] = len(deps)
         for d in deps:
             users.setdefault(d, []).append(i)
-    ready = [i for i in range(len(protos)) if waiting[i] == 0]
+    ready = [i for i in range(len(protos)) if waiting[i] == 0]  # a heap: file order among ready nodes
+    heapq.heapify(ready)
     order: list[int] = []
     while ready:
-        ready.sort(reverse=True)  # keep file order among ready nodes (deterministic)
-        i = ready.pop()
+        i = heapq.heappop(ready)
         order.append(i)
         for u in users.get(i, ()):
             waiting[u] -= 1
             if waiting[u] == 0:
-                ready.append(u)
+                heapq.heappush(ready, u)
     if len(order) != len(protos):
         stuck = next(i for i in range(len(protos)) if waiting[i] > 0)
         p = protos[stuck]
@@ -200,15 +203,19 @@ def _topological(graph: onnx.GraphProto, init_names: set[str], name: str) -> lis
     return nodes
 
 
+_SUBGRAPH_OPS = frozenset({"Loop", "If", "Scan", "SequenceMap"})
+
+
 def _check_text(graph: onnx.GraphProto, name: str) -> None:
     """Protobuf hands back bytes for strings that are not valid UTF-8 (a corrupted file)."""
+    texts: set[type] = set()
     for p in graph.node:
-        texts = [p.name, p.op_type, p.domain, *p.input, *p.output]
-        if not all(isinstance(t, str) for t in texts):
-            raise ModelError(f"{name}: node {p.op_type!r} has a name that is not valid UTF-8; the file is corrupted")
-    for vi in list(graph.input) + list(graph.output) + list(graph.initializer):
-        if not isinstance(vi.name, str):
-            raise ModelError(f"{name}: tensor name {vi.name!r} is not valid UTF-8; the file is corrupted")
+        texts.update(map(type, (p.name, p.op_type, p.domain)))
+        texts.update(map(type, p.input))
+        texts.update(map(type, p.output))
+    texts.update(type(vi.name) for vi in list(graph.input) + list(graph.output) + list(graph.initializer))
+    if texts - {str}:
+        raise ModelError(f"{name}: a node or tensor name is not valid UTF-8; the file is corrupted")
 
 
 def _implicit_inputs(proto: onnx.NodeProto) -> tuple[str, ...]:
@@ -350,76 +357,65 @@ def _bind_dims(graph: onnx.GraphProto, data_inputs: list[str], dims: Mapping[str
     return bound, user_batch, static_batch
 
 
-def _infer_shapes(model: onnx.ModelProto, bound: dict[str, int], weight_inputs: set[str],
-                  data_inputs: list[str], name: str) -> tuple[dict[str, tuple[int, ...] | None], dict[str, int]]:
-    """ONNX shape inference on a weight-free copy of the model with every symbolic input dim bound."""
-    src = model.graph
-    g = onnx.GraphProto(name=src.name)
-    g.node.extend(src.node)
+def _infer_shapes(model: onnx.ModelProto, bound: dict[str, int], data_inputs: list[str],
+                  name: str) -> tuple[dict[str, tuple[int, ...] | None], dict[str, int]]:
+    """ONNX shape inference with every symbolic input dim bound.
+
+    Works in place on a model the importer owns (no copy of a 100k-node graph): large initializers keep
+    their dims and type but lose their data (never used), the exporter's own value_info is set aside and
+    used only where inference leaves a gap."""
+    g = model.graph
     data_set = set(data_inputs)
-    for vi in src.input:
-        new = g.input.add()
-        new.CopyFrom(vi)
+    for vi in g.input:
         if vi.name in data_set:
-            for d in new.type.tensor_type.shape.dim:
+            for d in vi.type.tensor_type.shape.dim:
                 if not d.HasField("dim_value"):
-                    key = d.dim_param or ""
-                    value = bound.get(key, 1)
+                    value = bound.get(d.dim_param, 1)
                     d.Clear()
                     d.dim_value = value
-    declared = {vi.name for vi in src.input}
-    for t in src.initializer:
-        small = t.data_location != TensorProto.EXTERNAL and _numel(t.dims) <= 4096 and (
-            t.raw_data or _has_typed_data(t))
-        if small:
-            g.initializer.append(t)
-        if not small and t.name not in declared:
-            g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
-        elif not small:
-            # declared as input already (old IR); keep its declared type
-            pass
-    for vi in src.output:
-        out = g.output.add()
-        out.name = vi.name
-        out.type.tensor_type.elem_type = vi.type.tensor_type.elem_type
-    m = onnx.ModelProto(ir_version=model.ir_version, graph=g)
-    m.opset_import.extend(model.opset_import)
-    m.functions.extend(model.functions)
+    for t in g.initializer:
+        if t.data_location == TensorProto.EXTERNAL or _numel(t.dims) > 4096:
+            keep = (t.name, t.data_type, list(t.dims))
+            t.Clear()
+            t.name, t.data_type = keep[0], keep[1]
+            t.dims.extend(keep[2])
+    declared = _read_shapes(list(g.value_info) + list(g.output), bound)
+    del g.value_info[:]
+    for vi in g.output:
+        vi.type.tensor_type.ClearField("shape")
     try:
-        inferred = onnx.shape_inference.infer_shapes(m, check_type=False, strict_mode=False, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
     except (onnx.shape_inference.InferenceError, RuntimeError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(f"{name}: ONNX shape inference failed: {first}") from None
-    shapes: dict[str, tuple[int, ...] | None] = {}
-    types: dict[str, int] = {}
     ig = inferred.graph
-    for vi in list(ig.input) + list(ig.value_info) + list(ig.output):
-        tt = vi.type.tensor_type
-        if not vi.type.HasField("tensor_type"):
-            continue
-        if tt.elem_type:
-            types[vi.name] = tt.elem_type
-        if tt.HasField("shape"):
-            dims = tt.shape.dim
-            if all(d.HasField("dim_value") for d in dims):
-                shapes[vi.name] = tuple(d.dim_value for d in dims)
-            else:
-                shapes.setdefault(vi.name, None)
-    for t in src.initializer:
+    shapes, types = _read_shapes(list(ig.input) + list(ig.value_info) + list(ig.output), {})
+    for t in g.initializer:
         shapes[t.name] = tuple(t.dims)
         types[t.name] = t.data_type
-    # where inference left a gap (custom ops), trust the shapes the exporter declared
-    for vi in list(src.value_info) + list(src.output):
-        if shapes.get(vi.name) is None and vi.type.tensor_type.HasField("shape"):
-            dims = []
-            for d in vi.type.tensor_type.shape.dim:
-                value = d.dim_value if d.HasField("dim_value") else bound.get(d.dim_param)
-                if value is None:
-                    break
-                dims.append(value)
-            else:
-                shapes[vi.name] = tuple(dims)
-                types.setdefault(vi.name, vi.type.tensor_type.elem_type)
+    for tensor, shape in declared[0].items():
+        if shapes.get(tensor) is None and shape is not None:
+            shapes[tensor] = shape
+            types.setdefault(tensor, declared[1].get(tensor, 0))
+    return shapes, types
+
+
+def _read_shapes(infos: list[onnx.ValueInfoProto], bound: dict[str, int]):
+    """(shape or None, elem type) of tensor value infos; symbolic dims resolved through ``bound``."""
+    shapes: dict[str, tuple[int, ...] | None] = {}
+    types: dict[str, int] = {}
+    for vi in infos:
+        if not vi.type.HasField("tensor_type"):
+            continue
+        tt = vi.type.tensor_type
+        if tt.elem_type:
+            types[vi.name] = tt.elem_type
+        if not tt.HasField("shape"):
+            continue
+        dims = [d.dim_value for d in tt.shape.dim]
+        if 0 in dims:
+            dims = [d.dim_value if d.HasField("dim_value") else bound.get(d.dim_param, -1) for d in tt.shape.dim]
+        shapes[vi.name] = tuple(dims) if -1 not in dims else None
     return shapes, types
 
 
@@ -428,11 +424,6 @@ def _numel(dims) -> int:
     for d in dims:
         n *= d
     return n
-
-
-def _has_typed_data(t: TensorProto) -> bool:
-    return bool(t.float_data or t.int32_data or t.int64_data or t.double_data or t.uint64_data
-                or t.string_data) or _numel(t.dims) == 0
 
 
 def _constants(graph: onnx.GraphProto, nodes: list[Node], init_names: set[str], weight_inputs: set[str],
