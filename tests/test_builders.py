@@ -340,3 +340,18 @@ def test_dlrm_params_through_the_importer(tmp_path):
     widths = ([13, 512, 256, 64], [64 + features * (features - 1) // 2, 512, 256, 1])
     mlp = sum(a * b + b for w in widths for a, b in zip(w, w[1:]))
     assert graph.params == sum(t["rows"] * t["dim"] for t in workload["tables"]) + mlp
+
+
+@pytest.mark.parametrize("family,h,a,s,dropout,expected", [
+    # Korthikanti et al. 2022, Eq. 1: s·b·h·(34 + 5·a·s/h) bytes per block with dropout (b = 1)
+    ("gpt", 1024, 16, 2048, 0.1, 2048 * 1024 * (34 + 5 * 16 * 2048 / 1024)),
+    ("gpt", 4096, 32, 2048, 0.1, 2048 * 4096 * (34 + 5 * 32 * 2048 / 4096)),
+    ("bert", 768, 12, 512, 0.1, 512 * 768 * (34 + 5 * 12 * 512 / 768)),
+    # without dropout its masks (2sbh + a·s²·b) and the dropped-out probabilities (2a·s²·b) go
+    ("gpt", 1024, 16, 2048, 0.0, 2048 * 1024 * (32 + 2 * 16 * 2048 / 1024)),
+])
+def test_block_activations_match_korthikanti(tmp_path, family, h, a, s, dropout, expected):
+    graph = _import(tmp_path, family, {"layers": 2, "hidden": h, "heads": a, "seq_len": s, "dropout": dropout},
+                    {"batch": 1, "seq": s})
+    blocks = [layer for layer in graph.layers if layer.kind == "block"]
+    assert [layer.activation_bytes for layer in blocks] == [pytest.approx(expected, rel=1e-9)] * 2

@@ -20,8 +20,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-OPSET = 17  # LayerNormalization needs 17; every op used here exists at 17
-IR_VERSION = 8  # the IR version that opset 17 shipped with, for older runtimes
+OPSET = 20  # Gelu is an op from 20 on (LayerNormalization from 17); torch's dynamo exporter writes 20 as well
+IR_VERSION = 9  # the IR version that opset 20 shipped with, for older runtimes
 
 Dim = int | str  # a fixed size or a symbolic dimension name
 
