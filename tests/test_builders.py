@@ -185,6 +185,21 @@ def test_dlrm_runs_and_pools(tmp_path):
     assert meta["planner.tables"][1]["pooling_factor"] == 3.0
 
 
+def test_dlrm_dcn_interaction(tmp_path):
+    """DCN-v2 cross layers over the concatenation [z, e_1, e_2] of width D = 8 + 8 + 4 = 20."""
+    tables = tmp_path / "tables.json"
+    tables.write_text(json.dumps({"tables": [{"name": "a", "rows": 30, "dim": 8}, {"name": "b", "rows": 20, "dim": 4}]}))
+    model = build("dlrm", {"tables": str(tables), "dense_features": 3, "bottom_mlp": "8", "top_mlp": "1",
+                           "interaction": "dcn", "dcn_layers": 2, "dcn_rank": 5})
+    d, r = 20, 5
+    assert n_params(model) == 30 * 8 + 20 * 4 + (3 * 8 + 8) + 2 * (d * r + r * d + d) + (d + 1)
+    assert "/interaction/cross.1/U/MatMul" in [n.name for n in model.graph.node]
+    rng = np.random.default_rng(4)
+    out = run(model, {"dense_features": rng.standard_normal((2, 3)).astype(np.float32),
+                      "a_indices": rng.integers(0, 30, (2,)), "b_indices": rng.integers(0, 20, (2,))})
+    assert out.shape == (2, 1)
+
+
 def test_dlrm_takes_dense_sizes_from_a_workload_entry():
     config = resolve_settings("dlrm", {"tables": REFERENCE, "workload": "mlperf-dlrm-dcnv2"})
     assert config["bottom_mlp"] == (512, 256, 128) and config["top_mlp"] == (1024, 1024, 512, 256, 1)
