@@ -132,6 +132,14 @@ def test_llama_parameters_follow_its_formula():
     assert n_params(build("llama", {**TINY, "kv_heads": kv})) == expected
 
 
+def test_gpt_with_multi_query_attention():
+    """kv_heads = 1: the fused projection is h x (h + 2·h/a) wide, and its bias h + 2·h/a."""
+    h, a, l, v, s = 64, 4, 2, 100, 16
+    per_block_mha = 12 * h * h + 13 * h
+    fewer = 2 * (h - h // a) * (h + 1)  # k and v shrink from h to h/a columns (weights and biases)
+    assert n_params(build("gpt", {**TINY, "kv_heads": 1})) == l * (per_block_mha - fewer) + (v + s) * h + 2 * h
+
+
 def test_bert_base_parameters():
     """BERT-base with its MLM head (transform + tied decoder) and no pooler: 109,514,298 parameters, the
     count of Hugging Face's BertForMaskedLM (BertModel's 109,482,240 - pooler 590,592 + MLM head 622,650)."""
@@ -143,7 +151,7 @@ def test_bert_base_parameters():
 
 
 # ----------------------------------------------------------------------------------------- semantics
-@pytest.mark.parametrize("family,extra", [("gpt", {}), ("llama", {"kv_heads": 2})])
+@pytest.mark.parametrize("family,extra", [("gpt", {}), ("gpt", {"kv_heads": 1}), ("llama", {"kv_heads": 2})])
 def test_decoder_is_causal(family, extra):
     model = build(family, {**TINY, **extra})
     ids = np.random.default_rng(1).integers(0, 100, (2, 7))

@@ -197,7 +197,7 @@ def _embed(g: GraphBuilder, family: str, arch: _Arch, cfg: Mapping[str, Value]) 
     """The embedding layer; returns (hidden states, word-embedding weight, attention-mask bias or None)."""
     hidden, vocab = int(cfg["hidden"]), int(cfg["vocab"])
     ids = g.input("input_ids", TensorProto.INT64, [BATCH, SEQ])
-    mask_bias = None
+    mask_bias = types = mask = None
     if family == "bert":
         types = g.input("token_type_ids", TensorProto.INT64, [BATCH, SEQ])
         mask = g.input("attention_mask", TensorProto.INT64, [BATCH, SEQ])
@@ -209,7 +209,7 @@ def _embed(g: GraphBuilder, family: str, arch: _Arch, cfg: Mapping[str, Value]) 
             with g.scope("position"):
                 wpe = g.weight("weight", [int(cfg["seq_len"]), hidden])
                 x = g.op("Add", [x, g.op("Gather", [wpe, _positions(g, ids)])])
-        if family == "bert":
+        if types is not None and mask is not None:  # bert
             with g.scope("token_type"):
                 x = g.op("Add", [x, g.op("Gather", [g.weight("weight", [int(cfg["type_vocab"]), hidden]), types])])
             x = _norm(g, arch, "norm", x, hidden)
