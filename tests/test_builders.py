@@ -353,8 +353,6 @@ def test_dlrm_through_the_importer(tmp_path):
     assert products * 0.99 <= _matmul_flops(graph.layers) <= (products + bias_adds) * 1.01
 
 
-@pytest.mark.xfail(strict=True, reason="the importer does not count the top MLP's single-element output bias "
-                                       "[1] as a parameter (NOTES_FOR_GRAPH.md)")
 def test_dlrm_params_through_the_importer(tmp_path):
     graph = _import(tmp_path, "dlrm", {"tables": REFERENCE, "workload": "criteo-kaggle-dlrm"}, {"batch": 1})
     with open(REFERENCE, encoding="utf-8") as handle:

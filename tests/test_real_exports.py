@@ -36,27 +36,18 @@ STRUCTURE = {
 }
 
 _SHAPES = "ONNX shape inference leaves tensors after a Range/Slice on a computed length unknown, so their ops cost 0"
-_INPUT_WEIGHTS = ("weights given as graph inputs and used through a Transpose (Linear weights) or an "
-                  "Add/Concat/Expand (3-D embeddings) are not counted as parameters")
 KNOWN_GRAPH_GAPS = {
     ("gpt2.torchscript", "flops"): _SHAPES,
-    ("gpt2.torchscript", "params"): _INPUT_WEIGHTS,
     ("gpt2.torchscript", "layers"): "the embedding lookups (weights as inputs) are not seen as an embedding layer "
                                     "and with shapes unknown one block merges into the head",
     ("gpt2.dynamo", "flops"): _SHAPES + " (the attention score and context MatMuls)",
     ("bert.torchscript", "flops"): _SHAPES,
     ("bert.torchscript", "layers"): "with most shapes unknown the whole model becomes one 'embedding' layer",
-    ("bert.torchscript", "params"): _INPUT_WEIGHTS,
     ("bert.dynamo", "flops"): _SHAPES + " (the attention score and context MatMuls)",
     ("llama.torchscript", "flops"): _SHAPES,
-    ("llama.torchscript", "params"): _INPUT_WEIGHTS,
     ("t5.torchscript", "flops"): _SHAPES,
-    ("t5.torchscript", "params"): _INPUT_WEIGHTS,
-    ("t5.torchscript", "layers"): "the shared embedding lookups (weights as inputs) are not seen as an embedding layer",
-    ("vit.torchscript", "params"): _INPUT_WEIGHTS,
     ("dlrm.torchscript", "tables"): "EmbeddingBag exported by TorchScript (a Loop over bags) is not detected "
                                     "as a table",
-    ("dlrm.torchscript", "params"): "the EmbeddingBag weights used inside the Loop are not counted",
 }
 
 

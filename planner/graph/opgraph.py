@@ -259,9 +259,18 @@ def _scope(proto: onnx.NodeProto) -> tuple[str, ...]:
     return ()
 
 
+_VIEW_CHAIN = frozenset({"Transpose", "Reshape", "Identity", "Cast", "Unsqueeze", "Squeeze", "Flatten", "CastLike"})
+
+
 def _classify_inputs(graph: onnx.GraphProto, init_names: set[str],
                      consumers: dict[str, list[tuple[Node, int]]]) -> tuple[set[str], list[str]]:
-    """Split graph inputs into weights (exports with export_params=False) and data inputs."""
+    """Split graph inputs into weights (exports with export_params=False) and data inputs.
+
+    A data input has a symbolic dim or a non-float type. A float input with static dims is a weight when it
+    reaches a parameter slot (a Conv/Gemm weight, a MatMul's 2-D right operand, a norm's scale...) directly
+    or through view ops (``MatMul(x, Transpose(W))`` of every TorchScript ``nn.Linear``), or when the graph
+    already has a data input (a ViT's class token and position embeddings used by Expand/Concat/Add); the
+    first float input of a graph without any other data input is data (a fixed-shape image)."""
     weights: set[str] = set()
     data: list[str] = []
     for vi in graph.input:
@@ -270,17 +279,30 @@ def _classify_inputs(graph: onnx.GraphProto, init_names: set[str],
         ttype = vi.type.tensor_type
         dims = ttype.shape.dim if ttype.HasField("shape") else ()
         symbolic = any(not d.HasField("dim_value") for d in dims) or not ttype.HasField("shape")
-        is_float = ttype.elem_type in FLOAT_TYPES
-        uses = consumers.get(vi.name, [])
-        if is_float and not symbolic and uses and all(_param_slot(node, slot, vi.name, len(dims))
-                                                      for node, slot in uses):
+        if ttype.elem_type not in FLOAT_TYPES or symbolic or not consumers.get(vi.name):
+            data.append(vi.name)
+        elif data or _reaches_param_slot(vi.name, len(dims), consumers):
             weights.add(vi.name)
         else:
             data.append(vi.name)
     return weights, data
 
 
-def _param_slot(node: Node, slot: int, tensor: str, rank: int) -> bool:
+def _reaches_param_slot(tensor: str, rank: int, consumers: dict[str, list[tuple[Node, int]]]) -> bool:
+    frontier = [tensor]
+    for _ in range(4):
+        following: list[str] = []
+        for t in frontier:
+            for node, slot in consumers.get(t, ()):
+                if _param_slot(node, slot, rank):
+                    return True
+                if node.op_type in _VIEW_CHAIN and slot == 0:
+                    following.extend(o for o in node.outputs if o)
+        frontier = following
+    return False
+
+
+def _param_slot(node: Node, slot: int, rank: int) -> bool:
     if slot in PARAM_SLOTS.get(node.op_type, ()):
         return True
     if node.op_type == "MatMul" and slot == 1 and rank == 2:
@@ -437,15 +459,22 @@ def _constants(graph: onnx.GraphProto, nodes: list[Node], init_names: set[str], 
         uses = consumers.get(tensor, [])
         return bool(uses) and all(slot in _NOT_PARAMS.get(n.op_type, ()) for n, slot in uses)
 
+    def counts(tensor: str, n: int) -> bool:
+        """More than one element, or a single element in a parameter slot (a Gemm's 1-wide bias); scalar
+        constants (a scale, an epsilon) are not parameters."""
+        if not_param(tensor) or n == 0:
+            return False
+        return n > 1 or _reaches_param_slot(tensor, 1, consumers)
+
     for t in graph.initializer:
         n = _numel(t.dims)
-        if t.data_type in FLOAT_TYPES and n > 1 and not not_param(t.name):
+        if t.data_type in FLOAT_TYPES and counts(t.name, n) and len(t.dims) > 0:
             params[t.name] = n
             roots[t.name] = (t.name,)
     for t in weight_inputs:
         shape = shapes.get(t)
         n = _numel(shape) if shape else 0
-        if n > 1 and not not_param(t):
+        if counts(t, n):
             params[t] = n
             roots[t] = (t,)
     for node in nodes:
@@ -462,10 +491,11 @@ def _constants(graph: onnx.GraphProto, nodes: list[Node], init_names: set[str], 
                 if not out:
                     continue
                 const.add(out)
-                if node.op_type == "ConstantOfShape" and types.get(out) in FLOAT_TYPES:
+                # the light model zoo stores weights as ConstantOfShape(an initializer holding the shape)
+                if node.op_type == "ConstantOfShape" and ins and ins[0] in init_names and types.get(out) in FLOAT_TYPES:
                     shape = shapes.get(out)
                     n = _numel(shape) if shape else 0
-                    if n > 1 and not not_param(out):
+                    if counts(out, n):
                         params[out] = n
                         roots[out] = (out,)
                         continue
