@@ -35,17 +35,7 @@ STRUCTURE = {
     "dlrm": (None, None, None),  # checked through its embedding tables instead
 }
 
-_SHAPES = "ONNX shape inference leaves tensors after a Range/Slice on a computed length unknown, so their ops cost 0"
 KNOWN_GRAPH_GAPS = {
-    ("gpt2.torchscript", "flops"): _SHAPES,
-    ("gpt2.torchscript", "layers"): "the embedding lookups (weights as inputs) are not seen as an embedding layer "
-                                    "and with shapes unknown one block merges into the head",
-    ("gpt2.dynamo", "flops"): _SHAPES + " (the attention score and context MatMuls)",
-    ("bert.torchscript", "flops"): _SHAPES,
-    ("bert.torchscript", "layers"): "with most shapes unknown the whole model becomes one 'embedding' layer",
-    ("bert.dynamo", "flops"): _SHAPES + " (the attention score and context MatMuls)",
-    ("llama.torchscript", "flops"): _SHAPES,
-    ("t5.torchscript", "flops"): _SHAPES,
     ("dlrm.torchscript", "tables"): "EmbeddingBag exported by TorchScript (a Loop over bags) is not detected "
                                     "as a table",
 }

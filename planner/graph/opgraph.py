@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 import onnx
-from onnx import TensorProto
+from onnx import TensorProto, numpy_helper
 
 from planner.errors import ModelError
 
@@ -136,9 +136,10 @@ def build(model: onnx.ModelProto, dims: Mapping[str, int] | None, name: str) -> 
     family = meta.get("planner.family") or None
     bound, user_batch, static_batch = _bind_dims(graph, data_inputs, dims or {}, meta, name)
     batch_dim = _batch_name(graph, data_inputs)
-    shapes, types = _infer_shapes(model, bound, data_inputs, name)
-
+    declared = _prepare(model, bound, data_inputs)
+    shapes, types = _infer_shapes(model, declared, name)
     const, param_roots, params = _constants(graph, nodes, init_names, weight_inputs, types, shapes, consumers)
+    shapes, types = _fold_and_reinfer(model, nodes, const, shapes, types, declared, name)
     producer = {t: node.index for node in nodes for t in node.outputs if t}
     cons = {t: [n.index for n, _ in lst] for t, lst in consumers.items()}
     outputs = tuple(o.name for o in graph.output)
@@ -379,13 +380,10 @@ def _bind_dims(graph: onnx.GraphProto, data_inputs: list[str], dims: Mapping[str
     return bound, user_batch, static_batch
 
 
-def _infer_shapes(model: onnx.ModelProto, bound: dict[str, int], data_inputs: list[str],
-                  name: str) -> tuple[dict[str, tuple[int, ...] | None], dict[str, int]]:
-    """ONNX shape inference with every symbolic input dim bound.
-
-    Works in place on a model the importer owns (no copy of a 100k-node graph): large initializers keep
-    their dims and type but lose their data (never used), the exporter's own value_info is set aside and
-    used only where inference leaves a gap."""
+def _prepare(model: onnx.ModelProto, bound: dict[str, int], data_inputs: list[str]):
+    """Bind every symbolic input dim, in place on a model the importer owns (no copy of a 100k-node graph):
+    large initializers keep their dims and type but lose their data (never used), and the exporter's own
+    value_info is set aside (returned), to be used only where inference leaves a gap."""
     g = model.graph
     data_set = set(data_inputs)
     for vi in g.input:
@@ -405,6 +403,11 @@ def _infer_shapes(model: onnx.ModelProto, bound: dict[str, int], data_inputs: li
     del g.value_info[:]
     for vi in g.output:
         vi.type.tensor_type.ClearField("shape")
+    return declared
+
+
+def _infer_shapes(model: onnx.ModelProto, declared, name: str):
+    """ONNX shape inference (with data propagation); declared shapes fill its gaps."""
     try:
         inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
     except (onnx.shape_inference.InferenceError, RuntimeError, ValueError) as exc:
@@ -412,7 +415,7 @@ def _infer_shapes(model: onnx.ModelProto, bound: dict[str, int], data_inputs: li
         raise ModelError(f"{name}: ONNX shape inference failed: {first}") from None
     ig = inferred.graph
     shapes, types = _read_shapes(list(ig.input) + list(ig.value_info) + list(ig.output), {})
-    for t in g.initializer:
+    for t in model.graph.initializer:
         shapes[t.name] = tuple(t.dims)
         types[t.name] = t.data_type
     for tensor, shape in declared[0].items():
@@ -420,6 +423,38 @@ def _infer_shapes(model: onnx.ModelProto, bound: dict[str, int], data_inputs: li
             shapes[tensor] = shape
             types.setdefault(tensor, declared[1].get(tensor, 0))
     return shapes, types
+
+
+def _fold_and_reinfer(model: onnx.ModelProto, nodes: list[Node], const: set[str], shapes: dict, types: dict,
+                      declared, name: str):
+    """Where inference left compute tensors unknown, evaluate the (now constant) shape arithmetic and run
+    inference again, until nothing more is learnt (at most three more passes)."""
+    from planner.graph import fold
+
+    def unknown() -> int:
+        return sum(1 for n in nodes if n.outputs and n.outputs[0] and n.outputs[0] not in const
+                   and shapes.get(n.outputs[0]) is None)
+
+    missing = unknown()
+    for _ in range(3):
+        if not missing:
+            break
+        initial = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
+                   if t.data_location != TensorProto.EXTERNAL and 0 < _numel(t.dims) <= fold.MAX_ELEMENTS
+                   and _has_data(t)}
+        values = fold.evaluate(nodes, const, shapes, initial)
+        if not fold.inject(nodes, values):
+            break
+        shapes, types = _infer_shapes(model, declared, name)
+        now = unknown()
+        if now >= missing:
+            break
+        missing = now
+    return shapes, types
+
+
+def _has_data(t: TensorProto) -> bool:
+    return bool(t.raw_data or t.float_data or t.int32_data or t.int64_data or t.double_data or t.uint64_data)
 
 
 def _read_shapes(infos: list[onnx.ValueInfoProto], bound: dict[str, int]):
