@@ -35,10 +35,7 @@ STRUCTURE = {
     "dlrm": (None, None, None),  # checked through its embedding tables instead
 }
 
-KNOWN_GRAPH_GAPS = {
-    ("dlrm.torchscript", "tables"): "EmbeddingBag exported by TorchScript (a Loop over bags) is not detected "
-                                    "as a table",
-}
+KNOWN_GRAPH_GAPS: dict[tuple[str, str], str] = {}  # none left; add (fixture, aspect): reason for a new gap
 
 
 def _cases(aspect: str, fixtures: list[str]) -> list:

@@ -42,10 +42,10 @@ def import_model_proto(model: onnx.ModelProto, dims: Mapping[str, int] | None = 
 def _import(model: onnx.ModelProto, dims: Mapping[str, int] | None, name: str, where: str) -> LayerGraph:
     _check_dims(dims, where)
     graph = build(model, dims, where)
-    graph.name = name
     compute = [node for node in graph.nodes if graph.is_compute(node)]
     costs = {node.index: _cost(graph, node) for node in compute}
     _warn_unknown(graph, compute)
+    graph.name = name
     tables, table_nodes = _tables(graph, compute)
     # pieces of the structural cut are anchored at matrix products and table lookups (a normalisation's
     # scale alone does not make a pipeline unit); graphs without any fall back to any parameter use
@@ -98,27 +98,49 @@ def _warn_unknown(graph: OpGraph, compute: list[Node]) -> None:
 
 
 def _tables(graph: OpGraph, compute: list[Node]) -> tuple[list[EmbeddingTable], set[int]]:
-    """Gather / EmbeddingBag lookups of data-dependent indices in a 2-D parameter."""
+    """Gather / EmbeddingBag lookups of data-dependent indices in a 2-D parameter, also inside the body of
+    a Loop (TorchScript's export of ``nn.EmbeddingBag``)."""
     tables: dict[str, EmbeddingTable] = {}
     nodes: set[int] = set()
-    for node in compute:
-        if node.op_type not in ("Gather", "EmbeddingBag") or len(node.inputs) < 2:
-            continue
-        weight, indices = node.inputs[0], node.inputs[1]
+
+    def add(weight: str, pooling: float) -> bool:
         roots = graph.param_roots.get(weight)
         shape = graph.shapes.get(weight)
-        if not roots or len(roots) != 1 or shape is None or len(shape) != 2 or indices in graph.const:
-            continue
-        if node.op_type == "Gather" and node.attr("axis", 0) != 0:
-            continue
-        nodes.add(node.index)
-        if roots[0] in tables:
-            continue
-        count = graph.numel(indices)
-        pooling = count / graph.static_batch if count else 1.0
-        tables[roots[0]] = EmbeddingTable(name=roots[0], rows=shape[0], dim=shape[1], pooling_factor=float(pooling),
-                                          dtype_bytes=stored_bytes(graph.types.get(roots[0], onnx.TensorProto.FLOAT)))
+        if not roots or len(roots) != 1 or shape is None or len(shape) != 2:
+            return False
+        if roots[0] not in tables:
+            tables[roots[0]] = EmbeddingTable(
+                name=roots[0], rows=shape[0], dim=shape[1], pooling_factor=float(pooling),
+                dtype_bytes=stored_bytes(graph.types.get(roots[0], onnx.TensorProto.FLOAT)))
+        return True
+
+    for node in compute:
+        if node.op_type in ("Gather", "EmbeddingBag") and len(node.inputs) >= 2:
+            indices = node.inputs[1]
+            if indices in graph.const or (node.op_type == "Gather" and node.attr("axis", 0) != 0):
+                continue
+            count = graph.numel(indices)
+            if add(node.inputs[0], count / graph.static_batch if count else 1.0):
+                nodes.add(node.index)
+        elif node.op_type in ("Loop", "Scan"):
+            outer = set(node.inputs)
+            index_sizes = [graph.numel(t) or 0 for t in node.inputs
+                           if t and t not in graph.const and graph.types.get(t) not in FLOAT_TYPES]
+            pooling = max(index_sizes, default=0) / graph.static_batch or 1.0
+            for inner in _body_nodes(node.proto):
+                if inner.op_type == "Gather" and len(inner.input) >= 2 and inner.input[0] in outer:
+                    if add(inner.input[0], pooling):
+                        nodes.add(node.index)
     return list(tables.values()), nodes
+
+
+def _body_nodes(proto: onnx.NodeProto):
+    for attr in proto.attribute:
+        bodies = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+        for body in bodies:
+            for inner in body.node:
+                yield inner
+                yield from _body_nodes(inner)
 
 
 def _layers(graph: OpGraph, units: list[layer_detection.Unit], costs: dict[int, OpCost]) -> list[Layer]:

@@ -555,7 +555,7 @@ _BROADCAST = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", 
 def _fill_shape_gaps(op: OpGraph) -> None:
     """Propagate shapes through simple ops where ONNX inference left a gap (custom domains, functions)."""
     shapes = op.shapes
-    missing = 0
+    missing: dict[str, int] = {}
     for node in op.nodes:
         if not node.outputs or not node.outputs[0] or shapes.get(node.outputs[0]) is not None:
             continue
@@ -570,9 +570,10 @@ def _fill_shape_gaps(op: OpGraph) -> None:
             if node.outputs[0] not in op.types and node.inputs and node.inputs[0] in op.types:
                 op.types[node.outputs[0]] = op.types[node.inputs[0]]
         elif op.is_compute(node):
-            missing += 1
+            missing[node.op_type] = missing.get(node.op_type, 0) + 1
     if missing:
-        msg = (f"{missing} computed tensors have unknown shapes after shape inference; "
+        which = ", ".join(f"{k} {v}" for k, v in sorted(missing.items()))
+        msg = (f"{sum(missing.values())} computed tensors have unknown shapes after shape inference ({which}); "
                f"their ops are costed as zero")
         log.warning("%s: %s", op.name, msg)
         op.warnings.append(msg)
