@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 from pathlib import Path
@@ -40,6 +41,18 @@ def import_model_proto(model: onnx.ModelProto, dims: Mapping[str, int] | None = 
 
 
 def _import(model: onnx.ModelProto, dims: Mapping[str, int] | None, name: str, where: str) -> LayerGraph:
+    # the import allocates a few objects per node and frees nothing until the end: the cyclic garbage
+    # collector's full passes over a 100k-node graph cost a quarter of the time and find nothing
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return _import_graph(model, dims, name, where)
+    finally:
+        if paused:
+            gc.enable()
+
+
+def _import_graph(model: onnx.ModelProto, dims: Mapping[str, int] | None, name: str, where: str) -> LayerGraph:
     _check_dims(dims, where)
     graph = build(model, dims, where)
     compute = [node for node in graph.nodes if graph.is_compute(node)]
@@ -172,7 +185,7 @@ def _layers(graph: OpGraph, units: list[layer_detection.Unit], costs: dict[int, 
                 saved_bytes[k] += (graph.numel(tensor.split("#mask")[0]) or 0) * per_elem / b
     # boundary tensors: live from the producing layer to the last consuming layer (a difference array)
     diff = [0.0] * (n + 2)  # crossing[k] = bytes passed from layer k-1 to layer k (k=0: graph inputs)
-    handed_on: dict[int, tuple[int, str]] = {}  # layer -> (elements, tensor) of its largest float output
+    handed_on: dict[int, tuple[int, str]] = {}  # layer -> (producer index, tensor) of its output
     outputs = set(graph.outputs)
     spans = [(t, users) for t, users in graph.consumers.items() if t not in graph.const]
     spans += [(t, []) for t in outputs if t not in graph.consumers and t not in graph.const]
@@ -188,8 +201,10 @@ def _layers(graph: OpGraph, units: list[layer_detection.Unit], costs: dict[int, 
         size = elements * 2.0 / b
         diff[first + 1] += size
         diff[last + 1] -= size
-        if first >= 0 and graph.types.get(tensor) in FLOAT_TYPES and elements > handed_on.get(first, (-1, ""))[0]:
-            handed_on[first] = (elements, tensor)
+        # a block's output is the last float tensor it hands on (the residual stream, not a position bias
+        # computed in the first block and shared with the others)
+        if first >= 0 and graph.types.get(tensor) in FLOAT_TYPES and src > handed_on.get(first, (-1, ""))[0]:
+            handed_on[first] = (src, tensor)
     crossing = [0.0] * (n + 1)
     running = 0.0
     for k in range(n + 1):
