@@ -224,3 +224,22 @@ def test_einsum_and_conv_transpose_rules():
     model = g.model([h.make_tensor_value_info("x", T.FLOAT, ["batch", 4, 5, 5])], [y])
     # every input pixel scatters a 3x3 kernel into 6 output channels from 4 input channels
     assert import_model_proto(model).flops_forward == 2 * 4 * 25 * 6 * 9
+
+
+@pytest.mark.parametrize("interaction", ["dot", "dcn"])
+def test_builder_dlrm_layers(interaction):
+    """A DLRM from the builders: one embedding unit holding every table, then the bottom MLP's layers
+    as their own units (also with a DCN interaction, whose concatenation joins the two branches)."""
+    import os
+
+    from planner.builders import build
+
+    tables = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "reference", "embedding_workloads.json")
+    model = build("dlrm", {"tables": tables, "workload": "mlperf-dlrm-dcnv2", "interaction": interaction})
+    graph = import_model_proto(model)
+    kinds = [(layer.name, layer.kind) for layer in graph.layers]
+    embedding = [layer for layer in graph.layers if layer.kind == "embedding"]
+    assert len(embedding) == 1, kinds
+    assert embedding[0].params == sum(t.rows * t.dim for t in graph.embedding_tables)
+    assert [name for name, _ in kinds if name.startswith("bottom_mlp")] == [f"bottom_mlp.layers.{i}" for i in range(3)]
+    assert graph.family == "dlrm" and len(graph.embedding_tables) == 26

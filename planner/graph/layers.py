@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from planner.graph.opgraph import Node, OpGraph
 
-_MIN_SHARE = 0.05  # a module list must hold this share of the FLOPs to define blocks
+_MIN_SHARE = 0.05  # a module list with a single member must hold this share of the FLOPs to define a block
 _MAX_PERIOD = 8  # longest repeated run of structural pieces grouped into one block
 
 
@@ -62,8 +62,8 @@ def _by_scope(graph: OpGraph, compute: list[Node], flops: dict[int, float], has_
     ranked = sorted(((sum(v.values()), k) for k, v in covered.items()), key=lambda x: (-x[0], x[1]))
     chosen: list[tuple[str, ...]] = []
     for share, key in ranked:
-        if share < _MIN_SHARE * total:
-            break
+        if share < _MIN_SHARE * total and len(covered[key]) < 2:
+            continue
         if any(key[:len(c)] == c or c[:len(key)] == key for c in chosen):
             continue
         chosen.append(key)
@@ -116,7 +116,12 @@ def _by_scope(graph: OpGraph, compute: list[Node], flops: dict[int, float], has_
         members = tuple(groups[p])
         anchored = any(i in has_param for i in members)
         if p % 2:
-            kind = "mlp" if all(graph.nodes[i].op_type in _MLP_OPS for i in members) else "block"
+            if any(i in table_nodes for i in members):
+                kind = "embedding"
+            elif all(graph.nodes[i].op_type in _MLP_OPS for i in members):
+                kind = "mlp"
+            else:
+                kind = "block"
             unit = Unit(names[p], kind, members)
         elif p == 0:
             table = any(i in table_nodes for i in members)
@@ -129,6 +134,9 @@ def _by_scope(graph: OpGraph, compute: list[Node], flops: dict[int, float], has_
             # no matrix product or lookup of its own (an activation module, a residual add): joins the unit before
             prev = units[-1]
             units[-1] = Unit(prev.name, prev.kind, tuple(sorted(prev.nodes + members)))
+        elif units and unit.kind == "embedding" and units[-1].kind == "embedding":
+            # one embedding unit for the lookups of several tables (each table is placed on its own anyway)
+            units[-1] = Unit("embedding", "embedding", tuple(sorted(units[-1].nodes + members)))
         else:
             units.append(unit)
     return units
