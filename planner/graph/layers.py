@@ -139,6 +139,10 @@ def _by_scope(graph: OpGraph, compute: list[Node], flops: dict[int, float], has_
             units[-1] = Unit("embedding", "embedding", tuple(sorted(units[-1].nodes + members)))
         else:
             units.append(unit)
+    if len(units) > 1 and not any(i in has_param for i in units[0].nodes):
+        # index arithmetic before the first unit with work of its own (slicing the sparse inputs)
+        units[1] = Unit(units[1].name, units[1].kind, tuple(sorted(units[0].nodes + units[1].nodes)))
+        units = units[1:]
     return units
 
 

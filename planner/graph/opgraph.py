@@ -289,13 +289,14 @@ def _classify_inputs(graph: onnx.GraphProto, init_names: set[str],
     return weights, data
 
 
-def _reaches_param_slot(tensor: str, rank: int, consumers: dict[str, list[tuple[Node, int]]]) -> bool:
+def _reaches_param_slot(tensor: str, rank: int, consumers: dict[str, list[tuple[Node, int]]],
+                        elementwise: bool = True) -> bool:
     frontier = [tensor]
     for _ in range(4):
         following: list[str] = []
         for t in frontier:
             for node, slot in consumers.get(t, ()):
-                if _param_slot(node, slot, rank):
+                if _param_slot(node, slot, rank, elementwise):
                     return True
                 if node.op_type in _VIEW_CHAIN and slot == 0:
                     following.extend(o for o in node.outputs if o)
@@ -303,14 +304,14 @@ def _reaches_param_slot(tensor: str, rank: int, consumers: dict[str, list[tuple[
     return False
 
 
-def _param_slot(node: Node, slot: int, rank: int) -> bool:
+def _param_slot(node: Node, slot: int, rank: int, elementwise: bool = True) -> bool:
+    """Does ``node`` use its input ``slot`` as a parameter? ``elementwise``: count a vector added to or
+    multiplied with an activation (a bias, a norm's scale)."""
     if slot in PARAM_SLOTS.get(node.op_type, ()):
         return True
     if node.op_type == "MatMul" and slot == 1 and rank == 2:
         return True
-    if node.op_type in _ELEMENTWISE_BINARY and rank <= 1:
-        return True
-    return False
+    return elementwise and node.op_type in _ELEMENTWISE_BINARY and rank <= 1
 
 
 def _batch_name(graph: onnx.GraphProto, data_inputs: list[str]) -> str | None:
@@ -499,7 +500,7 @@ def _constants(graph: onnx.GraphProto, nodes: list[Node], init_names: set[str], 
         constants (a scale, an epsilon) are not parameters."""
         if not_param(tensor) or n == 0:
             return False
-        return n > 1 or _reaches_param_slot(tensor, 1, consumers)
+        return n > 1 or _reaches_param_slot(tensor, 1, consumers, elementwise=False)
 
     for t in graph.initializer:
         n = _numel(t.dims)
