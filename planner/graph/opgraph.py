@@ -442,7 +442,7 @@ def _fold_and_reinfer(model: onnx.ModelProto, nodes: list[Node], const: set[str]
             break
         initial = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
                    if t.data_location != TensorProto.EXTERNAL and 0 < _numel(t.dims) <= fold.MAX_ELEMENTS
-                   and _has_data(t)}
+                   and t.data_type in _NUMERIC and _has_data(t) and _data_size_ok(t)}
         values = fold.evaluate(nodes, const, shapes, initial)
         if not fold.inject(nodes, values):
             break
@@ -452,6 +452,18 @@ def _fold_and_reinfer(model: onnx.ModelProto, nodes: list[Node], const: set[str]
             break
         missing = now
     return shapes, types
+
+
+_NUMERIC = FLOAT_TYPES | frozenset(_INT_BYTES)
+
+
+def _data_size_ok(t: TensorProto) -> bool:
+    """Does the stored data match the dims (a corrupted file may say otherwise)?"""
+    n = _numel(t.dims)
+    if t.raw_data:
+        return len(t.raw_data) == n * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    typed = len(t.float_data) + len(t.int32_data) + len(t.int64_data) + len(t.double_data) + len(t.uint64_data)
+    return typed == n
 
 
 def _has_data(t: TensorProto) -> bool:
