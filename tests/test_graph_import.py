@@ -243,3 +243,13 @@ def test_builder_dlrm_layers(interaction):
     assert embedding[0].params == sum(t.rows * t.dim for t in graph.embedding_tables)
     assert [name for name, _ in kinds if name.startswith("bottom_mlp")] == [f"bottom_mlp.layers.{i}" for i in range(3)]
     assert graph.family == "dlrm" and len(graph.embedding_tables) == 26
+
+
+@pytest.mark.parametrize("form", ["erf", "tanh"])
+def test_decomposed_gelu_keeps_only_its_input(form):
+    """TorchScript exports GeLU as a chain of element-wise ops; fused (as Megatron runs it) it keeps only its
+    input, so the block's activation bytes equal the single-Gelu graph's (Korthikanti's 8sh for GeLU)."""
+    fused = import_model_proto(tiny_gpt(2, H, A, S, V, gelu=form)).layers[1]
+    single = import_model_proto(tiny_gpt(2, H, A, S, V)).layers[1]
+    assert fused.activation_bytes == single.activation_bytes == S * H * (34 + 5 * A * S / H)
+    assert fused.transformer == single.transformer

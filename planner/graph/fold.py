@@ -17,6 +17,7 @@ from onnx import numpy_helper
 
 from planner.graph.opgraph import Node
 
+_ONNX_TYPES = frozenset(onnx.TensorProto.DataType.values())
 MAX_ELEMENTS = 4096  # evaluate only small tensors (shapes, indices, positions), never weights or masks
 
 Value = np.ndarray
@@ -110,8 +111,11 @@ def _target(shape: Value) -> list[int] | None:
     return dims
 
 
-def _cast(node: Node, ins: list) -> Value:
-    return ins[0].astype(_np_dtype(node.attr("to", 1)))
+def _cast(node: Node, ins: list) -> Value | None:
+    to = node.attr("to", 1)
+    if to not in _ONNX_TYPES or to in (onnx.TensorProto.UNDEFINED, onnx.TensorProto.STRING):
+        return None  # not an ONNX type: a corrupted file
+    return ins[0].astype(_np_dtype(to))
 
 
 def _constant_of_shape(node: Node, ins: list) -> Value | None:
@@ -224,7 +228,7 @@ def evaluate(nodes: list[Node], const: set[str], shapes: dict, initial: dict[str
         try:
             with np.errstate(all="ignore"):
                 out = fn(node, ins)
-        except (ValueError, IndexError, TypeError):
+        except (ValueError, IndexError, TypeError, KeyError):
             # arithmetic numpy refuses (mismatched shapes, bad axes in a corrupted or unusual graph): the
             # tensor stays unknown, exactly as when ONNX inference cannot follow it
             continue
