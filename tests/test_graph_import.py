@@ -253,3 +253,33 @@ def test_decomposed_gelu_keeps_only_its_input(form):
     single = import_model_proto(tiny_gpt(2, H, A, S, V)).layers[1]
     assert fused.activation_bytes == single.activation_bytes == S * H * (34 + 5 * A * S / H)
     assert fused.transformer == single.transformer
+
+
+def _mlp(dims: list) -> onnx.ModelProto:
+    g = GraphBuilder()
+    y = g.op("Relu", [g.op("MatMul", ["x", g.weight("w", [32, 16])])])
+    return g.model([h.make_tensor_value_info("x", T.FLOAT, dims)], [y])
+
+
+def test_leading_symbolic_dim_is_the_batch():
+    graph = import_model_proto(_mlp(["N", 32]))
+    assert graph.batch == 1 and dict(graph.dims) == {"N": 1}
+    graph = import_model_proto(_mlp(["N", 32]), {"N": 4})
+    assert graph.batch == 4 and graph.flops_forward == pytest.approx(2 * 32 * 16 + 16)  # per sample
+
+
+def test_unnamed_symbolic_dims():
+    """A dim without a name: the leading one is the batch; another is bound as INPUT[POS]."""
+    model = _mlp([None, None, 32])
+    with pytest.raises(ModelError, match=r"--dim x\[1\]=INT"):
+        import_model_proto(model)
+    graph = import_model_proto(model, {"x[1]": 5})
+    assert graph.flops_forward == pytest.approx(5 * (2 * 32 * 16 + 16))
+
+
+def test_a_graph_of_constants_is_a_model_error():
+    g = GraphBuilder()
+    y = g.op("Relu", [g.const("w", np.ones((4, 4), np.float32))])
+    model = g.model([h.make_tensor_value_info("x", T.FLOAT, ["batch", 4])], [y])
+    with pytest.raises(ModelError, match="no node computes on the model's inputs"):
+        import_model_proto(model)

@@ -56,6 +56,9 @@ def _import_graph(model: onnx.ModelProto, dims: Mapping[str, int] | None, name: 
     _check_dims(dims, where)
     graph = build(model, dims, where)
     compute = [node for node in graph.nodes if graph.is_compute(node)]
+    if not compute:
+        raise ModelError(f"{where}: no node computes on the model's inputs "
+                         f"({', '.join(graph.data_inputs) or 'it has none'}); nothing to plan")
     costs = {node.index: _cost(graph, node) for node in compute}
     _warn_unknown(graph, compute)
     graph.name = name

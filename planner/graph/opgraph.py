@@ -331,8 +331,13 @@ def _input_dim_names(graph: onnx.GraphProto, data_inputs: list[str]) -> list[tup
         if vi.name in wanted and vi.type.tensor_type.HasField("shape"):
             for pos, d in enumerate(vi.type.tensor_type.shape.dim):
                 if not d.HasField("dim_value"):
-                    out.append((vi.name, pos, d.dim_param or f"{vi.name}[{pos}]"))
+                    out.append((vi.name, pos, _dim_name(vi.name, pos, d)))
     return out
+
+
+def _dim_name(tensor: str, pos: int, dim) -> str:
+    """A symbolic dim's name; an unnamed one is called ``input[pos]`` (what ``--dim`` must bind)."""
+    return dim.dim_param or f"{tensor}[{pos}]"
 
 
 def _bind_dims(graph: onnx.GraphProto, data_inputs: list[str], dims: Mapping[str, int], meta: dict[str, str],
@@ -389,9 +394,9 @@ def _prepare(model: onnx.ModelProto, bound: dict[str, int], data_inputs: list[st
     data_set = set(data_inputs)
     for vi in g.input:
         if vi.name in data_set:
-            for d in vi.type.tensor_type.shape.dim:
+            for pos, d in enumerate(vi.type.tensor_type.shape.dim):
                 if not d.HasField("dim_value"):
-                    value = bound.get(d.dim_param, 1)
+                    value = bound.get(_dim_name(vi.name, pos, d), 1)
                     d.Clear()
                     d.dim_value = value
     for t in g.initializer:
