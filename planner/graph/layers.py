@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass
 
 from planner.graph.opgraph import Node, OpGraph
@@ -220,10 +222,35 @@ def _by_structure(graph: OpGraph, compute: list[Node], has_param: set[int], tabl
         if kind in ("embedding", "head"):
             name = kind if kind not in counters else f"{kind}.{counters[kind]}"
         else:
-            name = unit.name or f"{kind}.{counters.get(kind, 0)}"
+            name = f"{kind}.{counters.get(kind, 0)}"
         counters[kind] = counters.get(kind, 0) + 1
         named.append(Unit(name, kind, unit.nodes))
-    return named
+    return _names_from_weights(graph, named)
+
+
+_WEIGHT_SUFFIX = re.compile(r"([._/-]?(weight|bias|w|b|W|B|kernel|scale|gamma|beta|bn_s|bn_b|s)(_\d+)?)+$")
+
+
+def _names_from_weights(graph: OpGraph, units: list[Unit]) -> list[Unit]:
+    """Name structural units after their weights where those share a module-like prefix
+    (``res2_0_branch2a_w_0`` + ``res2_0_branch2b_w_0`` -> ``res2_0``, ``h.3.attn.c_attn.weight`` ... -> ``h.3``);
+    otherwise keep ``block.N`` / ``other.N``. Names stay unique."""
+    proposals: list[str] = []
+    for unit in units:
+        roots = sorted({r for i in unit.nodes for t in graph.nodes[i].inputs for r in graph.param_roots.get(t, ())})
+        prefix = os.path.commonprefix(roots) if roots else ""
+        if len(roots) == 1:
+            prefix = _WEIGHT_SUFFIX.sub("", prefix)
+        else:
+            cut = max(prefix.rfind(c) for c in "._/")
+            prefix = prefix[:cut] if cut > 0 and roots[0][cut] in "._/" else ""
+        proposals.append(prefix)
+    taken = [p for p in proposals if p]
+    out = []
+    for unit, prefix in zip(units, proposals):
+        keep_kind_name = unit.kind in ("embedding", "head") or not prefix or taken.count(prefix) > 1
+        out.append(unit if keep_kind_name else Unit(prefix, unit.kind, unit.nodes))
+    return out
 
 
 _MLP_OPS = frozenset({"MatMul", "Gemm", "Add", "Relu", "Gelu", "Sigmoid", "Tanh", "Dropout", "Reshape", "Flatten",
