@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from planner.graph.opgraph import Node
+from planner.graph.ir import Node
 
 _ONNX_TYPES = frozenset(onnx.TensorProto.DataType.values())
 MAX_ELEMENTS = 4096  # evaluate only small tensors (shapes, indices, positions), never weights or masks

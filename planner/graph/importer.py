@@ -13,7 +13,8 @@ import onnx
 from planner.errors import ModelError
 from planner.graph import layers as layer_detection
 from planner.graph.loader import check_external_data, check_structure, read_model
-from planner.graph.opgraph import FLOAT_TYPES, Node, OpGraph, act_bytes, build, stored_bytes
+from planner.graph.ir import FLOAT_TYPES, Node, OpGraph, act_bytes, stored_bytes
+from planner.graph.opgraph import build
 from planner.graph.rules import RULES, VIEW_OPS, View, fused_sources, saved_for_backward
 from planner.graph.transformer import detect_dims, tp_splits
 from planner.types import EmbeddingTable, Layer, LayerGraph, OpCost

@@ -15,7 +15,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from planner.graph.opgraph import Node, OpGraph
+from planner.graph.ir import Node, OpGraph
 
 _MIN_SHARE = 0.05  # a module list with a single member must hold this share of the FLOPs to define a block
 _MAX_PERIOD = 8  # longest repeated run of structural pieces grouped into one block

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from planner.graph.opgraph import FLOAT_TYPES, Node, OpGraph, act_bytes
+from planner.graph.ir import FLOAT_TYPES, Node, OpGraph, act_bytes
 
 
 class View:
