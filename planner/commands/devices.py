@@ -1,0 +1,72 @@
+"""`planner devices [--json]`: the device and node catalog."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from planner.commands._common import add_json_flag, emit_json
+from planner.hardware import catalog
+from planner.hardware.efficiency import gemm_efficiency
+
+HELP = "list the device and node catalog (hardware_profiles/)"
+TFLOP = 1e12
+GB = 1e9
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_json_flag(parser)
+
+
+def catalog_document() -> dict:
+    devices = []
+    for name in catalog.device_names():
+        d = catalog.get_device(name)
+        devices.append({
+            "name": d.name, "vendor": d.vendor, "description": d.description,
+            "peak_flops_per_s": dict(sorted(d.peak_flops_per_s.items())),
+            "memory_bytes": d.memory_bytes, "memory_bandwidth_Bps": d.memory_bandwidth_Bps,
+            "gemm_efficiency": [list(p) for p in d.gemm_efficiency],
+            "memory_efficiency": d.memory_efficiency, "source": d.source,
+        })
+    nodes = []
+    for name in catalog.node_names():
+        n = catalog.get_node(name)
+        nodes.append({
+            "name": n.name, "device": n.device.name, "devices_per_node": n.devices_per_node,
+            "intra_node_fabric": n.intra_node_fabric,
+            "intra_node_bandwidth_Bps": n.intra_node_bandwidth_Bps, "intra_node_latency_s": n.intra_node_latency_s,
+            "intra_node_efficiency": n.intra_node_efficiency, "nics_per_node": n.nics_per_node,
+            "inter_node_bandwidth_Bps": n.inter_node_bandwidth_Bps, "inter_node_latency_s": n.inter_node_latency_s,
+            "inter_node_efficiency": n.inter_node_efficiency, "source": n.source,
+        })
+    return {"profiles_dir": str(catalog.profiles_dir()), "devices": devices, "nodes": nodes}
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def run(args: argparse.Namespace) -> int:
+    doc = catalog_document()
+    if args.json:
+        emit_json(doc)
+        return 0
+    rows = [["device", "bf16/fp16 TF", "fp32 TF", "memory GiB", "HBM/GDDR GB/s", "large-GEMM eff"]]
+    for d in doc["devices"]:
+        peaks = d["peak_flops_per_s"]
+        half = peaks.get("bf16") or peaks.get("fp16") or 0.0
+        profile = catalog.get_device(d["name"])
+        rows.append([d["name"], f"{half / TFLOP:.1f}", f"{peaks.get('fp32', 0.0) / TFLOP:.1f}",
+                     f"{d['memory_bytes'] / 2**30:.0f}", f"{d['memory_bandwidth_Bps'] / GB:.0f}",
+                     f"{gemm_efficiency(profile, 1e12):.2f}"])
+    out = [_table(rows), ""]
+    rows = [["node", "device", "per node", "intra fabric", "intra GB/s/dev", "NICs", "inter GB/s/node"]]
+    for n in doc["nodes"]:
+        rows.append([n["name"], n["device"], str(n["devices_per_node"]), n["intra_node_fabric"],
+                     f"{n['intra_node_bandwidth_Bps'] / GB:g}", str(n["nics_per_node"]),
+                     f"{n['inter_node_bandwidth_Bps'] / GB:g}"])
+    out += [_table(rows), "", f"catalog: {doc['profiles_dir']} (sources: planner devices --json)"]
+    sys.stdout.write("\n".join(out) + "\n")
+    return 0
