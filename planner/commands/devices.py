@@ -6,16 +6,36 @@ import argparse
 import sys
 
 from planner.commands._common import add_json_flag, emit_json
-from planner.hardware import catalog
+from planner.hardware import catalog, load_cluster
 from planner.hardware.efficiency import gemm_efficiency
 
-HELP = "list the device and node catalog (hardware_profiles/)"
+HELP = "list the device and node catalog (hardware_profiles/), or describe a cluster (--cluster)"
 TFLOP = 1e12
 GB = 1e9
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cluster", help="describe this cluster (a file or NODE*COUNT[+...]) instead of the catalog")
     add_json_flag(parser)
+
+
+def cluster_document(spec: str) -> dict:
+    cluster = load_cluster(spec)
+    groups = []
+    for g in cluster.groups:
+        node = g.node
+        groups.append({
+            "name": g.name, "node": node.name, "device": node.device.name, "count": g.count,
+            "devices_per_node": node.devices_per_node, "first_device": g.first_device,
+            "last_device": g.first_device + g.num_devices - 1, "price_per_node_hour": g.price_per_node_hour,
+            "intra_node_bandwidth_Bps": node.intra_node_bandwidth_Bps,
+            "inter_node_bandwidth_Bps": node.inter_node_bandwidth_Bps,
+            "peak_flops_per_s": dict(sorted(node.device.peak_flops_per_s.items())),
+            "memory_bytes": node.device.memory_bytes,
+        })
+    return {"name": cluster.name, "num_devices": cluster.num_devices, "device_types": list(cluster.device_types),
+            "fabric_latency_s": cluster.fabric_latency_s, "oversubscription": cluster.oversubscription,
+            "groups": groups}
 
 
 def catalog_document() -> dict:
@@ -48,7 +68,26 @@ def _table(rows: list[list[str]]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
 
+def _run_cluster(args: argparse.Namespace) -> int:
+    doc = cluster_document(args.cluster)
+    if args.json:
+        emit_json(doc)
+        return 0
+    rows = [["group", "node", "device", "nodes", "per node", "devices", "inter GB/s/node", "$/node-hour"]]
+    for g in doc["groups"]:
+        price = g["price_per_node_hour"]
+        rows.append([g["name"], g["node"], g["device"], str(g["count"]), str(g["devices_per_node"]),
+                     f"{g['first_device']}-{g['last_device']}", f"{g['inter_node_bandwidth_Bps'] / GB:g}",
+                     "" if price is None else f"{price:g}"])
+    sys.stdout.write(f"cluster {doc['name']}: {doc['num_devices']} devices "
+                     f"({', '.join(doc['device_types'])}), fabric latency {doc['fabric_latency_s'] * 1e6:g} us, "
+                     f"oversubscription {doc['oversubscription']:g}\n" + _table(rows) + "\n")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.cluster:
+        return _run_cluster(args)
     doc = catalog_document()
     if args.json:
         emit_json(doc)
