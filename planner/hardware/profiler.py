@@ -126,11 +126,13 @@ def _f32(name: str, shape: Sequence[int] | None):
     return helper.make_tensor_value_info(name, TensorProto.FLOAT, None if shape is None else list(shape))
 
 
-def matmul_model(m: int, n: int, k: int, copies: int = 1) -> onnx.ModelProto:
+def matmul_model(m: int, n: int, k: int, copies: int = 1, dtype: str = "fp32") -> onnx.ModelProto:
     """``copies`` independent MatMuls of the same operands (timed together, so each is long enough to
-    time by wall clock)."""
+    time by wall clock), in fp32 or fp16."""
+    elem = TensorProto.FLOAT16 if dtype == "fp16" else TensorProto.FLOAT
+    value = lambda name, shape: helper.make_tensor_value_info(name, elem, list(shape))  # noqa: E731
     return _model([helper.make_node("MatMul", ["a", "b"], [f"c{i}"], name=f"gemm{i}") for i in range(copies)],
-                  [_f32("a", (m, k)), _f32("b", (k, n))], [_f32(f"c{i}", (m, n)) for i in range(copies)])
+                  [value("a", (m, k)), value("b", (k, n))], [value(f"c{i}", (m, n)) for i in range(copies)])
 
 
 def add_model(numel: int, copies: int = 1) -> onnx.ModelProto:
@@ -216,17 +218,35 @@ def runnable(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProto:
 
 # ------------------------------------------------------------------------------------------- measuring
 
-def run_time_s(session, feeds, min_runs: int = 5, min_time_s: float = 0.3, warmup: int = 2,
-               timer=time.perf_counter) -> float:
-    """Fastest time of ``session.run`` (by ``timer``) over at least ``min_runs`` runs and ``min_time_s``.
+def _one_run(runner: Runner, session, feeds):
+    """A callable that runs the session once. On CUDA, inputs and outputs stay on the GPU (IO binding), so
+    only the kernels are timed, not host-device copies."""
+    if runner.device != "cuda":
+        return lambda: session.run(None, feeds)
+    ort = _ort()
+    binding = session.io_binding()
+    for name, array in feeds.items():
+        binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(array, "cuda", 0))
+    for output in session.get_outputs():
+        binding.bind_output(output.name, "cuda")
+
+    def run() -> None:
+        session.run_with_iobinding(binding)
+        binding.synchronize_outputs()
+    return run
+
+
+def run_time_s(runner: Runner, session, feeds, min_runs: int = 5, min_time_s: float = 0.3, warmup: int = 2) -> float:
+    """Fastest time of one run (by the runner's clock) over at least ``min_runs`` runs and ``min_time_s``.
     The minimum, not the median: on a shared machine other processes only ever add time."""
+    run, timer = _one_run(runner, session, feeds), runner.timer
     for _ in range(warmup):
-        session.run(None, feeds)
+        run()
     times: list[float] = []
     start = time.perf_counter()
     while len(times) < min_runs or (time.perf_counter() - start < min_time_s and len(times) < 2000):
         t0 = timer()
-        session.run(None, feeds)
+        run()
         times.append(timer() - t0)
     return min(times)
 
@@ -258,26 +278,26 @@ def _per_op_s(runner: Runner, build, single_guess_s: float, base_s: float, rng: 
     copies = int(min(MAX_COPIES, max(1, TARGET_GRAPH_S / max(single_guess_s, 1e-7))))
     session = runner.session(build(copies))
     feeds = make_feeds(session, rng)
-    total = run_time_s(session, feeds, min_runs=5, min_time_s=0.1, timer=runner.timer)
+    total = run_time_s(runner, session, feeds, min_runs=5, min_time_s=0.1)
     return max(total - base_s, 1e-9) / copies
 
 
 def _run_overhead_s(runner: Runner) -> float:
     """Wall time of running a one-op graph: what every timed probe graph costs besides its ops."""
     session = runner.session(chain_model(1))
-    return run_time_s(session, make_feeds(session, np.random.default_rng(0)), min_runs=50, min_time_s=0.2,
-                      timer=runner.timer)
+    return run_time_s(runner, session, make_feeds(session, np.random.default_rng(0)), min_runs=50, min_time_s=0.2)
 
 
-def measure_gemms(runner: Runner, shapes: Sequence[tuple[int, int, int]]) -> list[dict[str, float]]:
+def measure_gemms(runner: Runner, shapes: Sequence[tuple[int, int, int]], dtype: str = "fp32") -> list[dict[str, float]]:
     rng = np.random.default_rng(0)
     base = _run_overhead_s(runner)
     rows = []
     for m, n, k in shapes:
-        guess = _per_op_s(runner, lambda c: matmul_model(m, n, k, c), 1.0, base, rng)
-        seconds = _per_op_s(runner, lambda c: matmul_model(m, n, k, c), guess, base, rng)
+        build = (lambda m, n, k: lambda c: matmul_model(m, n, k, c, dtype))(m, n, k)
+        guess = _per_op_s(runner, build, 1.0, base, rng)
+        seconds = _per_op_s(runner, build, guess, base, rng)
         rows.append({"m": m, "n": n, "k": k, "seconds": seconds, "flops": 2.0 * m * n * k})
-        log.info("GEMM %dx%dx%d: %.3g s (%.3g GFLOP/s)", m, n, k, seconds, 2.0 * m * n * k / seconds / 1e9)
+        log.info("%s GEMM %dx%dx%d: %.3g s (%.3g GFLOP/s)", dtype, m, n, k, seconds, 2.0 * m * n * k / seconds / 1e9)
     return rows
 
 
@@ -332,8 +352,8 @@ def measure_op_overhead_s(runner: Runner) -> float:
     long_session = runner.session(chain_model(CHAIN_LENGTH))
     short_session = runner.session(chain_model(1))
     feeds = make_feeds(long_session, rng)
-    long_s = run_time_s(long_session, feeds, min_runs=20, min_time_s=0.5, timer=runner.timer)
-    short_s = run_time_s(short_session, feeds, min_runs=20, min_time_s=0.5, timer=runner.timer)
+    long_s = run_time_s(runner, long_session, feeds, min_runs=20, min_time_s=0.5)
+    short_s = run_time_s(runner, short_session, feeds, min_runs=20, min_time_s=0.5)
     return max(long_s - short_s, 0.0) / (CHAIN_LENGTH - 1)
 
 
@@ -396,8 +416,8 @@ def measure_model(runner: Runner, model: onnx.ModelProto, dims: dict[str, int]) 
     costs = tuple(node_costs(bound))
     session = runner.session(bound)
     feeds = make_feeds(session, np.random.default_rng(0))
-    end_to_end = run_time_s(session, feeds, min_runs=10, min_time_s=2.0, timer=runner.timer)
-    if runner.clock == "cpu":
+    end_to_end = run_time_s(runner, session, feeds, min_runs=10, min_time_s=2.0)
+    if runner.clock == "cpu" or runner.device == "cuda":  # the profiler's CUDA times are launch times
         kernels = isolated_node_times_s(runner, bound)
     else:
         kernels = kernel_times_s(runner, bound, runs=max(10, min(40, int(2.0 / max(end_to_end, 1e-4)))), feeds=feeds)
@@ -444,7 +464,7 @@ def fit_profile(name: str, gemms: list[dict[str, float]], adds: list[dict[str, f
                           memory_bandwidth_Bps=peak_bw, memory_efficiency_curve=tuple(map(tuple, mem_curve)))
     compute_bound = []
     for row in gemms:
-        nbytes = 4.0 * (row["m"] * row["k"] + row["k"] * row["n"] + row["m"] * row["n"])
+        nbytes = (2.0 if dtype in ("fp16", "bf16") else 4.0) * (row["m"] * row["k"] + row["k"] * row["n"] + row["m"] * row["n"])
         if memory_time_s(probe, nbytes) < COMPUTE_BOUND_FRACTION * row["seconds"]:
             compute_bound.append((row["flops"], row["flops"] / row["seconds"] / peak))
     gemm_curve = _binned_curve(compute_bound or [(row["flops"], row["flops"] / row["seconds"] / peak)
@@ -538,7 +558,13 @@ def profile_device(device: str = "cpu", quick: bool = False, threads: int = 0, n
     rects = QUICK["rect"] if quick else RECT_SIZES
     numels = QUICK["add"] if quick else ADD_NUMELS
     shapes = [(s, s, s) for s in squares] + list(rects)
-    gemms = measure_gemms(runner, shapes)
+    # on a GPU, training GEMMs run on tensor cores in 16-bit: the curve comes from fp16, fp32 adds its peak
+    dtype = "fp16" if device == "cuda" else "fp32"
+    gemms = measure_gemms(runner, shapes, dtype)
+    fp32_peak = None
+    if device == "cuda":
+        fp32 = measure_gemms(runner, [(s, s, s) for s in squares[-3:]], "fp32")
+        fp32_peak = max(row["flops"] / row["seconds"] for row in fp32)
     adds = measure_adds(runner, numels)
     convs = measure_convs(runner, QUICK["conv"] if quick else CONV_SHAPES)
     vectors = measure_vector_ops(runner)
@@ -549,7 +575,10 @@ def profile_device(device: str = "cpu", quick: bool = False, threads: int = 0, n
         memory, description = _cpu_memory_bytes(), _cpu_description()
     threads_note = f"{threads} onnxruntime thread(s)" if threads else "onnxruntime's default threads"
     document = fit_profile(name or f"local-{device}", gemms, adds, overhead, memory,
-                           f"{description}; {threads_note}; {clock} clock", convs=convs, vectors=vectors)
+                           f"{description}; {threads_note}; {clock} clock", convs=convs, vectors=vectors, dtype=dtype)
+    if fp32_peak:
+        document["peak_flops_per_s"]["fp32"] = float(f"{fp32_peak:.6g}")
+        document["sources"]["peak_flops_per_s"] += "; fp32: the fastest of three large fp32 MatMuls"
     document["measured"]["settings"] = {"threads": threads, "clock": clock, "quick": quick}
     return document
 
