@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
         emit_json(summary)
     else:
         peak = next(iter(document["peak_flops_per_s"].values()))
-        sys.stdout.write(f"wrote {out}: peak {peak / 1e9:.1f} GFLOP/s, memory {document['memory_bandwidth_Bps'] / 1e9:.1f}"
-                         f" GB/s, {document['op_overhead_s'] * 1e6:.1f} us per op\n")
+        bandwidth = document["memory_bandwidth_Bps"]
+        sys.stdout.write(f"wrote {out}: peak {peak / 1e9:.1f} GFLOP/s, memory {bandwidth / 1e9:.1f} GB/s, "
+                         f"{document['op_overhead_s'] * 1e6:.1f} us per op\n")
     return 0

@@ -141,11 +141,9 @@ def _node_cost(node: onnx.NodeProto, name: str, shapes) -> NodeCost:
     elif op in ("Conv", "FusedConv"):
         weight = ins[1][0]
         out = outs[0][0]
-        groups = _attr(node, "group", 1)
-        per_output = weight[1] * _numel(weight[2:])  # (Cin/groups) * kernel volume
+        per_output = weight[1] * _numel(weight[2:])  # (Cin/groups) * kernel volume: W is [Cout, Cin/groups, k...]
         gemm = (out[0] * _numel(out[2:]), out[1], per_output)
         flops = 2.0 * _numel(out) * per_output + (_numel(out) if len(ins) > 2 else 0)
-        del groups  # the weight's second dimension is already Cin/groups
     elif op in ("MaxPool", "AveragePool"):
         flops = float(out_elems * _numel(tuple(_attr(node, "kernel_shape", [1]))))
     elif op in ("GlobalAveragePool", "GlobalMaxPool"):

@@ -288,7 +288,8 @@ def _run_overhead_s(runner: Runner) -> float:
     return run_time_s(runner, session, make_feeds(session, np.random.default_rng(0)), min_runs=50, min_time_s=0.2)
 
 
-def measure_gemms(runner: Runner, shapes: Sequence[tuple[int, int, int]], dtype: str = "fp32") -> list[dict[str, float]]:
+def measure_gemms(runner: Runner, shapes: Sequence[tuple[int, int, int]],
+                  dtype: str = "fp32") -> list[dict[str, float]]:
     rng = np.random.default_rng(0)
     base = _run_overhead_s(runner)
     rows = []
@@ -464,7 +465,8 @@ def fit_profile(name: str, gemms: list[dict[str, float]], adds: list[dict[str, f
                           memory_bandwidth_Bps=peak_bw, memory_efficiency_curve=tuple(map(tuple, mem_curve)))
     compute_bound = []
     for row in gemms:
-        nbytes = (2.0 if dtype in ("fp16", "bf16") else 4.0) * (row["m"] * row["k"] + row["k"] * row["n"] + row["m"] * row["n"])
+        elements = row["m"] * row["k"] + row["k"] * row["n"] + row["m"] * row["n"]
+        nbytes = (2.0 if dtype in ("fp16", "bf16") else 4.0) * elements
         if memory_time_s(probe, nbytes) < COMPUTE_BOUND_FRACTION * row["seconds"]:
             compute_bound.append((row["flops"], row["flops"] / row["seconds"] / peak))
     gemm_curve = _binned_curve(compute_bound or [(row["flops"], row["flops"] / row["seconds"] / peak)
@@ -487,7 +489,8 @@ def fit_profile(name: str, gemms: list[dict[str, float]], adds: list[dict[str, f
         "memory_efficiency_curve": mem_curve,
         "op_overhead_s": float(f"{op_overhead_s:.4g}"),
         "sources": {
-            "peak_flops_per_s": f"fitted: the fastest {dtype} MatMul rate over {len(gemms)} GEMM shapes; {measured_what}",
+            "peak_flops_per_s": f"fitted: the fastest {dtype} MatMul rate over {len(gemms)} GEMM shapes; "
+                                f"{measured_what}",
             "gemm_efficiency": "fitted: median achieved/peak per 4x FLOP bin over the compute-bound GEMM shapes "
                                f"(operand traffic < {COMPUTE_BOUND_FRACTION:g} of the time); {measured_what}",
             "memory_bandwidth_Bps": f"fitted: the fastest element-wise Add over {len(adds)} sizes "
