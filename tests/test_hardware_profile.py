@@ -110,3 +110,15 @@ def test_profile_bad_arguments(argv, message, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(["profile", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_profile_model_onnxruntime_cannot_run_is_exit_2(tmp_path, capsys):
+    node = helper.make_node("Frobnicate", ["x"], ["y"], domain="com.example")
+    graph = helper.make_graph([node], "bad", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
+    onnx.save(model, tmp_path / "bad.onnx")
+    from planner.hardware import profiler
+    from planner.errors import ModelError
+    with pytest.raises(ModelError, match="onnxruntime cannot run this model"):
+        profiler.measure_model(profiler.Runner("cpu", 1, "cpu"), model, {})

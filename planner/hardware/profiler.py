@@ -407,21 +407,33 @@ class ModelMeasurement:
     costs: tuple[NodeCost, ...]
 
 
+def _ort_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions onnxruntime raises for a graph it cannot load or run."""
+    state = _ort().capi.onnxruntime_pybind11_state
+    return tuple(getattr(state, name) for name in ("Fail", "InvalidGraph", "InvalidArgument", "NotImplemented",
+                                                   "RuntimeException", "InvalidProtobuf") if hasattr(state, name))
+
+
 def measure_model(runner: Runner, model: onnx.ModelProto, dims: dict[str, int]) -> ModelMeasurement:
-    """End-to-end wall time and per-op kernel times of a model (its symbolic dims bound by ``dims``,
-    others 1), plus the op cost table used to predict it."""
+    """End-to-end time and per-op times of a model (its symbolic dims bound by ``dims``, others 1), plus
+    the op cost table used to predict it."""
     bound, defaulted = bind_inputs(model, dims)
     if defaulted:
         log.info("symbolic dimensions %s not bound; using 1", ", ".join(defaulted))
     bound = runnable(bound)
     costs = tuple(node_costs(bound))
-    session = runner.session(bound)
-    feeds = make_feeds(session, np.random.default_rng(0))
-    end_to_end = run_time_s(runner, session, feeds, min_runs=10, min_time_s=2.0)
-    if runner.clock == "cpu" or runner.device == "cuda":  # the profiler's CUDA times are launch times
-        kernels = isolated_node_times_s(runner, bound)
-    else:
-        kernels = kernel_times_s(runner, bound, runs=max(10, min(40, int(2.0 / max(end_to_end, 1e-4)))), feeds=feeds)
+    try:
+        session = runner.session(bound)
+        feeds = make_feeds(session, np.random.default_rng(0))
+        end_to_end = run_time_s(runner, session, feeds, min_runs=10, min_time_s=2.0)
+        if runner.clock == "cpu" or runner.device == "cuda":  # the profiler's CUDA times are launch times
+            kernels = isolated_node_times_s(runner, bound)
+        else:
+            runs = max(10, min(40, int(2.0 / max(end_to_end, 1e-4))))
+            kernels = kernel_times_s(runner, bound, runs=runs, feeds=feeds)
+    except _ort_errors() as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
+        raise ModelError(f"onnxruntime cannot run this model: {first}") from None
     return ModelMeasurement(end_to_end_s=end_to_end, kernel_s=kernels, costs=costs)
 
 
