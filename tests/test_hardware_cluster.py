@@ -165,6 +165,7 @@ def test_bad_device_profile_file_names_its_line(tmp_path, capsys):
 def test_missing_cluster_file(capsys, tmp_path):
     line = _run_bad(capsys, str(tmp_path / "absent.yaml"))
     assert "no such file" in line
+    assert "no such file" in _run_bad(capsys, str(tmp_path / "absent"))
 
 
 def test_bad_shorthand_through_cli(capsys):
