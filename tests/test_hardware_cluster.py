@@ -138,6 +138,8 @@ BAD_FILES = {
                             "inter_node_bandwidth_GBps: 1}\n    count: 1\n", r"nope\.yaml.*no such file"),
     "duplicate_names": ("groups:\n  - {name: a, node: t4, count: 1}\n  - {name: a, node: l4, count: 1}\n",
                         r"two groups are named 'a'"),
+    "duplicate_key": ("groups:\n  - node: t4\n    count: 1\n    count: 2\n",
+                      r"c\.yaml:4: the key 'count' appears twice"),
     "oversubscription_below_one": ("groups:\n  - {node: t4, count: 1}\nfabric: {oversubscription: 0.5}\n",
                                    r"oversubscription' must be at least 1"),
 }
