@@ -7,11 +7,15 @@ profile); these few factors correct what a datasheet cannot know, per device typ
   top of cuBLAS-level efficiency),
 * ``memory_scale`` multiplies the achieved memory bandwidth of memory-bound (element-wise) operations,
 * ``comm_scale`` multiplies the achieved bandwidth of collectives and point-to-point transfers,
+* ``attention_traffic_scale`` multiplies the memory traffic of the attention core (the ``seq^2`` score
+  tensors: scale, mask, softmax, dropout and the two batched products): 1 = every operation a separate pass
+  over device memory, as the ONNX graph is written; lower = fused kernels (a fused scale-mask-softmax keeps
+  about a third; FlashAttention keeps the scores on chip, near 0),
 * ``dp_overlap`` is the fraction of the last micro-batch's backward pass during which bucketed
   data-parallel gradient reduction can run hidden.
 
 ``benchmarks/calibrate.py --fit`` rewrites the file; a device type without an entry uses the neutral
-values below (1, 1, 1, 1: the profile as written, full overlap).
+values below (all 1: the profile and the graph as written, full overlap).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ class DeviceCalibration:
     gemm_scale: float = 1.0
     memory_scale: float = 1.0
     comm_scale: float = 1.0
+    attention_traffic_scale: float = 1.0
     dp_overlap: float = 1.0
     fitted: bool = False  # True when read from the calibration file
 
