@@ -392,9 +392,11 @@ def _to_estimate(work: _Work, result: _Result) -> Estimate:
 
 
 def estimate_pipeline(model: LayerGraph, cluster: Cluster, spec: PipelineSpec,
-                      calibration: Calibrations | None = None) -> Estimate:
+                      calibration: Calibrations | None = None, exact: bool = True) -> Estimate:
     """Time and memory of an explicit pipeline (see the module docstring for heterogeneous replicas).
-    Memory that does not fit gives ``feasible=False`` with a reason naming the stage, not an exception."""
+    Memory that does not fit gives ``feasible=False`` with a reason naming the stage, not an exception.
+    ``exact=False`` replaces the pipeline simulation by the fast bottleneck formula (for screening many
+    candidates; exact for uniform stages without transfers)."""
     _check_spec(model, cluster, spec)
     placement = _placement(model, cluster, spec.stages, spec.optimizer, spec.dtype, calibration)
     work = _work(model, cluster, placement, spec.global_batch, spec.micro_batch, spec.recompute,
@@ -402,7 +404,7 @@ def estimate_pipeline(model: LayerGraph, cluster: Cluster, spec: PipelineSpec,
     if spec.schedule == "interleaved" and spec.vpp > 1 and work.num_micro_batches % len(spec.stages):
         raise ConfigError(f"the interleaved schedule needs the number of micro-batches "
                           f"({work.num_micro_batches}) to be a multiple of pp={len(spec.stages)}")
-    return _to_estimate(work, _evaluate(work, spec.schedule, spec.vpp, spec.zero, exact=True))
+    return _to_estimate(work, _evaluate(work, spec.schedule, spec.vpp, spec.zero, exact))
 
 
 # --------------------------------------------------------------------------- estimate(ParallelConfig)
