@@ -381,7 +381,8 @@ def _to_estimate(work: _Work, result: _Result) -> Estimate:
                             micro_batch=work.micro_batch, vpp=result.vpp, zero=result.zero,
                             recompute=work.recompute, sequence_parallel=work.sequence_parallel,
                             schedule=result.schedule, optimizer=pl.optimizer, dtype=pl.dtype)
-    notes = tuple(sorted({f"{cal_name}: no fitted calibration, profile efficiencies used as written"
+    notes = tuple(sorted({f"{cal_name}: no calibration of its own; the mean of the fitted device types' "
+                          "efficiency parameters is used"
                           for cal_name, cal in ((n.device.name, c) for n, c in zip(pl.nodes, pl.cals))
                           if not cal.fitted}))
     iteration = result.iteration_s
