@@ -13,14 +13,15 @@ tensor-parallel rank, they share its NICs).
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Sequence
 
 import numpy as np
 
 from planner.cost.calibration import DeviceCalibration
 from planner.cost.memory import dtype_bytes
 from planner.errors import ConfigError
-from planner.hardware.collectives import CommGroup, collective_time_s
-from planner.types import NodeProfile
+from planner.hardware.collectives import CommGroup, collective_time_s, comm_group
+from planner.types import Cluster, NodeProfile
 
 # Megatron-Core's DistributedDataParallelConfig: gradient buckets of max(40M, 1M x dp) parameters
 # (megatron/core/distributed/distributed_data_parallel.py); the last bucket cannot overlap the backward.
@@ -32,6 +33,27 @@ def tp_group(node: NodeProfile, tp: int, cal: DeviceCalibration) -> CommGroup:
     intra = node.intra_node_bandwidth_Bps * node.intra_node_efficiency * cal.comm_scale
     return CommGroup(size=tp, ranks_per_node=tp, intra_bandwidth_Bps=intra, intra_latency_s=node.intra_node_latency_s,
                      inter_bandwidth_Bps=intra, inter_latency_s=node.intra_node_latency_s)
+
+
+def dp_group(cluster: Cluster, leaders: Sequence[int], cal: DeviceCalibration) -> CommGroup:
+    """The data-parallel group formed by ``leaders`` (the first device of each replica's tensor-parallel
+    group; the groups of the other tensor-parallel ranks run alike and at once), as the estimator times it:
+    ``planner.hardware.collectives.comm_group`` (NIC share, slowest node, fabric latency, oversubscription)
+    with the calibrated ``comm_scale``. For a replica group ``devices``: ``dp_group(cluster, devices[::tp], cal)``."""
+    return scaled_group(comm_group(cluster, list(leaders)), cal)
+
+
+def node_group(node: NodeProfile, size: int, ranks_per_node: int, cal: DeviceCalibration,
+               nic_share: float = 1.0) -> CommGroup:
+    """A group of ``size`` ranks, ``ranks_per_node`` per node, on identical nodes, getting ``nic_share`` of
+    each node's network. Kept for callers that have no Cluster; it omits the fabric's latency and
+    oversubscription, which ``dp_group`` includes (prefer ``dp_group``)."""
+    return CommGroup(size=size, ranks_per_node=max(1, min(ranks_per_node, size)),
+                     intra_bandwidth_Bps=node.intra_node_bandwidth_Bps * node.intra_node_efficiency * cal.comm_scale,
+                     intra_latency_s=node.intra_node_latency_s,
+                     inter_bandwidth_Bps=node.inter_node_bandwidth_Bps * node.inter_node_efficiency * nic_share
+                     * cal.comm_scale,
+                     inter_latency_s=node.inter_node_latency_s)
 
 
 def scaled_group(group: CommGroup, cal: DeviceCalibration) -> CommGroup:

@@ -31,7 +31,7 @@ from typing import Mapping
 import numpy as np
 
 from planner.cost.calibration import DeviceCalibration, calibration_for
-from planner.cost.comm import dp_comm_total_s, exposed_sync_s, scaled_group, zero3_gather_time_s
+from planner.cost.comm import dp_comm_total_s, dp_group, exposed_sync_s, zero3_gather_time_s
 from planner.cost.compute import layer_costs
 from planner.cost.memory import dtype_bytes, memory_terms, micro_batches_in_flight
 from planner.cost.optimizer import optimizer_time_s
@@ -39,7 +39,7 @@ from planner.cost.schedule import SCHEDULES, pipeline_time
 from planner.cost.validate import check_config, divisors, pipeline_units
 from planner.errors import ConfigError
 from planner.hardware.cluster import locate
-from planner.hardware.collectives import comm_group, p2p_time_s
+from planner.hardware.collectives import p2p_time_s
 from planner.types import (Breakdown, Cluster, Estimate, LayerGraph, MemoryBreakdown, NodeProfile,
                            ParallelConfig, PipelineSpec, ReplicaEstimate, ReplicaSpec, StageEstimate, StageSpec)
 
@@ -153,7 +153,7 @@ def _placement(model: LayerGraph, cluster: Cluster, stages: tuple[StageSpec, ...
             largest.append(float(lc.params_per_rank[sl].max()))
         ranks = [d for r in stage.replicas for d in r.devices[::r.tp]]
         slowest = min(cals[first_row:], key=lambda c: c.comm_scale)
-        groups.append(scaled_group(comm_group(cluster, ranks), slowest))
+        groups.append(dp_group(cluster, ranks, slowest))
         stage_dp.append(len(ranks))
         row_dp.extend([len(ranks)] * len(stage.replicas))
     p = np.array(params)
