@@ -21,6 +21,8 @@ stage 3 also the weights.
 
 from __future__ import annotations
 
+import numpy as np
+
 from planner.errors import ConfigError
 from planner.types import MemoryBreakdown
 
@@ -98,21 +100,24 @@ def memory_terms(params_per_rank, activation_bytes_per_micro_batch, micro_batche
     return weights, gradients, states, activations, other
 
 
-def stage_memory(params_per_rank: float, activation_bytes_per_micro_batch: float, micro_batches_in_flight: float,
-                 zero: int, dp: int, optimizer: str, dtype: str, transient_bytes: float = 0.0) -> MemoryBreakdown:
+def stage_memory(params_per_rank, activation_bytes_per_micro_batch, micro_batches_in_flight, zero: int, dp: int,
+                 optimizer: str, dtype: str, transient_bytes=0.0) -> MemoryBreakdown:
     """Bytes per device of a stage whose ranks each hold ``params_per_rank`` parameters.
 
     ``transient_bytes`` is memory needed only briefly on top of the steady state (the full activations of
     one layer while it is recomputed, a ZeRO-3 gathered layer); it joins ``other_bytes`` with the margin
-    (``FRAGMENTATION_FRACTION`` of everything, plus ``FIXED_RESERVE_BYTES``).
+    (``FRAGMENTATION_FRACTION`` of everything, plus ``FIXED_RESERVE_BYTES``). The numeric arguments may be
+    numpy arrays (the search passes a matrix of candidate stages); the fields are then arrays too.
     """
     if zero not in (0, 1, 2, 3):
         raise ConfigError(f"zero={zero} is not a ZeRO stage; use 0, 1, 2 or 3")
-    if dp < 1:
+    if np.any(np.asarray(dp) < 1):
         raise ConfigError(f"dp={dp} must be at least 1")
-    terms = memory_terms(float(params_per_rank), float(activation_bytes_per_micro_batch),
-                         max(0.0, float(micro_batches_in_flight)), zero, dp, optimizer, dtype, float(transient_bytes))
-    weights, gradients, states, activations, other = (float(x) for x in terms)
+    terms = memory_terms(params_per_rank, activation_bytes_per_micro_batch,
+                         np.maximum(0.0, micro_batches_in_flight), zero, dp, optimizer, dtype, transient_bytes)
+    if all(np.ndim(t) == 0 for t in terms):
+        terms = tuple(float(t) for t in terms)
+    weights, gradients, states, activations, other = terms
     return MemoryBreakdown(weights_bytes=weights, gradients_bytes=gradients, optimizer_bytes=states,
                            activations_bytes=activations, other_bytes=other)
 
