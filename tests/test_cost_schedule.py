@@ -62,3 +62,8 @@ def test_events_are_consistent():
 def test_interleaved_needs_multiple_of_pp():
     with pytest.raises(ConfigError, match="multiple of pp"):
         simulate_pipeline([1.0] * 4, [2.0] * 4, 6, "interleaved", 2)
+
+
+def test_pipeline_time_simulates_unequal_stages():
+    total, bubble = pipeline_time([10, 1], [10, 1], 2, "1f1b")
+    assert total == pytest.approx(40.0) and bubble == pytest.approx(40.0 - 2 * 20)

@@ -96,23 +96,28 @@ def dp_comm_total_s(params_per_rank: float, group: CommGroup, zero: int, dtype: 
     return reduce, gather
 
 
-def exposed_sync_s(reduce_s, gather_s, params_per_rank, overlap_window_s):
+def exposed_sync_s(reduce_s, gather_s, params_per_rank, overlap_window_s, gather_window_s=0.0):
     """What the computation does not hide of a synchronisation (numpy arrays welcome): the gradient
-    reduction past ``overlap_window_s``, at least its last bucket, plus the weight gather."""
+    reduction past ``overlap_window_s`` and the weight gather past ``gather_window_s``, each at least one
+    bucket's worth (the last bucket to reduce, the first to gather)."""
     buckets = np.maximum(1.0, np.asarray(params_per_rank, dtype=float) / BUCKET_PARAMS)
-    exposed = np.maximum(reduce_s - np.maximum(0.0, overlap_window_s), reduce_s / buckets)
-    return exposed + gather_s
+    reduce = np.maximum(reduce_s - np.maximum(0.0, overlap_window_s), reduce_s / buckets)
+    gather = np.maximum(gather_s - np.maximum(0.0, gather_window_s), gather_s / buckets)
+    return reduce + gather
 
 
-def dp_sync_time_s(params_per_rank: float, group: CommGroup, zero: int, dtype: str, overlap_window_s: float) -> float:
-    """Exposed seconds of the data-parallel synchronisation at the end of an iteration.
+def dp_sync_time_s(params_per_rank: float, group: CommGroup, zero: int, dtype: str, overlap_window_s: float,
+                   gather_window_s: float = 0.0) -> float:
+    """Exposed seconds of the data-parallel synchronisation of one iteration.
 
     Gradients are reduced in buckets of ``BUCKET_PARAMS`` as the last micro-batch's backward pass produces
     them, so up to ``overlap_window_s`` of the reduction hides behind it; the last bucket always shows. The
-    weight all-gather of ZeRO 1-2 follows the optimizer step and is exposed.
+    weight all-gather of ZeRO 1-2 (after the optimizer step) hides, bucket by bucket, behind up to
+    ``gather_window_s`` of the next iteration's first forward pass (Megatron-Core's overlap-param-gather),
+    its first bucket always showing; ``gather_window_s = 0`` exposes it whole.
     """
     reduce, gather = dp_comm_total_s(params_per_rank, group, zero, dtype)
-    return float(exposed_sync_s(reduce, gather, params_per_rank, overlap_window_s))
+    return float(exposed_sync_s(reduce, gather, params_per_rank, overlap_window_s, gather_window_s))
 
 
 def zero3_gather_time_s(params_per_rank: float, group: CommGroup, dtype: str) -> float:

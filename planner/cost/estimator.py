@@ -301,8 +301,9 @@ def _evaluate(work: _Work, schedule: str, vpp: int, zero: int, exact: bool,
         if pipelines is not None:
             pipelines[key] = pipeline
     # each stage synchronises and steps once its own last backward is done (earlier stages drain later)
-    window = pl.dp_overlap * work.backward_s / vpp
-    sync_rows = exposed_sync_s(pl.reduce_s[zero], pl.gather_s[zero], pl.params, window)
+    window = pl.dp_overlap * work.backward_s / vpp  # the last micro-batch's backward (one chunk)
+    gather_window = pl.dp_overlap * work.forward_s / vpp  # the next iteration's first forward (one chunk)
+    sync_rows = exposed_sync_s(pl.reduce_s[zero], pl.gather_s[zero], pl.params, window, gather_window)
     stage_sync = _per_stage_max(sync_rows, pl.row_stage, pp)
     stage_opt = _per_stage_max(pl.optimizer_s[zero], pl.row_stage, pp)
     drained = np.concatenate(([0.0], np.cumsum(stage_b / vpp + p2p)[:-1]))
@@ -458,7 +459,10 @@ def _candidates(model: LayerGraph, config: ParallelConfig) -> dict[str, list]:
     else:
         vpps = [v for v in divisors(units // pp) if units % (pp * v) == 0] if units % pp == 0 else [1]
         if config.schedule == "interleaved":
-            vpps = [v for v in vpps if v > 1] or [1]
+            vpps = [v for v in vpps if v > 1]
+            if not vpps:
+                raise ConfigError(f"the interleaved schedule needs the {units} layers to split into pp x vpp equal "
+                                  f"chunks with vpp > 1, and none does for pp={pp}; use --schedule 1f1b")
     return {
         "micro_batch": mbs,
         "recompute": [config.recompute] if config.recompute else ["none", "selective", "full"],
