@@ -46,7 +46,7 @@ from planner.types import (Breakdown, Cluster, Estimate, LayerGraph, MemoryBreak
 log = logging.getLogger(__name__)
 
 Calibrations = Mapping[str, DeviceCalibration]
-MAX_MICRO_BATCH = 64  # largest micro-batch the resolution tries
+MAX_MICRO_BATCH = 1024  # largest micro-batch the resolution tries
 FINALIST_MARGIN = 0.02  # candidates this close to the best by the fast formula are timed exactly
 
 
