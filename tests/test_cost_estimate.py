@@ -31,12 +31,27 @@ def breakdown_total(est):
                                        recompute="full")),
     ("dgx-h100*1", ParallelConfig(global_batch=32, tp=1, pp=1, dp=8, zero=1, recompute="selective")),
     ("dgx-a100-80gb*1+hgx-v100-32gb*1", ParallelConfig(global_batch=64, tp=2, pp=2, dp=4, schedule="gpipe")),
+    ("dgx-a100-80gb*1+hgx-v100-32gb*1", ParallelConfig(global_batch=64, tp=2, pp=1, dp=8)),  # mixed replicas
 ])
 def test_breakdown_sums_to_total(cluster, config):
     est = estimate(small(), load_cluster(cluster), config)
     assert breakdown_total(est) == pytest.approx(est.iteration_time_s, rel=1e-9)
     assert all(v >= 0 for v in est.breakdown.to_dict().values())
     assert est.throughput_samples_per_s == pytest.approx(config.global_batch / est.iteration_time_s)
+
+
+def test_mixed_replicas_in_one_stage_are_timed_by_the_slower_type():
+    model = small()
+    mixed = estimate(model, load_cluster("dgx-a100-80gb*1+hgx-v100-32gb*1"),
+                     ParallelConfig(global_batch=64, tp=2, pp=1, dp=8, micro_batch=2, recompute="none", zero=0))
+    a100 = estimate(model, load_cluster("dgx-a100-80gb*2"),
+                    ParallelConfig(global_batch=64, tp=2, pp=1, dp=8, micro_batch=2, recompute="none", zero=0))
+    stage = mixed.stages[0]
+    assert [r.device_type for r in stage.replicas] == ["a100-80gb", "v100-32gb"]
+    assert [r.batch_share for r in stage.replicas] == [0.5, 0.5]
+    assert mixed.iteration_time_s > a100.iteration_time_s
+    v100 = stage.replicas[1]
+    assert stage.forward_s + stage.backward_s == pytest.approx(v100.forward_s + v100.backward_s)
 
 
 def test_left_out_choices_are_resolved():

@@ -466,8 +466,9 @@ def _candidates(model: LayerGraph, config: ParallelConfig) -> dict[str, list]:
     return {
         "micro_batch": mbs,
         "recompute": [config.recompute] if config.recompute else ["none", "selective", "full"],
-        # sequence parallelism moves the same bytes as tensor parallelism's all-reduces (reduce-scatter plus
-        # all-gather) and divides the rest of the activations and element-wise work by tp: it dominates
+        # sequence parallelism is taken whenever tp > 1: its reduce-scatter plus all-gather move the bytes of
+        # the all-reduce it replaces, and it divides the remaining activations and element-wise work by tp
+        # (Korthikanti et al. 2022); pass sequence_parallel=False to estimate without it
         "sequence_parallel": [bool(config.sequence_parallel)] if config.sequence_parallel is not None
         else [tp > 1],
         "vpp": vpps,
@@ -516,6 +517,7 @@ def estimate(model: LayerGraph, cluster: Cluster, config: ParallelConfig,
         raise ConfigError(f"no schedule fits: the interleaved schedule needs the number of micro-batches to be "
                           f"a multiple of pp={pp}; use vpp 1 or another micro-batch")
     ranked.sort(key=lambda item: (item[0], item[1]))
+    log.debug("estimate: %d candidates ranked, best %s", len(ranked), ranked[0][0])
     # time exactly the candidates within FINALIST_MARGIN of the best by the fast formula (at most three)
     head = [item for item in ranked[:3] if item[0][0] == ranked[0][0][0]
             and item[0][1] <= ranked[0][0][1] * (1.0 + FINALIST_MARGIN)]
