@@ -36,7 +36,7 @@ def random_feeds(model: onnx.ModelProto, dims: Mapping[str, int], seed: int = 0,
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
     initializers = {t.name for t in model.graph.initializer}
-    variances = {n.input[4] for n in model.graph.node if n.op_type == "BatchNormalization" and len(n.input) > 4}
+    variances = _batchnorm_variances(model.graph)
     for value in model.graph.input:
         if value.name in initializers:
             continue
@@ -61,6 +61,19 @@ def random_feeds(model: onnx.ModelProto, dims: Mapping[str, int], seed: int = 0,
             high = (int_high or {}).get(value.name, 1)
             feeds[value.name] = rng.integers(0, high, size=shape).astype(dtype)
     return feeds
+
+
+def _batchnorm_variances(graph: onnx.GraphProto) -> set[str]:
+    """Graph inputs read as a BatchNormalization's variance, directly or through Identity nodes."""
+    identity_of = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "Identity"}
+    found = set()
+    for node in graph.node:
+        if node.op_type == "BatchNormalization" and len(node.input) > 4:
+            name = node.input[4]
+            while name in identity_of:
+                name = identity_of[name]
+            found.add(name)
+    return found
 
 
 def run_model(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
