@@ -165,3 +165,71 @@ def test_split_cli_missing_model_is_exit_2(tmp_path, capsys):
     assert main(["split", str(tmp_path / "none.onnx"), "--plan", str(plan), "--out-dir", str(tmp_path / "o")]) == 2
     assert capsys.readouterr().err.startswith("planner: error:")
     assert not (tmp_path / "o").exists()
+
+
+# ----------------------------------------------------------------- end to end: load_model -> Plan -> split
+
+def plan_over(graph: LayerGraph, counts: list[int]):
+    """A hand-made Plan splitting the model's layers into consecutive stages of ``counts`` layers."""
+    names = [layer.name for layer in graph.layers]
+    kinds = [layer.kind for layer in graph.layers]
+    base = plan_samples.gpt_plan()
+    stages = plan_samples.stages_from_split(counts, names, kinds, 1, 1, 1)
+    return base.__class__(**{**base.__dict__, "stages": stages})
+
+
+def _bert_builder_model(tmp_path) -> str:
+    from planner.builders import build, save
+    path = str(tmp_path / "bert.onnx")
+    save(build("bert", {"layers": 3, "hidden": 32, "heads": 4, "vocab": 64, "seq_len": 8, "dropout": 0}), path)
+    return path
+
+
+E2E = {  # model -> (layer counts per stage, integer input ranges)
+    "gpt2": ([2, 2, 1], {"input_ids": 64, "attention_mask": 2}),
+    "cnn": ([4, 2, 2], {}),
+    "dlrm": ([5, 5], {"sparse": 20}),
+    "bert-builder": ([2, 1, 2], {"input_ids": 64, "token_type_ids": 2, "attention_mask": 2}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(E2E))
+def test_plan_split_reproduces_the_model(name, tmp_path):
+    from planner.export.stage_files import load_onnx, split_plan
+    from planner.export.verify import tolerance, weights_as_inputs
+    from planner.graph import load_model
+
+    path = _bert_builder_model(tmp_path) if name == "bert-builder" else os.path.join(FIXTURES, f"{name}.onnx")
+    graph = load_model(path, dims=DIMS if name != "cnn" else {"batch": 2})
+    counts, int_high = E2E[name]
+    assert sum(counts) == len(graph.layers), [layer.name for layer in graph.layers]
+    plan = plan_over(graph, counts)
+    model = load_onnx(path)
+    stages = split_plan(model, plan, graph)
+    whole = weights_as_inputs(model)
+    feeds = random_feeds(whole, DIMS, seed=3, int_high=int_high)
+    allowed = tolerance(whole, stages, feeds)
+    # fp32 exports: 1e-4; the builder's fp16 BERT: plus fp16 rounding at the boundaries (see verify.tolerance)
+    assert allowed == 1e-4 if name != "bert-builder" else 1e-4 < allowed < 0.05
+    assert max_abs_difference(whole, stages, feeds) <= allowed
+    for stage in stages:  # no weight data in any stage file
+        assert all(t.data_location != onnx.TensorProto.EXTERNAL for t in stage.model.graph.initializer)
+        assert all(len(t.raw_data) <= 8 * 64 for t in stage.model.graph.initializer)
+
+
+def test_split_command_writes_and_verifies(tmp_path, capsys):
+    from planner.graph import load_model
+
+    path = os.path.join(FIXTURES, "cnn.onnx")
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(plan_over(load_model(path, dims={"batch": 2}), [3, 3, 2]).to_json())
+    out = tmp_path / "stages"
+    argv = ["split", path, "--plan", str(plan_path), "--out-dir", str(out), "--dim", "batch=2", "--verify", "--json"]
+    assert main(argv) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["verify"]["max_abs_difference"] <= 1e-4
+    assert [s["file"] for s in document["stages"]] == ["stage_0.onnx", "stage_1.onnx", "stage_2.onnx"]
+    assert sorted(os.listdir(out)) == ["manifest.json", "stage_0.onnx", "stage_1.onnx", "stage_2.onnx"]
+    assert main(argv) == 2  # refuses to overwrite
+    assert "--force" in capsys.readouterr().err
+    assert main(argv + ["--force"]) == 0

@@ -154,7 +154,7 @@ def assign_stages(graph: onnx.GraphProto, stage_nodes: Sequence[Collection[str]]
     return stage_of
 
 
-def _is_constant_initializer(tensor: TensorProto) -> bool:
+def is_constant_initializer(tensor: TensorProto) -> bool:
     """Shapes, axes, indices and scalars, not weights (see the module docstring)."""
     if tensor.data_location == TensorProto.EXTERNAL:
         return False
@@ -216,7 +216,7 @@ def split_model(model: onnx.ModelProto, stage_nodes: Sequence[Collection[str]]) 
             if t in constants:
                 constant_nodes.append(constants[t])
             elif t in initializers:
-                if _is_constant_initializer(initializers[t]):
+                if is_constant_initializer(initializers[t]):
                     initializer_copies.append(initializers[t])
                 else:
                     inputs.append(StageInput(t, WEIGHT))

@@ -30,6 +30,23 @@ def _session(model: onnx.ModelProto) -> Any:
     return onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
+def weights_as_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` whose weight initializers are graph inputs (the same rule as the split: integer
+    and one-element initializers stay), so that models without weight data can run on random weights."""
+    from planner.export.stages import is_constant_initializer
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    weights = [t for t in copy.graph.initializer if not is_constant_initializer(t)]
+    keep = [t for t in copy.graph.initializer if is_constant_initializer(t)]
+    del copy.graph.initializer[:]
+    copy.graph.initializer.extend(keep)
+    declared = {i.name for i in copy.graph.input}
+    copy.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                            for t in weights if t.name not in declared)
+    return copy
+
+
 def random_feeds(model: onnx.ModelProto, dims: Mapping[str, int], seed: int = 0,
                  int_high: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
     """Seeded random values for every graph input of ``model`` (symbolic dimensions bound by ``dims``)."""
@@ -92,6 +109,24 @@ def run_stages(stages: Sequence[StageModel], feeds: Mapping[str, np.ndarray]) ->
             raise PlannerError(f"stage {stage.index} needs '{missing[0]}', which no input or earlier stage gives")
         values.update(run_model(stage.model, {i.name: values[i.name] for i in stage.inputs}))
     return values
+
+
+_HALF_EPSILON = {onnx.TensorProto.FLOAT16: 2.0**-11, onnx.TensorProto.BFLOAT16: 2.0**-8}
+
+
+def tolerance(model: onnx.ModelProto, stages: Sequence[StageModel], feeds: Mapping[str, np.ndarray],
+              absolute: float = 1e-4) -> float:
+    """The largest difference a correct split may show: ``absolute``, plus, when a boundary tensor is fp16 or
+    bf16, two roundings to that type at the scale of the outputs. (onnxruntime's CPU provider computes many
+    fp16 ops in fp32 and keeps consecutive ones in fp32; a stage boundary stores the tensor in its declared
+    type, so the split rounds where the whole model did not.)"""
+    types = {v.name: v.type.tensor_type.elem_type for s in stages for v in s.model.graph.output}
+    epsilon = max((_HALF_EPSILON.get(types.get(o.name, 0), 0.0) for s in stages for o in s.outputs if o.to_stages),
+                  default=0.0)
+    if epsilon == 0.0:
+        return absolute
+    scale = max(float(np.abs(np.asarray(v, dtype=np.float64)).max()) for v in run_model(model, feeds).values())
+    return absolute + 2 * epsilon * scale
 
 
 def max_abs_difference(model: onnx.ModelProto, stages: Sequence[StageModel],
