@@ -88,9 +88,9 @@ class SearchInfo:
 class Plan:
     """A resolved parallel training plan.
 
-    ``stages`` lists the pipeline's model chunks in layer order. Without interleaving (``vpp == 1``) a chunk
-    is a pipeline stage. With ``vpp > 1`` there are ``pp * vpp`` chunks and chunk ``k`` runs on the devices
-    of chunk ``k % pp`` (Megatron-LM's interleaved schedule).
+    ``stages`` lists the pipeline stages in layer order (``pp == len(stages)``). With an interleaved schedule
+    (``vpp > 1``) each stage's layers are run as ``vpp`` model chunks (Megatron-LM's virtual stages): the
+    layer range gives how much of the model a stage holds, the framework picks which chunks.
     """
 
     model: dict[str, Any]  # name, params, flops_per_sample
@@ -176,15 +176,14 @@ def load_plan(path: str) -> Plan:
 
 def cluster_summary(cluster: Any) -> dict[str, Any]:
     """The ``cluster`` entry of a Plan for a :class:`planner.types.Cluster`: its name, device count and
-    groups (node name, device type, node count, devices per node, first global device id). The TorchRec
+    groups (name, node profile, device type, node count, device count, first global device id). The TorchRec
     exporter uses the groups to turn global device ids into ``rank:N/cuda:L`` placements."""
-    return {
-        "name": cluster.name,
-        "num_devices": cluster.num_devices,
-        "groups": [{"name": g.name, "node": g.node.name, "device_type": g.node.device.name, "count": g.count,
-                    "devices_per_node": g.node.devices_per_node, "first_device": g.first_device}
-                   for g in cluster.groups],
-    }
+    groups, first = [], 0
+    for g in cluster.groups:
+        groups.append({"name": g.name, "node": g.node.name, "device": g.node.device.name, "count": g.count,
+                       "devices": g.num_devices, "first_device": first})
+        first += g.num_devices
+    return {"name": cluster.name, "num_devices": cluster.num_devices, "groups": groups}
 
 
 # ----------------------------------------------------------------------------------------- schema

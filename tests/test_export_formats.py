@@ -114,11 +114,15 @@ def test_megatron_uneven_split_first_and_last():
     assert options["--decoder-last-pipeline-num-layers"] == ["2"]
 
 
-def test_megatron_interleaved_uses_layout():
-    options = parse_megatron(render(plan_samples.gpt_plan((3, 3, 2, 2), vpp=2), "megatron"))
+def test_megatron_interleaved():
+    options = parse_megatron(render(plan_samples.gpt_plan((5, 5), vpp=2), "megatron"))  # blocks 4 + 4
     assert options["--num-virtual-stages-per-pipeline-rank"] == ["2"]
     assert options["--pipeline-model-parallel-size"] == ["2"]
-    assert options["--pipeline-model-parallel-layout"] == ["Ett|ttt|tt|tL"]
+    assert "--pipeline-model-parallel-layout" not in options  # 8 blocks divide evenly into 2 x 2 chunks
+    # blocks 3, 3, 2 over 3 stages x 2 chunks: round 0 gets 2, 2, 1 and round 1 gets 1, 1, 1
+    options = parse_megatron(render(plan_samples.gpt_plan((4, 3, 3), vpp=2), "megatron"))
+    assert options["--pipeline-model-parallel-layout"] == ["Ett|tt|t|t|t|tL"]
+    assert options["--pipeline-model-parallel-layout"][0].count("t") == int(options["--num-layers"][0])
 
 
 @pytest.mark.parametrize("zero,expected", [(0, []), (1, ["--use-distributed-optimizer"]),
@@ -166,7 +170,7 @@ def test_deepspeed_refuses_zero2_with_pipeline_and_interleaving():
     with pytest.raises(PlannerError, match="ZeRO-2 with 2 pipeline stages"):
         render(plan_samples.gpt_plan(zero=2), "deepspeed")
     with pytest.raises(PlannerError, match="interleaved"):
-        render(plan_samples.gpt_plan((3, 3, 2, 2), vpp=2), "deepspeed")
+        render(plan_samples.gpt_plan((5, 5), vpp=2), "deepspeed")
 
 
 def test_torchrec_plan():
