@@ -8,14 +8,14 @@ import pytest
 
 @pytest.fixture(autouse=True)
 def _plans_follow_the_schema(monkeypatch: pytest.MonkeyPatch) -> None:
-    from planner import plan as plan_module
+    from planner.plan import Plan, schema_errors
 
-    original = plan_module.Plan.to_dict
+    original = Plan.to_dict
 
-    def checked(self: plan_module.Plan) -> dict:
+    def checked(self: Plan) -> dict:
         document = original(self)
-        errors = plan_module.schema_errors(document)
+        errors = schema_errors(document)
         assert not errors, f"an emitted plan does not follow the schema: {errors}"
         return document
 
-    monkeypatch.setattr(plan_module.Plan, "to_dict", checked)
+    monkeypatch.setattr(Plan, "to_dict", checked)
