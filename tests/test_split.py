@@ -195,7 +195,8 @@ E2E = {  # model -> (layer counts per stage, integer input ranges)
 
 @pytest.mark.parametrize("name", sorted(E2E))
 def test_plan_split_reproduces_the_model(name, tmp_path):
-    from planner.export.stage_files import load_onnx, split_plan
+    from planner.export.stage_files import split_plan
+    from planner.graph.loader import read_model
     from planner.export.verify import tolerance, weights_as_inputs
     from planner.graph import load_model
 
@@ -204,7 +205,7 @@ def test_plan_split_reproduces_the_model(name, tmp_path):
     counts, int_high = E2E[name]
     assert sum(counts) == len(graph.layers), [layer.name for layer in graph.layers]
     plan = plan_over(graph, counts)
-    model = load_onnx(path)
+    model = read_model(path)
     stages = split_plan(model, plan, graph)
     whole = weights_as_inputs(model)
     feeds = random_feeds(whole, DIMS, seed=3, int_high=int_high)

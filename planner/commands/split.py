@@ -27,13 +27,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from planner.export.stage_files import load_onnx, manifest, split_plan, write_split
+    from planner.export.stage_files import manifest, split_plan, write_split
     from planner.graph import load_model
+    from planner.graph.loader import read_model
 
     dims = parse_dims(args.dim)
     plan = load_plan(args.plan)
     layers = load_model(args.model, dims=dims)
-    model = load_onnx(args.model)
+    model = read_model(args.model)
     stages = split_plan(model, plan, layers)
     document = manifest(args.model, plan, stages)
     if args.verify:

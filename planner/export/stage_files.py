@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import onnx
 
-from planner.errors import ConfigError, ModelError, PlannerError
+from planner.errors import ConfigError, PlannerError
 from planner.export.stages import StageModel, split_model
 from planner.plan import Plan
 from planner.types import LayerGraph
@@ -42,16 +42,6 @@ def stage_node_names(plan: Plan, layers: LayerGraph) -> list[set[str]]:
             names.update(op.name for op in layer.ops)
         result.append(names)
     return result
-
-
-def load_onnx(path: str) -> onnx.ModelProto:
-    """The graph of ``path`` without weight data (external data is never loaded)."""
-    try:
-        return onnx.load(path, load_external_data=False)
-    except FileNotFoundError:
-        raise ModelError(f"{path}: no such file") from None
-    except Exception as exc:  # protobuf DecodeError and friends: not an ONNX file
-        raise ModelError(f"{path}: not a readable ONNX model ({exc})") from None
 
 
 def split_plan(model: onnx.ModelProto, plan: Plan, layers: LayerGraph) -> list[StageModel]:
