@@ -8,6 +8,7 @@ every other one to the user's ``--dim`` value or the model's ``planner.default_d
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
 from dataclasses import dataclass, field
@@ -144,6 +145,7 @@ def build(model: onnx.ModelProto, dims: Mapping[str, int] | None, name: str) -> 
 def _topological(graph: onnx.GraphProto, init_names: set[str], name: str) -> list[Node]:
     """Kahn's algorithm; a cycle or a tensor that nothing produces is a ModelError naming the node."""
     protos = list(graph.node)
+    inputs_of = [tuple(p.input) + _implicit_inputs(p) for p in protos]
     available = {i.name for i in graph.input} | init_names | {""}
     producer: dict[str, int] = {}
     for i, p in enumerate(protos):
@@ -156,11 +158,13 @@ def _topological(graph: onnx.GraphProto, init_names: set[str], name: str) -> lis
     waiting = [0] * len(protos)
     users: dict[int, list[int]] = {}
     for i, p in enumerate(protos):
-        deps = {producer[t] for t in p.input if t not in available and t in producer}
-        missing = [t for t in p.input if t not in available and t not in producer]
+        deps = {producer[t] for t in inputs_of[i] if t not in available and t in producer}
+        missing = [t for t in inputs_of[i] if t not in available and t not in producer]
         if missing:
             raise ModelError(f"{name}: node '{p.name or p.op_type}' reads tensor '{missing[0]}' that no node, "
-                             f"input or initializer provides; the graph is not valid ONNX")
+                             f"input or initializer provides (an export without its weights? keep the "
+                             f"initializers, e.g. torch.onnx.export(..., external_data=True); their data "
+                             f"is never read)")
         waiting[i] = len(deps)
         for d in deps:
             users.setdefault(d, []).append(i)
@@ -182,33 +186,48 @@ def _topological(graph: onnx.GraphProto, init_names: set[str], name: str) -> lis
     nodes = []
     for k, i in enumerate(order):
         p = protos[i]
-        nodes.append(Node(k, p.name, p.op_type, p.domain, tuple(p.input), tuple(p.output), p, _scope(p)))
+        nodes.append(Node(k, p.name, p.op_type, p.domain, inputs_of[i], tuple(p.output), p, _scope(p)))
     return nodes
 
 
+def _implicit_inputs(proto: onnx.NodeProto) -> tuple[str, ...]:
+    """Outer-scope tensors a Loop/If/Scan body reads (they are real inputs of the node)."""
+    bodies = [a.g for a in proto.attribute if a.type == onnx.AttributeProto.GRAPH]
+    bodies += [g for a in proto.attribute if a.type == onnx.AttributeProto.GRAPHS for g in a.graphs]
+    if not bodies:
+        return ()
+    used: dict[str, None] = {}
+    for body in bodies:
+        defined = {v.name for v in body.input} | {t.name for t in body.initializer}
+        for node in body.node:
+            for t in list(node.input) + list(_implicit_inputs(node)):
+                if t and t not in defined:
+                    used[t] = None
+            defined.update(node.output)
+        for v in body.output:
+            if v.name not in defined:
+                used[v.name] = None
+    return tuple(t for t in used if t not in proto.input)
+
+
 def _scope(proto: onnx.NodeProto) -> tuple[str, ...]:
-    """The exporter's module path of a node: dynamo's name_scopes metadata or TorchScript's /a/b/Op names."""
+    """The exporter's module path of a node, split at dots: ``("transformer", "h", "0", "attn")``.
+
+    The dynamo exporter writes ``pkg.torch.onnx.name_scopes`` metadata, a list of cumulative module paths
+    ending with the node's own name (``['', 'h.0', 'h.0.mlp', 'linear_2']``); TorchScript names nodes
+    ``/transformer/h.0/attn/MatMul``."""
     for prop in proto.metadata_props:
         if prop.key == "pkg.torch.onnx.name_scopes":
             try:
-                scopes = json.loads(prop.value.replace("'", '"'))
-            except ValueError:
-                break
-            parts: list[str] = []
-            for s in scopes:
-                for part in str(s).split("."):
-                    if part:
-                        parts.append(part)
-            # dynamo lists cumulative paths ('', 'transformer', 'transformer.h.0'): keep the longest
-            longest = max((str(s) for s in scopes), key=len, default="")
-            return tuple(p for p in longest.split(".") if p) if longest else tuple(parts)
+                scopes = ast.literal_eval(prop.value)
+            except (ValueError, SyntaxError):
+                return ()
+            if not isinstance(scopes, (list, tuple)) or len(scopes) < 2:
+                return ()
+            return tuple(p for p in str(scopes[-2]).split(".") if p)
     name = proto.name
     if name.startswith("/"):
-        parts = [p for p in name.split("/")[1:-1] if p]
-        out: list[str] = []
-        for p in parts:
-            out.extend(x for x in p.split(".") if x) if "." in p else out.append(p)
-        return tuple(out)
+        return tuple(p for part in name.split("/")[1:-1] for p in part.split(".") if p)
     return ()
 
 
