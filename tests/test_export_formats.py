@@ -200,3 +200,22 @@ def test_torchrec_plan():
 def test_torchrec_without_embeddings_is_an_error():
     with pytest.raises(PlannerError, match="no embedding tables"):
         render(plan_samples.gpt_plan(), "torchrec")
+
+
+def test_searched_plan_exports_count_transformer_blocks(tmp_path):
+    """A plan from the search carries layer kinds, so Megatron's --num-layers counts transformer blocks only."""
+    import planner
+    from planner.builders import build, save
+
+    path = str(tmp_path / "gpt.onnx")
+    save(build("gpt", {"layers": 4, "hidden": 256, "heads": 4, "vocab": 1000, "seq_len": 128}), path)
+    model = planner.load_model(path, dims={"batch": 1, "seq": 128})
+    best = planner.plan(model, planner.load_cluster("dgx-a100-80gb*1"), global_batch=64)
+    blocks = sum(1 for layer in model.layers if layer.kind == "block")
+    assert blocks == 4
+    options = parse_megatron(render(best, "megatron"))
+    assert options["--num-layers"] == [str(blocks)]
+    assert options["--global-batch-size"] == ["64"]
+    if best.zero < 2 or len(best.stages) == 1:  # DeepSpeed's pipeline engine refuses ZeRO-2/3
+        check_deepspeed(json.loads(render(best, "deepspeed")))
+    assert "Search:" in render(best, "table")
