@@ -22,8 +22,6 @@ from typing import Any
 from planner.errors import PlannerError
 
 SCHEMA_VERSION = 1
-SHARDING_TYPES = ("data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise")
-RECOMPUTE_CHOICES = ("none", "selective", "full")
 
 
 @dataclass(frozen=True)
