@@ -68,10 +68,19 @@ class Node:
     proto: onnx.NodeProto
     scope: tuple[str, ...] = ()
 
-    def attr(self, name: str, default=None):
+    def attr(self, name: str, default):
+        """An attribute's value, of the same kind as ``default`` (int, list of ints, or bytes)."""
         for a in self.proto.attribute:
             if a.name == name:
-                return onnx.helper.get_attribute_value(a)
+                value = onnx.helper.get_attribute_value(a)
+                if isinstance(default, int) and isinstance(value, int):
+                    return value
+                if isinstance(default, list) and isinstance(value, list) and all(isinstance(v, int) for v in value):
+                    return value
+                if isinstance(default, bytes) and isinstance(value, (bytes, str)):
+                    return value
+                raise ModelError(f"node '{self.name or self.op_type}' ({self.op_type}): attribute '{name}' has "
+                                 f"an unexpected type; the file is corrupted or not valid ONNX")
         return default
 
 
@@ -145,6 +154,7 @@ def build(model: onnx.ModelProto, dims: Mapping[str, int] | None, name: str) -> 
 def _topological(graph: onnx.GraphProto, init_names: set[str], name: str) -> list[Node]:
     """Kahn's algorithm; a cycle or a tensor that nothing produces is a ModelError naming the node."""
     protos = list(graph.node)
+    _check_text(graph, name)
     inputs_of = [tuple(p.input) + _implicit_inputs(p) for p in protos]
     available = {i.name for i in graph.input} | init_names | {""}
     producer: dict[str, int] = {}
@@ -188,6 +198,17 @@ def _topological(graph: onnx.GraphProto, init_names: set[str], name: str) -> lis
         p = protos[i]
         nodes.append(Node(k, p.name, p.op_type, p.domain, inputs_of[i], tuple(p.output), p, _scope(p)))
     return nodes
+
+
+def _check_text(graph: onnx.GraphProto, name: str) -> None:
+    """Protobuf hands back bytes for strings that are not valid UTF-8 (a corrupted file)."""
+    for p in graph.node:
+        texts = [p.name, p.op_type, p.domain, *p.input, *p.output]
+        if not all(isinstance(t, str) for t in texts):
+            raise ModelError(f"{name}: node {p.op_type!r} has a name that is not valid UTF-8; the file is corrupted")
+    for vi in list(graph.input) + list(graph.output) + list(graph.initializer):
+        if not isinstance(vi.name, str):
+            raise ModelError(f"{name}: tensor name {vi.name!r} is not valid UTF-8; the file is corrupted")
 
 
 def _implicit_inputs(proto: onnx.NodeProto) -> tuple[str, ...]:
