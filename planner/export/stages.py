@@ -124,6 +124,7 @@ def assign_stages(graph: onnx.GraphProto, stage_nodes: Sequence[Collection[str]]
     outputs = {o.name for o in graph.output}
     stage_of: dict[int, int] = {}
     pending: list[int] = []
+    waiting: set[int] = set()
     # reverse topological order: a free node joins the earliest stage that reads it
     for i in reversed(order):
         node = nodes[i]
@@ -133,12 +134,13 @@ def assign_stages(graph: onnx.GraphProto, stage_nodes: Sequence[Collection[str]]
             stage_of[i] = by_name[node.name]
             continue
         readers = [stage_of[c] for c in consumers.get(i, ()) if c in stage_of]
-        needed = any(c in stage_of or c in pending for c in consumers.get(i, ())) or any(
+        needed = any(c in stage_of or c in waiting for c in consumers.get(i, ())) or any(
             t in outputs for t in node.output)
         if readers:
             stage_of[i] = min(readers)
         elif needed:
             pending.append(i)
+            waiting.add(i)
     # forward: nodes only graph outputs read join the latest stage among their producers
     for i in reversed(pending):  # pending was filled in reverse topological order
         producers = [stage_of[producer[t]] for t in subgraph_inputs(nodes[i])
@@ -156,12 +158,13 @@ def assign_stages(graph: onnx.GraphProto, stage_nodes: Sequence[Collection[str]]
             moved += 1
     if moved:
         log.info("%d nodes read tensors of a later stage than their layer's and moved to that stage", moved)
-    kept = {stage_of[i] for i in stage_of if nodes[i].name in by_name and stage_of[i] == by_name[nodes[i].name]}
-    for stage, names in enumerate(stage_nodes):
-        if stage not in kept and any(name in by_name for name in names if by_name[name] == stage) and any(
-                nodes[i].name in names for i in stage_of):
-            raise PlannerError(f"stage {stage}: every node of its layers reads tensors of a later stage, so the "
-                               "plan's layers are not in graph order and this split cannot run")
+    named = [i for i in stage_of if nodes[i].name in by_name]
+    planned = {by_name[nodes[i].name] for i in named}
+    kept = {stage_of[i] for i in named if stage_of[i] == by_name[nodes[i].name]}
+    emptied = sorted(planned - kept)
+    if emptied:
+        raise PlannerError(f"stage {emptied[0]}: every node of its layers reads tensors of a later stage, so the "
+                           "plan's layers are not in graph order and this split cannot run")
     return stage_of
 
 
