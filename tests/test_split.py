@@ -292,3 +292,24 @@ def test_split_command_writes_and_verifies(tmp_path, capsys):
     assert main(argv) == 2  # refuses to overwrite
     assert "--force" in capsys.readouterr().err
     assert main(argv + ["--force"]) == 0
+
+
+def test_searched_plan_of_a_builder_gpt_splits_and_verifies(tmp_path, capsys):
+    """The whole chain: builder GPT (fp16, training-mode dropout) -> search pinned to 2 stages -> plan file ->
+    `planner split --verify`. Dropout runs as the identity when verifying (see planner.export.verify)."""
+    import planner
+    from planner.builders import build, save
+
+    path = str(tmp_path / "gpt.onnx")
+    save(build("gpt", {"layers": 4, "hidden": 64, "heads": 4, "vocab": 500, "seq_len": 32}), path)
+    model = planner.load_model(path, dims={"batch": 1, "seq": 32})
+    best = planner.plan(model, planner.load_cluster("dgx-a100-80gb*1"), global_batch=64,
+                        pinned=planner.ParallelConfig(global_batch=64, tp=1, pp=2, dp=0))
+    assert len(best.stages) == 2
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(best.to_json())
+    argv = ["split", path, "--plan", str(plan_path), "--out-dir", str(tmp_path / "out"), "--dim", "seq=32",
+            "--verify", "--json"]
+    assert main(argv) == 0
+    verify = json.loads(capsys.readouterr().out)["verify"]
+    assert verify["max_abs_difference"] <= verify["tolerance"] < 0.05

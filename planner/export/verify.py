@@ -2,7 +2,8 @@
 
 Every input of the model -- data and weights alike -- gets seeded random values: floats uniform in
 [-1, 1) (the variances a BatchNormalization reads: [0.5, 1.5), so its square root exists), integers uniform
-in [0, ``int_high``) (0 alone by default, an index valid in any table), booleans true. The stages
+in [0, ``int_high``) (0 alone by default, an index valid in any table), booleans true. Dropout runs as
+the identity (in training mode it draws a new mask on every run). The stages
 run in order, each fed the model inputs and weights it names and the boundary tensors earlier stages
 returned; the result is the largest absolute difference from the whole model over every model output.
 """
@@ -19,7 +20,23 @@ from planner.errors import ConfigError, PlannerError
 from planner.export.stages import StageModel
 
 
+def _without_dropout(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with every Dropout an Identity: a Dropout in training mode draws a new mask on each run, so
+    the whole model and its stages could never agree. (Dropouts whose mask output is used are kept.)"""
+    read = {t for node in model.graph.node for t in node.input}
+    if not any(n.op_type == "Dropout" and (len(n.output) < 2 or n.output[1] not in read) for n in model.graph.node):
+        return model
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for node in copy.graph.node:
+        if node.op_type == "Dropout" and (len(node.output) < 2 or node.output[1] not in read):
+            replacement = helper.make_node("Identity", [node.input[0]], [node.output[0]], name=node.name)
+            node.CopyFrom(replacement)
+    return copy
+
+
 def _session(model: onnx.ModelProto) -> Any:
+    model = _without_dropout(model)
     try:
         import onnxruntime
     except ImportError:
@@ -27,6 +44,7 @@ def _session(model: onnx.ModelProto) -> Any:
     options = onnxruntime.SessionOptions()
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.intra_op_num_threads = 1
+    options.log_severity_level = 3  # errors only: identity dropouts leave their ratio constants unused
     return onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
