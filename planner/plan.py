@@ -176,11 +176,8 @@ def cluster_summary(cluster: Any) -> dict[str, Any]:
     """The ``cluster`` entry of a Plan for a :class:`planner.types.Cluster`: its name, device count and
     groups (name, node profile, device type, node count, device count, first global device id). The TorchRec
     exporter uses the groups to turn global device ids into ``rank:N/cuda:L`` placements."""
-    groups, first = [], 0
-    for g in cluster.groups:
-        groups.append({"name": g.name, "node": g.node.name, "device": g.node.device.name, "count": g.count,
-                       "devices": g.num_devices, "first_device": first})
-        first += g.num_devices
+    groups = [{"name": g.name, "node": g.node.name, "device": g.node.device.name, "count": g.count,
+               "devices": g.num_devices, "first_device": g.first_device} for g in cluster.groups]
     return {"name": cluster.name, "num_devices": cluster.num_devices, "groups": groups}
 
 

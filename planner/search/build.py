@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from planner.hardware.cluster import locate
-from planner.plan import Plan, SearchInfo, StagePlan
+from planner.plan import Plan, SearchInfo, StagePlan, cluster_summary
 from planner.types import Cluster, Estimate, LayerGraph, PipelineSpec
 
 
@@ -17,13 +17,6 @@ def physical_bound_s(model: LayerGraph, cluster: Cluster, spec: PipelineSpec) ->
                 profile = cluster.groups[locate(cluster, device)[0]].node.device
                 peak += profile.peak_flops_per_s.get(spec.dtype, max(profile.peak_flops_per_s.values()))
     return 3.0 * model.flops_forward * spec.global_batch / peak if peak else 0.0
-
-
-def cluster_summary(cluster: Cluster) -> dict:
-    return {"name": cluster.name, "num_devices": cluster.num_devices,
-            "groups": [{"name": g.name, "node": g.node.name, "device": g.node.device.name, "count": g.count,
-                        "devices": g.num_devices, "first_device": g.first_device}
-                       for g in cluster.groups]}
 
 
 def to_plan(model: LayerGraph, cluster: Cluster, spec: PipelineSpec, estimate: Estimate, search: SearchInfo,
