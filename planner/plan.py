@@ -20,6 +20,7 @@ from importlib import resources
 from typing import Any
 
 from planner.errors import PlannerError
+from planner.types import Cluster
 
 SCHEMA_VERSION = 1
 
@@ -172,7 +173,7 @@ def load_plan(path: str) -> Plan:
         raise PlannerError(f"{path}: {exc}") from None
 
 
-def cluster_summary(cluster: Any) -> dict[str, Any]:
+def cluster_summary(cluster: Cluster) -> dict[str, Any]:
     """The ``cluster`` entry of a Plan for a :class:`planner.types.Cluster`: its name, device count and
     groups (name, node profile, device type, node count, device count, first global device id). The TorchRec
     exporter uses the groups to turn global device ids into ``rank:N/cuda:L`` placements."""
