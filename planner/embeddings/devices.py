@@ -11,7 +11,7 @@ written per device here, because the placement MILP needs each device's share li
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator, Mapping, Sequence
 
 import numpy as np
@@ -60,6 +60,7 @@ class DeviceArrays:
     intra_latency_s: np.ndarray
     inter_Bps: np.ndarray  # per device share of the node's network bandwidth
     inter_latency_s: np.ndarray
+    _groups: dict[tuple[int, ...], CommGroup] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def count(self) -> int:
@@ -67,7 +68,11 @@ class DeviceArrays:
 
     def group(self, members: Sequence[int]) -> CommGroup:
         """The CommGroup of some device indices (slowest member's links for a mixed group)."""
-        return comm_group(self.cluster, [self.ids[int(i)] for i in members])
+        key = tuple(int(i) for i in members)
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = comm_group(self.cluster, [self.ids[i] for i in key])
+        return group
 
 
 def device_arrays(cluster: Cluster, devices: Sequence[int] | None = None,

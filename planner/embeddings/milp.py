@@ -95,7 +95,7 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, time_limit_s: float, t
     host_cap = np.array([dev.host_capacity_bytes[m].sum() for m in bins.members])
     cat = pulp.LpInteger if integer else pulp.LpContinuous
     lp = pulp.LpProblem("embedding_sharding", pulp.LpMinimize)
-    T = pulp.LpVariable("T", lowBound=0)
+    T = _var(lp, "T", 0, None)
     lp += T
     # per bin: variable -> coefficient (a dict, since a global unit touches several devices of one bin)
     compute: list[dict] = [defaultdict(float) for _ in range(nb)]
@@ -115,7 +115,7 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, time_limit_s: float, t
             return
         y = fused.get(key)
         if y is None:
-            y = fused[key] = pulp.LpVariable(f"y_{key[0]}_{key[1]}", 0, 1, pulp.LpBinary if integer else pulp.LpContinuous)
+            y = fused[key] = _var(lp, f"y_{key[0]}_{key[1]}", 0, 1, pulp.LpBinary if integer else pulp.LpContinuous)
             members, seconds = problem.fused_latency(key)
             for d in members:
                 compute[bins.bin_of[d]][y] += seconds * _US
@@ -140,7 +140,7 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, time_limit_s: float, t
         zs = []
         alone = []
         for o, option in enumerate(options):
-            z = pulp.LpVariable(f"z_{t}_{o}", 0, 1, pulp.LpBinary if integer else pulp.LpContinuous)
+            z = _var(lp, f"z_{t}_{o}", 0, 1, pulp.LpBinary if integer else pulp.LpContinuous)
             choice[t, o] = z
             zs.append((z, 1.0))
             alone.append((z, problem.unit_alone_s(t, o) * _US))
@@ -164,7 +164,7 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, time_limit_s: float, t
                 upper = option.units if option.scope == "device" else 1
                 if bins.aggregated and option.scope == "device":
                     upper = None  # a class takes any number of units (bounded by (b))
-                var = pulp.LpVariable(f"u_{t}_{o}_{p}", 0, upper, cat)
+                var = _var(lp, f"u_{t}_{o}_{p}", 0, upper, cat)
                 pos_vars.append((p, var))
                 use_fused(var, option, target)
                 add_unit(var, t, o, target)
@@ -178,8 +178,8 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, time_limit_s: float, t
     coef = dev.a2a_s_per_byte * _US / _MB
     for b in range(nb):
         r = int(rep[b])
-        A = pulp.LpVariable(f"A_{b}", lowBound=0)
-        P = pulp.LpVariable(f"P_{b}", lowBound=0)
+        A = _var(lp, f"A_{b}", 0, None)
+        P = _var(lp, f"P_{b}", 0, None)
         lp += pulp.LpAffineExpression([(A, 1.0)] + [(z, -size[b] * c) for z, c in ids_send]) >= 0, f"cIS_{b}"
         lp += pulp.LpAffineExpression([(A, 1.0)] + [(v, -c) for v, c in ids_recv[b].items()]) >= 0, f"cIR_{b}"
         lp += pulp.LpAffineExpression([(P, 1.0)] + [(z, -size[b] * c) for z, c in pool_recv]) >= 0, f"cPR_{b}"
@@ -212,6 +212,14 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, time_limit_s: float, t
     weights = tuple(tuple(float(choice[t, o].varValue or 0.0) for o in range(len(options)))
                     for t, options in enumerate(problem.options))
     return SolveResult("optimal" if proven else "feasible", objective, bound, assignment, elapsed, weights)
+
+
+def _var(lp: pulp.LpProblem, name: str, low: float | None, high: float | None,
+         cat: str = pulp.LpContinuous) -> pulp.LpVariable:
+    """A variable of ``lp`` (pulp >= 3.3 attaches variables to their model; older pulp builds them alone)."""
+    if hasattr(lp, "add_variable"):
+        return lp.add_variable(name, low, high, cat=cat)
+    return pulp.LpVariable(name, low, high, cat)
 
 
 class _QuietHiGHS(pulp.HiGHS):

@@ -68,7 +68,7 @@ def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Se
         raise ConfigError(f"embedding table {dup!r} appears twice; table names must be unique")
     dev = device_arrays(cluster, devices, memory_budget_bytes, allow_host)
     problem = build_problem(tables, dev, global_batch, optimizer)
-    deadline = start + time_limit_s
+    deadline = start + 0.9 * time_limit_s  # leaves room to build the result within the limit
 
     relaxed = solve(problem, class_bins(problem), integer=False, time_limit_s=max(deadline - time.perf_counter(), 1.0))
     if relaxed.status == "infeasible":
