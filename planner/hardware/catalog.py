@@ -65,6 +65,8 @@ def device_from_document(doc: Document) -> DeviceProfile:
         memory_efficiency_curve=_pairs(data.get("memory_efficiency_curve", ())),
         op_overhead_s=float(data.get("op_overhead_s", 0.0)),
         description=data.get("description", ""),
+        conv_efficiency=_pairs(data.get("conv_efficiency", ())),
+        vector_flops_per_s=float(data.get("vector_flops_per_s", 0.0)),
     )
 
 

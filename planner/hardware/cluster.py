@@ -23,7 +23,8 @@ GB = catalog.GB
 US = catalog.US
 
 # Used where a file does not say; each has a source.
-DEFAULT_FABRIC_LATENCY_S = 1.0e-6  # ~130 ns per InfiniBand switch hop (NVIDIA Quantum QM8700 datasheet) x 3 hops + cables
+# ~130 ns per InfiniBand switch hop (NVIDIA Quantum QM8700 datasheet) x 3 hops of a fat tree, plus cables
+DEFAULT_FABRIC_LATENCY_S = 1.0e-6
 DEFAULT_OVERSUBSCRIPTION = 1.0  # full-bisection fat tree, as in NVIDIA's DGX SuperPOD reference architectures
 # An inline node that gives no latency/efficiency gets the figures of the catalog's DGX A100 node
 # (sources in hardware_profiles/nodes/dgx-a100-80gb.yaml).
@@ -56,7 +57,8 @@ def parse_shorthand(text: str) -> Cluster:
             try:
                 count = int(count_text)
             except ValueError:
-                raise ClusterError(f"cluster {text!r}: node count {count_text!r} of {name!r} is not an integer") from None
+                raise ClusterError(f"cluster {text!r}: node count {count_text!r} of {name!r} is not an "
+                                   "integer") from None
             if count <= 0:
                 raise ClusterError(f"cluster {text!r}: node count of {name!r} must be positive, got {count}")
         groups.append((name.lower(), catalog.get_node(name), count))
