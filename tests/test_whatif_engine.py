@@ -9,26 +9,11 @@ import json
 import pytest
 
 from planner.errors import ClusterError, ConfigError, PlannerError
-from planner.sweep.keys import (grid, parse_key, parse_sweep_args, parse_sweeps, point_inputs, renumber,
-                                check_groups)
+from planner.sweep.keys import grid, parse_key, parse_sweep_args, parse_sweeps, renumber
 from planner.sweep.runner import print_progress, run_tasks
-from planner.whatif import PointTask, WhatIfResult, cluster_cost_per_hour
+from planner.whatif import PointTask, cluster_cost_per_hour
 
-from whatif_fakes import NODES, failing_evaluate, fake_evaluate, get_node, mixed_cluster
-
-
-def _points(sweeps, cluster=None, batch=64, dims=None):
-    cluster = cluster or mixed_cluster()
-    parsed = parse_sweeps(sweeps)
-    check_groups(cluster, parsed, get_node)
-    return point_inputs(cluster, batch, dims or {"seq": 1024}, parsed, get_node)
-
-
-def _result(sweeps, workers=1, **kwargs):
-    points = _points(sweeps, **kwargs)
-    tasks = [PointTask("fake.onnx", p) for p in points]
-    results = run_tasks(fake_evaluate, tasks, workers=workers)
-    return WhatIfResult(points=tuple(results), keys=tuple(sweeps), model="fake.onnx", cluster="fake mix")
+from whatif_fakes import NODES, points_for, result_for, failing_evaluate, fake_evaluate, mixed_cluster
 
 
 # ---------------------------------------------------------------------------------------------- keys
@@ -95,7 +80,7 @@ def test_renumber_is_consecutive():
 
 
 def test_group_count_changes_one_group_and_renumbers():
-    points = _points({"fake-a100.count": ["0", "1", "4"]})
+    points = points_for({"fake-a100.count": ["0", "1", "4"]})
     first = points[0].cluster
     assert [g.name for g in first.groups] == ["fake-h100"]  # count 0 drops the group
     assert first.groups[0].first_device == 0
@@ -105,14 +90,14 @@ def test_group_count_changes_one_group_and_renumbers():
 
 
 def test_unprefixed_group_key_changes_every_group():
-    points = _points({"inter_node_bandwidth_GBps": ["100"], "count": ["3"]})
+    points = points_for({"inter_node_bandwidth_GBps": ["100"], "count": ["3"]})
     cluster = points[0].cluster
     assert all(g.node.inter_node_bandwidth_Bps == 100e9 and g.count == 3 for g in cluster.groups)
     assert [g.first_device for g in cluster.groups] == [0, 24]
 
 
 def test_node_type_and_price_and_global_keys():
-    points = _points({"fake-a100.node": ["fake-h100"], "fake-a100.price_per_node_hour": ["7.5"],
+    points = points_for({"fake-a100.node": ["fake-h100"], "fake-a100.price_per_node_hour": ["7.5"],
                       "global_batch": ["128"], "seq_len": ["4096"]})
     point = points[0]
     assert point.cluster.groups[0].node is NODES["fake-h100"] and point.cluster.groups[0].name == "fake-a100"
@@ -121,21 +106,21 @@ def test_node_type_and_price_and_global_keys():
 
 
 def test_all_counts_zero_is_an_infeasible_point_not_a_crash():
-    points = _points({"count": ["0"]})
+    points = points_for({"count": ["0"]})
     assert points[0].cluster is None and "no nodes" in points[0].reason
 
 
 def test_unknown_group_and_node_fail_early():
     with pytest.raises(ConfigError, match="no group 'fake-h10'.*did you mean fake-h100"):
-        _points({"fake-h10.count": ["1"]})
+        points_for({"fake-h10.count": ["1"]})
     with pytest.raises(ConfigError, match="unknown node profile"):
-        _points({"node": ["nope"]})
+        points_for({"node": ["nope"]})
 
 
 def test_base_cluster_is_not_mutated():
     cluster = mixed_cluster()
     before = repr(cluster)
-    _points({"count": ["0", "5"], "inter_node_bandwidth_GBps": ["1"]}, cluster=cluster)
+    points_for({"count": ["0", "5"], "inter_node_bandwidth_GBps": ["1"]}, cluster=cluster)
     assert repr(cluster) == before
 
 
@@ -149,14 +134,14 @@ def test_cost_per_hour_needs_every_price():
 
 def test_one_and_two_workers_give_identical_results():
     sweeps = {"fake-a100.count": ["0", "1", "2", "3"], "fake-h100.count": ["0", "1", "2", "4"]}
-    one = _result(sweeps, workers=1)
-    two = _result(sweeps, workers=2)
+    one = result_for(sweeps, workers=1)
+    two = result_for(sweeps, workers=2)
     assert one.points == two.points
     assert one.to_json() == two.to_json().replace('"workers": 2', '"workers": 1')
 
 
 def test_worker_error_propagates_as_planner_error():
-    tasks = [PointTask("x.onnx", p) for p in _points({"count": ["1", "2", "3"]})]
+    tasks = [PointTask("x.onnx", p) for p in points_for({"count": ["1", "2", "3"]})]
     with pytest.raises(ClusterError, match="raised in a worker"):
         run_tasks(failing_evaluate, tasks, workers=2)
 
@@ -170,7 +155,7 @@ def test_bad_backend_and_workers():
 
 def test_progress_is_reported_for_every_point():
     calls = []
-    tasks = [PointTask("x.onnx", p) for p in _points({"count": ["1", "2", "3"]})]
+    tasks = [PointTask("x.onnx", p) for p in points_for({"count": ["1", "2", "3"]})]
     run_tasks(fake_evaluate, tasks, workers=2, progress=lambda d, t: calls.append((d, t)))
     assert calls == [(1, 3), (2, 3), (3, 3)]
 
@@ -186,7 +171,7 @@ def test_progress_bar_text():
 
 
 def test_csv_rows_equal_points_and_infeasible_rows_have_reasons():
-    result = _result({"fake-a100.count": ["0", "1", "2", "3"], "fake-h100.count": ["0", "1", "2"]})
+    result = result_for({"fake-a100.count": ["0", "1", "2", "3"], "fake-h100.count": ["0", "1", "2"]})
     rows = list(csv.DictReader(io.StringIO(result.to_csv())))
     assert len(rows) == len(result.points) == 12
     assert list(rows[0])[:2] == ["fake-a100.count", "fake-h100.count"]
@@ -202,23 +187,23 @@ def test_csv_rows_equal_points_and_infeasible_rows_have_reasons():
 
 
 def test_json_document_is_deterministic_and_complete():
-    result = _result({"count": ["1", "2", "3"]})
+    result = result_for({"count": ["1", "2", "3"]})
     doc = json.loads(result.to_json())
     assert doc["keys"] == ["count"] and len(doc["points"]) == 3
     assert doc["points"][1]["settings"] == {"count": 2}
     assert set(doc["search"]) == {"time_s", "workers", "backend"}
-    assert result.to_json() == _result({"count": ["1", "2", "3"]}).to_json()
+    assert result.to_json() == result_for({"count": ["1", "2", "3"]}).to_json()
 
 
 def test_table_lists_every_point():
-    result = _result({"count": ["0", "1", "2"]})
+    result = result_for({"count": ["0", "1", "2"]})
     lines = result.to_table().splitlines()
     assert lines[0].split()[:2] == ["count", "feasible"]
     assert len(lines) == 1 + 3 + 1 and lines[-1] == "3 points, 2 feasible"
 
 
 def test_pareto_front_is_the_non_dominated_points():
-    result = _result({"fake-a100.count": ["1", "2", "4"], "fake-h100.count": ["1", "2", "4"]})
+    result = result_for({"fake-a100.count": ["1", "2", "4"], "fake-h100.count": ["1", "2", "4"]})
     front = result.pareto_front()
     feasible = [i for i, p in enumerate(result.points) if p.feasible]
 
@@ -234,7 +219,7 @@ def test_pareto_front_is_the_non_dominated_points():
 
 
 def test_summary_columns_from_plan():
-    result = _result({"fake-h100.count": ["2", "3"]})
+    result = result_for({"fake-h100.count": ["2", "3"]})
     same, mixed = result.points
     assert (same.pp, same.tp, same.dp, same.devices_used, same.num_devices) == (2, 8, 2, 32, 32)
     assert mixed.dp is None  # 2 A100 nodes and 3 H100 nodes: the stages' dp differ

@@ -13,7 +13,7 @@ from planner.report.plots import figure_size_px, write_whatif_plot
 from planner.types import MemoryBreakdown
 from planner.whatif import WhatIfResult
 
-from test_whatif_engine import _result
+from whatif_fakes import result_for, mixed_cluster
 
 image = pytest.importorskip("matplotlib.image", reason="matplotlib (the plot extra) is not installed")
 
@@ -28,9 +28,7 @@ def _open_png(path, width, height):
 
 
 def _two_key_result(price=True):
-    from whatif_fakes import mixed_cluster
-
-    return _result({"fake-a100.count": ["0", "1", "2", "4"], "fake-h100.count": ["1", "2", "4"]},
+    return result_for({"fake-a100.count": ["0", "1", "2", "4"], "fake-h100.count": ["1", "2", "4"]},
                    cluster=mixed_cluster(price=price))
 
 
@@ -48,7 +46,7 @@ def test_whatif_png_without_prices_has_one_panel(tmp_path):
 
 
 def test_whatif_svg_and_categorical_key(tmp_path):
-    result = _result({"fake-a100.node": ["fake-a100", "fake-h100"]})
+    result = result_for({"fake-a100.node": ["fake-a100", "fake-h100"]})
     path = write_whatif_plot(result, tmp_path / "sweep.svg")
     text = path.read_text()
     assert text.startswith("<?xml") and "<svg" in text and "fake-h100" in text

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from planner.errors import ClusterError, InfeasibleError
 from planner.plan import Plan, StagePlan
-from planner.sweep.keys import PointInputs
+from planner.sweep.keys import PointInputs, check_groups, parse_sweeps, point_inputs
+from planner.sweep.runner import run_tasks
 from planner.types import Cluster, DeviceGroup, DeviceProfile, NodeProfile
-from planner.whatif import PointTask, WhatIfPoint, infeasible, summarize
+from planner.whatif import PointTask, WhatIfPoint, WhatIfResult, infeasible, summarize
 
 
 def device(name: str, tflops: float, memory_gib: int) -> DeviceProfile:
@@ -66,3 +67,17 @@ def fake_evaluate(task: PointTask) -> WhatIfPoint:
 
 def failing_evaluate(task: PointTask) -> WhatIfPoint:
     raise ClusterError("bad model file (raised in a worker)")
+
+
+def points_for(sweeps, cluster=None, batch=64, dims=None):
+    cluster = cluster or mixed_cluster()
+    parsed = parse_sweeps(sweeps)
+    check_groups(cluster, parsed, get_node)
+    return point_inputs(cluster, batch, dims or {"seq": 1024}, parsed, get_node)
+
+
+def result_for(sweeps, workers=1, **kwargs):
+    points = points_for(sweeps, **kwargs)
+    tasks = [PointTask("fake.onnx", p) for p in points]
+    results = run_tasks(fake_evaluate, tasks, workers=workers)
+    return WhatIfResult(points=tuple(results), keys=tuple(sweeps), model="fake.onnx", cluster="fake mix")

@@ -10,7 +10,7 @@ from pathlib import Path
 from planner.commands._common import (add_cluster_flags, add_config_flags, add_json_flag, config_from_args,
                                       emit_json, parse_dims, positive_int)
 from planner.errors import PlannerError
-from planner.sweep.keys import GLOBAL_FIELDS, GROUP_FIELDS, parse_key, parse_sweep_args
+from planner.sweep.keys import GLOBAL_FIELDS, GROUP_FIELDS, parse_sweep_args, parse_sweeps
 from planner.sweep.runner import BACKENDS, print_progress
 
 HELP = "re-plan across a sweep (GPU count, device mix, bandwidth, batch, sequence length, price)"
@@ -65,8 +65,7 @@ def run(args: argparse.Namespace) -> int:
     from planner.whatif import whatif  # noqa: PLC0415
 
     sweeps = parse_sweep_args(args.sweep)
-    for key in sweeps:
-        parse_key(key)  # unknown keys fail before the model or the cluster is read
+    parse_sweeps(sweeps)  # unknown keys and bad values fail before the model or the cluster is read
     _check_outputs(args)
     result = whatif(args.model, args.cluster, args.global_batch, sweeps, dims=parse_dims(args.dim),
                     pinned=_pinned(args), tables=args.tables, workers=args.workers, backend=args.backend,
