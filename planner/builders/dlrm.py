@@ -1,0 +1,141 @@
+"""DLRM (Naumov et al. 2019, "Deep Learning Recommendation Model for Personalization and Recommendation
+Systems"): a bottom MLP over dense features, one embedding lookup per sparse feature, a feature interaction
+and a top MLP ending in a sigmoid.
+
+Each table is a 2-D fp32 weight ``[rows, dim]`` looked up with ``Gather``; a table whose pooling factor P
+exceeds 1 takes indices ``[batch, P]`` and sums the P rows (``ReduceSum``), which is what an ``EmbeddingBag``
+in sum mode does. P is the pooling factor rounded to an integer (at least 1); the exact factors are kept in
+the ``planner.tables`` metadata. Interactions: ``dot`` (pairwise dot products of the bottom-MLP output and
+every embedding, strictly-lower triangle, concatenated with the bottom-MLP output; needs every table's dim
+equal to the bottom MLP's last width) or ``cat`` (plain concatenation, any dims).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Mapping
+
+import onnx
+from onnx import TensorProto
+
+from planner.builders._onnx import GraphBuilder
+from planner.builders._spec import FILE, INT, INT_LIST, STR, Family, Key, Value
+from planner.builders.tables import load_tables
+from planner.errors import ConfigError
+from planner.types import EmbeddingTable
+
+DTYPE = TensorProto.FLOAT
+BATCH = "batch"
+DEFAULT_DENSE_FEATURES = 13  # Criteo's dense features (the DLRM reference configuration)
+DEFAULT_BOTTOM_MLP = (512, 256, 64)  # DLRM reference Criteo Kaggle configuration
+DEFAULT_TOP_MLP = (512, 256, 1)
+
+
+def _mlp(g: GraphBuilder, name: str, x: str, n_in: int, widths: tuple[int, ...], last: str) -> str:
+    """Linear layers as torch.nn.Linear exports them (Gemm with transB), ReLU between, ``last`` at the end."""
+    with g.scope(name):
+        for index, width in enumerate(widths):
+            with g.scope(f"layers.{index}"):
+                x = g.op("Gemm", [x, g.weight("weight", [width, n_in]), g.weight("bias", [width])], transB=1)
+                x = g.op(last if index == len(widths) - 1 else "Relu", [x])
+            n_in = width
+    return x
+
+
+def _tensor_names(tables: tuple[EmbeddingTable, ...]) -> list[str]:
+    names: list[str] = []
+    for table in tables:
+        base = re.sub(r"[^A-Za-z0-9_]", "_", table.name)
+        name, n = base, 1
+        while name in names:
+            n += 1
+            name = f"{base}_{n}"
+        names.append(name)
+    return names
+
+
+def _pooling(table: EmbeddingTable) -> int:
+    return max(1, round(table.pooling_factor))
+
+
+def build_dlrm(cfg: Mapping[str, Value], weights_file: str) -> onnx.ModelProto:
+    spec = load_tables(str(cfg["tables"]), cfg.get("workload"))  # type: ignore[arg-type]
+    dense_features = int(cfg["dense_features"])
+    bottom, top = tuple(cfg["bottom_mlp"]), tuple(cfg["top_mlp"])  # type: ignore[arg-type]
+    g = GraphBuilder(weights_file, DTYPE)
+    dense = g.input("dense_features", DTYPE, [BATCH, dense_features])
+    names = _tensor_names(spec.tables)
+    indices = [g.input(f"{name}_indices", TensorProto.INT64, [BATCH] if _pooling(table) == 1 else
+                       [BATCH, _pooling(table)]) for name, table in zip(names, spec.tables)]
+    z = _mlp(g, "bottom_mlp", dense, dense_features, bottom, "Relu")
+    pooled: list[str] = []
+    with g.scope("embed"):
+        for name, table, idx in zip(names, spec.tables, indices):
+            with g.scope(name):
+                rows = g.op("Gather", [g.weight("weight", [table.rows, table.dim]), idx])
+                if _pooling(table) > 1:
+                    rows = g.op("ReduceSum", [rows, g.const([1], TensorProto.INT64)], keepdims=0)
+                pooled.append(rows)
+    with g.scope("interaction"):
+        if cfg["interaction"] == "dot":
+            features = len(pooled) + 1
+            unsq = [g.op("Unsqueeze", [t, g.const([1], TensorProto.INT64)]) for t in (z, *pooled)]
+            stacked = g.op("Concat", unsq, axis=1)  # [batch, F+1, d]
+            dots = g.op("MatMul", [stacked, g.op("Transpose", [stacked], perm=[0, 2, 1])])
+            flat = g.op("Reshape", [dots, g.const([0, -1], TensorProto.INT64)])
+            lower = [i * features + j for i in range(features) for j in range(i)]
+            pairs = g.op("Gather", [flat, g.const(lower, TensorProto.INT64)], axis=1)
+            joined = g.op("Concat", [z, pairs], axis=1)
+            width = bottom[-1] + len(lower)
+        else:
+            joined = g.op("Concat", [z, *pooled], axis=1)
+            width = bottom[-1] + sum(table.dim for table in spec.tables)
+    out = _mlp(g, "top_mlp", joined, width, top, "Sigmoid")
+    g.output(out, DTYPE, [BATCH, top[-1]])
+    tables_json = [{"name": t.name, "rows": t.rows, "dim": t.dim, "pooling_factor": t.pooling_factor,
+                    "input": f"{name}_indices"} for name, t in zip(names, spec.tables)]
+    config = {key: list(value) if isinstance(value, tuple) else value for key, value in cfg.items()}
+    metadata = {
+        "planner.family": "dlrm",
+        "planner.config": json.dumps(config, sort_keys=True),
+        "planner.default_dims": json.dumps({}),
+        "planner.tables": json.dumps(tables_json, sort_keys=True),
+    }
+    return g.model(f"dlrm-{len(spec.tables)}tables", metadata)
+
+
+def _check(cfg: dict[str, Value]) -> None:
+    """Fill dense sizes from the tables file where the user gave none; check the dot interaction's dims."""
+    spec = load_tables(str(cfg["tables"]), cfg.get("workload"))  # type: ignore[arg-type]
+    for key, from_file, default in (("dense_features", spec.dense_features, DEFAULT_DENSE_FEATURES),
+                                    ("bottom_mlp", spec.bottom_mlp, DEFAULT_BOTTOM_MLP),
+                                    ("top_mlp", spec.top_mlp, DEFAULT_TOP_MLP)):
+        if key not in cfg:
+            cfg[key] = from_file if from_file is not None else default
+    bottom = tuple(cfg["bottom_mlp"])  # type: ignore[arg-type]
+    if cfg["interaction"] == "dot":
+        odd = [t.name for t in spec.tables if t.dim != bottom[-1]]
+        if odd:
+            raise ConfigError(f"dlrm: interaction 'dot' needs every table's dim equal to the last bottom_mlp width "
+                              f"({bottom[-1]}); tables {', '.join(odd[:5])} differ: set interaction=cat or change "
+                              f"bottom_mlp")
+
+
+FAMILY = Family(
+    name="dlrm",
+    description="DLRM recommendation model (bottom MLP, embedding tables, dot/cat interaction, top MLP)",
+    keys=(
+        Key("tables", FILE, 'embedding tables, JSON/YAML {"tables": [{"name","rows","dim","pooling_factor"}]}',
+            required=True),
+        Key("workload", STR, "entry to use when the tables file lists several 'workloads'"),
+        Key("dense_features", INT, "dense input features", default_text="from the tables file, else 13", minimum=1),
+        Key("bottom_mlp", INT_LIST, "bottom MLP widths",
+            default_text="from the tables file, else 512,256,64", minimum=1),
+        Key("top_mlp", INT_LIST, "top MLP widths (the last is the output width)",
+            default_text="from the tables file, else 512,256,1", minimum=1),
+        Key("interaction", STR, "feature interaction", "dot", choices=("dot", "cat")),
+    ),
+    build=build_dlrm,
+    check=_check,
+)

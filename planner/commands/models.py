@@ -1,0 +1,100 @@
+"""``planner models list|build``: the model families the builder knows, and writing one as ONNX."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from planner.commands._common import add_json_flag, emit_json
+from planner.errors import ConfigError
+
+NAME = "models"
+HELP = "list the model families the builder knows, or build one as an ONNX graph (no weight data)"
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="models_command", metavar="{list,build}", parser_class=type(parser))
+    listing = sub.add_parser("list", help="the families with their keys and defaults")
+    add_json_flag(listing)
+    building = sub.add_parser("build", help="write an ONNX graph of a family (weights declared, no data)")
+    building.add_argument("family", metavar="FAMILY", help="a family from 'planner models list'")
+    building.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+                          help="a builder key (repeatable), e.g. --set layers=24 --set hidden=2048")
+    building.add_argument("--out", required=True, metavar="FILE.onnx", help="the file to write")
+
+
+def _families_document() -> dict:
+    from planner.builders import FAMILIES
+
+    return {"families": [
+        {"name": family.name, "description": family.description,
+         "keys": [{"name": key.name, "type": key.kind, "default": key.describe_default(), "help": key.help,
+                   "valid": key.valid_text(), "required": key.required} for key in family.keys]}
+        for family in FAMILIES.values()]}
+
+
+def _print_table(document: dict) -> None:
+    lines: list[str] = []
+    for family in document["families"]:
+        lines.append(f"{family['name']}: {family['description']}")
+        width = max(len(key["name"]) for key in family["keys"])
+        default_width = max(len(key["default"]) for key in family["keys"])
+        for key in family["keys"]:
+            lines.append(f"  {key['name']:<{width}}  default {key['default']:<{default_width}}  {key['help']}")
+        lines.append("")
+    sys.stdout.write("\n".join(lines))
+
+
+def _parse_settings(items: list[str]) -> dict[str, str]:
+    settings: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set layers=24")
+        if key.strip() in settings:
+            raise ConfigError(f"--set {key.strip()} is given twice; give each key once")
+        settings[key.strip()] = value.strip()
+    return settings
+
+
+def _check_out(path: str) -> None:
+    if not path.lower().endswith(".onnx"):
+        raise ConfigError(f"--out {path!r}: the file name must end in .onnx")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise ConfigError(f"--out {path!r}: folder '{parent}' does not exist; create it first")
+    if os.path.isdir(path):
+        raise ConfigError(f"--out {path!r} is a folder; give a file name ending in .onnx")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.models_command == "list":
+        document = _families_document()
+        if args.json:
+            emit_json(document)
+        else:
+            _print_table(document)
+        return 0
+    if args.models_command != "build":
+        raise ConfigError("'planner models' needs a subcommand: list or build")
+    from planner.builders import build, save, weights_file_for
+
+    settings = _parse_settings(args.settings)
+    _check_out(args.out)
+    model = build(args.family, settings, weights_file=weights_file_for(args.out))
+    save(model, args.out)
+    params = sum(_numel(t.dims) for t in model.graph.initializer)
+    log.info("wrote %s: %s, %d parameters declared (weights point at %s, not written)", args.out, args.family,
+             params, weights_file_for(args.out))
+    return 0
+
+
+def _numel(dims) -> int:
+    count = 1
+    for d in dims:
+        count *= int(d)
+    return count
