@@ -126,6 +126,11 @@ class DeviceProfile:
     memory_efficiency: float = 0.8
     vendor: str = "nvidia"
     source: str = ""
+    # optional: achieved fraction of memory_bandwidth_Bps against bytes moved by one op (interpolated in
+    # log(bytes), clamped); empty = the constant ``memory_efficiency``
+    memory_efficiency_curve: tuple[tuple[float, float], ...] = ()
+    op_overhead_s: float = 0.0  # fixed time per op/kernel (dispatch, launch); measured by `planner profile`
+    description: str = ""
 
 
 @dataclass(frozen=True)
@@ -141,6 +146,11 @@ class NodeProfile:
     inter_node_bandwidth_Bps: float
     inter_node_latency_s: float
     source: str = ""
+    # achieved fraction of the line rates above for large collectives (the collective model applies them)
+    intra_node_efficiency: float = 1.0
+    inter_node_efficiency: float = 1.0
+    nics_per_node: int = 1
+    intra_node_fabric: str = ""  # "nvswitch", "nvlink-cube-mesh", "pcie", "infinity-fabric", "shared-memory"
 
 
 @dataclass(frozen=True)
