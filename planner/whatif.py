@@ -259,15 +259,15 @@ def whatif(model_path: str, cluster_spec: str | Cluster, global_batch: int, swee
     ``planner.search.plan`` unchanged. ``workers`` defaults to min(2, CPUs); ``backend`` is ``"process"``
     or ``"ray"``. ``progress(done, total)`` is called as points finish."""
     from planner.hardware import load_cluster  # noqa: PLC0415
-    from planner.hardware.catalog import get_node  # noqa: PLC0415
+    from planner.hardware import catalog  # noqa: PLC0415
 
     start = time.perf_counter()
     parsed = parse_sweeps(sweeps)
     if not str(model_path).lower().endswith(".onnx"):
         raise ModelError(f"{model_path}: expected an .onnx model file")
     cluster = cluster_spec if isinstance(cluster_spec, Cluster) else load_cluster(cluster_spec)
-    check_groups(cluster, parsed, get_node)
-    points = point_inputs(cluster, global_batch, dict(dims or {}), parsed, get_node)
+    check_groups(cluster, parsed, catalog)
+    points = point_inputs(cluster, global_batch, dict(dims or {}), parsed, catalog)
     tasks = [PointTask(str(model_path), p, pinned, tables, time_limit_s, seed) for p in points]
     log.info("whatif: %d points", len(tasks))
     results = run_tasks(evaluate_point, tasks, workers=workers, backend=backend, progress=progress)

@@ -224,3 +224,12 @@ def test_summary_columns_from_plan():
     assert (same.pp, same.tp, same.dp, same.devices_used, same.num_devices) == (2, 8, 2, 32, 32)
     assert mixed.dp is None  # 2 A100 nodes and 3 H100 nodes: the stages' dp differ
     assert mixed.stages == "a100 tp8 dp2 layers 0-0; h100 tp8 dp3 layers 1-1"
+
+
+def test_device_key_swaps_the_device_and_keeps_the_links():
+    point = points_for({"fake-a100.device": ["h100"]})[0]
+    group = point.cluster.groups[0]
+    assert group.node.device.name == "h100" and group.node.name == "fake-a100"
+    assert group.node.inter_node_bandwidth_Bps == NODES["fake-a100"].inter_node_bandwidth_Bps
+    with pytest.raises(ConfigError, match="unknown device"):
+        points_for({"device": ["b200"]})

@@ -27,10 +27,21 @@ NODES = {
 }
 
 
-def get_node(name: str) -> NodeProfile:
-    if name not in NODES:
-        raise ClusterError(f"unknown node profile {name!r}")
-    return NODES[name]
+class FakeCatalog:
+    """Stands in for planner.hardware.catalog."""
+
+    @staticmethod
+    def get_node(name: str) -> NodeProfile:
+        if name not in NODES:
+            raise ClusterError(f"unknown node profile {name!r}")
+        return NODES[name]
+
+    @staticmethod
+    def get_device(name: str) -> DeviceProfile:
+        devices = {n.device.name: n.device for n in NODES.values()}
+        if name not in devices:
+            raise ClusterError(f"unknown device {name!r}")
+        return devices[name]
 
 
 def mixed_cluster(a100: int = 2, h100: int = 2, price: bool = True) -> Cluster:
@@ -72,8 +83,8 @@ def failing_evaluate(task: PointTask) -> WhatIfPoint:
 def points_for(sweeps, cluster=None, batch=64, dims=None):
     cluster = cluster or mixed_cluster()
     parsed = parse_sweeps(sweeps)
-    check_groups(cluster, parsed, get_node)
-    return point_inputs(cluster, batch, dims or {"seq": 1024}, parsed, get_node)
+    check_groups(cluster, parsed, FakeCatalog)
+    return point_inputs(cluster, batch, dims or {"seq": 1024}, parsed, FakeCatalog)
 
 
 def result_for(sweeps, workers=1, **kwargs):

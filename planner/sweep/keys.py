@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, replace
-from typing import Callable, Mapping, Sequence, Union
+from typing import Mapping, Protocol, Sequence, Union
 
 from planner.errors import ClusterError, ConfigError, suggest
-from planner.types import Cluster, DeviceGroup, NodeProfile
+from planner.types import Cluster, DeviceGroup, DeviceProfile, NodeProfile
 
 Value = Union[int, float, str]
 
@@ -23,6 +23,7 @@ Value = Union[int, float, str]
 GROUP_FIELDS: Mapping[str, str] = {
     "count": "number of nodes in the group (0 removes it)",
     "node": "node profile name from the catalog ('planner devices')",
+    "device": "device name from the catalog: the group's nodes keep their links but get this device",
     "inter_node_bandwidth_GBps": "per-node network bandwidth, GB/s each way",
     "price_per_node_hour": "price of one node for one hour",
 }
@@ -32,6 +33,14 @@ GLOBAL_FIELDS: Mapping[str, str] = {
     "seq_len": "sequence length (re-imports the model with --dim seq=V)",
 }
 SEQ_DIM = "seq"
+
+
+class Catalog(Protocol):
+    """What the sweep needs of ``planner.hardware.catalog`` (tests pass a fake)."""
+
+    def get_node(self, name: str) -> NodeProfile: ...
+
+    def get_device(self, name: str) -> DeviceProfile: ...
 
 
 def valid_keys_text() -> str:
@@ -116,7 +125,7 @@ def parse_value(key: SweepKey, text: str) -> Value:
         return _float_value(key, text, positive=True)
     if key.field == "price_per_node_hour":
         return _float_value(key, text, positive=False)
-    return text  # node: checked against the catalog when the cluster is built
+    return text  # node, device: checked against the catalog before any point is planned
 
 
 def parse_sweeps(sweeps: Mapping[str, Sequence[str]]) -> tuple[Sweep, ...]:
@@ -187,11 +196,13 @@ def _group_indices(cluster: Cluster, key: SweepKey) -> list[int]:
                       f"groups: {', '.join(g.name for g in cluster.groups)}")
 
 
-def _set_field(group: DeviceGroup, field: str, value: Value, get_node: Callable[[str], NodeProfile]) -> DeviceGroup:
+def _set_field(group: DeviceGroup, field: str, value: Value, catalog: Catalog) -> DeviceGroup:
     if field == "count":
         return replace(group, count=int(value))
     if field == "node":
-        return replace(group, node=get_node(str(value)))
+        return replace(group, node=catalog.get_node(str(value)))
+    if field == "device":
+        return replace(group, node=replace(group.node, device=catalog.get_device(str(value))))
     if field == "inter_node_bandwidth_GBps":
         return replace(group, node=replace(group.node, inter_node_bandwidth_Bps=float(value) * 1e9))
     if field == "price_per_node_hour":
@@ -199,16 +210,17 @@ def _set_field(group: DeviceGroup, field: str, value: Value, get_node: Callable[
     raise ValueError(f"not a group field: {field}")  # parse_key admits only GROUP_FIELDS
 
 
-def check_groups(cluster: Cluster, sweeps: Sequence[Sweep], get_node: Callable[[str], NodeProfile]) -> None:
-    """Raise ConfigError/ClusterError now, before any planning, for a group prefix the cluster lacks or a
-    node name the catalog lacks."""
+def check_groups(cluster: Cluster, sweeps: Sequence[Sweep], catalog: Catalog) -> None:
+    """Raise ConfigError now, before any planning, for a group prefix the cluster lacks or a node or device
+    name the catalog lacks."""
     for sweep in sweeps:
         if sweep.key.field in GROUP_FIELDS:
             _group_indices(cluster, sweep.key)
-        if sweep.key.field == "node":
+        if sweep.key.field in ("node", "device"):
+            lookup = catalog.get_node if sweep.key.field == "node" else catalog.get_device
             for value in sweep.values:
                 try:
-                    get_node(str(value))
+                    lookup(str(value))
                 except ClusterError as exc:
                     raise ConfigError(f"--sweep {sweep.key.text}: {exc}") from None
 
@@ -220,7 +232,7 @@ def grid(sweeps: Sequence[Sweep]) -> list[tuple[tuple[str, Value], ...]]:
 
 
 def point_inputs(cluster: Cluster, global_batch: int, dims: Mapping[str, int], sweeps: Sequence[Sweep],
-                 get_node: Callable[[str], NodeProfile]) -> list[PointInputs]:
+                 catalog: Catalog) -> list[PointInputs]:
     """Every grid point's cluster, batch and dims, derived from the base inputs (applied in key order)."""
     points: list[PointInputs] = []
     for settings in grid(sweeps):
@@ -235,7 +247,7 @@ def point_inputs(cluster: Cluster, global_batch: int, dims: Mapping[str, int], s
                 point_dims[SEQ_DIM] = int(value)
             else:
                 for i in _group_indices(cluster, sweep.key):
-                    groups[i] = _set_field(groups[i], field, value, get_node)
+                    groups[i] = _set_field(groups[i], field, value, catalog)
         derived = with_groups(cluster, groups)
         reason = "" if derived.groups else "no nodes left (every group's count is 0)"
         points.append(PointInputs(settings=settings, cluster=derived if derived.groups else None,
