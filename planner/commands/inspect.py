@@ -1,0 +1,114 @@
+"""`planner inspect MODEL`: parameters, FLOPs, activations, layers and embedding tables of an ONNX model."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from planner.commands._common import add_dim_flag, add_json_flag, emit_json, parse_dims
+from planner.types import LayerGraph
+
+HELP = "import an ONNX model and report its parameters, FLOPs, activations, layers and embedding tables"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", metavar="MODEL", help="path to an .onnx file (weight data is never read)")
+    add_dim_flag(parser)
+    add_json_flag(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from planner.graph import load_model
+
+    graph = load_model(args.model, parse_dims(args.dim))
+    if args.json:
+        emit_json(to_document(graph))
+    else:
+        sys.stdout.write(render_table(graph))
+    return 0
+
+
+def to_document(graph: LayerGraph) -> dict[str, Any]:
+    """The inspect JSON: model totals for the bound batch, per-layer numbers per sample times the batch."""
+    b = graph.batch
+    return {
+        "name": graph.name,
+        "family": graph.family,
+        "batch": b,
+        "dims": dict(graph.dims),
+        "params": graph.params,
+        "flops_forward": graph.flops_forward * b,
+        "flops_forward_per_sample": graph.flops_forward,
+        "activation_bytes": sum(layer.activation_bytes for layer in graph.layers) * b,
+        "layers": [
+            {
+                "index": layer.index,
+                "name": layer.name,
+                "kind": layer.kind,
+                "params": layer.params,
+                "flops_forward": layer.flops_forward * b,
+                "activation_bytes": layer.activation_bytes * b,
+                "output_bytes": layer.output_bytes * b,
+                "input_bytes": layer.input_bytes * b,
+                "ops": len(layer.ops),
+                "transformer": None if layer.transformer is None else {
+                    "hidden": layer.transformer.hidden, "heads": layer.transformer.heads,
+                    "seq_len": layer.transformer.seq_len, "ffn": layer.transformer.ffn,
+                    "kv_heads": layer.transformer.kv_heads,
+                },
+            }
+            for layer in graph.layers
+        ],
+        "embedding_tables": [
+            {"name": t.name, "rows": t.rows, "dim": t.dim, "pooling_factor": t.pooling_factor,
+             "dtype_bytes": t.dtype_bytes}
+            for t in graph.embedding_tables
+        ],
+        "warnings": list(graph.warnings),
+    }
+
+
+def _si(value: float, unit: str = "") -> str:
+    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}".rstrip()
+
+
+def _bytes(value: float) -> str:
+    for factor, prefix in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if value >= factor:
+            return f"{value / factor:.3g} {prefix}"
+    return f"{value:.0f} B"
+
+
+def render_table(graph: LayerGraph) -> str:
+    b = graph.batch
+    dims = ", ".join(f"{k}={v}" for k, v in graph.dims) or "none"
+    lines = [
+        f"model {graph.name}" + (f" (family {graph.family})" if graph.family else ""),
+        f"dims: {dims}; numbers below are for batch {b}",
+        f"parameters {graph.params:,}   forward {_si(graph.flops_forward * b, 'FLOP')}   "
+        f"activations saved for backward {_bytes(sum(l.activation_bytes for l in graph.layers) * b)}",
+        "",
+    ]
+    rows = [("#", "layer", "kind", "params", "fwd FLOPs", "activations", "output", "transformer")]
+    for layer in graph.layers:
+        t = layer.transformer
+        shape = f"h={t.hidden} a={t.heads} s={t.seq_len} ffn={t.ffn}" if t else ""
+        rows.append((str(layer.index), layer.name, layer.kind, f"{layer.params:,}",
+                     _si(layer.flops_forward * b), _bytes(layer.activation_bytes * b),
+                     _bytes(layer.output_bytes * b), shape))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    right = {0, 3, 4, 5, 6}
+    for r in rows:
+        lines.append("  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                     .rstrip())
+    if graph.embedding_tables:
+        lines += ["", "embedding tables:"]
+        for t in graph.embedding_tables:
+            lines.append(f"  {t.name}: {t.rows:,} rows x {t.dim}, pooling factor {t.pooling_factor:g}")
+    if graph.warnings:
+        lines += ["", "warnings:"] + [f"  {w}" for w in graph.warnings]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,206 @@
+"""ONNX model -> :class:`planner.types.LayerGraph`: cost every op, detect layers and embedding tables."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Mapping
+
+import onnx
+
+from planner.errors import ModelError
+from planner.graph import layers as layer_detection
+from planner.graph.loader import check_external_data, check_structure, read_model
+from planner.graph.opgraph import FLOAT_TYPES, Node, OpGraph, act_bytes, build, stored_bytes
+from planner.graph.rules import RULES, SAVED, VIEW_OPS, View
+from planner.graph.transformer import detect_dims, tp_splits
+from planner.types import EmbeddingTable, Layer, LayerGraph, OpCost
+
+log = logging.getLogger(__name__)
+
+# ops that read only the rows/elements they output (plus their indices), not the whole data input
+_READS_OUTPUT = frozenset({"Gather", "GatherElements", "GatherND", "EmbeddingBag", "Slice"})
+
+
+def load_model(path: str | os.PathLike, dims: Mapping[str, int] | None = None) -> LayerGraph:
+    """Import an ONNX file (no weight data is read) with symbolic dims bound by ``dims``."""
+    model = read_model(path)
+    return _import(model, dims, Path(path).stem, str(path))
+
+
+def import_model_proto(model: onnx.ModelProto, dims: Mapping[str, int] | None = None, name: str = "model",
+                       base_dir: str | os.PathLike | None = None) -> LayerGraph:
+    """Import an in-memory model; ``base_dir`` is the folder external-data locations must stay inside."""
+    check_structure(model, name)
+    check_external_data(model, Path(base_dir).resolve() if base_dir is not None else None, name)
+    return _import(model, dims, name, name)
+
+
+def _import(model: onnx.ModelProto, dims: Mapping[str, int] | None, name: str, where: str) -> LayerGraph:
+    _check_dims(dims, where)
+    graph = build(model, dims, where)
+    graph.name = name
+    compute = [node for node in graph.nodes if graph.is_compute(node)]
+    costs = {node.index: _cost(graph, node) for node in compute}
+    _warn_unknown(graph, compute)
+    tables, table_nodes = _tables(graph, compute)
+    # pieces of the structural cut are anchored at matrix products and table lookups (a normalisation's
+    # scale alone does not make a pipeline unit); graphs without any fall back to any parameter use
+    anchors = {i for i, c in costs.items() if c.gemm is not None} | table_nodes
+    if not anchors:
+        anchors = {node.index for node in compute if any(t in graph.param_roots for t in node.inputs)}
+    units = layer_detection.detect(graph, compute, {i: c.flops for i, c in costs.items()}, anchors, table_nodes)
+    layer_list = _layers(graph, units, costs)
+    return LayerGraph(name=name, layers=tuple(layer_list), embedding_tables=tuple(tables), batch=graph.batch,
+                      dims=tuple(sorted(graph.dims.items())), family=graph.family,
+                      warnings=tuple(graph.warnings))
+
+
+def _check_dims(dims: Mapping[str, int] | None, where: str) -> None:
+    for key, value in (dims or {}).items():
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ModelError(f"{where}: dimension {key}={value!r} must be a positive integer")
+
+
+def _cost(graph: OpGraph, node: Node) -> OpCost:
+    view = View(node, graph)
+    rule = RULES.get(node.op_type)
+    flops, gemm = rule(view) if rule is not None else (0.0, None)
+    written = sum((graph.numel(t) or 0) * act_bytes(graph.types.get(t)) for t in node.outputs if t)
+    if node.op_type in VIEW_OPS:
+        read = written = 0.0
+    elif node.op_type in _READS_OUTPUT:
+        idx = [t for t in node.inputs[1:] if t]
+        read = written + sum((graph.numel(t) or 0) * act_bytes(graph.types.get(t)) for t in idx)
+    else:
+        read = sum((graph.numel(t) or 0) * act_bytes(graph.types.get(t)) for t in node.inputs if t)
+    b = graph.static_batch
+    if b > 1:
+        flops, read, written = flops / b, read / b, written / b
+        gemm = (max(gemm[0] // b, 1), gemm[1], gemm[2]) if gemm else None
+    return OpCost(name=node.name or f"{node.op_type}_{node.index}", op_type=node.op_type, flops=float(flops),
+                  bytes_read=float(read), bytes_written=float(written), gemm=gemm)
+
+
+def _warn_unknown(graph: OpGraph, compute: list[Node]) -> None:
+    unknown: dict[str, int] = {}
+    for node in compute:
+        if node.op_type not in RULES:
+            key = f"{node.domain}::{node.op_type}" if node.domain not in ("", "ai.onnx") else node.op_type
+            unknown[key] = unknown.get(key, 0) + 1
+    for op_type, count in sorted(unknown.items()):
+        msg = f"no cost rule for op type {op_type} ({count} nodes); costed as memory-bound (0 FLOPs)"
+        log.warning("%s: %s", graph.name, msg)
+        graph.warnings.append(msg)
+
+
+def _tables(graph: OpGraph, compute: list[Node]) -> tuple[list[EmbeddingTable], set[int]]:
+    """Gather / EmbeddingBag lookups of data-dependent indices in a 2-D parameter."""
+    tables: dict[str, EmbeddingTable] = {}
+    nodes: set[int] = set()
+    for node in compute:
+        if node.op_type not in ("Gather", "EmbeddingBag") or len(node.inputs) < 2:
+            continue
+        weight, indices = node.inputs[0], node.inputs[1]
+        roots = graph.param_roots.get(weight)
+        shape = graph.shapes.get(weight)
+        if not roots or len(roots) != 1 or shape is None or len(shape) != 2 or indices in graph.const:
+            continue
+        if node.op_type == "Gather" and node.attr("axis", 0) != 0:
+            continue
+        nodes.add(node.index)
+        if roots[0] in tables:
+            continue
+        count = graph.numel(indices)
+        pooling = count / graph.static_batch if count else 1.0
+        tables[roots[0]] = EmbeddingTable(name=roots[0], rows=shape[0], dim=shape[1], pooling_factor=float(pooling),
+                                          dtype_bytes=stored_bytes(graph.types.get(roots[0], onnx.TensorProto.FLOAT)))
+    return list(tables.values()), nodes
+
+
+def _layers(graph: OpGraph, units: list[layer_detection.Unit], costs: dict[int, OpCost]) -> list[Layer]:
+    layer_of: dict[int, int] = {}
+    for k, unit in enumerate(units):
+        for i in unit.nodes:
+            layer_of[i] = k
+    n = len(units)
+    params = [0] * n
+    saved_bytes = [0.0] * n
+    assigned: set[str] = set()
+    counted: set[str] = set()
+    b = graph.static_batch
+    for k, unit in enumerate(units):
+        for i in sorted(unit.nodes):
+            node = graph.nodes[i]
+            for t in node.inputs:
+                for root in graph.param_roots.get(t, ()):
+                    if root not in assigned:
+                        assigned.add(root)
+                        params[k] += graph.params.get(root, 0)
+            saver = SAVED.get(node.op_type)
+            if saver is None:
+                continue
+            for tensor, per_elem in saver(View(node, graph)):
+                if tensor in counted:
+                    continue
+                counted.add(tensor)
+                saved_bytes[k] += (graph.numel(tensor.split("#mask")[0]) or 0) * per_elem / b
+    # boundary tensors: live from the producing layer to the last consuming layer
+    crossing = [0.0] * (n + 1)  # crossing[k]: bytes passed from layer k-1 to layer k (k=0: graph inputs)
+    outputs = set(graph.outputs)
+    for tensor, users in graph.consumers.items():
+        if tensor in graph.const:
+            continue
+        src = graph.producer.get(tensor)
+        first = layer_of.get(src, -1) if src is not None else -1
+        consuming = [layer_of[u] for u in users if u in layer_of]
+        last = max(consuming, default=first)
+        if tensor in outputs:
+            last = n
+        size = (graph.numel(tensor) or 0) * 2.0 / b
+        for k in range(first + 1, last + 1):
+            crossing[k] += size
+    for tensor in outputs:
+        if tensor not in graph.consumers and tensor not in graph.const:
+            src = graph.producer.get(tensor)
+            first = layer_of.get(src, n - 1) if src is not None else -1
+            size = (graph.numel(tensor) or 0) * 2.0 / b
+            for k in range(first + 1, n + 1):
+                crossing[k] += size
+    result: list[Layer] = []
+    for k, unit in enumerate(units):
+        members = [graph.nodes[i] for i in sorted(unit.nodes)]
+        ops = [costs[node.index] for node in members]
+        transformer = None
+        kind = unit.kind
+        if kind == "block":
+            out = _block_output(graph, members, layer_of, k)
+            transformer = detect_dims(graph, members, out)
+            if transformer is not None:
+                split = tp_splits(graph, members, transformer)
+                ops = [_with_split(op, split.get(node.index, "replicated")) for op, node in zip(ops, members)]
+        result.append(Layer(index=k, name=unit.name, kind=kind, params=params[k],
+                            flops_forward=float(sum(op.flops for op in ops)), activation_bytes=saved_bytes[k],
+                            output_bytes=crossing[k + 1], ops=tuple(ops), transformer=transformer,
+                            input_bytes=crossing[k]))
+    return result
+
+
+def _with_split(op: OpCost, split: str) -> OpCost:
+    return OpCost(op.name, op.op_type, op.flops, op.bytes_read, op.bytes_written, op.gemm, split)
+
+
+def _block_output(graph: OpGraph, members: list[Node], layer_of: dict[int, int], k: int) -> str | None:
+    """The largest float tensor the block hands on (consumed in a later layer or a graph output)."""
+    best, best_size = None, -1
+    outputs = set(graph.outputs)
+    for node in members:
+        for t in node.outputs:
+            if not t or t in graph.const or graph.types.get(t) not in FLOAT_TYPES:
+                continue
+            later = t in outputs or any(layer_of.get(u, k) > k for u in graph.consumers.get(t, ()))
+            size = graph.numel(t) or 0
+            if later and size > best_size:
+                best, best_size = t, size
+    return best

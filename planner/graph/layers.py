@@ -1,0 +1,255 @@
+"""Layer detection: cut the compute nodes of an :class:`OpGraph` into ordered pipeline units.
+
+1. Name scopes (TorchScript's ``/transformer/h.0/attn/MatMul`` node names, the dynamo exporter's
+   ``pkg.torch.onnx.name_scopes`` metadata): the numbered children of a module list (``h.0``, ``h.1``...,
+   ``encoder.block.3``, ``layer2.1``) become blocks; the nodes between them (embeddings, final norm, head)
+   become their own units, placed by data flow.
+2. Otherwise graph structure: cut after every node where a single data tensor is live (the residual
+   stream of a transformer, the output of a ResNet block), merge weight-less pieces into the piece before,
+   and group a repeated run of pieces (attention + MLP, attention + MLP, ...) into blocks.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from planner.graph.opgraph import Node, OpGraph
+
+_NUMBERED = re.compile(r"^(\D*?)_?(\d+)$")
+_MIN_SHARE = 0.05  # a module list must hold this share of the FLOPs to define blocks
+_MAX_PERIOD = 8  # longest repeated run of structural pieces grouped into one block
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A detected pipeline unit: a name, a provisional kind and its compute nodes (topological order)."""
+
+    name: str
+    kind: str
+    nodes: tuple[int, ...]
+
+
+def detect(graph: OpGraph, compute: list[Node], flops: dict[int, float], has_param: set[int],
+           table_nodes: set[int]) -> list[Unit]:
+    """Ordered pipeline units. ``flops`` and ``has_param`` are keyed by node index."""
+    if not compute:
+        return []
+    units = _by_scope(graph, compute, flops, has_param, table_nodes)
+    if units is None:
+        units = _by_structure(graph, compute, has_param, table_nodes)
+    return units
+
+
+# ------------------------------------------------------------------------------------------ name scopes
+
+
+def _scope_key(scope: tuple[str, ...], depth: int) -> tuple[tuple[str, ...], int] | None:
+    comp = scope[depth]
+    if comp.isdigit():
+        return (scope[:depth], int(comp)) if depth > 0 else None
+    m = _NUMBERED.match(comp)
+    if m and m.group(1):
+        return scope[:depth] + (m.group(1),), int(m.group(2))
+    return None
+
+
+def _by_scope(graph: OpGraph, compute: list[Node], flops: dict[int, float], has_param: set[int],
+              table_nodes: set[int]) -> list[Unit] | None:
+    total = sum(flops.values()) or 1.0
+    covered: dict[tuple[str, ...], dict[int, float]] = {}
+    for node in compute:
+        for depth in range(len(node.scope)):
+            key = _scope_key(node.scope, depth)
+            if key:
+                covered.setdefault(key[0], {}).setdefault(key[1], 0.0)
+                covered[key[0]][key[1]] += flops.get(node.index, 0.0)
+    ranked = sorted(((sum(v.values()), k) for k, v in covered.items() if len(v) >= 2), key=lambda x: (-x[0], x[1]))
+    chosen: list[tuple[str, ...]] = []
+    for share, key in ranked:
+        if share < _MIN_SHARE * total:
+            break
+        if any(key[:len(c)] == c or c[:len(key)] == key for c in chosen):
+            continue
+        chosen.append(key)
+    if not chosen:
+        return None
+
+    def unit_of(node: Node) -> tuple[tuple[str, ...], int] | None:
+        for depth in range(len(node.scope)):
+            key = _scope_key(node.scope, depth)
+            if key and key[0] in chosen:
+                return key
+        return None
+
+    # blocks in order of first appearance; position 2k+1 for block k, even positions for the gaps
+    order: dict[tuple[tuple[str, ...], int], int] = {}
+    pos: dict[int, int] = {}
+    producer = graph.producer
+    for node in compute:
+        key = unit_of(node)
+        if key is not None:
+            if key not in order:
+                order[key] = len(order)
+            pos[node.index] = 2 * order[key] + 1
+    for node in compute:
+        if node.index in pos:
+            continue
+        p = 0
+        for t in node.inputs:
+            q = pos.get(producer.get(t, -1))
+            if q is not None:
+                p = max(p, q + 1 if q % 2 else q)
+        pos[node.index] = p
+    groups: dict[int, list[int]] = {}
+    for node in compute:
+        groups.setdefault(pos[node.index], []).append(node.index)
+    names = {2 * k + 1: ".".join(key[0] + (str(key[1]),)) for key, k in order.items()}
+    last = max(groups)
+    units: list[Unit] = []
+    for p in sorted(groups):
+        members = tuple(groups[p])
+        if p % 2:
+            units.append(Unit(names[p], "block", members))
+            continue
+        params = any(i in has_param for i in members)
+        if p == 0:
+            kind = "embedding" if any(i in table_nodes for i in members) else "other"
+            units.append(Unit("embedding" if kind == "embedding" else "input", kind, members))
+        elif p == last:
+            units.append(Unit("head", "head", members))
+        elif not params and units:
+            prev = units[-1]
+            units[-1] = Unit(prev.name, prev.kind, tuple(sorted(prev.nodes + members)))
+        else:
+            units.append(Unit(f"between.{p // 2}", "other", members))
+    return units
+
+
+# ------------------------------------------------------------------------------------ graph structure
+
+
+def _by_structure(graph: OpGraph, compute: list[Node], has_param: set[int], table_nodes: set[int]) -> list[Unit]:
+    where = {node.index: i for i, node in enumerate(compute)}
+    n = len(compute)
+    # live[b] = number of data tensors crossing the boundary after position b
+    diff = [0] * (n + 1)
+    graph_outputs = set(graph.outputs)
+    seen: set[str] = set()
+    for i, node in enumerate(compute):
+        for t in node.inputs:
+            if t and t not in graph.const and t not in seen and t not in graph.producer:
+                seen.add(t)  # a data input of the graph, live from the start
+                last = max((where.get(c, -1) for c in graph.consumers.get(t, ())), default=-1)
+                diff[0] += 1
+                diff[max(last, 0)] -= 1
+        for t in node.outputs:
+            if not t or t in graph.const:
+                continue
+            last = max((where.get(c, -1) for c in graph.consumers.get(t, ())), default=i)
+            if t in graph_outputs:
+                last = n
+            if last > i:
+                diff[i] += 1
+                diff[last] -= 1
+    live = 0
+    cuts: list[int] = []
+    for b in range(n - 1):
+        live += diff[b]
+        if live == 1:
+            cuts.append(b)
+    pieces: list[list[int]] = []
+    start = 0
+    for b in cuts:
+        pieces.append([node.index for node in compute[start:b + 1]])
+        start = b + 1
+    pieces.append([node.index for node in compute[start:]])
+    pieces = _merge_weightless(pieces, has_param)
+    sigs = [_signature(graph, piece) for piece in pieces]
+    start, period, count = _best_run(sigs)
+    units: list[Unit] = []
+    blocks = 0
+    i = 0
+    while i < len(pieces):
+        if period > 1 and i == start:
+            for _ in range(count):
+                members = tuple(x for piece in pieces[i:i + period] for x in piece)
+                units.append(Unit(f"block.{blocks}", "block", members))
+                blocks += 1
+                i += period
+            continue
+        units.append(Unit("", "", tuple(pieces[i])))
+        i += 1
+    repeated = {s for s in sigs if sigs.count(s) >= 2} if len(sigs) < 2000 else set()
+    named: list[Unit] = []
+    counters: dict[str, int] = {}
+    for k, unit in enumerate(units):
+        kind = unit.kind
+        if not kind:
+            members = unit.nodes
+            if any(i in table_nodes for i in members):
+                kind = "embedding"
+            elif k == len(units) - 1 and len(units) > 1:
+                kind = "head"
+            elif _signature(graph, list(members)) in repeated:
+                kind = "block"
+            elif all(graph.nodes[i].op_type in _MLP_OPS for i in members):
+                kind = "mlp"
+            else:
+                kind = "other"
+        if kind in ("embedding", "head"):
+            name = kind if kind not in counters else f"{kind}.{counters[kind]}"
+        else:
+            name = unit.name or f"{kind}.{counters.get(kind, 0)}"
+        counters[kind] = counters.get(kind, 0) + 1
+        named.append(Unit(name, kind, unit.nodes))
+    return named
+
+
+_MLP_OPS = frozenset({"MatMul", "Gemm", "Add", "Relu", "Gelu", "Sigmoid", "Tanh", "Dropout", "Reshape", "Flatten",
+                      "Mul", "Erf", "Div", "Softmax", "LayerNormalization", "BatchNormalization", "Concat",
+                      "Identity", "Cast", "Squeeze", "Unsqueeze"})
+
+
+def _merge_weightless(pieces: list[list[int]], has_param: set[int]) -> list[list[int]]:
+    """A piece without parameters joins the piece before it (the first one joins the next)."""
+    merged: list[list[int]] = []
+    pending: list[int] = []
+    for piece in pieces:
+        if any(i in has_param for i in piece):
+            merged.append(pending + piece)
+            pending = []
+        elif merged:
+            merged[-1].extend(piece)
+        else:
+            pending.extend(piece)
+    if pending:
+        merged.append(pending)
+    return merged
+
+
+def _signature(graph: OpGraph, piece: list[int]) -> int:
+    parts = []
+    for i in piece:
+        node = graph.nodes[i]
+        shapes = tuple(graph.shapes.get(t) for t in node.inputs if t in graph.param_roots)
+        parts.append((node.op_type, shapes))
+    return hash(tuple(parts))
+
+
+def _best_run(sigs: list[int]) -> tuple[int, int, int]:
+    """(start, period, count) of the longest run of a repeated group of pieces; period 1 means none."""
+    best = (0, 1, 1)
+    best_cover = 1
+    n = len(sigs)
+    for period in range(1, min(_MAX_PERIOD, n // 2) + 1):
+        i = 0
+        while i + period < n:
+            j = i
+            while j + period < n and sigs[j] == sigs[j + period]:
+                j += 1
+            count = (j - i + period) // period
+            if count >= 2 and count * period > best_cover:
+                best, best_cover = (i, period, count), count * period
+            i = max(j, i + 1) if j > i else i + 1
+    return best

@@ -1,0 +1,72 @@
+"""Read an ONNX file safely: never its weight data, never anything outside the model's folder.
+
+Everything a user can get wrong here (a missing file, a file that is not ONNX, a truncated or corrupted
+one, an external-data location that points outside the model's folder) raises :class:`ModelError` with one
+readable sentence naming the file and the problem.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import onnx
+from google.protobuf.message import DecodeError
+
+from planner.errors import ModelError
+
+
+def read_model(path: str | os.PathLike) -> onnx.ModelProto:
+    """Parse ``path`` as an ONNX model without loading external weight data."""
+    file = Path(path)
+    if not file.exists():
+        raise ModelError(f"{file}: no such file; give the path of an .onnx model")
+    if file.is_dir():
+        raise ModelError(f"{file}: is a directory; give the path of an .onnx model file")
+    try:
+        model = onnx.load(str(file), load_external_data=False)
+    except (DecodeError, UnicodeDecodeError, ValueError, RuntimeError) as exc:
+        raise ModelError(f"{file}: not a readable ONNX model (truncated or corrupted?): {exc}") from None
+    check_structure(model, str(file))
+    check_external_data(model, file.resolve().parent, str(file))
+    return model
+
+
+def check_structure(model: onnx.ModelProto, where: str) -> None:
+    """Reject protobuf bytes that parsed but are not an ONNX model (protobuf decoding is lenient)."""
+    if model.ir_version <= 0 or not model.HasField("graph") or len(model.graph.node) == 0:
+        raise ModelError(f"{where}: not an ONNX model (no ir_version or no graph nodes)")
+    # onnx.checker is not used: it rejects weight-less initializers (our usual input) and stats
+    # external-data files; the importer's own checks (topological order, dangling tensors) follow.
+
+
+def check_external_data(model: onnx.ModelProto, base_dir: Path | None, where: str) -> None:
+    """Every external-data location must be a relative path inside the model's folder.
+
+    The location is untrusted input: we never open it, but we refuse a model that points outside its
+    folder (absolute paths, ``..``), so no later tool is led to read there either."""
+    for tensor in _all_tensors(model):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+        if not location:
+            raise ModelError(f"{where}: initializer '{tensor.name}' has external data without a location")
+        if os.path.isabs(location) or location.startswith(("/", "\\")) or ":" in location.split("/")[0]:
+            raise ModelError(f"{where}: initializer '{tensor.name}' has external data at absolute path "
+                             f"'{location}'; external data must lie inside the model's folder")
+        if base_dir is not None:
+            target = (base_dir / location).resolve()
+            if target != base_dir and base_dir not in target.parents:
+                raise ModelError(f"{where}: initializer '{tensor.name}' has external data at '{location}', "
+                                 f"outside the model's folder {base_dir}; move the data next to the model")
+        elif ".." in Path(location).parts:
+            raise ModelError(f"{where}: initializer '{tensor.name}' has external data at '{location}', "
+                             f"outside the model's folder")
+
+
+def _all_tensors(model: onnx.ModelProto):
+    yield from model.graph.initializer
+    for node in model.graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.TENSOR:
+                yield attr.t

@@ -1,0 +1,318 @@
+"""Per-op forward cost rules, keyed by ONNX op type.
+
+A rule returns ``(flops, gemm)`` for one node from the shapes of its inputs and outputs (one sample);
+bytes read and written are the element counts of its inputs and outputs (2 bytes per float element,
+bf16 training), except for view ops (Reshape, Squeeze, ...), which move nothing. Counting conventions:
+a multiply-add is 2 FLOPs; an element-wise op costs ``FLOPS_PER_ELEMENT[op]`` per output element (1 for
+plain arithmetic; the composite ops below are counted as the arithmetic of their usual decomposition).
+
+An op type without a rule is costed as memory-bound (0 FLOPs, its bytes read and written) and named once in
+a warning by the importer.
+
+``saved_for_backward`` says which tensors an op keeps for its backward pass (PyTorch autograd's choices),
+used for the activation memory of a layer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from planner.graph.opgraph import FLOAT_TYPES, Node, OpGraph, act_bytes
+
+
+@dataclass(frozen=True)
+class View:
+    """What a rule sees of a node: shapes (None when unknown) of its inputs and outputs."""
+
+    node: Node
+    graph: OpGraph
+
+    def in_shape(self, i: int) -> tuple[int, ...] | None:
+        if i >= len(self.node.inputs) or not self.node.inputs[i]:
+            return None
+        return self.graph.shapes.get(self.node.inputs[i])
+
+    def out_shape(self, i: int = 0) -> tuple[int, ...] | None:
+        if i >= len(self.node.outputs) or not self.node.outputs[i]:
+            return None
+        return self.graph.shapes.get(self.node.outputs[i])
+
+    def out_numel(self) -> int:
+        total = 0
+        for t in self.node.outputs:
+            if t:
+                total += self.graph.numel(t) or 0
+        return total
+
+    def in_numel(self, i: int) -> int:
+        if i >= len(self.node.inputs) or not self.node.inputs[i]:
+            return 0
+        return self.graph.numel(self.node.inputs[i]) or 0
+
+    def is_const(self, i: int) -> bool:
+        return i < len(self.node.inputs) and self.node.inputs[i] in self.graph.const
+
+
+Gemm = tuple[int, int, int]
+Rule = Callable[[View], tuple[float, "Gemm | None"]]
+
+
+def _prod(xs) -> int:
+    return math.prod(xs) if xs else 1
+
+
+# ------------------------------------------------------------------------------------- matrix products
+
+
+def _matmul(v: View) -> tuple[float, Gemm | None]:
+    a, out = v.in_shape(0), v.out_shape()
+    if a is None or out is None or not out:
+        return 0.0, None
+    b = v.in_shape(1)
+    k = a[-1]
+    n = b[-1] if b is not None and len(b) >= 2 else 1
+    m = _prod(out) // max(n, 1)
+    return 2.0 * m * n * k, (m, n, k)
+
+
+def _gemm(v: View) -> tuple[float, Gemm | None]:
+    a, out = v.in_shape(0), v.out_shape()
+    if a is None or out is None or len(a) != 2:
+        return 0.0, None
+    k = a[0] if v.node.attr("transA", 0) else a[1]
+    m, n = out
+    flops = 2.0 * m * n * k
+    if len(v.node.inputs) > 2 and v.node.inputs[2]:
+        flops += m * n
+    return flops, (m, n, k)
+
+
+def _conv(v: View) -> tuple[float, Gemm | None]:
+    w, out = v.in_shape(1), v.out_shape()
+    if w is None or out is None:
+        return 0.0, None
+    per_output = _prod(w[1:])  # Cin/groups * kernel
+    flops = 2.0 * _prod(out) * per_output
+    if len(v.node.inputs) > 2 and v.node.inputs[2]:
+        flops += _prod(out)
+    m = _prod(out) // max(out[1], 1)
+    return flops, (m, out[1], per_output)
+
+
+def _conv_transpose(v: View) -> tuple[float, Gemm | None]:
+    x, w = v.in_shape(0), v.in_shape(1)
+    if x is None or w is None:
+        return 0.0, None
+    group = v.node.attr("group", 1)
+    cout_per_group = w[1]
+    flops = 2.0 * _prod(x) * cout_per_group * _prod(w[2:])
+    m = _prod(x) // max(x[1], 1)
+    return flops, (m, cout_per_group * group * _prod(w[2:]), x[1] // group)
+
+
+def _einsum(v: View) -> tuple[float, Gemm | None]:
+    eq = (v.node.attr("equation", b"") or b"")
+    eq = eq.decode() if isinstance(eq, bytes) else eq
+    lhs = eq.replace(" ", "").split("->")[0].split(",")
+    sizes: dict[str, int] = {}
+    for term, i in zip(lhs, range(len(v.node.inputs))):
+        shape = v.in_shape(i)
+        if shape is None or "." in term or len(term) != len(shape):
+            return float(v.out_numel()), None
+        for letter, d in zip(term, shape):
+            sizes[letter] = max(sizes.get(letter, 1), d)
+    if len(lhs) < 2:
+        return float(_prod(v.in_shape(0) or ())), None
+    return 2.0 * _prod(list(sizes.values())), None
+
+
+# ------------------------------------------------------------------------------------------ element-wise
+
+# FLOPs per output element; composite ops counted as the arithmetic of their decomposition
+FLOPS_PER_ELEMENT = {
+    **dict.fromkeys(("Add", "Sub", "Mul", "Div", "Pow", "Neg", "Abs", "Relu", "Sqrt", "Reciprocal", "Exp",
+                     "Log", "Erf", "Tanh", "Sin", "Cos", "Floor", "Ceil", "Round", "Sign", "Max", "Min", "Mod",
+                     "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or", "Xor",
+                     "Where", "Clip", "IsNaN", "IsInf", "PRelu", "LeakyRelu", "Dropout", "CumSum", "BitShift",
+                     "Trilu"), 1),
+    "Sigmoid": 4,  # exp, add, reciprocal, (neg)
+    "HardSigmoid": 3, "HardSwish": 4, "Softplus": 3, "Elu": 3, "Selu": 4, "Celu": 4, "Mish": 6,
+    "Gelu": 8,  # tanh form: x^3, 2 mul-add, tanh, add, 2 mul
+    "FastGelu": 8, "BiasGelu": 9, "QuickGelu": 5,
+    "Softmax": 5, "LogSoftmax": 5,  # max, subtract, exp, sum, divide
+    "BatchNormalization": 2,  # inference form: scale and shift
+    "InstanceNormalization": 8, "GroupNormalization": 8,
+    "LayerNormalization": 8,  # mean, subtract, square, mean, rsqrt, multiply, scale, shift
+    "SimplifiedLayerNormalization": 6, "RMSNormalization": 6, "SkipLayerNormalization": 9,
+}
+
+
+def _elementwise(per: float) -> Rule:
+    def rule(v: View) -> tuple[float, Gemm | None]:
+        out = v.out_shape()
+        return (per * _prod(out) if out is not None else 0.0), None
+    return rule
+
+
+def _variadic(v: View) -> tuple[float, Gemm | None]:
+    """Sum/Mean/Max/Min with n inputs: n-1 operations per output element (Mean: one more divide)."""
+    out = v.out_shape()
+    if out is None:
+        return 0.0, None
+    n = len([t for t in v.node.inputs if t])
+    extra = 1 if v.node.op_type == "Mean" else 0
+    return float((max(n - 1, 1) + extra) * _prod(out)), None
+
+
+def _reduce(v: View) -> tuple[float, Gemm | None]:
+    """Reductions read every input element once."""
+    return float(v.in_numel(0)), None
+
+
+def _pool(v: View) -> tuple[float, Gemm | None]:
+    out = v.out_shape()
+    if out is None:
+        return 0.0, None
+    kernel = v.node.attr("kernel_shape", []) or []
+    return float(_prod(out) * _prod(kernel)), None
+
+
+def _global_pool(v: View) -> tuple[float, Gemm | None]:
+    return float(v.in_numel(0)), None
+
+
+def _lrn(v: View) -> tuple[float, Gemm | None]:
+    """Square, sum over ``size`` channels, scale, add bias, power, divide."""
+    size = v.node.attr("size", 5)
+    return float((size + 5) * v.out_numel()), None
+
+
+def _zero(v: View) -> tuple[float, Gemm | None]:
+    return 0.0, None
+
+
+def _per_output(v: View) -> tuple[float, Gemm | None]:
+    return float(v.out_numel()), None
+
+
+def _resize(v: View) -> tuple[float, Gemm | None]:
+    mode = v.node.attr("mode", b"nearest")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    return float((1 if mode == "nearest" else 4 * 2) * v.out_numel()), None
+
+
+def _recurrent(gates: int) -> Rule:
+    """LSTM (4 gates) / GRU (3) / RNN (1): per step and direction 2*gates*hidden*(input+hidden) + gate math."""
+    def rule(v: View) -> tuple[float, Gemm | None]:
+        x, w = v.in_shape(0), v.in_shape(1)
+        if x is None or w is None:
+            return 0.0, None
+        seq, batch, inp = x
+        directions, gh, _ = w
+        hidden = gh // gates
+        per_step = 2.0 * gh * (inp + hidden) + 4 * gh
+        return per_step * seq * batch * directions, (seq * batch, gh, inp + hidden)
+    return rule
+
+
+# ops that move data (bytes) but do no arithmetic
+_MOVE_OPS = ("Transpose", "Concat", "Split", "Slice", "Gather", "GatherElements", "GatherND", "Expand", "Tile",
+             "Pad", "Cast", "CastLike", "ScatterND", "ScatterElements", "Scatter", "DepthToSpace", "SpaceToDepth",
+             "OneHot", "NonZero", "Compress", "ReverseSequence", "Range", "ConstantOfShape", "Constant", "Shape",
+             "Size", "EyeLike", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+             "Bernoulli", "SequenceConstruct", "SplitToSequence", "ConcatFromSequence", "SequenceAt",
+             "Upsample", "EmbeddingBag", "TopK", "ArgMax", "ArgMin", "Unique", "GridSample")
+# ops that are views: no data moved
+VIEW_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
+
+RULES: dict[str, Rule] = {
+    "MatMul": _matmul, "Gemm": _gemm, "Conv": _conv, "ConvTranspose": _conv_transpose, "Einsum": _einsum,
+    "FusedMatMul": _matmul, "MatMulInteger": _matmul, "QLinearMatMul": _matmul,
+    **{op: _elementwise(per) for op, per in FLOPS_PER_ELEMENT.items()},
+    **dict.fromkeys(("Sum", "Mean"), _variadic),
+    **dict.fromkeys(("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+                     "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp"), _reduce),
+    **dict.fromkeys(("MaxPool", "AveragePool", "LpPool"), _pool),
+    **dict.fromkeys(("GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"), _global_pool),
+    "LRN": _lrn, "Resize": _resize, "LSTM": _recurrent(4), "GRU": _recurrent(3), "RNN": _recurrent(1),
+    **dict.fromkeys(_MOVE_OPS, _zero),
+    **dict.fromkeys(VIEW_OPS, _zero),
+}
+# Max/Min take any number of inputs
+RULES["Max"] = RULES["Min"] = _variadic
+RULES["Where"] = _per_output
+
+
+# ------------------------------------------------------------------------------- saved for backward
+
+Saved = list[tuple[str, float]]  # (tensor, bytes per element); "tensor#mask" for dropout masks
+
+
+def _needs_grad(v: View, i: int) -> bool:
+    t = v.node.inputs[i] if i < len(v.node.inputs) else ""
+    return bool(t) and (t not in v.graph.const or t in v.graph.param_roots)
+
+
+def _act(v: View, t: str) -> tuple[str, float]:
+    return t, float(act_bytes(v.graph.types.get(t)))
+
+
+def _data_inputs(v: View, idx: tuple[int, ...] = (0,)) -> Saved:
+    return [_act(v, v.node.inputs[i]) for i in idx
+            if i < len(v.node.inputs) and v.node.inputs[i] and v.node.inputs[i] not in v.graph.const
+            and v.graph.types.get(v.node.inputs[i], 1) in FLOAT_TYPES]
+
+
+def _save_output(v: View) -> Saved:
+    return [_act(v, v.node.outputs[0])] if v.node.outputs and v.node.outputs[0] else []
+
+
+def _save_products(v: View) -> Saved:
+    """x*y, x@y: the gradient of each operand needs the other one."""
+    a, b = v.node.inputs[0], v.node.inputs[1] if len(v.node.inputs) > 1 else ""
+    saved: Saved = []
+    if a and a not in v.graph.const and _needs_grad(v, 1):
+        saved.append(_act(v, a))
+    if b and b not in v.graph.const and _needs_grad(v, 0):
+        saved.append(_act(v, b))
+    return saved
+
+
+def _save_div(v: View) -> Saved:
+    if len(v.node.inputs) < 2 or v.node.inputs[1] in v.graph.const:
+        return []
+    return _data_inputs(v, (0, 1))
+
+
+def _save_dropout(v: View) -> Saved:
+    return [(v.node.outputs[0] + "#mask", 1.0)] if v.node.outputs and v.node.outputs[0] else []
+
+
+def _save_where(v: View) -> Saved:
+    cond = v.node.inputs[0]
+    return [(cond, 1.0)] if cond and cond not in v.graph.const else []
+
+
+def _save_indices(v: View) -> Saved:
+    idx = v.node.inputs[1] if len(v.node.inputs) > 1 else ""
+    if idx and idx not in v.graph.const and v.node.inputs[0] in v.graph.param_roots:
+        return [_act(v, idx)]
+    return []
+
+
+SAVED: dict[str, Callable[[View], Saved]] = {
+    **dict.fromkeys(("MatMul", "Gemm", "Mul", "Einsum", "FusedMatMul"), _save_products),
+    **dict.fromkeys(("Conv", "ConvTranspose", "LayerNormalization", "SimplifiedLayerNormalization",
+                     "RMSNormalization", "BatchNormalization", "InstanceNormalization", "GroupNormalization",
+                     "Gelu", "FastGelu", "QuickGelu", "Erf", "Log", "Pow", "LeakyRelu", "Elu", "Selu", "Celu",
+                     "HardSigmoid", "HardSwish", "Softplus", "Mish", "Clip", "Sin", "Cos", "Abs", "PRelu", "LRN",
+                     "MaxPool", "ReduceMax", "ReduceMin", "LSTM", "GRU", "RNN"), _data_inputs),
+    **dict.fromkeys(("Relu", "Sigmoid", "Tanh", "Exp", "Sqrt", "Reciprocal", "Softmax", "LogSoftmax"),
+                    _save_output),
+    "Div": _save_div, "Dropout": _save_dropout, "Where": _save_where, "Gather": _save_indices,
+    "EmbeddingBag": _save_indices,
+}
+SAVED["SkipLayerNormalization"] = lambda v: _data_inputs(v, (0, 1))
+SAVED["Max"] = SAVED["Min"] = lambda v: _data_inputs(v, tuple(range(len(v.node.inputs))))

@@ -1,0 +1,103 @@
+"""Recognise transformer blocks: their dimensions and the Megatron tensor-parallel split of each op.
+
+A block is a transformer block when it holds a Softmax over attention scores ``[..., heads, s_q, s_k]``
+fed by a MatMul. Then (per sample, from shapes):
+
+* ``hidden`` = last dim of the block's output; ``seq_len`` = the score's last dim;
+* ``heads`` = the score's head dim (or its leading dim / batch when heads are folded into the batch);
+* ``ffn`` = the input width of the last weighted MatMul that maps back to ``hidden`` from a wider tensor
+  (FC2 / down projection);
+* ``kv_heads`` = width of the K projection / head size, where K and V projections are narrower than Q.
+
+Megatron split: weighted MatMuls that read the full hidden tensor are "column" (QKV, FC1, gate/up); the
+weighted MatMuls that produce hidden from the split tensor are "row" (attention out, FC2); everything computed
+from a column output before a row MatMul is "sharded"; the rest (norms, residual adds, dropout on hidden)
+is "replicated".
+"""
+
+from __future__ import annotations
+
+from planner.graph.opgraph import Node, OpGraph
+from planner.types import TransformerDims
+
+
+def weighted_matmul(graph: OpGraph, node: Node) -> bool:
+    return node.op_type in ("MatMul", "Gemm") and len(node.inputs) > 1 and node.inputs[1] in graph.param_roots
+
+
+def detect_dims(graph: OpGraph, members: list[Node], output: str | None) -> TransformerDims | None:
+    scores = None
+    for node in members:
+        if node.op_type == "Softmax":
+            shape = graph.shapes.get(node.inputs[0])
+            src = graph.producer.get(node.inputs[0])
+            if shape is not None and len(shape) >= 3 and shape[-1] > 1 and _from_matmul(graph, src):
+                scores = shape
+                break
+    if scores is None:
+        return None
+    out_shape = graph.shapes.get(output) if output else None
+    if not out_shape:
+        return None
+    hidden = out_shape[-1]
+    seq = scores[-1]
+    heads = scores[-3] if len(scores) >= 4 else scores[0] // max(graph.static_batch, 1)
+    ffn = 0
+    widths: list[int] = []
+    for node in members:
+        if not weighted_matmul(graph, node):
+            continue
+        w = graph.shapes.get(node.inputs[1])
+        if not w or len(w) != 2:
+            continue
+        k, n = (w[1], w[0]) if node.op_type == "Gemm" and node.attr("transB", 0) else (w[0], w[1])
+        if n == hidden and k > hidden:
+            ffn = k
+        if k == hidden:
+            widths.append(n)
+    if not ffn:
+        ffn = max((n for n in widths if n != hidden and n != 3 * hidden), default=4 * hidden)
+    head_dim = hidden // heads if heads else 0
+    kv_heads = heads
+    narrow = [n for n in widths if n < hidden and n != ffn]
+    if narrow and head_dim:
+        kv_heads = min(narrow) // head_dim or heads
+    return TransformerDims(hidden=hidden, heads=heads, seq_len=seq, ffn=ffn, kv_heads=kv_heads)
+
+
+def _from_matmul(graph: OpGraph, index: int | None, depth: int = 6) -> bool:
+    """Is the tensor computed (through scaling, masking, casts) from a MatMul of two activations?"""
+    while index is not None and depth > 0:
+        node = graph.nodes[index]
+        if node.op_type in ("MatMul", "Einsum"):
+            return not weighted_matmul(graph, node)
+        data = [t for t in node.inputs if t and t not in graph.const]
+        if not data:
+            return False
+        index = graph.producer.get(data[0])
+        depth -= 1
+        # masking (Add/Where) may put the scores in a later slot
+        if node.op_type in ("Add", "Where") and len(data) > 1:
+            return any(_from_matmul(graph, graph.producer.get(t), depth) for t in data)
+    return False
+
+
+def tp_splits(graph: OpGraph, members: list[Node], dims: TransformerDims) -> dict[int, str]:
+    """Megatron split of every member node, by node index."""
+    split: set[str] = set()  # tensors split across tensor-parallel ranks
+    out: dict[int, str] = {}
+    for node in members:
+        data = [t for t in node.inputs if t and t not in graph.const]
+        on_split = any(t in split for t in data)
+        if weighted_matmul(graph, node):
+            kind = "row" if on_split else "column"
+            out[node.index] = kind
+            if kind == "column":
+                split.update(t for t in node.outputs if t)
+            continue
+        if on_split:
+            out[node.index] = "sharded"
+            split.update(t for t in node.outputs if t)
+        else:
+            out[node.index] = "replicated"
+    return out
