@@ -285,6 +285,23 @@ class MemoryBreakdown:
 
 
 @dataclass(frozen=True)
+class ReplicaEstimate:
+    """One replica group of a stage (mixed hardware: several per stage), as the cost model sees it.
+    ``forward_s``/``backward_s`` are for one of its own micro-batches."""
+
+    device_type: str
+    devices: tuple[int, ...]
+    tp: int
+    dp: int
+    batch_share: float
+    num_micro_batches: float  # micro-batches each of its replicas processes per iteration
+    forward_s: float
+    backward_s: float
+    memory: MemoryBreakdown
+    memory_capacity_bytes: float
+
+
+@dataclass(frozen=True)
 class StageEstimate:
     """One pipeline stage as the cost model sees it."""
 
@@ -299,6 +316,11 @@ class StageEstimate:
     backward_s: float  # one micro-batch, including recompute
     memory: MemoryBreakdown
     memory_capacity_bytes: float
+    replicas: tuple[ReplicaEstimate, ...] = ()  # every replica group (one on homogeneous hardware)
+    tp_comm_s: float = 0.0  # of forward_s + backward_s, one micro-batch
+    p2p_s: float = 0.0  # sending one micro-batch's boundary tensor to the next stage
+    dp_sync_s: float = 0.0  # the stage's data-parallel synchronisation (before overlap)
+    optimizer_s: float = 0.0
 
 
 @dataclass(frozen=True)
