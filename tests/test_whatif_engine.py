@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from planner.errors import ClusterError, ConfigError, PlannerError
+from planner.errors import ClusterError, ConfigError
 from planner.sweep.keys import grid, parse_key, parse_sweep_args, parse_sweeps, renumber
 from planner.sweep.runner import print_progress, run_tasks
 from planner.whatif import PointTask, cluster_cost_per_hour
