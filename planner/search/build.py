@@ -1,0 +1,81 @@
+"""From a solved candidate to the explicit PipelineSpec (device ids) and to the user-facing Plan."""
+
+from __future__ import annotations
+
+from planner.plan import Plan, SearchInfo, StagePlan
+from planner.search.partition import stage_bounds
+from planner.search.space import Layout, Settings
+from planner.types import Cluster, Estimate, LayerGraph, PipelineSpec, ReplicaSpec, StageSpec
+
+
+def pool_offsets(cluster: Cluster) -> list[int]:
+    """First global device id of each cluster group (devices are numbered group after group)."""
+    out, first = [], 0
+    for group in cluster.groups:
+        out.append(first)
+        first += group.num_devices
+    return out
+
+
+def pipeline_spec(cluster: Cluster, global_batch: int, settings: Settings, layout: Layout,
+                  last_layers: tuple[int, ...]) -> PipelineSpec:
+    """Stage k takes the next ``tp * dp`` devices of its pool; tp groups are contiguous and, because tp divides
+    the node size, inside one node."""
+    cursor = pool_offsets(cluster)
+    stages = []
+    for option, (first, last) in zip(layout.options, stage_bounds(last_layers)):
+        size = option.tp * settings.dp
+        devices = tuple(range(cursor[option.pool], cursor[option.pool] + size))
+        cursor[option.pool] += size
+        stages.append(StageSpec(first_layer=first, last_layer=last,
+                                replicas=(ReplicaSpec(devices=devices, tp=option.tp, dp=settings.dp),)))
+    return PipelineSpec(stages=tuple(stages), global_batch=global_batch, micro_batch=settings.micro_batch,
+                        vpp=settings.vpp, zero=settings.zero, recompute=settings.recompute,
+                        sequence_parallel=settings.sequence_parallel, schedule=settings.schedule,
+                        optimizer=settings.optimizer, dtype=settings.dtype)
+
+
+def physical_bound_s(model: LayerGraph, cluster: Cluster, spec: PipelineSpec) -> float:
+    """Training FLOPs of one iteration (forward + backward = 3x forward) over the summed peak FLOP/s of the
+    devices the plan uses."""
+    offsets = pool_offsets(cluster)
+    peak = 0.0
+    for stage in spec.stages:
+        for replica in stage.replicas:
+            for device in replica.devices:
+                pool = max(i for i, first in enumerate(offsets) if first <= device)
+                profile = cluster.groups[pool].node.device
+                peak += profile.peak_flops_per_s.get(spec.dtype, max(profile.peak_flops_per_s.values()))
+    return 3.0 * model.flops_forward * spec.global_batch / peak if peak else 0.0
+
+
+def cluster_summary(cluster: Cluster) -> dict:
+    return {"name": cluster.name, "num_devices": cluster.num_devices,
+            "groups": [{"name": g.name, "node": g.node.name, "device": g.node.device.name, "count": g.count,
+                        "devices": g.num_devices, "first_device": first}
+                       for g, first in zip(cluster.groups, pool_offsets(cluster))]}
+
+
+def to_plan(model: LayerGraph, cluster: Cluster, spec: PipelineSpec, estimate: Estimate, search: SearchInfo,
+            bottleneck: str) -> Plan:
+    stages = []
+    for k, (stage, est) in enumerate(zip(spec.stages, estimate.stages)):
+        replica = stage.replicas[0]
+        stages.append(StagePlan(
+            index=k, first_layer=stage.first_layer, last_layer=stage.last_layer,
+            layer_names=tuple(layer.name for layer in model.layers[stage.first_layer:stage.last_layer + 1]),
+            device_type=est.device_type, devices=replica.devices, tp=replica.tp, dp=replica.dp,
+            recompute=spec.recompute, memory_bytes_per_device=float(est.memory.total_bytes),
+            time_s=float(est.forward_s + est.backward_s)))
+    m = spec.global_batch // (spec.micro_batch * spec.stages[0].replicas[0].dp)
+    return Plan(
+        model={"name": model.name, "params": model.params, "flops_per_sample": 3.0 * model.flops_forward,
+               "layers": len(model.layers)},
+        cluster=cluster_summary(cluster), global_batch=spec.global_batch, micro_batch=spec.micro_batch,
+        num_micro_batches=m, schedule=spec.schedule, zero=spec.zero,
+        iteration_time_s=float(estimate.iteration_time_s),
+        throughput_samples_per_s=float(estimate.throughput_samples_per_s), stages=tuple(stages),
+        breakdown={k: float(v) for k, v in estimate.breakdown.to_dict().items()}, search=search,
+        vpp=spec.vpp, sequence_parallel=spec.sequence_parallel, optimizer=spec.optimizer, dtype=spec.dtype,
+        memory_per_device_bytes=float(estimate.memory_per_device_bytes), bottleneck=bottleneck,
+        physical_bound_s=physical_bound_s(model, cluster, spec))
