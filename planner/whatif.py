@@ -51,7 +51,7 @@ class WhatIfPoint:
     devices_used: int = 0  # devices the plan uses
     global_batch: int = 0
     seq_len: int | None = None
-    pp: int | None = None  # pipeline stages (Plan.stages holds pp x vpp model chunks)
+    pp: int | None = None  # pipeline stages (distinct device sets: a plan may list interleaved chunks)
     tp: int | None = None  # None when stages differ (see ``stages``)
     dp: int | None = None
     micro_batch: int | None = None
@@ -212,8 +212,8 @@ def summarize(settings: tuple[tuple[str, Value], ...], plan: Plan, cluster: Clus
         cost_per_hour=per_hour, cost_per_sample=per_sample,
         cost_per_million_tokens=per_sample / seq_len * 1e6 if per_sample is not None and seq_len else None,
         num_devices=cluster.num_devices, devices_used=len(_stage_devices(plan)), global_batch=global_batch,
-        seq_len=seq_len, pp=len(plan.stages) // max(plan.vpp, 1), tp=_uniform(tps), dp=_uniform(dps), micro_batch=plan.micro_batch,
-        num_micro_batches=plan.num_micro_batches, stages=stages)
+        seq_len=seq_len, pp=len({s.devices for s in plan.stages}), tp=_uniform(tps), dp=_uniform(dps),
+        micro_batch=plan.micro_batch, num_micro_batches=plan.num_micro_batches, stages=stages)
 
 
 def infeasible(inputs: PointInputs, reason: str, seq_len: int | None = None) -> WhatIfPoint:
