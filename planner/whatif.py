@@ -9,9 +9,11 @@ points run on local worker processes or Ray (planner.sweep.runner) and come back
 does not depend on the number of workers. A point that cannot be planned (the model does not fit, a pinned
 choice does not divide the devices) is a row with ``feasible=False`` and the planner's reason.
 
-Cost: ``cost_per_hour`` is the price of every node of the point's cluster (what one rents), known only
-when every group has ``price_per_node_hour``; ``cost_per_sample`` and ``cost_per_million_tokens`` divide
-it by the predicted throughput. Tokens are samples x the model's ``seq`` dimension, where it has one.
+Cost: ``cost_per_hour`` is the price of the nodes the plan uses (a node counts whole when the plan uses any
+of its devices; one would not rent the rest), known only when those nodes' groups have ``price_per_node_hour``;
+``cost_per_sample`` and ``cost_per_million_tokens`` divide it by the predicted throughput. An infeasible
+point reports the price of its whole cluster. Tokens are samples x the model's ``seq`` dimension, where it
+has one.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import json
 import logging
 import time
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from planner.errors import ModelError, PlannerError
 from planner.plan import Plan
@@ -174,12 +176,22 @@ def _load_model(path: str, dims: tuple[tuple[str, int], ...]) -> LayerGraph:
     return load_model(path, dict(dims))
 
 
-def cluster_cost_per_hour(cluster: Cluster) -> float | None:
-    """The hourly price of every node, or None when a group has no price."""
-    prices = [g.price_per_node_hour for g in cluster.groups]
-    if not prices or any(p is None for p in prices):
-        return None
-    return sum(float(g.price_per_node_hour) * g.count for g in cluster.groups)  # type: ignore[arg-type]
+def cluster_cost_per_hour(cluster: Cluster, devices: Iterable[int] | None = None) -> float | None:
+    """The hourly price of the nodes holding ``devices`` (default: every node), or None when one of those
+    nodes' groups has no price."""
+    used = None if devices is None else set(devices)
+    total = 0.0
+    for group in cluster.groups:
+        per_node = group.node.devices_per_node
+        nodes = group.count if used is None else len(
+            {(d - group.first_device) // per_node for d in used
+             if group.first_device <= d < group.first_device + group.num_devices})
+        if nodes == 0:
+            continue
+        if group.price_per_node_hour is None:
+            return None
+        total += float(group.price_per_node_hour) * nodes
+    return total if cluster.groups else None
 
 
 def _stage_devices(plan: Plan) -> set[int]:
@@ -199,7 +211,8 @@ def summarize(settings: tuple[tuple[str, Value], ...], plan: Plan, cluster: Clus
               seq_len: int | None) -> WhatIfPoint:
     """A feasible point from its plan."""
     throughput = plan.throughput_samples_per_s
-    per_hour = cluster_cost_per_hour(cluster)
+    used = _stage_devices(plan)
+    per_hour = cluster_cost_per_hour(cluster, used)
     per_sample = per_hour / SECONDS_PER_HOUR / throughput if per_hour is not None and throughput > 0 else None
     tps = [r.tp for s in plan.stages for r in (s.replicas or (s,))]
     dps = [s.dp for s in plan.stages]
@@ -211,7 +224,7 @@ def summarize(settings: tuple[tuple[str, Value], ...], plan: Plan, cluster: Clus
         tokens_per_s=throughput * seq_len if seq_len else None,
         cost_per_hour=per_hour, cost_per_sample=per_sample,
         cost_per_million_tokens=per_sample / seq_len * 1e6 if per_sample is not None and seq_len else None,
-        num_devices=cluster.num_devices, devices_used=len(_stage_devices(plan)), global_batch=global_batch,
+        num_devices=cluster.num_devices, devices_used=len(used), global_batch=global_batch,
         seq_len=seq_len, pp=len({s.devices for s in plan.stages}), tp=_uniform(tps), dp=_uniform(dps),
         micro_batch=plan.micro_batch, num_micro_batches=plan.num_micro_batches, stages=stages)
 

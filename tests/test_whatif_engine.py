@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -127,6 +128,16 @@ def test_base_cluster_is_not_mutated():
 def test_cost_per_hour_needs_every_price():
     assert cluster_cost_per_hour(mixed_cluster(2, 1)) == pytest.approx(2 * 20.0 + 1 * 60.0)
     assert cluster_cost_per_hour(mixed_cluster(price=False)) is None
+
+
+def test_cost_counts_only_the_nodes_a_plan_uses():
+    cluster = mixed_cluster(2, 1)  # A100 devices 0-15 (two nodes at 20/h), H100 devices 16-23 (one at 60/h)
+    assert cluster_cost_per_hour(cluster, [0, 1, 2]) == pytest.approx(20.0)
+    assert cluster_cost_per_hour(cluster, [7, 8]) == pytest.approx(40.0)
+    assert cluster_cost_per_hour(cluster, [0, 23]) == pytest.approx(80.0)
+    partly_priced = replace(cluster, groups=(cluster.groups[0], replace(cluster.groups[1], price_per_node_hour=None)))
+    assert cluster_cost_per_hour(partly_priced, [0]) == pytest.approx(20.0)  # the unpriced group is not used
+    assert cluster_cost_per_hour(partly_priced, [0, 16]) is None
 
 
 # ---------------------------------------------------------------------------------------------- runner
