@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Callable, Sequence, TypeVar
+from typing import Callable, Sequence, TextIO, TypeVar
 
 from planner.errors import ConfigError, PlannerError
 
@@ -126,8 +126,9 @@ def _ray_get(ray, ref):  # type: ignore[no-untyped-def]
         raise
 
 
-def print_progress(done: int, total: int, stream=sys.stderr, width: int = 30) -> None:  # type: ignore[no-untyped-def]
-    """A one-line progress bar on stderr, redrawn in place; a newline after the last point."""
+def print_progress(done: int, total: int, stream: TextIO | None = None, width: int = 30) -> None:
+    """A one-line progress bar on stderr (or ``stream``), redrawn in place; a newline after the last point."""
+    stream = stream if stream is not None else sys.stderr
     filled = width * done // max(total, 1)
     stream.write(f"\rwhatif [{'#' * filled}{'.' * (width - filled)}] {done}/{total} points")
     if done >= total:
