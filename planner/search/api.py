@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -13,7 +13,7 @@ from planner.errors import ConfigError, InfeasibleError
 from planner.plan import Plan, SearchInfo
 from planner.search import engine
 from planner.search.backend import Backend
-from planner.search.build import pipeline_spec, to_plan
+from planner.search.build import to_plan
 from planner.search.explain import bottleneck
 from planner.search.space import Pins, Settings, StageOption, validate_pins
 from planner.types import Cluster, LayerGraph, ParallelConfig
@@ -21,8 +21,7 @@ from planner.types import Cluster, LayerGraph, ParallelConfig
 log = logging.getLogger(__name__)
 
 GIB = 1024 ** 3
-ALGORITHM = "branch-and-bound over settings x stage blocks; exact bottleneck DP for layer partitions"
-_REL_TOL = 1e-6
+ALGORITHM = "branch-and-bound over settings x stage blocks; bottleneck DP on a critical-path bound per layout"
 
 
 @dataclass(frozen=True)
@@ -68,28 +67,15 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
             raise InfeasibleError(f"--time-limit {time_limit_s}: no feasible plan was found in time; "
                                   "raise the time limit or pin more choices (--tp, --pp, --dp)")
         raise InfeasibleError(_why_infeasible(model, cluster, global_batch, pins, backend))
-    plans = []
-    proven = outcome.proven_optimal
-    for cand in outcome.candidates:
-        spec = pipeline_spec(cluster, global_batch, cand.settings, cand.layout, cand.last_layers)
-        estimate = backend.evaluate(spec)
-        if not estimate.feasible or not math.isclose(estimate.iteration_time_s, cand.objective_s,
-                                                     rel_tol=_REL_TOL, abs_tol=1e-12):
-            log.warning("search: the cost model's estimate (%.6g s, feasible=%s) differs from the search "
-                        "objective (%.6g s); optimality is not proven", estimate.iteration_time_s,
-                        estimate.feasible, cand.objective_s)
-            proven = False
-        plans.append((estimate, spec))
     info = SearchInfo(time_s=outcome.time_s, candidates_evaluated=outcome.bounded + outcome.solved,
-                      proven_optimal=proven, lower_bound_s=outcome.lower_bound_s if proven else
-                      min(outcome.lower_bound_s, min(e.iteration_time_s for e, _ in plans)),
+                      proven_optimal=outcome.proven_optimal, lower_bound_s=outcome.lower_bound_s,
                       algorithm=ALGORITHM)
     built = []
-    for estimate, spec in sorted(plans, key=lambda p: p[0].iteration_time_s):
-        m = global_batch // (spec.micro_batch * spec.stages[0].replicas[0].dp)
-        built.append(to_plan(model, cluster, spec, estimate, info, bottleneck(estimate, m)))
+    for cand in outcome.candidates:
+        m = cand.settings.num_micro_batches(global_batch)
+        built.append(to_plan(model, cluster, cand.spec, cand.estimate, info, bottleneck(cand.estimate, m)))
     built = _attach_embeddings(model, cluster, built, tables)
-    return SearchResult(plans=tuple(built), proven_optimal=proven, lower_bound_s=info.lower_bound_s,
+    return SearchResult(plans=tuple(built), proven_optimal=outcome.proven_optimal, lower_bound_s=info.lower_bound_s,
                         time_s=outcome.time_s, candidates_evaluated=info.candidates_evaluated)
 
 
@@ -102,7 +88,10 @@ def plan(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Para
 
 
 def _attach_embeddings(model: LayerGraph, cluster: Cluster, plans: list[Plan], tables) -> list[Plan]:
-    if not model.embedding_tables and not tables:
+    """Place sparse embedding tables (DLRM-style: tables outside the pipeline layers, or given by ``tables``).
+    A dense model's token embedding is an ``embedding`` layer of the pipeline and is planned with it."""
+    sparse = model.embedding_tables and not any(layer.kind == "embedding" for layer in model.layers)
+    if not sparse and not tables:
         return plans
     from planner import embeddings  # placement of sparse tables (imported only for models that have them)
     return [embeddings.attach(p, model, cluster, tables) for p in plans]

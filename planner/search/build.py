@@ -1,50 +1,20 @@
-"""From a solved candidate to the explicit PipelineSpec (device ids) and to the user-facing Plan."""
+"""From a timed plan (PipelineSpec + the cost model's Estimate) to the user-facing Plan."""
 
 from __future__ import annotations
 
+from planner.hardware.cluster import locate
 from planner.plan import Plan, SearchInfo, StagePlan
-from planner.search.partition import stage_bounds
-from planner.search.space import Layout, Settings
-from planner.types import Cluster, Estimate, LayerGraph, PipelineSpec, ReplicaSpec, StageSpec
-
-
-def pool_offsets(cluster: Cluster) -> list[int]:
-    """First global device id of each cluster group (devices are numbered group after group)."""
-    out, first = [], 0
-    for group in cluster.groups:
-        out.append(first)
-        first += group.num_devices
-    return out
-
-
-def pipeline_spec(cluster: Cluster, global_batch: int, settings: Settings, layout: Layout,
-                  last_layers: tuple[int, ...]) -> PipelineSpec:
-    """Stage k takes the next ``tp * dp`` devices of its pool; tp groups are contiguous and, because tp divides
-    the node size, inside one node."""
-    cursor = pool_offsets(cluster)
-    stages = []
-    for option, (first, last) in zip(layout.options, stage_bounds(last_layers)):
-        size = option.tp * settings.dp
-        devices = tuple(range(cursor[option.pool], cursor[option.pool] + size))
-        cursor[option.pool] += size
-        stages.append(StageSpec(first_layer=first, last_layer=last,
-                                replicas=(ReplicaSpec(devices=devices, tp=option.tp, dp=settings.dp),)))
-    return PipelineSpec(stages=tuple(stages), global_batch=global_batch, micro_batch=settings.micro_batch,
-                        vpp=settings.vpp, zero=settings.zero, recompute=settings.recompute,
-                        sequence_parallel=settings.sequence_parallel, schedule=settings.schedule,
-                        optimizer=settings.optimizer, dtype=settings.dtype)
+from planner.types import Cluster, Estimate, LayerGraph, PipelineSpec
 
 
 def physical_bound_s(model: LayerGraph, cluster: Cluster, spec: PipelineSpec) -> float:
     """Training FLOPs of one iteration (forward + backward = 3x forward) over the summed peak FLOP/s of the
     devices the plan uses."""
-    offsets = pool_offsets(cluster)
     peak = 0.0
     for stage in spec.stages:
         for replica in stage.replicas:
             for device in replica.devices:
-                pool = max(i for i, first in enumerate(offsets) if first <= device)
-                profile = cluster.groups[pool].node.device
+                profile = cluster.groups[locate(cluster, device)[0]].node.device
                 peak += profile.peak_flops_per_s.get(spec.dtype, max(profile.peak_flops_per_s.values()))
     return 3.0 * model.flops_forward * spec.global_batch / peak if peak else 0.0
 
@@ -52,8 +22,8 @@ def physical_bound_s(model: LayerGraph, cluster: Cluster, spec: PipelineSpec) ->
 def cluster_summary(cluster: Cluster) -> dict:
     return {"name": cluster.name, "num_devices": cluster.num_devices,
             "groups": [{"name": g.name, "node": g.node.name, "device": g.node.device.name, "count": g.count,
-                        "devices": g.num_devices, "first_device": first}
-                       for g, first in zip(cluster.groups, pool_offsets(cluster))]}
+                        "devices": g.num_devices, "first_device": g.first_device}
+                       for g in cluster.groups]}
 
 
 def to_plan(model: LayerGraph, cluster: Cluster, spec: PipelineSpec, estimate: Estimate, search: SearchInfo,

@@ -3,11 +3,13 @@
 1. Enumerate every settings (micro-batch, dp, ZeRO, recompute, sequence parallelism) and, for each, every set of
    stage blocks (which pools, at which tp, with how many stages each); bound each one from below
    (:mod:`planner.search.bounds`) without choosing a layer partition.
-2. Visit the blocks in increasing bound order. For each order of its pools, solve the layer partition exactly
-   (:func:`planner.search.partition.solve_partition`) with the current K-th best as cutoff.
-3. Stop when the next bound reaches the K-th best: every unvisited plan is provably no better. The result is
-   then optimal under the backend's objective. A time limit stops the scan early; the bound of the first
-   unvisited block is then a valid lower bound on the optimum.
+2. Visit the blocks in increasing bound order. For each order of its pools, the partition DP
+   (:func:`planner.search.partition.solve_partition`) finds the partition minimising the lower bound of
+   :mod:`planner.search.backend` (the layout's bound), and the cost model times that partition exactly.
+3. Stop when the next bound reaches the K-th best time: every unvisited plan is provably no faster.
+
+The best plan is proven optimal under the cost model when its time does not exceed the least bound of any
+layout (visited or not); otherwise the plan's ``lower_bound_s`` says how far from optimal it can be.
 """
 
 from __future__ import annotations
@@ -15,32 +17,37 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
 from planner.search.backend import Backend
 from planner.search.bounds import lower_bounds, option_profile
-from planner.search.partition import solve_partition
+from planner.search.partition import solve_partition, stage_bounds
 from planner.search.space import Layout, Pins, Settings, StageOption, enumerate_settings, ordered_layouts, \
     tp_choices
-from planner.search.tables import SegmentCache, stage_matrices
-from planner.types import Cluster
+from planner.search.tables import allocate
+from planner.types import Cluster, Estimate, PipelineSpec, ReplicaSpec, StageSpec
 
 log = logging.getLogger(__name__)
 
 MAX_GRID = 20000  # stage-count combinations per pool set before mixed layouts fall back to whole pools
+_REL_TOL = 1e-9
+MAX_PIPELINE_ZERO = 1  # ZeRO-2/3 shard gradients/weights per micro-batch: DeepSpeed refuses them with pp > 1
 
 
 @dataclass(frozen=True, order=True)
 class Candidate:
-    """A solved plan shape: its objective under the backend, and what defines it."""
+    """A timed plan: its iteration time under the cost model, and what defines it."""
 
-    objective_s: float
+    time_s: float
     settings: Settings
     layout: Layout
     last_layers: tuple[int, ...]
+    bound_s: float = field(compare=False)  # the layout's lower bound (DP optimum)
+    spec: PipelineSpec = field(compare=False, repr=False)
+    estimate: Estimate = field(compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -49,10 +56,11 @@ class Outcome:
     proven_optimal: bool
     lower_bound_s: float
     bounded: int  # plan shapes (settings x blocks) bounded
-    solved: int  # layouts whose partition was solved exactly
-    dp_runs: int
+    solved: int  # layouts whose partition DP ran
+    timed: int  # plans timed by the cost model
     complete_space: bool  # False when mixed layouts were restricted to whole pools
     timed_out: bool
+    bound_violations: int  # plans the cost model timed below their bound (a backend inconsistency)
     time_s: float
 
 
@@ -64,23 +72,37 @@ class _Entry:
     counts: tuple[int, ...]
 
 
-def _count_grid(caps: list[int], num_layers: int, pinned_pp: int) -> tuple[np.ndarray, bool]:
+def pipeline_spec(cluster: Cluster, global_batch: int, settings: Settings, layout: Layout,
+                  last_layers: tuple[int, ...]) -> PipelineSpec:
+    stages = tuple(StageSpec(first_layer=first, last_layer=last,
+                             replicas=(ReplicaSpec(devices=devices, tp=option.tp, dp=settings.dp),))
+                   for option, devices, (first, last) in zip(layout.options, allocate(cluster, layout, settings),
+                                                             stage_bounds(last_layers)))
+    return PipelineSpec(stages=stages, global_batch=global_batch, micro_batch=settings.micro_batch,
+                        vpp=settings.vpp, zero=settings.zero, recompute=settings.recompute,
+                        sequence_parallel=settings.sequence_parallel, schedule=settings.schedule,
+                        optimizer=settings.optimizer, dtype=settings.dtype)
+
+
+def _count_grid(caps: list[int], num_layers: int, pinned_pp: int, max_stages: int) -> tuple[np.ndarray, bool]:
     """Stage counts per option: every combination of 1..cap (restricted to whole pools when too many)."""
-    if pinned_pp:
-        rows = [c for c in itertools.product(*[range(1, cap + 1) for cap in caps]) if sum(c) == pinned_pp] \
-            if np.prod([float(c) for c in caps]) <= MAX_GRID * 10 else [tuple(caps)] * (sum(caps) == pinned_pp)
-        return np.array(rows, dtype=int).reshape(-1, len(caps)), True
-    if float(np.prod([float(c) for c in caps])) <= MAX_GRID:
+    caps = [min(c, max_stages) for c in caps]
+    size = float(np.prod([float(c) for c in caps]))
+    if size <= MAX_GRID:
         grid = np.array(list(itertools.product(*[range(1, cap + 1) for cap in caps])), dtype=int)
-        grid = grid[grid.sum(axis=1) <= num_layers]
-        return grid.reshape(-1, len(caps)), True
+        grid = grid.reshape(-1, len(caps))
+        total = grid.sum(axis=1)
+        grid = grid[(total <= num_layers) & (total <= max_stages) & ((total == pinned_pp) if pinned_pp else True)]
+        return grid, True
     full = np.array([caps], dtype=int)
-    return full[full.sum(axis=1) <= num_layers], False
+    total = full.sum(axis=1)
+    return full[(total <= num_layers) & ((total == pinned_pp) if pinned_pp else True)], False
 
 
 def _entries(backend: Backend, cluster: Cluster, settings: Settings, index: int, num_layers: int, global_batch: int,
              pins: Pins) -> tuple[list[_Entry], bool]:
     m = settings.num_micro_batches(global_batch)
+    max_stages = 1 if settings.zero > MAX_PIPELINE_ZERO else num_layers
     per_pool: list[list[StageOption | None]] = []
     for pool, group in enumerate(cluster.groups):
         opts: list[StageOption | None] = [None]
@@ -91,21 +113,79 @@ def _entries(backend: Backend, cluster: Cluster, settings: Settings, index: int,
     complete = True
     for choice in itertools.product(*per_pool):
         options = tuple(o for o in choice if o is not None)
-        if not options:
+        if not options or (max_stages == 1 and len(options) > 1):
             continue
         if settings.sequence_parallel and all(o.tp == 1 for o in options):
             continue  # identical to the plan without sequence parallelism
         caps = [min(num_layers, cluster.groups[o.pool].num_devices // (o.tp * settings.dp)) for o in options]
-        counts, full = _count_grid(caps, num_layers, pins.pp)
+        counts, full = _count_grid(caps, num_layers, pins.pp, max_stages)
         complete &= full
         if len(counts) == 0:
             continue
         profiles = [option_profile(backend, o, settings) for o in options]
-        bounds = lower_bounds(backend, profiles, counts, settings, m)
+        bounds = lower_bounds(profiles, counts, m)
         for row, bound in zip(counts, bounds):
             if np.isfinite(bound):
                 entries.append(_Entry(float(bound), index, options, tuple(int(c) for c in row)))
     return entries, complete
+
+
+class _Search:
+    """Mutable state of one branch-and-bound run (kept out of module globals)."""
+
+    def __init__(self, backend: Backend, cluster: Cluster, global_batch: int, top_k: int) -> None:
+        self.backend, self.cluster, self.global_batch, self.top_k = backend, cluster, global_batch, top_k
+        self.best: list[Candidate] = []
+        self.timed = self.violations = 0
+        self.least_layout_bound = np.inf
+
+    def cutoff(self) -> float:
+        return self.best[-1].time_s if len(self.best) >= self.top_k else np.inf
+
+    def time(self, settings: Settings, layout: Layout, last: tuple[int, ...], bound: float) -> Candidate | None:
+        spec = pipeline_spec(self.cluster, self.global_batch, settings, layout, last)
+        estimate = self.backend.evaluate(spec)
+        self.timed += 1
+        if not estimate.feasible:
+            log.warning("search: the cost model rejects a plan the bound admitted (%s)", estimate.reason)
+            self.violations += 1
+            return None
+        if estimate.iteration_time_s < bound * (1 - 1e-6):
+            log.warning("search: the cost model times a plan at %.6g s, below its bound %.6g s",
+                        estimate.iteration_time_s, bound)
+            self.violations += 1
+        return Candidate(float(estimate.iteration_time_s), settings, layout, last, bound, spec, estimate)
+
+    def offer(self, cand: Candidate) -> None:
+        if any(c.settings == cand.settings and c.layout == cand.layout and c.last_layers == cand.last_layers
+               for c in self.best):
+            return
+        self.best.append(cand)
+        self.best.sort()
+        del self.best[self.top_k:]
+
+    def refine(self, cand: Candidate, max_rounds: int = 8) -> Candidate:
+        """Hill-climb the layer cuts of a plan whose time exceeds its layout's bound (the bound is exact for
+        identical stages; uneven ones may time better after moving a cut by a layer or two)."""
+        current = cand
+        L = current.last_layers[-1] + 1
+        for _ in range(max_rounds):
+            improved = False
+            cuts = current.last_layers[:-1]
+            for k in range(len(cuts)):
+                for step in (-2, -1, 1, 2):
+                    moved = list(cuts)
+                    moved[k] += step
+                    lo = moved[k - 1] + 1 if k > 0 else 0
+                    hi = moved[k + 1] - 1 if k + 1 < len(moved) else L - 2
+                    if not lo <= moved[k] <= hi:
+                        continue
+                    trial = self.time(current.settings, current.layout, (*moved, L - 1), cand.bound_s)
+                    if trial is not None and trial < current:
+                        current, improved = trial, True
+            if not improved or current.time_s <= cand.bound_s * (1 + _REL_TOL):
+                break
+        return current
 
 
 def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, pins: Pins, top_k: int = 1,
@@ -121,39 +201,39 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
         complete &= full
     entries.sort()
     log.info("search: %d settings, %d bounded plan shapes", len(settings_list), len(entries))
-    cache = SegmentCache(backend)
-    best: list[Candidate] = []
-    solved = dp_runs = 0
+    state = _Search(backend, cluster, global_batch, top_k)
+    solved = 0
     timed_out = False
-    lower = np.inf
+    unvisited = np.inf
     for position, entry in enumerate(entries):
-        cutoff = best[-1].objective_s if len(best) >= top_k else np.inf
-        if entry.bound_s >= cutoff:
+        if entry.bound_s >= state.cutoff():
             break
         if time_limit_s is not None and time.perf_counter() - start > time_limit_s:
-            timed_out, lower = True, entry.bound_s
+            timed_out, unvisited = True, entry.bound_s
             break
         if progress is not None:
             progress(position / len(entries))
         settings = settings_list[entry.settings_index]
-        m = settings.num_micro_batches(global_batch)
         blocks = [(o.pool, o.tp, c) for o, c in zip(entry.options, entry.counts)]
         for layout in ordered_layouts(blocks):
-            cutoff = best[-1].objective_s if len(best) >= top_k else np.inf
-            A, R = stage_matrices(cache, layout, settings, m)
-            alpha, beta = backend.coefficients(layout.num_stages, m, settings)
-            part = solve_partition(A, R, alpha, beta, cutoff)
+            S, G, R = backend.stage_matrices(layout, settings, global_batch)
+            part = solve_partition(S, G, R, state.cutoff())
             solved += 1
             if part is None:
-                continue
-            dp_runs += part.dp_runs
-            best.append(Candidate(part.objective, settings, layout, part.last_layers))
-            best.sort()
-            del best[top_k:]
+                continue  # no partition fits, or none can beat the K-th best
+            state.least_layout_bound = min(state.least_layout_bound, part.objective)
+            cand = state.time(settings, layout, part.last_layers, part.objective)
+            if cand is not None:
+                state.offer(cand)
+    for cand in list(state.best):
+        if cand.time_s > cand.bound_s * (1 + _REL_TOL):
+            state.offer(state.refine(cand))
     if progress is not None:
         progress(1.0)
-    optimum = best[0].objective_s if best else np.inf
-    lower = min(lower, optimum)
-    return Outcome(candidates=tuple(best), proven_optimal=bool(best) and not timed_out and complete,
-                   lower_bound_s=float(lower), bounded=len(entries), solved=solved, dp_runs=dp_runs,
-                   complete_space=complete, timed_out=timed_out, time_s=time.perf_counter() - start)
+    best_time = state.best[0].time_s if state.best else np.inf
+    lower = min(best_time, state.least_layout_bound, unvisited)
+    proven = bool(state.best) and complete and not timed_out and state.violations == 0 \
+        and best_time <= lower * (1 + 1e-6)
+    return Outcome(candidates=tuple(state.best), proven_optimal=proven, lower_bound_s=float(lower),
+                   bounded=len(entries), solved=solved, timed=state.timed, complete_space=complete,
+                   timed_out=timed_out, bound_violations=state.violations, time_s=time.perf_counter() - start)
