@@ -16,7 +16,6 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-from planner import plan as _plan_module  # noqa: F401  (see the note above ``def plan`` below)
 from planner.errors import ClusterError, ConfigError, InfeasibleError, ModelError, PlannerError
 from planner.types import ParallelConfig
 
@@ -27,6 +26,7 @@ _LAZY = {
     "load_model": "planner.graph:load_model",
     "load_cluster": "planner.hardware:load_cluster",
     "estimate": "planner.cost:estimate",
+    "plan": "planner.search:plan",
     "whatif": "planner.whatif:whatif",
     "Plan": "planner.plan:Plan",
 }
@@ -44,19 +44,7 @@ for _shadowing in ("plan", "whatif"):
 del _shadowing
 
 __all__ = ["PlannerError", "ModelError", "ClusterError", "ConfigError", "InfeasibleError", "ParallelConfig",
-           "__version__", "plan", *_LAZY]
-
-
-def plan(model: Any, cluster: Any, global_batch: int, **options: Any) -> Any:
-    """The fastest plan that fits: :func:`planner.search.plan` (see it for ``pinned``, ``top_k``,
-    ``time_limit_s``, ``tables``).
-
-    Defined here, not looked up lazily, because ``planner.plan`` is also the module of the Plan data classes:
-    importing that module would otherwise replace this function with the module on the package. The module
-    is imported first (above), so later imports of ``planner.plan`` find it loaded and leave this name alone.
-    """
-    from planner.search import plan as search_plan
-    return search_plan(model, cluster, global_batch, **options)
+           "__version__", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

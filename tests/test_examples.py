@@ -9,23 +9,24 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXPECTED = {  # script -> text its output must contain
+SCRIPTS = sorted(f for f in os.listdir(os.path.join(ROOT, "examples")) if f.endswith(".py"))
+EXPECTED = {  # script -> text its output must contain (every script in examples/ runs, listed here or not)
     "plan_from_python.py": ["--tensor-model-parallel-size", "saved and reloaded", "Search:"],
     "estimate_config.py": ["resolved: micro-batch", "compute"],
     "compare_clusters.py": ["fastest:", "dgx-h100*1"],
 }
 
 
-def test_every_example_is_tested():
-    scripts = sorted(f for f in os.listdir(os.path.join(ROOT, "examples")) if f.endswith(".py"))
-    assert scripts == sorted(EXPECTED)
+def test_the_api_examples_exist():
+    assert set(EXPECTED) <= set(SCRIPTS)
 
 
-@pytest.mark.parametrize("script", sorted(EXPECTED))
-def test_example_runs(script):
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_example_runs(script, tmp_path):
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", script)], capture_output=True, text=True,
-                         env=env, timeout=240, cwd=ROOT)
+                         env=env, timeout=240, cwd=tmp_path)  # files an example writes land in tmp_path
     assert out.returncode == 0, out.stderr[-3000:]
-    for text in EXPECTED[script]:
+    assert out.stdout.strip()
+    for text in EXPECTED.get(script, ()):
         assert text in out.stdout, (text, out.stdout[-2000:])
