@@ -148,6 +148,7 @@ def test_plan_stages_map_to_layers_and_files(tmp_path):
     assert sorted(os.listdir(out)) == ["manifest.json", "stage_0.onnx", "stage_1.onnx"]
     saved = json.loads((out / "manifest.json").read_text())
     assert saved["stages"][1]["layer_names"] == ["unit2", "unit3", "unit4"]
+    assert saved["stages"][1]["devices"] == list(plan.stages[1].devices)
     assert {i["kind"] for i in saved["stages"][1]["inputs"]} == {BOUNDARY, INPUT}  # weights are graph inputs here
     reloaded = onnx.load(str(out / "stage_1.onnx"))
     onnx.checker.check_model(reloaded)
