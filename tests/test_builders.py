@@ -87,7 +87,7 @@ def test_weights_are_declared_external_without_data(tmp_path):
 def test_one_trillion_parameter_gpt_is_a_small_file():
     model = build("gpt", {"layers": 128, "hidden": 25600, "heads": 160})
     assert n_params(model) > 1.0e12
-    assert len(model.SerializeToString()) < 2_000_000  # about 1.0 MB: names and shapes only
+    assert len(model.SerializeToString()) < 1_000_000  # about 640 KB: names and shapes only
 
 
 def test_metadata_and_symbolic_dims():
@@ -132,6 +132,14 @@ def test_llama_parameters_follow_its_formula():
     assert n_params(build("llama", {**TINY, "kv_heads": kv})) == expected
 
 
+def test_gpt_with_multi_query_attention():
+    """kv_heads = 1: the fused projection is h x (h + 2·h/a) wide, and its bias h + 2·h/a."""
+    h, a, l, v, s = 64, 4, 2, 100, 16
+    per_block_mha = 12 * h * h + 13 * h
+    fewer = 2 * (h - h // a) * (h + 1)  # k and v shrink from h to h/a columns (weights and biases)
+    assert n_params(build("gpt", {**TINY, "kv_heads": 1})) == l * (per_block_mha - fewer) + (v + s) * h + 2 * h
+
+
 def test_bert_base_parameters():
     """BERT-base with its MLM head (transform + tied decoder) and no pooler: 109,514,298 parameters, the
     count of Hugging Face's BertForMaskedLM (BertModel's 109,482,240 - pooler 590,592 + MLM head 622,650)."""
@@ -143,7 +151,7 @@ def test_bert_base_parameters():
 
 
 # ----------------------------------------------------------------------------------------- semantics
-@pytest.mark.parametrize("family,extra", [("gpt", {}), ("llama", {"kv_heads": 2})])
+@pytest.mark.parametrize("family,extra", [("gpt", {}), ("gpt", {"kv_heads": 1}), ("llama", {"kv_heads": 2})])
 def test_decoder_is_causal(family, extra):
     model = build(family, {**TINY, **extra})
     ids = np.random.default_rng(1).integers(0, 100, (2, 7))
@@ -183,6 +191,21 @@ def test_dlrm_runs_and_pools(tmp_path):
     assert n_params(model) == 50 * 8 + 40 * 8 + (4 * 16 + 16 + 16 * 8 + 8) + ((8 + 3) * 8 + 8 + 8 + 1)
     meta = {p.key: json.loads(p.value) for p in model.metadata_props if p.key == "planner.tables"}
     assert meta["planner.tables"][1]["pooling_factor"] == 3.0
+
+
+def test_dlrm_dcn_interaction(tmp_path):
+    """DCN-v2 cross layers over the concatenation [z, e_1, e_2] of width D = 8 + 8 + 4 = 20."""
+    tables = tmp_path / "tables.json"
+    tables.write_text(json.dumps({"tables": [{"name": "a", "rows": 30, "dim": 8}, {"name": "b", "rows": 20, "dim": 4}]}))
+    model = build("dlrm", {"tables": str(tables), "dense_features": 3, "bottom_mlp": "8", "top_mlp": "1",
+                           "interaction": "dcn", "dcn_layers": 2, "dcn_rank": 5})
+    d, r = 20, 5
+    assert n_params(model) == 30 * 8 + 20 * 4 + (3 * 8 + 8) + 2 * (d * r + r * d + d) + (d + 1)
+    assert "/interaction/cross.1/U/MatMul" in [n.name for n in model.graph.node]
+    rng = np.random.default_rng(4)
+    out = run(model, {"dense_features": rng.standard_normal((2, 3)).astype(np.float32),
+                      "a_indices": rng.integers(0, 30, (2,)), "b_indices": rng.integers(0, 20, (2,))})
+    assert out.shape == (2, 1)
 
 
 def test_dlrm_takes_dense_sizes_from_a_workload_entry():
@@ -340,3 +363,18 @@ def test_dlrm_params_through_the_importer(tmp_path):
     widths = ([13, 512, 256, 64], [64 + features * (features - 1) // 2, 512, 256, 1])
     mlp = sum(a * b + b for w in widths for a, b in zip(w, w[1:]))
     assert graph.params == sum(t["rows"] * t["dim"] for t in workload["tables"]) + mlp
+
+
+@pytest.mark.parametrize("family,h,a,s,dropout,expected", [
+    # Korthikanti et al. 2022, Eq. 1: s·b·h·(34 + 5·a·s/h) bytes per block with dropout (b = 1)
+    ("gpt", 1024, 16, 2048, 0.1, 2048 * 1024 * (34 + 5 * 16 * 2048 / 1024)),
+    ("gpt", 4096, 32, 2048, 0.1, 2048 * 4096 * (34 + 5 * 32 * 2048 / 4096)),
+    ("bert", 768, 12, 512, 0.1, 512 * 768 * (34 + 5 * 12 * 512 / 768)),
+    # without dropout its masks (2sbh + a·s²·b) and the dropped-out probabilities (2a·s²·b) go
+    ("gpt", 1024, 16, 2048, 0.0, 2048 * 1024 * (32 + 2 * 16 * 2048 / 1024)),
+])
+def test_block_activations_match_korthikanti(tmp_path, family, h, a, s, dropout, expected):
+    graph = _import(tmp_path, family, {"layers": 2, "hidden": h, "heads": a, "seq_len": s, "dropout": dropout},
+                    {"batch": 1, "seq": s})
+    blocks = [layer for layer in graph.layers if layer.kind == "block"]
+    assert [layer.activation_bytes for layer in blocks] == [pytest.approx(expected, rel=1e-9)] * 2

@@ -41,7 +41,8 @@ _INPUT_WEIGHTS = ("weights given as graph inputs and used through a Transpose (L
 KNOWN_GRAPH_GAPS = {
     ("gpt2.torchscript", "flops"): _SHAPES,
     ("gpt2.torchscript", "params"): _INPUT_WEIGHTS,
-    ("gpt2.torchscript", "layers"): "the embedding lookups (weights as inputs) are not seen as an embedding layer",
+    ("gpt2.torchscript", "layers"): "the embedding lookups (weights as inputs) are not seen as an embedding layer "
+                                    "and with shapes unknown one block merges into the head",
     ("gpt2.dynamo", "flops"): _SHAPES + " (the attention score and context MatMuls)",
     ("bert.torchscript", "flops"): _SHAPES,
     ("bert.torchscript", "layers"): "with most shapes unknown the whole model becomes one 'embedding' layer",
@@ -53,8 +54,6 @@ KNOWN_GRAPH_GAPS = {
     ("t5.torchscript", "params"): _INPUT_WEIGHTS,
     ("t5.torchscript", "layers"): "the shared embedding lookups (weights as inputs) are not seen as an embedding layer",
     ("vit.torchscript", "params"): _INPUT_WEIGHTS,
-    ("resnet18.dynamo", "layers"): "units are cut at each batch norm (19 units named "
-                                   "'_native_batch_norm_legit_no_training.N') instead of blocks or stages",
     ("dlrm.torchscript", "tables"): "EmbeddingBag exported by TorchScript (a Loop over bags) is not detected "
                                     "as a table",
     ("dlrm.torchscript", "params"): "the EmbeddingBag weights used inside the Loop are not counted",
