@@ -8,7 +8,8 @@ the calibration point of the NVLink efficiency and is shown as such.
 
     python benchmarks/bench_collectives.py [--out benchmarks/results/hardware-collectives.md]
 
-Target (issue #3): all-reduce of 1 GiB within 20% on 8 GPUs of a DGX A100 and on 128 GPUs in 16 nodes.
+Target (issue #3): all-reduce of 1 GiB within 20% on 8 GPUs of a DGX A100 and on 128 GPUs in 16 nodes
+(a third check, 2 nodes with half the NICs, is held to the same 20%).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +33,7 @@ GIB = 2 ** 30
 @dataclass(frozen=True)
 class Published:
     label: str
-    cluster: str
+    cluster: str  # a shorthand or the text of a cluster file
     gpus: int
     size_bytes: int
     busbw_GBps: float
@@ -46,16 +48,29 @@ PUBLISHED = (
     Published("16 DGX A100, 128 GPUs (8x HDR 200 Gb/s per node)", "dgx-a100-80gb*16", 128, GIB, 192.0,
               "NVIDIA/nccl#812 (2023), NVIDIA's AddyLaddy: \"On an Nvidia DGX-A100 system we have 8x200Gbit/s IB "
               "cards and we measure 192GB/s AllReduce BusBW\" (multi-node, large messages)", True),
+    Published("2 HGX A100 80GB nodes, 16 GPUs, 4x HDR 200 Gb/s per node",
+              "groups: [{node: dgx-a100-80gb, count: 2, inter_node_bandwidth_GBps: 100}]", 16, GIB, 91.0,
+              "NVIDIA/nccl-tests#100 (2022), ShrimpLau: two HGX-A100 with four ConnectX-6 200 Gb/s IB each, "
+              "`all_reduce_perf -b 1G -e 8G -f 2`, \"can reach 91GB/s in busbw\"", True),
     Published("DGX H100, 8 GPUs, NCCL_ALGO=RING", "dgx-h100*1", 8, 8 * GIB, 370.0,
               "NVIDIA/nccl-tests#212 (2024), S. Jeaugey: ~370 GB/s effective NVLink busBw with the ring "
               "(NVLS off); this is where the NVLink efficiency 0.822 comes from", False),
 )
 
 
+def _cluster(spec: str):
+    if not spec.startswith("groups:"):
+        return load_cluster(spec)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "cluster.yaml"
+        path.write_text(spec + "\n", encoding="utf-8")
+        return load_cluster(path)
+
+
 def evaluate() -> list[dict]:
     rows = []
     for p in PUBLISHED:
-        cluster = load_cluster(p.cluster)
+        cluster = _cluster(p.cluster)
         group = comm_group(cluster, list(range(p.gpus)))
         algorithm, seconds = collective_algorithm("all_reduce", float(p.size_bytes), group)
         busbw = bus_bandwidth_Bps("all_reduce", p.size_bytes, group, seconds) / 1e9

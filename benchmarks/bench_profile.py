@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from planner.hardware import catalog  # noqa: E402
+from planner.hardware.onnx_ops import TRANSCENDENTAL_FLOPS  # noqa: E402
 from planner.hardware.profiler import Runner, measure_model, predict_op_s  # noqa: E402
 
 OPSET = 17
@@ -150,6 +151,22 @@ def mlp(batch=256, widths=(1024, 2048, 2048, 1024, 512), classes=10) -> onnx.Mod
 MODELS = {"transformer": transformer, "cnn": cnn, "mlp": mlp}
 
 
+def graph_flops_check(model: onnx.ModelProto, costs) -> str:
+    """Do the op FLOPs used here agree with the planner's importer (planner.graph, per sample x batch)?
+    Bytes are not compared: the importer counts bf16 training tensors, this benchmark runs fp32."""
+    try:
+        from planner.graph import import_model_proto
+    except ImportError:
+        return "planner.graph not available"
+    graph = import_model_proto(model, {}, model.graph.name)
+    theirs = {op.name: op.flops * graph.batch for layer in graph.layers for op in layer.ops}
+    def worst(kinds) -> float:
+        return max((abs(theirs[c.name] - c.flops) / max(c.flops, 1.0) for c in costs
+                    if c.name in theirs and c.kind in kinds), default=0.0)
+    return (f"{len(theirs)}/{len(costs)} ops found, GEMM/conv FLOPs differ by at most {worst(('gemm', 'conv')):.1%}, "
+            f"other ops by {worst(('vector',)):.0%} (transcendentals count {TRANSCENDENTAL_FLOPS:g} FLOPs here)")
+
+
 def evaluate(profile_path: Path, threads: int, clock: str) -> list[dict]:
     profile = catalog.load_device_file(profile_path)
     runner = Runner("cpu", threads=threads, clock=clock)
@@ -167,6 +184,7 @@ def evaluate(profile_path: Path, threads: int, clock: str) -> list[dict]:
             by_class_predicted[cost.op_class] += predicted
             by_class_measured[cost.op_class] += measured.kernel_s.get(cost.name, 0.0)
         results.append({"model": name, "ops": len(measured.costs), "measured_s": measured.end_to_end_s,
+                        "graph_flops_check": graph_flops_check(model, measured.costs),
                         "predicted_s": predicted_total, "classes": {
                             c: (by_class_measured[c], by_class_predicted[c]) for c in sorted(by_class_measured)}})
     return results
@@ -198,6 +216,8 @@ def report(results: list[dict], profile_path: Path, command: str) -> tuple[str, 
         ok &= abs(error) <= 0.25
         lines.append(f"| {r['model']} | {r['ops']} | {r['measured_s'] * 1e3:.2f} ms | {r['predicted_s'] * 1e3:.2f} ms"
                      f" | {error:+.1%} |")
+    lines += ["", "Op FLOPs cross-checked against the planner's importer: "
+              + "; ".join(f"{r['model']}: {r['graph_flops_check']}" for r in results) + "."]
     lines += ["", "Per op class (sum of per-op times vs sum of predictions). Counted: classes with at least "
               f"{MATERIAL_SHARE:.0%} of the model's time, except `view` (reshapes; they move no data in the "
               "model, but timed alone onnxruntime copies them).", "",

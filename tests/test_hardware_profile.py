@@ -122,3 +122,11 @@ def test_profile_model_onnxruntime_cannot_run_is_exit_2(tmp_path, capsys):
     from planner.errors import ModelError
     with pytest.raises(ModelError, match="onnxruntime cannot run this model"):
         profiler.measure_model(profiler.Runner("cpu", 1, "cpu"), model, {})
+
+
+def test_wall_clock_model_times_come_from_the_onnxruntime_profiler(tmp_path):
+    from planner.hardware import profiler
+    model = tiny_model()
+    measured = profiler.measure_model(profiler.Runner("cpu"), model, {"batch": 64})
+    assert set(measured.kernel_s) == {c.name for c in measured.costs}
+    assert measured.end_to_end_s > 0 and all(t >= 0 for t in measured.kernel_s.values())

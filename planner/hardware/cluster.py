@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from bisect import bisect_right
 from pathlib import Path
 from typing import Any
 
@@ -181,11 +182,29 @@ def _assemble(groups: list[tuple[str, NodeProfile, int]], prices: list[float | N
 
 def locate(cluster: Cluster, device: int) -> tuple[int, int]:
     """(group index, node index within the whole cluster) of a global device id."""
-    node_offset = 0
-    for gi, group in enumerate(cluster.groups):
-        if group.first_device <= device < group.first_device + group.num_devices:
-            local = device - group.first_device
-            return gi, node_offset + local // group.node.devices_per_node
-        node_offset += group.count
+    firsts, node_offsets = _layout(cluster)
+    gi = bisect_right(firsts, device) - 1
+    if gi >= 0:
+        group = cluster.groups[gi]
+        local = device - group.first_device
+        if local < group.num_devices:
+            return gi, node_offsets[gi] + local // group.node.devices_per_node
     raise ClusterError(f"device {device} is not in the cluster (it has {cluster.num_devices} devices, 0.."
                        f"{cluster.num_devices - 1})")
+
+
+_LAYOUTS: dict[int, tuple[Cluster, tuple[int, ...], tuple[int, ...]]] = {}
+
+
+def _layout(cluster: Cluster) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Each group's first device and first node index, cached per cluster (the entry holds the cluster, so
+    its id is not reused while cached)."""
+    hit = _LAYOUTS.get(id(cluster))
+    if hit is not None and hit[0] is cluster:
+        return hit[1], hit[2]
+    firsts = tuple(g.first_device for g in cluster.groups)
+    offsets = tuple(sum(g.count for g in cluster.groups[:i]) for i in range(len(cluster.groups)))
+    if len(_LAYOUTS) > 256:
+        _LAYOUTS.clear()
+    _LAYOUTS[id(cluster)] = (cluster, firsts, offsets)
+    return firsts, offsets

@@ -54,9 +54,8 @@ def _index_lines(node: yaml.Node, path: JsonPath, out: dict[JsonPath, int]) -> N
     if isinstance(node, yaml.MappingNode):
         for key_node, value_node in node.value:
             key = key_node.value
-            out[path + (key,)] = key_node.start_mark.line + 1
             _index_lines(value_node, path + (key,), out)
-            out[path + (key,)] = key_node.start_mark.line + 1
+            out[path + (key,)] = key_node.start_mark.line + 1  # a value's errors point at its key's line
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
             _index_lines(item, path + (i,), out)
