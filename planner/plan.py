@@ -2,15 +2,25 @@
 
 Field names follow ../shared/CONTRACT.md; extra fields are allowed. ``Plan.to_json`` is deterministic
 (sorted keys, fixed float formatting through ``json``) and ``Plan.from_json`` round-trips it.
+
+The JSON Schema ships in the package as ``planner/schemas/plan.schema.json`` (``planner schema`` prints it).
+:func:`validate` checks a plan document against it. It uses ``jsonschema`` when that is installed (the
+``test`` extra) and otherwise a small built-in interpreter of the keywords the schema uses (``type``,
+``required``, ``properties``, ``items``, ``enum``, ``const``, ``minimum``, ``minItems``, ``maxItems``, ``$ref``),
+so a plan file is checked the same way with or without optional dependencies; the tests hold the two to
+the same verdicts.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, fields
+from functools import lru_cache
+from importlib import resources
 from typing import Any
 
 from planner.errors import PlannerError
+from planner.types import Cluster
 
 SCHEMA_VERSION = 1
 
@@ -42,6 +52,9 @@ class StagePlan:
     memory_bytes_per_device: float
     time_s: float  # forward + backward of one micro-batch on this stage
     replicas: tuple[ReplicaPlan, ...] = ()
+    # Layer.kind of each layer ("embedding", "block", "head", ...), parallel to layer_names; empty when
+    # unknown. The Megatron exporter counts "block" layers as transformer layers.
+    layer_kinds: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -72,8 +85,15 @@ class SearchInfo:
 
 @dataclass(frozen=True)
 class Plan:
+    """A resolved parallel training plan.
+
+    ``stages`` lists the pipeline stages in layer order (``pp == len(stages)``). With an interleaved schedule
+    (``vpp > 1``) each stage's layers are run as ``vpp`` model chunks (Megatron-LM's virtual stages): the
+    layer range gives how much of the model a stage holds, the framework picks which chunks.
+    """
+
     model: dict[str, Any]  # name, params, flops_per_sample
-    cluster: dict[str, Any]  # summary: name, num_devices, groups
+    cluster: dict[str, Any]  # summary: see cluster_summary()
     global_batch: int
     micro_batch: int
     num_micro_batches: int
@@ -94,6 +114,11 @@ class Plan:
     physical_bound_s: float = 0.0  # total FLOPs / summed peak FLOP/s of the devices used
     schema_version: int = SCHEMA_VERSION
 
+    # ------------------------------------------------------------------ derived views
+    @property
+    def num_devices(self) -> int:
+        return len({d for s in self.stages for d in s.devices})
+
     # ------------------------------------------------------------------ serialisation
     def to_dict(self) -> dict[str, Any]:
         return _jsonable(asdict(self))
@@ -103,6 +128,8 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Plan":
+        """A Plan from its JSON document. The document is validated against the schema first, so a
+        malformed file is reported by the path of the field at fault."""
         if not isinstance(data, dict):
             raise PlannerError("plan: expected a JSON object at the top level of the plan file")
         version = data.get("schema_version")
@@ -110,27 +137,18 @@ class Plan:
             raise PlannerError(
                 f"plan: schema_version {version!r} is not supported; this planner reads schema_version "
                 f"{SCHEMA_VERSION} (re-create the plan with 'planner plan ... --out FILE')")
-        try:
-            stages = tuple(
-                StagePlan(**{**_known(StagePlan, s), "layer_names": tuple(s["layer_names"]),
-                             "devices": tuple(s["devices"]),
-                             "replicas": tuple(ReplicaPlan(**{**_known(ReplicaPlan, r),
-                                                              "devices": tuple(r["devices"])})
-                                               for r in s.get("replicas", ()))})
-                for s in data["stages"])
-            embeddings = tuple(
-                EmbeddingPlacement(**{**_known(EmbeddingPlacement, e),
-                                      "shards": tuple(EmbeddingShard(device=sh["device"], rows=tuple(sh["rows"]),
-                                                                     cols=tuple(sh["cols"]),
-                                                                     memory=sh.get("memory", "hbm"))
-                                                      for sh in e["shards"])})
-                for e in data.get("embeddings", ()))
-            search = SearchInfo(**_known(SearchInfo, data.get("search", {})))
-            top = {**_known(cls, data), "stages": stages, "embeddings": embeddings, "search": search}
-            return cls(**top)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise PlannerError(f"plan: the plan file is missing or has a malformed field ({exc}); "
-                               "validate it against 'planner schema'") from exc
+        validate(data)
+        stages = tuple(_stage_from_dict(s) for s in data["stages"])
+        embeddings = tuple(
+            EmbeddingPlacement(**{**_known(EmbeddingPlacement, e),
+                                  "shards": tuple(EmbeddingShard(device=sh["device"], rows=tuple(sh["rows"]),
+                                                                 cols=tuple(sh["cols"]),
+                                                                 memory=sh.get("memory", "hbm"))
+                                                  for sh in e["shards"])})
+            for e in data.get("embeddings", ()))
+        search = SearchInfo(**_known(SearchInfo, data.get("search", {})))
+        top = {**_known(cls, data), "stages": stages, "embeddings": embeddings, "search": search}
+        return cls(**top)
 
     @classmethod
     def from_json(cls, text: str) -> "Plan":
@@ -139,6 +157,177 @@ class Plan:
         except json.JSONDecodeError as exc:
             raise PlannerError(f"plan: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from exc
         return cls.from_dict(data)
+
+
+def load_plan(path: str) -> Plan:
+    """Read a plan file written by ``planner plan --out FILE`` (or ``Plan.to_json``)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError as exc:
+        raise PlannerError(f"{path}: cannot read the plan file ({exc.strerror}); "
+                           "write one with 'planner plan MODEL ... --out PLAN.json'") from None
+    try:
+        return Plan.from_json(text)
+    except PlannerError as exc:
+        raise PlannerError(f"{path}: {exc}") from None
+
+
+def cluster_summary(cluster: Cluster) -> dict[str, Any]:
+    """The ``cluster`` entry of a Plan for a :class:`planner.types.Cluster`: its name, device count and
+    groups (name, node profile, device type, node count, device count, first global device id). The TorchRec
+    exporter uses the groups to turn global device ids into ``rank:N/cuda:L`` placements."""
+    groups = [{"name": g.name, "node": g.node.name, "device": g.node.device.name, "count": g.count,
+               "devices": g.num_devices, "first_device": g.first_device} for g in cluster.groups]
+    return {"name": cluster.name, "num_devices": cluster.num_devices, "groups": groups}
+
+
+# ----------------------------------------------------------------------------------------- schema
+
+
+@lru_cache(maxsize=1)
+def schema_text() -> str:
+    """The Plan JSON Schema as shipped in the package (``planner/schemas/plan.schema.json``)."""
+    return resources.files("planner").joinpath("schemas/plan.schema.json").read_text(encoding="utf-8")
+
+
+def schema() -> dict[str, Any]:
+    """The Plan JSON Schema (a fresh copy)."""
+    return json.loads(schema_text())
+
+
+def schema_errors(document: Any) -> list[str]:
+    """Every violation of the Plan schema in ``document``, as ``"path: message"`` lines (empty: valid)."""
+    try:
+        import jsonschema  # optional (test extra)
+    except ImportError:
+        errors = _SubsetValidator(schema()).errors(document)
+    else:
+        validator = jsonschema.Draft202012Validator(schema())
+        found = sorted(validator.iter_errors(document), key=lambda e: [str(p) for p in e.absolute_path])
+        errors = [f"{_path(e.absolute_path)}: {e.message}" for e in found]
+    return errors or _consistency_errors(document)
+
+
+def _consistency_errors(plan: dict[str, Any]) -> list[str]:
+    """What a schema cannot say: stages numbered in order over contiguous layers, names matching ranges,
+    shard ranges non-empty. Only called on a schema-valid document."""
+    out: list[str] = []
+    previous_last = -1
+    for i, stage in enumerate(plan["stages"]):
+        where = f"plan.stages[{i}]"
+        first, last = stage["first_layer"], stage["last_layer"]
+        if stage["index"] != i:
+            out.append(f"{where}.index: {stage['index']} should be {i} (stages are listed in pipeline order)")
+        if first != previous_last + 1:
+            out.append(f"{where}.first_layer: {first} should be {previous_last + 1} (stages cover consecutive layers)")
+        if last < first:
+            out.append(f"{where}.last_layer: {last} is before first_layer {first}")
+        elif len(stage["layer_names"]) != last - first + 1:
+            out.append(f"{where}.layer_names: {len(stage['layer_names'])} names for layers {first}..{last}")
+        if stage.get("layer_kinds") and len(stage["layer_kinds"]) != len(stage["layer_names"]):
+            out.append(f"{where}.layer_kinds: {len(stage['layer_kinds'])} kinds for {len(stage['layer_names'])} layers")
+        previous_last = last
+    for i, table in enumerate(plan["embeddings"]):
+        for j, shard in enumerate(table["shards"]):
+            for key in ("rows", "cols"):
+                start, end = shard[key]
+                if end <= start:
+                    out.append(f"plan.embeddings[{i}].shards[{j}].{key}: [{start}, {end}) is empty")
+    return out
+
+
+def validate(document: Any) -> None:
+    """Raise PlannerError naming the first field at fault if ``document`` does not follow the Plan schema
+    or is inconsistent (stages out of order, layer ranges not contiguous, empty shard ranges)."""
+    errors = schema_errors(document)
+    if errors:
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise PlannerError(f"{errors[0]}{more}; see 'planner schema' for the Plan format")
+
+
+def _path(parts: Any) -> str:
+    text = "plan"
+    for part in parts:
+        text += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return text
+
+
+class _SubsetValidator:
+    """A JSON Schema interpreter for exactly the keywords plan.schema.json uses (see the module docstring).
+    ``tests/test_plan_schema.py`` checks that the schema uses no other keyword."""
+
+    KEYWORDS = frozenset({"$schema", "$id", "$defs", "$ref", "title", "description", "type", "required",
+                          "properties", "additionalProperties", "items", "enum", "const", "minimum",
+                          "exclusiveMinimum", "maximum", "minItems", "maxItems"})
+    _TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
+
+    def __init__(self, root: dict[str, Any]) -> None:
+        self.root = root
+
+    def errors(self, document: Any) -> list[str]:
+        found: list[str] = []
+        self._check(document, self.root, [], found)
+        return found
+
+    def _type_ok(self, value: Any, name: str) -> bool:
+        if name == "integer":
+            return isinstance(value, int) and not isinstance(value, bool) or (
+                isinstance(value, float) and value.is_integer())
+        if name == "number":
+            return isinstance(value, (int, float)) and not isinstance(value, bool)
+        return isinstance(value, self._TYPES[name])
+
+    def _check(self, value: Any, node: dict[str, Any], path: list[Any], out: list[str]) -> None:
+        if "$ref" in node:
+            ref = node["$ref"]
+            target: Any = self.root
+            for part in ref.lstrip("#/").split("/"):
+                target = target[part]
+            self._check(value, target, path, out)
+        where = _path(path)
+        if "type" in node:
+            names = node["type"] if isinstance(node["type"], list) else [node["type"]]
+            if not any(self._type_ok(value, n) for n in names):
+                out.append(f"{where}: {value!r} is not of type {', '.join(repr(n) for n in names)}")
+                return
+        if "const" in node and value != node["const"]:
+            out.append(f"{where}: {node['const']!r} was expected")
+        if "enum" in node and value not in node["enum"]:
+            out.append(f"{where}: {value!r} is not one of {node['enum']!r}")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if "minimum" in node and value < node["minimum"]:
+                out.append(f"{where}: {value!r} is less than the minimum of {node['minimum']!r}")
+            if "exclusiveMinimum" in node and value <= node["exclusiveMinimum"]:
+                out.append(f"{where}: {value!r} is less than or equal to the minimum of {node['exclusiveMinimum']!r}")
+            if "maximum" in node and value > node["maximum"]:
+                out.append(f"{where}: {value!r} is greater than the maximum of {node['maximum']!r}")
+        if isinstance(value, dict):
+            for key in node.get("required", ()):
+                if key not in value:
+                    out.append(f"{where}: {key!r} is a required property")
+            for key, sub in node.get("properties", {}).items():
+                if key in value:
+                    self._check(value[key], sub, path + [key], out)
+        if isinstance(value, list):
+            if "minItems" in node and len(value) < node["minItems"]:
+                out.append(f"{where}: {value!r} should have at least {node['minItems']} items")
+            if "maxItems" in node and len(value) > node["maxItems"]:
+                out.append(f"{where}: {value!r} should have at most {node['maxItems']} items")
+            if "items" in node:
+                for i, item in enumerate(value):
+                    self._check(item, node["items"], path + [i], out)
+
+
+# ----------------------------------------------------------------------------------------- helpers
+
+
+def _stage_from_dict(s: dict[str, Any]) -> StagePlan:
+    replicas = tuple(ReplicaPlan(**{**_known(ReplicaPlan, r), "devices": tuple(r["devices"])})
+                     for r in s.get("replicas", ()))
+    return StagePlan(**{**_known(StagePlan, s), "layer_names": tuple(s["layer_names"]),
+                        "layer_kinds": tuple(s.get("layer_kinds", ())),
+                        "devices": tuple(s["devices"]), "replicas": replicas})
 
 
 def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
@@ -152,6 +341,6 @@ def _jsonable(value: Any) -> Any:
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
-    if isinstance(value, float) and value != value:  # NaN has no JSON form
-        return None
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return None  # NaN and infinities have no JSON form (the schema then reports the field)
     return value

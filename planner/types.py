@@ -126,6 +126,15 @@ class DeviceProfile:
     memory_efficiency: float = 0.8
     vendor: str = "nvidia"
     source: str = ""
+    # optional: achieved fraction of memory_bandwidth_Bps against bytes moved by one op (interpolated in
+    # log(bytes), clamped); empty = the constant ``memory_efficiency``
+    memory_efficiency_curve: tuple[tuple[float, float], ...] = ()
+    op_overhead_s: float = 0.0  # fixed time per op/kernel (dispatch, launch); measured by `planner profile`
+    description: str = ""
+    # optional: achieved fraction of peak for convolutions against their FLOPs (empty = gemm_efficiency)
+    conv_efficiency: tuple[tuple[float, float], ...] = ()
+    # optional: achieved FLOP/s of non-GEMM arithmetic (normalisation, softmax, activations); 0 = the fp32 peak
+    vector_flops_per_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -141,6 +150,11 @@ class NodeProfile:
     inter_node_bandwidth_Bps: float
     inter_node_latency_s: float
     source: str = ""
+    # achieved fraction of the line rates above for large collectives (the collective model applies them)
+    intra_node_efficiency: float = 1.0
+    inter_node_efficiency: float = 1.0
+    nics_per_node: int = 1
+    intra_node_fabric: str = ""  # "nvswitch", "nvlink-cube-mesh", "pcie", "infinity-fabric", "shared-memory"
 
 
 @dataclass(frozen=True)
@@ -275,6 +289,23 @@ class MemoryBreakdown:
 
 
 @dataclass(frozen=True)
+class ReplicaEstimate:
+    """One replica group of a stage (mixed hardware: several per stage), as the cost model sees it.
+    ``forward_s``/``backward_s`` are for one of its own micro-batches."""
+
+    device_type: str
+    devices: tuple[int, ...]
+    tp: int
+    dp: int
+    batch_share: float
+    num_micro_batches: float  # micro-batches each of its replicas processes per iteration
+    forward_s: float
+    backward_s: float
+    memory: MemoryBreakdown
+    memory_capacity_bytes: float
+
+
+@dataclass(frozen=True)
 class StageEstimate:
     """One pipeline stage as the cost model sees it."""
 
@@ -289,6 +320,11 @@ class StageEstimate:
     backward_s: float  # one micro-batch, including recompute
     memory: MemoryBreakdown
     memory_capacity_bytes: float
+    replicas: tuple[ReplicaEstimate, ...] = ()  # every replica group (one on homogeneous hardware)
+    tp_comm_s: float = 0.0  # of forward_s + backward_s, one micro-batch
+    p2p_s: float = 0.0  # sending one micro-batch's boundary tensor to the next stage
+    dp_sync_s: float = 0.0  # the stage's data-parallel synchronisation (before overlap)
+    optimizer_s: float = 0.0
 
 
 @dataclass(frozen=True)

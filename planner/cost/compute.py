@@ -1,0 +1,288 @@
+"""Per-layer forward/backward times on one device type, with tensor-parallel-sharded shapes.
+
+For each operation of a layer (numbers per sample, scaled by the micro-batch):
+
+* a GEMM (``OpCost.gemm = (m, n, k)``) is sharded by its ``tp_split`` (column: ``n / t``; row: ``k / t``;
+  sharded: ``m / t``, the heads of a batched attention product) and timed as
+  ``max(FLOPs / (peak x efficiency(FLOPs) x gemm_scale), bytes / achieved bandwidth)``; its backward is the
+  two GEMMs ``(m, k, n)`` (input gradient) and ``(k, n, m)`` (weight gradient);
+* any other operation is memory bound: ``bytes / (bandwidth x memory efficiency x memory_scale)`` (or FLOP
+  bound if that is slower); its backward reads and writes about twice as much (``2x``). Element-wise work
+  that tensor parallelism leaves replicated (layer norms, dropout, residual adds) is divided by ``t`` under
+  sequence parallelism;
+* each kernel also pays the profile's ``op_overhead_s``.
+
+Tensor-parallel communication (Megatron-LM): every row-parallel GEMM's output is all-reduced in the forward
+pass and the matching input gradient in the backward pass (with sequence parallelism: a reduce-scatter plus
+an all-gather each, the same bytes); a layer with column-parallel GEMMs but no row-parallel one (the output
+head) all-reduces its input gradient once.
+
+Recompute: ``selective`` re-runs the attention core (the operations whose tensors grow with ``seq^2``) before
+the backward pass; ``full`` re-runs the whole forward pass, communication included.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.cost.calibration import DeviceCalibration, calibration_for
+from planner.cost.comm import tp_collective_time_s
+from planner.cost.memory import check_recompute, dtype_bytes, transformer_activation_bytes
+from planner.errors import ConfigError
+from planner.hardware.efficiency import gemm_efficiency, memory_time_s, peak_flops_per_s
+from planner.types import DeviceProfile, Layer, LayerGraph, NodeProfile, OpCost
+
+
+@dataclass(frozen=True, eq=False)
+class LayerCosts:
+    """Per-layer costs of one micro-batch on one tensor-parallel rank (arrays of ``len(model.layers)``).
+
+    ``forward_s`` and ``backward_s`` include tensor-parallel communication; ``backward_s`` includes the
+    recomputation. ``activation_bytes`` is what a layer holds per micro-batch in flight; ``peak_extra_bytes``
+    the extra it needs briefly while it is recomputed (full recompute). ``output_bytes`` is the boundary
+    tensor sent to the next stage per micro-batch (scattered over the tensor-parallel ranks).
+    """
+
+    forward_s: np.ndarray
+    backward_s: np.ndarray
+    tp_comm_s: np.ndarray  # forward + backward (+ recomputed forward) tensor-parallel communication
+    recompute_s: np.ndarray
+    activation_bytes: np.ndarray
+    peak_extra_bytes: np.ndarray
+    params_per_rank: np.ndarray
+    output_bytes: np.ndarray
+
+
+def _gemm_time_s(profile: DeviceProfile, m: float, n: float, k: float, dtype: str, cal: DeviceCalibration,
+                 traffic_scale: float = 1.0) -> float:
+    flops = 2.0 * m * n * k
+    if flops <= 0:
+        return 0.0
+    peak = peak_flops_per_s(profile, dtype)
+    efficiency = min(1.0, gemm_efficiency(profile, flops) * cal.gemm_scale)
+    width = dtype_bytes(dtype)
+    traffic = (m * k + k * n + m * n) * width * traffic_scale
+    return max(flops / (peak * efficiency), memory_time_s(profile, traffic) / cal.memory_scale) \
+        + profile.op_overhead_s
+
+
+def _elementwise_time_s(profile: DeviceProfile, flops: float, traffic_bytes: float, dtype: str,
+                        cal: DeviceCalibration) -> float:
+    if traffic_bytes <= 0 and flops <= 0:
+        return 0.0
+    peak = peak_flops_per_s(profile, "fp32")
+    return max(memory_time_s(profile, traffic_bytes) / cal.memory_scale, flops / peak) + profile.op_overhead_s
+
+
+def _is_attention_core(op: OpCost, layer: Layer) -> bool:
+    """Operations whose tensors grow with seq^2 (scores, softmax, its dropout, the two batched products)."""
+    dims = layer.transformer
+    if dims is None:
+        return False
+    return max(op.bytes_read, op.bytes_written) >= dims.heads * dims.seq_len * dims.seq_len
+
+
+@dataclass(frozen=True)
+class _OneLayer:
+    forward_compute_s: float
+    backward_compute_s: float
+    attention_forward_s: float
+    tp_forward_s: float
+    tp_backward_s: float
+    activation_bytes: float
+    full_activation_bytes: float
+    params_per_rank: float
+    output_bytes: float
+
+
+def _op_signature(op: OpCost) -> tuple:
+    return (op.op_type, op.flops, op.bytes_read, op.bytes_written, op.gemm, op.tp_split)
+
+
+def _layer_signature(layer: Layer) -> tuple:
+    return (layer.kind, layer.params, layer.activation_bytes, layer.output_bytes, layer.flops_forward,
+            layer.transformer, tuple(_op_signature(op) for op in layer.ops))
+
+
+def _costs_of_ops(layer: Layer, node: NodeProfile, tp: int, mb: int, sp: bool, dtype: str,
+                  cal: DeviceCalibration) -> tuple[float, float, float, float, float]:
+    """(forward compute, backward compute, attention-core forward, tp forward comm, tp backward comm)."""
+    profile = node.device
+    fwd = bwd = attention = 0.0
+    tp_bytes_fwd = 0.0
+    tp_bytes_bwd = 0.0
+    kind = "reduce_scatter+all_gather" if sp else "all_reduce"
+    has_row = has_column = False
+    first_column_input = 0.0
+    width = dtype_bytes(dtype)
+    ops = layer.ops
+    if not ops:  # no operator detail: one GEMM-like block of the layer's FLOPs
+        ops = (OpCost(layer.name, "Layer", layer.flops_forward, 0.0, layer.output_bytes,
+                      None, "sharded" if tp > 1 else "replicated"),)
+    for op in ops:
+        split = op.tp_split
+        core = _is_attention_core(op, layer)
+        traffic_scale = cal.attention_traffic_scale if core else 1.0
+        if layer.kind == "head" and op.gemm is not None and split == "replicated":
+            split = "column"  # Megatron-LM's vocabulary-parallel output layer
+        if op.gemm is not None:
+            m, n, k = op.gemm
+            m = float(m) * mb
+            n, k = float(n), float(k)
+            if split == "column":
+                n = n / tp
+                has_column = True
+                if not first_column_input:
+                    first_column_input = m * k * width
+            elif split == "row":
+                k = k / tp
+                has_row = True
+                tp_bytes_fwd += op.bytes_written * mb
+            elif split == "sharded":
+                m = m / tp
+            f = _gemm_time_s(profile, m, n, k, dtype, cal, traffic_scale)
+            b = (_gemm_time_s(profile, m, k, n, dtype, cal, traffic_scale)
+                 + _gemm_time_s(profile, k, n, m, dtype, cal, traffic_scale))
+        else:
+            shard = tp if split in ("column", "row", "sharded") or (sp and layer.kind == "block") else 1
+            if split == "row":
+                has_row = True
+                tp_bytes_fwd += op.bytes_written * mb
+            f = _elementwise_time_s(profile, op.flops * mb / shard,
+                                    (op.bytes_read + op.bytes_written) * mb / shard * traffic_scale, dtype, cal)
+            b = 2.0 * f
+        fwd += f
+        bwd += b
+        if core:
+            attention += f
+    tp_fwd = tp_bwd = 0.0
+    if tp > 1 and layer.kind == "embedding" and not has_row:
+        tp_bytes_fwd = layer.output_bytes * mb  # vocabulary-parallel lookup: all-reduce of the embeddings
+    if tp > 1:
+        tp_bytes_bwd = tp_bytes_fwd if has_row else (first_column_input if has_column else 0.0)
+        if layer.kind == "embedding":
+            tp_bytes_bwd = 0.0
+        tp_fwd = tp_collective_time_s(kind, tp_bytes_fwd, node, tp, cal) if tp_bytes_fwd else 0.0
+        tp_bwd = tp_collective_time_s(kind, tp_bytes_bwd, node, tp, cal) if tp_bytes_bwd else 0.0
+    return fwd, bwd, attention, tp_fwd, tp_bwd
+
+
+def _tp_sharded_params(layer: Layer, tp: int) -> float:
+    if tp == 1:
+        return float(layer.params)
+    splits = any(op.tp_split in ("column", "row") for op in layer.ops) or layer.kind in ("block", "embedding", "head")
+    return layer.params / tp if splits else float(layer.params)
+
+
+def _activation_bytes(layer: Layer, tp: int, mb: int, sp: bool, recompute: str) -> tuple[float, float]:
+    """(held per micro-batch, held with no recompute) for one layer on one rank."""
+    dims = layer.transformer
+    if dims is not None and layer.kind == "block":
+        held = transformer_activation_bytes(dims.seq_len, mb, dims.hidden, dims.heads, tp, sp, recompute)
+        full = transformer_activation_bytes(dims.seq_len, mb, dims.hidden, dims.heads, tp, sp, "none")
+        return held, full
+    sharded = any(op.tp_split != "replicated" for op in layer.ops) or layer.kind in ("embedding", "head")
+    full = layer.activation_bytes * mb / (tp if sharded else 1)
+    if recompute == "full":
+        boundary = (layer.input_bytes or layer.output_bytes) * mb
+        return min(full, boundary), full
+    return full, full
+
+
+class _IdentityCache:
+    """A bounded cache keyed by the identity of unhashable inputs (profiles hold dicts) plus hashable
+    arguments. Each entry keeps its objects alive, so an id cannot be reused while the entry exists."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._entries: dict[tuple, tuple[tuple, object]] = {}
+
+    def get(self, objects: tuple, args: tuple) -> object | None:
+        entry = self._entries.get((tuple(map(id, objects)), args))
+        if entry is not None and all(a is b for a, b in zip(entry[0], objects)):
+            return entry[1]
+        return None
+
+    def put(self, objects: tuple, args: tuple, value: object) -> None:
+        if len(self._entries) >= self._size:
+            self._entries.clear()
+        self._entries[(tuple(map(id, objects)), args)] = (objects, value)
+
+
+_ONE_LAYER_CACHE = _IdentityCache(65536)
+_LAYER_COSTS_CACHE = _IdentityCache(1024)
+
+
+def _one_layer(layer: Layer, node: NodeProfile, tp: int, mb: int, recompute: str, sp: bool, dtype: str,
+               cal: DeviceCalibration) -> _OneLayer:
+    """One layer's costs, cached by the layer's signature (its numbers, not its name): a model's repeated
+    blocks are computed once."""
+    args = (_layer_signature(layer), tp, mb, recompute, sp, dtype, cal)
+    hit = _ONE_LAYER_CACHE.get((node,), args)
+    if hit is not None:
+        return hit  # type: ignore[return-value]
+    fwd, bwd, attention, tp_fwd, tp_bwd = _costs_of_ops(layer, node, tp, mb, sp, dtype, cal)
+    held, full = _activation_bytes(layer, tp, mb, sp, recompute)
+    output = layer.output_bytes * mb / tp
+    result = _OneLayer(fwd, bwd, attention, tp_fwd, tp_bwd, held, full, _tp_sharded_params(layer, tp), output)
+    _ONE_LAYER_CACHE.put((node,), args, result)
+    return result
+
+
+def _layer_costs(model: LayerGraph, node: NodeProfile, tp: int, micro_batch: int, recompute: str,
+                 sequence_parallel: bool, dtype: str, cal: DeviceCalibration) -> LayerCosts:
+    rows = [_one_layer(layer, node, tp, micro_batch, recompute, sequence_parallel,
+                       dtype, cal) for layer in model.layers]
+    n = len(rows)
+    forward = np.empty(n)
+    backward = np.empty(n)
+    tp_comm = np.empty(n)
+    recompute_s = np.empty(n)
+    held = np.empty(n)
+    extra = np.empty(n)
+    params = np.empty(n)
+    output = np.empty(n)
+    for i, r in enumerate(rows):
+        if recompute == "full":
+            redo = r.forward_compute_s + r.tp_forward_s
+        elif recompute == "selective":
+            redo = r.attention_forward_s
+        else:
+            redo = 0.0
+        forward[i] = r.forward_compute_s + r.tp_forward_s
+        backward[i] = r.backward_compute_s + r.tp_backward_s + redo
+        tp_comm[i] = r.tp_forward_s + r.tp_backward_s + (r.tp_forward_s if recompute == "full" else 0.0)
+        recompute_s[i] = redo
+        held[i] = r.activation_bytes
+        extra[i] = max(0.0, r.full_activation_bytes - r.activation_bytes)
+        params[i] = r.params_per_rank
+        output[i] = r.output_bytes
+    arrays = (forward, backward, tp_comm, recompute_s, held, extra, params, output)
+    for a in arrays:
+        a.flags.writeable = False
+    return LayerCosts(*arrays)
+
+
+def layer_costs(model: LayerGraph, node: NodeProfile, tp: int, micro_batch: int, recompute: str,
+                sequence_parallel: bool, dtype: str = "bf16",
+                calibration: DeviceCalibration | None = None) -> LayerCosts:
+    """Costs of every layer of ``model`` for one micro-batch on one rank of a ``tp``-way group of ``node``.
+
+    Cached: the search takes prefix sums of these arrays. ``calibration`` overrides the fitted parameters
+    of the node's device type (``benchmarks/calibrate.py`` uses it while fitting)."""
+    if tp < 1:
+        raise ConfigError(f"tp={tp} must be at least 1")
+    check_recompute(recompute)
+    if micro_batch < 1:
+        raise ConfigError(f"micro_batch={micro_batch} must be at least 1")
+    dtype_bytes(dtype)  # validates the name
+    cal = calibration if calibration is not None else calibration_for(node.device.name)
+    args = (tp, micro_batch, recompute, bool(sequence_parallel and tp > 1), dtype, cal)
+    hit = _LAYER_COSTS_CACHE.get((model, node), args)
+    if hit is None:
+        hit = _layer_costs(model, node, *args)
+        _LAYER_COSTS_CACHE.put((model, node), args, hit)
+    return hit  # type: ignore[return-value]
+

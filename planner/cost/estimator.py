@@ -1,0 +1,528 @@
+"""The estimator: one iteration of a resolved configuration, from layer costs to an Estimate.
+
+``estimate_pipeline`` times an explicit PipelineSpec (uneven layer splits, a device type per stage,
+heterogeneous replicas with batch shares). ``estimate`` builds the spec Megatron-LM would use for a
+ParallelConfig (balanced split, devices in order) and resolves the choices left out to the best feasible.
+
+Heterogeneous replicas (several ReplicaSpecs on one stage). Replica group ``r`` of a stage has ``dp_r``
+replicas of a ``tp_r``-way group and processes ``share_r x global_batch`` samples, so each of its replicas
+runs ``m_r = share_r x global_batch / (dp_r x micro_batch)`` micro-batches of ``micro_batch`` samples. The
+pipeline is simulated with ``M = ceil(max m_r)`` micro-batch slots (over all stages); a stage's time per
+slot is that of its slowest replica group scaled by its load, ``max_r t_r x m_r / M`` (for one replica group
+with share 1 this is just its micro-batch time). The data-parallel gradient synchronisation of a stage spans
+all its replicas across device types (``sum dp_r`` ranks, the largest per-rank gradient) over the slowest
+link among them; each replica group's memory holds its own weights, states and in-flight micro-batches.
+
+Iteration time = pipeline (simulated or closed form) + what each stage's data-parallel synchronisation and
+optimizer step add after its last backward (a stage that finishes its backward early hides them in the
+remaining drain of the stages before it). The breakdown charges the busiest stage's work: compute and
+tensor-parallel communication of its ``M`` micro-batches, the pipeline transfers and bubble the schedule
+adds, and the synchronisation and optimizer time past the pipeline's end. It sums to the total.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Mapping
+
+import numpy as np
+
+from planner.cost.calibration import DeviceCalibration, calibration_for
+from planner.cost.comm import dp_comm_total_s, dp_group, exposed_sync_s, zero3_gather_time_s
+from planner.cost.compute import layer_costs
+from planner.cost.memory import dtype_bytes, memory_terms, micro_batches_in_flight
+from planner.cost.optimizer import optimizer_time_s
+from planner.cost.schedule import SCHEDULES, pipeline_time
+from planner.cost.validate import check_config, divisors, pipeline_units
+from planner.errors import ConfigError
+from planner.hardware.cluster import locate
+from planner.hardware.collectives import p2p_time_s
+from planner.types import (Breakdown, Cluster, Estimate, LayerGraph, MemoryBreakdown, NodeProfile,
+                           ParallelConfig, PipelineSpec, ReplicaEstimate, ReplicaSpec, StageEstimate, StageSpec)
+
+log = logging.getLogger(__name__)
+
+Calibrations = Mapping[str, DeviceCalibration]
+MAX_MICRO_BATCH = 1024  # largest micro-batch the resolution tries
+FINALIST_MARGIN = 0.02  # candidates this close to the best by the fast formula are timed exactly
+
+
+# ------------------------------------------------------------------------------------------ devices
+
+
+def _device_location(cluster: Cluster, device: int) -> tuple[NodeProfile, int]:
+    """(node profile, global node index) of a device id."""
+    group_index, node_index = locate(cluster, device)
+    return cluster.groups[group_index].node, node_index
+
+
+def _cal(node: NodeProfile, calibrations: Calibrations | None) -> DeviceCalibration:
+    if calibrations is not None and node.device.name in calibrations:
+        return calibrations[node.device.name]
+    return calibration_for(node.device.name)
+
+
+# ------------------------------------------------------------------------------ placement and work
+
+
+def _check_spec(model: LayerGraph, cluster: Cluster, spec: PipelineSpec) -> None:
+    n = len(model.layers)
+    if not spec.stages:
+        raise ConfigError("the pipeline spec has no stages")
+    if spec.micro_batch < 1 or spec.global_batch < 1:
+        raise ConfigError("global_batch and micro_batch must be positive")
+    if spec.schedule not in SCHEDULES:
+        raise ConfigError(f"schedule {spec.schedule!r} is not one of {', '.join(SCHEDULES)}")
+    expected = 0
+    seen: set[int] = set()
+    for s, stage in enumerate(spec.stages):
+        if stage.first_layer != expected or stage.last_layer < stage.first_layer or stage.last_layer >= n:
+            raise ConfigError(f"stage {s}: layers {stage.first_layer}..{stage.last_layer} do not continue the "
+                              f"previous stage (expected to start at layer {expected}, of {n})")
+        expected = stage.last_layer + 1
+        if not stage.replicas:
+            raise ConfigError(f"stage {s} has no replica groups")
+        share = sum(r.batch_share for r in stage.replicas)
+        if abs(share - 1.0) > 1e-6:
+            raise ConfigError(f"stage {s}: the batch shares of its replica groups sum to {share:g}, not 1")
+        for r in stage.replicas:
+            if r.tp < 1 or r.dp < 1 or len(r.devices) != r.tp * r.dp:
+                raise ConfigError(f"stage {s}: a replica group with tp={r.tp}, dp={r.dp} needs {r.tp * r.dp} "
+                                  f"devices, got {len(r.devices)}")
+            if r.batch_share <= 0:
+                raise ConfigError(f"stage {s}: batch_share must be positive, got {r.batch_share}")
+            nodes = {_device_location(cluster, d)[1] for d in r.devices[:r.tp]}
+            if len(nodes) > 1:
+                raise ConfigError(f"stage {s}: the tensor-parallel group {list(r.devices[:r.tp])} spans "
+                                  f"{len(nodes)} nodes; keep each tp group inside one node")
+            for d in r.devices:
+                if d in seen:
+                    raise ConfigError(f"stage {s}: device {d} is used twice")
+                seen.add(d)
+    if expected != n:
+        raise ConfigError(f"the stages end at layer {expected - 1} but the model has {n} layers (0..{n - 1})")
+    if spec.vpp > 1 and spec.schedule != "interleaved":
+        raise ConfigError(f"vpp={spec.vpp} needs the interleaved schedule")
+
+
+@dataclass(frozen=True, eq=False)
+class _Placement:
+    """What does not depend on the micro-batch, recompute or sequence parallelism: which devices serve which
+    layers, their groups, and per ZeRO stage the synchronisation and optimizer times. Arrays are per replica
+    group ("row"; rows are ordered by stage), or per stage where named so."""
+
+    stages: tuple[StageSpec, ...]
+    rows: tuple[ReplicaSpec, ...]
+    nodes: tuple[NodeProfile, ...]
+    cals: tuple[DeviceCalibration, ...]
+    row_stage: np.ndarray
+    single: bool  # one row per stage
+    stage_dp: tuple[int, ...]
+    row_dp: np.ndarray
+    capacity: np.ndarray
+    params: np.ndarray
+    largest_layer_params: np.ndarray
+    dp_overlap: np.ndarray
+    reduce_s: tuple[np.ndarray, ...]  # [zero][row]
+    gather_s: tuple[np.ndarray, ...]
+    optimizer_s: tuple[np.ndarray, ...]
+    zero3_gather_s: np.ndarray
+    optimizer: str
+    dtype: str
+
+
+def _placement(model: LayerGraph, cluster: Cluster, stages: tuple[StageSpec, ...], optimizer: str, dtype: str,
+               calibrations: Calibrations | None) -> _Placement:
+    rows, nodes, cals, row_stage, groups, stage_dp, row_dp = [], [], [], [], [], [], []
+    params, largest = [], []
+    for s, stage in enumerate(stages):
+        sl = slice(stage.first_layer, stage.last_layer + 1)
+        first_row = len(rows)
+        for r in stage.replicas:
+            node = _device_location(cluster, r.devices[0])[0]
+            cal = _cal(node, calibrations)
+            lc = layer_costs(model, node, r.tp, 1, "none", False, dtype, cal)
+            rows.append(r)
+            nodes.append(node)
+            cals.append(cal)
+            row_stage.append(s)
+            params.append(float(lc.params_per_rank[sl].sum()))
+            largest.append(float(lc.params_per_rank[sl].max()))
+        ranks = [d for r in stage.replicas for d in r.devices[::r.tp]]
+        slowest = min(cals[first_row:], key=lambda c: c.comm_scale)
+        groups.append(dp_group(cluster, ranks, slowest))
+        stage_dp.append(len(ranks))
+        row_dp.extend([len(ranks)] * len(stage.replicas))
+    p = np.array(params)
+    reduce_s, gather_s, opt_s = [], [], []
+    for zero in range(4):
+        pairs = [dp_comm_total_s(p[i], groups[row_stage[i]], zero, dtype) for i in range(len(rows))]
+        reduce_s.append(np.array([a for a, _ in pairs]))
+        gather_s.append(np.array([b for _, b in pairs]))
+        opt_s.append(np.array([optimizer_time_s(p[i], nodes[i].device, optimizer, zero, row_dp[i], dtype, cals[i])
+                               for i in range(len(rows))]))
+    z3 = np.array([zero3_gather_time_s(p[i], groups[row_stage[i]], dtype) for i in range(len(rows))])
+    return _Placement(
+        stages=stages, rows=tuple(rows), nodes=tuple(nodes), cals=tuple(cals), row_stage=np.array(row_stage),
+        single=len(rows) == len(stages), stage_dp=tuple(stage_dp), row_dp=np.array(row_dp, dtype=float),
+        capacity=np.array([float(n.device.memory_bytes) for n in nodes]), params=p,
+        largest_layer_params=np.array(largest), dp_overlap=np.array([c.dp_overlap for c in cals]),
+        reduce_s=tuple(reduce_s), gather_s=tuple(gather_s), optimizer_s=tuple(opt_s), zero3_gather_s=z3,
+        optimizer=optimizer, dtype=dtype)
+
+
+@dataclass(frozen=True, eq=False)
+class _Work:
+    """The per-micro-batch costs of every replica group for one (micro-batch, recompute, sequence
+    parallelism)."""
+
+    placement: _Placement
+    global_batch: int
+    micro_batch: int
+    recompute: str
+    sequence_parallel: bool
+    forward_s: np.ndarray
+    backward_s: np.ndarray
+    tp_comm_s: np.ndarray
+    activation_bytes: np.ndarray
+    transient_bytes: np.ndarray
+    row_micro_batches: np.ndarray  # m_r
+    num_micro_batches: int  # M
+    p2p_s: np.ndarray  # per stage, to stage (s + 1) % pp
+
+
+def _work(model: LayerGraph, cluster: Cluster, placement: _Placement, global_batch: int, micro_batch: int,
+          recompute: str, sequence_parallel: bool) -> _Work:
+    n = len(placement.rows)
+    f, b, tpc, act, extra, m_r = (np.empty(n) for _ in range(6))
+    out_bytes = np.zeros(len(placement.stages))
+    for i, (r, node, cal) in enumerate(zip(placement.rows, placement.nodes, placement.cals)):
+        stage = placement.stages[placement.row_stage[i]]
+        sl = slice(stage.first_layer, stage.last_layer + 1)
+        lc = layer_costs(model, node, r.tp, micro_batch, recompute, sequence_parallel, placement.dtype, cal)
+        f[i] = lc.forward_s[sl].sum()
+        b[i] = lc.backward_s[sl].sum()
+        tpc[i] = lc.tp_comm_s[sl].sum()
+        act[i] = lc.activation_bytes[sl].sum()
+        extra[i] = lc.peak_extra_bytes[sl].max()
+        m_r[i] = r.batch_share * global_batch / (r.dp * micro_batch)
+        if r is stage.replicas[0]:
+            out_bytes[placement.row_stage[i]] = lc.output_bytes[stage.last_layer]
+    m = max(1, math.ceil(float(m_r.max()) - 1e-9))
+    pp = len(placement.stages)
+    p2p = np.zeros(pp)
+    if pp > 1:
+        for s, stage in enumerate(placement.stages):
+            first_row = int(np.searchsorted(placement.row_stage, s))
+            src = stage.replicas[0].devices[0]
+            dst = placement.stages[(s + 1) % pp].replicas[0].devices[0]
+            p2p[s] = p2p_time_s(cluster, src, dst, out_bytes[s]) / placement.cals[first_row].comm_scale
+    return _Work(placement, global_batch, micro_batch, recompute, sequence_parallel, f, b, tpc, act, extra, m_r,
+                 m, p2p)
+
+
+# ------------------------------------------------------------------------------------------ timing
+
+
+@dataclass(frozen=True, eq=False)
+class _Result:
+    schedule: str
+    vpp: int
+    zero: int
+    iteration_s: float
+    pipeline_s: float
+    stage_forward_s: np.ndarray  # per stage, one micro-batch slot (slowest replica group, load-scaled)
+    stage_backward_s: np.ndarray
+    stage_tp_s: np.ndarray
+    stage_zero3_s: np.ndarray
+    stage_sync_s: np.ndarray
+    stage_optimizer_s: np.ndarray
+    critical_sync_s: float
+    critical_optimizer_s: float
+    row_forward_s: np.ndarray  # one of the row's own micro-batches, with ZeRO-3 gathers
+    row_backward_s: np.ndarray
+    memory_terms: tuple[np.ndarray, ...]  # (weights, gradients, states, activations, other) per row
+    memory_total: np.ndarray
+    feasible: bool
+
+
+def _per_stage_max(values: np.ndarray, row_stage: np.ndarray, pp: int) -> np.ndarray:
+    out = np.full(pp, -np.inf)
+    np.maximum.at(out, row_stage, values)
+    return out
+
+
+@lru_cache(maxsize=4096)
+def _in_flight(pp: int, m: int, schedule: str, vpp: int) -> np.ndarray:
+    return np.array([micro_batches_in_flight(s, pp, m, schedule, vpp) for s in range(pp)])
+
+
+def _approximate_pipeline(f: np.ndarray, b: np.ndarray, m: int, vpp: int, p2p: np.ndarray, schedule: str) -> float:
+    """Fast estimate used to rank candidates: ``m`` periods of the slowest stage plus the others' fill and
+    drain (exact for uniform stages without transfers) plus the transfers of one fill and drain."""
+    per = f + b
+    hops = float(p2p.sum() if schedule == "interleaved" else p2p[:-1].sum())
+    fill = (per.sum() - per.max()) / (vpp if schedule == "interleaved" else 1)
+    return float(m * per.max() + fill + 2 * hops)
+
+
+def _evaluate(work: _Work, schedule: str, vpp: int, zero: int, exact: bool,
+              pipelines: dict | None = None) -> _Result:
+    """Time and memory of ``work`` under one schedule and ZeRO stage. ``pipelines`` memoises the pipeline
+    part, which depends on the ZeRO stage only through ZeRO-3's gathers."""
+    pl = work.placement
+    pp, m = len(pl.stages), work.num_micro_batches
+    f, b = work.forward_s, work.backward_s
+    if zero == 3:
+        gather = pl.zero3_gather_s
+        f = f + np.maximum(0.0, gather - pl.dp_overlap * work.forward_s)
+        b = b + np.maximum(0.0, gather - pl.dp_overlap * work.backward_s)
+    load = work.row_micro_batches / m
+    slot_f, slot_b = f * load, b * load
+    if pl.single:
+        pick = np.arange(pp)
+    else:
+        order = np.lexsort((-(slot_f + slot_b), pl.row_stage))
+        pick = order[np.searchsorted(pl.row_stage[order], np.arange(pp))]
+    stage_f, stage_b = slot_f[pick], slot_b[pick]
+    stage_tp = (work.tp_comm_s * load)[pick]
+    stage_z3 = ((f - work.forward_s) + (b - work.backward_s))[pick] * load[pick]
+    p2p = work.p2p_s
+    key = (id(work), schedule, vpp, zero == 3, exact)
+    pipeline = pipelines.get(key) if pipelines is not None else None
+    if pipeline is None:
+        if exact:
+            pipeline, _ = pipeline_time(stage_f, stage_b, m, schedule, vpp, p2p)
+        else:
+            pipeline = _approximate_pipeline(stage_f, stage_b, m, vpp, p2p, schedule)
+        if pipelines is not None:
+            pipelines[key] = pipeline
+    # each stage synchronises and steps once its own last backward is done (earlier stages drain later)
+    window = pl.dp_overlap * work.backward_s / vpp  # the last micro-batch's backward (one chunk)
+    gather_window = pl.dp_overlap * work.forward_s / vpp  # the next iteration's first forward (one chunk)
+    sync_rows = exposed_sync_s(pl.reduce_s[zero], pl.gather_s[zero], pl.params, window, gather_window)
+    stage_sync = _per_stage_max(sync_rows, pl.row_stage, pp)
+    stage_opt = _per_stage_max(pl.optimizer_s[zero], pl.row_stage, pp)
+    drained = np.concatenate(([0.0], np.cumsum(stage_b / vpp + p2p)[:-1]))
+    finish = pipeline - drained
+    ends = finish + stage_sync + stage_opt
+    crit = int(np.argmax(ends))
+    critical_sync = critical_opt = 0.0
+    iteration = pipeline
+    if ends[crit] > pipeline:
+        iteration = float(ends[crit])
+        critical_sync = max(0.0, float(stage_sync[crit] - drained[crit]))
+        critical_opt = iteration - pipeline - critical_sync
+    # memory
+    flight = np.minimum(_in_flight(pp, m, schedule, vpp)[pl.row_stage], np.ceil(work.row_micro_batches - 1e-9))
+    transient = work.transient_bytes
+    if zero == 3:
+        transient = transient + 2.0 * pl.largest_layer_params * dtype_bytes(pl.dtype)  # gathered + prefetched
+    terms = memory_terms(pl.params, work.activation_bytes, flight, zero, pl.row_dp, pl.optimizer, pl.dtype, transient)
+    total = sum(terms)
+    return _Result(schedule, vpp, zero, iteration, float(pipeline), stage_f, stage_b, stage_tp, stage_z3,
+                   stage_sync, stage_opt, critical_sync, critical_opt, f, b, terms, total,
+                   bool(np.all(total <= pl.capacity)))
+
+
+def _rank_key(result: _Result, capacity: np.ndarray) -> tuple[int, float]:
+    """Feasible first, fastest first; then the least memory relative to capacity."""
+    if result.feasible:
+        return 0, result.iteration_s
+    return 1, float(np.max(result.memory_total / capacity))
+
+
+# ------------------------------------------------------------------------------------------ results
+
+
+def _to_estimate(work: _Work, result: _Result) -> Estimate:
+    pl = work.placement
+    m, pp = work.num_micro_batches, len(pl.stages)
+    f, b = result.stage_forward_s, result.stage_backward_s
+    c = int(np.argmax(f + b))
+    busy = m * float(f[c] + b[c])
+    bubble_all = max(0.0, result.pipeline_s - busy)
+    hops = float(work.p2p_s.sum() if result.schedule == "interleaved" else work.p2p_s[:-1].sum())
+    pp_comm = min(bubble_all, 2.0 * hops)
+    breakdown = Breakdown(compute_s=busy - m * float(result.stage_tp_s[c] + result.stage_zero3_s[c]),
+                          tp_comm_s=m * float(result.stage_tp_s[c]), pp_comm_s=pp_comm,
+                          dp_comm_s=m * float(result.stage_zero3_s[c]) + result.critical_sync_s,
+                          bubble_s=bubble_all - pp_comm, optimizer_s=result.critical_optimizer_s)
+    memories = [MemoryBreakdown(*(float(t[i]) for t in result.memory_terms)) for i in range(len(pl.rows))]
+    reason = ""
+    stages_out: list[StageEstimate] = []
+    for s, stage in enumerate(pl.stages):
+        reps = []
+        for i in np.flatnonzero(pl.row_stage == s):
+            r, node, mem = pl.rows[i], pl.nodes[i], memories[i]
+            capacity = float(pl.capacity[i])
+            reps.append(ReplicaEstimate(
+                device_type=node.device.name, devices=r.devices, tp=r.tp, dp=r.dp, batch_share=r.batch_share,
+                num_micro_batches=float(work.row_micro_batches[i]), forward_s=float(result.row_forward_s[i]),
+                backward_s=float(result.row_backward_s[i]), memory=mem, memory_capacity_bytes=capacity))
+            if mem.total_bytes > capacity and not reason:
+                reason = (f"stage {s} (layers {stage.first_layer}-{stage.last_layer}) on {node.device.name} needs "
+                          f"{mem.total_bytes / 1e9:.1f} GB per device (weights {mem.weights_bytes / 1e9:.1f}, "
+                          f"gradients {mem.gradients_bytes / 1e9:.1f}, optimizer {mem.optimizer_bytes / 1e9:.1f}, "
+                          f"activations {mem.activations_bytes / 1e9:.1f}, other {mem.other_bytes / 1e9:.1f}) "
+                          f"but has {capacity / 1e9:.1f} GB")
+        top = max(reps, key=lambda x: x.memory.total_bytes / x.memory_capacity_bytes)
+        stages_out.append(StageEstimate(
+            index=s, first_layer=stage.first_layer, last_layer=stage.last_layer,
+            device_type="+".join(dict.fromkeys(x.device_type for x in reps)),
+            devices=tuple(d for x in reps for d in x.devices), tp=stage.replicas[0].tp, dp=pl.stage_dp[s],
+            forward_s=float(f[s]), backward_s=float(b[s]), memory=top.memory,
+            memory_capacity_bytes=top.memory_capacity_bytes, replicas=tuple(reps),
+            tp_comm_s=float(result.stage_tp_s[s]), p2p_s=float(work.p2p_s[s]),
+            dp_sync_s=float(result.stage_sync_s[s]), optimizer_s=float(result.stage_optimizer_s[s])))
+    config = ParallelConfig(global_batch=work.global_batch, tp=pl.rows[0].tp, pp=pp, dp=pl.stage_dp[0],
+                            micro_batch=work.micro_batch, vpp=result.vpp, zero=result.zero,
+                            recompute=work.recompute, sequence_parallel=work.sequence_parallel,
+                            schedule=result.schedule, optimizer=pl.optimizer, dtype=pl.dtype)
+    notes = tuple(sorted({f"{cal_name}: no calibration of its own; the mean of the fitted device types' "
+                          "efficiency parameters is used"
+                          for cal_name, cal in ((n.device.name, c) for n, c in zip(pl.nodes, pl.cals))
+                          if not cal.fitted}))
+    iteration = result.iteration_s
+    return Estimate(config=config, iteration_time_s=iteration,
+                    throughput_samples_per_s=work.global_batch / iteration if iteration > 0 else 0.0,
+                    feasible=not reason, memory_per_device_bytes=float(np.max(result.memory_total)),
+                    breakdown=breakdown, stages=tuple(stages_out), reason=reason, notes=notes)
+
+
+def estimate_pipeline(model: LayerGraph, cluster: Cluster, spec: PipelineSpec,
+                      calibration: Calibrations | None = None, exact: bool = True) -> Estimate:
+    """Time and memory of an explicit pipeline (see the module docstring for heterogeneous replicas).
+    Memory that does not fit gives ``feasible=False`` with a reason naming the stage, not an exception.
+    ``exact=False`` replaces the pipeline simulation by the fast bottleneck formula (for screening many
+    candidates; exact for uniform stages without transfers)."""
+    _check_spec(model, cluster, spec)
+    placement = _placement(model, cluster, spec.stages, spec.optimizer, spec.dtype, calibration)
+    work = _work(model, cluster, placement, spec.global_batch, spec.micro_batch, spec.recompute,
+                 bool(spec.sequence_parallel))
+    if spec.schedule == "interleaved" and spec.vpp > 1 and work.num_micro_batches % len(spec.stages):
+        raise ConfigError(f"the interleaved schedule needs the number of micro-batches "
+                          f"({work.num_micro_batches}) to be a multiple of pp={len(spec.stages)}")
+    return _to_estimate(work, _evaluate(work, spec.schedule, spec.vpp, spec.zero, exact))
+
+
+# --------------------------------------------------------------------------- estimate(ParallelConfig)
+
+
+def balanced_split(model: LayerGraph, pp: int) -> list[tuple[int, int]]:
+    """Megatron-LM's split: the transformer blocks evenly over ``pp`` stages (the first stages of an uneven
+    split take one more), layers before the first block on stage 0, the rest with the block before them."""
+    n = len(model.layers)
+    blocks = [i for i, layer in enumerate(model.layers) if layer.kind == "block"] or list(range(n))
+    per, extra = divmod(len(blocks), pp)
+    bounds: list[tuple[int, int]] = []
+    start_block = 0
+    for s in range(pp):
+        count = per + (1 if s < extra else 0)
+        last_block = blocks[start_block + count - 1]
+        first = 0 if s == 0 else bounds[-1][1] + 1
+        last = n - 1 if s == pp - 1 else last_block
+        bounds.append((first, last))
+        start_block += count
+    return bounds
+
+
+def _megatron_spec_stages(model: LayerGraph, cluster: Cluster, tp: int, pp: int, dp: int) -> tuple[StageSpec, ...]:
+    """Devices in Megatron-LM's order (tp fastest, then dp, then pp); a stage whose replicas fall on several
+    device types gets one replica group per type, each with its share of the batch."""
+    stages = []
+    for s, (first, last) in enumerate(balanced_split(model, pp)):
+        base = s * tp * dp
+        groups: dict[str, list[int]] = {}
+        for k in range(dp):
+            devices = list(range(base + k * tp, base + (k + 1) * tp))
+            node = _device_location(cluster, devices[0])[0]
+            groups.setdefault(node.name, []).extend(devices)
+        replicas = tuple(ReplicaSpec(devices=tuple(devs), tp=tp, dp=len(devs) // tp, batch_share=len(devs) / (tp * dp))
+                         for devs in groups.values())
+        stages.append(StageSpec(first, last, replicas))
+    return tuple(stages)
+
+
+def _candidates(model: LayerGraph, config: ParallelConfig) -> dict[str, list]:
+    tp, pp, dp, g = config.tp, config.pp, config.dp, config.global_batch
+    per_replica = g // dp
+    mbs = [config.micro_batch] if config.micro_batch else [d for d in divisors(per_replica) if d <= MAX_MICRO_BATCH]
+    units = pipeline_units(model)
+    if config.vpp is not None:
+        vpps = [config.vpp]
+    elif pp == 1 or config.schedule in ("1f1b", "gpipe"):
+        vpps = [1]
+    else:
+        vpps = [v for v in divisors(units // pp) if units % (pp * v) == 0] if units % pp == 0 else [1]
+        if config.schedule == "interleaved":
+            vpps = [v for v in vpps if v > 1]
+            if not vpps:
+                raise ConfigError(f"the interleaved schedule needs the {units} layers to split into pp x vpp equal "
+                                  f"chunks with vpp > 1, and none does for pp={pp}; use --schedule 1f1b")
+    return {
+        "micro_batch": mbs,
+        "recompute": [config.recompute] if config.recompute else ["none", "selective", "full"],
+        # sequence parallelism is taken whenever tp > 1: its reduce-scatter plus all-gather move the bytes of
+        # the all-reduce it replaces, and it divides the remaining activations and element-wise work by tp
+        # (Korthikanti et al. 2022); pass sequence_parallel=False to estimate without it
+        "sequence_parallel": [bool(config.sequence_parallel)] if config.sequence_parallel is not None
+        else [tp > 1],
+        "vpp": vpps,
+        "zero": [config.zero] if config.zero is not None else ([0, 1, 2, 3] if dp > 1 else [0]),
+    }
+
+
+def _schedule_for(config: ParallelConfig, vpp: int) -> str:
+    if vpp > 1:
+        return "interleaved"
+    return config.schedule if config.schedule in ("1f1b", "gpipe") else "1f1b"
+
+
+def estimate(model: LayerGraph, cluster: Cluster, config: ParallelConfig,
+             calibration: Calibrations | None = None) -> Estimate:
+    """Predict one configuration. Fields left None (micro_batch, recompute, sequence_parallel, vpp, zero,
+    schedule) resolve to the fastest feasible choice (if none fits, the one needing the least memory,
+    with ``feasible=False``); ``Estimate.config`` says what they resolved to.
+
+    Candidates are ranked with a fast pipeline formula; the best few are then timed exactly (closed form or
+    simulation) and the best of those returned.
+    """
+    check_config(model, cluster, config)
+    tp, pp, dp = config.tp, config.pp, config.dp
+    stages = _megatron_spec_stages(model, cluster, tp, pp, dp)
+    placement = _placement(model, cluster, stages, config.optimizer, config.dtype, calibration)
+    options = _candidates(model, config)
+    ranked: list[tuple[tuple[int, float], int, _Work, str, int, int]] = []
+    approximate: dict = {}
+    for recompute in options["recompute"]:
+        for sp in options["sequence_parallel"]:
+            for mb in options["micro_batch"]:
+                work = _work(model, cluster, placement, config.global_batch, mb, recompute, sp)
+                any_fits = False
+                for vpp in options["vpp"]:
+                    if vpp > 1 and work.num_micro_batches % pp:
+                        continue
+                    schedule = _schedule_for(config, vpp)
+                    for zero in options["zero"]:
+                        result = _evaluate(work, schedule, vpp, zero, False, approximate)
+                        any_fits = any_fits or result.feasible
+                        ranked.append((_rank_key(result, placement.capacity), len(ranked), work, schedule, vpp, zero))
+                if not any_fits and config.micro_batch is None:
+                    break  # larger micro-batches only need more memory
+    if not ranked:
+        raise ConfigError(f"no schedule fits: the interleaved schedule needs the number of micro-batches to be "
+                          f"a multiple of pp={pp}; use vpp 1 or another micro-batch")
+    ranked.sort(key=lambda item: (item[0], item[1]))
+    log.debug("estimate: %d candidates ranked, best %s", len(ranked), ranked[0][0])
+    # time exactly the candidates within FINALIST_MARGIN of the best by the fast formula (at most three)
+    head = [item for item in ranked[:3] if item[0][0] == ranked[0][0][0]
+            and item[0][1] <= ranked[0][0][1] * (1.0 + FINALIST_MARGIN)]
+    pipelines: dict = {}  # the works stay alive in `ranked`, so their ids are stable keys
+    finalists = [_evaluate(work, schedule, vpp, zero, True, pipelines) for _, _, work, schedule, vpp, zero in head]
+    works = [item[2] for item in head]
+    best = min(range(len(finalists)), key=lambda i: (_rank_key(finalists[i], placement.capacity), i))
+    return _to_estimate(works[best], finalists[best])

@@ -1,0 +1,252 @@
+"""Pipeline schedules: an event-driven simulator and the closed forms it agrees with on uniform stages.
+
+Model of one iteration (all times per micro-batch and per pipeline stage, as the estimator computes them):
+
+* Stage ``s`` runs on its own devices; it executes its operations in the order its schedule prescribes
+  (GPipe: all forwards, then all backwards; 1F1B: Megatron-LM's warm-up / steady one-forward-one-backward /
+  cool-down order; interleaved: Megatron-LM's order over ``vpp`` model chunks per device).
+* An operation starts when the stage is free and its input has arrived. A forward needs the previous
+  (virtual) stage's forward of the same micro-batch plus one point-to-point transfer; a backward needs the
+  next (virtual) stage's backward plus one transfer (the last virtual stage's backward needs only its own
+  forward).
+* ``p2p_s[s]`` is the time to send one micro-batch's boundary tensor from stage ``s`` to stage
+  ``(s + 1) % pp`` (the same time for the gradient coming back); the last element is used only by the
+  interleaved schedule, whose last device feeds the first device's next chunk. Transfers run on the links,
+  not on the stage's compute, and do not queue behind each other (each boundary sends at most one tensor
+  per forward-backward period in the steady state).
+* With ``vpp`` chunks per device, each chunk takes ``1/vpp`` of the stage's forward and backward time.
+
+``simulate_pipeline`` computes the exact iteration time of that model for any stage times (unequal stages,
+as on mixed hardware, too). ``closed_form_time`` gives the textbook formulas, exact for uniform stages:
+
+* GPipe: ``(m + p - 1)(f + b) + 2 (p - 1) c`` (Huang et al. 2019).
+* 1F1B and interleaved, transfers free: ``m (f + b) + (p - 1)(f + b) / v`` (Narayanan et al. 2021; ``v = 1``
+  for 1F1B). With transfers, 1F1B's steady state waits on them (each stage holds at most ``p - s``
+  micro-batches), by an amount that depends on ``m mod p``; the simulator covers that case.
+
+``pipeline_time`` uses the closed form where it is exact and the simulator otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Sequence
+
+import numpy as np
+
+from planner.errors import ConfigError
+
+SCHEDULES = ("1f1b", "interleaved", "gpipe")
+
+
+@dataclass(frozen=True)
+class PipelineEvent:
+    """One operation on one stage: ``kind`` is "forward", "backward" or "send" (a boundary transfer that
+    starts on ``stage`` at the end of the operation that produced it). ``chunk`` is the model chunk
+    (interleaved schedule; 0 otherwise)."""
+
+    stage: int
+    micro_batch: int
+    kind: str
+    start_s: float
+    end_s: float
+    chunk: int = 0
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    iteration_time_s: float
+    events: tuple[PipelineEvent, ...] = ()
+    stage_busy_s: tuple[float, ...] = ()  # compute time of each stage in the iteration
+
+
+def _as_array(values: float | Sequence[float], length: int, what: str) -> list[float]:
+    array = np.broadcast_to(np.asarray(values, dtype=float), (length,)) if np.ndim(values) == 0 \
+        else np.asarray(values, dtype=float)
+    if array.shape != (length,):
+        raise ConfigError(f"{what}: expected {length} values, got {array.shape[0]}")
+    if np.any(array < 0) or not np.all(np.isfinite(array)):
+        raise ConfigError(f"{what}: times must be finite and non-negative")
+    return [float(x) for x in array]
+
+
+def _check(forward: Sequence[float], backward: Sequence[float], num_micro_batches: int, schedule: str,
+           vpp: int, p2p_s: float | Sequence[float]) -> tuple[list[float], list[float], list[float]]:
+    if schedule not in SCHEDULES:
+        raise ConfigError(f"schedule {schedule!r} is not one of {', '.join(SCHEDULES)}")
+    if num_micro_batches < 1:
+        raise ConfigError(f"num_micro_batches={num_micro_batches} must be at least 1")
+    if vpp < 1:
+        raise ConfigError(f"vpp={vpp} must be at least 1")
+    if schedule != "interleaved" and vpp != 1:
+        raise ConfigError(f"vpp={vpp} needs the interleaved schedule, not {schedule}")
+    pp = len(forward)
+    if pp < 1:
+        raise ConfigError("a pipeline needs at least one stage")
+    f = _as_array(forward, pp, "stage_forward_s")
+    b = _as_array(backward, pp, "stage_backward_s")
+    c = _as_array(p2p_s, pp, "p2p_s")
+    return f, b, c
+
+
+def operation_order(stage: int, pp: int, num_micro_batches: int, schedule: str,
+                    vpp: int = 1) -> list[tuple[bool, int, int]]:
+    """The order in which ``stage`` runs its operations: ``(is_backward, chunk, micro_batch)``."""
+    m = num_micro_batches
+    if schedule == "gpipe":
+        return [(False, 0, j) for j in range(m)] + [(True, 0, j) for j in range(m)]
+    if schedule == "1f1b" or vpp == 1:
+        warmup = min(pp - stage - 1, m)
+        order = [(False, 0, j) for j in range(warmup)]
+        for i in range(m - warmup):
+            order.append((False, 0, warmup + i))
+            order.append((True, 0, i))
+        order.extend((True, 0, j) for j in range(m - warmup, m))
+        return order
+    # interleaved (Megatron-LM's forward_backward_pipelining_with_interleaving)
+    total = m * vpp
+    group = pp * vpp
+    forwards = [(False, (k // pp) % vpp, (k // group) * pp + k % pp) for k in range(total)]
+    backwards = [(True, vpp - 1 - (k // pp) % vpp, (k // group) * pp + k % pp) for k in range(total)]
+    warmup = total if m == pp else min((pp - stage - 1) * 2 + (vpp - 1) * pp, total)
+    order = forwards[:warmup]
+    for i in range(total - warmup):
+        order.append(forwards[warmup + i])
+        order.append(backwards[i])
+    order.extend(backwards[total - warmup:])
+    return order
+
+
+# kinds of operations in a compiled program
+_FORWARD, _BACKWARD, _LAST_BACKWARD = 0, 1, 2
+
+
+@lru_cache(maxsize=64)
+def _program(pp: int, m: int, schedule: str, vpp: int) -> tuple[tuple[tuple[int, int, int, int, int], ...], ...]:
+    """Per stage, its operations as ``(slot, dependency slot or -1, kind, chunk, micro_batch)``; a slot
+    indexes the end-time table ``[backward][virtual stage][micro-batch]``, flattened."""
+    last_virtual = (vpp - 1) * pp + pp - 1
+    half = vpp * pp * m
+    programs = []
+    for s in range(pp):
+        ops = []
+        for backward, chunk, j in operation_order(s, pp, m, schedule, vpp):
+            virtual = chunk * pp + s
+            if not backward:
+                slot = virtual * m + j
+                ops.append((slot, (virtual - 1) * m + j if virtual else -1, _FORWARD, chunk, j))
+            elif virtual == last_virtual:
+                ops.append((half + virtual * m + j, virtual * m + j, _LAST_BACKWARD, chunk, j))
+            else:
+                ops.append((half + virtual * m + j, half + (virtual + 1) * m + j, _BACKWARD, chunk, j))
+        programs.append(tuple(ops))
+    return tuple(programs)
+
+
+def simulate_pipeline(stage_forward_s: Sequence[float], stage_backward_s: Sequence[float],
+                      num_micro_batches: int, schedule: str = "1f1b", vpp: int = 1,
+                      p2p_s: float | Sequence[float] = 0.0, record_events: bool = True) -> SimulationResult:
+    """Event-driven simulation of one iteration (see the module docstring for the model)."""
+    f, b, c = _check(stage_forward_s, stage_backward_s, num_micro_batches, schedule, vpp, p2p_s)
+    if schedule == "interleaved" and vpp > 1 and num_micro_batches % len(f) != 0:
+        raise ConfigError(f"the interleaved schedule needs the number of micro-batches "
+                          f"({num_micro_batches}) to be a multiple of pp={len(f)}")
+    pp, m, v = len(f), num_micro_batches, vpp
+    programs = _program(pp, m, schedule, v)
+    end = [-1.0] * (2 * v * pp * m)
+    free = [0.0] * pp
+    ptr = [0] * pp
+    # per stage: duration and arrival delay of each kind of operation
+    duration = [(f[s] / v, b[s] / v, b[s] / v) for s in range(pp)]
+    delay = [(c[(s - 1) % pp], c[s], 0.0) for s in range(pp)]
+    starts: list[list[float]] | None = [[] for _ in range(pp)] if record_events else None
+    remaining = sum(len(p) for p in programs)
+    while remaining:
+        progressed = 0
+        for s in range(pp):
+            program = programs[s]
+            i = ptr[s]
+            n = len(program)
+            t = free[s]
+            dur = duration[s]
+            dly = delay[s]
+            first = i
+            while i < n:
+                slot, dep, kind, _, _ = program[i]
+                if dep >= 0:
+                    ready = end[dep]
+                    if ready < 0.0:
+                        break
+                    ready += dly[kind]
+                    if ready > t:
+                        t = ready
+                if starts is not None:
+                    starts[s].append(t)
+                t += dur[kind]
+                end[slot] = t
+                i += 1
+            if i != first:
+                progressed += i - first
+                ptr[s] = i
+                free[s] = t
+        if not progressed:  # pragma: no cover - the schedules above never deadlock
+            raise RuntimeError(f"pipeline simulation deadlocked ({schedule}, pp={pp}, m={m}, vpp={v})")
+        remaining -= progressed
+    total = max(free)
+    busy = tuple(m * (f[s] + b[s]) for s in range(pp))
+    events: list[PipelineEvent] = []
+    if starts is not None:
+        for s in range(pp):
+            for (slot, _, kind, chunk, j), start in zip(programs[s], starts[s]):
+                finish = end[slot]
+                backward = kind != _FORWARD
+                events.append(PipelineEvent(s, j, "backward" if backward else "forward", start, finish, chunk))
+                sends = (not backward and chunk * pp + s != (v - 1) * pp + pp - 1) or (backward and chunk * pp + s != 0)
+                if sends:
+                    link = s if not backward else (s - 1) % pp
+                    events.append(PipelineEvent(s, j, "send", finish, finish + c[link], chunk))
+        events.sort(key=lambda e: (e.start_s, e.stage, e.kind, e.micro_batch, e.chunk))
+    return SimulationResult(total, tuple(events), busy)
+
+
+def closed_form_time(forward_s: float, backward_s: float, pp: int, num_micro_batches: int, schedule: str,
+                     vpp: int = 1, p2p_s: float = 0.0) -> float | None:
+    """Iteration time of a pipeline of ``pp`` identical stages, or None where no closed form is exact.
+
+    GPipe: ``(m + p - 1)(f + b) + 2 (p - 1) c`` for any transfer time ``c``. 1F1B and interleaved with free
+    transfers (``c = 0``): ``m (f + b) + (p - 1)(f + b) / v`` (``v = 1`` for 1F1B; interleaving needs
+    ``m`` to be a multiple of ``p``). With ``c > 0`` the 1F1B steady state waits on transfers in a way that
+    depends on ``m mod p`` and on ``f`` against ``b``; the simulator handles it.
+    """
+    f, b, c, m, p, v = forward_s, backward_s, p2p_s, num_micro_batches, pp, vpp
+    if schedule == "gpipe":
+        return (m + p - 1) * (f + b) + 2 * (p - 1) * c
+    if c > 0 and p > 1:
+        return None
+    if schedule == "1f1b" or v == 1:
+        return (m + p - 1) * (f + b)
+    if m % p != 0:
+        return None
+    return m * (f + b) + (p - 1) * (f + b) / v
+
+
+def pipeline_time(stage_forward_s: Sequence[float], stage_backward_s: Sequence[float], num_micro_batches: int,
+                  schedule: str = "1f1b", vpp: int = 1,
+                  p2p_s: float | Sequence[float] = 0.0) -> tuple[float, float]:
+    """``(iteration_time_s, bubble_s)`` of the pipeline part of an iteration.
+
+    ``bubble_s`` is the time the busiest stage is not computing (fill, drain and waits on transfers):
+    ``iteration_time_s - m * max_s(f_s + b_s)``. Closed form where it is exact (uniform stages), the
+    event simulation otherwise.
+    """
+    f, b, c = _check(stage_forward_s, stage_backward_s, num_micro_batches, schedule, vpp, p2p_s)
+    busiest = num_micro_batches * max(x + y for x, y in zip(f, b))
+    pp = len(f)
+    links = c[:-1] if schedule != "interleaved" else c
+    total: float | None = None
+    if max(f) == min(f) and max(b) == min(b) and (not links or max(links) == min(links)):
+        total = closed_form_time(f[0], b[0], pp, num_micro_batches, schedule, vpp, links[0] if links else 0.0)
+    if total is None:
+        total = simulate_pipeline(f, b, num_micro_batches, schedule, vpp, c, record_events=False).iteration_time_s
+    return total, max(0.0, total - busiest)

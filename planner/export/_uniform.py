@@ -1,0 +1,30 @@
+"""What Megatron-LM and DeepSpeed both require of a plan: every pipeline stage on the same tensor- and
+data-parallel degrees, on one device type, without heterogeneous replica groups."""
+
+from __future__ import annotations
+
+from planner.errors import PlannerError
+from planner.plan import Plan
+
+
+def require_uniform(plan: Plan, framework: str) -> tuple[int, int]:
+    """The (tp, dp) shared by every stage, or PlannerError saying why ``framework`` cannot express the plan."""
+    for stage in plan.stages:
+        if len(stage.replicas) > 1:
+            kinds = ", ".join(f"{r.device_type} tp {r.tp} dp {r.dp}" for r in stage.replicas)
+            raise PlannerError(
+                f"plan: stage {stage.index} is served by several replica groups ({kinds}); {framework} runs one "
+                "configuration on every stage; use --format json, or re-plan on one device type")
+    first = plan.stages[0]
+    for stage in plan.stages[1:]:
+        if (stage.tp, stage.dp) != (first.tp, first.dp):
+            raise PlannerError(
+                f"plan: stage {stage.index} uses tp {stage.tp} dp {stage.dp} but stage 0 uses tp {first.tp} "
+                f"dp {first.dp}; {framework} needs the same degrees on every stage; use --format json, or "
+                "re-plan with --tp and --dp pinned")
+    return first.tp, first.dp
+
+
+def pipeline_degree(plan: Plan) -> int:
+    """Pipeline stages (``vpp`` model chunks each under an interleaved schedule)."""
+    return len(plan.stages)

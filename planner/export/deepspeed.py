@@ -1,0 +1,60 @@
+"""A Plan as a DeepSpeed ``ds_config`` dictionary.
+
+Key names are those of DeepSpeed's ``deepspeed/runtime/constants.py`` (``train_batch_size``,
+``train_micro_batch_size_per_gpu``, ``gradient_accumulation_steps``, ``bf16``/``fp16`` with ``enabled``,
+``zero_optimization`` with ``stage``), ``deepspeed/runtime/config.py:get_pipeline_config`` (the
+``pipeline`` section: ``stages``, ``partition``, ``activation_checkpoint_interval``) and
+``deepspeed/runtime/tensor_parallel/config.py`` (``tensor_parallel.autotp_size``). The pipeline section is a
+free-form dictionary in DeepSpeed; ours adds ``stage_layers``, the plan's layer range of each stage, for
+building the ``PipelineModule``'s partition.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from planner.errors import PlannerError
+from planner.export._uniform import pipeline_degree, require_uniform
+from planner.plan import Plan
+
+
+def deepspeed_config(plan: Plan) -> dict[str, Any]:
+    """The ds_config that runs ``plan``."""
+    tp, dp = require_uniform(plan, "DeepSpeed")
+    pp = pipeline_degree(plan)
+    if plan.vpp > 1:
+        raise PlannerError(f"plan: vpp {plan.vpp} (interleaved pipeline) has no DeepSpeed equivalent; use "
+                           "--format megatron, or re-plan with --vpp 1")
+    if pp > 1 and plan.zero >= 2:
+        # deepspeed/runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"
+        raise PlannerError(f"plan: ZeRO-{plan.zero} with {pp} pipeline stages cannot run in DeepSpeed (its "
+                           "pipeline engine accepts ZeRO 0 or 1); re-plan with --zero 1, or use --format megatron")
+    accumulation = plan.global_batch // (plan.micro_batch * dp)
+    if accumulation * plan.micro_batch * dp != plan.global_batch:
+        raise PlannerError(f"plan: global batch {plan.global_batch} is not micro-batch {plan.micro_batch} x dp "
+                           f"{dp} x an integer number of steps, which DeepSpeed requires")
+    config: dict[str, Any] = {
+        "train_batch_size": plan.global_batch,
+        "train_micro_batch_size_per_gpu": plan.micro_batch,
+        "gradient_accumulation_steps": accumulation,
+        "zero_optimization": {"stage": plan.zero},
+        "bf16": {"enabled": plan.dtype == "bf16"},
+        "fp16": {"enabled": plan.dtype == "fp16"},
+    }
+    if tp > 1:
+        config["tensor_parallel"] = {"autotp_size": tp}
+    if pp > 1:
+        full = any(s.recompute == "full" for s in plan.stages)
+        even = len({s.last_layer - s.first_layer for s in plan.stages}) == 1
+        config["pipeline"] = {
+            "stages": pp,
+            "partition": "uniform" if even else "parameters",
+            "activation_checkpoint_interval": 1 if full else 0,
+            "stage_layers": [[s.first_layer, s.last_layer] for s in plan.stages],
+        }
+    return config
+
+
+def render_deepspeed(plan: Plan) -> str:
+    return json.dumps(deepspeed_config(plan), indent=2, sort_keys=True) + "\n"

@@ -1,0 +1,109 @@
+"""A Plan as Megatron-LM launch arguments (``pretrain_gpt.py`` and friends).
+
+Option names are those of Megatron-LM's ``megatron/training/arguments.py`` and of the config dataclasses it
+turns into options (``megatron/training/argument_utils.py``: ``--`` + field name with ``_`` -> ``-``):
+``ModelParallelConfig`` (tensor/pipeline sizes, sequence parallelism, bf16/fp16), ``TransformerConfig``
+(num_layers, recompute_*), ``TrainingConfig`` (micro/global batch), ``DistributedDataParallelConfig``
+(use_distributed_optimizer, use_megatron_fsdp, data_parallel_sharding_strategy). The test
+``tests/test_export_formats.py`` holds the list with its sources.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from planner.errors import PlannerError
+from planner.export._uniform import pipeline_degree, require_uniform
+from planner.plan import Plan, StagePlan
+
+# ZeRO stage -> Megatron options. ZeRO-1 (optimizer states sharded) is Megatron's distributed optimizer;
+# ZeRO-2/3 are Megatron-FSDP's sharding strategies "optim_grads" and "optim_grads_params".
+_ZERO_ARGS = {
+    0: (),
+    1: ("--use-distributed-optimizer",),
+    2: ("--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads"),
+    3: ("--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"),
+}
+_DTYPE_ARGS = {"bf16": ("--bf16",), "fp16": ("--fp16",), "fp32": ()}
+_RECOMPUTE_ORDER = ("none", "selective", "full")
+
+
+def transformer_layers(stage: StagePlan) -> int:
+    """Transformer layers of a stage: its "block" layers, or all of them when the plan has no layer kinds."""
+    if not stage.layer_kinds:
+        return len(stage.layer_names)
+    return sum(1 for kind in stage.layer_kinds if kind == "block")
+
+
+def megatron_args(plan: Plan) -> list[str]:
+    """Megatron-LM command-line arguments (an argv list) that run ``plan``."""
+    tp, _dp = require_uniform(plan, "Megatron-LM")
+    pp = pipeline_degree(plan)
+    if plan.dtype not in _DTYPE_ARGS:
+        raise PlannerError(f"plan: dtype {plan.dtype!r} has no Megatron-LM option; use one of {sorted(_DTYPE_ARGS)}")
+    stage_layers = [transformer_layers(s) for s in plan.stages]
+    args = ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp),
+            "--num-layers", str(sum(stage_layers))]
+    if plan.vpp > 1:
+        args += ["--num-virtual-stages-per-pipeline-rank", str(plan.vpp)]
+    args += _split_args(stage_layers, plan.vpp)
+    args += ["--micro-batch-size", str(plan.micro_batch), "--global-batch-size", str(plan.global_batch)]
+    if plan.sequence_parallel and tp > 1:
+        args.append("--sequence-parallel")
+    recompute = max((s.recompute for s in plan.stages), key=_RECOMPUTE_ORDER.index)
+    if recompute == "selective":
+        args += ["--recompute-granularity", "selective"]
+    elif recompute == "full":
+        args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    args += list(_ZERO_ARGS[plan.zero])
+    args += list(_DTYPE_ARGS[plan.dtype])
+    return args
+
+
+def _split_args(stage_layers: list[int], vpp: int) -> list[str]:
+    """Nothing for an even split; ``--decoder-first/last-pipeline-num-layers`` when only the first and/or
+    last stage differ (no interleaving); ``--pipeline-model-parallel-layout`` otherwise."""
+    if len(set(stage_layers)) == 1 and stage_layers[0] % vpp == 0:
+        return []
+    if vpp == 1:
+        middle = stage_layers[1:-1]
+        if len(set(middle)) <= 1:
+            even = middle[0] if middle else None
+            args: list[str] = []
+            if even is None or stage_layers[0] != even:
+                args += ["--decoder-first-pipeline-num-layers", str(stage_layers[0])]
+            if even is None or stage_layers[-1] != even:
+                args += ["--decoder-last-pipeline-num-layers", str(stage_layers[-1])]
+            return args
+    # Layout string: pp x vpp chunks separated by "|", virtual round after virtual round (chunk v*pp + p runs
+    # on stage p); "E" the embedding (first chunk), "t" a transformer layer, "L" the loss (last chunk).
+    # A stage's layers are shared out over its vpp chunks as evenly as they go, the larger chunks first.
+    chunks = [[n // vpp + (1 if v < n % vpp else 0) for n in stage_layers] for v in range(vpp)]
+    parts = ["t" * size for round_ in chunks for size in round_]
+    parts[0] = "E" + parts[0]
+    parts[-1] = parts[-1] + "L"
+    return ["--pipeline-model-parallel-layout", "|".join(parts)]
+
+
+def render_megatron(plan: Plan) -> str:
+    """Shell-ready arguments, one option per line, preceded by comments naming the device layout."""
+    args = megatron_args(plan)
+    pp = pipeline_degree(plan)
+    tp, dp = plan.stages[0].tp, plan.stages[0].dp
+    lines = [f"# Megatron-LM arguments for {plan.model.get('name', 'model')}: "
+             f"{tp * pp * dp} GPUs = tp {tp} x pp {pp} x dp {dp}",
+             "# pass them to pretrain_gpt.py (or your training script) after the model-size arguments"]
+    if not plan.stages[0].layer_kinds:
+        lines.append("# the plan has no layer kinds: every layer is counted as a transformer layer")
+    for stage in plan.stages:
+        lines.append(f"# stage {stage.index}: layers {stage.first_layer}-{stage.last_layer} "
+                     f"({transformer_layers(stage)} transformer) on {stage.device_type}")
+    options: list[list[str]] = []
+    for arg in args:
+        if arg.startswith("--"):
+            options.append([arg])
+        else:
+            options[-1].append(arg)
+    body = [" ".join(shlex.quote(part) for part in option) for option in options]
+    lines += [line + " \\" for line in body[:-1]] + body[-1:]
+    return "\n".join(lines) + "\n"

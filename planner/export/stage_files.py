@@ -1,0 +1,100 @@
+"""``planner split``: a plan's pipeline stages written as ONNX files plus a manifest.
+
+The plan's stages index the model's layers (``LayerGraph.layers``); each layer names its ONNX nodes
+(``Layer.ops[k].name``). :func:`split_plan` checks that the plan was made for this model, cuts the graph
+(:mod:`planner.export.stages`) and :func:`write_split` writes ``stage_<i>.onnx`` and ``manifest.json`` into
+the output folder, refusing to overwrite unless asked.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any, Sequence
+
+import onnx
+
+from planner.errors import ConfigError, PlannerError
+from planner.export.stages import StageModel, split_model
+from planner.plan import Plan, StagePlan
+from planner.types import LayerGraph
+
+log = logging.getLogger(__name__)
+MANIFEST = "manifest.json"
+
+
+def stage_node_names(plan: Plan, layers: LayerGraph) -> list[set[str]]:
+    """The ONNX node names of each plan stage; PlannerError when the plan does not fit the model's layers."""
+    count = len(layers.layers)
+    if plan.stages[-1].last_layer != count - 1:
+        raise PlannerError(f"plan: the stages cover layers 0..{plan.stages[-1].last_layer} but the model has "
+                           f"{count} layers (0..{count - 1}); was the plan made for this model and these --dim values?")
+    result: list[set[str]] = []
+    for stage in plan.stages:
+        names: set[str] = set()
+        for offset, index in enumerate(range(stage.first_layer, stage.last_layer + 1)):
+            layer = layers.layers[index]
+            planned = stage.layer_names[offset]
+            if layer.name != planned:
+                raise PlannerError(f"plan: stage {stage.index} lists layer {index} as '{planned}' but the model's "
+                                   f"layer {index} is '{layer.name}'; the plan was made for another model")
+            names.update(op.name for op in layer.ops)
+        result.append(names)
+    return result
+
+
+def split_plan(model: onnx.ModelProto, plan: Plan, layers: LayerGraph) -> list[StageModel]:
+    names = stage_node_names(plan, layers)
+    known = {node.name for node in model.graph.node}
+    unmatched = sum(1 for group in names for name in group if name not in known)
+    if unmatched:
+        log.info("%d layer ops name no ONNX node; they are placed by data flow", unmatched)
+    return split_model(model, names)
+
+
+def manifest(model_path: str, plan: Plan, stages: Sequence[StageModel]) -> dict[str, Any]:
+    """The split's ``manifest.json``: per stage its file, layers, devices, inputs (kind ``input``, ``weight``
+    or ``boundary`` with the stage that makes it) and outputs (the later stages that read them)."""
+    return {"model": os.path.basename(model_path),
+            "stages": [_stage_entry(stage, plan.stages[stage.index]) for stage in stages]}
+
+
+def _stage_entry(stage: StageModel, planned: StagePlan) -> dict[str, Any]:
+    return {
+        "index": stage.index,
+        "file": f"stage_{stage.index}.onnx",
+        "first_layer": planned.first_layer,
+        "last_layer": planned.last_layer,
+        "layer_names": list(planned.layer_names),
+        "device_type": planned.device_type,
+        "devices": list(planned.devices),
+        "tp": planned.tp,
+        "dp": planned.dp,
+        "num_nodes": stage.num_nodes,
+        "inputs": [{"name": i.name, "kind": i.kind, **({"from_stage": i.from_stage} if i.from_stage is not None
+                                                        else {})} for i in stage.inputs],
+        "outputs": [{"name": o.name, "to_stages": list(o.to_stages), "model_output": o.model_output}
+                    for o in stage.outputs],
+    }
+
+
+def write_split(out_dir: str, document: dict[str, Any], stages: Sequence[StageModel], force: bool) -> list[str]:
+    """Write ``stage_<i>.onnx`` and ``manifest.json`` into ``out_dir`` (created if missing); returns the paths."""
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise ConfigError(f"--out-dir {out_dir}: exists and is not a folder; choose another --out-dir")
+    targets = [os.path.join(out_dir, f"stage_{s.index}.onnx") for s in stages] + [os.path.join(out_dir, MANIFEST)]
+    existing = [t for t in targets if os.path.exists(t)]
+    if existing and not force:
+        raise ConfigError(f"--out-dir {out_dir}: {os.path.basename(existing[0])} already exists; choose an empty "
+                          "folder or pass --force to overwrite the split's files")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        for stage, target in zip(stages, targets):
+            with open(target, "wb") as handle:
+                handle.write(stage.model.SerializeToString())
+        with open(targets[-1], "w", encoding="utf-8") as handle:
+            handle.write(json.dumps(document, indent=2, sort_keys=True) + "\n")
+    except OSError as exc:
+        raise ConfigError(f"--out-dir {out_dir}: cannot write ({exc.strerror})") from None
+    return targets

@@ -1,0 +1,210 @@
+"""Cluster loading: a YAML/JSON file (``planner/schemas/cluster.schema.json``) or the shorthand
+``NODE*COUNT[+NODE*COUNT...]`` (``COUNT`` defaults to 1).
+
+Devices are numbered globally in group order: group 0's devices are ``0 .. n0-1``, node-major (node 0's
+devices first). Group names are unique: the ``name`` given, else the node name, with ``_2``, ``_3`` ... for
+repeats, so a what-if sweep can address ``GROUP.count``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from bisect import bisect_right
+from pathlib import Path
+from typing import Any
+
+from planner.errors import ClusterError
+from planner.hardware import catalog
+from planner.hardware.documents import Document, JsonPath, check, read_document
+from planner.types import Cluster, DeviceGroup, NodeProfile
+
+GB = catalog.GB
+US = catalog.US
+
+# Used where a file does not say; each has a source.
+# ~130 ns per InfiniBand switch hop (NVIDIA Quantum QM8700 datasheet) x 3 hops of a fat tree, plus cables
+DEFAULT_FABRIC_LATENCY_S = 1.0e-6
+DEFAULT_OVERSUBSCRIPTION = 1.0  # full-bisection fat tree, as in NVIDIA's DGX SuperPOD reference architectures
+# An inline node that gives no latency/efficiency gets the figures of the catalog's DGX A100 node
+# (sources in hardware_profiles/nodes/dgx-a100-80gb.yaml).
+INLINE_DEFAULTS_NODE = "dgx-a100-80gb"
+
+_SHORTHAND_TERM = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\*\s*([^\s+*]+))?\s*$")
+
+
+def load_cluster(spec: str | os.PathLike) -> Cluster:
+    """A Cluster from a file path (YAML/JSON) or a shorthand such as ``dgx-a100-80gb*16+hgx-v100-32gb*8``."""
+    text = os.fspath(spec)
+    path = Path(text)
+    if path.suffix.lower() in (".yaml", ".yml", ".json") or path.is_file() or "/" in text or os.sep in text:
+        return _cluster_from_document(read_document(path), path.parent)  # a missing file: "no such file"
+    return parse_shorthand(text)
+
+
+def parse_shorthand(text: str) -> Cluster:
+    if not text.strip():
+        raise ClusterError("empty cluster: give a cluster file or a shorthand like dgx-a100-80gb*16")
+    groups: list[tuple[str, NodeProfile, int]] = []
+    for term in text.split("+"):
+        match = _SHORTHAND_TERM.match(term)
+        if not match:
+            raise ClusterError(f"cluster {text!r}: cannot read {term.strip()!r}; write NODE*COUNT, "
+                               "e.g. dgx-a100-80gb*16+hgx-v100-32gb*8")
+        name, count_text = match.group(1), match.group(2)
+        count = 1
+        if count_text is not None:
+            try:
+                count = int(count_text)
+            except ValueError:
+                raise ClusterError(f"cluster {text!r}: node count {count_text!r} of {name!r} is not an "
+                                   "integer") from None
+            if count <= 0:
+                raise ClusterError(f"cluster {text!r}: node count of {name!r} must be positive, got {count}")
+        groups.append((name.lower(), catalog.get_node(name), count))
+    return _assemble(groups, prices=[None] * len(groups), fabric_latency_s=DEFAULT_FABRIC_LATENCY_S,
+                     oversubscription=DEFAULT_OVERSUBSCRIPTION, name=text.strip())
+
+
+def _cluster_from_document(doc: Document, base_dir: Path) -> Cluster:
+    if not isinstance(doc.data, dict):
+        raise ClusterError(f"{doc.where}: a cluster file must be a mapping with a 'groups' list, e.g. "
+                           "groups: [{node: dgx-a100-80gb, count: 4}]")
+    check(doc, "cluster")
+    data = doc.data
+    groups: list[tuple[str, NodeProfile, int]] = []
+    prices: list[float | None] = []
+    for i, group in enumerate(data["groups"]):
+        node = _group_node(doc, ("groups", i), base_dir)
+        default_name = node.name
+        groups.append((group.get("name", default_name), node, int(group["count"])))
+        price = group.get("price_per_node_hour")
+        prices.append(float(price) if price is not None else None)
+    fabric = data.get("fabric", {})
+    return _assemble(
+        groups, prices,
+        fabric_latency_s=float(fabric.get("latency_us", DEFAULT_FABRIC_LATENCY_S / US)) * US,
+        oversubscription=float(fabric.get("oversubscription", DEFAULT_OVERSUBSCRIPTION)),
+        name=str(data.get("name", Path(doc.where).stem)),
+        explicit_names=[("name" in g) for g in data["groups"]], where=doc.where,
+    )
+
+
+def _group_node(doc: Document, path: JsonPath, base_dir: Path) -> NodeProfile:
+    group: dict[str, Any] = doc.data[path[0]][path[1]]
+    spec = group["node"]
+    if isinstance(spec, str):
+        try:
+            node = catalog.get_node(spec)
+        except ClusterError as exc:
+            raise ClusterError(f"{doc.at(path + ('node',))}: {exc}") from None
+    else:
+        node = _inline_node(doc, path + ("node",), spec, base_dir)
+    overrides: dict[str, float] = {}
+    if "inter_node_bandwidth_GBps" in group:
+        overrides["inter_node_bandwidth_Bps"] = float(group["inter_node_bandwidth_GBps"]) * GB
+    if "intra_node_bandwidth_GBps" in group:
+        overrides["intra_node_bandwidth_Bps"] = float(group["intra_node_bandwidth_GBps"]) * GB
+    return dataclasses.replace(node, **overrides) if overrides else node
+
+
+def _inline_node(doc: Document, path: JsonPath, spec: dict[str, Any], base_dir: Path) -> NodeProfile:
+    where = doc.at(path)
+    if "device_file" in spec:
+        device = _device_file(doc, path + ("device_file",), spec["device_file"], base_dir)
+    elif catalog.is_device_file(spec["device"]):
+        device = _device_file(doc, path + ("device",), spec["device"], base_dir)
+    else:
+        try:
+            device = catalog.get_device(spec["device"])
+        except ClusterError as exc:
+            raise ClusterError(f"{doc.at(path + ('device',))}: {exc}") from None
+    defaults = catalog.get_node(INLINE_DEFAULTS_NODE)
+    per_node = int(spec["devices_per_node"])
+    if per_node > 1 and "intra_node_bandwidth_GBps" not in spec:
+        raise ClusterError(f"{where}: an inline node with {per_node} devices needs 'intra_node_bandwidth_GBps' "
+                           "(per device, each way; e.g. 300 for NVLink 3, 31.5 for PCIe 4.0 x16)")
+    if "inter_node_bandwidth_GBps" not in spec:
+        raise ClusterError(f"{where}: an inline node needs 'inter_node_bandwidth_GBps' (per node, all NICs, each "
+                           "way; e.g. 200 for 8x HDR 200 Gb/s)")
+    return NodeProfile(
+        name=spec.get("name", f"{device.name}x{per_node}"),
+        device=device,
+        devices_per_node=per_node,
+        intra_node_bandwidth_Bps=float(spec.get("intra_node_bandwidth_GBps", 0.0)) * GB
+        or defaults.intra_node_bandwidth_Bps,
+        intra_node_latency_s=float(spec.get("intra_node_latency_us", defaults.intra_node_latency_s / US)) * US,
+        inter_node_bandwidth_Bps=float(spec["inter_node_bandwidth_GBps"]) * GB,
+        inter_node_latency_s=float(spec.get("inter_node_latency_us", defaults.inter_node_latency_s / US)) * US,
+        source=f"written inline in {doc.where}; unspecified latencies/efficiencies from {INLINE_DEFAULTS_NODE}",
+        intra_node_efficiency=float(spec.get("intra_node_efficiency", defaults.intra_node_efficiency)),
+        inter_node_efficiency=float(spec.get("inter_node_efficiency", defaults.inter_node_efficiency)),
+        nics_per_node=int(spec.get("nics_per_node", 1)),
+        intra_node_fabric="inline",
+    )
+
+
+def _device_file(doc: Document, path: JsonPath, text: str, base_dir: Path):
+    file = Path(text)
+    if not file.is_absolute():
+        file = base_dir / file
+    try:
+        return catalog.load_device_file(file)
+    except ClusterError as exc:
+        raise ClusterError(f"{doc.at(path)}: device profile {text!r}: {exc}") from None
+
+
+def _assemble(groups: list[tuple[str, NodeProfile, int]], prices: list[float | None], *, fabric_latency_s: float,
+              oversubscription: float, name: str, explicit_names: list[bool] | None = None,
+              where: str = "") -> Cluster:
+    explicit_names = explicit_names or [False] * len(groups)
+    reserved = {g[0] for g, explicit in zip(groups, explicit_names) if explicit}
+    used: set[str] = set()
+    built: list[DeviceGroup] = []
+    first = 0
+    for (group_name, node, count), price, explicit in zip(groups, prices, explicit_names):
+        unique = group_name
+        if explicit and unique in used:
+            raise ClusterError(f"{where}: two groups are named {group_name!r}; group names must be unique")
+        index = 1
+        while not explicit and (unique in used or unique in reserved):
+            index += 1
+            unique = f"{group_name}_{index}"
+        used.add(unique)
+        built.append(DeviceGroup(name=unique, node=node, count=count, first_device=first, price_per_node_hour=price))
+        first += count * node.devices_per_node
+    return Cluster(groups=tuple(built), fabric_latency_s=fabric_latency_s, oversubscription=oversubscription,
+                   name=name)
+
+
+# ----------------------------------------------------------------------------------------- device lookup
+
+def locate(cluster: Cluster, device: int) -> tuple[int, int]:
+    """(group index, node index within the whole cluster) of a global device id."""
+    firsts, node_offsets = _layout(cluster)
+    gi = bisect_right(firsts, device) - 1
+    if gi >= 0:
+        group = cluster.groups[gi]
+        local = device - group.first_device
+        if local < group.num_devices:
+            return gi, node_offsets[gi] + local // group.node.devices_per_node
+    raise ClusterError(f"device {device} is not in the cluster (it has {cluster.num_devices} devices, 0.."
+                       f"{cluster.num_devices - 1})")
+
+
+_LAYOUTS: dict[int, tuple[Cluster, tuple[int, ...], tuple[int, ...]]] = {}
+
+
+def _layout(cluster: Cluster) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Each group's first device and first node index, cached per cluster (the entry holds the cluster, so
+    its id is not reused while cached)."""
+    hit = _LAYOUTS.get(id(cluster))
+    if hit is not None and hit[0] is cluster:
+        return hit[1], hit[2]
+    firsts = tuple(g.first_device for g in cluster.groups)
+    offsets = tuple(sum(g.count for g in cluster.groups[:i]) for i in range(len(cluster.groups)))
+    if len(_LAYOUTS) > 256:
+        _LAYOUTS.clear()
+    _LAYOUTS[id(cluster)] = (cluster, firsts, offsets)
+    return firsts, offsets

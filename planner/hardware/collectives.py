@@ -1,0 +1,250 @@
+"""Alpha-beta model of collective communication over any group of devices.
+
+A group spans ``N = size / ranks_per_node`` nodes with ``r = ranks_per_node`` ranks on each. Two tiers:
+intra-node (``B_i`` per rank each way, latency ``a_i`` per step) and inter-node (``B_n`` per node each way,
+for this group's ranks on the node, latency ``a_n`` per step). Bandwidths in a :class:`CommGroup` are the
+*achieved* ones (line rate x the tier's efficiency, the slowest node, oversubscription applied).
+
+Algorithms (the fastest applicable one is used), for a buffer of ``S`` bytes:
+
+* ring (node-contiguous rank order, one ring per NIC as NCCL builds them): every rank sends
+  ``2(n-1)/n S`` for all-reduce, ``(n-1)/n S`` for reduce-scatter / all-gather. Each node's network traffic is
+  the same ``2(n-1)/n S`` whatever ``r`` is, so the bound is ``min(B_i, B_n)``. Latency follows NCCL's tuning
+  model (src/graph/tuning.cc): ``(steps - inter_steps) a_i + inter_steps a_n`` with ``2(n-1)`` steps of which
+  ``2(N-1)`` cross nodes.
+* tree (pipelined, NCCL's double binary tree between nodes, a chain inside a node): all-reduce moves
+  ``2 S`` over the slowest tier; latency ``2((r-1) a_i + log2(N) a_n)``.
+* hierarchical (intra-node reduce-scatter, inter-node all-reduce of the ``S/r`` shards by all ``r`` ranks at
+  once, intra-node all-gather): crosses the network with ``2(N-1)/N S`` per node and pays the latency of
+  ``N`` nodes rather than ``n`` ranks.
+* all-to-all: direct pairwise exchange; ``S`` is what each rank sends in total, ``(r-1)/n`` of it stays on the
+  node and ``(n-r)/n`` leaves it; both tiers run at once.
+
+Closed forms are in the tests (tests/test_hardware_collectives.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable, Sequence
+
+from planner.errors import ConfigError
+from planner.hardware.cluster import locate
+from planner.types import Cluster, NodeProfile
+
+KINDS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "send_recv")
+
+
+@dataclass(frozen=True)
+class CommGroup:
+    size: int  # ranks in the group
+    ranks_per_node: int  # ranks of the group on one node (1 if every rank on its own node); size % ranks_per_node == 0
+    intra_bandwidth_Bps: float  # per-rank intra-node bandwidth each way (slowest node of the group), achieved
+    intra_latency_s: float
+    inter_bandwidth_Bps: float  # per-NODE network bandwidth each way available to this group's ranks on a node
+    inter_latency_s: float
+
+    @property
+    def nodes(self) -> int:
+        return self.size // self.ranks_per_node
+
+
+# ------------------------------------------------------------------------------------------- algorithms
+# Each returns the time in seconds, or math.inf where the algorithm does not apply.
+
+def _bottleneck(g: CommGroup) -> float:
+    """Bandwidth bound of a pipelined ring/tree: the slowest tier it crosses."""
+    if g.nodes == 1:
+        return g.intra_bandwidth_Bps
+    if g.ranks_per_node == 1:
+        return g.inter_bandwidth_Bps
+    return min(g.intra_bandwidth_Bps, g.inter_bandwidth_Bps)
+
+
+def _ring_latency(g: CommGroup, steps: int, inter_steps: int) -> float:
+    if g.nodes == 1:
+        return steps * g.intra_latency_s
+    return (steps - inter_steps) * g.intra_latency_s + inter_steps * g.inter_latency_s
+
+
+def _ring(kind: str, s: float, g: CommGroup) -> float:
+    n, nn = g.size, g.nodes
+    b = _bottleneck(g)
+    if kind == "all_reduce":
+        return 2 * (n - 1) / n * s / b + _ring_latency(g, 2 * (n - 1), 2 * (nn - 1))
+    if kind in ("reduce_scatter", "all_gather"):
+        return (n - 1) / n * s / b + _ring_latency(g, n - 1, nn - 1)
+    if kind == "broadcast":  # pipelined chain
+        return s / b + _ring_latency(g, n - 1, nn - 1)
+    return math.inf
+
+
+def _tree(kind: str, s: float, g: CommGroup) -> float:
+    if kind not in ("all_reduce", "broadcast"):
+        return math.inf
+    b = _bottleneck(g)
+    depth = (g.ranks_per_node - 1) * g.intra_latency_s + math.ceil(math.log2(g.nodes)) * g.inter_latency_s
+    if g.nodes == 1:
+        depth = math.ceil(math.log2(g.size)) * g.intra_latency_s
+    if kind == "all_reduce":
+        return 2 * s / b + 2 * depth
+    return s / b + depth
+
+
+def _hierarchical(kind: str, s: float, g: CommGroup) -> float:
+    r, nn = g.ranks_per_node, g.nodes
+    if nn == 1 or r == 1 or kind not in ("all_reduce", "reduce_scatter", "all_gather"):
+        return math.inf
+    intra = CommGroup(r, r, g.intra_bandwidth_Bps, g.intra_latency_s, g.intra_bandwidth_Bps, g.intra_latency_s)
+    # the inter-node phase: r concurrent collectives over nn nodes, each on S/r bytes with B_n/r
+    inter = CommGroup(nn, 1, g.intra_bandwidth_Bps, g.intra_latency_s, g.inter_bandwidth_Bps / r, g.inter_latency_s)
+    shard = s / r
+    if kind == "all_reduce":
+        return (2 * _best("reduce_scatter", s, intra)
+                + min(_ring("all_reduce", shard, inter), _tree("all_reduce", shard, inter)))
+    return _best(kind, s, intra) + _ring(kind, shard, inter)
+
+
+def _all_to_all(kind: str, s: float, g: CommGroup) -> float:
+    if kind != "all_to_all":
+        return math.inf
+    n, r, nn = g.size, g.ranks_per_node, g.nodes
+    intra = (r - 1) / n * s / g.intra_bandwidth_Bps if r > 1 else 0.0
+    inter = r * (n - r) / n * s / g.inter_bandwidth_Bps if nn > 1 else 0.0
+    latency = (r - 1) * g.intra_latency_s + (nn - 1) * g.inter_latency_s
+    return max(intra, inter) + latency
+
+
+def _send_recv(kind: str, s: float, g: CommGroup) -> float:
+    """Every rank sends ``s`` bytes to a neighbour at once (pipeline hand-off); across nodes the node's
+    bandwidth is shared by its ``r`` senders."""
+    if kind != "send_recv":
+        return math.inf
+    if g.nodes == 1:
+        return s / g.intra_bandwidth_Bps + g.intra_latency_s
+    return s / (g.inter_bandwidth_Bps / g.ranks_per_node) + g.inter_latency_s
+
+
+ALGORITHMS: dict[str, Callable[[str, float, CommGroup], float]] = {
+    "ring": _ring, "tree": _tree, "hierarchical": _hierarchical, "pairwise": _all_to_all, "direct": _send_recv,
+}
+
+
+def _best(kind: str, s: float, g: CommGroup) -> float:
+    return min(f(kind, s, g) for f in ALGORITHMS.values())
+
+
+def _validate(kind: str, group: CommGroup) -> None:
+    if kind not in KINDS:
+        raise ConfigError(f"unknown collective {kind!r}; one of {', '.join(KINDS)}")
+    if group.size < 1 or group.ranks_per_node < 1 or group.size % group.ranks_per_node:
+        raise ConfigError(f"bad communication group: size {group.size} is not a multiple of ranks_per_node "
+                          f"{group.ranks_per_node}")
+
+
+@lru_cache(maxsize=1 << 16)
+def collective_algorithm(kind: str, size_bytes: float, group: CommGroup) -> tuple[str, float]:
+    """(name of the fastest algorithm, its time in seconds)."""
+    _validate(kind, group)
+    if group.size == 1 or size_bytes <= 0:
+        return "none", 0.0
+    times = {name: f(kind, float(size_bytes), group) for name, f in ALGORITHMS.items()}
+    name = min(times, key=lambda key: (times[key], key))
+    return name, times[name]
+
+
+def collective_time_s(kind: str, size_bytes: float, group: CommGroup) -> float:
+    """Seconds for one collective. ``size_bytes``: all_reduce the per-rank buffer; all_gather/reduce_scatter
+    the gathered full buffer; all_to_all what each rank sends in total; broadcast the buffer; send_recv what
+    each rank sends."""
+    return collective_algorithm(kind, size_bytes, group)[1]
+
+
+def algorithm_time_s(algorithm: str, kind: str, size_bytes: float, group: CommGroup) -> float:
+    """One named algorithm (``ring``, ``tree``, ``hierarchical``, ...); inf where it does not apply."""
+    _validate(kind, group)
+    if group.size == 1 or size_bytes <= 0:
+        return 0.0
+    return ALGORITHMS[algorithm](kind, float(size_bytes), group)
+
+
+def bus_bandwidth_Bps(kind: str, size_bytes: float, group: CommGroup, time_s: float) -> float:
+    """nccl-tests' bus bandwidth (doc/PERFORMANCE.md): algbw x 2(n-1)/n for all-reduce, x (n-1)/n for
+    reduce-scatter/all-gather/all-to-all, x 1 for broadcast."""
+    n = group.size
+    factor = {"all_reduce": 2 * (n - 1) / n, "reduce_scatter": (n - 1) / n, "all_gather": (n - 1) / n,
+              "all_to_all": (n - 1) / n}.get(kind, 1.0)
+    return size_bytes / time_s * factor
+
+
+# ------------------------------------------------------------------------------------ groups of a cluster
+
+def _intra_Bps(node: NodeProfile) -> float:
+    return node.intra_node_bandwidth_Bps * node.intra_node_efficiency
+
+
+def _inter_per_device_Bps(node: NodeProfile, cluster: Cluster) -> float:
+    """The network bandwidth one device of the node gets when all its devices communicate at once."""
+    return node.inter_node_bandwidth_Bps * node.inter_node_efficiency / node.devices_per_node / cluster.oversubscription
+
+
+_GROUP_CACHE: dict[tuple[int, tuple[int, ...]], tuple[Cluster, CommGroup]] = {}
+_GROUP_CACHE_SIZE = 1 << 14
+
+
+def comm_group(cluster: Cluster, devices: Sequence[int]) -> CommGroup:
+    """The CommGroup of a set of global device ids: ranks per node (the gcd of the per-node counts), the
+    slowest node's links, and the network share of the group's ranks on a node. Every device of a node is
+    assumed to communicate at once in parallel groups of the same shape (as in 3-D parallelism), so a group
+    with ``r`` ranks on a node of ``d`` devices gets ``r/d`` of the node's NICs, divided by the fabric's
+    oversubscription; the inter-node latency includes the fabric's. Results are cached per (cluster,
+    devices); the cache holds the cluster, so its id cannot be reused while the entry lives."""
+    key = (id(cluster), tuple(devices))
+    hit = _GROUP_CACHE.get(key)
+    if hit is not None and hit[0] is cluster:
+        return hit[1]
+    group = _comm_group(cluster, key[1])
+    if len(_GROUP_CACHE) >= _GROUP_CACHE_SIZE:
+        _GROUP_CACHE.clear()
+    _GROUP_CACHE[key] = (cluster, group)
+    return group
+
+
+def _comm_group(cluster: Cluster, devices: tuple[int, ...]) -> CommGroup:
+    if not devices:
+        raise ConfigError("communication group is empty")
+    if len(set(devices)) != len(devices):
+        raise ConfigError(f"communication group lists a device twice: {sorted(devices)}")
+    per_node: dict[int, int] = {}
+    nodes: dict[int, NodeProfile] = {}
+    for device in devices:
+        gi, node_index = locate(cluster, device)
+        per_node[node_index] = per_node.get(node_index, 0) + 1
+        nodes[node_index] = cluster.groups[gi].node
+    ranks_per_node = math.gcd(*per_node.values())
+    spanned = list({id(node): node for node in nodes.values()}.values())
+    return CommGroup(
+        size=len(devices),
+        ranks_per_node=ranks_per_node,
+        intra_bandwidth_Bps=min(_intra_Bps(node) for node in spanned),
+        intra_latency_s=max(node.intra_node_latency_s for node in spanned),
+        inter_bandwidth_Bps=min(_inter_per_device_Bps(node, cluster) for node in spanned) * ranks_per_node,
+        inter_latency_s=max(node.inter_node_latency_s for node in spanned) + cluster.fabric_latency_s,
+    )
+
+
+def p2p_time_s(cluster: Cluster, src_device: int, dst_device: int, size_bytes: float) -> float:
+    """One point-to-point transfer (a pipeline-stage hand-off). Across nodes each device gets its share of
+    its node's NICs (every device of a stage sends at once); the slower end bounds it."""
+    if src_device == dst_device or size_bytes <= 0:
+        return 0.0
+    gs, ns = locate(cluster, src_device)
+    gd, nd = locate(cluster, dst_device)
+    src, dst = cluster.groups[gs].node, cluster.groups[gd].node
+    if ns == nd:
+        return size_bytes / _intra_Bps(src) + src.intra_node_latency_s
+    bandwidth = min(_inter_per_device_Bps(src, cluster), _inter_per_device_Bps(dst, cluster))
+    latency = max(src.inter_node_latency_s, dst.inter_node_latency_s) + cluster.fabric_latency_s
+    return size_bytes / bandwidth + latency

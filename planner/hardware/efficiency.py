@@ -1,0 +1,124 @@
+"""Achieved compute and memory rates of a device: the efficiency curves of its profile.
+
+The cost model calls these for every op of every candidate, so they are plain arithmetic over curve arrays
+cached per curve (a curve is a tuple, hence hashable; the profile itself holds a dict and is not).
+
+* ``gemm_efficiency(profile, flops)``: achieved fraction of peak for a GEMM of ``flops`` FLOPs,
+  interpolated linearly in log(flops) between the curve's points, clamped at both ends.
+* ``matmul_time_s(profile, m, n, k, dtype)``: roofline of one GEMM, max(compute, memory).
+* ``memory_time_s(profile, bytes)``: time to stream ``bytes`` through device memory.
+
+Dtypes a device lacks fall back to the nearest format it runs (documented in ``DTYPE_FALLBACK``):
+mixed-precision bf16 training runs in fp16 on Volta/Turing, fp8 falls back to 16-bit, tf32 to fp32.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from functools import lru_cache
+
+from planner.errors import ClusterError
+from planner.types import DeviceProfile
+
+DTYPE_FALLBACK: dict[str, tuple[str, ...]] = {
+    "fp32": ("fp32",),
+    "tf32": ("tf32", "fp32"),
+    "bf16": ("bf16", "fp16", "fp32"),
+    "fp16": ("fp16", "bf16", "fp32"),
+    "fp8": ("fp8", "bf16", "fp16", "fp32"),
+}
+DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+
+@lru_cache(maxsize=4096)
+def _log_curve(points: tuple[tuple[float, float], ...]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    xs = tuple(math.log(max(x, 1e-30)) for x, _ in points)
+    ys = tuple(y for _, y in points)
+    return xs, ys
+
+
+def interpolate_log(points: tuple[tuple[float, float], ...], x: float) -> float:
+    """Piecewise-linear interpolation of ``points`` (sorted by x) in log(x), clamped at the ends."""
+    if len(points) == 1:
+        return points[0][1]
+    xs, ys = _log_curve(points)
+    lx = math.log(x) if x > 0 else xs[0]
+    if lx <= xs[0]:
+        return ys[0]
+    if lx >= xs[-1]:
+        return ys[-1]
+    i = bisect_right(xs, lx)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 + (y1 - y0) * (lx - x0) / (x1 - x0)
+
+
+def peak_flops_per_s(profile: DeviceProfile, dtype: str = "bf16") -> float:
+    """Dense peak for ``dtype``, or for the nearest format the device runs (see DTYPE_FALLBACK)."""
+    for candidate in DTYPE_FALLBACK.get(dtype, (dtype,)):
+        value = profile.peak_flops_per_s.get(candidate)
+        if value:
+            return value
+    raise ClusterError(f"device {profile.name!r} has no peak FLOP/s for {dtype!r} (it lists "
+                       f"{', '.join(sorted(profile.peak_flops_per_s))}); add it to the device profile")
+
+
+def gemm_efficiency(profile: DeviceProfile, flops: float) -> float:
+    return interpolate_log(profile.gemm_efficiency, flops)
+
+
+def memory_efficiency(profile: DeviceProfile, nbytes: float) -> float:
+    if profile.memory_efficiency_curve:
+        return interpolate_log(profile.memory_efficiency_curve, nbytes)
+    return profile.memory_efficiency
+
+
+def conv_efficiency(profile: DeviceProfile, flops: float) -> float:
+    return interpolate_log(profile.conv_efficiency or profile.gemm_efficiency, flops)
+
+
+def vector_flops_per_s(profile: DeviceProfile) -> float:
+    """Achieved rate of non-GEMM arithmetic: measured where the profile has it, else the fp32 peak."""
+    return profile.vector_flops_per_s or peak_flops_per_s(profile, "fp32")
+
+
+def compute_time_s(profile: DeviceProfile, flops: float, dtype: str = "bf16") -> float:
+    """Time of ``flops`` of GEMM-like work at the size-dependent efficiency (no memory term, no overhead)."""
+    if flops <= 0:
+        return 0.0
+    return flops / (peak_flops_per_s(profile, dtype) * gemm_efficiency(profile, flops))
+
+
+def memory_time_s(profile: DeviceProfile, nbytes: float) -> float:
+    """Time to move ``nbytes`` through device memory (no per-op overhead)."""
+    if nbytes <= 0:
+        return 0.0
+    return nbytes / (profile.memory_bandwidth_Bps * memory_efficiency(profile, nbytes))
+
+
+def matmul_time_s(profile: DeviceProfile, m: int, n: int, k: int, dtype: str = "bf16") -> float:
+    """Roofline time of one (m x k) @ (k x n) GEMM: max(compute at the curve's efficiency, operand traffic)."""
+    flops = 2.0 * m * n * k
+    nbytes = float(m * k + k * n + m * n) * DTYPE_BYTES.get(dtype, 2)
+    return max(compute_time_s(profile, flops, dtype), memory_time_s(profile, nbytes))
+
+
+OP_KINDS = ("gemm", "conv", "vector")
+
+
+def op_time_s(profile: DeviceProfile, flops: float, nbytes: float, gemm: tuple[int, int, int] | None = None,
+              dtype: str = "bf16", kind: str = "gemm") -> float:
+    """One op on one device: roofline of its FLOPs and bytes plus the profile's per-op overhead.
+
+    ``kind`` picks the compute rate: ``gemm`` (peak x GEMM curve at the op's own GEMM size ``gemm`` =
+    (m, n, k), or at its FLOPs), ``conv`` (peak x the convolution curve), ``vector`` (non-GEMM arithmetic:
+    normalisation, softmax, activations)."""
+    if flops <= 0:
+        compute = 0.0
+    elif kind == "vector":
+        compute = flops / vector_flops_per_s(profile)
+    else:
+        size = 2.0 * gemm[0] * gemm[1] * gemm[2] if gemm is not None else flops
+        curve = conv_efficiency if kind == "conv" else gemm_efficiency
+        compute = flops / (peak_flops_per_s(profile, dtype) * curve(profile, size))
+    return max(compute, memory_time_s(profile, nbytes)) + profile.op_overhead_s

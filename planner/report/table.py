@@ -1,0 +1,87 @@
+"""A Plan as a plain-text report: summary, one row per stage (and per replica group), the time breakdown,
+the bottleneck, the embedding placement and what the search proved."""
+
+from __future__ import annotations
+
+from planner.plan import Plan, StagePlan
+from planner.report.units import id_ranges, seconds, size
+
+_BREAKDOWN = (("compute_s", "compute"), ("tp_comm_s", "tensor-parallel comm"), ("pp_comm_s", "pipeline comm"),
+              ("dp_comm_s", "data-parallel comm"), ("bubble_s", "pipeline bubble"), ("optimizer_s", "optimizer"),
+              ("embedding_s", "embeddings"))
+
+
+def _grid(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *rows]]
+
+
+def _stage_rows(stage: StagePlan) -> list[list[str]]:
+    layers = f"{stage.first_layer}-{stage.last_layer} ({stage.last_layer - stage.first_layer + 1})"
+    if len(stage.replicas) <= 1:
+        return [[str(stage.index), layers, stage.device_type, id_ranges(stage.devices), str(stage.tp), str(stage.dp),
+                 stage.recompute, size(stage.memory_bytes_per_device), seconds(stage.time_s)]]
+    rows = [[str(stage.index), layers, "mixed", id_ranges(stage.devices), "", "", stage.recompute,
+             size(stage.memory_bytes_per_device), seconds(stage.time_s)]]
+    for replica in stage.replicas:
+        rows.append(["", f"  {replica.batch_share:.0%} of batch", replica.device_type, id_ranges(replica.devices),
+                     str(replica.tp), str(replica.dp), "", size(replica.memory_bytes_per_device),
+                     seconds(replica.time_s)])
+    return rows
+
+
+def render_table(plan: Plan) -> str:
+    model = plan.model.get("name", "model")
+    peak_bytes = max([plan.memory_per_device_bytes] + [s.memory_bytes_per_device for s in plan.stages])
+    replicas = plan.global_batch / (plan.micro_batch * plan.num_micro_batches)
+    cluster = plan.cluster.get("name", "cluster")
+    lines = [
+        f"Plan for {model} on {cluster} ({plan.num_devices} of {plan.cluster.get('num_devices', '?')} devices)",
+        f"  global batch {plan.global_batch} = micro-batch {plan.micro_batch} x {plan.num_micro_batches} "
+        f"micro-batches x {replicas:g} replicas; schedule {plan.schedule}, vpp {plan.vpp}, ZeRO-{plan.zero}, "
+        f"{plan.dtype}, sequence parallel {'on' if plan.sequence_parallel else 'off'}",
+        f"  iteration {seconds(plan.iteration_time_s)}, {plan.throughput_samples_per_s:.4g} samples/s, "
+        f"peak memory {size(peak_bytes)} per device",
+        "",
+    ]
+    header = ["stage", "layers", "device", "devices", "tp", "dp", "recompute", "memory/device", "time/micro-batch"]
+    rows = [row for stage in plan.stages for row in _stage_rows(stage)]
+    lines += _grid(header, rows)
+    total = sum(plan.breakdown.get(key, 0.0) for key, _ in _BREAKDOWN)
+    lines += ["", "Time per iteration:"]
+    for key, label in _BREAKDOWN:
+        value = plan.breakdown.get(key, 0.0)
+        share = f"{value / total:6.1%}" if total > 0 else "     -"
+        lines.append(f"  {label:<22} {seconds(value):>11}  {share}")
+    if plan.bottleneck:
+        lines += ["", f"Bottleneck: {plan.bottleneck}"]
+    if plan.embeddings:
+        lines += ["", "Embedding tables:"]
+        rows = []
+        for placement in plan.embeddings:
+            devices = id_ranges(s.device for s in placement.shards)
+            memory = "/".join(sorted({s.memory for s in placement.shards}))
+            rows.append([placement.table, placement.sharding, str(len(placement.shards)), devices, memory])
+        lines += ["  " + line for line in _grid(["table", "sharding", "shards", "devices", "memory"], rows)]
+    lines += ["", _search_line(plan)]
+    return "\n".join(lines) + "\n"
+
+
+def _search_line(plan: Plan) -> str:
+    info = plan.search
+    parts = [f"Search: {info.candidates_evaluated} candidates in {seconds(info.time_s)}"
+             + (f" ({info.algorithm})" if info.algorithm else "")]
+    if info.proven_optimal:
+        parts.append("proven optimal under the cost model")
+    elif info.lower_bound_s > 0 and plan.iteration_time_s > 0:
+        gap = plan.iteration_time_s / info.lower_bound_s - 1.0
+        parts.append(f"not proven optimal, within {gap:.1%} of the lower bound")
+    else:
+        parts.append("not proven optimal")
+    if info.lower_bound_s > 0:
+        parts.append(f"lower bound {seconds(info.lower_bound_s)}")
+    if info.embedding_lower_bound_s is not None:
+        parts.append(f"embedding lower bound {seconds(info.embedding_lower_bound_s)}")
+    if plan.physical_bound_s > 0:
+        parts.append(f"physical bound {seconds(plan.physical_bound_s)} (all FLOPs at peak on the devices used)")
+    return "; ".join(parts)

@@ -1,0 +1,121 @@
+"""``planner.plan`` / ``planner.search.search``: find the fastest plan that fits, prove it, explain it."""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from planner.errors import ConfigError, InfeasibleError
+from planner.plan import Plan, SearchInfo
+from planner.search import engine
+from planner.search.backend import Backend
+from planner.search.build import to_plan
+from planner.search.explain import bottleneck
+from planner.search.space import Pins, Settings, StageOption, validate_pins
+from planner.types import Cluster, LayerGraph, ParallelConfig
+
+log = logging.getLogger(__name__)
+
+GIB = 1024 ** 3
+ALGORITHM = "branch-and-bound over settings x stage blocks; bottleneck DP on a critical-path bound per layout"
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The K best plans (best first) and how the search went."""
+
+    plans: tuple[Plan, ...]
+    proven_optimal: bool
+    lower_bound_s: float
+    time_s: float
+    candidates_evaluated: int
+
+    @property
+    def best(self) -> Plan:
+        return self.plans[0]
+
+
+def default_backend(model: LayerGraph, cluster: Cluster) -> Backend:
+    from planner.search.costmodel import CostModelBackend  # the full cost model, imported on first use
+    return CostModelBackend(model, cluster)
+
+
+def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: ParallelConfig | None = None,
+           top_k: int = 1, time_limit_s: float | None = None, seed: int = 0, tables=None,
+           backend: Backend | None = None, progress: Callable[[float], None] | None = None) -> SearchResult:
+    """The ``top_k`` fastest plans that fit, best first. ``pinned`` fields that are set are fixed.
+
+    The search is deterministic (``seed`` is accepted for API stability; nothing is random)."""
+    del seed
+    if global_batch <= 0:
+        raise ConfigError(f"global_batch {global_batch}: must be a positive integer")
+    if top_k <= 0:
+        raise ConfigError(f"--top {top_k}: must be at least 1")
+    if not model.layers:
+        raise ConfigError(f"model {model.name!r} has no layers (pipeline units) to place")
+    pins = Pins.from_config(pinned)
+    validate_pins(pins, cluster, global_batch, len(model.layers))
+    backend = backend if backend is not None else default_backend(model, cluster)
+    outcome = engine.run(backend, cluster, len(model.layers), global_batch, pins, top_k=top_k,
+                         time_limit_s=time_limit_s, progress=progress)
+    if not outcome.candidates:
+        if outcome.timed_out:
+            raise InfeasibleError(f"--time-limit {time_limit_s}: no feasible plan was found in time; "
+                                  "raise the time limit or pin more choices (--tp, --pp, --dp)")
+        raise InfeasibleError(_why_infeasible(model, cluster, global_batch, pins, backend))
+    info = SearchInfo(time_s=outcome.time_s, candidates_evaluated=outcome.bounded + outcome.solved,
+                      proven_optimal=outcome.proven_optimal, lower_bound_s=outcome.lower_bound_s,
+                      algorithm=ALGORITHM)
+    built = []
+    for cand in outcome.candidates:
+        m = cand.settings.num_micro_batches(global_batch)
+        built.append(to_plan(model, cluster, cand.spec, cand.estimate, info, bottleneck(cand.estimate, m)))
+    built = _attach_embeddings(model, cluster, built, tables)
+    return SearchResult(plans=tuple(built), proven_optimal=outcome.proven_optimal, lower_bound_s=info.lower_bound_s,
+                        time_s=outcome.time_s, candidates_evaluated=info.candidates_evaluated)
+
+
+def plan(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: ParallelConfig | None = None,
+         top_k: int = 1, time_limit_s: float | None = None, seed: int = 0, tables=None,
+         backend: Backend | None = None, progress: Callable[[float], None] | None = None) -> Plan:
+    """The fastest plan that fits (see :func:`search`)."""
+    return search(model, cluster, global_batch, pinned=pinned, top_k=top_k, time_limit_s=time_limit_s, seed=seed,
+                  tables=tables, backend=backend, progress=progress).best
+
+
+def _attach_embeddings(model: LayerGraph, cluster: Cluster, plans: list[Plan], tables) -> list[Plan]:
+    """Place sparse embedding tables (DLRM-style: tables outside the pipeline layers, or given by ``tables``).
+    A dense model's token embedding is an ``embedding`` layer of the pipeline and is planned with it."""
+    sparse = model.embedding_tables and not any(layer.kind == "embedding" for layer in model.layers)
+    if not sparse and not tables:
+        return plans
+    from planner import embeddings  # placement of sparse tables (imported only for models that have them)
+    return [embeddings.attach(p, model, cluster, tables) for p in plans]
+
+
+def _why_infeasible(model: LayerGraph, cluster: Cluster, global_batch: int, pins: Pins, backend: Backend) -> str:
+    """The memory the model needs at the most memory-frugal settings, against what the cluster has."""
+    frugal = Settings(micro_batch=pins.micro_batch or 1, dp=pins.dp or 1,
+                      zero=pins.zero if pins.zero is not None else 0,
+                      recompute=pins.recompute or "full", sequence_parallel=bool(pins.sequence_parallel),
+                      optimizer=pins.optimizer, dtype=pins.dtype)
+    option = StageOption(0, 1)
+    table = backend.layer_table(option, frugal)
+    state = float(np.asarray(backend.static_bytes(np.array([table.params_per_rank.sum()]), option, frugal))[0])
+    act = float(table.act_bytes.sum())
+    have = sum(g.num_devices * g.node.device.memory_bytes for g in cluster.groups)
+    largest = max(cluster.groups, key=lambda g: g.node.device.memory_bytes).node.device
+    need_devices = math.ceil(state / largest.memory_bytes)
+    pinned = [f"--{name.replace('_', '-')}" for name in ("tp", "pp", "dp", "micro_batch", "zero", "recompute")
+              if getattr(pins, name) not in (None, 0)]
+    fix = (f"unpin {', '.join(pinned)} so the search may shard further, or " if pinned else "")
+    return (f"no plan of {model.name!r} fits {cluster.name or 'the cluster'} at global batch {global_batch}: "
+            f"its weights, gradients and optimizer states take {state / GIB:.1f} GiB "
+            f"(plus {act / GIB:.2f} GiB of activations per sample with full recompute), while the cluster's "
+            f"{cluster.num_devices} devices hold {have / GIB:.1f} GiB in all and sharding is limited by tp "
+            f"within a node and one layer per stage; {fix}add devices (at least {need_devices} x "
+            f"{largest.name} just for the model states), or use a smaller model")

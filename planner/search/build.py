@@ -1,0 +1,45 @@
+"""From a timed plan (PipelineSpec + the cost model's Estimate) to the user-facing Plan."""
+
+from __future__ import annotations
+
+from planner.hardware.cluster import locate
+from planner.plan import Plan, SearchInfo, StagePlan, cluster_summary
+from planner.types import Cluster, Estimate, LayerGraph, PipelineSpec
+
+
+def physical_bound_s(model: LayerGraph, cluster: Cluster, spec: PipelineSpec) -> float:
+    """Training FLOPs of one iteration (forward + backward = 3x forward) over the summed peak FLOP/s of the
+    devices the plan uses."""
+    peak = 0.0
+    for stage in spec.stages:
+        for replica in stage.replicas:
+            for device in replica.devices:
+                profile = cluster.groups[locate(cluster, device)[0]].node.device
+                peak += profile.peak_flops_per_s.get(spec.dtype, max(profile.peak_flops_per_s.values()))
+    return 3.0 * model.flops_forward * spec.global_batch / peak if peak else 0.0
+
+
+def to_plan(model: LayerGraph, cluster: Cluster, spec: PipelineSpec, estimate: Estimate, search: SearchInfo,
+            bottleneck: str) -> Plan:
+    stages = []
+    for k, (stage, est) in enumerate(zip(spec.stages, estimate.stages)):
+        replica = stage.replicas[0]
+        stages.append(StagePlan(
+            index=k, first_layer=stage.first_layer, last_layer=stage.last_layer,
+            layer_names=tuple(layer.name for layer in model.layers[stage.first_layer:stage.last_layer + 1]),
+            layer_kinds=tuple(layer.kind for layer in model.layers[stage.first_layer:stage.last_layer + 1]),
+            device_type=est.device_type, devices=replica.devices, tp=replica.tp, dp=replica.dp,
+            recompute=spec.recompute, memory_bytes_per_device=float(est.memory.total_bytes),
+            time_s=float(est.forward_s + est.backward_s)))
+    m = spec.global_batch // (spec.micro_batch * spec.stages[0].replicas[0].dp)
+    return Plan(
+        model={"name": model.name, "params": model.params, "flops_per_sample": 3.0 * model.flops_forward,
+               "layers": len(model.layers)},
+        cluster=cluster_summary(cluster), global_batch=spec.global_batch, micro_batch=spec.micro_batch,
+        num_micro_batches=m, schedule=spec.schedule, zero=spec.zero,
+        iteration_time_s=float(estimate.iteration_time_s),
+        throughput_samples_per_s=float(estimate.throughput_samples_per_s), stages=tuple(stages),
+        breakdown={k: float(v) for k, v in estimate.breakdown.to_dict().items()}, search=search,
+        vpp=spec.vpp, sequence_parallel=spec.sequence_parallel, optimizer=spec.optimizer, dtype=spec.dtype,
+        memory_per_device_bytes=float(estimate.memory_per_device_bytes), bottleneck=bottleneck,
+        physical_bound_s=physical_bound_s(model, cluster, spec))

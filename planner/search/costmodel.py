@@ -1,0 +1,142 @@
+"""The search backend over the full cost model (``planner.cost``): per-segment quantities for the partition
+DP from the cost model's own per-layer costs, memory formula, transfer and synchronisation times, and
+``estimate_pipeline`` to time every plan the search keeps.
+
+It mirrors ``planner.cost.estimator`` for a stage served by one replica group: forward/backward/activation
+sums over the stage's layers, the largest transient, the boundary transfer to the next stage's first device,
+and for stage 0 the exposed data-parallel synchronisation (overlapped with the last backward) plus the
+optimizer step. ``tests/test_search_costmodel.py`` checks that the bound it builds never exceeds what
+``estimate_pipeline`` returns, and equals it for identical stages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from planner.cost import dp_sync_time_s, estimate_pipeline, layer_costs, optimizer_time_s, stage_memory
+from planner.cost.calibration import DeviceCalibration, calibration_for
+from planner.cost.comm import node_group
+from planner.cost.memory import micro_batches_in_flight
+from planner.hardware.cluster import locate
+from planner.hardware.collectives import CommGroup, p2p_time_s
+from planner.search.backend import LayerTable, bound_matrices, segment_max, segment_sums
+from planner.search.space import Layout, Settings, StageOption
+from planner.search.tables import allocate
+from planner.types import Cluster, Estimate, LayerGraph, PipelineSpec
+
+
+@dataclass(frozen=True)
+class CostModelBackend:
+    model: LayerGraph
+    cluster: Cluster
+    _tables: dict = field(default_factory=dict, compare=False, repr=False)
+    _p2p: dict = field(default_factory=dict, compare=False, repr=False)
+    _segments: dict = field(default_factory=dict, compare=False, repr=False)
+    _tails: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def _cal(self, option: StageOption) -> DeviceCalibration:
+        return calibration_for(self.cluster.groups[option.pool].node.device.name)
+
+    def layer_table(self, option: StageOption, settings: Settings) -> LayerTable:
+        key = (option, settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype)
+        hit = self._tables.get(key)
+        if hit is None:
+            node = self.cluster.groups[option.pool].node
+            lc = layer_costs(self.model, node, option.tp, settings.micro_batch, settings.recompute,
+                             settings.sequence_parallel, settings.dtype, self._cal(option))
+            hit = LayerTable(forward_s=lc.forward_s, backward_s=lc.backward_s, params_per_rank=lc.params_per_rank,
+                             act_bytes=lc.activation_bytes, peak_bytes=lc.peak_extra_bytes,
+                             output_bytes=lc.output_bytes)
+            self._tables[key] = hit
+        return hit
+
+    def static_bytes(self, params_per_rank, option: StageOption, settings: Settings):
+        mem = stage_memory(np.asarray(params_per_rank, dtype=float), 0.0, 0, settings.zero, settings.dp,
+                           settings.optimizer, settings.dtype)
+        return mem.weights_bytes + mem.gradients_bytes + mem.optimizer_bytes
+
+    def capacity_bytes(self, option: StageOption) -> float:
+        return float(self.cluster.groups[option.pool].node.device.memory_bytes)
+
+    def _dp_group(self, option: StageOption, devices: tuple[int, ...], dp: int) -> CommGroup:
+        """The stage's data-parallel group (one rank per replica), as the estimator forms it for one
+        replica group: the replicas sharing a node share its NICs."""
+        leaders: dict[int, int] = {}
+        on_node: dict[int, int] = {}
+        for i, d in enumerate(devices):
+            node_index = locate(self.cluster, d)[1]
+            on_node[node_index] = on_node.get(node_index, 0) + 1
+            if i % option.tp == 0:
+                leaders[node_index] = leaders.get(node_index, 0) + 1
+        share = min(leaders[k] / on_node[k] for k in leaders)
+        return node_group(self.cluster.groups[option.pool].node, dp, min(leaders.values()), self._cal(option),
+                          nic_share=share)
+
+    def _send_s(self, src: int, dst: int, output_bytes: np.ndarray, option: StageOption) -> np.ndarray:
+        """Boundary transfer times after each layer from device ``src`` to ``dst`` (affine in the bytes, so
+        two probes per device pair)."""
+        key = (locate(self.cluster, src), locate(self.cluster, dst), option)
+        coef = self._p2p.get(key)
+        if coef is None:
+            scale = self._cal(option).comm_scale
+            t1, t2 = (p2p_time_s(self.cluster, src, dst, x) / scale for x in (1e6, 2e6))
+            slope = (t2 - t1) / 1e6
+            coef = (t1 - slope * 1e6, slope)
+            self._p2p[key] = coef
+        out = np.asarray(output_bytes, dtype=float)
+        return np.where(out > 0, coef[0] + coef[1] * out, 0.0)
+
+    def _segments_of(self, option: StageOption, settings: Settings) -> tuple[np.ndarray, ...]:
+        """(forward, backward, params per rank, activation bytes, transient peak) per segment i..j."""
+        key = (option, settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype)
+        hit = self._segments.get(key)
+        if hit is None:
+            t = self.layer_table(option, settings)
+            hit = (segment_sums(t.forward_s), segment_sums(t.backward_s), segment_sums(t.params_per_rank),
+                   segment_sums(t.act_bytes), segment_max(t.peak_bytes))
+            self._segments[key] = hit
+        return hit
+
+    def stage_matrices(self, layout: Layout, settings: Settings, global_batch: int):
+        m = settings.num_micro_batches(global_batch)
+        P = layout.num_stages
+        devices = allocate(self.cluster, layout, settings)
+        fwd, bwd, sends, fits = [], [], [], []
+        for k, option in enumerate(layout.options):
+            f, b, params, act, peak = self._segments_of(option, settings)
+            fwd.append(f)
+            bwd.append(b)
+            sends.append(self._send_s(devices[k][0], devices[k + 1][0], self.layer_table(option, settings).output_bytes,
+                                      option) if k + 1 < P else None)
+            in_flight = micro_batches_in_flight(k, P, m, settings.schedule, settings.vpp)
+            mem = stage_memory(params, act, in_flight, settings.zero, settings.dp, settings.optimizer,
+                               settings.dtype, peak)
+            fits.append(mem.total_bytes <= self.capacity_bytes(option))
+        return bound_matrices(fwd, bwd, sends, fits, self._tail0(layout.options[0], devices[0], settings), m)
+
+    def _tail0(self, option: StageOption, devices: tuple[int, ...], settings: Settings) -> np.ndarray:
+        """Stage 0's exposed synchronisation plus optimizer step when it holds layers 0..j, for every j."""
+        key = (option, settings, devices)
+        hit = self._tails.get(key)
+        if hit is not None:
+            return hit
+        t = self.layer_table(option, settings)
+        group = self._dp_group(option, devices, settings.dp)
+        cal = self._cal(option)
+        device = self.cluster.groups[option.pool].node.device
+        params = np.cumsum(t.params_per_rank)
+        backward = np.cumsum(t.backward_s)
+        out = np.empty(len(params))
+        for j, (p, b) in enumerate(zip(params, backward)):
+            sync = dp_sync_time_s(float(p), group, settings.zero, settings.dtype,
+                                  cal.dp_overlap * float(b) / settings.vpp)
+            step = optimizer_time_s(float(p), device, settings.optimizer, settings.zero, settings.dp,
+                                    settings.dtype, cal)
+            out[j] = sync + step
+        self._tails[key] = out
+        return out
+
+    def evaluate(self, spec: PipelineSpec) -> Estimate:
+        return estimate_pipeline(self.model, self.cluster, spec)

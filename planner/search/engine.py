@@ -1,0 +1,299 @@
+"""Branch and bound over the search space (see :mod:`planner.search.space`).
+
+1. Enumerate every settings (micro-batch, dp, ZeRO, recompute, sequence parallelism) and, for each, every set of
+   stage blocks (which pools, at which tp, with how many stages each); bound each one from below
+   (:mod:`planner.search.bounds`) without choosing a layer partition.
+2. Visit the blocks in increasing bound order. For each order of its pools, the partition DP
+   (:func:`planner.search.partition.solve_partition`) finds the partition minimising the lower bound of
+   :mod:`planner.search.backend` (the layout's bound), and the cost model times that partition exactly.
+3. Stop when the next bound reaches the K-th best time: every unvisited plan is provably no faster.
+
+The best plan is proven optimal under the cost model when its time does not exceed the least bound of any
+layout (visited or not); otherwise the plan's ``lower_bound_s`` says how far from optimal it can be.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from planner.search.backend import Backend
+from planner.search.bounds import lower_bounds, option_profile
+from planner.search.partition import solve_partition, stage_bounds
+from planner.search.space import Layout, Pins, Settings, StageOption, enumerate_settings, ordered_layouts, \
+    tp_choices
+from planner.search.tables import allocate
+from planner.types import Cluster, Estimate, PipelineSpec, ReplicaSpec, StageSpec
+
+log = logging.getLogger(__name__)
+
+MAX_GRID = 20000  # stage-count combinations per pool set before mixed layouts fall back to whole pools
+_REL_TOL = 1e-9
+MAX_PIPELINE_ZERO = 1  # ZeRO-2/3 shard gradients/weights per micro-batch: DeepSpeed refuses them with pp > 1
+
+
+@dataclass(frozen=True, order=True)
+class Candidate:
+    """A timed plan: its iteration time under the cost model, and what defines it."""
+
+    time_s: float
+    settings: Settings
+    layout: Layout
+    last_layers: tuple[int, ...]
+    bound_s: float = field(compare=False)  # the layout's lower bound (DP optimum)
+    spec: PipelineSpec = field(compare=False, repr=False)
+    estimate: Estimate = field(compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    candidates: tuple[Candidate, ...]  # best first
+    proven_optimal: bool
+    lower_bound_s: float
+    bounded: int  # plan shapes (settings x blocks) bounded
+    solved: int  # layouts whose partition DP ran
+    timed: int  # plans timed by the cost model
+    complete_space: bool  # False when mixed layouts were restricted to whole pools
+    timed_out: bool
+    bound_violations: int  # plans the cost model timed below their bound (a backend inconsistency)
+    time_s: float
+
+
+@dataclass(frozen=True, order=True)
+class _Entry:
+    bound_s: float
+    settings_index: int
+    options: tuple[StageOption, ...]
+    counts: tuple[int, ...]
+
+
+def pipeline_spec(cluster: Cluster, global_batch: int, settings: Settings, layout: Layout,
+                  last_layers: tuple[int, ...]) -> PipelineSpec:
+    stages = tuple(StageSpec(first_layer=first, last_layer=last,
+                             replicas=(ReplicaSpec(devices=devices, tp=option.tp, dp=settings.dp),))
+                   for option, devices, (first, last) in zip(layout.options, allocate(cluster, layout, settings),
+                                                             stage_bounds(last_layers)))
+    return PipelineSpec(stages=stages, global_batch=global_batch, micro_batch=settings.micro_batch,
+                        vpp=settings.vpp, zero=settings.zero, recompute=settings.recompute,
+                        sequence_parallel=settings.sequence_parallel, schedule=settings.schedule,
+                        optimizer=settings.optimizer, dtype=settings.dtype)
+
+
+def _count_grid(caps: list[int], num_layers: int, pinned_pp: int, max_stages: int) -> tuple[np.ndarray, bool]:
+    """Stage counts per option: every combination of 1..cap (restricted to whole pools when too many)."""
+    caps = [min(c, max_stages) for c in caps]
+    size = float(np.prod([float(c) for c in caps]))
+    if size <= MAX_GRID:
+        grid = np.array(list(itertools.product(*[range(1, cap + 1) for cap in caps])), dtype=int)
+        grid = grid.reshape(-1, len(caps))
+        total = grid.sum(axis=1)
+        grid = grid[(total <= num_layers) & (total <= max_stages) & ((total == pinned_pp) if pinned_pp else True)]
+        return grid, True
+    full = np.array([caps], dtype=int)
+    total = full.sum(axis=1)
+    return full[(total <= num_layers) & ((total == pinned_pp) if pinned_pp else True)], False
+
+
+def _entries(backend: Backend, cluster: Cluster, settings: Settings, index: int, num_layers: int, global_batch: int,
+             pins: Pins) -> tuple[list[_Entry], bool]:
+    m = settings.num_micro_batches(global_batch)
+    max_stages = 1 if settings.zero > MAX_PIPELINE_ZERO else num_layers
+    per_pool: list[list[StageOption | None]] = []
+    for pool, group in enumerate(cluster.groups):
+        opts: list[StageOption | None] = [None]
+        opts += [StageOption(pool, tp) for tp in tp_choices(cluster, pool, pins)
+                 if tp * settings.dp <= group.num_devices]
+        per_pool.append(opts)
+    entries: list[_Entry] = []
+    complete = True
+    for choice in itertools.product(*per_pool):
+        options = tuple(o for o in choice if o is not None)
+        if not options or (max_stages == 1 and len(options) > 1):
+            continue
+        if settings.sequence_parallel and all(o.tp == 1 for o in options):
+            continue  # identical to the plan without sequence parallelism
+        caps = [min(num_layers, cluster.groups[o.pool].num_devices // (o.tp * settings.dp)) for o in options]
+        counts, full = _count_grid(caps, num_layers, pins.pp, max_stages)
+        complete &= full
+        if len(counts) == 0:
+            continue
+        profiles = [option_profile(backend, o, settings) for o in options]
+        bounds = lower_bounds(profiles, counts, m)
+        for row, bound in zip(counts, bounds):
+            if np.isfinite(bound):
+                entries.append(_Entry(float(bound), index, options, tuple(int(c) for c in row)))
+    return entries, complete
+
+
+class _Search:
+    """Mutable state of one branch-and-bound run (kept out of module globals)."""
+
+    def __init__(self, backend: Backend, cluster: Cluster, global_batch: int, top_k: int) -> None:
+        self.backend, self.cluster, self.global_batch, self.top_k = backend, cluster, global_batch, top_k
+        self.best: list[Candidate] = []
+        self.timed = self.violations = 0
+        self.least_layout_bound = np.inf
+
+    def cutoff(self) -> float:
+        return self.best[-1].time_s if len(self.best) >= self.top_k else np.inf
+
+    def time(self, settings: Settings, layout: Layout, last: tuple[int, ...], bound: float | None
+             ) -> Candidate | None:
+        """Time a plan with the cost model. ``bound`` is the layout's lower bound (None: the plan is its
+        layout's only partition, so its time is the bound)."""
+        spec = pipeline_spec(self.cluster, self.global_batch, settings, layout, last)
+        estimate = self.backend.evaluate(spec)
+        self.timed += 1
+        if not estimate.feasible:
+            if bound is not None:
+                log.warning("search: the cost model rejects a plan the bound admitted (%s)", estimate.reason)
+                self.violations += 1
+            return None
+        time_s = float(estimate.iteration_time_s)
+        if bound is None:
+            bound = time_s
+        elif time_s < bound * (1 - 1e-6):
+            log.warning("search: the cost model times a plan at %.6g s, below its bound %.6g s", time_s, bound)
+            self.violations += 1
+        return Candidate(time_s, settings, layout, last, bound, spec, estimate)
+
+    def offer(self, cand: Candidate) -> None:
+        if any(c.settings == cand.settings and c.layout == cand.layout and c.last_layers == cand.last_layers
+               for c in self.best):
+            return
+        self.best.append(cand)
+        self.best.sort()
+        del self.best[self.top_k:]
+
+    def refine(self, cand: Candidate, max_rounds: int = 8) -> Candidate:
+        """Hill-climb the layer cuts of a plan whose time exceeds its layout's bound (the bound is exact for
+        identical stages; uneven ones may time better after moving a cut by a layer or two)."""
+        current = cand
+        L = current.last_layers[-1] + 1
+        for _ in range(max_rounds):
+            improved = False
+            cuts = current.last_layers[:-1]
+            for k in range(len(cuts)):
+                for step in (-2, -1, 1, 2):
+                    moved = list(cuts)
+                    moved[k] += step
+                    lo = moved[k - 1] + 1 if k > 0 else 0
+                    hi = moved[k + 1] - 1 if k + 1 < len(moved) else L - 2
+                    if not lo <= moved[k] <= hi:
+                        continue
+                    trial = self.time(current.settings, current.layout, (*moved, L - 1), cand.bound_s)
+                    if trial is not None and trial < current:
+                        current, improved = trial, True
+            if not improved or current.time_s <= cand.bound_s * (1 + _REL_TOL):
+                break
+        return current
+
+
+def settings_bound(backend: Backend, cluster: Cluster, settings: Settings, num_layers: int, global_batch: int,
+                   pins: Pins) -> float:
+    """A lower bound for every plan with these settings (any pools, tp, stage counts and partition): the
+    bounds of :mod:`planner.search.bounds` with the stage capacity of whole pools,
+    sum_k 1/rho_k <= sum_pools (devices / dp) * max_tp 1 / (rho * tp), and at most one stage per layer."""
+    m = settings.num_micro_batches(global_batch)
+    options = [StageOption(pool, tp) for pool, group in enumerate(cluster.groups)
+               for tp in tp_choices(cluster, pool, pins) if tp * settings.dp <= group.num_devices]
+    if not options:
+        return np.inf
+    tables = [backend.layer_table(o, settings) for o in options]
+    fwd = np.stack([np.asarray(t.forward_s, dtype=float) for t in tables])
+    bwd = np.stack([np.asarray(t.backward_s, dtype=float) for t in tables])
+    sum_min = float((fwd + bwd).min(axis=0).sum())
+    q = (m - 1) * bwd  # G_k >= (m - 1) b_k
+    best = float(q.min(axis=0).max())
+    for ref in range(len(options)):
+        rho = np.minimum(_ratio(bwd, ref), _ratio(fwd, ref))
+        if not (rho > 0).all():
+            continue
+        per_pool: dict[int, float] = {}
+        for o, r in zip(options, rho):
+            per_pool[o.pool] = max(per_pool.get(o.pool, 0.0), 1.0 / (r * o.tp))
+        capacity = min(sum(cluster.groups[p].num_devices / settings.dp * v for p, v in per_pool.items()),
+                       num_layers * float((1.0 / rho).max()))
+        best = max(best, float(q[ref].sum()) / capacity)
+    return sum_min + best
+
+
+def _ratio(values: np.ndarray, ref: int) -> np.ndarray:
+    base = values[ref]
+    pos = base > 0
+    if not pos.any():
+        return np.zeros(len(values))
+    return (values[:, pos] / base[pos]).min(axis=1)
+
+
+def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, pins: Pins, top_k: int = 1,
+        time_limit_s: float | None = None, progress: Callable[[float], None] | None = None) -> Outcome:
+    start = time.perf_counter()
+    settings_list = [s for s in enumerate_settings(cluster, global_batch, pins)
+                     if not (s.dp == 1 and s.zero > 0 and pins.zero is None)]  # ZeRO shards across dp ranks
+    # settings in increasing bound order; their blocks are bounded only when that bound can still win
+    queue = sorted((settings_bound(backend, cluster, s, num_layers, global_batch, pins), i)
+                   for i, s in enumerate(settings_list))
+    log.info("search: %d settings", len(settings_list))
+    state = _Search(backend, cluster, global_batch, top_k)
+    heap: list[_Entry] = []
+    expanded = bounded = solved = 0
+    complete = True
+    timed_out = False
+    unvisited = np.inf
+    while True:
+        top = heap[0].bound_s if heap else np.inf
+        upcoming = queue[expanded][0] if expanded < len(queue) else np.inf
+        if min(top, upcoming) >= state.cutoff():
+            break
+        if time_limit_s is not None and time.perf_counter() - start > time_limit_s:
+            timed_out, unvisited = True, min(top, upcoming)
+            break
+        if upcoming <= top:
+            index = queue[expanded][1]
+            expanded += 1
+            found, full = _entries(backend, cluster, settings_list[index], index, num_layers, global_batch, pins)
+            complete &= full
+            bounded += len(found)
+            for entry in found:
+                heapq.heappush(heap, entry)
+            if progress is not None:
+                progress(expanded / len(queue))
+            continue
+        entry = heapq.heappop(heap)
+        settings = settings_list[entry.settings_index]
+        blocks = [(o.pool, o.tp, c) for o, c in zip(entry.options, entry.counts)]
+        for layout in ordered_layouts(blocks):
+            solved += 1
+            if layout.num_stages == 1:
+                cand = state.time(settings, layout, (num_layers - 1,), None)
+                if cand is not None:
+                    state.least_layout_bound = min(state.least_layout_bound, cand.time_s)
+                    state.offer(cand)
+                continue
+            S, G, R = backend.stage_matrices(layout, settings, global_batch)
+            part = solve_partition(S, G, R, state.cutoff())
+            if part is None:
+                continue  # no partition fits, or none can beat the K-th best
+            state.least_layout_bound = min(state.least_layout_bound, part.objective)
+            cand = state.time(settings, layout, part.last_layers, part.objective)
+            if cand is not None:
+                state.offer(cand)
+    for cand in list(state.best):
+        if cand.time_s > cand.bound_s * (1 + _REL_TOL):
+            state.offer(state.refine(cand))
+    if progress is not None:
+        progress(1.0)
+    best_time = state.best[0].time_s if state.best else np.inf
+    lower = min(best_time, state.least_layout_bound, unvisited)
+    proven = bool(state.best) and complete and not timed_out and state.violations == 0 \
+        and best_time <= lower * (1 + 1e-6)
+    return Outcome(candidates=tuple(state.best), proven_optimal=proven, lower_bound_s=float(lower),
+                   bounded=bounded, solved=solved, timed=state.timed, complete_space=complete,
+                   timed_out=timed_out, bound_violations=state.violations, time_s=time.perf_counter() - start)

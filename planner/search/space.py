@@ -1,0 +1,167 @@
+"""The search space: global choices (:class:`Settings`), per-stage device choices (:class:`StageOption`) and
+pipeline shapes (:class:`Layout`), with their enumeration under the user's pins.
+
+A plan in this space is
+  * ``settings``: micro-batch ``b``, data-parallel degree ``D`` of every stage, ZeRO stage, recompute,
+    sequence parallelism, schedule (shared by all stages, as Megatron-LM and DeepSpeed require);
+  * a ``layout``: the ordered stages, each on one device pool (a cluster group: GPU type and its nodes)
+    with its own tensor-parallel degree ``tp``; stage ``k`` uses ``tp_k * D`` devices of its pool;
+  * a layer partition: stage ``k`` holds the contiguous layers ``first_k..last_k`` (uneven splits allowed).
+
+Pools that would slow the plan are simply left out of the layout (idle devices).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import permutations
+from typing import Iterator, Sequence
+
+from planner.errors import ConfigError
+from planner.types import Cluster, ParallelConfig
+
+RECOMPUTE = ("none", "selective", "full")
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+@dataclass(frozen=True, order=True)
+class StageOption:
+    """One pipeline stage's devices: ``tp``-way tensor parallel groups on pool ``pool`` (cluster group index)."""
+
+    pool: int
+    tp: int
+
+
+@dataclass(frozen=True, order=True)
+class Settings:
+    """Choices shared by every stage of a plan."""
+
+    micro_batch: int
+    dp: int
+    zero: int
+    recompute: str
+    sequence_parallel: bool
+    schedule: str = "1f1b"
+    vpp: int = 1
+    optimizer: str = "adam"
+    dtype: str = "bf16"
+
+    def num_micro_batches(self, global_batch: int) -> int:
+        return global_batch // (self.micro_batch * self.dp)
+
+
+@dataclass(frozen=True, order=True)
+class Layout:
+    """The ordered stages' device options."""
+
+    options: tuple[StageOption, ...]
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.options)
+
+
+@dataclass(frozen=True)
+class Pins:
+    """The choices the user fixed (``None`` or 0 = searched)."""
+
+    tp: int = 0
+    pp: int = 0
+    dp: int = 0
+    micro_batch: int | None = None
+    vpp: int | None = None
+    zero: int | None = None
+    recompute: str | None = None
+    sequence_parallel: bool | None = None
+    schedule: str | None = None
+    optimizer: str = "adam"
+    dtype: str = "bf16"
+
+    @classmethod
+    def from_config(cls, config: ParallelConfig | None) -> "Pins":
+        if config is None:
+            return cls()
+        return cls(tp=config.tp or 0, pp=config.pp or 0, dp=config.dp or 0, micro_batch=config.micro_batch,
+                   vpp=config.vpp, zero=config.zero, recompute=config.recompute,
+                   sequence_parallel=config.sequence_parallel, schedule=config.schedule,
+                   optimizer=config.optimizer, dtype=config.dtype)
+
+
+def powers_of_two_upto(limit: int) -> list[int]:
+    out, value = [], 1
+    while value <= limit:
+        out.append(value)
+        value *= 2
+    return out
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def validate_pins(pins: Pins, cluster: Cluster, global_batch: int, num_layers: int) -> None:
+    """Reject pins that no plan can satisfy, with a message naming the flag."""
+    if pins.vpp not in (None, 1):
+        raise ConfigError(f"--vpp {pins.vpp}: the search plans non-interleaved pipelines (vpp 1); "
+                          "use 'planner estimate --vpp' to evaluate an interleaved schedule")
+    if pins.schedule not in (None, "1f1b"):
+        raise ConfigError(f"--schedule {pins.schedule}: the search plans the 1f1b schedule; "
+                          "use 'planner estimate --schedule' for other schedules")
+    if pins.pp and pins.pp > num_layers:
+        raise ConfigError(f"--pp {pins.pp}: the model has only {num_layers} layers (pipeline units); "
+                          f"use --pp {num_layers} or fewer")
+    if pins.tp and pins.tp > max(g.node.devices_per_node for g in cluster.groups):
+        raise ConfigError(f"--tp {pins.tp}: tensor parallelism stays inside a node and the largest node has "
+                          f"{max(g.node.devices_per_node for g in cluster.groups)} devices")
+    used = max(pins.tp, 1) * max(pins.pp, 1) * max(pins.dp, 1)
+    if used > cluster.num_devices:
+        raise ConfigError(f"--tp/--pp/--dp: the pinned degrees need {used} devices but the cluster has "
+                          f"{cluster.num_devices}")
+    per_step = (pins.micro_batch or 1) * max(pins.dp, 1)
+    if global_batch % per_step:
+        raise ConfigError(f"--global-batch {global_batch} is not divisible by micro-batch x dp = {per_step}; "
+                          "change --global-batch, --micro-batch or --dp")
+
+
+def tp_choices(cluster: Cluster, pool: int, pins: Pins) -> list[int]:
+    """Tensor-parallel degrees allowed on a pool: powers of two dividing the node (tp stays within a node)."""
+    per_node = cluster.groups[pool].node.devices_per_node
+    choices = [t for t in powers_of_two_upto(per_node) if per_node % t == 0]
+    if pins.tp:
+        choices = [t for t in choices if t == pins.tp]
+    return choices
+
+
+def enumerate_settings(cluster: Cluster, global_batch: int, pins: Pins, max_micro_batch: int = 64,
+                       ) -> Iterator[Settings]:
+    """Every combination of the global choices that divides the batch, deterministic order."""
+    n = cluster.num_devices
+    dps = [pins.dp] if pins.dp else [d for d in divisors(global_batch) if d <= n]
+    zeros = [pins.zero] if pins.zero is not None else list(ZERO_STAGES)
+    recomputes = [pins.recompute] if pins.recompute else list(RECOMPUTE)
+    sps = [pins.sequence_parallel] if pins.sequence_parallel is not None else [False, True]
+    for dp in dps:
+        per_dp = global_batch // dp if global_batch % dp == 0 else 0
+        if not per_dp:
+            continue
+        mbs = ([pins.micro_batch] if pins.micro_batch
+               else [b for b in powers_of_two_upto(min(max_micro_batch, per_dp)) if per_dp % b == 0])
+        for b in mbs:
+            if per_dp % b:
+                continue
+            for zero in zeros:
+                for rc in recomputes:
+                    for sp in sps:
+                        yield Settings(micro_batch=b, dp=dp, zero=zero, recompute=rc, sequence_parallel=sp,
+                                       optimizer=pins.optimizer, dtype=pins.dtype)
+
+
+def ordered_layouts(blocks: Sequence[tuple[int, int, int]], all_orders: bool = True) -> Iterator[Layout]:
+    """Layouts from unordered blocks ``(pool, tp, num_stages)``: each pool's stages are contiguous; every
+    order of the pools is produced (memory and point-to-point costs depend on the order)."""
+    orders = permutations(blocks) if all_orders else [tuple(blocks)]
+    for order in orders:
+        opts: list[StageOption] = []
+        for pool, tp, count in order:
+            opts.extend([StageOption(pool, tp)] * count)
+        yield Layout(tuple(opts))

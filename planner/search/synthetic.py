@@ -1,0 +1,146 @@
+"""A small closed-form cost model implementing :class:`~planner.search.backend.Backend`.
+
+It exists to cross-check the solvers (DP, ILP, exhaustive enumeration) on random instances independently of
+the full cost model in ``planner.cost``. Its iteration time IS the bound of :mod:`planner.search.backend`
+(so the search must find its optimum exactly), and ``evaluate`` recomputes every plan layer by layer in
+plain Python, a separate code path from the vectorised segment matrices. Its constants are illustrative
+shapes (roofline compute, ring all-reduce, Adam state bytes), not calibrated predictions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from planner.search.backend import LayerTable, bound_matrices, segment_max, segment_sums, warmup
+from planner.search.space import Layout, Settings, StageOption
+from planner.types import Breakdown, Cluster, Estimate, LayerGraph, MemoryBreakdown, ParallelConfig, \
+    PipelineSpec, StageEstimate
+
+_EFFICIENCY = 0.5  # illustrative fraction of peak
+_BYTES_WEIGHT, _BYTES_GRAD, _BYTES_OPT = 2.0, 2.0, 12.0  # bf16 weights/grads, fp32 master + Adam moments
+
+
+def pool_of_device(cluster: Cluster, device: int) -> int:
+    for i, g in enumerate(cluster.groups):
+        if g.first_device <= device < g.first_device + g.num_devices:
+            return i
+    raise ValueError(f"device {device} is not in the cluster")
+
+
+@dataclass(frozen=True)
+class SyntheticBackend:
+    model: LayerGraph
+    cluster: Cluster
+    _cache: dict = field(default_factory=dict, compare=False, repr=False)
+
+    # ------------------------------------------------------------------ per-layer, per-option quantities
+    def _layer(self, layer, option: StageOption, s: Settings) -> tuple[float, ...]:
+        node = self.cluster.groups[option.pool].node
+        tp, b = option.tp, s.micro_batch
+        speed = node.device.peak_flops_per_s["bf16"] * _EFFICIENCY
+        forward = layer.flops_forward * b / (speed * tp)
+        tp_comm = 0.0 if tp == 1 else 2.0 * layer.output_bytes * b * (tp - 1) / tp / node.intra_node_bandwidth_Bps
+        backward = forward * {"none": 2.0, "selective": 2.3, "full": 3.0}[s.recompute] + tp_comm
+        shard = 1.0 / tp if s.sequence_parallel else 0.3 + 0.7 / tp
+        act = {"none": layer.activation_bytes * b * shard,
+               "selective": 0.6 * layer.activation_bytes * b * shard,
+               "full": layer.output_bytes * b * (1.0 / tp if s.sequence_parallel else 1.0)}[s.recompute]
+        peak = layer.activation_bytes * b * shard if s.recompute == "full" else 0.0
+        return forward + tp_comm, backward, layer.params / tp, act, peak, layer.output_bytes * b
+
+    def layer_table(self, option: StageOption, settings: Settings) -> LayerTable:
+        key = (option, settings.micro_batch, settings.recompute, settings.sequence_parallel)
+        if key not in self._cache:
+            rows = np.array([self._layer(layer, option, settings) for layer in self.model.layers], dtype=float)
+            self._cache[key] = LayerTable(*(rows[:, c] for c in range(6)))
+        return self._cache[key]
+
+    def _state_bytes(self, s: Settings) -> tuple[float, float, float]:
+        d = s.dp
+        return (_BYTES_WEIGHT / (d if s.zero >= 3 else 1), _BYTES_GRAD / (d if s.zero >= 2 else 1),
+                _BYTES_OPT / (d if s.zero >= 1 else 1))
+
+    def static_bytes(self, params_per_rank, option: StageOption, settings: Settings):
+        return np.asarray(params_per_rank, dtype=float) * sum(self._state_bytes(settings))
+
+    def _tail_s(self, params_per_rank, option: StageOption, settings: Settings):
+        p = np.asarray(params_per_rank, dtype=float)
+        d = settings.dp
+        node = self.cluster.groups[option.pool].node
+        inside = option.tp * d <= node.devices_per_node
+        bw = node.intra_node_bandwidth_Bps if inside else node.inter_node_bandwidth_Bps / node.devices_per_node
+        volume = 0.0 if d == 1 else 2.0 * (d - 1) / d * 2.0 * (1.5 if settings.zero >= 3 else 1.0)
+        opt_states = p * 16.0 / (d if settings.zero >= 1 else 1)
+        return p * volume / bw + opt_states / node.device.memory_bandwidth_Bps
+
+    def _p2p_s(self, output_bytes, src: StageOption, dst: StageOption):
+        a, b = self.cluster.groups[src.pool].node, self.cluster.groups[dst.pool].node
+        bw = min(a.inter_node_bandwidth_Bps, b.inter_node_bandwidth_Bps) / max(a.devices_per_node, 1)
+        return np.asarray(output_bytes, dtype=float) / bw + self.cluster.fabric_latency_s
+
+    def capacity_bytes(self, option: StageOption) -> float:
+        return float(self.cluster.groups[option.pool].node.device.memory_bytes)
+
+    def stage_matrices(self, layout: Layout, settings: Settings, global_batch: int):
+        m = settings.num_micro_batches(global_batch)
+        P = layout.num_stages
+        fwd, bwd, sends, fits = [], [], [], []
+        for k, option in enumerate(layout.options):
+            t = self.layer_table(option, settings)
+            fwd.append(segment_sums(t.forward_s))
+            bwd.append(segment_sums(t.backward_s))
+            sends.append(self._p2p_s(t.output_bytes, option, layout.options[k + 1]) if k + 1 < P else None)
+            memory = (self.static_bytes(segment_sums(t.params_per_rank), option, settings)
+                      + segment_sums(t.act_bytes) * min(P - k, m) + segment_max(t.peak_bytes))
+            fits.append(memory <= self.capacity_bytes(option))
+        t0 = self.layer_table(layout.options[0], settings)
+        tail0 = self._tail_s(np.cumsum(t0.params_per_rank), layout.options[0], settings)
+        return bound_matrices(fwd, bwd, sends, fits, tail0, m)
+
+    # ------------------------------------------------------------------ plain re-evaluation
+    def evaluate(self, spec: PipelineSpec) -> Estimate:
+        replicas = [stage.replicas[0] for stage in spec.stages]
+        dp = replicas[0].dp
+        s = Settings(micro_batch=spec.micro_batch, dp=dp, zero=spec.zero, recompute=spec.recompute,
+                     sequence_parallel=spec.sequence_parallel, optimizer=spec.optimizer, dtype=spec.dtype)
+        options = [StageOption(pool_of_device(self.cluster, r.devices[0]), r.tp) for r in replicas]
+        m = spec.global_batch // (spec.micro_batch * dp)
+        P = len(spec.stages)
+        per, sends, g_terms, stages, feasible, worst = [], [], [], [], True, 0.0
+        tail = 0.0
+        for k, (stage, opt) in enumerate(zip(spec.stages, options)):
+            rows = [self._layer(self.model.layers[i], opt, s) for i in range(stage.first_layer, stage.last_layer + 1)]
+            f = sum(row[0] for row in rows)
+            b = sum(row[1] for row in rows)
+            send = float(self._p2p_s(rows[-1][5], opt, options[k + 1])) if k + 1 < P else 0.0
+            per.append(f + b)
+            sends.append(send)
+            g_terms.append((m - 1) * b + max(0, m - warmup(k, P, m) - 1) * f)
+            params = sum(row[2] for row in rows)
+            if k == 0:
+                tail = float(self._tail_s(params, opt, s))
+            w, g, o = self._state_bytes(s)
+            act = sum(row[3] for row in rows) * min(P - k, m) + max(row[4] for row in rows)
+            mem = MemoryBreakdown(weights_bytes=params * w, gradients_bytes=params * g, optimizer_bytes=params * o,
+                                  activations_bytes=act)
+            cap = self.capacity_bytes(opt)
+            feasible &= mem.total_bytes <= cap
+            worst = max(worst, mem.total_bytes)
+            stages.append(StageEstimate(index=k, first_layer=stage.first_layer, last_layer=stage.last_layer,
+                                        device_type=self.cluster.groups[opt.pool].node.device.name,
+                                        devices=replicas[k].devices, tp=opt.tp, dp=dp, forward_s=f,
+                                        backward_s=b, memory=mem, memory_capacity_bytes=cap))
+        pipeline = sum(per) + 2 * sum(sends) + max(g_terms)
+        total = pipeline + tail
+        c = int(np.argmax(per))
+        busy = m * per[c]
+        breakdown = Breakdown(compute_s=busy, pp_comm_s=2 * sum(sends), bubble_s=pipeline - busy - 2 * sum(sends),
+                              dp_comm_s=tail)
+        config = ParallelConfig(global_batch=spec.global_batch, tp=options[0].tp, pp=P, dp=dp,
+                                micro_batch=spec.micro_batch, vpp=1, zero=spec.zero, recompute=spec.recompute,
+                                sequence_parallel=spec.sequence_parallel, schedule="1f1b")
+        return Estimate(config=config, iteration_time_s=total, throughput_samples_per_s=spec.global_batch / total,
+                        feasible=feasible, memory_per_device_bytes=worst, breakdown=breakdown,
+                        stages=tuple(stages), reason="" if feasible else "out of memory")

@@ -1,0 +1,24 @@
+"""Device allocation of a layout: which global devices each stage gets (shared by every backend and by
+the plan builder, so the times the search bounds are those of the devices the plan names)."""
+
+from __future__ import annotations
+
+from planner.search.space import Layout, Settings
+from planner.types import Cluster
+
+
+def pool_offsets(cluster: Cluster) -> list[int]:
+    """First global device id of each cluster group."""
+    return [group.first_device for group in cluster.groups]
+
+
+def allocate(cluster: Cluster, layout: Layout, settings: Settings) -> list[tuple[int, ...]]:
+    """Stage k takes the next ``tp * dp`` devices of its pool, in order; tp groups are contiguous and,
+    because tp divides the node size, each lies inside one node."""
+    cursor = pool_offsets(cluster)
+    out = []
+    for option in layout.options:
+        size = option.tp * settings.dp
+        out.append(tuple(range(cursor[option.pool], cursor[option.pool] + size)))
+        cursor[option.pool] += size
+    return out
