@@ -28,12 +28,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "tests"))
 
 from planner.embeddings import shard_tables  # noqa: E402
 from planner.embeddings.devices import device_arrays  # noqa: E402
 from planner.embeddings.problem import build_problem  # noqa: E402
 from planner.hardware import load_cluster  # noqa: E402
 from planner.types import Cluster, DeviceGroup, EmbeddingTable  # noqa: E402
+from embedding_checks import capacities, recomputed_memory  # noqa: E402
 from torchrec_greedy import torchrec_greedy  # noqa: E402
 
 REFERENCE = ROOT.parent / "shared" / "reference" / "embedding_workloads.json"
@@ -55,20 +57,9 @@ def clusters(gpus: int) -> list[tuple[str, Cluster]]:
 
 
 def check_memory(result, cluster: Cluster, tables: dict[str, EmbeddingTable]) -> float:
-    """Independent recomputation: the largest used/capacity ratio over devices (must be <= 1)."""
-    used: dict[int, float] = {}
-    for placement in result.placements:
-        table = tables[placement.table]
-        for shard in placement.shards:
-            if shard.memory != "hbm":
-                continue
-            rows, cols = shard.rows[1] - shard.rows[0], shard.cols[1] - shard.cols[0]
-            factor = 2.0 + (1.0 if placement.sharding == "data_parallel" else 0.0)  # weights + Adagrad (+ grad)
-            used[shard.device] = used.get(shard.device, 0.0) + rows * cols * table.dtype_bytes * factor
-    capacity = {}
-    for group in cluster.groups:
-        for d in range(group.first_device, group.first_device + group.num_devices):
-            capacity[d] = group.node.device.memory_bytes
+    """Independent recomputation (the tests' checker): the largest used/capacity ratio over devices."""
+    used = recomputed_memory(result, tables, OPTIMIZER)
+    capacity = capacities(cluster)
     return max(used[d] / capacity[d] for d in used)
 
 

@@ -64,6 +64,7 @@ class SolveResult:
     assignment: tuple[tuple[int, tuple[int, ...]], ...] | None
     time_s: float
     weights: tuple[tuple[float, ...], ...] = ()  # z[t][o], the LP's preference for each option
+    handle: object = None  # (pulp problem, choice variables) when kept for re-solving (see bound.py)
 
 
 def device_bins(problem: Problem) -> Bins:
@@ -85,7 +86,8 @@ def class_bins(problem: Problem) -> Bins:
     return Bins(members, bin_of, tuple(node_classes.values()), True)
 
 
-def solve(problem: Problem, bins: Bins, *, integer: bool, time_limit_s: float, threads: int = 1) -> SolveResult:
+def solve(problem: Problem, bins: Bins, *, integer: bool, time_limit_s: float, threads: int = 1,
+          keep: bool = False) -> SolveResult:
     start = time.perf_counter()
     dev = problem.dev
     nb = len(bins.members)
@@ -211,7 +213,8 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, time_limit_s: float, t
     assignment = _extract(problem, bins, choice, placed) if integer else None
     weights = tuple(tuple(float(choice[t, o].varValue or 0.0) for o in range(len(options)))
                     for t, options in enumerate(problem.options))
-    return SolveResult("optimal" if proven else "feasible", objective, bound, assignment, elapsed, weights)
+    return SolveResult("optimal" if proven else "feasible", objective, bound, assignment, elapsed, weights,
+                       (lp, choice) if keep else None)
 
 
 def _var(lp: pulp.LpProblem, name: str, low: float | None, high: float | None,

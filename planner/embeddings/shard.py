@@ -15,6 +15,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from planner.embeddings.devices import device_arrays
+from planner.embeddings.bound import threshold_bound
 from planner.embeddings.heuristic import heuristic
 from planner.embeddings.milp import SolveResult, class_bins, device_bins, solve
 from planner.embeddings.problem import Problem, build_problem, even_split
@@ -70,14 +71,22 @@ def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Se
     problem = build_problem(tables, dev, global_batch, optimizer)
     deadline = start + 0.9 * time_limit_s  # leaves room to build the result within the limit
 
-    relaxed = solve(problem, class_bins(problem), integer=False, time_limit_s=max(deadline - time.perf_counter(), 1.0))
+    relaxed = solve(problem, class_bins(problem), integer=False,
+                    time_limit_s=max(deadline - time.perf_counter(), 1.0), keep=True)
     if relaxed.status == "infeasible":
         raise _too_big_in_total(problem)
     bound = relaxed.objective_s if relaxed.status in ("optimal", "feasible") else 0.0
     weights = relaxed.weights or None
-    assignment = heuristic(problem, weights, deadline)
+    assignment = heuristic(problem, weights, start + 0.3 * (deadline - start))
     method, proven = "heuristic", False
     best = _makespan(problem, assignment) if assignment is not None else np.inf
+    if np.isfinite(best) and best > bound * (1 + 1e-6):
+        # a tighter bound, and the LP's advice once options slower than the bound alone are ruled out
+        bound, guided = threshold_bound(problem, relaxed, best, start + 0.5 * (deadline - start))
+        second = heuristic(problem, guided, start + 0.65 * (deadline - start)) if guided else None
+        value = _makespan(problem, second) if second is not None else np.inf
+        if value < best:
+            assignment, best = second, value
     if _milp_size(problem) <= MILP_MAX_VARIABLES and best > bound * (1 + 1e-6):
         remaining = deadline - time.perf_counter()
         if remaining > 0.05:
