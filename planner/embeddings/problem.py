@@ -288,21 +288,33 @@ class Problem:
                     and np.all(loads.host_bytes <= self.dev.host_capacity_bytes * (1 + slack)))
 
     def unit_alone_s(self, t: int, o: int) -> float:
-        """A lower bound on the slowest device's time whenever table ``t`` uses option ``o``: one unit alone on
-        its best position (every other load only adds); inf when it fits nowhere."""
+        """A lower bound on the slowest device's time whenever table ``t`` uses option ``o``: one unit on its
+        best position with only the all-to-all traffic every plan has (every other load only adds); inf when
+        it fits nowhere."""
         key = (t, o)
         cached = self._alone.get(key)
         if cached is None:
             cached = self._alone[key] = self._unit_alone_s(t, o)
         return cached
 
+    @cached_property
+    def _least_a2a(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per table, the fewest ids it makes every device send and pooled bytes every device receive."""
+        ids = np.array([min(o.ids_send_bytes for o in options) for options in self.options])
+        pooled = np.array([min(o.pool_recv_bytes for o in options) for options in self.options])
+        return ids, pooled
+
     def _unit_alone_s(self, t: int, o: int) -> float:
         option, dev = self.options[t][o], self.dev
+        # every device sends at least the ids of every table and receives their pooled outputs (the least
+        # any option of the other tables asks for, plus what this option asks for)
+        least_ids, least_pooled = self._least_a2a
+        ids_send = float(least_ids.sum() - least_ids[t]) + option.ids_send_bytes
+        pool_recv = float(least_pooled.sum() - least_pooled[t]) + option.pool_recv_bytes
         latency = 0.0
         if option.scope == "device":  # every device at once
             bw = dev.host_Bps if option.host else dev.lookup_Bps
-            a2a = max(option.ids_recv_bytes, option.ids_send_bytes) + 2.0 * max(option.pool_send_bytes,
-                                                                               option.pool_recv_bytes)
+            a2a = max(option.ids_recv_bytes, ids_send) + 2.0 * max(option.pool_send_bytes, pool_recv)
             times = self.base_time_s() + option.lookup_bytes / bw + dev.a2a_s_per_byte * a2a
             capacity = dev.host_capacity_bytes if option.host else dev.hbm_capacity_bytes
             times = np.where(option.memory_bytes <= capacity, times, np.inf)
@@ -313,8 +325,7 @@ class Problem:
             if np.any(u.hbm_bytes > dev.hbm_capacity_bytes[u.devices]) or np.any(
                     u.host_bytes > dev.host_capacity_bytes[u.devices]):
                 continue
-            a2a = np.maximum(u.ids_recv_bytes, option.ids_send_bytes) + 2.0 * np.maximum(
-                u.pool_send_bytes, option.pool_recv_bytes)
+            a2a = np.maximum(u.ids_recv_bytes, ids_send) + 2.0 * np.maximum(u.pool_send_bytes, pool_recv)
             key = self.fused_key(option, p)
             latency = self.fused_latency(key)[1] if key is not None else 0.0
             times = self.base_time_s()[u.devices] + u.compute_s + dev.a2a_s_per_byte[u.devices] * a2a + latency
