@@ -17,7 +17,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from planner.embeddings.devices import device_arrays
-from planner.embeddings.heuristic import heuristic
+from planner.embeddings.heuristic import heuristic, least_work_guide
 from planner.embeddings.milp import SolveResult, class_bins, device_bins, node_bins, resolve_integer, solve
 from planner.embeddings.problem import Problem, build_problem, even_split
 from planner.errors import ConfigError, InfeasibleError
@@ -89,10 +89,11 @@ def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Se
     if chosen.weights:
         guides.append(chosen.weights)
     guides.append(relaxed.weights)
+    guides.append(least_work_guide(problem))
     # (3) greedy + local search from each guide
     assignment, best = None, np.inf
     for k, guide in enumerate(guides):
-        candidate = heuristic(problem, guide, start + budget * (0.45 + 0.15 * k))
+        candidate = heuristic(problem, guide, start + budget * (0.4 + 0.1 * k))
         value = _makespan(problem, candidate) if candidate is not None else np.inf
         if value < best:
             assignment, best = candidate, value
