@@ -16,18 +16,19 @@ used for the activation memory of a layer.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Callable
 
-from planner.graph.opgraph import FLOAT_TYPES, Node, OpGraph, act_bytes
+from planner.graph.ir import FLOAT_TYPES, Node, OpGraph, act_bytes
 
 
-@dataclass(frozen=True)
 class View:
     """What a rule sees of a node: shapes (None when unknown) of its inputs and outputs."""
 
-    node: Node
-    graph: OpGraph
+    __slots__ = ("node", "graph")
+
+    def __init__(self, node: Node, graph: OpGraph) -> None:
+        self.node = node
+        self.graph = graph
 
     def in_shape(self, i: int) -> tuple[int, ...] | None:
         if i >= len(self.node.inputs) or not self.node.inputs[i]:
@@ -316,3 +317,41 @@ SAVED: dict[str, Callable[[View], Saved]] = {
 }
 SAVED["SkipLayerNormalization"] = lambda v: _data_inputs(v, (0, 1))
 SAVED["Max"] = SAVED["Min"] = lambda v: _data_inputs(v, tuple(range(len(v.node.inputs))))
+
+
+# Element-wise ops (and the row reductions of a decomposed norm) that a training framework fuses into one
+# kernel: TorchScript exports GeLU as Div/Erf/Add/Mul/Mul, GPT-2's gelu_new as Pow/Mul/Add/Tanh/..., older
+# opsets LayerNorm and RMSNorm as ReduceMean/Sub/Pow/Sqrt/Div/Mul. Korthikanti et al. count such a fused
+# op as keeping only its input for backward.
+POINTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Reciprocal", "Exp", "Log", "Tanh", "Erf",
+                       "Sigmoid", "Neg", "Abs", "Cast", "Gelu", "ReduceMean", "Softplus", "HardSigmoid",
+                       "HardSwish", "Relu", "LeakyRelu", "Elu", "Clip", "Max", "Min"})
+
+
+def fused_sources(graph: OpGraph, compute: list[Node]) -> dict[int, str]:
+    """Node index -> input tensor of the single-input element-wise region the node belongs to (regions of
+    two or more nodes computed from one data tensor and constants)."""
+    source: dict[str, str] = {}
+    members: dict[str, list[int]] = {}
+    for node in compute:
+        if node.op_type not in POINTWISE:
+            continue
+        data = {source.get(t, t) for t in node.inputs if t and t not in graph.const}
+        if len(data) != 1:
+            continue
+        x = data.pop()
+        for out in node.outputs:
+            if out:
+                source[out] = x
+        members.setdefault(x, []).append(node.index)
+    return {i: x for x, nodes in members.items() if len(nodes) >= 2 for i in nodes}
+
+
+def saved_for_backward(view: View, fused: dict[int, str]) -> Saved:
+    """What ``view.node`` keeps for backward; a member of a fused region keeps the region's input instead."""
+    saver = SAVED.get(view.node.op_type)
+    saved = saver(view) if saver is not None else []
+    source = fused.get(view.node.index)
+    if source is not None and saved:
+        return [_act(view, source)]
+    return saved

@@ -27,6 +27,7 @@ def to_plan(model: LayerGraph, cluster: Cluster, spec: PipelineSpec, estimate: E
         stages.append(StagePlan(
             index=k, first_layer=stage.first_layer, last_layer=stage.last_layer,
             layer_names=tuple(layer.name for layer in model.layers[stage.first_layer:stage.last_layer + 1]),
+            layer_kinds=tuple(layer.kind for layer in model.layers[stage.first_layer:stage.last_layer + 1]),
             device_type=est.device_type, devices=replica.devices, tp=replica.tp, dp=replica.dp,
             recompute=spec.recompute, memory_bytes_per_device=float(est.memory.total_bytes),
             time_s=float(est.forward_s + est.backward_s)))

@@ -1,0 +1,411 @@
+"""Greedy placement and local search: the fast path for instances past the MILP's size, and its warm start.
+
+1. Each table takes the option the LP relaxation weights most (ties: the one whose unit alone is fastest).
+2. Units go largest first onto the position that finishes earliest (LPT on heterogeneous devices: the device's
+   time after adding the unit, with its own bandwidth and links), within memory; a second pass puts them where
+   the additive load (sent + received bytes, no overlap) is least, which spreads both links more evenly.
+3. Refinement: for the tables on the slowest device, try each other option (a finer column split, a row-wise
+   split, data-parallel...) and redo step 2; keep the first change that lowers the slowest device's time.
+4. Local search on the slowest device: move one of its units elsewhere, or re-shard one of its tables in
+   place, whenever that lowers the time of every device it touches below the current maximum.
+Every loop is bounded by a count of steps (not the clock) so the same input gives the same plan; the deadline
+only guards against pathological instances.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from planner.embeddings.problem import Loads, Problem
+
+Assignment = tuple[tuple[int, tuple[int, ...]], ...]
+# work budget of the refinement, in unit placements x devices (about 0.5 s of numpy work on one core), and
+# at most this many greedy re-runs
+_REFINE_WORK = 3e6
+_REFINE_MAX = 200
+
+
+@dataclass
+class _State:
+    """A partial assignment and its per-device loads (mutable, private to the search)."""
+
+    problem: Problem
+    compute: np.ndarray
+    ids_recv: np.ndarray
+    pool_send: np.ndarray
+    hbm: np.ndarray
+    host: np.ndarray
+    latency: np.ndarray
+    ids_send: float = 0.0
+    pool_recv: float = 0.0
+    option: list[int | None] = field(default_factory=list)
+    positions: list[list[int]] = field(default_factory=list)
+    fused: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    @classmethod
+    def empty(cls, problem: Problem) -> "_State":
+        n = problem.dev.count
+        t = len(problem.tables)
+        return cls(problem, *(np.zeros(n) for _ in range(6)), option=[None] * t, positions=[[] for _ in range(t)])
+
+    def loads(self) -> Loads:
+        return Loads(self.compute, self.ids_recv, self.pool_send, self.hbm, self.host, self.ids_send,
+                     self.pool_recv, self.latency)
+
+    def times(self) -> np.ndarray:
+        return self.problem.device_time_s(self.loads())
+
+    def makespan(self) -> float:
+        return float(self.times().max())
+
+    def apply_unit(self, t: int, o: int, p: int, sign: float) -> None:
+        problem = self.problem
+        u = problem.unit(t, o, p)
+        self.compute[u.devices] += sign * u.compute_s
+        self.ids_recv[u.devices] += sign * u.ids_recv_bytes
+        self.pool_send[u.devices] += sign * u.pool_send_bytes
+        self.hbm[u.devices] += sign * u.hbm_bytes
+        self.host[u.devices] += sign * u.host_bytes
+        key = problem.fused_key(problem.options[t][o], p)
+        if key is not None:
+            before = self.fused.get(key, 0)
+            after = before + int(sign)
+            self.fused[key] = after
+            if (before == 0) != (after == 0):
+                members, seconds = problem.fused_latency(key)
+                self.latency[members] += seconds if after else -seconds
+
+    def choose(self, t: int, o: int) -> None:
+        option = self.problem.options[t][o]
+        self.option[t] = o
+        self.ids_send += option.ids_send_bytes
+        self.pool_recv += option.pool_recv_bytes
+
+    def remove_table(self, t: int) -> tuple[int, list[int]]:
+        o = self.option[t]
+        if o is None:
+            raise ValueError(f"table {t} is not placed")
+        option = self.problem.options[t][o]
+        for p in self.positions[t]:
+            self.apply_unit(t, o, p, -1.0)
+        self.ids_send -= option.ids_send_bytes
+        self.pool_recv -= option.pool_recv_bytes
+        old = (o, self.positions[t])
+        self.option[t], self.positions[t] = None, []
+        return old
+
+    def restore_table(self, t: int, old: tuple[int, list[int]]) -> None:
+        o, positions = old
+        self.choose(t, o)
+        for p in positions:
+            self.apply_unit(t, o, p, 1.0)
+        self.positions[t] = list(positions)
+
+    def assignment(self) -> Assignment:
+        return tuple((int(o), tuple(self.positions[t])) for t, o in enumerate(self.option))
+
+    # ---------------------------------------------------------------------------- placement
+    def candidate_times(self, t: int, o: int) -> tuple[np.ndarray, np.ndarray]:
+        """Device scope: each device's time if one more unit of (t, o) went there, and where it fits."""
+        problem, dev = self.problem, self.problem.dev
+        option = problem.options[t][o]
+        bw = dev.host_Bps if option.host else dev.lookup_Bps
+        a2a = (np.maximum(self.ids_recv + option.ids_recv_bytes, self.ids_send)
+               + 2.0 * np.maximum(self.pool_send + option.pool_send_bytes, self.pool_recv))
+        times = (problem.base_time_s() + self.latency + self.compute + option.lookup_bytes / bw
+                 + dev.a2a_s_per_byte * a2a)
+        if option.host:
+            fits = self.host + option.memory_bytes <= dev.host_capacity_bytes
+        else:
+            fits = self.hbm + option.memory_bytes <= dev.hbm_capacity_bytes
+        return times, fits
+
+    def additive_load(self, t: int, o: int) -> np.ndarray:
+        """Device scope: each device's load if one more unit of (t, o) went there, counting sent and received
+        bytes as if they queued on one link (no max): the measure a load-balancing planner uses."""
+        problem, dev = self.problem, self.problem.dev
+        option = problem.options[t][o]
+        bw = dev.host_Bps if option.host else dev.lookup_Bps
+        a2a = self.ids_recv + option.ids_recv_bytes + 2.0 * (self.pool_send + option.pool_send_bytes)
+        return self.latency + self.compute + option.lookup_bytes / bw + dev.a2a_s_per_byte * a2a
+
+    def place_unit(self, t: int, o: int, rule: str = "finish") -> bool:
+        """Put one unit of (t, o) where it finishes earliest (``rule="finish"``) or where the additive load is
+        least (``"additive"``); False when it fits nowhere."""
+        option = self.problem.options[t][o]
+        if option.scope == "device":
+            times, fits = self.candidate_times(t, o)
+            if not fits.any():
+                return False
+            if rule == "additive":
+                times = self.additive_load(t, o)
+            p = int(np.argmin(np.where(fits, times, np.inf)))
+        else:
+            best, p = np.inf, -1
+            for position in self.problem.positions(option):
+                worst = self.unit_worst_time(t, o, position)
+                if worst < best:
+                    best, p = worst, position
+            if p < 0:
+                return False
+        self.apply_unit(t, o, p, 1.0)
+        self.positions[t].append(p)
+        return True
+
+    def unit_worst_time(self, t: int, o: int, p: int) -> float:
+        """The slowest touched device's time after adding unit (t, o) at p; inf when it does not fit."""
+        self.apply_unit(t, o, p, 1.0)
+        try:
+            u = self.problem.unit(t, o, p)
+            dev = self.problem.dev
+            if np.any(self.hbm[u.devices] > dev.hbm_capacity_bytes[u.devices] * (1 + 1e-12)) or np.any(
+                    self.host[u.devices] > dev.host_capacity_bytes[u.devices] * (1 + 1e-12)):
+                return np.inf
+            return float(self.times()[u.devices].max())
+        finally:
+            self.apply_unit(t, o, p, -1.0)
+
+    def place_table(self, t: int, o: int) -> bool:
+        self.choose(t, o)
+        for _ in range(self.problem.options[t][o].units):
+            if not self.place_unit(t, o):
+                self.remove_table(t)
+                return False
+        return True
+
+
+def greedy(problem: Problem, choice: Sequence[int], rule: str = "finish") -> _State | None:
+    """LPT placement of the chosen options (global ones first, then node-wide, then per-device units, largest
+    first); None when some unit finds no room."""
+    state = _State.empty(problem)
+    for t, o in enumerate(choice):  # every table's all-to-all totals are known before any unit is placed
+        state.choose(t, o)
+    for t, o in enumerate(choice):
+        if problem.options[t][o].scope == "global":
+            state.apply_unit(t, o, 0, 1.0)
+            state.positions[t].append(0)
+    pending = [t for t, o in enumerate(choice) if problem.options[t][o].scope != "global"]
+    pending.sort(key=lambda t: (problem.options[t][choice[t]].scope != "node", -problem.unit_size_s(t, choice[t]), t))
+    for t in pending:
+        o = choice[t]
+        for _ in range(problem.options[t][o].units):
+            if not state.place_unit(t, o, rule):
+                return None
+    return state if problem.fits(state.loads()) else None
+
+
+def least_work_guide(problem: Problem) -> tuple[tuple[float, ...], ...]:
+    """Per table, weight 1 on the option with the least total work over the devices it touches (lookups,
+    collectives and all-to-all seconds summed, on its first position): the choice a planner that only balances
+    load would make. A third start for the greedy, beside the LP's and the integral relaxation's choices."""
+    guide = []
+    dev = problem.dev
+    for t, options in enumerate(problem.options):
+        work = []
+        for o, option in enumerate(options):
+            positions = problem.distinct_positions(option)
+            u = problem.unit(t, o, positions[0] if option.scope != "device" else int(np.argmax(dev.lookup_Bps)))
+            a2a = dev.a2a_s_per_byte[u.devices] * (u.ids_recv_bytes + 2.0 * u.pool_send_bytes)
+            work.append((float(np.sum(u.compute_s + a2a)) * option.units, o))
+        best = min(work)[1]
+        guide.append(tuple(1.0 if o == best else 0.0 for o in range(len(options))))
+    return tuple(guide)
+
+
+def preferences(problem: Problem, weights: Sequence[Sequence[float]] | None) -> list[list[int]]:
+    """Per table, its options best first: LP weight, then the unit-alone time."""
+    order = []
+    for t, options in enumerate(problem.options):
+        w = weights[t] if weights else [0.0] * len(options)
+        order.append(sorted(range(len(options)), key=lambda o: (-round(w[o], 6), problem.unit_alone_s(t, o), o)))
+    return order
+
+
+def _first_feasible(problem: Problem, prefs: list[list[int]]) -> tuple[list[int], _State] | None:
+    """The LP's favourite options; where the greedy runs out of memory, the table that failed takes its next
+    option (more finely split, or in host memory)."""
+    choice = [p[0] for p in prefs]
+    rank = [0] * len(choice)
+    for _ in range(sum(len(p) for p in prefs)):
+        state = greedy(problem, choice)
+        if state is not None:
+            return choice, state
+        # the largest table that is not yet at its last option moves one step down its preference list
+        movable = [t for t in range(len(choice)) if rank[t] + 1 < len(prefs[t])]
+        if not movable:
+            return None
+        t = max(movable, key=lambda j: (problem.options[j][choice[j]].memory_bytes
+                                        or problem.tables[j].rows * problem.tables[j].dim, -j))
+        rank[t] += 1
+        choice[t] = prefs[t][rank[t]]
+    return None
+
+
+def _tables_on(state: _State, device: int) -> list[int]:
+    problem = state.problem
+    found = []
+    for t, o in enumerate(state.option):
+        if o is None:
+            continue
+        option = problem.options[t][o]
+        if option.scope == "device" and device in state.positions[t]:
+            found.append(t)
+        elif option.scope == "node" and any(device in problem.dev.nodes[k] for k in state.positions[t]):
+            found.append(t)
+        elif option.scope == "global":
+            found.append(t)
+    found.sort(key=lambda t: (-state.problem.unit_size_s(t, state.option[t]), t))
+    return found
+
+
+def refine(problem: Problem, choice: list[int], state: _State, deadline: float, tables_per_round: int = 3
+           ) -> tuple[list[int], _State]:
+    """Step 3: re-choose options of tables on the slowest device, re-running the greedy each time."""
+    units = sum(problem.options[t][o].units for t, o in enumerate(choice))
+    budget = max(8, min(_REFINE_MAX, int(_REFINE_WORK / max(units * problem.dev.count, 1))))
+    best = state.makespan()
+    while budget > 0 and time.perf_counter() < deadline:
+        worst = int(np.argmax(state.times()))
+        improved = False
+        for t in _tables_on(state, worst)[:tables_per_round]:
+            for o in sorted(range(len(problem.options[t])), key=lambda j: (problem.unit_alone_s(t, j), j)):
+                if o == choice[t] or budget <= 0:
+                    continue
+                budget -= 1
+                trial = choice.copy()
+                trial[t] = o
+                candidate = greedy(problem, trial)
+                if candidate is not None and candidate.makespan() < best * (1 - 1e-9):
+                    choice, state, best, improved = trial, candidate, candidate.makespan(), True
+                    break
+            if improved:
+                break
+        if not improved:
+            break
+    return choice, state
+
+
+def local_search(state: _State, deadline: float, max_rounds: int = 5000) -> _State:
+    """Step 4: improve the slowest device until no move helps."""
+    for _ in range(max_rounds):
+        if time.perf_counter() > deadline:
+            break
+        times = state.times()
+        worst = int(np.argmax(times))
+        limit = float(times[worst]) * (1 - 1e-9)
+        if not (_move_unit(state, worst, limit) or _swap_units(state, worst, limit, times)
+                or _reshard(state, worst, limit)):
+            break
+    return state
+
+
+def _device_units(state: _State) -> list[list[tuple[int, int]]]:
+    """Per device, its device-scope units as (table, option)."""
+    out: list[list[tuple[int, int]]] = [[] for _ in range(state.problem.dev.count)]
+    for t, o in enumerate(state.option):
+        if o is not None and state.problem.options[t][o].scope == "device":
+            for p in state.positions[t]:
+                out[p].append((t, o))
+    return out
+
+
+def _swap_units(state: _State, device: int, limit: float, times: np.ndarray, partners: int = 32) -> bool:
+    """Swap a unit of ``device`` with one of a less loaded device when both end below ``limit`` (units differ in
+    what they load: lookups, ids, pooled bytes, so a swap can help where no single move does)."""
+    problem = state.problem
+    units = _device_units(state)
+    mine = sorted(set(units[device]), key=lambda u: (-problem.unit_size_s(*u), u))
+    for j in [int(k) for k in np.argsort(times, kind="stable")[:partners] if k != device]:
+        theirs = sorted(set(units[j]), key=lambda u: (problem.unit_size_s(*u), u))
+        for a in mine:
+            for b in theirs:
+                if a[0] == b[0] or a == b:
+                    continue
+                state.apply_unit(*a, device, -1.0)
+                state.apply_unit(*b, j, -1.0)
+                state.apply_unit(*a, j, 1.0)
+                state.apply_unit(*b, device, 1.0)
+                after = state.times()
+                if after[device] < limit and after[j] < limit and problem.fits(state.loads()):
+                    state.positions[a[0]].remove(device)
+                    state.positions[a[0]].append(j)
+                    state.positions[b[0]].remove(j)
+                    state.positions[b[0]].append(device)
+                    return True
+                state.apply_unit(*b, device, -1.0)
+                state.apply_unit(*a, j, -1.0)
+                state.apply_unit(*b, j, 1.0)
+                state.apply_unit(*a, device, 1.0)
+    return False
+
+
+def _move_unit(state: _State, device: int, limit: float) -> bool:
+    """Move one unit off ``device`` to where every touched device ends below ``limit``."""
+    problem = state.problem
+    for t in _tables_on(state, device):
+        o = state.option[t]
+        option = problem.options[t][o]
+        if option.scope == "global":
+            continue
+        p_old = device if option.scope == "device" else next(
+            k for k in state.positions[t] if device in problem.dev.nodes[k])
+        state.apply_unit(t, o, p_old, -1.0)
+        if option.scope == "device":
+            times, fits = state.candidate_times(t, o)
+            fits[p_old] = False
+            target = int(np.argmin(np.where(fits, times, np.inf)))
+            ok = bool(fits[target]) and times[target] < limit
+        else:
+            options = [(state.unit_worst_time(t, o, k), k) for k in problem.positions(option) if k != p_old]
+            best = min(options, default=(np.inf, -1))
+            target, ok = best[1], best[0] < limit
+        if ok:
+            state.apply_unit(t, o, target, 1.0)
+            after = state.times()
+            touched = problem.unit(t, o, target).devices
+            if after[device] < limit and after[touched].max() < limit:
+                state.positions[t].remove(p_old)
+                state.positions[t].append(target)
+                return True
+            state.apply_unit(t, o, target, -1.0)
+        state.apply_unit(t, o, p_old, 1.0)
+    return False
+
+
+def _reshard(state: _State, device: int, limit: float) -> bool:
+    """Re-shard one table on ``device`` with another option if the slowest device gets faster."""
+    problem = state.problem
+    before = state.makespan()
+    for t in _tables_on(state, device):
+        old = state.remove_table(t)
+        for o in range(len(problem.options[t])):
+            if o == old[0]:
+                continue
+            if state.place_table(t, o):
+                after = state.times()
+                if after[device] < limit and float(after.max()) <= before and problem.fits(state.loads()):
+                    return True
+                state.remove_table(t)
+        state.restore_table(t, old)
+    return False
+
+
+def heuristic(problem: Problem, weights: Sequence[Sequence[float]] | None, deadline: float) -> Assignment | None:
+    """Steps 1-4 (local search straight after the greedy, and after the refinement; the better of the two);
+    None when no placement within memory was found."""
+    prefs = preferences(problem, weights)
+    start = _first_feasible(problem, prefs)
+    if start is None:
+        return None
+    choice, state = start
+    direct = local_search(greedy(problem, choice) or state, deadline)
+    additive = greedy(problem, choice, "additive")
+    additive = local_search(additive, deadline) if additive is not None else direct
+    _, refined = refine(problem, choice, state, deadline)
+    refined = local_search(refined, deadline)
+    best = min((direct, additive, refined), key=lambda s: s.makespan())
+    return best.assignment()

@@ -1,0 +1,334 @@
+"""The placement MILP and its LP relaxation (pulp + HiGHS), written like the paper.
+
+Bins are the places loads are counted: single devices (the MILP) or classes of interchangeable devices (the
+LP bound; averaging any solution over the permutations of identical devices keeps it feasible without raising
+the slowest device's time, so the aggregated LP is a valid relaxation and much smaller).
+
+Variables
+  z[t,o]    in {0,1}   table t uses option o
+  u[t,o,b]  in {0..k}  column/table shards (units) of option o of table t placed in bin b   (device scope)
+  v[t,o,m]  in {0,1}   option o of table t sits on node m (node class m for the LP)           (node scope)
+  A[b], P[b] >= 0      the bin's ids and pooled all-to-all bytes: max(sent, received), summed over its devices
+  T >= 0               the slowest device's embedding time
+Objective  min T
+Constraints
+  (a) sum_o z[t,o] = 1                                             one option per table
+  (b) sum_b u[t,o,b] = units(o) z[t,o];  sum_m v[t,o,m] = z[t,o]   every unit of the chosen option placed
+  (c) A[b] >= n_b * IS;  A[b] >= IR[b];  P[b] >= n_b * PR;  P[b] >= PS[b]
+        (IS/PR: ids sent / pooled bytes received by every device; IR/PS: ids received / pooled sent in bin b)
+  (d) n_b T >= n_b base_b + C[b] + a2a_s_per_byte_b (A[b] + 2 P[b])          time of each device
+  (e) HBM[b] <= sum of HBM capacities in b;  HOST[b] <= host capacities      memory, optimizer state included
+  (f) T >= sum_o z[t,o] alone(t,o)   a table's unit alone on its best device (valid cut, tightens the LP)
+  (g) (MILP) nodes of one class are interchangeable: their loads are ordered (symmetry breaking)
+  (h) y[k] >= z or v for every table using fused collective k (data-parallel all-reduce, row-wise RS/AG,
+      a node's table-row-wise RS/AG); its latency, y[k] x latency, joins C[b] of the devices it spans
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import pulp
+
+from planner.embeddings.problem import Problem
+
+log = logging.getLogger(__name__)
+
+# HiGHS drops matrix entries below 1e-9, and seconds-per-byte are ~1e-12: the model is written in microseconds,
+# megabytes of all-to-all traffic and gigabytes of memory, which keeps every coefficient within a few decades of 1.
+_US = 1e6
+_MB = 1e-6
+_GB = 1e-9
+
+
+@dataclass(frozen=True)
+class Bins:
+    members: tuple[np.ndarray, ...]  # device indices per bin
+    bin_of: np.ndarray  # bin per device
+    node_positions: tuple[int, ...]  # representative node per node position
+    aggregated: bool
+
+
+@dataclass(frozen=True)
+class SolveResult:
+    status: str  # "optimal" | "feasible" | "infeasible" | "not_solved"
+    objective_s: float
+    bound_s: float  # best proven lower bound (the LP value for an LP)
+    assignment: tuple[tuple[int, tuple[int, ...]], ...] | None
+    time_s: float
+    weights: tuple[tuple[float, ...], ...] = ()  # z[t][o], the LP's preference for each option
+    handle: object = None  # (pulp problem, choice variables) when kept for re-solving (see bound.py)
+
+
+def device_bins(problem: Problem) -> Bins:
+    n = problem.dev.count
+    return Bins(tuple(np.array([i]) for i in range(n)), np.arange(n), tuple(problem.node_positions), False)
+
+
+def class_bins(problem: Problem) -> Bins:
+    """Bins of interchangeable devices (same class and same capacities); node positions by node class."""
+    dev = problem.dev
+    keys = [(int(dev.class_of[i]), float(dev.hbm_capacity_bytes[i]), float(dev.host_capacity_bytes[i]))
+            for i in range(dev.count)]
+    index = {key: b for b, key in enumerate(dict.fromkeys(keys))}
+    bin_of = np.array([index[key] for key in keys], dtype=int)
+    members = tuple(np.flatnonzero(bin_of == b) for b in range(len(index)))
+    node_classes: dict[tuple[int, ...], int] = {}
+    for k in problem.node_positions:
+        node_classes.setdefault(tuple(sorted(bin_of[list(dev.nodes[k])])), k)
+    return Bins(members, bin_of, tuple(node_classes.values()), True)
+
+
+def node_bins(problem: Problem) -> Bins:
+    """One bin per node (per node and capacity, where budgets differ): node-wide and global units land
+    exactly, per-device units only up to their node. A relaxation of the per-device MILP that keeps which
+    node carries which table, and a much smaller one."""
+    dev = problem.dev
+    keys = [(int(dev.node_of[i]), float(dev.hbm_capacity_bytes[i]), float(dev.host_capacity_bytes[i]))
+            for i in range(dev.count)]
+    index = {key: b for b, key in enumerate(dict.fromkeys(keys))}
+    bin_of = np.array([index[key] for key in keys], dtype=int)
+    members = tuple(np.flatnonzero(bin_of == b) for b in range(len(index)))
+    return Bins(members, bin_of, tuple(problem.node_positions), True)
+
+
+def solve(problem: Problem, bins: Bins, *, integer: bool, time_limit_s: float, threads: int = 1,
+          keep: bool = False) -> SolveResult:
+    start = time.perf_counter()
+    dev = problem.dev
+    nb = len(bins.members)
+    size = np.array([len(m) for m in bins.members], dtype=float)
+    rep = np.array([m[0] for m in bins.members])
+    hbm_cap = np.array([dev.hbm_capacity_bytes[m].sum() for m in bins.members])
+    host_cap = np.array([dev.host_capacity_bytes[m].sum() for m in bins.members])
+    cat = pulp.LpInteger if integer else pulp.LpContinuous
+    lp = pulp.LpProblem("embedding_sharding", pulp.LpMinimize)
+    T = _var(lp, "T", 0, None)
+    lp += T
+    # per bin: variable -> coefficient (a dict, since a global unit touches several devices of one bin)
+    compute: list[dict] = [defaultdict(float) for _ in range(nb)]
+    ids_recv: list[dict] = [defaultdict(float) for _ in range(nb)]
+    pool_send: list[dict] = [defaultdict(float) for _ in range(nb)]
+    hbm: list[dict] = [defaultdict(float) for _ in range(nb)]
+    host: list[dict] = [defaultdict(float) for _ in range(nb)]
+    ids_send: list = []
+    pool_recv: list = []
+    choice: dict[tuple[int, int], pulp.LpVariable] = {}
+    integral: list[pulp.LpVariable] = []  # the variables that are integers in the MILP
+    fused: dict[tuple[str, int], pulp.LpVariable] = {}
+
+    def use_fused(var: pulp.LpVariable, option, position: int) -> None:
+        """(h) y[key] >= var: a fused collective's latency is paid once it carries any table."""
+        key = problem.fused_key(option, position)
+        if key is None:
+            return
+        y = fused.get(key)
+        if y is None:
+            y = fused[key] = _var(lp, f"y_{key[0]}_{key[1]}", 0, 1, pulp.LpBinary if integer else pulp.LpContinuous)
+            integral.append(y)
+            members, seconds = problem.fused_latency(key)
+            for d in members:
+                compute[bins.bin_of[d]][y] += seconds * _US
+        lp.addConstraint(pulp.LpAffineExpression([(y, 1.0), (var, -1.0)]) >= 0)
+    placed: dict[tuple[int, int], list[tuple[int, pulp.LpVariable]]] = {}
+
+    def add_unit(var: pulp.LpVariable, t: int, o: int, position: int) -> None:
+        unit = problem.unit(t, o, position)
+        for j, d in enumerate(unit.devices):
+            b = bins.bin_of[d]
+            compute[b][var] += unit.compute_s[j] * _US
+            if unit.ids_recv_bytes[j]:
+                ids_recv[b][var] += unit.ids_recv_bytes[j] * _MB
+            if unit.pool_send_bytes[j]:
+                pool_send[b][var] += unit.pool_send_bytes[j] * _MB
+            if unit.hbm_bytes[j]:
+                hbm[b][var] += unit.hbm_bytes[j] * _GB
+            if unit.host_bytes[j]:
+                host[b][var] += unit.host_bytes[j] * _GB
+
+    for t, options in enumerate(problem.options):
+        zs = []
+        alone = []
+        for o, option in enumerate(options):
+            z = _var(lp, f"z_{t}_{o}", 0, 1, pulp.LpBinary if integer else pulp.LpContinuous)
+            integral.append(z)
+            choice[t, o] = z
+            zs.append((z, 1.0))
+            alone.append((z, problem.unit_alone_s(t, o) * _US))
+            if option.ids_send_bytes:
+                ids_send.append((z, option.ids_send_bytes * _MB))
+            if option.pool_recv_bytes:
+                pool_recv.append((z, option.pool_recv_bytes * _MB))
+            if option.scope == "global":
+                use_fused(z, option, 0)
+                add_unit(z, t, o, 0)
+                placed[t, o] = [(0, z)]
+                continue
+            positions: Sequence[int] = (tuple(range(nb)) if option.scope == "device" else bins.node_positions)
+            pos_vars = []
+            for p in positions:
+                target = int(rep[p]) if option.scope == "device" else p
+                unit = problem.unit(t, o, target)
+                if np.any(unit.hbm_bytes > dev.hbm_capacity_bytes[unit.devices]) or np.any(
+                        unit.host_bytes > dev.host_capacity_bytes[unit.devices]):
+                    continue  # one unit alone already overflows this position
+                upper = option.units if option.scope == "device" else 1
+                if bins.aggregated and option.scope == "device":
+                    upper = None  # a class takes any number of units (bounded by (b))
+                var = _var(lp, f"u_{t}_{o}_{p}", 0, upper, cat)
+                integral.append(var)
+                pos_vars.append((p, var))
+                use_fused(var, option, target)
+                add_unit(var, t, o, target)
+            placed[t, o] = pos_vars
+            units = float(option.units)
+            lp += pulp.LpAffineExpression([(var, 1.0) for _, var in pos_vars] + [(z, -units)]) == 0, f"b_{t}_{o}"
+        lp += pulp.LpAffineExpression(zs) == 1, f"a_{t}"
+        lp += pulp.LpAffineExpression([(T, 1.0)] + [(z, -a) for z, a in alone]) >= 0, f"f_{t}"
+
+    base = problem.base_time_s() * _US
+    coef = dev.a2a_s_per_byte * _US / _MB
+    for b in range(nb):
+        r = int(rep[b])
+        A = _var(lp, f"A_{b}", 0, None)
+        P = _var(lp, f"P_{b}", 0, None)
+        lp += pulp.LpAffineExpression([(A, 1.0)] + [(z, -size[b] * c) for z, c in ids_send]) >= 0, f"cIS_{b}"
+        lp += pulp.LpAffineExpression([(A, 1.0)] + [(v, -c) for v, c in ids_recv[b].items()]) >= 0, f"cIR_{b}"
+        lp += pulp.LpAffineExpression([(P, 1.0)] + [(z, -size[b] * c) for z, c in pool_recv]) >= 0, f"cPR_{b}"
+        lp += pulp.LpAffineExpression([(P, 1.0)] + [(v, -c) for v, c in pool_send[b].items()]) >= 0, f"cPS_{b}"
+        lp += pulp.LpAffineExpression(
+            [(T, size[b]), (A, -coef[r]), (P, -2.0 * coef[r])] + [(v, -c) for v, c in compute[b].items()]
+        ) >= size[b] * base[r], f"d_{b}"
+        if hbm[b]:
+            lp += pulp.LpAffineExpression(list(hbm[b].items())) <= hbm_cap[b] * _GB, f"eH_{b}"
+        if host[b]:
+            lp += pulp.LpAffineExpression(list(host[b].items())) <= host_cap[b] * _GB, f"eU_{b}"
+    if integer:
+        _break_node_symmetry(lp, problem, bins, compute)
+
+    solver = _QuietHiGHS(mip=integer, msg=False, timeLimit=max(time_limit_s, 0.01), threads=threads,
+                         gapRel=1e-6 if integer else None)
+    lp.solve(solver)
+    elapsed = time.perf_counter() - start
+    status = pulp.LpStatus[lp.status]
+    if status != "Optimal" or T.varValue is None:
+        kind = "infeasible" if status == "Infeasible" else "not_solved"
+        return SolveResult(kind, float("inf"), _dual_bound(lp, integer, 0.0) / _US, None, elapsed)
+    objective = float(T.varValue) / _US
+    model_status = lp.solverModel.getModelStatus()
+    import highspy
+
+    proven = model_status == highspy.HighsModelStatus.kOptimal
+    bound = _dual_bound(lp, integer, objective * _US) / _US if integer else objective
+    assignment = _extract(problem, bins, choice, placed) if integer else None
+    weights = tuple(tuple(float(choice[t, o].varValue or 0.0) for o in range(len(options)))
+                    for t, options in enumerate(problem.options))
+    return SolveResult("optimal" if proven else "feasible", objective, bound, assignment, elapsed, weights,
+                       (lp, choice, integral) if keep else None)
+
+
+def resolve_integer(problem: Problem, relaxed: SolveResult, *, time_limit_s: float) -> SolveResult:
+    """The MILP of the same bins as ``relaxed`` (an LP solved with ``keep=True``): the kept HiGHS model gets
+    its choice, placement and latency variables declared integer and is solved again from the LP's basis,
+    with no rebuild. Returns the MILP's incumbent value, its dual bound and its option choices."""
+    import highspy
+
+    start = time.perf_counter()
+    lp, choice, integral = relaxed.handle
+    highs = lp.solverModel
+    for var in integral:
+        highs.changeColIntegrality(var.index, highspy.HighsVarType.kInteger)
+    highs.setOptionValue("time_limit", max(float(time_limit_s), 0.01))
+    highs.setOptionValue("mip_rel_gap", 1e-6)
+    highs.run()
+    info = highs.getInfo()
+    bound = float(info.mip_dual_bound) / _US if np.isfinite(info.mip_dual_bound) else relaxed.objective_s
+    status = highs.getModelStatus()
+    has_incumbent = info.primal_solution_status == highspy.kSolutionStatusFeasible
+    elapsed = time.perf_counter() - start
+    if status == highspy.HighsModelStatus.kInfeasible:
+        return SolveResult("infeasible", float("inf"), float("inf"), None, elapsed)
+    if not has_incumbent:
+        return SolveResult("not_solved", float("inf"), max(bound, relaxed.objective_s), None, elapsed)
+    values = highs.getSolution().col_value
+    weights = tuple(tuple(float(round(values[choice[t, o].index])) for o in range(len(options)))
+                    for t, options in enumerate(problem.options))
+    objective = float(info.objective_function_value) / _US
+    proven = status == highspy.HighsModelStatus.kOptimal
+    return SolveResult("optimal" if proven else "feasible", objective,
+                       objective if proven else max(bound, relaxed.objective_s), None, elapsed, weights)
+
+
+def _var(lp: pulp.LpProblem, name: str, low: float | None, high: float | None,
+         cat: str = pulp.LpContinuous) -> pulp.LpVariable:
+    """A variable of ``lp`` (pulp >= 3.3 attaches variables to their model; older pulp builds them alone)."""
+    if hasattr(lp, "add_variable"):
+        return lp.add_variable(name, low, high, cat=cat)
+    return pulp.LpVariable(name, low, high, cat)
+
+
+class _QuietHiGHS(pulp.HiGHS):
+    """pulp's HiGHS interface; the HiGHS constructor prints a banner on the C-level stdout even when told to be
+    silent, which would corrupt ``--json`` output, so stdout is pointed at /dev/null while it is created."""
+
+    def createAndConfigureSolver(self, lp: pulp.LpProblem) -> None:  # noqa: N802 (pulp's name)
+        sys.stdout.flush()
+        saved = os.dup(1)
+        try:
+            with open(os.devnull, "w") as sink:
+                os.dup2(sink.fileno(), 1)
+                try:
+                    super().createAndConfigureSolver(lp)
+                finally:
+                    os.dup2(saved, 1)
+        finally:
+            os.close(saved)
+
+
+def _dual_bound(lp: pulp.LpProblem, integer: bool, fallback: float) -> float:
+    model = getattr(lp, "solverModel", None)
+    if not integer or model is None:
+        return fallback
+    value = float(model.getInfo().mip_dual_bound)
+    return value if np.isfinite(value) else 0.0
+
+
+def _break_node_symmetry(lp: pulp.LpProblem, problem: Problem, bins: Bins, compute: list[dict]) -> None:
+    """(g) Identical nodes (same bins pattern) carry non-increasing compute: swapping whole identical nodes
+    maps a solution to one of equal value, so this keeps at least one optimum."""
+    dev = problem.dev
+    by_pattern: dict[tuple, list[int]] = {}
+    for k, members in enumerate(dev.nodes):
+        key = tuple((int(dev.class_of[i]), float(dev.hbm_capacity_bytes[i]), float(dev.host_capacity_bytes[i]))
+                    for i in members)
+        by_pattern.setdefault(key, []).append(k)
+    for nodes in by_pattern.values():
+        for k1, k2 in zip(nodes, nodes[1:]):
+            terms: dict = defaultdict(float)
+            for i in dev.nodes[k1]:
+                for v, c in compute[bins.bin_of[i]].items():
+                    terms[v] += c
+            for i in dev.nodes[k2]:
+                for v, c in compute[bins.bin_of[i]].items():
+                    terms[v] -= c
+            lp += pulp.LpAffineExpression(list(terms.items())) >= 0, f"g_{k1}_{k2}"
+
+
+def _extract(problem: Problem, bins: Bins, choice, placed) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    assignment = []
+    for t, options in enumerate(problem.options):
+        o = max(range(len(options)), key=lambda j: (choice[t, j].varValue or 0.0, -j))
+        positions: list[int] = []
+        for p, var in placed[t, o]:
+            count = int(round(var.varValue or 0.0))
+            target = p if options[o].scope != "device" else int(bins.members[p][0])
+            positions.extend([target] * count)
+        assignment.append((o, tuple(positions)))
+    return tuple(assignment)

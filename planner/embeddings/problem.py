@@ -1,0 +1,414 @@
+"""The embedding sharding problem: sharding options per table and the per-device cost model.
+
+Cost model (one training iteration, forward + backward, global batch ``B``, ``n`` devices, local batch
+``b = B / n``; a table has ``R`` rows, ``D`` dims, pooling factor ``P`` lookups per sample):
+
+* Lookups are bounded by the device's memory bandwidth (``memory_bandwidth_Bps x memory_efficiency``; the host
+  link for shards in host memory, UVM). Forward reads ``lookups x width`` elements and writes the pooled
+  outputs; backward reads the output gradients and, fused with the optimizer (TorchRec's FBGEMM kernels),
+  reads and writes each looked-up row and its optimizer state: ``2 x (1 + state)`` row transfers.
+* Input distribution: an all-to-all of the ids (int64): a device receives the ids its shards look up.
+  Output distribution: an all-to-all of pooled outputs forward and of their gradients backward; a shard sends
+  its pooled outputs for the whole batch, every device receives ``b x D`` per table. An all-to-all phase takes
+  ``max(sent, received) x seconds-per-byte`` on each device (full-duplex links), where seconds-per-byte is
+  hierarchical: the own node's share over the intra-node link, the other nodes' shares over the device's share
+  of its node's NIC (or the remote node's, if slower).
+* Row-wise (over all devices) reduce-scatters the partial pooled outputs forward and all-gathers their gradients
+  backward; table-row-wise does the same inside one node, then an all-to-all of ``B / k`` pooled rows per device.
+* Data-parallel tables are looked up locally on ``b`` samples, then all-reduce the dense table gradient and
+  update every replica.
+
+A device's embedding time is ``a2a latency + compute + ids all-to-all + 2 x pooled all-to-all`` (the phases
+are sequential; the all-to-alls are collectives). Memory per shard is ``rows x cols x dtype_bytes x (1 +
+state)`` with state elements per weight element 2 (Adam), 1 (Adagrad), 1/cols (row-wise Adagrad), 0 (SGD);
+data-parallel replicas also hold a dense gradient (one more copy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Sequence
+
+import numpy as np
+
+from planner.embeddings.devices import DeviceArrays, bandwidth_time_s, collective_latency_s
+from planner.errors import ConfigError
+from planner.types import EmbeddingTable
+
+IDS_BYTES = 8  # int64 ids, TorchRec's KeyedJaggedTensor default
+OUTPUT_BYTES = 4  # fp32 pooled outputs and their gradients, TorchRec's default output dtype
+COLUMN_MULTIPLE = 4  # column shards are multiples of 4 dims (FBGEMM's alignment, TorchRec's default minimum)
+MAX_COLUMN_SHARDS = 32
+OPTIMIZERS = ("sgd", "adam", "adagrad", "rowwise_adagrad")
+
+SHARDING_TYPES = ("data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise")
+
+
+def state_elements(optimizer: str, width: int) -> float:
+    """Optimizer-state elements per weight element of a shard ``width`` columns wide."""
+    if optimizer == "adam":
+        return 2.0
+    if optimizer == "adagrad":
+        return 1.0
+    if optimizer == "rowwise_adagrad":
+        return 1.0 / width
+    if optimizer == "sgd":
+        return 0.0
+    raise ConfigError(f"optimizer {optimizer!r} is not known for embedding tables; use one of {', '.join(OPTIMIZERS)}")
+
+
+def shard_memory_bytes(rows, cols: int, dtype_bytes: int, optimizer: str, replicated: bool = False):
+    """Bytes of one shard (``rows`` a number or an array): weights and optimizer state (plus a dense gradient
+    for a data-parallel replica)."""
+    factor = 1.0 + state_elements(optimizer, cols) + (1.0 if replicated else 0.0)
+    return rows * float(cols) * dtype_bytes * factor
+
+
+def lookup_traffic_bytes(lookups: float, pooled: float, width: int, dtype_bytes: int, state: float) -> float:
+    """Memory traffic of ``lookups`` row reads pooled into ``pooled`` outputs, forward and fused backward."""
+    forward = lookups * width * dtype_bytes + pooled * width * OUTPUT_BYTES
+    backward = pooled * width * OUTPUT_BYTES + lookups * width * dtype_bytes * 2.0 * (1.0 + state)
+    return forward + backward
+
+
+def even_split(total: int, parts: int) -> list[tuple[int, int]]:
+    """[start, end) ranges of ``total`` split into ``parts`` nearly equal pieces (larger ones first)."""
+    base, extra = divmod(total, parts)
+    ranges, start = [], 0
+    for p in range(parts):
+        size = base + (1 if p < extra else 0)
+        ranges.append((start, start + size))
+        start += size
+    return ranges
+
+
+@dataclass(frozen=True)
+class Option:
+    """One way to shard one table. ``scope`` says where a unit goes: one device (table-wise, and each column
+    shard of column-wise), one node (table-row-wise) or all devices (row-wise, data-parallel)."""
+
+    table: int
+    sharding: str  # table_wise | column_wise | table_row_wise | row_wise | data_parallel
+    scope: str  # device | node | global
+    host: bool  # shards in host memory (UVM) instead of HBM
+    units: int  # units to place: column shards for column_wise, else 1
+    width: int  # columns per unit
+    ids_send_bytes: float  # ids every device sends for this table
+    pool_recv_bytes: float  # pooled outputs every device receives (one direction)
+    lookup_bytes: float = 0.0  # device scope: memory traffic of one unit
+    ids_recv_bytes: float = 0.0  # device scope: ids one unit receives
+    pool_send_bytes: float = 0.0  # device scope: pooled outputs one unit sends (one direction)
+    memory_bytes: float = 0.0  # device scope: bytes of one unit
+
+
+@dataclass(frozen=True)
+class UnitLoad:
+    """What one unit of an option adds to the devices it touches (arrays aligned with ``devices``)."""
+
+    devices: np.ndarray
+    compute_s: np.ndarray
+    ids_recv_bytes: np.ndarray
+    pool_send_bytes: np.ndarray
+    hbm_bytes: np.ndarray
+    host_bytes: np.ndarray
+
+
+@dataclass(frozen=True)
+class Loads:
+    """Per-device totals of a (partial) assignment, and the embedding time they give."""
+
+    compute_s: np.ndarray
+    ids_recv_bytes: np.ndarray
+    pool_send_bytes: np.ndarray
+    hbm_bytes: np.ndarray
+    host_bytes: np.ndarray
+    ids_send_bytes: float
+    pool_recv_bytes: float
+    latency_s: np.ndarray  # fused collectives' latency per device
+
+
+@dataclass
+class Problem:
+    """Tables x options x devices, with the cost model above. Build with :func:`build_problem`."""
+
+    tables: tuple[EmbeddingTable, ...]
+    dev: DeviceArrays
+    global_batch: int
+    optimizer: str
+    options: tuple[tuple[Option, ...], ...]  # per table
+    _units: dict[tuple[int, int, int], UnitLoad] = field(default_factory=dict, repr=False)
+    _latency: dict[tuple[str, int], tuple[np.ndarray, float]] = field(default_factory=dict, repr=False)
+    _alone: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
+    _size: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
+
+    @cached_property
+    def node_positions(self) -> tuple[int, ...]:
+        """Nodes with at least two participating devices (where table-row-wise makes sense)."""
+        return tuple(k for k, members in enumerate(self.dev.nodes) if len(members) >= 2)
+
+    def positions(self, option: Option) -> Sequence[int]:
+        if option.scope == "device":
+            return range(self.dev.count)
+        if option.scope == "node":
+            return self.node_positions
+        return (0,)
+
+    def distinct_positions(self, option: Option) -> Sequence[int]:
+        """Positions up to symmetry: one node of each kind (same device classes and capacities)."""
+        if option.scope != "node":
+            return self.positions(option)
+        return self._distinct_nodes
+
+    @cached_property
+    def _distinct_nodes(self) -> tuple[int, ...]:
+        dev = self.dev
+        seen: dict[tuple, int] = {}
+        for k in self.node_positions:
+            key = tuple((int(dev.class_of[i]), float(dev.hbm_capacity_bytes[i]), float(dev.host_capacity_bytes[i]))
+                        for i in dev.nodes[k])
+            seen.setdefault(key, k)
+        return tuple(seen.values())
+
+    def base_time_s(self) -> np.ndarray:
+        return self.dev.a2a_latency_s * 3.0  # ids forward, pooled outputs forward, their gradients backward
+
+    def fused_key(self, option: Option, position: int) -> tuple[str, int] | None:
+        """Collectives of one kind run fused across tables (as TorchRec does), so their latency is paid once
+        per kind and group: the data-parallel all-reduce, the row-wise reduce-scatter + all-gather over all
+        devices, and each node's table-row-wise reduce-scatter + all-gather. None for all-to-all options."""
+        if option.sharding in ("data_parallel", "row_wise"):
+            return (option.sharding, 0)
+        if option.sharding == "table_row_wise":
+            return (option.sharding, position)
+        return None
+
+    def fused_latency(self, key: tuple[str, int]) -> tuple[np.ndarray, float]:
+        """(devices, latency in seconds) of the fused collective ``key``."""
+        cached = self._latency.get(key)
+        if cached is None:
+            kind, position = key
+            members = np.array(self.dev.nodes[position] if kind == "table_row_wise" else range(self.dev.count))
+            group = self.dev.group(members)
+            if kind == "data_parallel":
+                latency = collective_latency_s("all_reduce", group)
+            else:
+                latency = 2.0 * collective_latency_s("reduce_scatter", group)
+            cached = self._latency[key] = (members, latency)
+        return cached
+
+    def device_time_s(self, loads: Loads) -> np.ndarray:
+        """Embedding time per device: latency + compute + ids all-to-all + 2 x pooled all-to-all."""
+        a2a_bytes = (np.maximum(loads.ids_recv_bytes, loads.ids_send_bytes)
+                     + 2.0 * np.maximum(loads.pool_send_bytes, loads.pool_recv_bytes))
+        return self.base_time_s() + loads.latency_s + loads.compute_s + self.dev.a2a_s_per_byte * a2a_bytes
+
+    # ----------------------------------------------------------------------------------- units
+    def unit(self, t: int, o: int, position: int) -> UnitLoad:
+        key = (t, o, position)
+        cached = self._units.get(key)
+        if cached is None:
+            cached = self._units[key] = self._make_unit(self.options[t][o], position)
+        return cached
+
+    def _make_unit(self, option: Option, position: int) -> UnitLoad:
+        table, dev = self.tables[option.table], self.dev
+        if option.scope == "device":
+            bw = dev.host_Bps[position] if option.host else dev.lookup_Bps[position]
+            mem = np.array([option.memory_bytes])
+            zero = np.zeros(1)
+            return UnitLoad(np.array([position]), np.array([option.lookup_bytes / bw]),
+                            np.array([option.ids_recv_bytes]), np.array([option.pool_send_bytes]),
+                            zero if option.host else mem, mem if option.host else zero)
+        batch = float(self.global_batch)
+        members = np.array(dev.nodes[position] if option.scope == "node" else range(dev.count), dtype=int)
+        q = len(members)
+        bw = dev.host_Bps[members] if option.host else dev.lookup_Bps[members]
+        state = state_elements(self.optimizer, table.dim)
+        group = dev.group(members)
+        if option.sharding == "data_parallel":
+            local = batch / q
+            traffic = lookup_traffic_bytes(local * table.pooling_factor, local, table.dim, table.dtype_bytes, state)
+            # dense gradient: zero it, scatter the lookups' gradients into it, then the optimizer sweeps the table
+            table_bytes = float(table.rows) * table.dim * table.dtype_bytes
+            traffic += 2.0 * table_bytes + local * table.pooling_factor * table.dim * table.dtype_bytes
+            traffic += table_bytes * 2.0 * (1.0 + state) + table_bytes
+            compute = traffic / bw + bandwidth_time_s("all_reduce", table_bytes, group)
+            mem = np.full(q, shard_memory_bytes(table.rows, table.dim, table.dtype_bytes, self.optimizer, True))
+            zero = np.zeros(q)
+            return UnitLoad(members, compute, zero, zero, mem, zero)
+        rows = np.array([end - start for start, end in even_split(table.rows, q)], dtype=float)
+        share = rows / table.rows
+        lookups = batch * table.pooling_factor * share
+        traffic = lookup_traffic_bytes(lookups, batch, table.dim, table.dtype_bytes, state)
+        pooled_bytes = batch * table.dim * OUTPUT_BYTES
+        comm = bandwidth_time_s("reduce_scatter", pooled_bytes, group) + bandwidth_time_s(
+            "all_gather", pooled_bytes, group)
+        compute = traffic / bw + comm
+        mem = shard_memory_bytes(rows, table.dim, table.dtype_bytes, self.optimizer)
+        zero = np.zeros(q)
+        pool_send = np.full(q, batch / q * table.dim * OUTPUT_BYTES) if option.scope == "node" else zero
+        return UnitLoad(members, compute, lookups * IDS_BYTES, pool_send, zero if option.host else mem,
+                        mem if option.host else zero)
+
+    # ------------------------------------------------------------------------------ evaluation
+    def empty_loads(self) -> Loads:
+        n = self.dev.count
+        return Loads(np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), 0.0, 0.0, np.zeros(n))
+
+    def evaluate(self, assignment: Sequence[tuple[int, Sequence[int]]]) -> Loads:
+        """Per-device loads of a full assignment: per table (option index, positions of its units)."""
+        n = self.dev.count
+        compute, ids_recv, pool_send, hbm, host = (np.zeros(n) for _ in range(5))
+        ids_send = pool_recv = 0.0
+        keys: set[tuple[str, int]] = set()
+        for t, (o, positions) in enumerate(assignment):
+            option = self.options[t][o]
+            if len(positions) != option.units:
+                raise ValueError(f"table {t}: option {o} needs {option.units} positions, got {len(positions)}")
+            ids_send += option.ids_send_bytes
+            pool_recv += option.pool_recv_bytes
+            for p in positions:
+                key = self.fused_key(option, p)
+                if key is not None:
+                    keys.add(key)
+                u = self.unit(t, o, p)
+                np.add.at(compute, u.devices, u.compute_s)
+                np.add.at(ids_recv, u.devices, u.ids_recv_bytes)
+                np.add.at(pool_send, u.devices, u.pool_send_bytes)
+                np.add.at(hbm, u.devices, u.hbm_bytes)
+                np.add.at(host, u.devices, u.host_bytes)
+        latency = np.zeros(n)
+        for key in sorted(keys):
+            members, seconds = self.fused_latency(key)
+            latency[members] += seconds
+        return Loads(compute, ids_recv, pool_send, hbm, host, ids_send, pool_recv, latency)
+
+    def fits(self, loads: Loads, slack: float = 1e-9) -> bool:
+        return bool(np.all(loads.hbm_bytes <= self.dev.hbm_capacity_bytes * (1 + slack))
+                    and np.all(loads.host_bytes <= self.dev.host_capacity_bytes * (1 + slack)))
+
+    def unit_alone_s(self, t: int, o: int) -> float:
+        """A lower bound on the slowest device's time whenever table ``t`` uses option ``o``: one unit on its
+        best position with only the all-to-all traffic every plan has (every other load only adds); inf when
+        it fits nowhere."""
+        key = (t, o)
+        cached = self._alone.get(key)
+        if cached is None:
+            cached = self._alone[key] = self._unit_alone_s(t, o)
+        return cached
+
+    def unit_size_s(self, t: int, o: int) -> float:
+        """How big one unit of option o is, for largest-first orders: its own lookups, collectives and
+        all-to-all bytes on the fastest device (no shared traffic, no latency)."""
+        key = (t, o)
+        cached = self._size.get(key)
+        if cached is None:
+            option, dev = self.options[t][o], self.dev
+            i = int(np.argmax(dev.lookup_Bps))
+            if option.scope == "device":
+                bw = dev.host_Bps[i] if option.host else dev.lookup_Bps[i]
+                cached = option.lookup_bytes / bw + dev.a2a_s_per_byte[i] * (
+                    option.ids_recv_bytes + 2.0 * option.pool_send_bytes)
+            else:
+                u = self.unit(t, o, self.distinct_positions(option)[0])
+                cached = float(np.max(u.compute_s + dev.a2a_s_per_byte[u.devices] * (
+                    u.ids_recv_bytes + 2.0 * u.pool_send_bytes)))
+            self._size[key] = cached
+        return cached
+
+    @cached_property
+    def _least_a2a(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per table, the fewest ids it makes every device send and pooled bytes every device receive."""
+        ids = np.array([min(o.ids_send_bytes for o in options) for options in self.options])
+        pooled = np.array([min(o.pool_recv_bytes for o in options) for options in self.options])
+        return ids, pooled
+
+    def _unit_alone_s(self, t: int, o: int) -> float:
+        option, dev = self.options[t][o], self.dev
+        # every device sends at least the ids of every table and receives their pooled outputs (the least
+        # any option of the other tables asks for, plus what this option asks for)
+        least_ids, least_pooled = self._least_a2a
+        ids_send = float(least_ids.sum() - least_ids[t]) + option.ids_send_bytes
+        pool_recv = float(least_pooled.sum() - least_pooled[t]) + option.pool_recv_bytes
+        latency = 0.0
+        if option.scope == "device":  # every device at once
+            bw = dev.host_Bps if option.host else dev.lookup_Bps
+            a2a = max(option.ids_recv_bytes, ids_send) + 2.0 * max(option.pool_send_bytes, pool_recv)
+            times = self.base_time_s() + option.lookup_bytes / bw + dev.a2a_s_per_byte * a2a
+            capacity = dev.host_capacity_bytes if option.host else dev.hbm_capacity_bytes
+            times = np.where(option.memory_bytes <= capacity, times, np.inf)
+            return float(times.min())
+        best = np.inf
+        for p in self.distinct_positions(option):
+            u = self.unit(t, o, p)
+            if np.any(u.hbm_bytes > dev.hbm_capacity_bytes[u.devices]) or np.any(
+                    u.host_bytes > dev.host_capacity_bytes[u.devices]):
+                continue
+            a2a = np.maximum(u.ids_recv_bytes, ids_send) + 2.0 * np.maximum(u.pool_send_bytes, pool_recv)
+            key = self.fused_key(option, p)
+            latency = self.fused_latency(key)[1] if key is not None else 0.0
+            times = self.base_time_s()[u.devices] + u.compute_s + dev.a2a_s_per_byte[u.devices] * a2a + latency
+            best = min(best, float(times.max()))
+        return best
+
+
+def build_options(t: int, table: EmbeddingTable, dev: DeviceArrays, global_batch: int, optimizer: str,
+                  with_host: bool) -> tuple[Option, ...]:
+    """Every sharding option of one table on these devices."""
+    n = dev.count
+    batch = float(global_batch)
+    local = batch / n
+    state = state_elements(optimizer, table.dim)
+    ids_send = local * table.pooling_factor * IDS_BYTES
+    pool_recv = local * table.dim * OUTPUT_BYTES
+    options: list[Option] = []
+    for host in (False, True) if with_host else (False,):
+        options.append(Option(
+            t, "table_wise", "device", host, 1, table.dim, ids_send, pool_recv,
+            lookup_bytes=lookup_traffic_bytes(batch * table.pooling_factor, batch, table.dim, table.dtype_bytes, state),
+            ids_recv_bytes=batch * table.pooling_factor * IDS_BYTES,
+            pool_send_bytes=batch * table.dim * OUTPUT_BYTES,
+            memory_bytes=shard_memory_bytes(table.rows, table.dim, table.dtype_bytes, optimizer)))
+    shards = 2
+    while shards <= min(n, MAX_COLUMN_SHARDS) and table.dim % (shards * COLUMN_MULTIPLE) == 0:
+        width = table.dim // shards
+        width_state = state_elements(optimizer, width)
+        options.append(Option(
+            t, "column_wise", "device", False, shards, width, ids_send * shards, pool_recv,
+            lookup_bytes=lookup_traffic_bytes(batch * table.pooling_factor, batch, width, table.dtype_bytes,
+                                              width_state),
+            ids_recv_bytes=batch * table.pooling_factor * IDS_BYTES,
+            pool_send_bytes=batch * width * OUTPUT_BYTES,
+            memory_bytes=shard_memory_bytes(table.rows, width, table.dtype_bytes, optimizer)))
+        shards *= 2
+    if any(len(members) >= 2 for members in dev.nodes) and len(dev.nodes) > 1:
+        for host in (False, True) if with_host else (False,):
+            options.append(Option(t, "table_row_wise", "node", host, 1, table.dim, ids_send, pool_recv))
+    if n >= 2:
+        for host in (False, True) if with_host else (False,):
+            options.append(Option(t, "row_wise", "global", host, 1, table.dim, ids_send, 0.0))
+        options.append(Option(t, "data_parallel", "global", False, 1, table.dim, 0.0, 0.0))
+    return tuple(options)
+
+
+def build_problem(tables: Sequence[EmbeddingTable], dev: DeviceArrays, global_batch: int, optimizer: str) -> Problem:
+    """The options of every table, without those that fit on no position. Host (UVM) options are offered only
+    when host memory is allowed and the tables' HBM demand exceeds half the devices' HBM (a host shard is always
+    slower than the same shard in HBM, so it only matters when HBM runs short). Raises InfeasibleError naming a
+    table that has no option left."""
+    from planner.embeddings.errors import table_does_not_fit
+
+    state_elements(optimizer, 1)  # validates the optimizer name before any work
+    demand = sum(shard_memory_bytes(t.rows, t.dim, t.dtype_bytes, optimizer) for t in tables)
+    with_host = bool(dev.host_capacity_bytes.sum() > 0) and demand > 0.5 * float(dev.hbm_capacity_bytes.sum())
+    all_options = tuple(build_options(t, table, dev, global_batch, optimizer, with_host)
+                        for t, table in enumerate(tables))
+    problem = Problem(tuple(tables), dev, global_batch, optimizer, all_options)
+    kept: list[tuple[Option, ...]] = []
+    for t, options in enumerate(all_options):
+        usable = tuple(option for o, option in enumerate(options) if np.isfinite(problem.unit_alone_s(t, o)))
+        if not usable:
+            raise table_does_not_fit(tables[t], dev, optimizer)
+        kept.append(usable)
+    return Problem(tuple(tables), dev, global_batch, optimizer, tuple(kept))

@@ -1,0 +1,206 @@
+"""``shard_tables``: place embedding tables on (possibly mixed) devices, with a proven bound.
+
+The order of work: (1) the LP relaxation over classes of identical devices; (2) the same with integral option
+choices (a stronger bound that is still a relaxation, and a plan sketch); (3) greedy + local search guided by
+each; (4) on clusters of a few nodes, the MILP with nodes as bins (a stronger bound still); (5) the exact
+per-device MILP on instances small enough to finish within the time limit. The result reports the slowest
+device's time, the best proven lower bound, and the gap between them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from planner.embeddings.devices import device_arrays
+from planner.embeddings.heuristic import heuristic, least_work_guide
+from planner.embeddings.milp import SolveResult, class_bins, device_bins, node_bins, resolve_integer, solve
+from planner.embeddings.problem import Problem, build_problem, even_split
+from planner.errors import ConfigError, InfeasibleError
+from planner.plan import EmbeddingPlacement, EmbeddingShard
+from planner.types import Cluster, EmbeddingTable
+
+log = logging.getLogger(__name__)
+
+# The exact MILP runs when it has at most this many placement variables (tables x options x devices): up to
+# here HiGHS closes the gap within a few seconds on the reference workloads; past it the heuristic's answer,
+# with its gap to the LP bound, is the result.
+MILP_MAX_VARIABLES = 4000
+# The node-level MILP (step 4) runs on clusters of at most this many nodes (past it HiGHS rarely closes it).
+NODE_MILP_MAX_NODES = 4
+
+
+@dataclass(frozen=True)
+class EmbeddingResult:
+    placements: tuple[EmbeddingPlacement, ...]
+    embedding_time_s: float  # the slowest device: forward + backward lookups and communication
+    lower_bound_s: float  # LP relaxation (or the MILP's dual bound, whichever is higher)
+    per_device_time_s: Mapping[int, float]  # global device id -> seconds
+    per_device_memory_bytes: Mapping[int, float]  # global device id -> HBM bytes (weights + optimizer state)
+    proven_optimal: bool
+    method: str  # "milp" | "heuristic"
+    gap: float  # (embedding_time_s - lower_bound_s) / lower_bound_s
+    per_device_host_memory_bytes: Mapping[int, float] = None  # type: ignore[assignment]
+    solve_time_s: float = 0.0
+    optimizer: str = "adagrad"
+
+
+def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Sequence[int] | None,
+                 global_batch: int, *, optimizer: str = "adagrad",
+                 memory_budget_bytes: Mapping[int, float] | None = None, time_limit_s: float = 10.0,
+                 seed: int = 0, allow_host: bool = True) -> EmbeddingResult:
+    """Shard ``tables`` over ``devices`` of ``cluster`` (all when None) for ``global_batch`` samples.
+
+    ``memory_budget_bytes`` gives the bytes per device left for embeddings (default: the device's memory).
+    ``seed`` is accepted for API symmetry; the search is deterministic (ties broken by index).
+    """
+    del seed
+    start = time.perf_counter()
+    if not tables:
+        raise ConfigError("shard_tables: no embedding tables were given")
+    if global_batch <= 0:
+        raise ConfigError(f"global batch must be a positive integer, got {global_batch}")
+    if time_limit_s <= 0:
+        raise ConfigError(f"--time-limit must be positive, got {time_limit_s}")
+    names = [t.name for t in tables]
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise ConfigError(f"embedding table {dup!r} appears twice; table names must be unique")
+    dev = device_arrays(cluster, devices, memory_budget_bytes, allow_host)
+    problem = build_problem(tables, dev, global_batch, optimizer)
+    deadline = start + 0.9 * time_limit_s  # leaves room to build the result within the limit
+
+    budget = deadline - start
+
+    # (1) the LP relaxation over classes of identical devices: a bound, and each table's preferred options
+    relaxed = solve(problem, class_bins(problem), integer=False, time_limit_s=max(0.5 * budget, 0.5), keep=True)
+    if relaxed.status == "infeasible":
+        raise _too_big_in_total(problem)
+    bound = relaxed.objective_s if relaxed.status in ("optimal", "feasible") else 0.0
+    # (2) the same with one option per table and whole units per class: still a relaxation of the per-device
+    # problem (any plan aggregates to a solution of it), but it cannot mix options within a table
+    guides = []
+    chosen = resolve_integer(problem, relaxed, time_limit_s=_share(start, deadline, 0.3))
+    bound = max(bound, chosen.bound_s if chosen.status != "infeasible" else bound)
+    if chosen.weights:
+        guides.append(chosen.weights)
+    guides.append(relaxed.weights)
+    guides.append(least_work_guide(problem))
+    # (3) greedy + local search from each guide
+    assignment, best = None, np.inf
+    for k, guide in enumerate(guides):
+        candidate = heuristic(problem, guide, start + budget * (0.4 + 0.1 * k))
+        value = _makespan(problem, candidate) if candidate is not None else np.inf
+        if value < best:
+            assignment, best = candidate, value
+    method, proven = "heuristic", False
+    # (4) nodes as bins: which node carries which table is exact, devices inside a node are pooled
+    if best > bound * (1 + 1e-6) and 1 < len(problem.dev.nodes) <= NODE_MILP_MAX_NODES:
+        by_node = solve(problem, node_bins(problem), integer=True, time_limit_s=_share(start, deadline, 0.75))
+        bound = max(bound, by_node.bound_s if by_node.status != "infeasible" else bound)
+        if by_node.weights:
+            candidate = heuristic(problem, by_node.weights, start + 0.8 * budget)
+            value = _makespan(problem, candidate) if candidate is not None else np.inf
+            if value < best:
+                assignment, best = candidate, value
+    # (5) the exact per-device MILP on small instances
+    if _milp_size(problem) <= MILP_MAX_VARIABLES and best > bound * (1 + 1e-6):
+        remaining = deadline - time.perf_counter()
+        if remaining > 0.05:
+            exact: SolveResult = solve(problem, device_bins(problem), integer=True, time_limit_s=remaining)
+            bound = max(bound, min(exact.bound_s, exact.objective_s))
+            if exact.assignment is not None:
+                value = _makespan(problem, exact.assignment)
+                if value < best * (1 - 1e-9) or assignment is None:
+                    assignment, best, method = exact.assignment, value, "milp"
+                proven = exact.status == "optimal"
+                if proven:
+                    bound = max(bound, min(best, exact.objective_s))
+    if assignment is None:
+        raise InfeasibleError(
+            f"no placement of the {len(tables)} embedding tables fits the devices' memory within the "
+            f"{time_limit_s:g} s time limit; add devices, raise --time-limit, or use a smaller optimizer")
+    proven = proven or best <= bound * (1 + 1e-9)
+    gap = (best - bound) / bound if bound > 0 else 0.0
+    loads = problem.evaluate(assignment)
+    times = problem.device_time_s(loads)
+    log.info("embeddings: %d tables on %d devices, %.6f s (bound %.6f s, gap %.2f%%, %s) in %.2f s",
+             len(tables), dev.count, best, bound, 100 * gap, method, time.perf_counter() - start)
+    return EmbeddingResult(
+        placements=placements(problem, assignment),
+        embedding_time_s=float(best),
+        lower_bound_s=float(bound),
+        per_device_time_s={d: float(times[i]) for i, d in enumerate(dev.ids)},
+        per_device_memory_bytes={d: float(loads.hbm_bytes[i]) for i, d in enumerate(dev.ids)},
+        proven_optimal=bool(proven),
+        method=method,
+        gap=float(max(gap, 0.0)),
+        per_device_host_memory_bytes={d: float(loads.host_bytes[i]) for i, d in enumerate(dev.ids)},
+        solve_time_s=time.perf_counter() - start,
+        optimizer=optimizer,
+    )
+
+
+def _share(start: float, deadline: float, fraction: float) -> float:
+    """Seconds from now until ``fraction`` of the way from ``start`` to ``deadline`` (at least 0.05)."""
+    return max(start + fraction * (deadline - start) - time.perf_counter(), 0.05)
+
+
+def _makespan(problem: Problem, assignment) -> float:
+    loads = problem.evaluate(assignment)
+    if not problem.fits(loads):
+        return np.inf
+    return float(problem.device_time_s(loads).max())
+
+
+def _milp_size(problem: Problem) -> int:
+    n_nodes = len(problem.node_positions)
+    size = 0
+    for options in problem.options:
+        for option in options:
+            size += 1 + (problem.dev.count if option.scope == "device" else n_nodes if option.scope == "node" else 0)
+    return size
+
+
+def _too_big_in_total(problem: Problem) -> InfeasibleError:
+    from planner.embeddings.problem import shard_memory_bytes
+
+    need = sum(shard_memory_bytes(t.rows, t.dim, t.dtype_bytes, problem.optimizer) for t in problem.tables)
+    have = float(problem.dev.hbm_capacity_bytes.sum() + problem.dev.host_capacity_bytes.sum())
+    biggest = max(problem.tables, key=lambda t: t.rows * t.dim * t.dtype_bytes)
+    return InfeasibleError(
+        f"the {len(problem.tables)} embedding tables need {need / 1e9:.3g} GB with their {problem.optimizer} "
+        f"state (the largest, {biggest.name!r}, {shard_memory_bytes(biggest.rows, biggest.dim, biggest.dtype_bytes, problem.optimizer) / 1e9:.3g} GB), "
+        f"but the {problem.dev.count} devices offer {have / 1e9:.3g} GB; add devices or use a smaller optimizer")
+
+
+def placements(problem: Problem, assignment) -> tuple[EmbeddingPlacement, ...]:
+    """The Plan's view of an assignment: per table its sharding, shards (device, rows, cols, memory) and kernel."""
+    dev = problem.dev
+    out = []
+    for t, (o, positions) in enumerate(assignment):
+        table, option = problem.tables[t], problem.options[t][o]
+        memory = "host" if option.host else "hbm"
+        shards: list[EmbeddingShard] = []
+        sharding = option.sharding
+        if option.sharding == "data_parallel":
+            shards = [EmbeddingShard(d, (0, table.rows), (0, table.dim), memory) for d in dev.ids]
+        elif option.scope == "device":
+            cols = even_split(table.dim, option.units)
+            for (c0, c1), p in zip(cols, positions):
+                shards.append(EmbeddingShard(dev.ids[p], (0, table.rows), (c0, c1), memory))
+            if option.sharding == "column_wise" and len({dev.node_of[p] for p in positions}) == 1 \
+                    and len(dev.nodes) > 1:
+                sharding = "table_column_wise"  # TorchRec's TWCW: every column shard inside one node
+        else:
+            members = dev.nodes[positions[0]] if option.scope == "node" else range(dev.count)
+            for (r0, r1), i in zip(even_split(table.rows, len(members)), members):
+                shards.append(EmbeddingShard(dev.ids[i], (r0, r1), (0, table.dim), memory))
+        kernel = "fused_uvm" if option.host else "fused"
+        out.append(EmbeddingPlacement(table=table.name, sharding=sharding, shards=tuple(shards),
+                                      compute_kernel=kernel))
+    return tuple(out)

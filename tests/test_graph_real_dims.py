@@ -1,0 +1,42 @@
+"""Transformer dimensions and the Megatron split on the real torch.onnx exports (tests/fixtures/exports):
+the importer must read hidden, heads, kv_heads, ffn and the sequence length of every block from shapes,
+as the model configs recorded beside each fixture give them."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from planner.graph import load_model
+
+HERE = os.path.join(os.path.dirname(__file__), "fixtures", "exports")
+TRANSFORMERS = sorted(f[:-len(".onnx")] for f in os.listdir(HERE)
+                      if f.endswith(".onnx") and f.split(".")[0] in ("gpt2", "bert", "llama", "t5", "vit"))
+
+
+def _record(fixture: str) -> dict:
+    with open(os.path.join(HERE, f"{fixture}.json"), encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+@pytest.mark.parametrize("fixture", TRANSFORMERS)
+def test_block_dims_from_shapes(fixture):
+    record = _record(fixture)
+    config, dims = record["config"], record["dims"]
+    graph = load_model(os.path.join(HERE, f"{fixture}.onnx"), dims=dims)
+    blocks = [layer for layer in graph.layers if layer.kind == "block"]
+    assert blocks and all(b.transformer is not None for b in blocks), [(l.name, l.kind) for l in graph.layers]
+    if config.get("image"):  # ViT: patches plus the class token
+        seqs = {(config["image"] // config["patch"]) ** 2 + 1}
+    else:
+        seqs = {dims["seq"], dims.get("dec_seq", dims["seq"])}
+    for block in blocks:
+        t = block.transformer
+        assert (t.hidden, t.heads, t.ffn) == (config["hidden"], config["heads"], config["ffn"])
+        assert t.kv_heads == config.get("kv_heads", config["heads"])
+        assert t.seq_len in seqs
+        splits = [op.tp_split for op in block.ops if op.gemm is not None and op.flops > 0]
+        assert "column" in splits and "row" in splits and "sharded" in splits
+    assert graph.warnings == ()
