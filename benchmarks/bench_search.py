@@ -68,11 +68,11 @@ TARGETS = [
           "dgx-h100*21+dgx-a100-80gb*22+hgx-v100-32gb*21", 1024, time_limit_s=28),
 ]
 
-LAYER_CURVE = [Point(f"layers={n}", n, 4096, 32, "dgx-a100-80gb*16", 512, time_limit_s=120)
+LAYER_CURVE = [Point(f"layers={n}", n, 4096, 32, "dgx-a100-80gb*16", 512, time_limit_s=60)
                for n in (12, 24, 48, 96, 128, 256)]
-GPU_CURVE = [Point(f"gpus={8 * n}", 40, 5120, 40, f"dgx-a100-80gb*{n}", 2048, time_limit_s=120)
+GPU_CURVE = [Point(f"gpus={8 * n}", 40, 5120, 40, f"dgx-a100-80gb*{n}", 2048, time_limit_s=60)
              for n in (1, 4, 16, 64, 256, 1024)]
-TYPE_CURVE = [Point(f"types={k}", 40, 5120, 40, c, 1024, time_limit_s=120) for k, c in (
+TYPE_CURVE = [Point(f"types={k}", 40, 5120, 40, c, 1024, time_limit_s=60) for k, c in (
     (1, "dgx-a100-80gb*16"), (2, "dgx-a100-80gb*8+hgx-v100-32gb*8"),
     (3, "dgx-h100*6+dgx-a100-80gb*5+hgx-v100-32gb*5"),
     (4, "dgx-h100*4+dgx-a100-80gb*4+hgx-v100-32gb*4+dgx-a100-40gb*4"))]

@@ -125,7 +125,7 @@ def mixed(time_limit_s: float) -> list[str]:
                                              time_limit_s=time_limit_s).best.iteration_time_s
                 except PlannerError:
                     subsets[subset] = float("inf")
-        fastest_part = max(parts, key=lambda p: load_cluster(p).groups[0].node.device.peak_flops_per_s["bf16"])
+        fastest_part = max(parts, key=lambda p: max(load_cluster(p).groups[0].node.device.peak_flops_per_s.values()))
         alone = subsets[(fastest_part,)]
         best_subset = min(subsets.values())
         bounds = balanced_split(model, len(best.stages))
