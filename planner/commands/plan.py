@@ -93,4 +93,4 @@ def _gantt(plan: Plan, model, cluster, path: str) -> None:
             raise
         raise ConfigError("--gantt: this version of planner has no schedule drawing (planner.report.gantt); "
                           "drop --gantt") from None
-    gantt.write_gantt(plan, model, cluster, path)
+    gantt.write_plan_gantt(plan, model, cluster, path)

@@ -88,7 +88,7 @@ def _count_grid(caps: list[int], num_layers: int, pinned_pp: int, max_stages: in
     """Stage counts per option: every combination of 1..cap (restricted to whole pools when too many)."""
     caps = [min(c, max_stages) for c in caps]
     size = float(np.prod([float(c) for c in caps]))
-    if size <= MAX_GRID:
+    if size <= MAX_GRID or len(caps) == 1:  # one pool: every stage count (at most one per layer)
         grid = np.array(list(itertools.product(*[range(1, cap + 1) for cap in caps])), dtype=int)
         grid = grid.reshape(-1, len(caps))
         total = grid.sum(axis=1)
