@@ -111,6 +111,12 @@ def _by_scope(graph: OpGraph, compute: list[Node], flops: dict[int, float], has_
     groups: dict[int, list[int]] = {}
     for node in compute:
         groups.setdefault(pos[node.index], []).append(node.index)
+    # numbered modules that are a detail (a Sequential stem before named, unnumbered blocks) leave most
+    # matrix products between them: then the layers come from the graph's structure instead
+    products = {p: sum(1 for i in members if i in has_param and i not in table_nodes) for p, members in groups.items()}
+    in_gaps = max((v for p, v in products.items() if p % 2 == 0), default=0)
+    if in_gaps > max((v for p, v in products.items() if p % 2), default=1) and in_gaps > 1:
+        return None
     names = {2 * k + 1: ".".join(key[0] + (str(key[1]),)) for key, k in order.items()}
     last = max(groups)
     units: list[Unit] = []
