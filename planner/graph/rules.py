@@ -224,6 +224,7 @@ _MOVE_OPS = ("Transpose", "Concat", "Split", "Slice", "Gather", "GatherElements"
              "OneHot", "NonZero", "Compress", "ReverseSequence", "Range", "ConstantOfShape", "Constant", "Shape",
              "Size", "EyeLike", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
              "Bernoulli", "SequenceConstruct", "SplitToSequence", "ConcatFromSequence", "SequenceAt",
+             "SequenceEmpty", "SequenceInsert", "SequenceErase", "SequenceLength",
              "Upsample", "EmbeddingBag", "TopK", "ArgMax", "ArgMin", "Unique", "GridSample")
 # ops that are views: no data moved
 VIEW_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
