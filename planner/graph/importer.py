@@ -15,7 +15,7 @@ from planner.graph import layers as layer_detection
 from planner.graph.loader import check_external_data, check_structure, read_model
 from planner.graph.ir import FLOAT_TYPES, Node, OpGraph, act_bytes, stored_bytes
 from planner.graph.opgraph import build
-from planner.graph.rules import RULES, VIEW_OPS, View, fused_sources, saved_for_backward
+from planner.graph.rules import RULES, VIEW_OPS, View, fused_sources, nan_guards, saved_for_backward
 from planner.graph.transformer import detect_dims, tp_splits
 from planner.types import EmbeddingTable, Layer, LayerGraph, OpCost
 
@@ -170,7 +170,8 @@ def _layers(graph: OpGraph, units: list[layer_detection.Unit], costs: dict[int, 
     saved_bytes = [0.0] * n
     assigned: set[str] = set()
     b = graph.static_batch
-    fused = fused_sources(graph, [graph.nodes[i] for i in sorted(layer_of)])
+    members = [graph.nodes[i] for i in sorted(layer_of)]
+    fused, aliases = fused_sources(graph, members), nan_guards(graph, members)
     for k, unit in enumerate(units):
         counted: set[str] = set()  # a tensor saved by ops of two layers lives on both their stages
         for i in sorted(unit.nodes):
@@ -180,7 +181,7 @@ def _layers(graph: OpGraph, units: list[layer_detection.Unit], costs: dict[int, 
                     if root not in assigned:
                         assigned.add(root)
                         params[k] += graph.params.get(root, 0)
-            for tensor, per_elem in saved_for_backward(View(node, graph), fused):
+            for tensor, per_elem in saved_for_backward(View(node, graph), fused, aliases):
                 if tensor in counted:
                     continue
                 counted.add(tensor)
