@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections import Counter
 from dataclasses import dataclass
 
 from planner.graph.ir import Node, OpGraph
@@ -209,7 +210,7 @@ def _by_structure(graph: OpGraph, compute: list[Node], anchors: set[int], table_
             continue
         units.append(Unit("", "", tuple(pieces[i])))
         i += 1
-    repeated = {s for s in sigs if sigs.count(s) >= 2} if len(sigs) < 2000 else set()
+    repeated = {s for s, count in Counter(sigs).items() if count >= 2}
     named: list[Unit] = []
     counters: dict[str, int] = {}
     for k, unit in enumerate(units):
