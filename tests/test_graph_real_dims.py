@@ -54,3 +54,14 @@ def test_block_activations_follow_korthikanti(fixture):
         t = block.transformer
         expected = t.seq_len * t.hidden * 32 + 2 * t.heads * t.seq_len ** 2
         assert block.activation_bytes == pytest.approx(expected, rel=0.02)
+
+
+def test_torchscript_embedding_bag_loops_cost_their_lookups():
+    """TorchScript exports nn.EmbeddingBag as a Loop over bags whose body Gathers from the table: the Loop is
+    costed as the bag sum (pooling_factor x dim additions per sample), with no unknown-op warning."""
+    record = _record("dlrm.torchscript")
+    graph = load_model(os.path.join(HERE, "dlrm.torchscript.onnx"), dims=record["dims"])
+    loops = [op for layer in graph.layers for op in layer.ops if op.op_type == "Loop"]
+    assert sorted(op.flops for op in loops) == sorted(
+        float(t["pooling_factor"] * t["dim"]) for t in record["config"]["tables"])
+    assert not any("no cost rule" in w for w in graph.warnings)
