@@ -59,21 +59,30 @@ class WhatIfPoint:
     micro_batch: int | None = None
     num_micro_batches: int | None = None
     stages: str = ""  # one entry per stage: "device_type tpT dpD layers A-B"
+    proven_optimal: bool | None = None  # under the cost model (False when a time limit cut the search)
     reason: str = ""  # why infeasible, or empty
+    search_time_s: float = field(default=0.0, compare=False)  # wall time of planning this point (varies)
 
     @property
     def setting(self) -> dict[str, Value]:
         return dict(self.settings)
 
     def row(self) -> dict[str, Any]:
-        """Flat columns: the swept keys first, then the numbers (the CSV row)."""
+        """Flat columns: the swept keys first, then the numbers (the CSV row; no timings)."""
         values = asdict(self)
-        del values["settings"]
+        del values["settings"], values["search_time_s"]
         return {**dict(self.settings), **values}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form: the timing sits under ``search``, the only part that varies between runs."""
+        values = asdict(self)
+        timing = {"time_s": values.pop("search_time_s")}
+        return {**values, "settings": dict(self.settings), "search": timing}
 
 
 #: the columns after the swept keys, in CSV and table order
-COLUMNS = tuple(f.name for f in WhatIfPoint.__dataclass_fields__.values() if f.name != "settings")
+COLUMNS = tuple(f.name for f in WhatIfPoint.__dataclass_fields__.values()
+                if f.name not in ("settings", "search_time_s"))
 TABLE_COLUMNS = ("feasible", "iteration_time_s", "throughput_samples_per_s", "cost_per_million_tokens",
                  "devices_used", "pp", "tp", "dp", "micro_batch", "reason")
 
@@ -111,7 +120,7 @@ class WhatIfResult:
         """JSON document; timings sit under ``search`` (the only part that varies between runs)."""
         return {
             "model": self.model, "cluster": self.cluster, "keys": list(self.keys),
-            "points": [{**asdict(p), "settings": dict(p.settings)} for p in self.points],
+            "points": [p.to_dict() for p in self.points],
             "pareto_front": list(self.pareto_front()),
             "search": {"time_s": self.elapsed_s, "workers": self.workers, "backend": self.backend},
         }
@@ -226,7 +235,8 @@ def summarize(settings: tuple[tuple[str, Value], ...], plan: Plan, cluster: Clus
         cost_per_million_tokens=per_sample / seq_len * 1e6 if per_sample is not None and seq_len else None,
         num_devices=cluster.num_devices, devices_used=len(used), global_batch=global_batch,
         seq_len=seq_len, pp=len({s.devices for s in plan.stages}), tp=_uniform(tps), dp=_uniform(dps),
-        micro_batch=plan.micro_batch, num_micro_batches=plan.num_micro_batches, stages=stages)
+        micro_batch=plan.micro_batch, num_micro_batches=plan.num_micro_batches, stages=stages,
+        proven_optimal=plan.search.proven_optimal)
 
 
 def infeasible(inputs: PointInputs, reason: str, seq_len: int | None = None) -> WhatIfPoint:
@@ -239,7 +249,13 @@ def infeasible(inputs: PointInputs, reason: str, seq_len: int | None = None) -> 
 
 def evaluate_point(task: PointTask) -> WhatIfPoint:
     """Plan one point. A model that cannot be imported raises (the whole sweep is wrong); a point the
-    planner cannot serve is an infeasible row."""
+    planner cannot serve is an infeasible row. ``search_time_s`` includes a first import of the model."""
+    start = time.perf_counter()
+    point = _evaluate(task)
+    return replace(point, search_time_s=time.perf_counter() - start)
+
+
+def _evaluate(task: PointTask) -> WhatIfPoint:
     from planner.search import plan as search_plan  # noqa: PLC0415
 
     inputs = task.inputs
