@@ -33,6 +33,8 @@ class CostModelBackend:
     cluster: Cluster
     _tables: dict = field(default_factory=dict, compare=False, repr=False)
     _p2p: dict = field(default_factory=dict, compare=False, repr=False)
+    _segments: dict = field(default_factory=dict, compare=False, repr=False)
+    _tails: dict = field(default_factory=dict, compare=False, repr=False)
 
     def _cal(self, option: StageOption) -> DeviceCalibration:
         return calibration_for(self.cluster.groups[option.pool].node.device.name)
@@ -86,26 +88,40 @@ class CostModelBackend:
         out = np.asarray(output_bytes, dtype=float)
         return np.where(out > 0, coef[0] + coef[1] * out, 0.0)
 
+    def _segments_of(self, option: StageOption, settings: Settings) -> tuple[np.ndarray, ...]:
+        """(forward, backward, params per rank, activation bytes, transient peak) per segment i..j."""
+        key = (option, settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype)
+        hit = self._segments.get(key)
+        if hit is None:
+            t = self.layer_table(option, settings)
+            hit = (segment_sums(t.forward_s), segment_sums(t.backward_s), segment_sums(t.params_per_rank),
+                   segment_sums(t.act_bytes), segment_max(t.peak_bytes))
+            self._segments[key] = hit
+        return hit
+
     def stage_matrices(self, layout: Layout, settings: Settings, global_batch: int):
         m = settings.num_micro_batches(global_batch)
         P = layout.num_stages
         devices = allocate(self.cluster, layout, settings)
         fwd, bwd, sends, fits = [], [], [], []
         for k, option in enumerate(layout.options):
-            t = self.layer_table(option, settings)
-            fwd.append(segment_sums(t.forward_s))
-            bwd.append(segment_sums(t.backward_s))
-            sends.append(self._send_s(devices[k][0], devices[k + 1][0], t.output_bytes, option)
-                         if k + 1 < P else None)
+            f, b, params, act, peak = self._segments_of(option, settings)
+            fwd.append(f)
+            bwd.append(b)
+            sends.append(self._send_s(devices[k][0], devices[k + 1][0], self.layer_table(option, settings).output_bytes,
+                                      option) if k + 1 < P else None)
             in_flight = micro_batches_in_flight(k, P, m, settings.schedule, settings.vpp)
-            mem = stage_memory(segment_sums(t.params_per_rank), segment_sums(t.act_bytes), in_flight,
-                               settings.zero, settings.dp, settings.optimizer, settings.dtype,
-                               segment_max(t.peak_bytes))
+            mem = stage_memory(params, act, in_flight, settings.zero, settings.dp, settings.optimizer,
+                               settings.dtype, peak)
             fits.append(mem.total_bytes <= self.capacity_bytes(option))
         return bound_matrices(fwd, bwd, sends, fits, self._tail0(layout.options[0], devices[0], settings), m)
 
     def _tail0(self, option: StageOption, devices: tuple[int, ...], settings: Settings) -> np.ndarray:
         """Stage 0's exposed synchronisation plus optimizer step when it holds layers 0..j, for every j."""
+        key = (option, settings, devices)
+        hit = self._tails.get(key)
+        if hit is not None:
+            return hit
         t = self.layer_table(option, settings)
         group = self._dp_group(option, devices, settings.dp)
         cal = self._cal(option)
@@ -119,6 +135,7 @@ class CostModelBackend:
             step = optimizer_time_s(float(p), device, settings.optimizer, settings.zero, settings.dp,
                                     settings.dtype, cal)
             out[j] = sync + step
+        self._tails[key] = out
         return out
 
     def evaluate(self, spec: PipelineSpec) -> Estimate:

@@ -14,6 +14,7 @@ layout (visited or not); otherwise the plan's ``lower_bound_s`` says how far fro
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import logging
 import time
@@ -142,19 +143,25 @@ class _Search:
     def cutoff(self) -> float:
         return self.best[-1].time_s if len(self.best) >= self.top_k else np.inf
 
-    def time(self, settings: Settings, layout: Layout, last: tuple[int, ...], bound: float) -> Candidate | None:
+    def time(self, settings: Settings, layout: Layout, last: tuple[int, ...], bound: float | None
+             ) -> Candidate | None:
+        """Time a plan with the cost model. ``bound`` is the layout's lower bound (None: the plan is its
+        layout's only partition, so its time is the bound)."""
         spec = pipeline_spec(self.cluster, self.global_batch, settings, layout, last)
         estimate = self.backend.evaluate(spec)
         self.timed += 1
         if not estimate.feasible:
-            log.warning("search: the cost model rejects a plan the bound admitted (%s)", estimate.reason)
-            self.violations += 1
+            if bound is not None:
+                log.warning("search: the cost model rejects a plan the bound admitted (%s)", estimate.reason)
+                self.violations += 1
             return None
-        if estimate.iteration_time_s < bound * (1 - 1e-6):
-            log.warning("search: the cost model times a plan at %.6g s, below its bound %.6g s",
-                        estimate.iteration_time_s, bound)
+        time_s = float(estimate.iteration_time_s)
+        if bound is None:
+            bound = time_s
+        elif time_s < bound * (1 - 1e-6):
+            log.warning("search: the cost model times a plan at %.6g s, below its bound %.6g s", time_s, bound)
             self.violations += 1
-        return Candidate(float(estimate.iteration_time_s), settings, layout, last, bound, spec, estimate)
+        return Candidate(time_s, settings, layout, last, bound, spec, estimate)
 
     def offer(self, cand: Candidate) -> None:
         if any(c.settings == cand.settings and c.layout == cand.layout and c.last_layers == cand.last_layers
@@ -188,37 +195,90 @@ class _Search:
         return current
 
 
+def settings_bound(backend: Backend, cluster: Cluster, settings: Settings, num_layers: int, global_batch: int,
+                   pins: Pins) -> float:
+    """A lower bound for every plan with these settings (any pools, tp, stage counts and partition): the
+    bounds of :mod:`planner.search.bounds` with the stage capacity of whole pools,
+    sum_k 1/rho_k <= sum_pools (devices / dp) * max_tp 1 / (rho * tp), and at most one stage per layer."""
+    m = settings.num_micro_batches(global_batch)
+    options = [StageOption(pool, tp) for pool, group in enumerate(cluster.groups)
+               for tp in tp_choices(cluster, pool, pins) if tp * settings.dp <= group.num_devices]
+    if not options:
+        return np.inf
+    tables = [backend.layer_table(o, settings) for o in options]
+    fwd = np.stack([np.asarray(t.forward_s, dtype=float) for t in tables])
+    bwd = np.stack([np.asarray(t.backward_s, dtype=float) for t in tables])
+    sum_min = float((fwd + bwd).min(axis=0).sum())
+    q = (m - 1) * bwd  # G_k >= (m - 1) b_k
+    best = float(q.min(axis=0).max())
+    for ref in range(len(options)):
+        rho = np.minimum(_ratio(bwd, ref), _ratio(fwd, ref))
+        if not (rho > 0).all():
+            continue
+        per_pool: dict[int, float] = {}
+        for o, r in zip(options, rho):
+            per_pool[o.pool] = max(per_pool.get(o.pool, 0.0), 1.0 / (r * o.tp))
+        capacity = min(sum(cluster.groups[p].num_devices / settings.dp * v for p, v in per_pool.items()),
+                       num_layers * float((1.0 / rho).max()))
+        best = max(best, float(q[ref].sum()) / capacity)
+    return sum_min + best
+
+
+def _ratio(values: np.ndarray, ref: int) -> np.ndarray:
+    base = values[ref]
+    pos = base > 0
+    if not pos.any():
+        return np.zeros(len(values))
+    return (values[:, pos] / base[pos]).min(axis=1)
+
+
 def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, pins: Pins, top_k: int = 1,
         time_limit_s: float | None = None, progress: Callable[[float], None] | None = None) -> Outcome:
     start = time.perf_counter()
     settings_list = [s for s in enumerate_settings(cluster, global_batch, pins)
                      if not (s.dp == 1 and s.zero > 0 and pins.zero is None)]  # ZeRO shards across dp ranks
-    entries: list[_Entry] = []
-    complete = True
-    for index, settings in enumerate(settings_list):
-        found, full = _entries(backend, cluster, settings, index, num_layers, global_batch, pins)
-        entries.extend(found)
-        complete &= full
-    entries.sort()
-    log.info("search: %d settings, %d bounded plan shapes", len(settings_list), len(entries))
+    # settings in increasing bound order; their blocks are bounded only when that bound can still win
+    queue = sorted((settings_bound(backend, cluster, s, num_layers, global_batch, pins), i)
+                   for i, s in enumerate(settings_list))
+    log.info("search: %d settings", len(settings_list))
     state = _Search(backend, cluster, global_batch, top_k)
-    solved = 0
+    heap: list[_Entry] = []
+    expanded = bounded = solved = 0
+    complete = True
     timed_out = False
     unvisited = np.inf
-    for position, entry in enumerate(entries):
-        if entry.bound_s >= state.cutoff():
+    while True:
+        top = heap[0].bound_s if heap else np.inf
+        upcoming = queue[expanded][0] if expanded < len(queue) else np.inf
+        if min(top, upcoming) >= state.cutoff():
             break
         if time_limit_s is not None and time.perf_counter() - start > time_limit_s:
-            timed_out, unvisited = True, entry.bound_s
+            timed_out, unvisited = True, min(top, upcoming)
             break
-        if progress is not None:
-            progress(position / len(entries))
+        if upcoming <= top:
+            index = queue[expanded][1]
+            expanded += 1
+            found, full = _entries(backend, cluster, settings_list[index], index, num_layers, global_batch, pins)
+            complete &= full
+            bounded += len(found)
+            for entry in found:
+                heapq.heappush(heap, entry)
+            if progress is not None:
+                progress(expanded / len(queue))
+            continue
+        entry = heapq.heappop(heap)
         settings = settings_list[entry.settings_index]
         blocks = [(o.pool, o.tp, c) for o, c in zip(entry.options, entry.counts)]
         for layout in ordered_layouts(blocks):
+            solved += 1
+            if layout.num_stages == 1:
+                cand = state.time(settings, layout, (num_layers - 1,), None)
+                if cand is not None:
+                    state.least_layout_bound = min(state.least_layout_bound, cand.time_s)
+                    state.offer(cand)
+                continue
             S, G, R = backend.stage_matrices(layout, settings, global_batch)
             part = solve_partition(S, G, R, state.cutoff())
-            solved += 1
             if part is None:
                 continue  # no partition fits, or none can beat the K-th best
             state.least_layout_bound = min(state.least_layout_bound, part.objective)
@@ -235,5 +295,5 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
     proven = bool(state.best) and complete and not timed_out and state.violations == 0 \
         and best_time <= lower * (1 + 1e-6)
     return Outcome(candidates=tuple(state.best), proven_optimal=proven, lower_bound_s=float(lower),
-                   bounded=len(entries), solved=solved, timed=state.timed, complete_space=complete,
+                   bounded=bounded, solved=solved, timed=state.timed, complete_space=complete,
                    timed_out=timed_out, bound_violations=state.violations, time_s=time.perf_counter() - start)
