@@ -34,16 +34,18 @@ def import_model_proto(model: onnx.ModelProto, dims: Mapping[str, int] | None = 
     """Import an in-memory model; ``base_dir`` is the folder external-data locations must stay inside."""
     check_structure(model, name)
     check_external_data(model, Path(base_dir).resolve() if base_dir is not None else None, name)
-    return _import(model, dims, name, name)
+    own = onnx.ModelProto()
+    own.CopyFrom(model)  # the import strips weight data and binds dims in place
+    return _import(own, dims, name, name)
 
 
 def _import(model: onnx.ModelProto, dims: Mapping[str, int] | None, name: str, where: str) -> LayerGraph:
     _check_dims(dims, where)
     graph = build(model, dims, where)
-    graph.name = name
     compute = [node for node in graph.nodes if graph.is_compute(node)]
     costs = {node.index: _cost(graph, node) for node in compute}
     _warn_unknown(graph, compute)
+    graph.name = name
     tables, table_nodes = _tables(graph, compute)
     # pieces of the structural cut are anchored at matrix products and table lookups (a normalisation's
     # scale alone does not make a pipeline unit); graphs without any fall back to any parameter use
@@ -96,27 +98,49 @@ def _warn_unknown(graph: OpGraph, compute: list[Node]) -> None:
 
 
 def _tables(graph: OpGraph, compute: list[Node]) -> tuple[list[EmbeddingTable], set[int]]:
-    """Gather / EmbeddingBag lookups of data-dependent indices in a 2-D parameter."""
+    """Gather / EmbeddingBag lookups of data-dependent indices in a 2-D parameter, also inside the body of
+    a Loop (TorchScript's export of ``nn.EmbeddingBag``)."""
     tables: dict[str, EmbeddingTable] = {}
     nodes: set[int] = set()
-    for node in compute:
-        if node.op_type not in ("Gather", "EmbeddingBag") or len(node.inputs) < 2:
-            continue
-        weight, indices = node.inputs[0], node.inputs[1]
+
+    def add(weight: str, pooling: float) -> bool:
         roots = graph.param_roots.get(weight)
         shape = graph.shapes.get(weight)
-        if not roots or len(roots) != 1 or shape is None or len(shape) != 2 or indices in graph.const:
-            continue
-        if node.op_type == "Gather" and node.attr("axis", 0) != 0:
-            continue
-        nodes.add(node.index)
-        if roots[0] in tables:
-            continue
-        count = graph.numel(indices)
-        pooling = count / graph.static_batch if count else 1.0
-        tables[roots[0]] = EmbeddingTable(name=roots[0], rows=shape[0], dim=shape[1], pooling_factor=float(pooling),
-                                          dtype_bytes=stored_bytes(graph.types.get(roots[0], onnx.TensorProto.FLOAT)))
+        if not roots or len(roots) != 1 or shape is None or len(shape) != 2:
+            return False
+        if roots[0] not in tables:
+            tables[roots[0]] = EmbeddingTable(
+                name=roots[0], rows=shape[0], dim=shape[1], pooling_factor=float(pooling),
+                dtype_bytes=stored_bytes(graph.types.get(roots[0], onnx.TensorProto.FLOAT)))
+        return True
+
+    for node in compute:
+        if node.op_type in ("Gather", "EmbeddingBag") and len(node.inputs) >= 2:
+            indices = node.inputs[1]
+            if indices in graph.const or (node.op_type == "Gather" and node.attr("axis", 0) != 0):
+                continue
+            count = graph.numel(indices)
+            if add(node.inputs[0], count / graph.static_batch if count else 1.0):
+                nodes.add(node.index)
+        elif node.op_type in ("Loop", "Scan"):
+            outer = set(node.inputs)
+            index_sizes = [graph.numel(t) or 0 for t in node.inputs
+                           if t and t not in graph.const and graph.types.get(t) not in FLOAT_TYPES]
+            pooling = max(index_sizes, default=0) / graph.static_batch or 1.0
+            for inner in _body_nodes(node.proto):
+                if inner.op_type == "Gather" and len(inner.input) >= 2 and inner.input[0] in outer:
+                    if add(inner.input[0], pooling):
+                        nodes.add(node.index)
     return list(tables.values()), nodes
+
+
+def _body_nodes(proto: onnx.NodeProto):
+    for attr in proto.attribute:
+        bodies = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+        for body in bodies:
+            for inner in body.node:
+                yield inner
+                yield from _body_nodes(inner)
 
 
 def _layers(graph: OpGraph, units: list[layer_detection.Unit], costs: dict[int, OpCost]) -> list[Layer]:
@@ -128,9 +152,9 @@ def _layers(graph: OpGraph, units: list[layer_detection.Unit], costs: dict[int, 
     params = [0] * n
     saved_bytes = [0.0] * n
     assigned: set[str] = set()
-    counted: set[str] = set()
     b = graph.static_batch
     for k, unit in enumerate(units):
+        counted: set[str] = set()  # a tensor saved by ops of two layers lives on both their stages
         for i in sorted(unit.nodes):
             node = graph.nodes[i]
             for t in node.inputs:
@@ -146,28 +170,31 @@ def _layers(graph: OpGraph, units: list[layer_detection.Unit], costs: dict[int, 
                     continue
                 counted.add(tensor)
                 saved_bytes[k] += (graph.numel(tensor.split("#mask")[0]) or 0) * per_elem / b
-    # boundary tensors: live from the producing layer to the last consuming layer
-    crossing = [0.0] * (n + 1)  # crossing[k]: bytes passed from layer k-1 to layer k (k=0: graph inputs)
+    # boundary tensors: live from the producing layer to the last consuming layer (a difference array)
+    diff = [0.0] * (n + 2)  # crossing[k] = bytes passed from layer k-1 to layer k (k=0: graph inputs)
+    handed_on: dict[int, tuple[int, str]] = {}  # layer -> (elements, tensor) of its largest float output
     outputs = set(graph.outputs)
-    for tensor, users in graph.consumers.items():
-        if tensor in graph.const:
-            continue
+    spans = [(t, users) for t, users in graph.consumers.items() if t not in graph.const]
+    spans += [(t, []) for t in outputs if t not in graph.consumers and t not in graph.const]
+    for tensor, users in spans:
         src = graph.producer.get(tensor)
         first = layer_of.get(src, -1) if src is not None else -1
-        consuming = [layer_of[u] for u in users if u in layer_of]
-        last = max(consuming, default=first)
+        last = max((layer_of[u] for u in users if u in layer_of), default=first)
         if tensor in outputs:
             last = n
-        size = (graph.numel(tensor) or 0) * 2.0 / b
-        for k in range(first + 1, last + 1):
-            crossing[k] += size
-    for tensor in outputs:
-        if tensor not in graph.consumers and tensor not in graph.const:
-            src = graph.producer.get(tensor)
-            first = layer_of.get(src, n - 1) if src is not None else -1
-            size = (graph.numel(tensor) or 0) * 2.0 / b
-            for k in range(first + 1, n + 1):
-                crossing[k] += size
+        if last <= first:
+            continue
+        elements = graph.numel(tensor) or 0
+        size = elements * 2.0 / b
+        diff[first + 1] += size
+        diff[last + 1] -= size
+        if first >= 0 and graph.types.get(tensor) in FLOAT_TYPES and elements > handed_on.get(first, (-1, ""))[0]:
+            handed_on[first] = (elements, tensor)
+    crossing = [0.0] * (n + 1)
+    running = 0.0
+    for k in range(n + 1):
+        running += diff[k]
+        crossing[k] = running
     result: list[Layer] = []
     for k, unit in enumerate(units):
         members = [graph.nodes[i] for i in sorted(unit.nodes)]
@@ -175,8 +202,7 @@ def _layers(graph: OpGraph, units: list[layer_detection.Unit], costs: dict[int, 
         transformer = None
         kind = unit.kind
         if kind == "block":
-            out = _block_output(graph, members, layer_of, k)
-            transformer = detect_dims(graph, members, out)
+            transformer = detect_dims(graph, members, handed_on.get(k, (0, None))[1])
             if transformer is not None:
                 split = tp_splits(graph, members, transformer)
                 ops = [_with_split(op, split.get(node.index, "replicated")) for op, node in zip(ops, members)]
@@ -189,18 +215,3 @@ def _layers(graph: OpGraph, units: list[layer_detection.Unit], costs: dict[int, 
 
 def _with_split(op: OpCost, split: str) -> OpCost:
     return OpCost(op.name, op.op_type, op.flops, op.bytes_read, op.bytes_written, op.gemm, split)
-
-
-def _block_output(graph: OpGraph, members: list[Node], layer_of: dict[int, int], k: int) -> str | None:
-    """The largest float tensor the block hands on (consumed in a later layer or a graph output)."""
-    best, best_size = None, -1
-    outputs = set(graph.outputs)
-    for node in members:
-        for t in node.outputs:
-            if not t or t in graph.const or graph.types.get(t) not in FLOAT_TYPES:
-                continue
-            later = t in outputs or any(layer_of.get(u, k) > k for u in graph.consumers.get(t, ()))
-            size = graph.numel(t) or 0
-            if later and size > best_size:
-                best, best_size = t, size
-    return best

@@ -11,12 +11,10 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from planner.graph.opgraph import Node, OpGraph
 
-_NUMBERED = re.compile(r"^(\D*?)_?(\d+)$")
 _MIN_SHARE = 0.05  # a module list must hold this share of the FLOPs to define blocks
 _MAX_PERIOD = 8  # longest repeated run of structural pieces grouped into one block
 
@@ -46,11 +44,8 @@ def detect(graph: OpGraph, compute: list[Node], flops: dict[int, float], has_par
 
 def _scope_key(scope: tuple[str, ...], depth: int) -> tuple[tuple[str, ...], int] | None:
     comp = scope[depth]
-    if comp.isdigit():
-        return (scope[:depth], int(comp)) if depth > 0 else None
-    m = _NUMBERED.match(comp)
-    if m and m.group(1):
-        return scope[:depth] + (m.group(1),), int(m.group(2))
+    if comp.isdigit() and depth > 0:
+        return scope[:depth], int(comp)
     return None
 
 
@@ -64,7 +59,7 @@ def _by_scope(graph: OpGraph, compute: list[Node], flops: dict[int, float], has_
             if key:
                 covered.setdefault(key[0], {}).setdefault(key[1], 0.0)
                 covered[key[0]][key[1]] += flops.get(node.index, 0.0)
-    ranked = sorted(((sum(v.values()), k) for k, v in covered.items() if len(v) >= 2), key=lambda x: (-x[0], x[1]))
+    ranked = sorted(((sum(v.values()), k) for k, v in covered.items()), key=lambda x: (-x[0], x[1]))
     chosen: list[tuple[str, ...]] = []
     for share, key in ranked:
         if share < _MIN_SHARE * total:
@@ -92,15 +87,25 @@ def _by_scope(graph: OpGraph, compute: list[Node], flops: dict[int, float], has_
             if key not in order:
                 order[key] = len(order)
             pos[node.index] = 2 * order[key] + 1
+    # a node without a scope goes where data flow puts it: inside a block when it both reads from and
+    # feeds that block (exporters drop the scope of some Split/Concat nodes), else in the gap after its inputs
+    scoped = set(pos)
+    lo: dict[int, int] = {}
     for node in compute:
-        if node.index in pos:
+        if node.index not in scoped:
+            lo[node.index] = max((pos.get(producer.get(t, -1), lo.get(producer.get(t, -1), 0))
+                                  for t in node.inputs if t), default=0)
+    hi: dict[int, float] = {}
+    for node in reversed(compute):
+        if node.index in scoped:
             continue
-        p = 0
-        for t in node.inputs:
-            q = pos.get(producer.get(t, -1))
-            if q is not None:
-                p = max(p, q + 1 if q % 2 else q)
-        pos[node.index] = p
+        bound = float("inf")
+        for t in node.outputs:
+            for user in graph.consumers.get(t, ()):
+                bound = min(bound, pos[user] if user in scoped else hi.get(user, float("inf")))
+        hi[node.index] = bound
+    for i, low in lo.items():
+        pos[i] = low if low % 2 == 0 or hi[i] <= low else low + 1
     groups: dict[int, list[int]] = {}
     for node in compute:
         groups.setdefault(pos[node.index], []).append(node.index)
@@ -109,20 +114,23 @@ def _by_scope(graph: OpGraph, compute: list[Node], flops: dict[int, float], has_
     units: list[Unit] = []
     for p in sorted(groups):
         members = tuple(groups[p])
+        anchored = any(i in has_param for i in members)
         if p % 2:
-            units.append(Unit(names[p], "block", members))
-            continue
-        params = any(i in has_param for i in members)
-        if p == 0:
-            kind = "embedding" if any(i in table_nodes for i in members) else "other"
-            units.append(Unit("embedding" if kind == "embedding" else "input", kind, members))
+            kind = "mlp" if all(graph.nodes[i].op_type in _MLP_OPS for i in members) else "block"
+            unit = Unit(names[p], kind, members)
+        elif p == 0:
+            table = any(i in table_nodes for i in members)
+            unit = Unit("embedding" if table else "stem", "embedding" if table else "other", members)
         elif p == last:
-            units.append(Unit("head", "head", members))
-        elif not params and units:
+            unit = Unit("head", "head", members)
+        else:
+            unit = Unit(f"between.{p // 2}", "other", members)
+        if not anchored and units and not (p == last and p % 2 == 0):
+            # no matrix product or lookup of its own (an activation module, a residual add): joins the unit before
             prev = units[-1]
             units[-1] = Unit(prev.name, prev.kind, tuple(sorted(prev.nodes + members)))
         else:
-            units.append(Unit(f"between.{p // 2}", "other", members))
+            units.append(unit)
     return units
 
 
@@ -164,7 +172,7 @@ def _by_structure(graph: OpGraph, compute: list[Node], has_param: set[int], tabl
         pieces.append([node.index for node in compute[start:b + 1]])
         start = b + 1
     pieces.append([node.index for node in compute[start:]])
-    pieces = _merge_weightless(pieces, has_param)
+    pieces = _merge_weightless(graph, pieces, has_param)
     sigs = [_signature(graph, piece) for piece in pieces]
     start, period, count = _best_run(sigs)
     units: list[Unit] = []
@@ -207,25 +215,32 @@ def _by_structure(graph: OpGraph, compute: list[Node], has_param: set[int], tabl
 
 
 _MLP_OPS = frozenset({"MatMul", "Gemm", "Add", "Relu", "Gelu", "Sigmoid", "Tanh", "Dropout", "Reshape", "Flatten",
-                      "Mul", "Erf", "Div", "Softmax", "LayerNormalization", "BatchNormalization", "Concat",
-                      "Identity", "Cast", "Squeeze", "Unsqueeze"})
+                      "Mul", "Erf", "Div", "LayerNormalization", "BatchNormalization", "Concat", "Identity", "Cast",
+                      "Squeeze", "Unsqueeze", "LeakyRelu"})
 
 
-def _merge_weightless(pieces: list[list[int]], has_param: set[int]) -> list[list[int]]:
-    """A piece without parameters joins the piece before it (the first one joins the next)."""
+def _merge_weightless(graph: OpGraph, pieces: list[list[int]], anchors: set[int]) -> list[list[int]]:
+    """A piece without a matrix product joins the piece before it; the first ones join the next, and so
+    does a piece with parameters just before the last anchored piece (a final norm belongs to the head)."""
+    anchored = [any(i in anchors for i in piece) for piece in pieces]
+    last_anchor = max((k for k, a in enumerate(anchored) if a), default=-1)
     merged: list[list[int]] = []
     pending: list[int] = []
-    for piece in pieces:
-        if any(i in has_param for i in piece):
+    for k, piece in enumerate(pieces):
+        if anchored[k]:
             merged.append(pending + piece)
             pending = []
-        elif merged:
-            merged[-1].extend(piece)
-        else:
+        elif not merged or (k == last_anchor - 1 and _has_params(graph, piece)):
             pending.extend(piece)
+        else:
+            merged[-1].extend(piece)
     if pending:
         merged.append(pending)
     return merged
+
+
+def _has_params(graph: OpGraph, piece: list[int]) -> bool:
+    return any(t in graph.param_roots for i in piece for t in graph.nodes[i].inputs)
 
 
 def _signature(graph: OpGraph, piece: list[int]) -> int:

@@ -49,6 +49,8 @@ def check_external_data(model: onnx.ModelProto, base_dir: Path | None, where: st
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
             continue
         location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+        if not isinstance(location, str) or not isinstance(tensor.name, str):
+            raise ModelError(f"{where}: an external-data location is not valid UTF-8; the file is corrupted")
         if not location:
             raise ModelError(f"{where}: initializer '{tensor.name}' has external data without a location")
         if os.path.isabs(location) or location.startswith(("/", "\\")) or ":" in location.split("/")[0]:

@@ -8,13 +8,15 @@ every other one to the user's ``--dim`` value or the model's ``planner.default_d
 
 from __future__ import annotations
 
+import ast
+import heapq
 import json
 import logging
 from dataclasses import dataclass, field
 from typing import Mapping
 
 import onnx
-from onnx import TensorProto
+from onnx import TensorProto, numpy_helper
 
 from planner.errors import ModelError
 
@@ -67,10 +69,19 @@ class Node:
     proto: onnx.NodeProto
     scope: tuple[str, ...] = ()
 
-    def attr(self, name: str, default=None):
+    def attr(self, name: str, default):
+        """An attribute's value, of the same kind as ``default`` (int, list of ints, or bytes)."""
         for a in self.proto.attribute:
             if a.name == name:
-                return onnx.helper.get_attribute_value(a)
+                value = onnx.helper.get_attribute_value(a)
+                if isinstance(default, int) and isinstance(value, int):
+                    return value
+                if isinstance(default, list) and isinstance(value, list) and all(isinstance(v, int) for v in value):
+                    return value
+                if isinstance(default, bytes) and isinstance(value, (bytes, str)):
+                    return value
+                raise ModelError(f"node '{self.name or self.op_type}' ({self.op_type}): attribute '{name}' has "
+                                 f"an unexpected type; the file is corrupted or not valid ONNX")
         return default
 
 
@@ -92,14 +103,15 @@ class OpGraph:
     dims: dict[str, int] = field(default_factory=dict)
     family: str | None = None
     warnings: list[str] = field(default_factory=list)
+    _numels: dict[str, int | None] = field(default_factory=dict, repr=False)
 
     def numel(self, tensor: str) -> int | None:
+        cache = self._numels
+        if tensor in cache:
+            return cache[tensor]
         shape = self.shapes.get(tensor)
-        if shape is None:
-            return None
-        n = 1
-        for d in shape:
-            n *= d
+        n = None if shape is None else _numel(shape)
+        cache[tensor] = n
         return n
 
     def is_compute(self, node: Node) -> bool:
@@ -124,9 +136,10 @@ def build(model: onnx.ModelProto, dims: Mapping[str, int] | None, name: str) -> 
     family = meta.get("planner.family") or None
     bound, user_batch, static_batch = _bind_dims(graph, data_inputs, dims or {}, meta, name)
     batch_dim = _batch_name(graph, data_inputs)
-    shapes, types = _infer_shapes(model, bound, weight_inputs, data_inputs, name)
-
+    declared = _prepare(model, bound, data_inputs)
+    shapes, types = _infer_shapes(model, declared, name)
     const, param_roots, params = _constants(graph, nodes, init_names, weight_inputs, types, shapes, consumers)
+    shapes, types = _fold_and_reinfer(model, nodes, const, shapes, types, declared, name)
     producer = {t: node.index for node in nodes for t in node.outputs if t}
     cons = {t: [n.index for n, _ in lst] for t, lst in consumers.items()}
     outputs = tuple(o.name for o in graph.output)
@@ -144,36 +157,41 @@ def build(model: onnx.ModelProto, dims: Mapping[str, int] | None, name: str) -> 
 def _topological(graph: onnx.GraphProto, init_names: set[str], name: str) -> list[Node]:
     """Kahn's algorithm; a cycle or a tensor that nothing produces is a ModelError naming the node."""
     protos = list(graph.node)
+    _check_text(graph, name)
+    inputs_of = [tuple(p.input) + _implicit_inputs(p) if p.op_type in _SUBGRAPH_OPS or p.domain not in ("", "ai.onnx")
+                 else tuple(p.input) for p in protos]
     available = {i.name for i in graph.input} | init_names | {""}
     producer: dict[str, int] = {}
     for i, p in enumerate(protos):
         for t in p.output:
             if t:
-                if t in producer or t in available - {""}:
+                if t in producer or t in available:
                     raise ModelError(f"{name}: tensor '{t}' is produced twice (by node "
                                      f"'{p.name or p.op_type}'); the graph is not valid ONNX")
                 producer[t] = i
     waiting = [0] * len(protos)
     users: dict[int, list[int]] = {}
     for i, p in enumerate(protos):
-        deps = {producer[t] for t in p.input if t not in available and t in producer}
-        missing = [t for t in p.input if t not in available and t not in producer]
+        deps = {producer[t] for t in inputs_of[i] if t not in available and t in producer}
+        missing = [t for t in inputs_of[i] if t not in available and t not in producer]
         if missing:
             raise ModelError(f"{name}: node '{p.name or p.op_type}' reads tensor '{missing[0]}' that no node, "
-                             f"input or initializer provides; the graph is not valid ONNX")
+                             f"input or initializer provides (an export without its weights? keep the "
+                             f"initializers, e.g. torch.onnx.export(..., external_data=True); their data "
+                             f"is never read)")
         waiting[i] = len(deps)
         for d in deps:
             users.setdefault(d, []).append(i)
-    ready = [i for i in range(len(protos)) if waiting[i] == 0]
+    ready = [i for i in range(len(protos)) if waiting[i] == 0]  # a heap: file order among ready nodes
+    heapq.heapify(ready)
     order: list[int] = []
     while ready:
-        ready.sort(reverse=True)  # keep file order among ready nodes (deterministic)
-        i = ready.pop()
+        i = heapq.heappop(ready)
         order.append(i)
         for u in users.get(i, ()):
             waiting[u] -= 1
             if waiting[u] == 0:
-                ready.append(u)
+                heapq.heappush(ready, u)
     if len(order) != len(protos):
         stuck = next(i for i in range(len(protos)) if waiting[i] > 0)
         p = protos[stuck]
@@ -182,39 +200,78 @@ def _topological(graph: onnx.GraphProto, init_names: set[str], name: str) -> lis
     nodes = []
     for k, i in enumerate(order):
         p = protos[i]
-        nodes.append(Node(k, p.name, p.op_type, p.domain, tuple(p.input), tuple(p.output), p, _scope(p)))
+        nodes.append(Node(k, p.name, p.op_type, p.domain, inputs_of[i], tuple(p.output), p, _scope(p)))
     return nodes
 
 
+_SUBGRAPH_OPS = frozenset({"Loop", "If", "Scan", "SequenceMap"})
+
+
+def _check_text(graph: onnx.GraphProto, name: str) -> None:
+    """Protobuf hands back bytes for strings that are not valid UTF-8 (a corrupted file)."""
+    texts: set[type] = set()
+    for p in graph.node:
+        texts.update(map(type, (p.name, p.op_type, p.domain)))
+        texts.update(map(type, p.input))
+        texts.update(map(type, p.output))
+    texts.update(type(vi.name) for vi in list(graph.input) + list(graph.output) + list(graph.initializer))
+    if texts - {str}:
+        raise ModelError(f"{name}: a node or tensor name is not valid UTF-8; the file is corrupted")
+
+
+def _implicit_inputs(proto: onnx.NodeProto) -> tuple[str, ...]:
+    """Outer-scope tensors a Loop/If/Scan body reads (they are real inputs of the node)."""
+    bodies = [a.g for a in proto.attribute if a.type == onnx.AttributeProto.GRAPH]
+    bodies += [g for a in proto.attribute if a.type == onnx.AttributeProto.GRAPHS for g in a.graphs]
+    if not bodies:
+        return ()
+    used: dict[str, None] = {}
+    for body in bodies:
+        defined = {v.name for v in body.input} | {t.name for t in body.initializer}
+        for node in body.node:
+            for t in list(node.input) + list(_implicit_inputs(node)):
+                if t and t not in defined:
+                    used[t] = None
+            defined.update(node.output)
+        for v in body.output:
+            if v.name not in defined:
+                used[v.name] = None
+    return tuple(t for t in used if t not in proto.input)
+
+
 def _scope(proto: onnx.NodeProto) -> tuple[str, ...]:
-    """The exporter's module path of a node: dynamo's name_scopes metadata or TorchScript's /a/b/Op names."""
+    """The exporter's module path of a node, split at dots: ``("transformer", "h", "0", "attn")``.
+
+    The dynamo exporter writes ``pkg.torch.onnx.name_scopes`` metadata, a list of cumulative module paths
+    ending with the node's own name (``['', 'h.0', 'h.0.mlp', 'linear_2']``); TorchScript names nodes
+    ``/transformer/h.0/attn/MatMul``."""
     for prop in proto.metadata_props:
         if prop.key == "pkg.torch.onnx.name_scopes":
             try:
-                scopes = json.loads(prop.value.replace("'", '"'))
-            except ValueError:
-                break
-            parts: list[str] = []
-            for s in scopes:
-                for part in str(s).split("."):
-                    if part:
-                        parts.append(part)
-            # dynamo lists cumulative paths ('', 'transformer', 'transformer.h.0'): keep the longest
-            longest = max((str(s) for s in scopes), key=len, default="")
-            return tuple(p for p in longest.split(".") if p) if longest else tuple(parts)
+                scopes = ast.literal_eval(prop.value)
+            except (ValueError, SyntaxError):
+                return ()
+            if not isinstance(scopes, (list, tuple)) or len(scopes) < 2:
+                return ()
+            return tuple(p for p in str(scopes[-2]).split(".") if p)
     name = proto.name
     if name.startswith("/"):
-        parts = [p for p in name.split("/")[1:-1] if p]
-        out: list[str] = []
-        for p in parts:
-            out.extend(x for x in p.split(".") if x) if "." in p else out.append(p)
-        return tuple(out)
+        return tuple(p for part in name.split("/")[1:-1] for p in part.split(".") if p)
     return ()
+
+
+_VIEW_CHAIN = frozenset({"Transpose", "Reshape", "Identity", "Cast", "Unsqueeze", "Squeeze", "Flatten", "CastLike"})
 
 
 def _classify_inputs(graph: onnx.GraphProto, init_names: set[str],
                      consumers: dict[str, list[tuple[Node, int]]]) -> tuple[set[str], list[str]]:
-    """Split graph inputs into weights (exports with export_params=False) and data inputs."""
+    """Split graph inputs into weights (exports with export_params=False) and data inputs.
+
+    A data input has a symbolic dim or a non-float type. A float input with static dims is a weight when it
+    reaches a parameter slot (a Conv/Gemm weight, a MatMul's 2-D right operand, a norm's scale...) directly
+    or through view ops (``MatMul(x, Transpose(W))`` of every TorchScript ``nn.Linear``), or when the graph
+    already has a data input (a ViT's class token and position embeddings used by Expand/Concat/Add); the
+    first float input of a graph without any other data input is data (a fixed-shape image)."""
     weights: set[str] = set()
     data: list[str] = []
     for vi in graph.input:
@@ -223,17 +280,30 @@ def _classify_inputs(graph: onnx.GraphProto, init_names: set[str],
         ttype = vi.type.tensor_type
         dims = ttype.shape.dim if ttype.HasField("shape") else ()
         symbolic = any(not d.HasField("dim_value") for d in dims) or not ttype.HasField("shape")
-        is_float = ttype.elem_type in FLOAT_TYPES
-        uses = consumers.get(vi.name, [])
-        if is_float and not symbolic and uses and all(_param_slot(node, slot, vi.name, len(dims))
-                                                      for node, slot in uses):
+        if ttype.elem_type not in FLOAT_TYPES or symbolic or not consumers.get(vi.name):
+            data.append(vi.name)
+        elif data or _reaches_param_slot(vi.name, len(dims), consumers):
             weights.add(vi.name)
         else:
             data.append(vi.name)
     return weights, data
 
 
-def _param_slot(node: Node, slot: int, tensor: str, rank: int) -> bool:
+def _reaches_param_slot(tensor: str, rank: int, consumers: dict[str, list[tuple[Node, int]]]) -> bool:
+    frontier = [tensor]
+    for _ in range(4):
+        following: list[str] = []
+        for t in frontier:
+            for node, slot in consumers.get(t, ()):
+                if _param_slot(node, slot, rank):
+                    return True
+                if node.op_type in _VIEW_CHAIN and slot == 0:
+                    following.extend(o for o in node.outputs if o)
+        frontier = following
+    return False
+
+
+def _param_slot(node: Node, slot: int, rank: int) -> bool:
     if slot in PARAM_SLOTS.get(node.op_type, ()):
         return True
     if node.op_type == "MatMul" and slot == 1 and rank == 2:
@@ -310,64 +380,99 @@ def _bind_dims(graph: onnx.GraphProto, data_inputs: list[str], dims: Mapping[str
     return bound, user_batch, static_batch
 
 
-def _infer_shapes(model: onnx.ModelProto, bound: dict[str, int], weight_inputs: set[str],
-                  data_inputs: list[str], name: str) -> tuple[dict[str, tuple[int, ...] | None], dict[str, int]]:
-    """ONNX shape inference on a weight-free copy of the model with every symbolic input dim bound."""
-    src = model.graph
-    g = onnx.GraphProto(name=src.name)
-    g.node.extend(src.node)
+def _prepare(model: onnx.ModelProto, bound: dict[str, int], data_inputs: list[str]):
+    """Bind every symbolic input dim, in place on a model the importer owns (no copy of a 100k-node graph):
+    large initializers keep their dims and type but lose their data (never used), and the exporter's own
+    value_info is set aside (returned), to be used only where inference leaves a gap."""
+    g = model.graph
     data_set = set(data_inputs)
-    for vi in src.input:
-        new = g.input.add()
-        new.CopyFrom(vi)
+    for vi in g.input:
         if vi.name in data_set:
-            for d in new.type.tensor_type.shape.dim:
+            for d in vi.type.tensor_type.shape.dim:
                 if not d.HasField("dim_value"):
-                    key = d.dim_param or ""
-                    value = bound.get(key, 1)
+                    value = bound.get(d.dim_param, 1)
                     d.Clear()
                     d.dim_value = value
-    declared = {vi.name for vi in src.input}
-    for t in src.initializer:
-        small = t.data_location != TensorProto.EXTERNAL and _numel(t.dims) <= 4096 and (
-            t.raw_data or _has_typed_data(t))
-        if small:
-            g.initializer.append(t)
-        if not small and t.name not in declared:
-            g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
-        elif not small:
-            # declared as input already (old IR); keep its declared type
-            pass
-    for vi in src.output:
-        out = g.output.add()
-        out.name = vi.name
-        out.type.tensor_type.elem_type = vi.type.tensor_type.elem_type
-    m = onnx.ModelProto(ir_version=model.ir_version, graph=g)
-    m.opset_import.extend(model.opset_import)
-    m.functions.extend(model.functions)
+    for t in g.initializer:
+        if t.data_location == TensorProto.EXTERNAL or _numel(t.dims) > 4096:
+            keep = (t.name, t.data_type, list(t.dims))
+            t.Clear()
+            t.name, t.data_type = keep[0], keep[1]
+            t.dims.extend(keep[2])
+    declared = _read_shapes(list(g.value_info) + list(g.output), bound)
+    del g.value_info[:]
+    for vi in g.output:
+        vi.type.tensor_type.ClearField("shape")
+    return declared
+
+
+def _infer_shapes(model: onnx.ModelProto, declared, name: str):
+    """ONNX shape inference (with data propagation); declared shapes fill its gaps."""
     try:
-        inferred = onnx.shape_inference.infer_shapes(m, check_type=False, strict_mode=False, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
     except (onnx.shape_inference.InferenceError, RuntimeError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(f"{name}: ONNX shape inference failed: {first}") from None
-    shapes: dict[str, tuple[int, ...] | None] = {}
-    types: dict[str, int] = {}
     ig = inferred.graph
-    for vi in list(ig.input) + list(ig.value_info) + list(ig.output):
-        tt = vi.type.tensor_type
-        if not vi.type.HasField("tensor_type"):
-            continue
-        if tt.elem_type:
-            types[vi.name] = tt.elem_type
-        if tt.HasField("shape"):
-            dims = tt.shape.dim
-            if all(d.HasField("dim_value") for d in dims):
-                shapes[vi.name] = tuple(d.dim_value for d in dims)
-            else:
-                shapes.setdefault(vi.name, None)
-    for t in src.initializer:
+    shapes, types = _read_shapes(list(ig.input) + list(ig.value_info) + list(ig.output), {})
+    for t in model.graph.initializer:
         shapes[t.name] = tuple(t.dims)
         types[t.name] = t.data_type
+    for tensor, shape in declared[0].items():
+        if shapes.get(tensor) is None and shape is not None:
+            shapes[tensor] = shape
+            types.setdefault(tensor, declared[1].get(tensor, 0))
+    return shapes, types
+
+
+def _fold_and_reinfer(model: onnx.ModelProto, nodes: list[Node], const: set[str], shapes: dict, types: dict,
+                      declared, name: str):
+    """Where inference left compute tensors unknown, evaluate the (now constant) shape arithmetic and run
+    inference again, until nothing more is learnt (at most three more passes)."""
+    from planner.graph import fold
+
+    def unknown() -> int:
+        return sum(1 for n in nodes if n.outputs and n.outputs[0] and n.outputs[0] not in const
+                   and shapes.get(n.outputs[0]) is None)
+
+    missing = unknown()
+    for _ in range(3):
+        if not missing:
+            break
+        initial = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
+                   if t.data_location != TensorProto.EXTERNAL and 0 < _numel(t.dims) <= fold.MAX_ELEMENTS
+                   and _has_data(t)}
+        values = fold.evaluate(nodes, const, shapes, initial)
+        if not fold.inject(nodes, values):
+            break
+        shapes, types = _infer_shapes(model, declared, name)
+        now = unknown()
+        if now >= missing:
+            break
+        missing = now
+    return shapes, types
+
+
+def _has_data(t: TensorProto) -> bool:
+    return bool(t.raw_data or t.float_data or t.int32_data or t.int64_data or t.double_data or t.uint64_data)
+
+
+def _read_shapes(infos: list[onnx.ValueInfoProto], bound: dict[str, int]):
+    """(shape or None, elem type) of tensor value infos; symbolic dims resolved through ``bound``."""
+    shapes: dict[str, tuple[int, ...] | None] = {}
+    types: dict[str, int] = {}
+    for vi in infos:
+        if not vi.type.HasField("tensor_type"):
+            continue
+        tt = vi.type.tensor_type
+        if tt.elem_type:
+            types[vi.name] = tt.elem_type
+        if not tt.HasField("shape"):
+            continue
+        dims = [d.dim_value for d in tt.shape.dim]
+        if 0 in dims:
+            dims = [d.dim_value if d.HasField("dim_value") else bound.get(d.dim_param, -1) for d in tt.shape.dim]
+        shapes[vi.name] = tuple(dims) if -1 not in dims else None
     return shapes, types
 
 
@@ -376,11 +481,6 @@ def _numel(dims) -> int:
     for d in dims:
         n *= d
     return n
-
-
-def _has_typed_data(t: TensorProto) -> bool:
-    return bool(t.float_data or t.int32_data or t.int64_data or t.double_data or t.uint64_data
-                or t.string_data) or _numel(t.dims) == 0
 
 
 def _constants(graph: onnx.GraphProto, nodes: list[Node], init_names: set[str], weight_inputs: set[str],
@@ -394,15 +494,22 @@ def _constants(graph: onnx.GraphProto, nodes: list[Node], init_names: set[str], 
         uses = consumers.get(tensor, [])
         return bool(uses) and all(slot in _NOT_PARAMS.get(n.op_type, ()) for n, slot in uses)
 
+    def counts(tensor: str, n: int) -> bool:
+        """More than one element, or a single element in a parameter slot (a Gemm's 1-wide bias); scalar
+        constants (a scale, an epsilon) are not parameters."""
+        if not_param(tensor) or n == 0:
+            return False
+        return n > 1 or _reaches_param_slot(tensor, 1, consumers)
+
     for t in graph.initializer:
         n = _numel(t.dims)
-        if t.data_type in FLOAT_TYPES and n > 1 and not not_param(t.name):
+        if t.data_type in FLOAT_TYPES and counts(t.name, n) and len(t.dims) > 0:
             params[t.name] = n
             roots[t.name] = (t.name,)
     for t in weight_inputs:
         shape = shapes.get(t)
         n = _numel(shape) if shape else 0
-        if n > 1 and not not_param(t):
+        if counts(t, n):
             params[t] = n
             roots[t] = (t,)
     for node in nodes:
@@ -419,10 +526,11 @@ def _constants(graph: onnx.GraphProto, nodes: list[Node], init_names: set[str], 
                 if not out:
                     continue
                 const.add(out)
-                if node.op_type == "ConstantOfShape" and types.get(out) in FLOAT_TYPES:
+                # the light model zoo stores weights as ConstantOfShape(an initializer holding the shape)
+                if node.op_type == "ConstantOfShape" and ins and ins[0] in init_names and types.get(out) in FLOAT_TYPES:
                     shape = shapes.get(out)
                     n = _numel(shape) if shape else 0
-                    if n > 1 and not not_param(out):
+                    if counts(out, n):
                         params[out] = n
                         roots[out] = (out,)
                         continue
@@ -447,7 +555,7 @@ _BROADCAST = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", 
 def _fill_shape_gaps(op: OpGraph) -> None:
     """Propagate shapes through simple ops where ONNX inference left a gap (custom domains, functions)."""
     shapes = op.shapes
-    missing = 0
+    missing: dict[str, int] = {}
     for node in op.nodes:
         if not node.outputs or not node.outputs[0] or shapes.get(node.outputs[0]) is not None:
             continue
@@ -462,9 +570,10 @@ def _fill_shape_gaps(op: OpGraph) -> None:
             if node.outputs[0] not in op.types and node.inputs and node.inputs[0] in op.types:
                 op.types[node.outputs[0]] = op.types[node.inputs[0]]
         elif op.is_compute(node):
-            missing += 1
+            missing[node.op_type] = missing.get(node.op_type, 0) + 1
     if missing:
-        msg = (f"{missing} computed tensors have unknown shapes after shape inference; "
+        which = ", ".join(f"{k} {v}" for k, v in sorted(missing.items()))
+        msg = (f"{sum(missing.values())} computed tensors have unknown shapes after shape inference ({which}); "
                f"their ops are costed as zero")
         log.warning("%s: %s", op.name, msg)
         op.warnings.append(msg)

@@ -16,18 +16,19 @@ used for the activation memory of a layer.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Callable
 
 from planner.graph.opgraph import FLOAT_TYPES, Node, OpGraph, act_bytes
 
 
-@dataclass(frozen=True)
 class View:
     """What a rule sees of a node: shapes (None when unknown) of its inputs and outputs."""
 
-    node: Node
-    graph: OpGraph
+    __slots__ = ("node", "graph")
+
+    def __init__(self, node: Node, graph: OpGraph) -> None:
+        self.node = node
+        self.graph = graph
 
     def in_shape(self, i: int) -> tuple[int, ...] | None:
         if i >= len(self.node.inputs) or not self.node.inputs[i]:
