@@ -13,11 +13,14 @@ Memory: embeddings get what each device has left after the dense part.
 from __future__ import annotations
 
 import dataclasses
+from os import PathLike
 from typing import Mapping, Sequence
 
+from planner.embeddings.problem import OPTIMIZERS
 from planner.embeddings.shard import EmbeddingResult, shard_tables
+from planner.embeddings.tables import load_tables
 from planner.plan import Plan
-from planner.types import Cluster, EmbeddingTable
+from planner.types import Cluster, EmbeddingTable, LayerGraph
 
 
 def attach_embeddings(plan: Plan, model_tables: Sequence[EmbeddingTable], cluster: Cluster, global_batch: int,
@@ -60,3 +63,24 @@ def _budget(cluster: Cluster, used: Mapping[int, float], devices: Sequence[int] 
 
     dev = device_arrays(cluster, devices, None, True)
     return {d: float(dev.hbm_capacity_bytes[i]) - float(used.get(d, 0.0)) for i, d in enumerate(dev.ids)}
+
+
+def attach(plan: Plan, model: LayerGraph, cluster: Cluster, tables=None, *, time_limit_s: float = 10.0) -> Plan:
+    """The search's hook (planner.search.api): shard ``tables`` (EmbeddingTables, a table-file path, or None
+    for the model's own tables) on the plan's devices, with the memory each device's stage leaves free and
+    the plan's optimizer (sgd, adam, adagrad or rowwise_adagrad)."""
+    if tables is None:
+        chosen = tuple(model.embedding_tables)
+    elif isinstance(tables, (str, PathLike)):
+        chosen = load_tables(tables)
+    else:
+        chosen = tuple(getattr(tables, "tables", tables))
+    used: dict[int, float] = {}
+    for stage in plan.stages:
+        groups = stage.replicas or (stage,)
+        for group in groups:
+            for device in group.devices:
+                used[device] = max(used.get(device, 0.0), float(group.memory_bytes_per_device))
+    optimizer = plan.optimizer if plan.optimizer in OPTIMIZERS else "adagrad"
+    return attach_embeddings(plan, chosen, cluster, plan.global_batch, used, optimizer=optimizer,
+                             time_limit_s=time_limit_s)

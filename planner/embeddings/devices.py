@@ -5,20 +5,19 @@ its memory capacities, which node it is in, and the seconds per byte of its shar
 the same *class* (same device group and the same number of participating devices in their node) are
 interchangeable; the LP bound aggregates them.
 
-Collectives (reduce-scatter, all-gather, all-reduce) use the alpha-beta model of ``collective_time_s`` below:
-hierarchical when a group spans nodes (reduce-scatter inside each node, then across nodes on 1/k of the data,
-where k is ranks per node), ring within a tier, the slowest member's link for mixed groups.
-TODO(merge hardware): switch to planner.hardware.collectives once that branch lands (same signature).
+Collectives (reduce-scatter, all-gather, all-reduce) use planner.hardware.collectives; the all-to-all is
+written per device here, because the placement MILP needs each device's share linear in its bytes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
 from planner.errors import ConfigError
+from planner.hardware.collectives import CommGroup, collective_time_s, comm_group
 from planner.types import Cluster, DeviceGroup
 
 # Host memory reachable per GPU for UVM placement, when a node profile gives none: twice the GPU's memory.
@@ -30,52 +29,13 @@ HOST_MEMORY_PER_GPU_MEMORY = 2.0
 PCIE4_X16_Bps = 31.5e9
 
 
-@dataclass(frozen=True)
-class CommGroup:
-    """A set of ranks for a collective: ``size`` ranks, ``ranks_per_node`` of them per node. Bandwidths are
-    per rank, each way; ``inter_bandwidth_Bps`` is a rank's share of its node's network bandwidth."""
-
-    size: int
-    ranks_per_node: int
-    intra_bandwidth_Bps: float
-    intra_latency_s: float
-    inter_bandwidth_Bps: float
-    inter_latency_s: float
-
-
-def collective_time_s(kind: str, size_bytes: float, group: CommGroup) -> float:
-    """Seconds for one collective on ``size_bytes`` (the full buffer: the input of a reduce-scatter and the
-    output of an all-gather). Hierarchical over two tiers, ring within each."""
-    if group.size <= 1 or size_bytes <= 0:
-        return 0.0
-    if kind == "all_reduce":
-        return 2.0 * collective_time_s("reduce_scatter", size_bytes, group)
-    if kind not in ("reduce_scatter", "all_gather"):
-        raise ValueError(f"collective {kind!r} is not modelled here")
-    local = max(1, min(group.ranks_per_node, group.size))
-    nodes = max(1, -(-group.size // local))
-    time_s = 0.0
-    if local > 1:  # ring inside each node over the whole buffer
-        time_s += (local - 1) / local * size_bytes / group.intra_bandwidth_Bps + (local - 1) * group.intra_latency_s
-    if nodes > 1:  # then across nodes, each rank handling its 1/local slice
-        time_s += ((nodes - 1) / nodes * size_bytes / local / group.inter_bandwidth_Bps
-                   + (nodes - 1) * group.inter_latency_s)
-    return time_s
-
-
 def collective_latency_s(kind: str, group: CommGroup) -> float:
-    """The latency part of :func:`collective_time_s` (what a collective costs on a tiny buffer)."""
-    if group.size <= 1:
-        return 0.0
-    if kind == "all_reduce":
-        return 2.0 * collective_latency_s("reduce_scatter", group)
-    local = max(1, min(group.ranks_per_node, group.size))
-    nodes = max(1, -(-group.size // local))
-    return (local - 1) * group.intra_latency_s + (nodes - 1) * group.inter_latency_s
+    """The latency part of a collective: what it costs on a one-byte buffer."""
+    return collective_time_s(kind, 1.0, group)
 
 
 def bandwidth_time_s(kind: str, size_bytes: float, group: CommGroup) -> float:
-    """The bandwidth part of :func:`collective_time_s`: a table's share of a collective fused across tables."""
+    """The bandwidth part of a collective: a table's share of a collective fused across tables."""
     return max(collective_time_s(kind, size_bytes, group) - collective_latency_s(kind, group), 0.0)
 
 
@@ -83,6 +43,7 @@ def bandwidth_time_s(kind: str, size_bytes: float, group: CommGroup) -> float:
 class DeviceArrays:
     """Participating devices, index ``i`` = position in ``ids`` (global device ids, ascending)."""
 
+    cluster: Cluster
     ids: tuple[int, ...]
     names: tuple[str, ...]  # device type per device
     node_of: np.ndarray  # int, node index per device
@@ -99,6 +60,7 @@ class DeviceArrays:
     intra_latency_s: np.ndarray
     inter_Bps: np.ndarray  # per device share of the node's network bandwidth
     inter_latency_s: np.ndarray
+    _groups: dict[tuple[int, ...], CommGroup] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def count(self) -> int:
@@ -106,13 +68,11 @@ class DeviceArrays:
 
     def group(self, members: Sequence[int]) -> CommGroup:
         """The CommGroup of some device indices (slowest member's links for a mixed group)."""
-        members = np.asarray(members, dtype=int)
-        per_node = np.bincount(self.node_of[members])
-        return CommGroup(size=len(members), ranks_per_node=int(per_node.max()),
-                         intra_bandwidth_Bps=float(self.intra_Bps[members].min()),
-                         intra_latency_s=float(self.intra_latency_s[members].max()),
-                         inter_bandwidth_Bps=float(self.inter_Bps[members].min()),
-                         inter_latency_s=float(self.inter_latency_s[members].max()))
+        key = tuple(int(i) for i in members)
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = comm_group(self.cluster, [self.ids[i] for i in key])
+        return group
 
 
 def device_arrays(cluster: Cluster, devices: Sequence[int] | None = None,
@@ -143,11 +103,12 @@ def device_arrays(cluster: Cluster, devices: Sequence[int] | None = None,
     dev = [g.node.device for g in groups]
     lookup = np.array([d.memory_bandwidth_Bps * d.memory_efficiency for d in dev])
     host_bw = np.array([float(getattr(d, "host_bandwidth_Bps", None) or PCIE4_X16_Bps) for d in dev])
-    intra = np.array([g.node.intra_node_bandwidth_Bps for g in groups])
+    # achieved bandwidths, as planner.hardware.collectives uses them
+    intra = np.array([g.node.intra_node_bandwidth_Bps * g.node.intra_node_efficiency for g in groups])
     intra_lat = np.array([g.node.intra_node_latency_s for g in groups])
-    inter = np.array([g.node.inter_node_bandwidth_Bps / g.node.devices_per_node for g in groups])
-    inter = inter / max(cluster.oversubscription, 1.0)
-    inter_lat = np.array([max(g.node.inter_node_latency_s, cluster.fabric_latency_s) for g in groups])
+    inter = np.array([g.node.inter_node_bandwidth_Bps * g.node.inter_node_efficiency / g.node.devices_per_node
+                      for g in groups]) / max(cluster.oversubscription, 1.0)
+    inter_lat = np.array([g.node.inter_node_latency_s + cluster.fabric_latency_s for g in groups])
     n = len(ids)
     # all-to-all: a device sends 1/n of its bytes to each device; the same node's share crosses the intra-node
     # link, every other node's share crosses this node's NIC share, at the slower of the two ends' NIC shares.
@@ -169,7 +130,7 @@ def device_arrays(cluster: Cluster, devices: Sequence[int] | None = None,
                          or HOST_MEMORY_PER_GPU_MEMORY * g.node.device.memory_bytes for g in groups])
     if not allow_host:
         host_cap = np.zeros(n)
-    return DeviceArrays(ids=tuple(ids), names=tuple(d.name for d in dev), node_of=node_of, nodes=nodes,
+    return DeviceArrays(cluster=cluster, ids=tuple(ids), names=tuple(d.name for d in dev), node_of=node_of, nodes=nodes,
                         class_of=class_of, num_classes=len(class_index), lookup_Bps=lookup, host_Bps=host_bw,
                         a2a_s_per_byte=a2a, a2a_latency_s=a2a_lat, hbm_capacity_bytes=np.maximum(capacity, 0.0),
                         host_capacity_bytes=host_cap, intra_Bps=intra, intra_latency_s=intra_lat, inter_Bps=inter,
@@ -177,14 +138,9 @@ def device_arrays(cluster: Cluster, devices: Sequence[int] | None = None,
 
 
 def _locate(cluster: Cluster) -> Iterator[tuple[int, DeviceGroup, tuple[int, int]]]:
-    """(global device id, group, (group index, node index)) for every device of the cluster. Groups number
-    their devices from ``first_device``; when every group says 0 they are numbered in order."""
-    numbered = any(group.first_device for group in cluster.groups)
-    offset = 0
+    """(global device id, group, (group index, node index)) for every device of the cluster, numbered from
+    each group's ``first_device`` as planner.hardware.cluster.locate does."""
     for gi, group in enumerate(cluster.groups):
-        first = group.first_device if numbered else offset
         per_node = group.node.devices_per_node
         for local in range(group.num_devices):
-            yield first + local, group, (gi, local // per_node)
-        offset += group.num_devices
-
+            yield group.first_device + local, group, (gi, local // per_node)

@@ -22,8 +22,10 @@ import numpy as np
 from planner.embeddings.problem import Loads, Problem
 
 Assignment = tuple[tuple[int, tuple[int, ...]], ...]
-# work budget of the refinement, in unit placements x devices (about 5 s of numpy work on one core)
-_REFINE_WORK = 3e7
+# work budget of the refinement, in unit placements x devices (about 0.5 s of numpy work on one core), and
+# at most this many greedy re-runs
+_REFINE_WORK = 3e6
+_REFINE_MAX = 200
 
 
 @dataclass
@@ -233,7 +235,7 @@ def refine(problem: Problem, choice: list[int], state: _State, deadline: float, 
            ) -> tuple[list[int], _State]:
     """Step 3: re-choose options of tables on the slowest device, re-running the greedy each time."""
     units = sum(problem.options[t][o].units for t, o in enumerate(choice))
-    budget = max(8, int(_REFINE_WORK / max(units * problem.dev.count, 1)))
+    budget = max(8, min(_REFINE_MAX, int(_REFINE_WORK / max(units * problem.dev.count, 1))))
     best = state.makespan()
     while budget > 0 and time.perf_counter() < deadline:
         worst = int(np.argmax(state.times()))
@@ -264,9 +266,49 @@ def local_search(state: _State, deadline: float, max_rounds: int = 5000) -> _Sta
         times = state.times()
         worst = int(np.argmax(times))
         limit = float(times[worst]) * (1 - 1e-9)
-        if not (_move_unit(state, worst, limit) or _reshard(state, worst, limit)):
+        if not (_move_unit(state, worst, limit) or _swap_units(state, worst, limit, times)
+                or _reshard(state, worst, limit)):
             break
     return state
+
+
+def _device_units(state: _State) -> list[list[tuple[int, int]]]:
+    """Per device, its device-scope units as (table, option)."""
+    out: list[list[tuple[int, int]]] = [[] for _ in range(state.problem.dev.count)]
+    for t, o in enumerate(state.option):
+        if o is not None and state.problem.options[t][o].scope == "device":
+            for p in state.positions[t]:
+                out[p].append((t, o))
+    return out
+
+
+def _swap_units(state: _State, device: int, limit: float, times: np.ndarray, partners: int = 16) -> bool:
+    """Swap a unit of ``device`` with a smaller one of a less loaded device when both end below ``limit``."""
+    problem = state.problem
+    units = _device_units(state)
+    mine = sorted(set(units[device]), key=lambda u: (-problem.unit_alone_s(*u), u))
+    for j in [int(k) for k in np.argsort(times, kind="stable")[:partners] if k != device]:
+        theirs = sorted(set(units[j]), key=lambda u: (problem.unit_alone_s(*u), u))
+        for a in mine:
+            for b in theirs:
+                if a[0] == b[0] or problem.unit_alone_s(*b) >= problem.unit_alone_s(*a):
+                    continue
+                state.apply_unit(*a, device, -1.0)
+                state.apply_unit(*b, j, -1.0)
+                state.apply_unit(*a, j, 1.0)
+                state.apply_unit(*b, device, 1.0)
+                after = state.times()
+                if after[device] < limit and after[j] < limit and problem.fits(state.loads()):
+                    state.positions[a[0]].remove(device)
+                    state.positions[a[0]].append(j)
+                    state.positions[b[0]].remove(j)
+                    state.positions[b[0]].append(device)
+                    return True
+                state.apply_unit(*b, device, -1.0)
+                state.apply_unit(*a, j, -1.0)
+                state.apply_unit(*b, j, 1.0)
+                state.apply_unit(*a, device, 1.0)
+    return False
 
 
 def _move_unit(state: _State, device: int, limit: float) -> bool:
@@ -321,12 +363,15 @@ def _reshard(state: _State, device: int, limit: float) -> bool:
 
 
 def heuristic(problem: Problem, weights: Sequence[Sequence[float]] | None, deadline: float) -> Assignment | None:
-    """Steps 1-4; None when no placement within memory was found."""
+    """Steps 1-4 (local search straight after the greedy, and after the refinement; the better of the two);
+    None when no placement within memory was found."""
     prefs = preferences(problem, weights)
     start = _first_feasible(problem, prefs)
     if start is None:
         return None
     choice, state = start
-    choice, state = refine(problem, choice, state, deadline)
-    state = local_search(state, deadline)
-    return state.assignment()
+    direct = local_search(greedy(problem, choice) or state, deadline)
+    _, refined = refine(problem, choice, state, deadline)
+    refined = local_search(refined, deadline)
+    best = min((direct, refined), key=lambda s: s.makespan())
+    return best.assignment()

@@ -64,6 +64,7 @@ class SolveResult:
     assignment: tuple[tuple[int, tuple[int, ...]], ...] | None
     time_s: float
     weights: tuple[tuple[float, ...], ...] = ()  # z[t][o], the LP's preference for each option
+    handle: object = None  # (pulp problem, choice variables) when kept for re-solving (see bound.py)
 
 
 def device_bins(problem: Problem) -> Bins:
@@ -85,7 +86,21 @@ def class_bins(problem: Problem) -> Bins:
     return Bins(members, bin_of, tuple(node_classes.values()), True)
 
 
-def solve(problem: Problem, bins: Bins, *, integer: bool, time_limit_s: float, threads: int = 1) -> SolveResult:
+def node_bins(problem: Problem) -> Bins:
+    """One bin per node (per node and capacity, where budgets differ): node-wide and global units land
+    exactly, per-device units only up to their node. A relaxation of the per-device MILP that keeps which
+    node carries which table, and a much smaller one."""
+    dev = problem.dev
+    keys = [(int(dev.node_of[i]), float(dev.hbm_capacity_bytes[i]), float(dev.host_capacity_bytes[i]))
+            for i in range(dev.count)]
+    index = {key: b for b, key in enumerate(dict.fromkeys(keys))}
+    bin_of = np.array([index[key] for key in keys], dtype=int)
+    members = tuple(np.flatnonzero(bin_of == b) for b in range(len(index)))
+    return Bins(members, bin_of, tuple(problem.node_positions), True)
+
+
+def solve(problem: Problem, bins: Bins, *, integer: bool, time_limit_s: float, threads: int = 1,
+          keep: bool = False) -> SolveResult:
     start = time.perf_counter()
     dev = problem.dev
     nb = len(bins.members)
@@ -95,7 +110,7 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, time_limit_s: float, t
     host_cap = np.array([dev.host_capacity_bytes[m].sum() for m in bins.members])
     cat = pulp.LpInteger if integer else pulp.LpContinuous
     lp = pulp.LpProblem("embedding_sharding", pulp.LpMinimize)
-    T = pulp.LpVariable("T", lowBound=0)
+    T = _var(lp, "T", 0, None)
     lp += T
     # per bin: variable -> coefficient (a dict, since a global unit touches several devices of one bin)
     compute: list[dict] = [defaultdict(float) for _ in range(nb)]
@@ -106,6 +121,7 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, time_limit_s: float, t
     ids_send: list = []
     pool_recv: list = []
     choice: dict[tuple[int, int], pulp.LpVariable] = {}
+    integral: list[pulp.LpVariable] = []  # the variables that are integers in the MILP
     fused: dict[tuple[str, int], pulp.LpVariable] = {}
 
     def use_fused(var: pulp.LpVariable, option, position: int) -> None:
@@ -115,7 +131,8 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, time_limit_s: float, t
             return
         y = fused.get(key)
         if y is None:
-            y = fused[key] = pulp.LpVariable(f"y_{key[0]}_{key[1]}", 0, 1, pulp.LpBinary if integer else pulp.LpContinuous)
+            y = fused[key] = _var(lp, f"y_{key[0]}_{key[1]}", 0, 1, pulp.LpBinary if integer else pulp.LpContinuous)
+            integral.append(y)
             members, seconds = problem.fused_latency(key)
             for d in members:
                 compute[bins.bin_of[d]][y] += seconds * _US
@@ -140,7 +157,8 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, time_limit_s: float, t
         zs = []
         alone = []
         for o, option in enumerate(options):
-            z = pulp.LpVariable(f"z_{t}_{o}", 0, 1, pulp.LpBinary if integer else pulp.LpContinuous)
+            z = _var(lp, f"z_{t}_{o}", 0, 1, pulp.LpBinary if integer else pulp.LpContinuous)
+            integral.append(z)
             choice[t, o] = z
             zs.append((z, 1.0))
             alone.append((z, problem.unit_alone_s(t, o) * _US))
@@ -164,7 +182,8 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, time_limit_s: float, t
                 upper = option.units if option.scope == "device" else 1
                 if bins.aggregated and option.scope == "device":
                     upper = None  # a class takes any number of units (bounded by (b))
-                var = pulp.LpVariable(f"u_{t}_{o}_{p}", 0, upper, cat)
+                var = _var(lp, f"u_{t}_{o}_{p}", 0, upper, cat)
+                integral.append(var)
                 pos_vars.append((p, var))
                 use_fused(var, option, target)
                 add_unit(var, t, o, target)
@@ -178,8 +197,8 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, time_limit_s: float, t
     coef = dev.a2a_s_per_byte * _US / _MB
     for b in range(nb):
         r = int(rep[b])
-        A = pulp.LpVariable(f"A_{b}", lowBound=0)
-        P = pulp.LpVariable(f"P_{b}", lowBound=0)
+        A = _var(lp, f"A_{b}", 0, None)
+        P = _var(lp, f"P_{b}", 0, None)
         lp += pulp.LpAffineExpression([(A, 1.0)] + [(z, -size[b] * c) for z, c in ids_send]) >= 0, f"cIS_{b}"
         lp += pulp.LpAffineExpression([(A, 1.0)] + [(v, -c) for v, c in ids_recv[b].items()]) >= 0, f"cIR_{b}"
         lp += pulp.LpAffineExpression([(P, 1.0)] + [(z, -size[b] * c) for z, c in pool_recv]) >= 0, f"cPR_{b}"
@@ -211,7 +230,48 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, time_limit_s: float, t
     assignment = _extract(problem, bins, choice, placed) if integer else None
     weights = tuple(tuple(float(choice[t, o].varValue or 0.0) for o in range(len(options)))
                     for t, options in enumerate(problem.options))
-    return SolveResult("optimal" if proven else "feasible", objective, bound, assignment, elapsed, weights)
+    return SolveResult("optimal" if proven else "feasible", objective, bound, assignment, elapsed, weights,
+                       (lp, choice, integral) if keep else None)
+
+
+def resolve_integer(problem: Problem, relaxed: SolveResult, *, time_limit_s: float) -> SolveResult:
+    """The MILP of the same bins as ``relaxed`` (an LP solved with ``keep=True``): the kept HiGHS model gets
+    its choice, placement and latency variables declared integer and is solved again from the LP's basis,
+    with no rebuild. Returns the MILP's incumbent value, its dual bound and its option choices."""
+    import highspy
+
+    start = time.perf_counter()
+    lp, choice, integral = relaxed.handle
+    highs = lp.solverModel
+    for var in integral:
+        highs.changeColIntegrality(var.index, highspy.HighsVarType.kInteger)
+    highs.setOptionValue("time_limit", max(float(time_limit_s), 0.01))
+    highs.setOptionValue("mip_rel_gap", 1e-6)
+    highs.run()
+    info = highs.getInfo()
+    bound = float(info.mip_dual_bound) / _US if np.isfinite(info.mip_dual_bound) else relaxed.objective_s
+    status = highs.getModelStatus()
+    has_incumbent = info.primal_solution_status == highspy.kSolutionStatusFeasible
+    elapsed = time.perf_counter() - start
+    if status == highspy.HighsModelStatus.kInfeasible:
+        return SolveResult("infeasible", float("inf"), float("inf"), None, elapsed)
+    if not has_incumbent:
+        return SolveResult("not_solved", float("inf"), max(bound, relaxed.objective_s), None, elapsed)
+    values = highs.getSolution().col_value
+    weights = tuple(tuple(float(round(values[choice[t, o].index])) for o in range(len(options)))
+                    for t, options in enumerate(problem.options))
+    objective = float(info.objective_function_value) / _US
+    proven = status == highspy.HighsModelStatus.kOptimal
+    return SolveResult("optimal" if proven else "feasible", objective,
+                       objective if proven else max(bound, relaxed.objective_s), None, elapsed, weights)
+
+
+def _var(lp: pulp.LpProblem, name: str, low: float | None, high: float | None,
+         cat: str = pulp.LpContinuous) -> pulp.LpVariable:
+    """A variable of ``lp`` (pulp >= 3.3 attaches variables to their model; older pulp builds them alone)."""
+    if hasattr(lp, "add_variable"):
+        return lp.add_variable(name, low, high, cat=cat)
+    return pulp.LpVariable(name, low, high, cat)
 
 
 class _QuietHiGHS(pulp.HiGHS):

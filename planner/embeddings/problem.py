@@ -58,10 +58,11 @@ def state_elements(optimizer: str, width: int) -> float:
     raise ConfigError(f"optimizer {optimizer!r} is not known for embedding tables; use one of {', '.join(OPTIMIZERS)}")
 
 
-def shard_memory_bytes(rows: int, cols: int, dtype_bytes: int, optimizer: str, replicated: bool = False) -> float:
-    """Bytes of one shard: weights and optimizer state (plus a dense gradient for a data-parallel replica)."""
+def shard_memory_bytes(rows, cols: int, dtype_bytes: int, optimizer: str, replicated: bool = False):
+    """Bytes of one shard (``rows`` a number or an array): weights and optimizer state (plus a dense gradient
+    for a data-parallel replica)."""
     factor = 1.0 + state_elements(optimizer, cols) + (1.0 if replicated else 0.0)
-    return float(rows) * cols * dtype_bytes * factor
+    return rows * float(cols) * dtype_bytes * factor
 
 
 def lookup_traffic_bytes(lookups: float, pooled: float, width: int, dtype_bytes: int, state: float) -> float:
@@ -138,6 +139,7 @@ class Problem:
     options: tuple[tuple[Option, ...], ...]  # per table
     _units: dict[tuple[int, int, int], UnitLoad] = field(default_factory=dict, repr=False)
     _latency: dict[tuple[str, int], tuple[np.ndarray, float]] = field(default_factory=dict, repr=False)
+    _alone: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
 
     @cached_property
     def node_positions(self) -> tuple[int, ...]:
@@ -150,6 +152,22 @@ class Problem:
         if option.scope == "node":
             return self.node_positions
         return (0,)
+
+    def distinct_positions(self, option: Option) -> Sequence[int]:
+        """Positions up to symmetry: one node of each kind (same device classes and capacities)."""
+        if option.scope != "node":
+            return self.positions(option)
+        return self._distinct_nodes
+
+    @cached_property
+    def _distinct_nodes(self) -> tuple[int, ...]:
+        dev = self.dev
+        seen: dict[tuple, int] = {}
+        for k in self.node_positions:
+            key = tuple((int(dev.class_of[i]), float(dev.hbm_capacity_bytes[i]), float(dev.host_capacity_bytes[i]))
+                        for i in dev.nodes[k])
+            seen.setdefault(key, k)
+        return tuple(seen.values())
 
     def base_time_s(self) -> np.ndarray:
         return self.dev.a2a_latency_s * 3.0  # ids forward, pooled outputs forward, their gradients backward
@@ -221,12 +239,12 @@ class Problem:
         rows = np.array([end - start for start, end in even_split(table.rows, q)], dtype=float)
         share = rows / table.rows
         lookups = batch * table.pooling_factor * share
-        traffic = np.array([lookup_traffic_bytes(x, batch, table.dim, table.dtype_bytes, state) for x in lookups])
+        traffic = lookup_traffic_bytes(lookups, batch, table.dim, table.dtype_bytes, state)
         pooled_bytes = batch * table.dim * OUTPUT_BYTES
         comm = bandwidth_time_s("reduce_scatter", pooled_bytes, group) + bandwidth_time_s(
             "all_gather", pooled_bytes, group)
         compute = traffic / bw + comm
-        mem = np.array([shard_memory_bytes(int(r), table.dim, table.dtype_bytes, self.optimizer) for r in rows])
+        mem = shard_memory_bytes(rows, table.dim, table.dtype_bytes, self.optimizer)
         zero = np.zeros(q)
         pool_send = np.full(q, batch / q * table.dim * OUTPUT_BYTES) if option.scope == "node" else zero
         return UnitLoad(members, compute, lookups * IDS_BYTES, pool_send, zero if option.host else mem,
@@ -270,21 +288,47 @@ class Problem:
                     and np.all(loads.host_bytes <= self.dev.host_capacity_bytes * (1 + slack)))
 
     def unit_alone_s(self, t: int, o: int) -> float:
-        """A lower bound on the slowest device's time whenever table ``t`` uses option ``o``: one unit alone on
-        its best position (every other load only adds)."""
-        option = self.options[t][o]
+        """A lower bound on the slowest device's time whenever table ``t`` uses option ``o``: one unit on its
+        best position with only the all-to-all traffic every plan has (every other load only adds); inf when
+        it fits nowhere."""
+        key = (t, o)
+        cached = self._alone.get(key)
+        if cached is None:
+            cached = self._alone[key] = self._unit_alone_s(t, o)
+        return cached
+
+    @cached_property
+    def _least_a2a(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per table, the fewest ids it makes every device send and pooled bytes every device receive."""
+        ids = np.array([min(o.ids_send_bytes for o in options) for options in self.options])
+        pooled = np.array([min(o.pool_recv_bytes for o in options) for options in self.options])
+        return ids, pooled
+
+    def _unit_alone_s(self, t: int, o: int) -> float:
+        option, dev = self.options[t][o], self.dev
+        # every device sends at least the ids of every table and receives their pooled outputs (the least
+        # any option of the other tables asks for, plus what this option asks for)
+        least_ids, least_pooled = self._least_a2a
+        ids_send = float(least_ids.sum() - least_ids[t]) + option.ids_send_bytes
+        pool_recv = float(least_pooled.sum() - least_pooled[t]) + option.pool_recv_bytes
+        latency = 0.0
+        if option.scope == "device":  # every device at once
+            bw = dev.host_Bps if option.host else dev.lookup_Bps
+            a2a = max(option.ids_recv_bytes, ids_send) + 2.0 * max(option.pool_send_bytes, pool_recv)
+            times = self.base_time_s() + option.lookup_bytes / bw + dev.a2a_s_per_byte * a2a
+            capacity = dev.host_capacity_bytes if option.host else dev.hbm_capacity_bytes
+            times = np.where(option.memory_bytes <= capacity, times, np.inf)
+            return float(times.min())
         best = np.inf
-        for p in self.positions(option):
+        for p in self.distinct_positions(option):
             u = self.unit(t, o, p)
-            if np.any(u.hbm_bytes > self.dev.hbm_capacity_bytes[u.devices]) or np.any(
-                    u.host_bytes > self.dev.host_capacity_bytes[u.devices]):
+            if np.any(u.hbm_bytes > dev.hbm_capacity_bytes[u.devices]) or np.any(
+                    u.host_bytes > dev.host_capacity_bytes[u.devices]):
                 continue
-            a2a = np.maximum(u.ids_recv_bytes, option.ids_send_bytes) + 2.0 * np.maximum(
-                u.pool_send_bytes, option.pool_recv_bytes)
-            times = self.base_time_s()[u.devices] + u.compute_s + self.dev.a2a_s_per_byte[u.devices] * a2a
+            a2a = np.maximum(u.ids_recv_bytes, ids_send) + 2.0 * np.maximum(u.pool_send_bytes, pool_recv)
             key = self.fused_key(option, p)
-            if key is not None:
-                times = times + self.fused_latency(key)[1]
+            latency = self.fused_latency(key)[1] if key is not None else 0.0
+            times = self.base_time_s()[u.devices] + u.compute_s + dev.a2a_s_per_byte[u.devices] * a2a + latency
             best = min(best, float(times.max()))
         return best
 

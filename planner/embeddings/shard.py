@@ -1,8 +1,10 @@
 """``shard_tables``: place embedding tables on (possibly mixed) devices, with a proven bound.
 
-The order of work: the aggregated LP relaxation (the lower bound, and which sharding each table prefers), the
-LP-guided greedy + local search (always), then the exact MILP on instances small enough to finish within the
-time limit. The result reports the slowest device's time, the bound, and the gap between them.
+The order of work: (1) the LP relaxation over classes of identical devices; (2) the same with integral option
+choices (a stronger bound that is still a relaxation, and a plan sketch); (3) greedy + local search guided by
+each; (4) on clusters of a few nodes, the MILP with nodes as bins (a stronger bound still); (5) the exact
+per-device MILP on instances small enough to finish within the time limit. The result reports the slowest
+device's time, the best proven lower bound, and the gap between them.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import numpy as np
 
 from planner.embeddings.devices import device_arrays
 from planner.embeddings.heuristic import heuristic
-from planner.embeddings.milp import SolveResult, class_bins, device_bins, solve
+from planner.embeddings.milp import SolveResult, class_bins, device_bins, node_bins, resolve_integer, solve
 from planner.embeddings.problem import Problem, build_problem, even_split
 from planner.errors import ConfigError, InfeasibleError
 from planner.plan import EmbeddingPlacement, EmbeddingShard
@@ -28,6 +30,8 @@ log = logging.getLogger(__name__)
 # here HiGHS closes the gap within a few seconds on the reference workloads; past it the heuristic's answer,
 # with its gap to the LP bound, is the result.
 MILP_MAX_VARIABLES = 4000
+# The node-level MILP (step 4) runs on clusters of at most this many nodes (past it HiGHS rarely closes it).
+NODE_MILP_MAX_NODES = 4
 
 
 @dataclass(frozen=True)
@@ -68,16 +72,41 @@ def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Se
         raise ConfigError(f"embedding table {dup!r} appears twice; table names must be unique")
     dev = device_arrays(cluster, devices, memory_budget_bytes, allow_host)
     problem = build_problem(tables, dev, global_batch, optimizer)
-    deadline = start + time_limit_s
+    deadline = start + 0.9 * time_limit_s  # leaves room to build the result within the limit
 
-    relaxed = solve(problem, class_bins(problem), integer=False, time_limit_s=max(deadline - time.perf_counter(), 1.0))
+    budget = deadline - start
+
+    # (1) the LP relaxation over classes of identical devices: a bound, and each table's preferred options
+    relaxed = solve(problem, class_bins(problem), integer=False, time_limit_s=max(0.5 * budget, 0.5), keep=True)
     if relaxed.status == "infeasible":
         raise _too_big_in_total(problem)
     bound = relaxed.objective_s if relaxed.status in ("optimal", "feasible") else 0.0
-    weights = relaxed.weights or None
-    assignment = heuristic(problem, weights, deadline)
+    # (2) the same with one option per table and whole units per class: still a relaxation of the per-device
+    # problem (any plan aggregates to a solution of it), but it cannot mix options within a table
+    guides = []
+    chosen = resolve_integer(problem, relaxed, time_limit_s=_share(start, deadline, 0.3))
+    bound = max(bound, chosen.bound_s if chosen.status != "infeasible" else bound)
+    if chosen.weights:
+        guides.append(chosen.weights)
+    guides.append(relaxed.weights)
+    # (3) greedy + local search from each guide
+    assignment, best = None, np.inf
+    for k, guide in enumerate(guides):
+        candidate = heuristic(problem, guide, start + budget * (0.45 + 0.15 * k))
+        value = _makespan(problem, candidate) if candidate is not None else np.inf
+        if value < best:
+            assignment, best = candidate, value
     method, proven = "heuristic", False
-    best = _makespan(problem, assignment) if assignment is not None else np.inf
+    # (4) nodes as bins: which node carries which table is exact, devices inside a node are pooled
+    if best > bound * (1 + 1e-6) and 1 < len(problem.dev.nodes) <= NODE_MILP_MAX_NODES:
+        by_node = solve(problem, node_bins(problem), integer=True, time_limit_s=_share(start, deadline, 0.75))
+        bound = max(bound, by_node.bound_s if by_node.status != "infeasible" else bound)
+        if by_node.weights:
+            candidate = heuristic(problem, by_node.weights, start + 0.8 * budget)
+            value = _makespan(problem, candidate) if candidate is not None else np.inf
+            if value < best:
+                assignment, best = candidate, value
+    # (5) the exact per-device MILP on small instances
     if _milp_size(problem) <= MILP_MAX_VARIABLES and best > bound * (1 + 1e-6):
         remaining = deadline - time.perf_counter()
         if remaining > 0.05:
@@ -113,6 +142,11 @@ def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Se
         solve_time_s=time.perf_counter() - start,
         optimizer=optimizer,
     )
+
+
+def _share(start: float, deadline: float, fraction: float) -> float:
+    """Seconds from now until ``fraction`` of the way from ``start`` to ``deadline`` (at least 0.05)."""
+    return max(start + fraction * (deadline - start) - time.perf_counter(), 0.05)
 
 
 def _makespan(problem: Problem, assignment) -> float:

@@ -1,0 +1,81 @@
+"""The MILP against brute force on tiny instances, the LP bound against every solution, the aggregated LP
+against the per-device LP."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from embedding_checks import check_result
+from embedding_fixtures import cluster, node, small_node
+from planner.embeddings import shard_tables
+from planner.embeddings.devices import device_arrays
+from planner.embeddings.milp import class_bins, device_bins, solve
+from planner.embeddings.problem import build_problem
+from planner.types import EmbeddingTable
+
+A100 = node("dgx-a100-80gb")
+V100 = node("hgx-v100-32gb")
+
+
+def random_tables(rng: np.random.Generator, count: int) -> tuple[EmbeddingTable, ...]:
+    return tuple(EmbeddingTable(f"t{i}", int(rng.integers(10, 2_000_000)), int(rng.choice([8, 16, 32])),
+                                float(rng.choice([1, 4, 20]))) for i in range(count))
+
+
+def brute_force(problem) -> float:
+    """The best makespan over every option and every placement of its units."""
+    per_table = []
+    for t, options in enumerate(problem.options):
+        choices = []
+        for o, option in enumerate(options):
+            positions = list(problem.positions(option))
+            for combo in itertools.combinations_with_replacement(positions, option.units):
+                choices.append((o, combo))
+        per_table.append(choices)
+    best = np.inf
+    for assignment in itertools.product(*per_table):
+        loads = problem.evaluate(assignment)
+        if problem.fits(loads):
+            best = min(best, float(problem.device_time_s(loads).max()))
+    return best
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_milp_matches_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    # 2 nodes x 2 devices (A100 + V100): table-wise, column-wise, table-row-wise, row-wise, data-parallel
+    c = cluster((small_node(A100, 2), 1), (small_node(V100, 2), 1))
+    tables = random_tables(rng, 2)
+    problem = build_problem(tables, device_arrays(c), 4096, "adagrad")
+    exact = solve(problem, device_bins(problem), integer=True, time_limit_s=60)
+    assert exact.status == "optimal"
+    best = brute_force(problem)
+    assert exact.objective_s == pytest.approx(best, rel=1e-6)
+    loads = problem.evaluate(exact.assignment)
+    assert float(problem.device_time_s(loads).max()) == pytest.approx(best, rel=1e-6)
+    lp = solve(problem, class_bins(problem), integer=False, time_limit_s=60)
+    assert lp.objective_s <= best * (1 + 1e-9)
+
+
+def test_aggregated_lp_equals_device_lp():
+    rng = np.random.default_rng(5)
+    c = cluster((small_node(A100, 4), 2), (small_node(V100, 4), 1))
+    tables = random_tables(rng, 6)
+    problem = build_problem(tables, device_arrays(c), 8192, "adam")
+    aggregated = solve(problem, class_bins(problem), integer=False, time_limit_s=60)
+    per_device = solve(problem, device_bins(problem), integer=False, time_limit_s=60)
+    assert aggregated.objective_s == pytest.approx(per_device.objective_s, rel=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_bound_never_exceeds_the_plan(seed):
+    rng = np.random.default_rng(100 + seed)
+    c = cluster((small_node(A100, 4), 1), (small_node(V100, 4), 1))
+    tables = random_tables(rng, 12)
+    result = shard_tables(tables, c, None, 16384, time_limit_s=2)
+    check_result(result, tables, c)
+    if result.proven_optimal:
+        assert result.gap <= 1e-6

@@ -1,0 +1,107 @@
+"""shard_tables end to end: memory, heterogeneous speed, host memory, infeasible tables, determinism."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from embedding_checks import check_result, recomputed_memory
+from embedding_fixtures import GiB, cluster, node, small_node
+from planner.embeddings import load_tables, shard_tables
+from planner.errors import InfeasibleError, PlannerError
+from planner.types import EmbeddingTable
+
+REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "embedding_workloads.json"
+A100 = node("dgx-a100-80gb")
+V100 = node("hgx-v100-32gb")
+
+
+def test_criteo_on_one_dgx_is_optimal_and_fits():
+    tables = load_tables(REFERENCE, "criteo-kaggle-dlrm")
+    c = cluster((A100, 1))
+    result = shard_tables(tables, c, None, 65536, time_limit_s=20)
+    check_result(result, tables, c)
+    assert result.gap <= 0.03
+    # small tables are cheaper replicated than sent through the all-to-all
+    kinds = {p.table: p.sharding for p in result.placements}
+    assert kinds["cat_8"] == "data_parallel"  # 3 rows
+    assert kinds["cat_2"] != "data_parallel"  # 10M rows: its all-reduce would dwarf everything
+
+
+def test_faster_devices_take_more_lookups():
+    # lookup-bound tables (pooling 50) on one node of 2 A100s + one node of 2 V100s, plenty of memory
+    fast, slow = small_node(A100, 2), small_node(V100, 2)
+    c = cluster((fast, 1), (slow, 1))
+    tables = tuple(EmbeddingTable(f"t{i}", 200_000, 64, 50.0) for i in range(16))
+    result = shard_tables(tables, c, None, 16384, time_limit_s=3)
+    check_result(result, tables, c)
+    work = {d: 0.0 for d in range(4)}
+    for p in result.placements:
+        for s in p.shards:
+            work[s.device] += (s.rows[1] - s.rows[0]) * (s.cols[1] - s.cols[0])
+    a100_work, v100_work = work[0] + work[1], work[2] + work[3]
+    assert a100_work > 1.5 * v100_work  # A100 HBM is 2.3x faster than V100's
+
+
+def test_memory_budget_is_respected():
+    c = cluster((small_node(A100, 4), 1))
+    tables = tuple(EmbeddingTable(f"t{i}", 4_000_000, 128, 1.0) for i in range(6))  # 4.1 GB each with Adagrad
+    budget = {0: 3e9, 1: 9e9, 2: 9e9, 3: 9e9}
+    result = shard_tables(tables, c, None, 8192, memory_budget_bytes=budget, allow_host=False, time_limit_s=20)
+    check_result(result, tables, c, budget=budget)
+    assert recomputed_memory(result, {t.name: t for t in tables}, "adagrad").get(0, 0.0) <= 3e9
+
+
+def test_table_too_big_for_every_device_names_table_and_bytes():
+    c = cluster((small_node(A100, 2, memory_bytes=1 * GiB), 1))
+    big = EmbeddingTable("huge_ids", 100_000_000, 128, 1.0)  # 51.2 GB fp32, 102.4 GB with Adagrad
+    with pytest.raises(InfeasibleError) as err:
+        shard_tables((big,), c, None, 1024, allow_host=False)
+    message = str(err.value)
+    assert "huge_ids" in message and "102 GB" in message and "102400000000 bytes" in message
+
+
+def test_host_memory_takes_what_hbm_cannot():
+    c = cluster((small_node(A100, 2, memory_bytes=2 * GiB), 1))
+    # big: 6.1 GB with Adagrad; row-sharded 3.1 GB per device > 2 GiB of HBM, < 4 GiB of host memory
+    tables = (EmbeddingTable("big", 12_000_000, 64, 1.0), EmbeddingTable("small", 1000, 64, 1.0))
+    result = shard_tables(tables, c, None, 4096, time_limit_s=20)
+    check_result(result, tables, c)
+    big = next(p for p in result.placements if p.table == "big")
+    assert all(s.memory == "host" for s in big.shards) and big.compute_kernel == "fused_uvm"
+    assert sum(result.per_device_host_memory_bytes.values()) == pytest.approx(12_000_000 * 64 * 4 * 2)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam", "rowwise_adagrad"])
+def test_optimizer_state_is_counted(optimizer):
+    c = cluster((small_node(A100, 2), 1))
+    tables = tuple(EmbeddingTable(f"t{i}", 1_000_000, 64, 2.0) for i in range(4))
+    result = shard_tables(tables, c, None, 4096, optimizer=optimizer, time_limit_s=20)
+    check_result(result, tables, c, optimizer=optimizer)
+
+
+def test_same_input_same_plan():
+    tables = load_tables(REFERENCE, "mlperf-dlrm-dcnv2")
+    c = cluster((A100, 2))
+    a = shard_tables(tables, c, None, 65536, time_limit_s=2)
+    b = shard_tables(tables, c, None, 65536, time_limit_s=2)
+    check_result(a, tables, c)
+    if a.method == "heuristic" and b.method == "heuristic":
+        assert a.placements == b.placements and a.embedding_time_s == b.embedding_time_s
+
+
+def test_bad_inputs_are_planner_errors(tmp_path):
+    c = cluster((small_node(A100, 2), 1))
+    t = (EmbeddingTable("t", 10, 8, 1.0),)
+    with pytest.raises(PlannerError, match="optimizer 'lamb'"):
+        shard_tables(t, c, None, 8, optimizer="lamb")
+    with pytest.raises(PlannerError, match="device 7"):
+        shard_tables(t, c, [0, 7], 8)
+    with pytest.raises(PlannerError, match="global batch"):
+        shard_tables(t, c, None, 0)
+    bad = tmp_path / "tables.json"
+    bad.write_text(json.dumps({"tables": [{"name": "x", "rows": -3, "dim": 8}]}))
+    with pytest.raises(PlannerError, match="rows"):
+        load_tables(bad)
