@@ -20,10 +20,9 @@ from importlib import resources
 from typing import Any
 
 from planner.errors import PlannerError
+from planner.types import Cluster
 
 SCHEMA_VERSION = 1
-SHARDING_TYPES = ("data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise")
-RECOMPUTE_CHOICES = ("none", "selective", "full")
 
 
 @dataclass(frozen=True)
@@ -88,9 +87,9 @@ class SearchInfo:
 class Plan:
     """A resolved parallel training plan.
 
-    ``stages`` lists the pipeline's model chunks in layer order. Without interleaving (``vpp == 1``) a chunk
-    is a pipeline stage. With ``vpp > 1`` there are ``pp * vpp`` chunks and chunk ``k`` runs on the devices
-    of chunk ``k % pp`` (Megatron-LM's interleaved schedule).
+    ``stages`` lists the pipeline stages in layer order (``pp == len(stages)``). With an interleaved schedule
+    (``vpp > 1``) each stage's layers are run as ``vpp`` model chunks (Megatron-LM's virtual stages): the
+    layer range gives how much of the model a stage holds, the framework picks which chunks.
     """
 
     model: dict[str, Any]  # name, params, flops_per_sample
@@ -174,17 +173,13 @@ def load_plan(path: str) -> Plan:
         raise PlannerError(f"{path}: {exc}") from None
 
 
-def cluster_summary(cluster: Any) -> dict[str, Any]:
+def cluster_summary(cluster: Cluster) -> dict[str, Any]:
     """The ``cluster`` entry of a Plan for a :class:`planner.types.Cluster`: its name, device count and
-    groups (node name, device type, node count, devices per node, first global device id). The TorchRec
+    groups (name, node profile, device type, node count, device count, first global device id). The TorchRec
     exporter uses the groups to turn global device ids into ``rank:N/cuda:L`` placements."""
-    return {
-        "name": cluster.name,
-        "num_devices": cluster.num_devices,
-        "groups": [{"name": g.name, "node": g.node.name, "device_type": g.node.device.name, "count": g.count,
-                    "devices_per_node": g.node.devices_per_node, "first_device": g.first_device}
-                   for g in cluster.groups],
-    }
+    groups = [{"name": g.name, "node": g.node.name, "device": g.node.device.name, "count": g.count,
+               "devices": g.num_devices, "first_device": g.first_device} for g in cluster.groups]
+    return {"name": cluster.name, "num_devices": cluster.num_devices, "groups": groups}
 
 
 # ----------------------------------------------------------------------------------------- schema

@@ -47,9 +47,8 @@ def test_uniform_plan(gpt_blocks, tmp_path):
 
 def test_interleaved_chunks_fold_to_pipeline_stages(gpt_blocks, tmp_path):
     model = gpt_blocks(4)
-    plan = gpt_plan(counts=[2, 1, 1, 2], tp=2, dp=1, vpp=2)
+    plan = gpt_plan(counts=[3, 3], tp=2, dp=1, vpp=2)  # Plan.stages lists pipeline stages (vpp chunks each)
     (spec,) = plan_pipeline_specs(plan).values()
-    # chunks (0-1, 3) on devices 0,1 and (2, 4-5) on devices 2,3: three layers per pipeline stage
     assert [(s.first_layer, s.last_layer) for s in spec.stages] == [(0, 2), (3, 5)] and spec.vpp == 2
     path = write_plan_gantt(plan, model, load_cluster("dgx-a100-80gb*1"), tmp_path / "plan.png")
     _check_png(path, 2)
