@@ -138,6 +138,8 @@ BAD_FILES = {
                             "inter_node_bandwidth_GBps: 1}\n    count: 1\n", r"nope\.yaml.*no such file"),
     "duplicate_names": ("groups:\n  - {name: a, node: t4, count: 1}\n  - {name: a, node: l4, count: 1}\n",
                         r"two groups are named 'a'"),
+    "duplicate_key": ("groups:\n  - node: t4\n    count: 1\n    count: 2\n",
+                      r"c\.yaml:4: the key 'count' appears twice"),
     "oversubscription_below_one": ("groups:\n  - {node: t4, count: 1}\nfabric: {oversubscription: 0.5}\n",
                                    r"oversubscription' must be at least 1"),
 }
@@ -165,6 +167,7 @@ def test_bad_device_profile_file_names_its_line(tmp_path, capsys):
 def test_missing_cluster_file(capsys, tmp_path):
     line = _run_bad(capsys, str(tmp_path / "absent.yaml"))
     assert "no such file" in line
+    assert "no such file" in _run_bad(capsys, str(tmp_path / "absent"))
 
 
 def test_bad_shorthand_through_cli(capsys):
@@ -177,3 +180,37 @@ def test_devices_cluster_json(capsys):
     doc = json.loads(capsys.readouterr().out)
     assert doc["num_devices"] == 17
     assert [g["first_device"] for g in doc["groups"]] == [0, 16]
+
+
+def _mutations(doc):
+    """Single edits of a valid cluster document, each making it invalid."""
+    import copy
+    group = doc["groups"][0]
+    for key in ("node", "count"):
+        bad = copy.deepcopy(doc)
+        del bad["groups"][0][key]
+        yield f"drop {key}", bad
+    for key, value in (("count", 0), ("count", -3), ("count", 1.5), ("count", "8"), ("price_per_node_hour", -1),
+                       ("inter_node_bandwidth_GBps", 0), ("intra_node_bandwidth_GBps", -2.0), ("colour", "red")):
+        bad = copy.deepcopy(doc)
+        bad["groups"][0][key] = value
+        yield f"{key}={value!r}", bad
+    for fabric in ({"latency_us": -1}, {"oversubscription": 0.5}, {"hops": 3}):
+        bad = copy.deepcopy(doc)
+        bad["fabric"] = fabric
+        yield f"fabric {fabric}", bad
+    if isinstance(group["node"], dict):
+        bad = copy.deepcopy(doc)
+        bad["groups"][0]["node"]["devices_per_node"] = 0
+        yield "devices_per_node=0", bad
+
+
+@pytest.mark.parametrize("path", CLUSTERS, ids=lambda p: p.stem)
+def test_our_validator_and_the_json_schema_agree(path):
+    from planner.hardware.documents import Document, check
+    doc = yaml.safe_load(path.read_text())
+    for label, bad in _mutations(doc):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, SCHEMA)
+        with pytest.raises(ClusterError):
+            check(Document(data=bad, where=path.name, lines={}), "cluster")

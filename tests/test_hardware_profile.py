@@ -130,3 +130,17 @@ def test_wall_clock_model_times_come_from_the_onnxruntime_profiler(tmp_path):
     measured = profiler.measure_model(profiler.Runner("cpu"), model, {"batch": 64})
     assert set(measured.kernel_s) == {c.name for c in measured.costs}
     assert measured.end_to_end_s > 0 and all(t >= 0 for t in measured.kernel_s.values())
+
+
+def test_prepare_a_builder_gpt_without_weights(tmp_path):
+    """`planner models build` graphs carry no weights and shapes that only a run reveals (Range)."""
+    from planner.hardware import profiler
+    out = tmp_path / "gpt.onnx"
+    assert main(["models", "build", "gpt", "--set", "layers=1", "--set", "hidden=64", "--set", "heads=2",
+                 "--set", "vocab=100", "--set", "seq_len=16", "--out", str(out)]) == 0
+    runner = profiler.Runner("cpu", 1, "cpu")
+    prepared = profiler.prepare_model(runner, profiler.load_model_file(out), {"batch": 2})
+    assert len(prepared.costs) == len(prepared.model.graph.node)
+    gemms = [c for c in prepared.costs if c.op_class == "gemm"]
+    assert gemms and all(c.flops > 0 and c.gemm for c in gemms)
+    assert any(not np.issubdtype(numpy_helper.to_array(t).dtype, np.floating) for t in prepared.constants.values())

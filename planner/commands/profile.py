@@ -42,12 +42,13 @@ def run(args: argparse.Namespace) -> int:
     model = profiler.load_model_file(args.model) if args.model else None  # fail early on a bad model
     if args.threads < 0:
         raise ConfigError(f"--threads {args.threads}: give 0 (onnxruntime's default) or a positive count")
-    profiler.Runner(args.device, args.threads, args.clock).check()
+    runner = profiler.Runner(args.device, args.threads, args.clock)
+    runner.check()
+    prepared = profiler.prepare_model(runner, model, dims) if model is not None else None  # fail early
     document = profiler.profile_device(args.device, quick=args.quick, threads=args.threads, name=args.name,
                                        clock=args.clock)
     if model is not None:
-        runner = profiler.Runner(args.device, args.threads, args.clock)
-        measurement = profiler.measure_model(runner, model, dims)
+        measurement = profiler.measure_model(runner, model, dims, prepared)
         document["measured"]["model"] = {"path": str(args.model), "dims": dict(sorted(dims.items())),
                                          "end_to_end_s": float(f"{measurement.end_to_end_s:.6g}")}
         document["measured"]["model_ops"] = [

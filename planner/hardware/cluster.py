@@ -38,8 +38,8 @@ def load_cluster(spec: str | os.PathLike) -> Cluster:
     """A Cluster from a file path (YAML/JSON) or a shorthand such as ``dgx-a100-80gb*16+hgx-v100-32gb*8``."""
     text = os.fspath(spec)
     path = Path(text)
-    if path.suffix.lower() in (".yaml", ".yml", ".json") or path.is_file():
-        return _cluster_from_document(read_document(path), path.parent)
+    if path.suffix.lower() in (".yaml", ".yml", ".json") or path.is_file() or "/" in text or os.sep in text:
+        return _cluster_from_document(read_document(path), path.parent)  # a missing file: "no such file"
     return parse_shorthand(text)
 
 

@@ -49,16 +49,20 @@ class Document:
         return self.where
 
 
-def _index_lines(node: yaml.Node, path: JsonPath, out: dict[JsonPath, int]) -> None:
+def _index_lines(node: yaml.Node, path: JsonPath, out: dict[JsonPath, int], where: str = "") -> None:
     out[path] = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
+        seen: set[str] = set()
         for key_node, value_node in node.value:
             key = key_node.value
-            _index_lines(value_node, path + (key,), out)
+            if key in seen:  # YAML would silently keep the last one
+                raise ClusterError(f"{where}:{key_node.start_mark.line + 1}: the key {key!r} appears twice; keep one")
+            seen.add(key)
+            _index_lines(value_node, path + (key,), out, where)
             out[path + (key,)] = key_node.start_mark.line + 1  # a value's errors point at its key's line
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            _index_lines(item, path + (i,), out)
+            _index_lines(item, path + (i,), out, where)
 
 
 def parse_text(text: str, where: str) -> Document:
@@ -75,7 +79,7 @@ def parse_text(text: str, where: str) -> Document:
         raise ClusterError(f"{where}: malformed YAML/JSON: {exc}") from None
     lines: dict[JsonPath, int] = {}
     if root is not None:
-        _index_lines(root, (), lines)
+        _index_lines(root, (), lines, where)
     return Document(data=data, where=where, lines=lines)
 
 

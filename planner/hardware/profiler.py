@@ -104,7 +104,7 @@ class Runner:
         options = ort.SessionOptions()
         # no graph rewrites: every ONNX node is one timed kernel, so per-op times map one to one
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        options.log_severity_level = 3
+        options.log_severity_level = 4  # its errors become ModelErrors; nothing else on stderr
         if self.threads:
             options.intra_op_num_threads = self.threads
         if profile_dir is not None:
@@ -270,6 +270,7 @@ def kernel_times_s(runner: Runner, model: onnx.ModelProto, runs: int = 7, seed: 
     return {name: min(ts[2:] if len(ts) > 2 else ts) for name, ts in per_node.items()}
 
 
+SMALL_TENSOR = 1024  # elements: tensors this small are parameters of ops (scalars, shapes), not data
 TARGET_GRAPH_S = 0.004  # each timed probe graph runs about this long, so timer and dispatch noise vanish
 MAX_COPIES = 256
 
@@ -381,7 +382,8 @@ def _single_node_model(node: onnx.NodeProto, values: dict[str, onnx.ValueInfoPro
     return model
 
 
-def isolated_node_times_s(runner: Runner, model: onnx.ModelProto) -> dict[str, float]:
+def isolated_node_times_s(runner: Runner, model: onnx.ModelProto,
+                          constants: dict[str, onnx.TensorProto] | None = None) -> dict[str, float]:
     """Each node of a shape-complete, runnable model timed alone through onnxruntime by the runner's clock
     (copies of the node per graph so that short ops are timed well; the cost of running a graph is
     subtracted). Used with ``--clock cpu``, where the profiler's wall-clock kernel times would count the
@@ -389,7 +391,7 @@ def isolated_node_times_s(runner: Runner, model: onnx.ModelProto) -> dict[str, f
     inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
     values = {v.name: v for v in list(inferred.graph.input) + list(inferred.graph.value_info)
               + list(inferred.graph.output)}
-    initializers = {i.name: i for i in model.graph.initializer}
+    initializers = {i.name: i for i in model.graph.initializer} | dict(constants or {})
     base = _run_overhead_s(runner)
     rng = np.random.default_rng(0)
     times = {}
@@ -414,27 +416,82 @@ def _ort_errors() -> tuple[type[BaseException], ...]:
                                                    "RuntimeException", "InvalidProtobuf") if hasattr(state, name))
 
 
-def measure_model(runner: Runner, model: onnx.ModelProto, dims: dict[str, int]) -> ModelMeasurement:
-    """End-to-end time and per-op times of a model (its symbolic dims bound by ``dims``, others 1), plus
-    the op cost table used to predict it."""
+@dataclass(frozen=True)
+class PreparedModel:
+    """A model ready to time: dims bound, weights filled, every tensor's real shape in ``value_info``."""
+
+    model: onnx.ModelProto
+    costs: tuple[NodeCost, ...]
+    # the non-floating-point and the small tensors of a real run (shapes, indices, masks, scalars): an op
+    # timed alone gets these values, since made-up ones could be invalid (a zero Range step, a dropout ratio)
+    constants: dict[str, onnx.TensorProto]
+
+
+def _run_all_tensors(runner: Runner, model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """Every intermediate tensor of one run of the model (random float inputs, zero integer inputs)."""
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+    types = {v.name: v.type.tensor_type.elem_type
+             for v in list(inferred.graph.value_info) + list(inferred.graph.output)}
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    declared = {o.name for o in probe.graph.output}
+    for node in probe.graph.node:
+        for name in node.output:
+            if name and name not in declared and types.get(name):
+                probe.graph.output.append(helper.make_tensor_value_info(name, types[name], None))
+                declared.add(name)
+    session = runner.session(probe)
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(None, make_feeds(session, np.random.default_rng(0)))))
+
+
+def prepare_model(runner: Runner, model: onnx.ModelProto, dims: dict[str, int]) -> PreparedModel:
+    """Bind the model's dims (others 1), make it runnable, give every tensor its real shape, and cost its
+    ops. Raises ModelError for a model onnxruntime cannot run."""
     bound, defaulted = bind_inputs(model, dims)
     if defaulted:
         log.info("symbolic dimensions %s not bound; using 1", ", ".join(defaulted))
-    bound = runnable(bound)
-    costs = tuple(node_costs(bound))
+    shaped = runnable(bound)
     try:
-        session = runner.session(bound)
+        tensors = _run_all_tensors(runner, shaped)
+    except _ort_errors() as exc:
+        raise ModelError(f"onnxruntime cannot run this model: {_first_line(exc)}") from None
+    del shaped.graph.value_info[:]
+    outputs = {o.name for o in shaped.graph.output}
+    constants = {}
+    for name, array in tensors.items():
+        array = np.asarray(array)
+        if name not in outputs:
+            shape = list(array.shape)
+            elem = helper.np_dtype_to_tensor_dtype(array.dtype)
+            shaped.graph.value_info.append(helper.make_tensor_value_info(name, elem, shape))
+        if not np.issubdtype(array.dtype, np.floating) or array.size <= SMALL_TENSOR:
+            constants[name] = numpy_helper.from_array(array, name)
+    return PreparedModel(model=shaped, costs=tuple(node_costs(shaped)), constants=constants)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else exc.__class__.__name__
+
+
+def measure_model(runner: Runner, model: onnx.ModelProto, dims: dict[str, int],
+                  prepared: PreparedModel | None = None) -> ModelMeasurement:
+    """End-to-end time and per-op times of a model (its symbolic dims bound by ``dims``, others 1), plus
+    the op cost table used to predict it."""
+    prepared = prepared or prepare_model(runner, model, dims)
+    try:
+        session = runner.session(prepared.model)
         feeds = make_feeds(session, np.random.default_rng(0))
         end_to_end = run_time_s(runner, session, feeds, min_runs=10, min_time_s=2.0)
         if runner.clock == "cpu" or runner.device == "cuda":  # the profiler's CUDA times are launch times
-            kernels = isolated_node_times_s(runner, bound)
+            kernels = isolated_node_times_s(runner, prepared.model, prepared.constants)
         else:
             runs = max(10, min(40, int(2.0 / max(end_to_end, 1e-4))))
-            kernels = kernel_times_s(runner, bound, runs=runs, feeds=feeds)
+            kernels = kernel_times_s(runner, prepared.model, runs=runs, feeds=feeds)
     except _ort_errors() as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
-        raise ModelError(f"onnxruntime cannot run this model: {first}") from None
-    return ModelMeasurement(end_to_end_s=end_to_end, kernel_s=kernels, costs=costs)
+        raise ModelError(f"onnxruntime cannot run this model: {_first_line(exc)}") from None
+    return ModelMeasurement(end_to_end_s=end_to_end, kernel_s=kernels, costs=prepared.costs)
 
 
 def load_model_file(path: str | os.PathLike) -> onnx.ModelProto:
