@@ -376,3 +376,18 @@ def test_block_activations_match_korthikanti(tmp_path, family, h, a, s, dropout,
                     {"batch": 1, "seq": s})
     blocks = [layer for layer in graph.layers if layer.kind == "block"]
     assert [layer.activation_bytes for layer in blocks] == [pytest.approx(expected, rel=1e-9)] * 2
+
+
+@pytest.mark.parametrize("interaction", [
+    "dot",
+    pytest.param("dcn", marks=pytest.mark.xfail(strict=True, reason="the importer puts the bottom MLP inside the "
+                                                                   "embedding layer here (NOTES_FOR_GRAPH.md item 8)")),
+])
+def test_dlrm_bottom_mlp_is_its_own_units(tmp_path, interaction):
+    graph = _import(tmp_path, "dlrm", {"tables": REFERENCE, "workload": "mlperf-dlrm-dcnv2",
+                                       "interaction": interaction}, {"batch": 1})
+    embedding = next(layer for layer in graph.layers if layer.kind == "embedding")
+    with open(REFERENCE, encoding="utf-8") as handle:
+        workload = next(w for w in json.load(handle)["workloads"] if w["name"] == "mlperf-dlrm-dcnv2")
+    assert embedding.params == sum(t["rows"] * t["dim"] for t in workload["tables"])
+    assert [layer.name for layer in graph.layers if layer.name.startswith("bottom_mlp")]
