@@ -2,7 +2,7 @@
 
     result = planner.whatif("gpt.onnx", "dgx-a100-80gb*4+dgx-h100*4", 1536,
                             {"dgx-a100-80gb.count": ["0", "4", "8"], "inter_node_bandwidth_GBps": ["25", "50"]})
-    result.points[0].throughput_samples_per_s; result.to_csv("sweep.csv")
+    result.points[0].throughput_samples_per_s; print(result.to_table()); csv_text = result.to_csv()
 
 Each grid point is the whole pipeline run again with its inputs changed (planner.sweep.keys derives them);
 points run on local worker processes or Ray (planner.sweep.runner) and come back in grid order, so the result
@@ -99,7 +99,7 @@ class WhatIfResult:
 
     @property
     def priced(self) -> bool:
-        """Whether any feasible point has a cost (every group of its cluster has a price)."""
+        """Whether any feasible point has a cost (the nodes its plan uses all have prices)."""
         return any(p.feasible and p.cost_per_sample is not None for p in self.points)
 
     def pareto_front(self) -> tuple[int, ...]:
@@ -129,7 +129,8 @@ class WhatIfResult:
         return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
 
     def columns(self) -> tuple[str, ...]:
-        return (*self.keys, *COLUMNS)
+        """The swept keys, then every other column (``global_batch``/``seq_len`` once when swept)."""
+        return (*self.keys, *(c for c in COLUMNS if c not in self.keys))
 
     def to_csv(self) -> str:
         """One header line, then one row per point (floats in full precision, empty for unknown)."""
@@ -142,7 +143,7 @@ class WhatIfResult:
 
     def to_table(self) -> str:
         """A fixed-width text table of the main columns."""
-        headers = (*self.keys, *TABLE_COLUMNS)
+        headers = (*self.keys, *(c for c in TABLE_COLUMNS if c not in self.keys))
         rows = [[_cell(point.row()[h]) for h in headers] for point in self.points]
         widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
         lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
