@@ -2,7 +2,7 @@
 
     result = planner.whatif("gpt.onnx", "dgx-a100-80gb*4+dgx-h100*4", 1536,
                             {"dgx-a100-80gb.count": ["0", "4", "8"], "inter_node_bandwidth_GBps": ["25", "50"]})
-    result.points[0].throughput_samples_per_s; result.to_csv("sweep.csv")
+    result.points[0].throughput_samples_per_s; print(result.to_table()); csv_text = result.to_csv()
 
 Each grid point is the whole pipeline run again with its inputs changed (planner.sweep.keys derives them);
 points run on local worker processes or Ray (planner.sweep.runner) and come back in grid order, so the result
@@ -59,21 +59,30 @@ class WhatIfPoint:
     micro_batch: int | None = None
     num_micro_batches: int | None = None
     stages: str = ""  # one entry per stage: "device_type tpT dpD layers A-B"
+    proven_optimal: bool | None = None  # under the cost model (False when a time limit cut the search)
     reason: str = ""  # why infeasible, or empty
+    search_time_s: float = field(default=0.0, compare=False)  # wall time of planning this point (varies)
 
     @property
     def setting(self) -> dict[str, Value]:
         return dict(self.settings)
 
     def row(self) -> dict[str, Any]:
-        """Flat columns: the swept keys first, then the numbers (the CSV row)."""
+        """Flat columns: the swept keys first, then the numbers (the CSV row; no timings)."""
         values = asdict(self)
-        del values["settings"]
+        del values["settings"], values["search_time_s"]
         return {**dict(self.settings), **values}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form: the timing sits under ``search``, the only part that varies between runs."""
+        values = asdict(self)
+        timing = {"time_s": values.pop("search_time_s")}
+        return {**values, "settings": dict(self.settings), "search": timing}
 
 
 #: the columns after the swept keys, in CSV and table order
-COLUMNS = tuple(f.name for f in WhatIfPoint.__dataclass_fields__.values() if f.name != "settings")
+COLUMNS = tuple(f.name for f in WhatIfPoint.__dataclass_fields__.values()
+                if f.name not in ("settings", "search_time_s"))
 TABLE_COLUMNS = ("feasible", "iteration_time_s", "throughput_samples_per_s", "cost_per_million_tokens",
                  "devices_used", "pp", "tp", "dp", "micro_batch", "reason")
 
@@ -90,7 +99,7 @@ class WhatIfResult:
 
     @property
     def priced(self) -> bool:
-        """Whether any feasible point has a cost (every group of its cluster has a price)."""
+        """Whether any feasible point has a cost (the nodes its plan uses all have prices)."""
         return any(p.feasible and p.cost_per_sample is not None for p in self.points)
 
     def pareto_front(self) -> tuple[int, ...]:
@@ -111,7 +120,7 @@ class WhatIfResult:
         """JSON document; timings sit under ``search`` (the only part that varies between runs)."""
         return {
             "model": self.model, "cluster": self.cluster, "keys": list(self.keys),
-            "points": [{**asdict(p), "settings": dict(p.settings)} for p in self.points],
+            "points": [p.to_dict() for p in self.points],
             "pareto_front": list(self.pareto_front()),
             "search": {"time_s": self.elapsed_s, "workers": self.workers, "backend": self.backend},
         }
@@ -120,7 +129,8 @@ class WhatIfResult:
         return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
 
     def columns(self) -> tuple[str, ...]:
-        return (*self.keys, *COLUMNS)
+        """The swept keys, then every other column (``global_batch``/``seq_len`` once when swept)."""
+        return (*self.keys, *(c for c in COLUMNS if c not in self.keys))
 
     def to_csv(self) -> str:
         """One header line, then one row per point (floats in full precision, empty for unknown)."""
@@ -133,7 +143,7 @@ class WhatIfResult:
 
     def to_table(self) -> str:
         """A fixed-width text table of the main columns."""
-        headers = (*self.keys, *TABLE_COLUMNS)
+        headers = (*self.keys, *(c for c in TABLE_COLUMNS if c not in self.keys))
         rows = [[_cell(point.row()[h]) for h in headers] for point in self.points]
         widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
         lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
@@ -226,7 +236,8 @@ def summarize(settings: tuple[tuple[str, Value], ...], plan: Plan, cluster: Clus
         cost_per_million_tokens=per_sample / seq_len * 1e6 if per_sample is not None and seq_len else None,
         num_devices=cluster.num_devices, devices_used=len(used), global_batch=global_batch,
         seq_len=seq_len, pp=len({s.devices for s in plan.stages}), tp=_uniform(tps), dp=_uniform(dps),
-        micro_batch=plan.micro_batch, num_micro_batches=plan.num_micro_batches, stages=stages)
+        micro_batch=plan.micro_batch, num_micro_batches=plan.num_micro_batches, stages=stages,
+        proven_optimal=plan.search.proven_optimal)
 
 
 def infeasible(inputs: PointInputs, reason: str, seq_len: int | None = None) -> WhatIfPoint:
@@ -239,7 +250,13 @@ def infeasible(inputs: PointInputs, reason: str, seq_len: int | None = None) -> 
 
 def evaluate_point(task: PointTask) -> WhatIfPoint:
     """Plan one point. A model that cannot be imported raises (the whole sweep is wrong); a point the
-    planner cannot serve is an infeasible row."""
+    planner cannot serve is an infeasible row. ``search_time_s`` includes a first import of the model."""
+    start = time.perf_counter()
+    point = _evaluate(task)
+    return replace(point, search_time_s=time.perf_counter() - start)
+
+
+def _evaluate(task: PointTask) -> WhatIfPoint:
     from planner.search import plan as search_plan  # noqa: PLC0415
 
     inputs = task.inputs

@@ -244,3 +244,11 @@ def test_device_key_swaps_the_device_and_keeps_the_links():
     assert group.node.inter_node_bandwidth_Bps == NODES["fake-a100"].inter_node_bandwidth_Bps
     with pytest.raises(ConfigError, match="unknown device"):
         points_for({"device": ["b200"]})
+
+
+def test_swept_global_keys_are_one_column():
+    result = result_for({"global_batch": ["64", "128"], "seq_len": ["512"]})
+    header = result.to_csv().splitlines()[0].split(",")
+    assert header[:2] == ["global_batch", "seq_len"] and len(header) == len(set(header))
+    rows = list(csv.DictReader(io.StringIO(result.to_csv())))
+    assert [r["global_batch"] for r in rows] == ["64", "128"] and rows[0]["seq_len"] == "512"

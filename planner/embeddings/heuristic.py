@@ -5,7 +5,8 @@
    time after adding the unit, with its own bandwidth and links), within memory; a second pass puts them where
    the additive load (sent + received bytes, no overlap) is least, which spreads both links more evenly.
 3. Refinement: for the tables on the slowest device, try each other option (a finer column split, a row-wise
-   split, data-parallel...) and redo step 2; keep the first change that lowers the slowest device's time.
+   split, data-parallel...) and redo step 2; keep the first change that lowers the slowest device's time;
+   when none does, change a whole group of tables that share a sharding at once.
 4. Local search on the slowest device: move one of its units elsewhere, or re-shard one of its tables in
    place, whenever that lowers the time of every device it touches below the current maximum.
 Every loop is bounded by a count of steps (not the clock) so the same input gives the same plan; the deadline
@@ -27,6 +28,7 @@ Assignment = tuple[tuple[int, tuple[int, ...]], ...]
 # at most this many greedy re-runs
 _REFINE_WORK = 3e6
 _REFINE_MAX = 200
+_GROUP_POLISH_ROUNDS = 300  # local-search rounds spent judging one group change
 
 
 @dataclass
@@ -285,8 +287,48 @@ def refine(problem: Problem, choice: list[int], state: _State, deadline: float, 
             if improved:
                 break
         if not improved:
-            break
+            trial = _group_change(problem, choice, state, best, budget, deadline)
+            if trial is None:
+                break
+            choice, state, best, spent = trial
+            budget -= spent
     return choice, state
+
+
+def _label(problem: Problem, t: int, o: int) -> tuple[str, int, bool]:
+    option = problem.options[t][o]
+    return option.sharding, option.units, option.host
+
+
+def _group_change(problem: Problem, choice: list[int], state: _State, best: float, budget: int, deadline: float):
+    """Re-shard every table that shares one sharding (type, shard count) with a table on the slowest device, all
+    at once: balancing pooled-output bytes sometimes needs a whole group split finer, which no single change
+    shows (each alone only adds ids traffic everywhere). Returns (choice, state, makespan, greedy runs) or None."""
+    worst = int(np.argmax(state.times()))
+    spent = 0
+    labels = sorted({_label(problem, t, choice[t]) for t in _tables_on(state, worst)})
+    for label in labels:
+        members = [t for t in range(len(choice)) if _label(problem, t, choice[t]) == label]
+        if len(members) < 2:
+            continue
+        targets = sorted({_label(problem, t, o) for t in members for o in range(len(problem.options[t]))} - {label})
+        for target in targets:
+            if spent >= budget:
+                return None
+            trial = choice.copy()
+            for t in members:
+                match = [o for o in range(len(problem.options[t])) if _label(problem, t, o) == target]
+                if match:
+                    trial[t] = match[0]
+            spent += 1
+            candidate = greedy(problem, trial)
+            if candidate is None:
+                continue
+            # a group change moves many units at once: judge it after a short local search
+            candidate = local_search(candidate, deadline, max_rounds=_GROUP_POLISH_ROUNDS)
+            if candidate.makespan() < best * (1 - 1e-9):
+                return trial, candidate, candidate.makespan(), spent
+    return None
 
 
 def local_search(state: _State, deadline: float, max_rounds: int = 5000) -> _State:

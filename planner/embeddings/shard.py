@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -38,13 +38,13 @@ NODE_MILP_MAX_NODES = 4
 class EmbeddingResult:
     placements: tuple[EmbeddingPlacement, ...]
     embedding_time_s: float  # the slowest device: forward + backward lookups and communication
-    lower_bound_s: float  # LP relaxation (or the MILP's dual bound, whichever is higher)
+    lower_bound_s: float  # the best proven bound: LP relaxation, integral-choice and node MILPs, exact MILP
     per_device_time_s: Mapping[int, float]  # global device id -> seconds
     per_device_memory_bytes: Mapping[int, float]  # global device id -> HBM bytes (weights + optimizer state)
     proven_optimal: bool
     method: str  # "milp" | "heuristic"
     gap: float  # (embedding_time_s - lower_bound_s) / lower_bound_s
-    per_device_host_memory_bytes: Mapping[int, float] = None  # type: ignore[assignment]
+    per_device_host_memory_bytes: Mapping[int, float] = field(default_factory=dict)  # UVM shards
     solve_time_s: float = 0.0
     optimizer: str = "adagrad"
 

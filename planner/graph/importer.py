@@ -13,9 +13,9 @@ import onnx
 from planner.errors import ModelError
 from planner.graph import layers as layer_detection
 from planner.graph.loader import check_external_data, check_structure, read_model
-from planner.graph.ir import FLOAT_TYPES, Node, OpGraph, act_bytes, stored_bytes
+from planner.graph.ir import ACT_BYTES, FLOAT_TYPES, Node, OpGraph, act_bytes, stored_bytes
 from planner.graph.opgraph import build
-from planner.graph.rules import RULES, VIEW_OPS, View, fused_sources, saved_for_backward
+from planner.graph.rules import RULES, VIEW_OPS, View, fused_sources, nan_guards, saved_for_backward
 from planner.graph.transformer import detect_dims, tp_splits
 from planner.types import EmbeddingTable, Layer, LayerGraph, OpCost
 
@@ -60,10 +60,10 @@ def _import_graph(model: onnx.ModelProto, dims: Mapping[str, int] | None, name: 
     if not compute:
         raise ModelError(f"{where}: no node computes on the model's inputs "
                          f"({', '.join(graph.data_inputs) or 'it has none'}); nothing to plan")
-    costs = {node.index: _cost(graph, node) for node in compute}
-    _warn_unknown(graph, compute)
+    tables, table_nodes, bag_loops = _tables(graph, compute)
+    costs = {node.index: _cost(graph, node, bag_loops.get(node.index)) for node in compute}
+    _warn_unknown(graph, [node for node in compute if node.index not in bag_loops])
     graph.name = name
-    tables, table_nodes = _tables(graph, compute)
     # pieces of the structural cut are anchored at matrix products and table lookups (a normalisation's
     # scale alone does not make a pipeline unit); graphs without any fall back to any parameter use
     anchors = {i for i, c in costs.items() if c.gemm is not None} | table_nodes
@@ -82,12 +82,18 @@ def _check_dims(dims: Mapping[str, int] | None, where: str) -> None:
             raise ModelError(f"{where}: dimension {key}={value!r} must be a positive integer")
 
 
-def _cost(graph: OpGraph, node: Node) -> OpCost:
+def _cost(graph: OpGraph, node: Node, bag: EmbeddingTable | None = None) -> OpCost:
     view = View(node, graph)
     rule = RULES.get(node.op_type)
     flops, gemm = rule(view) if rule is not None else (0.0, None)
     written = sum((graph.numel(t) or 0) * act_bytes(graph.types.get(t)) for t in node.outputs if t)
-    if node.op_type in VIEW_OPS:
+    if bag is not None:
+        # a Loop that sums embedding bags (TorchScript's nn.EmbeddingBag): per sample, pooling_factor rows
+        # of the table read and added up into one row written
+        flops = bag.pooling_factor * bag.dim
+        read = bag.pooling_factor * bag.dim * ACT_BYTES
+        written = float(bag.dim * ACT_BYTES)
+    elif node.op_type in VIEW_OPS:
         read = written = 0.0
     elif node.op_type in _READS_OUTPUT:
         idx = [t for t in node.inputs[1:] if t]
@@ -95,7 +101,7 @@ def _cost(graph: OpGraph, node: Node) -> OpCost:
     else:
         read = sum((graph.numel(t) or 0) * act_bytes(graph.types.get(t)) for t in node.inputs if t)
     b = graph.static_batch
-    if b > 1:
+    if b > 1 and bag is None:
         flops, read, written = flops / b, read / b, written / b
         gemm = (max(gemm[0] // b, 1), gemm[1], gemm[2]) if gemm else None
     return OpCost(name=node.name or f"{node.op_type}_{node.index}", op_type=node.op_type, flops=float(flops),
@@ -114,11 +120,13 @@ def _warn_unknown(graph: OpGraph, compute: list[Node]) -> None:
         graph.warnings.append(msg)
 
 
-def _tables(graph: OpGraph, compute: list[Node]) -> tuple[list[EmbeddingTable], set[int]]:
+def _tables(graph: OpGraph, compute: list[Node]) -> tuple[list[EmbeddingTable], set[int], dict[int, EmbeddingTable]]:
     """Gather / EmbeddingBag lookups of data-dependent indices in a 2-D parameter, also inside the body of
-    a Loop (TorchScript's export of ``nn.EmbeddingBag``)."""
+    a Loop (TorchScript's export of ``nn.EmbeddingBag``). Returns the tables, the lookup nodes, and the
+    Loops that sum bags of one table (costed as those lookups)."""
     tables: dict[str, EmbeddingTable] = {}
     nodes: set[int] = set()
+    bag_loops: dict[int, EmbeddingTable] = {}
 
     def add(weight: str, pooling: float) -> bool:
         roots = graph.param_roots.get(weight)
@@ -148,7 +156,8 @@ def _tables(graph: OpGraph, compute: list[Node]) -> tuple[list[EmbeddingTable], 
                 if inner.op_type == "Gather" and len(inner.input) >= 2 and inner.input[0] in outer:
                     if add(inner.input[0], pooling):
                         nodes.add(node.index)
-    return list(tables.values()), nodes
+                        bag_loops[node.index] = tables[graph.param_roots[inner.input[0]][0]]
+    return list(tables.values()), nodes, bag_loops
 
 
 def _body_nodes(proto: onnx.NodeProto):
@@ -170,7 +179,8 @@ def _layers(graph: OpGraph, units: list[layer_detection.Unit], costs: dict[int, 
     saved_bytes = [0.0] * n
     assigned: set[str] = set()
     b = graph.static_batch
-    fused = fused_sources(graph, [graph.nodes[i] for i in sorted(layer_of)])
+    members = [graph.nodes[i] for i in sorted(layer_of)]
+    fused, aliases = fused_sources(graph, members), nan_guards(graph, members)
     for k, unit in enumerate(units):
         counted: set[str] = set()  # a tensor saved by ops of two layers lives on both their stages
         for i in sorted(unit.nodes):
@@ -180,7 +190,7 @@ def _layers(graph: OpGraph, units: list[layer_detection.Unit], costs: dict[int, 
                     if root not in assigned:
                         assigned.add(root)
                         params[k] += graph.params.get(root, 0)
-            for tensor, per_elem in saved_for_backward(View(node, graph), fused):
+            for tensor, per_elem in saved_for_backward(View(node, graph), fused, aliases):
                 if tensor in counted:
                     continue
                 counted.add(tensor)

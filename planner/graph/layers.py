@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections import Counter
 from dataclasses import dataclass
 
 from planner.graph.ir import Node, OpGraph
@@ -30,14 +31,15 @@ class Unit:
     nodes: tuple[int, ...]
 
 
-def detect(graph: OpGraph, compute: list[Node], flops: dict[int, float], has_param: set[int],
+def detect(graph: OpGraph, compute: list[Node], flops: dict[int, float], anchors: set[int],
            table_nodes: set[int]) -> list[Unit]:
-    """Ordered pipeline units. ``flops`` and ``has_param`` are keyed by node index."""
+    """Ordered pipeline units. ``flops`` is keyed by node index; ``anchors`` are the nodes that carry a unit
+    (matrix products and table lookups: a normalisation or an activation alone does not make a unit)."""
     if not compute:
         return []
-    units = _by_scope(graph, compute, flops, has_param, table_nodes)
+    units = _by_scope(graph, compute, flops, anchors, table_nodes)
     if units is None:
-        units = _by_structure(graph, compute, has_param, table_nodes)
+        units = _by_structure(graph, compute, anchors, table_nodes)
     return units
 
 
@@ -51,7 +53,7 @@ def _scope_key(scope: tuple[str, ...], depth: int) -> tuple[tuple[str, ...], int
     return None
 
 
-def _by_scope(graph: OpGraph, compute: list[Node], flops: dict[int, float], has_param: set[int],
+def _by_scope(graph: OpGraph, compute: list[Node], flops: dict[int, float], anchors: set[int],
               table_nodes: set[int]) -> list[Unit] | None:
     total = sum(flops.values()) or 1.0
     covered: dict[tuple[str, ...], dict[int, float]] = {}
@@ -111,12 +113,18 @@ def _by_scope(graph: OpGraph, compute: list[Node], flops: dict[int, float], has_
     groups: dict[int, list[int]] = {}
     for node in compute:
         groups.setdefault(pos[node.index], []).append(node.index)
+    # numbered modules that are a detail (a Sequential stem before named, unnumbered blocks) leave most
+    # matrix products between them: then the layers come from the graph's structure instead
+    products = {p: sum(1 for i in members if i in anchors and i not in table_nodes) for p, members in groups.items()}
+    in_gaps = max((v for p, v in products.items() if p % 2 == 0), default=0)
+    if in_gaps > max((v for p, v in products.items() if p % 2), default=1) and in_gaps > 1:
+        return None
     names = {2 * k + 1: ".".join(key[0] + (str(key[1]),)) for key, k in order.items()}
     last = max(groups)
     units: list[Unit] = []
     for p in sorted(groups):
         members = tuple(groups[p])
-        anchored = any(i in has_param for i in members)
+        anchored = any(i in anchors for i in members)
         if p % 2:
             if any(i in table_nodes for i in members):
                 kind = "embedding"
@@ -141,7 +149,7 @@ def _by_scope(graph: OpGraph, compute: list[Node], flops: dict[int, float], has_
             units[-1] = Unit("embedding", "embedding", tuple(sorted(units[-1].nodes + members)))
         else:
             units.append(unit)
-    if len(units) > 1 and not any(i in has_param for i in units[0].nodes):
+    if len(units) > 1 and not any(i in anchors for i in units[0].nodes):
         # index arithmetic before the first unit with work of its own (slicing the sparse inputs)
         units[1] = Unit(units[1].name, units[1].kind, tuple(sorted(units[0].nodes + units[1].nodes)))
         units = units[1:]
@@ -151,7 +159,7 @@ def _by_scope(graph: OpGraph, compute: list[Node], flops: dict[int, float], has_
 # ------------------------------------------------------------------------------------ graph structure
 
 
-def _by_structure(graph: OpGraph, compute: list[Node], has_param: set[int], table_nodes: set[int]) -> list[Unit]:
+def _by_structure(graph: OpGraph, compute: list[Node], anchors: set[int], table_nodes: set[int]) -> list[Unit]:
     where = {node.index: i for i, node in enumerate(compute)}
     n = len(compute)
     # live[b] = number of data tensors crossing the boundary after position b
@@ -186,7 +194,7 @@ def _by_structure(graph: OpGraph, compute: list[Node], has_param: set[int], tabl
         pieces.append([node.index for node in compute[start:b + 1]])
         start = b + 1
     pieces.append([node.index for node in compute[start:]])
-    pieces = _merge_weightless(graph, pieces, has_param)
+    pieces = _merge_weightless(graph, pieces, anchors)
     sigs = [_signature(graph, piece) for piece in pieces]
     start, period, count = _best_run(sigs)
     units: list[Unit] = []
@@ -202,7 +210,7 @@ def _by_structure(graph: OpGraph, compute: list[Node], has_param: set[int], tabl
             continue
         units.append(Unit("", "", tuple(pieces[i])))
         i += 1
-    repeated = {s for s in sigs if sigs.count(s) >= 2} if len(sigs) < 2000 else set()
+    repeated = {s for s, count in Counter(sigs).items() if count >= 2}
     named: list[Unit] = []
     counters: dict[str, int] = {}
     for k, unit in enumerate(units):

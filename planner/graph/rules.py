@@ -224,6 +224,7 @@ _MOVE_OPS = ("Transpose", "Concat", "Split", "Slice", "Gather", "GatherElements"
              "OneHot", "NonZero", "Compress", "ReverseSequence", "Range", "ConstantOfShape", "Constant", "Shape",
              "Size", "EyeLike", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
              "Bernoulli", "SequenceConstruct", "SplitToSequence", "ConcatFromSequence", "SequenceAt",
+             "SequenceEmpty", "SequenceInsert", "SequenceErase", "SequenceLength",
              "Upsample", "EmbeddingBag", "TopK", "ArgMax", "ArgMin", "Unique", "GridSample")
 # ops that are views: no data moved
 VIEW_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
@@ -347,11 +348,28 @@ def fused_sources(graph: OpGraph, compute: list[Node]) -> dict[int, str]:
     return {i: x for x, nodes in members.items() if len(nodes) >= 2 for i in nodes}
 
 
-def saved_for_backward(view: View, fused: dict[int, str]) -> Saved:
-    """What ``view.node`` keeps for backward; a member of a fused region keeps the region's input instead."""
+def nan_guards(graph: OpGraph, compute: list[Node]) -> dict[str, str]:
+    """``Where(IsNaN(x), c, x)`` outputs -> ``x``: the exporters' guard after an attention softmax
+    (``scaled_dot_product_attention``'s math path) changes no value, and a fused kernel keeps no copy."""
+    aliases: dict[str, str] = {}
+    for node in compute:
+        if node.op_type != "Where" or len(node.inputs) != 3:
+            continue
+        cond, _, x = node.inputs
+        src = graph.producer.get(cond)
+        if src is not None and graph.nodes[src].op_type == "IsNaN" and graph.nodes[src].inputs[:1] == (x,):
+            aliases[node.outputs[0]] = aliases.get(x, x)
+    return aliases
+
+
+def saved_for_backward(view: View, fused: dict[int, str], aliases: dict[str, str]) -> Saved:
+    """What ``view.node`` keeps for backward; a member of a fused region keeps the region's input instead,
+    and a NaN guard keeps nothing (what reads its output keeps the guarded tensor)."""
+    if view.node.outputs and view.node.outputs[0] in aliases:
+        return []
     saver = SAVED.get(view.node.op_type)
     saved = saver(view) if saver is not None else []
     source = fused.get(view.node.index)
     if source is not None and saved:
-        return [_act(view, source)]
-    return saved
+        saved = [_act(view, source)]
+    return [(aliases.get(t, t), b) for t, b in saved]

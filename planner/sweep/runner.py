@@ -60,17 +60,17 @@ def _run_serial(fn: Callable[[T], R], tasks: Sequence[T], progress: Progress | N
 def _run_processes(fn: Callable[[T], R], tasks: Sequence[T], workers: int, progress: Progress | None) -> list[R]:
     results: list[R | None] = [None] * len(tasks)
     log.info("whatif: %d points on %d worker processes", len(tasks), workers)
-    with concurrent.futures.ProcessPoolExecutor(max_workers=workers) as pool:
+    pool = concurrent.futures.ProcessPoolExecutor(max_workers=workers)
+    try:
         futures = {pool.submit(fn, task): i for i, task in enumerate(tasks)}
-        try:
-            for done, future in enumerate(concurrent.futures.as_completed(futures), start=1):
-                results[futures[future]] = future.result()
-                if progress:
-                    progress(done, len(tasks))
-        except BaseException:
-            for future in futures:
-                future.cancel()
-            raise
+        for done, future in enumerate(concurrent.futures.as_completed(futures), start=1):
+            results[futures[future]] = future.result()
+            if progress:
+                progress(done, len(tasks))
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)  # a failed point ends the sweep now
+        raise
+    pool.shutdown(wait=True)
     return results  # type: ignore[return-value]
 
 
