@@ -14,16 +14,16 @@ the same verdicts.
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
 from importlib import resources
 from typing import Any
 
 from planner.errors import PlannerError
+from planner.types import Cluster
 
 SCHEMA_VERSION = 1
-SHARDING_TYPES = ("data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise")
-RECOMPUTE_CHOICES = ("none", "selective", "full")
 
 
 @dataclass(frozen=True)
@@ -88,9 +88,9 @@ class SearchInfo:
 class Plan:
     """A resolved parallel training plan.
 
-    ``stages`` lists the pipeline's model chunks in layer order. Without interleaving (``vpp == 1``) a chunk
-    is a pipeline stage. With ``vpp > 1`` there are ``pp * vpp`` chunks and chunk ``k`` runs on the devices
-    of chunk ``k % pp`` (Megatron-LM's interleaved schedule).
+    ``stages`` lists the pipeline stages in layer order (``pp == len(stages)``). With an interleaved schedule
+    (``vpp > 1``) each stage's layers are run as ``vpp`` model chunks (Megatron-LM's virtual stages): the
+    layer range gives how much of the model a stage holds, the framework picks which chunks.
     """
 
     model: dict[str, Any]  # name, params, flops_per_sample
@@ -174,17 +174,13 @@ def load_plan(path: str) -> Plan:
         raise PlannerError(f"{path}: {exc}") from None
 
 
-def cluster_summary(cluster: Any) -> dict[str, Any]:
+def cluster_summary(cluster: Cluster) -> dict[str, Any]:
     """The ``cluster`` entry of a Plan for a :class:`planner.types.Cluster`: its name, device count and
-    groups (node name, device type, node count, devices per node, first global device id). The TorchRec
+    groups (name, node profile, device type, node count, device count, first global device id). The TorchRec
     exporter uses the groups to turn global device ids into ``rank:N/cuda:L`` placements."""
-    return {
-        "name": cluster.name,
-        "num_devices": cluster.num_devices,
-        "groups": [{"name": g.name, "node": g.node.name, "device_type": g.node.device.name, "count": g.count,
-                    "devices_per_node": g.node.devices_per_node, "first_device": g.first_device}
-                   for g in cluster.groups],
-    }
+    groups = [{"name": g.name, "node": g.node.name, "device": g.node.device.name, "count": g.count,
+               "devices": g.num_devices, "first_device": g.first_device} for g in cluster.groups]
+    return {"name": cluster.name, "num_devices": cluster.num_devices, "groups": groups}
 
 
 # ----------------------------------------------------------------------------------------- schema
@@ -349,3 +345,17 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
         return None  # NaN and infinities have no JSON form (the schema then reports the field)
     return value
+
+
+# ------------------------------------------------------------------------ planner.plan(...) stays callable
+# Importing this submodule makes ``planner.plan`` name the module, shadowing the public function
+# ``planner.plan(model, cluster, global_batch=...)`` of the contract. Calling the module forwards to it.
+
+
+class _CallableModule(sys.modules[__name__].__class__):
+    def __call__(self, *args: Any, **kwargs: Any) -> Plan:
+        from planner.search import plan as search_plan
+        return search_plan(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

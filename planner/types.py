@@ -131,6 +131,10 @@ class DeviceProfile:
     memory_efficiency_curve: tuple[tuple[float, float], ...] = ()
     op_overhead_s: float = 0.0  # fixed time per op/kernel (dispatch, launch); measured by `planner profile`
     description: str = ""
+    # optional: achieved fraction of peak for convolutions against their FLOPs (empty = gemm_efficiency)
+    conv_efficiency: tuple[tuple[float, float], ...] = ()
+    # optional: achieved FLOP/s of non-GEMM arithmetic (normalisation, softmax, activations); 0 = the fp32 peak
+    vector_flops_per_s: float = 0.0
 
 
 @dataclass(frozen=True)

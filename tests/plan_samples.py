@@ -8,8 +8,8 @@ from planner.plan import (EmbeddingPlacement, EmbeddingShard, Plan, ReplicaPlan,
 BREAKDOWN = {"compute_s": 0.8, "tp_comm_s": 0.1, "pp_comm_s": 0.02, "dp_comm_s": 0.05, "bubble_s": 0.1,
              "optimizer_s": 0.01, "embedding_s": 0.0}
 CLUSTER_2x8 = {"name": "dgx-a100-80gb*2", "num_devices": 16,
-               "groups": [{"name": "dgx-a100-80gb", "node": "dgx-a100-80gb", "device_type": "a100-80gb",
-                           "count": 2, "devices_per_node": 8, "first_device": 0}]}
+               "groups": [{"name": "dgx-a100-80gb", "node": "dgx-a100-80gb", "device": "a100-80gb",
+                           "count": 2, "devices": 16, "first_device": 0}]}
 
 
 def gpt_layers(blocks: int) -> tuple[list[str], list[str]]:
@@ -35,13 +35,11 @@ def stages_from_split(counts: list[int], names: list[str], kinds: list[str], tp:
 def gpt_plan(counts: list[int] = (5, 5), tp: int = 4, dp: int = 2, vpp: int = 1, zero: int = 1,
              recompute: str = "selective", sequence_parallel: bool = True) -> Plan:
     names, kinds = gpt_layers(sum(counts) - 2)
-    pp = len(counts) // vpp
+    pp = len(counts)
     stages = stages_from_split(list(counts), names, kinds, tp, dp, tp * dp, recompute)
     nodes = -(-pp * tp * dp // 8)
     cluster = {"name": f"dgx-a100-80gb*{nodes}", "num_devices": 8 * nodes,
-               "groups": [{**CLUSTER_2x8["groups"][0], "count": nodes}]}
-    if vpp > 1:  # chunk k runs on the devices of chunk k % pp
-        stages = tuple(StagePlan(**{**s.__dict__, "devices": stages[s.index % pp].devices}) for s in stages)
+               "groups": [{**CLUSTER_2x8["groups"][0], "count": nodes, "devices": 8 * nodes}]}
     micro = 2
     return Plan(model={"name": "gpt-test", "params": 350_000_000, "flops_per_sample": 2.1e12},
                 cluster=cluster, global_batch=64, micro_batch=micro, num_micro_batches=64 // (micro * dp),
@@ -66,9 +64,9 @@ def mixed_plan() -> Plan:
                        device_type="mixed", devices=tuple(range(8, 24)), tp=4, dp=4, recompute="full",
                        memory_bytes_per_device=31e9, time_s=0.021, replicas=replicas)
     cluster = {"name": "mixed", "num_devices": 24,
-               "groups": [{"name": "a", "device_type": "a100-80gb", "count": 1, "devices_per_node": 8, "first_device": 0},
-                          {"name": "v", "device_type": "v100-32gb", "count": 1, "devices_per_node": 8, "first_device": 8},
-                          {"name": "b", "device_type": "a100-80gb", "count": 1, "devices_per_node": 8, "first_device": 16}]}
+               "groups": [{"name": "a", "device": "a100-80gb", "count": 1, "devices": 8, "first_device": 0},
+                          {"name": "v", "device": "v100-32gb", "count": 1, "devices": 8, "first_device": 8},
+                          {"name": "b", "device": "a100-80gb", "count": 1, "devices": 8, "first_device": 16}]}
     return Plan(model={"name": "gpt-mixed", "params": 10**8, "flops_per_sample": 1e11}, cluster=cluster,
                 global_batch=32, micro_batch=1, num_micro_batches=16, schedule="1f1b", zero=0,
                 iteration_time_s=0.5, throughput_samples_per_s=64.0, stages=(stage0, stage1),
@@ -97,5 +95,5 @@ def dlrm_plan() -> Plan:
                                   embedding_lower_bound_s=0.0035, algorithm="embedding MILP"))
 
 
-ALL = {"gpt": gpt_plan, "gpt_uneven": lambda: gpt_plan((4, 3, 3)), "gpt_vpp": lambda: gpt_plan((3, 3, 2, 2), vpp=2),
+ALL = {"gpt": gpt_plan, "gpt_uneven": lambda: gpt_plan((4, 3, 3)), "gpt_vpp": lambda: gpt_plan((5, 5), vpp=2),
        "mixed": mixed_plan, "dlrm": dlrm_plan}

@@ -76,3 +76,17 @@ def test_build_dlrm_from_a_tables_file(tmp_path, capsys):
                  "--out", str(out)]) == 0, capsys.readouterr().err
     model = onnx.load(str(out), load_external_data=False)
     assert any(t.name == "embed.a.weight" and list(t.dims) == [1000, 16] for t in model.graph.initializer)
+
+
+def test_build_unwritable_path_is_one_line_exit_2(tmp_path, capsys, monkeypatch):
+    target = tmp_path / "taken.onnx"
+    target.mkdir()  # a folder where the file should go
+    assert main(["models", "build", "gpt", "--out", str(target)]) == 2
+    assert "is a folder" in one_error_line(capsys)
+
+    def refuse(model, path):
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr("planner.builders.save", refuse)  # as a read-only folder would (tests run as root)
+    assert main(["models", "build", "gpt", "--out", str(tmp_path / "g.onnx")]) == 2
+    assert "cannot write it (Permission denied)" in one_error_line(capsys)

@@ -1,12 +1,13 @@
 """A small ONNX graph writer for the model-family builders.
 
-Node names follow the PyTorch exporters' scopes (``/layers.0/attn/qkv/MatMul``), output names their
-``<node>_output_<i>`` form, and weight names their parameter paths (``layers.0.attn.qkv.weight``), so the
-importer's layer detection sees a built model exactly as it sees a real export.
+Node names follow the TorchScript exporter's scopes (``/layers.0/attn/qkv/MatMul``) and weight names torch's
+parameter paths (``layers.0.attn.qkv.weight``), so the importer's layer detection sees a built model as it
+sees a real export; computed tensors get short names (``matmul_12``) as the dynamo exporter gives them,
+which keeps a 1-trillion-parameter GPT's file under 1 MB.
 
 Weights carry no data: each is an initializer with ``data_location=EXTERNAL`` whose ``location`` is a file
 beside the model (``<stem>.weights``) that is never written, with ``offset``/``length`` as a real external-data
-file would have them. The model file therefore stays small (a 1-trillion-parameter GPT is a few hundred KB)
+file would have them. The model file therefore stays small
 while shapes, dtypes and parameter counts are exact. Scalars and index lists that are not parameters
 (dropout ratios, reshape shapes, rotary frequencies) are ``Constant`` nodes with inline data.
 """
@@ -20,8 +21,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-OPSET = 17  # LayerNormalization needs 17; every op used here exists at 17
-IR_VERSION = 8  # the IR version that opset 17 shipped with, for older runtimes
+OPSET = 20  # Gelu is an op from 20 on (LayerNormalization from 17); torch's dynamo exporter writes 20 as well
+IR_VERSION = 9  # the IR version that opset 20 shipped with, for older runtimes
 
 Dim = int | str  # a fixed size or a symbolic dimension name
 
@@ -42,6 +43,7 @@ class GraphBuilder:
         self._outputs: list[onnx.ValueInfoProto] = []
         self._scope: list[str] = []
         self._used_node_names: set[str] = set()
+        self._tensors = 0
         self._offset_bytes = 0
         self._constants: dict[tuple[str, int, tuple[int, ...], bytes], str] = {}
 
@@ -104,7 +106,8 @@ class GraphBuilder:
     def op_n(self, op_type: str, inputs: Sequence[str], n_outputs: int, **attrs: object) -> list[str]:
         """Add one node with ``n_outputs`` outputs; return their names."""
         name = self._node_name(op_type)
-        outputs = [f"{name}_output_{i}" for i in range(n_outputs)]
+        self._tensors += 1  # short tensor names, as the dynamo exporter writes them (node names carry scopes)
+        outputs = [f"{op_type.lower()}_{self._tensors}" + (f"_{i}" if i else "") for i in range(n_outputs)]
         self._nodes.append(helper.make_node(op_type, list(inputs), outputs, name=name, **attrs))
         return outputs
 

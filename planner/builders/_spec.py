@@ -8,9 +8,12 @@ from ``--set KEY=VALUE`` or Python values) into a complete, checked ``dict`` of 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping, Union
+from typing import TYPE_CHECKING, Callable, Mapping, Union
 
 from planner.errors import ConfigError, suggest
+
+if TYPE_CHECKING:
+    import onnx
 
 Value = Union[int, float, str, tuple[int, ...]]
 
@@ -67,7 +70,7 @@ class Family:
     name: str
     description: str
     keys: tuple[Key, ...]
-    build: Callable[[Mapping[str, Value], str], "object"]  # (resolved settings, weights file) -> ModelProto
+    build: Callable[[Mapping[str, Value], str], "onnx.ModelProto"]  # (resolved settings, weights file name)
     check: Callable[[dict[str, Value]], None] | None = None  # cross-key checks and derived defaults
 
     def key(self, name: str) -> Key:

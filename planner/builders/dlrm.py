@@ -7,7 +7,8 @@ exceeds 1 takes indices ``[batch, P]`` and sums the P rows (``ReduceSum``), whic
 in sum mode does. P is the pooling factor rounded to an integer (at least 1); the exact factors are kept in
 the ``planner.tables`` metadata. Interactions: ``dot`` (pairwise dot products of the bottom-MLP output and
 every embedding, strictly-lower triangle, concatenated with the bottom-MLP output; needs every table's dim
-equal to the bottom MLP's last width) or ``cat`` (plain concatenation, any dims).
+equal to the bottom MLP's last width), ``cat`` (plain concatenation, any dims) or ``dcn`` (DCN-v2 low-rank
+cross layers over the concatenation, as MLPerf's DLRM-DCNv2; Wang et al. 2021).
 """
 
 from __future__ import annotations
@@ -40,6 +41,21 @@ def _mlp(g: GraphBuilder, name: str, x: str, n_in: int, widths: tuple[int, ...],
                 x = g.op("Gemm", [x, g.weight("weight", [width, n_in]), g.weight("bias", [width])], transB=1)
                 x = g.op(last if index == len(widths) - 1 else "Relu", [x])
             n_in = width
+    return x
+
+
+def _cross_network(g: GraphBuilder, x0: str, width: int, layers: int, rank: int) -> str:
+    """DCN-v2 low-rank cross layers (Wang et al. 2021, Eq. 1 and Sec. 3.2): x <- x0 * (U (V x) + b) + x,
+    with V: width -> rank and U: rank -> width."""
+    x = x0
+    for index in range(layers):
+        with g.scope(f"cross.{index}"):
+            with g.scope("V"):
+                low = g.op("MatMul", [x, g.weight("weight", [width, rank])])
+            with g.scope("U"):
+                up = g.op("Add", [g.op("MatMul", [low, g.weight("weight", [rank, width])]),
+                                  g.weight("bias", [width])])
+            x = g.op("Add", [g.op("Mul", [x0, up]), x])
     return x
 
 
@@ -91,6 +107,8 @@ def build_dlrm(cfg: Mapping[str, Value], weights_file: str) -> onnx.ModelProto:
         else:
             joined = g.op("Concat", [z, *pooled], axis=1)
             width = bottom[-1] + sum(table.dim for table in spec.tables)
+            if cfg["interaction"] == "dcn":
+                joined = _cross_network(g, joined, width, int(cfg["dcn_layers"]), int(cfg["dcn_rank"]))
     out = _mlp(g, "top_mlp", joined, width, top, "Sigmoid")
     g.output(out, DTYPE, [BATCH, top[-1]])
     tables_json = [{"name": t.name, "rows": t.rows, "dim": t.dim, "pooling_factor": t.pooling_factor,
@@ -124,7 +142,7 @@ def _check(cfg: dict[str, Value]) -> None:
 
 FAMILY = Family(
     name="dlrm",
-    description="DLRM recommendation model (bottom MLP, embedding tables, dot/cat interaction, top MLP)",
+    description="DLRM recommendation model (bottom MLP, embedding tables, dot/cat/dcn interaction, top MLP)",
     keys=(
         Key("tables", FILE, 'embedding tables, JSON/YAML {"tables": [{"name","rows","dim","pooling_factor"}]}',
             required=True),
@@ -134,7 +152,10 @@ FAMILY = Family(
             default_text="from the tables file, else 512,256,64", minimum=1),
         Key("top_mlp", INT_LIST, "top MLP widths (the last is the output width)",
             default_text="from the tables file, else 512,256,1", minimum=1),
-        Key("interaction", STR, "feature interaction", "dot", choices=("dot", "cat")),
+        Key("interaction", STR, "feature interaction: pairwise dots, concatenation, or DCN-v2 cross layers over "
+            "the concatenation", "dot", choices=("dot", "cat", "dcn")),
+        Key("dcn_layers", INT, "cross layers (interaction=dcn)", 3, minimum=1),
+        Key("dcn_rank", INT, "low rank of each cross layer (interaction=dcn)", 512, minimum=1),
     ),
     build=build_dlrm,
     check=_check,

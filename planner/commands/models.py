@@ -86,7 +86,10 @@ def run(args: argparse.Namespace) -> int:
     settings = _parse_settings(args.settings)
     _check_out(args.out)
     model = build(args.family, settings, weights_file=weights_file_for(args.out))
-    save(model, args.out)
+    try:
+        save(model, args.out)
+    except OSError as exc:
+        raise ConfigError(f"--out {args.out!r}: cannot write it ({exc.strerror}); choose a writable path") from None
     params = sum(_numel(t.dims) for t in model.graph.initializer)
     log.info("wrote %s: %s, %d parameters declared (weights point at %s, not written)", args.out, args.family,
              params, weights_file_for(args.out))

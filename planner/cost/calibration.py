@@ -7,11 +7,17 @@ profile); these few factors correct what a datasheet cannot know, per device typ
   top of cuBLAS-level efficiency),
 * ``memory_scale`` multiplies the achieved memory bandwidth of memory-bound (element-wise) operations,
 * ``comm_scale`` multiplies the achieved bandwidth of collectives and point-to-point transfers,
+* ``attention_traffic_scale`` multiplies the memory traffic of the attention core (the ``seq^2`` score
+  tensors: scale, mask, softmax, dropout and the two batched products): 1 = every operation a separate pass
+  over device memory, as the ONNX graph is written; lower = fused kernels (a fused scale-mask-softmax keeps
+  about a third; FlashAttention keeps the scores on chip, near 0),
 * ``dp_overlap`` is the fraction of the last micro-batch's backward pass during which bucketed
   data-parallel gradient reduction can run hidden.
 
-``benchmarks/calibrate.py --fit`` rewrites the file; a device type without an entry uses the neutral
-values below (1, 1, 1, 1: the profile as written, full overlap).
+``benchmarks/calibrate.py --fit`` rewrites the file. A device type without an entry borrows the mean of the
+fitted device types' parameters (most of what they correct is the software stack, which a new device type
+shares: kernel fusion, framework overheads, overlap), marked ``fitted=False``; with no file at all, the
+neutral values below (all 1: the profile and the graph as written, full overlap).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ class DeviceCalibration:
     gemm_scale: float = 1.0
     memory_scale: float = 1.0
     comm_scale: float = 1.0
+    attention_traffic_scale: float = 1.0
     dp_overlap: float = 1.0
     fitted: bool = False  # True when read from the calibration file
 
@@ -70,5 +77,15 @@ def load_calibrations(path: str = str(CALIBRATION_PATH)) -> dict[str, DeviceCali
     return {str(name): _from_mapping(str(name), values, path) for name, values in devices.items()}
 
 
+@lru_cache(maxsize=4)
+def _borrowed(path: str = str(CALIBRATION_PATH)) -> DeviceCalibration:
+    fitted = list(load_calibrations(path).values())
+    if not fitted:
+        return DeviceCalibration()
+    means = {name: sum(getattr(c, name) for c in fitted) / len(fitted) for name in PARAMETER_NAMES}
+    return DeviceCalibration(**means, fitted=False)
+
+
 def calibration_for(device_name: str) -> DeviceCalibration:
-    return load_calibrations().get(device_name, DeviceCalibration())
+    """The fitted parameters of ``device_name``, or the borrowed mean (``fitted=False``)."""
+    return load_calibrations().get(device_name) or _borrowed()

@@ -6,32 +6,62 @@ The collective formulas themselves (alpha-beta, ring/hierarchical, slowest link)
 group of ranks, and how much of them the computation hides.
 
 Groups. A tensor-parallel group lies inside one node. A data-parallel group of a stage has one rank per
-replica; when several such groups share a node (one per tensor-parallel rank), they share its NICs, so each
-gets ``ranks_per_node / devices_per_node`` of the node's network bandwidth.
+replica (``planner.hardware.collectives.comm_group``: when several such groups share a node, one per
+tensor-parallel rank, they share its NICs).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Sequence
+
+import numpy as np
+
 from planner.cost.calibration import DeviceCalibration
 from planner.cost.memory import dtype_bytes
 from planner.errors import ConfigError
-from planner.hardware.collectives import CommGroup, collective_time_s
-from planner.types import NodeProfile
+from planner.hardware.collectives import CommGroup, collective_time_s, comm_group
+from planner.types import Cluster, NodeProfile
 
 # Megatron-Core's DistributedDataParallelConfig: gradient buckets of max(40M, 1M x dp) parameters
 # (megatron/core/distributed/distributed_data_parallel.py); the last bucket cannot overlap the backward.
 BUCKET_PARAMS = 40_000_000
 
 
+def tp_group(node: NodeProfile, tp: int, cal: DeviceCalibration) -> CommGroup:
+    """A tensor-parallel group: ``tp`` ranks inside one node, at the node's achieved intra-node bandwidth."""
+    intra = node.intra_node_bandwidth_Bps * node.intra_node_efficiency * cal.comm_scale
+    return CommGroup(size=tp, ranks_per_node=tp, intra_bandwidth_Bps=intra, intra_latency_s=node.intra_node_latency_s,
+                     inter_bandwidth_Bps=intra, inter_latency_s=node.intra_node_latency_s)
+
+
+def dp_group(cluster: Cluster, leaders: Sequence[int], cal: DeviceCalibration) -> CommGroup:
+    """The data-parallel group formed by ``leaders`` (the first device of each replica's tensor-parallel
+    group; the groups of the other tensor-parallel ranks run alike and at once), as the estimator times it:
+    ``planner.hardware.collectives.comm_group`` (NIC share, slowest node, fabric latency, oversubscription)
+    with the calibrated ``comm_scale``. For a replica group ``devices``: ``dp_group(cluster, devices[::tp], cal)``."""
+    return scaled_group(comm_group(cluster, list(leaders)), cal)
+
+
 def node_group(node: NodeProfile, size: int, ranks_per_node: int, cal: DeviceCalibration,
                nic_share: float = 1.0) -> CommGroup:
-    """A group of ``size`` ranks, ``ranks_per_node`` per node, on nodes of one profile; ``nic_share`` is the
-    fraction of each node's network bandwidth this group gets while others communicate too."""
+    """A group of ``size`` ranks, ``ranks_per_node`` per node, on identical nodes, getting ``nic_share`` of
+    each node's network. Kept for callers that have no Cluster; it omits the fabric's latency and
+    oversubscription, which ``dp_group`` includes (prefer ``dp_group``)."""
     return CommGroup(size=size, ranks_per_node=max(1, min(ranks_per_node, size)),
-                     intra_bandwidth_Bps=node.intra_node_bandwidth_Bps * cal.comm_scale,
+                     intra_bandwidth_Bps=node.intra_node_bandwidth_Bps * node.intra_node_efficiency * cal.comm_scale,
                      intra_latency_s=node.intra_node_latency_s,
-                     inter_bandwidth_Bps=node.inter_node_bandwidth_Bps * nic_share * cal.comm_scale,
+                     inter_bandwidth_Bps=node.inter_node_bandwidth_Bps * node.inter_node_efficiency * nic_share
+                     * cal.comm_scale,
                      inter_latency_s=node.inter_node_latency_s)
+
+
+def scaled_group(group: CommGroup, cal: DeviceCalibration) -> CommGroup:
+    """``group`` with both tiers' bandwidths multiplied by the calibrated ``comm_scale``."""
+    if cal.comm_scale == 1.0:
+        return group
+    return replace(group, intra_bandwidth_Bps=group.intra_bandwidth_Bps * cal.comm_scale,
+                   inter_bandwidth_Bps=group.inter_bandwidth_Bps * cal.comm_scale)
 
 
 def tp_collective_time_s(kind: str, size_bytes: float, node: NodeProfile, tp: int, cal: DeviceCalibration) -> float:
@@ -39,7 +69,7 @@ def tp_collective_time_s(kind: str, size_bytes: float, node: NodeProfile, tp: in
     ``kind`` is ``all_reduce`` or ``reduce_scatter+all_gather`` (sequence parallelism)."""
     if tp <= 1 or size_bytes <= 0:
         return 0.0
-    group = node_group(node, tp, tp, cal)
+    group = tp_group(node, tp, cal)
     if kind == "all_reduce":
         return collective_time_s("all_reduce", size_bytes, group)
     if kind == "reduce_scatter+all_gather":
@@ -66,20 +96,28 @@ def dp_comm_total_s(params_per_rank: float, group: CommGroup, zero: int, dtype: 
     return reduce, gather
 
 
-def dp_sync_time_s(params_per_rank: float, group: CommGroup, zero: int, dtype: str, overlap_window_s: float) -> float:
-    """Exposed seconds of the data-parallel synchronisation at the end of an iteration.
+def exposed_sync_s(reduce_s, gather_s, params_per_rank, overlap_window_s, gather_window_s=0.0):
+    """What the computation does not hide of a synchronisation (numpy arrays welcome): the gradient
+    reduction past ``overlap_window_s`` and the weight gather past ``gather_window_s``, each at least one
+    bucket's worth (the last bucket to reduce, the first to gather)."""
+    buckets = np.maximum(1.0, np.asarray(params_per_rank, dtype=float) / BUCKET_PARAMS)
+    reduce = np.maximum(reduce_s - np.maximum(0.0, overlap_window_s), reduce_s / buckets)
+    gather = np.maximum(gather_s - np.maximum(0.0, gather_window_s), gather_s / buckets)
+    return reduce + gather
+
+
+def dp_sync_time_s(params_per_rank: float, group: CommGroup, zero: int, dtype: str, overlap_window_s: float,
+                   gather_window_s: float = 0.0) -> float:
+    """Exposed seconds of the data-parallel synchronisation of one iteration.
 
     Gradients are reduced in buckets of ``BUCKET_PARAMS`` as the last micro-batch's backward pass produces
     them, so up to ``overlap_window_s`` of the reduction hides behind it; the last bucket always shows. The
-    weight all-gather of ZeRO 1-2 follows the optimizer step and is exposed.
+    weight all-gather of ZeRO 1-2 (after the optimizer step) hides, bucket by bucket, behind up to
+    ``gather_window_s`` of the next iteration's first forward pass (Megatron-Core's overlap-param-gather),
+    its first bucket always showing; ``gather_window_s = 0`` exposes it whole.
     """
     reduce, gather = dp_comm_total_s(params_per_rank, group, zero, dtype)
-    if reduce == 0.0:
-        return gather
-    buckets = max(1.0, params_per_rank / BUCKET_PARAMS)
-    last_bucket = reduce / buckets
-    exposed_reduce = max(reduce - max(0.0, overlap_window_s), last_bucket)
-    return exposed_reduce + gather
+    return float(exposed_sync_s(reduce, gather, params_per_rank, overlap_window_s, gather_window_s))
 
 
 def zero3_gather_time_s(params_per_rank: float, group: CommGroup, dtype: str) -> float:

@@ -55,14 +55,15 @@ class LayerCosts:
     output_bytes: np.ndarray
 
 
-def _gemm_time_s(profile: DeviceProfile, m: float, n: float, k: float, dtype: str, cal: DeviceCalibration) -> float:
+def _gemm_time_s(profile: DeviceProfile, m: float, n: float, k: float, dtype: str, cal: DeviceCalibration,
+                 traffic_scale: float = 1.0) -> float:
     flops = 2.0 * m * n * k
     if flops <= 0:
         return 0.0
     peak = peak_flops_per_s(profile, dtype)
     efficiency = min(1.0, gemm_efficiency(profile, flops) * cal.gemm_scale)
     width = dtype_bytes(dtype)
-    traffic = (m * k + k * n + m * n) * width
+    traffic = (m * k + k * n + m * n) * width * traffic_scale
     return max(flops / (peak * efficiency), memory_time_s(profile, traffic) / cal.memory_scale) \
         + profile.op_overhead_s
 
@@ -122,6 +123,10 @@ def _costs_of_ops(layer: Layer, node: NodeProfile, tp: int, mb: int, sp: bool, d
                       None, "sharded" if tp > 1 else "replicated"),)
     for op in ops:
         split = op.tp_split
+        core = _is_attention_core(op, layer)
+        traffic_scale = cal.attention_traffic_scale if core else 1.0
+        if layer.kind == "head" and op.gemm is not None and split == "replicated":
+            split = "column"  # Megatron-LM's vocabulary-parallel output layer
         if op.gemm is not None:
             m, n, k = op.gemm
             m = float(m) * mb
@@ -137,23 +142,28 @@ def _costs_of_ops(layer: Layer, node: NodeProfile, tp: int, mb: int, sp: bool, d
                 tp_bytes_fwd += op.bytes_written * mb
             elif split == "sharded":
                 m = m / tp
-            f = _gemm_time_s(profile, m, n, k, dtype, cal)
-            b = _gemm_time_s(profile, m, k, n, dtype, cal) + _gemm_time_s(profile, k, n, m, dtype, cal)
+            f = _gemm_time_s(profile, m, n, k, dtype, cal, traffic_scale)
+            b = (_gemm_time_s(profile, m, k, n, dtype, cal, traffic_scale)
+                 + _gemm_time_s(profile, k, n, m, dtype, cal, traffic_scale))
         else:
             shard = tp if split in ("column", "row", "sharded") or (sp and layer.kind == "block") else 1
             if split == "row":
                 has_row = True
                 tp_bytes_fwd += op.bytes_written * mb
             f = _elementwise_time_s(profile, op.flops * mb / shard,
-                                    (op.bytes_read + op.bytes_written) * mb / shard, dtype, cal)
+                                    (op.bytes_read + op.bytes_written) * mb / shard * traffic_scale, dtype, cal)
             b = 2.0 * f
         fwd += f
         bwd += b
-        if _is_attention_core(op, layer):
+        if core:
             attention += f
     tp_fwd = tp_bwd = 0.0
+    if tp > 1 and layer.kind == "embedding" and not has_row:
+        tp_bytes_fwd = layer.output_bytes * mb  # vocabulary-parallel lookup: all-reduce of the embeddings
     if tp > 1:
         tp_bytes_bwd = tp_bytes_fwd if has_row else (first_column_input if has_column else 0.0)
+        if layer.kind == "embedding":
+            tp_bytes_bwd = 0.0
         tp_fwd = tp_collective_time_s(kind, tp_bytes_fwd, node, tp, cal) if tp_bytes_fwd else 0.0
         tp_bwd = tp_collective_time_s(kind, tp_bytes_bwd, node, tp, cal) if tp_bytes_bwd else 0.0
     return fwd, bwd, attention, tp_fwd, tp_bwd

@@ -24,27 +24,30 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, replace
-from typing import Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Mapping
 
 import numpy as np
 
 from planner.cost.calibration import DeviceCalibration, calibration_for
-from planner.cost.comm import dp_sync_time_s, node_group, zero3_gather_time_s
+from planner.cost.comm import dp_comm_total_s, dp_group, exposed_sync_s, zero3_gather_time_s
 from planner.cost.compute import layer_costs
-from planner.cost.memory import dtype_bytes, micro_batches_in_flight, stage_memory
+from planner.cost.memory import dtype_bytes, memory_terms, micro_batches_in_flight
 from planner.cost.optimizer import optimizer_time_s
 from planner.cost.schedule import SCHEDULES, pipeline_time
 from planner.cost.validate import check_config, divisors, pipeline_units
 from planner.errors import ConfigError
-from planner.hardware.collectives import CommGroup, p2p_time_s
-from planner.types import (Breakdown, Cluster, Estimate, LayerGraph, NodeProfile,
+from planner.hardware.cluster import locate
+from planner.hardware.collectives import p2p_time_s
+from planner.types import (Breakdown, Cluster, Estimate, LayerGraph, MemoryBreakdown, NodeProfile,
                            ParallelConfig, PipelineSpec, ReplicaEstimate, ReplicaSpec, StageEstimate, StageSpec)
 
 log = logging.getLogger(__name__)
 
 Calibrations = Mapping[str, DeviceCalibration]
-MAX_MICRO_BATCH = 64  # largest micro-batch the resolution tries
+MAX_MICRO_BATCH = 1024  # largest micro-batch the resolution tries
+FINALIST_MARGIN = 0.02  # candidates this close to the best by the fast formula are timed exactly
 
 
 # ------------------------------------------------------------------------------------------ devices
@@ -52,13 +55,8 @@ MAX_MICRO_BATCH = 64  # largest micro-batch the resolution tries
 
 def _device_location(cluster: Cluster, device: int) -> tuple[NodeProfile, int]:
     """(node profile, global node index) of a device id."""
-    node_base = 0
-    for group in cluster.groups:
-        first = group.first_device
-        if first <= device < first + group.num_devices:
-            return group.node, node_base + (device - first) // group.node.devices_per_node
-        node_base += group.count
-    raise ConfigError(f"device {device} is not in the cluster (devices 0..{cluster.num_devices - 1})")
+    group_index, node_index = locate(cluster, device)
+    return cluster.groups[group_index].node, node_index
 
 
 def _cal(node: NodeProfile, calibrations: Calibrations | None) -> DeviceCalibration:
@@ -67,39 +65,7 @@ def _cal(node: NodeProfile, calibrations: Calibrations | None) -> DeviceCalibrat
     return calibration_for(node.device.name)
 
 
-# ---------------------------------------------------------------------------------- phase 1: work
-
-
-@dataclass(frozen=True)
-class _Replica:
-    spec: ReplicaSpec
-    node: NodeProfile
-    cal: DeviceCalibration
-    forward_s: float  # one of its micro-batches, compute + tp comm
-    backward_s: float
-    tp_comm_s: float
-    params_per_rank: float
-    activation_bytes: float  # per micro-batch in flight
-    transient_bytes: float
-    num_micro_batches: float  # m_r
-
-
-@dataclass(frozen=True)
-class _Stage:
-    spec: StageSpec
-    replicas: tuple[_Replica, ...]
-    dp_group: CommGroup
-    dp: int
-    p2p_s: float  # to the next stage ((s + 1) % pp)
-
-
-@dataclass(frozen=True)
-class _Work:
-    """Everything that does not depend on the schedule, vpp or ZeRO stage."""
-
-    spec: PipelineSpec
-    stages: tuple[_Stage, ...]
-    num_micro_batches: int
+# ------------------------------------------------------------------------------ placement and work
 
 
 def _check_spec(model: LayerGraph, cluster: Cluster, spec: PipelineSpec) -> None:
@@ -142,193 +108,305 @@ def _check_spec(model: LayerGraph, cluster: Cluster, spec: PipelineSpec) -> None
         raise ConfigError(f"vpp={spec.vpp} needs the interleaved schedule")
 
 
-def _dp_group(stage: StageSpec, cluster: Cluster, replicas: Sequence[_Replica]) -> tuple[CommGroup, int]:
-    """The data-parallel group of one tensor-parallel rank position, over the slowest link among the
-    stage's device types (see the module docstring)."""
-    dp = sum(r.spec.dp for r in replicas)
-    per_node: dict[int, int] = {}
-    stage_devices_on_node: dict[int, int] = {}
-    slowest: tuple[float, NodeProfile, DeviceCalibration] | None = None
-    for r in replicas:
-        for i, d in enumerate(r.spec.devices):
-            node_index = _device_location(cluster, d)[1]
-            stage_devices_on_node[node_index] = stage_devices_on_node.get(node_index, 0) + 1
-            if i % r.spec.tp == 0:
-                per_node[node_index] = per_node.get(node_index, 0) + 1
-        rate = r.node.inter_node_bandwidth_Bps * r.cal.comm_scale
-        if slowest is None or rate < slowest[0]:
-            slowest = (rate, r.node, r.cal)
-    assert slowest is not None
-    ranks_per_node = min(per_node.values())
-    share = min(per_node[k] / stage_devices_on_node[k] for k in per_node)
-    return node_group(slowest[1], dp, ranks_per_node, slowest[2], nic_share=share), dp
+@dataclass(frozen=True, eq=False)
+class _Placement:
+    """What does not depend on the micro-batch, recompute or sequence parallelism: which devices serve which
+    layers, their groups, and per ZeRO stage the synchronisation and optimizer times. Arrays are per replica
+    group ("row"; rows are ordered by stage), or per stage where named so."""
+
+    stages: tuple[StageSpec, ...]
+    rows: tuple[ReplicaSpec, ...]
+    nodes: tuple[NodeProfile, ...]
+    cals: tuple[DeviceCalibration, ...]
+    row_stage: np.ndarray
+    single: bool  # one row per stage
+    stage_dp: tuple[int, ...]
+    row_dp: np.ndarray
+    capacity: np.ndarray
+    params: np.ndarray
+    largest_layer_params: np.ndarray
+    dp_overlap: np.ndarray
+    reduce_s: tuple[np.ndarray, ...]  # [zero][row]
+    gather_s: tuple[np.ndarray, ...]
+    optimizer_s: tuple[np.ndarray, ...]
+    zero3_gather_s: np.ndarray
+    optimizer: str
+    dtype: str
 
 
-def _work(model: LayerGraph, cluster: Cluster, spec: PipelineSpec, calibrations: Calibrations | None) -> _Work:
-    g, mb = spec.global_batch, spec.micro_batch
-    built: list[tuple[StageSpec, tuple[_Replica, ...], float]] = []
-    for stage in spec.stages:
+def _placement(model: LayerGraph, cluster: Cluster, stages: tuple[StageSpec, ...], optimizer: str, dtype: str,
+               calibrations: Calibrations | None) -> _Placement:
+    rows, nodes, cals, row_stage, groups, stage_dp, row_dp = [], [], [], [], [], [], []
+    params, largest = [], []
+    for s, stage in enumerate(stages):
         sl = slice(stage.first_layer, stage.last_layer + 1)
-        replicas = []
+        first_row = len(rows)
         for r in stage.replicas:
             node = _device_location(cluster, r.devices[0])[0]
             cal = _cal(node, calibrations)
-            lc = layer_costs(model, node, r.tp, mb, spec.recompute, spec.sequence_parallel, spec.dtype, cal)
-            replicas.append(_Replica(
-                spec=r, node=node, cal=cal, forward_s=float(lc.forward_s[sl].sum()),
-                backward_s=float(lc.backward_s[sl].sum()), tp_comm_s=float(lc.tp_comm_s[sl].sum()),
-                params_per_rank=float(lc.params_per_rank[sl].sum()),
-                activation_bytes=float(lc.activation_bytes[sl].sum()),
-                transient_bytes=float(lc.peak_extra_bytes[sl].max()),
-                num_micro_batches=r.batch_share * g / (r.dp * mb)))
-        built.append((stage, tuple(replicas), float(lc.output_bytes[stage.last_layer])))
-    m = max(1, math.ceil(max(r.num_micro_batches for _, reps, _ in built for r in reps) - 1e-9))
-    stages = []
-    pp = len(built)
-    for s, (stage, replicas, out_bytes) in enumerate(built):
-        group, dp = _dp_group(stage, cluster, replicas)
-        nxt = built[(s + 1) % pp][0].replicas[0].devices[0]
-        src = stage.replicas[0].devices[0]
-        p2p = 0.0
-        if pp > 1:
-            p2p = p2p_time_s(cluster, src, nxt, out_bytes) / replicas[0].cal.comm_scale
-        stages.append(_Stage(stage, replicas, group, dp, p2p))
-    return _Work(spec, tuple(stages), m)
+            lc = layer_costs(model, node, r.tp, 1, "none", False, dtype, cal)
+            rows.append(r)
+            nodes.append(node)
+            cals.append(cal)
+            row_stage.append(s)
+            params.append(float(lc.params_per_rank[sl].sum()))
+            largest.append(float(lc.params_per_rank[sl].max()))
+        ranks = [d for r in stage.replicas for d in r.devices[::r.tp]]
+        slowest = min(cals[first_row:], key=lambda c: c.comm_scale)
+        groups.append(dp_group(cluster, ranks, slowest))
+        stage_dp.append(len(ranks))
+        row_dp.extend([len(ranks)] * len(stage.replicas))
+    p = np.array(params)
+    reduce_s, gather_s, opt_s = [], [], []
+    for zero in range(4):
+        pairs = [dp_comm_total_s(p[i], groups[row_stage[i]], zero, dtype) for i in range(len(rows))]
+        reduce_s.append(np.array([a for a, _ in pairs]))
+        gather_s.append(np.array([b for _, b in pairs]))
+        opt_s.append(np.array([optimizer_time_s(p[i], nodes[i].device, optimizer, zero, row_dp[i], dtype, cals[i])
+                               for i in range(len(rows))]))
+    z3 = np.array([zero3_gather_time_s(p[i], groups[row_stage[i]], dtype) for i in range(len(rows))])
+    return _Placement(
+        stages=stages, rows=tuple(rows), nodes=tuple(nodes), cals=tuple(cals), row_stage=np.array(row_stage),
+        single=len(rows) == len(stages), stage_dp=tuple(stage_dp), row_dp=np.array(row_dp, dtype=float),
+        capacity=np.array([float(n.device.memory_bytes) for n in nodes]), params=p,
+        largest_layer_params=np.array(largest), dp_overlap=np.array([c.dp_overlap for c in cals]),
+        reduce_s=tuple(reduce_s), gather_s=tuple(gather_s), optimizer_s=tuple(opt_s), zero3_gather_s=z3,
+        optimizer=optimizer, dtype=dtype)
 
 
-# ------------------------------------------------------------------------------- phase 2: timing
+@dataclass(frozen=True, eq=False)
+class _Work:
+    """The per-micro-batch costs of every replica group for one (micro-batch, recompute, sequence
+    parallelism)."""
+
+    placement: _Placement
+    global_batch: int
+    micro_batch: int
+    recompute: str
+    sequence_parallel: bool
+    forward_s: np.ndarray
+    backward_s: np.ndarray
+    tp_comm_s: np.ndarray
+    activation_bytes: np.ndarray
+    transient_bytes: np.ndarray
+    row_micro_batches: np.ndarray  # m_r
+    num_micro_batches: int  # M
+    p2p_s: np.ndarray  # per stage, to stage (s + 1) % pp
 
 
-def _approximate_pipeline(f: np.ndarray, b: np.ndarray, m: int, vpp: int, p2p: Sequence[float],
-                          schedule: str) -> float:
-    """Fast estimate used to rank candidates: fill and drain of every stage plus ``m - 1`` periods of the
-    slowest (exact for uniform stages without transfers)."""
+def _work(model: LayerGraph, cluster: Cluster, placement: _Placement, global_batch: int, micro_batch: int,
+          recompute: str, sequence_parallel: bool) -> _Work:
+    n = len(placement.rows)
+    f, b, tpc, act, extra, m_r = (np.empty(n) for _ in range(6))
+    out_bytes = np.zeros(len(placement.stages))
+    for i, (r, node, cal) in enumerate(zip(placement.rows, placement.nodes, placement.cals)):
+        stage = placement.stages[placement.row_stage[i]]
+        sl = slice(stage.first_layer, stage.last_layer + 1)
+        lc = layer_costs(model, node, r.tp, micro_batch, recompute, sequence_parallel, placement.dtype, cal)
+        f[i] = lc.forward_s[sl].sum()
+        b[i] = lc.backward_s[sl].sum()
+        tpc[i] = lc.tp_comm_s[sl].sum()
+        act[i] = lc.activation_bytes[sl].sum()
+        extra[i] = lc.peak_extra_bytes[sl].max()
+        m_r[i] = r.batch_share * global_batch / (r.dp * micro_batch)
+        if r is stage.replicas[0]:
+            out_bytes[placement.row_stage[i]] = lc.output_bytes[stage.last_layer]
+    m = max(1, math.ceil(float(m_r.max()) - 1e-9))
+    pp = len(placement.stages)
+    p2p = np.zeros(pp)
+    if pp > 1:
+        for s, stage in enumerate(placement.stages):
+            first_row = int(np.searchsorted(placement.row_stage, s))
+            src = stage.replicas[0].devices[0]
+            dst = placement.stages[(s + 1) % pp].replicas[0].devices[0]
+            p2p[s] = p2p_time_s(cluster, src, dst, out_bytes[s]) / placement.cals[first_row].comm_scale
+    return _Work(placement, global_batch, micro_batch, recompute, sequence_parallel, f, b, tpc, act, extra, m_r,
+                 m, p2p)
+
+
+# ------------------------------------------------------------------------------------------ timing
+
+
+@dataclass(frozen=True, eq=False)
+class _Result:
+    schedule: str
+    vpp: int
+    zero: int
+    iteration_s: float
+    pipeline_s: float
+    stage_forward_s: np.ndarray  # per stage, one micro-batch slot (slowest replica group, load-scaled)
+    stage_backward_s: np.ndarray
+    stage_tp_s: np.ndarray
+    stage_zero3_s: np.ndarray
+    stage_sync_s: np.ndarray
+    stage_optimizer_s: np.ndarray
+    critical_sync_s: float
+    critical_optimizer_s: float
+    row_forward_s: np.ndarray  # one of the row's own micro-batches, with ZeRO-3 gathers
+    row_backward_s: np.ndarray
+    memory_terms: tuple[np.ndarray, ...]  # (weights, gradients, states, activations, other) per row
+    memory_total: np.ndarray
+    feasible: bool
+
+
+def _per_stage_max(values: np.ndarray, row_stage: np.ndarray, pp: int) -> np.ndarray:
+    out = np.full(pp, -np.inf)
+    np.maximum.at(out, row_stage, values)
+    return out
+
+
+@lru_cache(maxsize=4096)
+def _in_flight(pp: int, m: int, schedule: str, vpp: int) -> np.ndarray:
+    return np.array([micro_batches_in_flight(s, pp, m, schedule, vpp) for s in range(pp)])
+
+
+def _approximate_pipeline(f: np.ndarray, b: np.ndarray, m: int, vpp: int, p2p: np.ndarray, schedule: str) -> float:
+    """Fast estimate used to rank candidates: ``m`` periods of the slowest stage plus the others' fill and
+    drain (exact for uniform stages without transfers) plus the transfers of one fill and drain."""
     per = f + b
-    hops = sum(p2p) if schedule == "interleaved" else sum(p2p[:-1])
+    hops = float(p2p.sum() if schedule == "interleaved" else p2p[:-1].sum())
     fill = (per.sum() - per.max()) / (vpp if schedule == "interleaved" else 1)
     return float(m * per.max() + fill + 2 * hops)
 
 
-def _finish(model: LayerGraph, work: _Work, schedule: str, vpp: int, zero: int, exact: bool) -> Estimate:
-    spec = replace(work.spec, schedule=schedule, vpp=vpp, zero=zero)
-    m, pp, dtype = work.num_micro_batches, len(work.stages), spec.dtype
-    width = dtype_bytes(dtype)
-    fwd = np.empty(pp)
-    bwd = np.empty(pp)
-    tp_slot = np.empty(pp)
-    z3_slot = np.zeros(pp)
-    for s, st in enumerate(work.stages):
-        f_max = b_max = tp_max = z3_max = 0.0
-        for r in st.replicas:
-            load = r.num_micro_batches / m
-            f, b = r.forward_s, r.backward_s
-            z3 = 0.0
-            if zero == 3:
-                gather = zero3_gather_time_s(r.params_per_rank, st.dp_group, dtype)
-                z3 = max(0.0, gather - r.cal.dp_overlap * f) + max(0.0, gather - r.cal.dp_overlap * b)
-                f += max(0.0, gather - r.cal.dp_overlap * f)
-                b += max(0.0, gather - r.cal.dp_overlap * r.backward_s)
-            if (f + b) * load > (f_max + b_max):
-                f_max, b_max, tp_max, z3_max = f * load, b * load, r.tp_comm_s * load, z3 * load
-        fwd[s], bwd[s], tp_slot[s], z3_slot[s] = f_max, b_max, tp_max, z3_max
-    p2p = [st.p2p_s for st in work.stages]
-    if exact:
-        total_pipe, _ = pipeline_time(fwd, bwd, m, schedule, vpp, p2p)
+def _evaluate(work: _Work, schedule: str, vpp: int, zero: int, exact: bool,
+              pipelines: dict | None = None) -> _Result:
+    """Time and memory of ``work`` under one schedule and ZeRO stage. ``pipelines`` memoises the pipeline
+    part, which depends on the ZeRO stage only through ZeRO-3's gathers."""
+    pl = work.placement
+    pp, m = len(pl.stages), work.num_micro_batches
+    f, b = work.forward_s, work.backward_s
+    if zero == 3:
+        gather = pl.zero3_gather_s
+        f = f + np.maximum(0.0, gather - pl.dp_overlap * work.forward_s)
+        b = b + np.maximum(0.0, gather - pl.dp_overlap * work.backward_s)
+    load = work.row_micro_batches / m
+    slot_f, slot_b = f * load, b * load
+    if pl.single:
+        pick = np.arange(pp)
     else:
-        total_pipe = _approximate_pipeline(fwd, bwd, m, vpp, p2p, schedule)
-    # after the pipeline: each stage synchronises and steps once its own last backward is done
-    drained = 0.0
-    tail_end = total_pipe
+        order = np.lexsort((-(slot_f + slot_b), pl.row_stage))
+        pick = order[np.searchsorted(pl.row_stage[order], np.arange(pp))]
+    stage_f, stage_b = slot_f[pick], slot_b[pick]
+    stage_tp = (work.tp_comm_s * load)[pick]
+    stage_z3 = ((f - work.forward_s) + (b - work.backward_s))[pick] * load[pick]
+    p2p = work.p2p_s
+    key = (id(work), schedule, vpp, zero == 3, exact)
+    pipeline = pipelines.get(key) if pipelines is not None else None
+    if pipeline is None:
+        if exact:
+            pipeline, _ = pipeline_time(stage_f, stage_b, m, schedule, vpp, p2p)
+        else:
+            pipeline = _approximate_pipeline(stage_f, stage_b, m, vpp, p2p, schedule)
+        if pipelines is not None:
+            pipelines[key] = pipeline
+    # each stage synchronises and steps once its own last backward is done (earlier stages drain later)
+    window = pl.dp_overlap * work.backward_s / vpp  # the last micro-batch's backward (one chunk)
+    gather_window = pl.dp_overlap * work.forward_s / vpp  # the next iteration's first forward (one chunk)
+    sync_rows = exposed_sync_s(pl.reduce_s[zero], pl.gather_s[zero], pl.params, window, gather_window)
+    stage_sync = _per_stage_max(sync_rows, pl.row_stage, pp)
+    stage_opt = _per_stage_max(pl.optimizer_s[zero], pl.row_stage, pp)
+    drained = np.concatenate(([0.0], np.cumsum(stage_b / vpp + p2p)[:-1]))
+    finish = pipeline - drained
+    ends = finish + stage_sync + stage_opt
+    crit = int(np.argmax(ends))
     critical_sync = critical_opt = 0.0
-    stage_sync: list[float] = []
-    stage_opt: list[float] = []
-    for s, st in enumerate(work.stages):
-        finish = total_pipe - drained
-        drained += bwd[s] / vpp + st.p2p_s
-        sync = opt = 0.0
-        for r in st.replicas:
-            window = r.cal.dp_overlap * r.backward_s / vpp
-            sync = max(sync, dp_sync_time_s(r.params_per_rank, st.dp_group, zero, dtype, window))
-            opt = max(opt, optimizer_time_s(r.params_per_rank, r.node.device, spec.optimizer, zero, st.dp,
-                                            dtype, r.cal))
-        stage_sync.append(sync)
-        stage_opt.append(opt)
-        if finish + sync + opt > tail_end:
-            tail_end = finish + sync + opt
-            slack = total_pipe - finish
-            critical_sync = max(0.0, sync - slack)
-            critical_opt = tail_end - total_pipe - critical_sync
-    iteration = tail_end
-    # breakdown on the busiest stage
-    c = int(np.argmax(fwd + bwd))
-    busy = m * (fwd[c] + bwd[c])
-    bubble_all = max(0.0, total_pipe - busy)
-    hops = sum(p2p) if schedule == "interleaved" else sum(p2p[:-1])
-    pp_comm = min(bubble_all, 2.0 * hops)
-    breakdown = Breakdown(compute_s=busy - m * (tp_slot[c] + z3_slot[c]), tp_comm_s=m * tp_slot[c],
-                          pp_comm_s=pp_comm, dp_comm_s=m * z3_slot[c] + critical_sync,
-                          bubble_s=bubble_all - pp_comm, optimizer_s=critical_opt)
+    iteration = pipeline
+    if ends[crit] > pipeline:
+        iteration = float(ends[crit])
+        critical_sync = max(0.0, float(stage_sync[crit] - drained[crit]))
+        critical_opt = iteration - pipeline - critical_sync
     # memory
-    stages_out: list[StageEstimate] = []
-    worst = 0.0
+    flight = np.minimum(_in_flight(pp, m, schedule, vpp)[pl.row_stage], np.ceil(work.row_micro_batches - 1e-9))
+    transient = work.transient_bytes
+    if zero == 3:
+        transient = transient + 2.0 * pl.largest_layer_params * dtype_bytes(pl.dtype)  # gathered + prefetched
+    terms = memory_terms(pl.params, work.activation_bytes, flight, zero, pl.row_dp, pl.optimizer, pl.dtype, transient)
+    total = sum(terms)
+    return _Result(schedule, vpp, zero, iteration, float(pipeline), stage_f, stage_b, stage_tp, stage_z3,
+                   stage_sync, stage_opt, critical_sync, critical_opt, f, b, terms, total,
+                   bool(np.all(total <= pl.capacity)))
+
+
+def _rank_key(result: _Result, capacity: np.ndarray) -> tuple[int, float]:
+    """Feasible first, fastest first; then the least memory relative to capacity."""
+    if result.feasible:
+        return 0, result.iteration_s
+    return 1, float(np.max(result.memory_total / capacity))
+
+
+# ------------------------------------------------------------------------------------------ results
+
+
+def _to_estimate(work: _Work, result: _Result) -> Estimate:
+    pl = work.placement
+    m, pp = work.num_micro_batches, len(pl.stages)
+    f, b = result.stage_forward_s, result.stage_backward_s
+    c = int(np.argmax(f + b))
+    busy = m * float(f[c] + b[c])
+    bubble_all = max(0.0, result.pipeline_s - busy)
+    hops = float(work.p2p_s.sum() if result.schedule == "interleaved" else work.p2p_s[:-1].sum())
+    pp_comm = min(bubble_all, 2.0 * hops)
+    breakdown = Breakdown(compute_s=busy - m * float(result.stage_tp_s[c] + result.stage_zero3_s[c]),
+                          tp_comm_s=m * float(result.stage_tp_s[c]), pp_comm_s=pp_comm,
+                          dp_comm_s=m * float(result.stage_zero3_s[c]) + result.critical_sync_s,
+                          bubble_s=bubble_all - pp_comm, optimizer_s=result.critical_optimizer_s)
+    memories = [MemoryBreakdown(*(float(t[i]) for t in result.memory_terms)) for i in range(len(pl.rows))]
     reason = ""
-    for s, st in enumerate(work.stages):
-        in_flight = micro_batches_in_flight(s, pp, m, schedule, vpp)
-        reps: list[ReplicaEstimate] = []
-        for r in st.replicas:
-            transient = r.transient_bytes
-            if zero == 3:
-                layer_params = max(layer.params for layer in
-                                   model.layers[st.spec.first_layer:st.spec.last_layer + 1]) / r.spec.tp
-                transient += 2 * layer_params * width  # the gathered layer and the next one prefetched
-            flight = min(in_flight, math.ceil(r.num_micro_batches - 1e-9))
-            mem = stage_memory(r.params_per_rank, r.activation_bytes, flight, zero, st.dp, spec.optimizer,
-                               dtype, transient)
-            capacity = float(r.node.device.memory_bytes)
+    stages_out: list[StageEstimate] = []
+    for s, stage in enumerate(pl.stages):
+        reps = []
+        for i in np.flatnonzero(pl.row_stage == s):
+            r, node, mem = pl.rows[i], pl.nodes[i], memories[i]
+            capacity = float(pl.capacity[i])
             reps.append(ReplicaEstimate(
-                device_type=r.node.device.name, devices=r.spec.devices, tp=r.spec.tp, dp=r.spec.dp,
-                batch_share=r.spec.batch_share, num_micro_batches=r.num_micro_batches, forward_s=r.forward_s,
-                backward_s=r.backward_s, memory=mem, memory_capacity_bytes=capacity))
-            worst = max(worst, mem.total_bytes)
+                device_type=node.device.name, devices=r.devices, tp=r.tp, dp=r.dp, batch_share=r.batch_share,
+                num_micro_batches=float(work.row_micro_batches[i]), forward_s=float(result.row_forward_s[i]),
+                backward_s=float(result.row_backward_s[i]), memory=mem, memory_capacity_bytes=capacity))
             if mem.total_bytes > capacity and not reason:
-                reason = (f"stage {s} (layers {st.spec.first_layer}-{st.spec.last_layer}) on "
-                          f"{r.node.device.name} needs {mem.total_bytes / 1e9:.1f} GB per device "
-                          f"(weights {mem.weights_bytes / 1e9:.1f}, gradients {mem.gradients_bytes / 1e9:.1f}, "
-                          f"optimizer {mem.optimizer_bytes / 1e9:.1f}, activations "
-                          f"{mem.activations_bytes / 1e9:.1f}, other {mem.other_bytes / 1e9:.1f}) but has "
-                          f"{capacity / 1e9:.1f} GB")
+                reason = (f"stage {s} (layers {stage.first_layer}-{stage.last_layer}) on {node.device.name} needs "
+                          f"{mem.total_bytes / 1e9:.1f} GB per device (weights {mem.weights_bytes / 1e9:.1f}, "
+                          f"gradients {mem.gradients_bytes / 1e9:.1f}, optimizer {mem.optimizer_bytes / 1e9:.1f}, "
+                          f"activations {mem.activations_bytes / 1e9:.1f}, other {mem.other_bytes / 1e9:.1f}) "
+                          f"but has {capacity / 1e9:.1f} GB")
         top = max(reps, key=lambda x: x.memory.total_bytes / x.memory_capacity_bytes)
-        names = "+".join(dict.fromkeys(x.device_type for x in reps))
         stages_out.append(StageEstimate(
-            index=s, first_layer=st.spec.first_layer, last_layer=st.spec.last_layer, device_type=names,
-            devices=tuple(d for x in reps for d in x.devices), tp=st.replicas[0].spec.tp, dp=st.dp,
-            forward_s=float(fwd[s]), backward_s=float(bwd[s]), memory=top.memory,
-            memory_capacity_bytes=top.memory_capacity_bytes, replicas=tuple(reps), tp_comm_s=float(tp_slot[s]),
-            p2p_s=st.p2p_s, dp_sync_s=stage_sync[s], optimizer_s=stage_opt[s]))
-    config = ParallelConfig(global_batch=spec.global_batch, tp=work.stages[0].replicas[0].spec.tp, pp=pp,
-                            dp=work.stages[0].dp, micro_batch=spec.micro_batch, vpp=vpp, zero=zero,
-                            recompute=spec.recompute, sequence_parallel=spec.sequence_parallel,
-                            schedule=schedule, optimizer=spec.optimizer, dtype=dtype)
-    notes = tuple(sorted({f"{r.node.device.name}: no fitted calibration, profile efficiencies used as written"
-                          for st in work.stages for r in st.replicas if not r.cal.fitted}))
+            index=s, first_layer=stage.first_layer, last_layer=stage.last_layer,
+            device_type="+".join(dict.fromkeys(x.device_type for x in reps)),
+            devices=tuple(d for x in reps for d in x.devices), tp=stage.replicas[0].tp, dp=pl.stage_dp[s],
+            forward_s=float(f[s]), backward_s=float(b[s]), memory=top.memory,
+            memory_capacity_bytes=top.memory_capacity_bytes, replicas=tuple(reps),
+            tp_comm_s=float(result.stage_tp_s[s]), p2p_s=float(work.p2p_s[s]),
+            dp_sync_s=float(result.stage_sync_s[s]), optimizer_s=float(result.stage_optimizer_s[s])))
+    config = ParallelConfig(global_batch=work.global_batch, tp=pl.rows[0].tp, pp=pp, dp=pl.stage_dp[0],
+                            micro_batch=work.micro_batch, vpp=result.vpp, zero=result.zero,
+                            recompute=work.recompute, sequence_parallel=work.sequence_parallel,
+                            schedule=result.schedule, optimizer=pl.optimizer, dtype=pl.dtype)
+    notes = tuple(sorted({f"{cal_name}: no calibration of its own; the mean of the fitted device types' "
+                          "efficiency parameters is used"
+                          for cal_name, cal in ((n.device.name, c) for n, c in zip(pl.nodes, pl.cals))
+                          if not cal.fitted}))
+    iteration = result.iteration_s
     return Estimate(config=config, iteration_time_s=iteration,
-                    throughput_samples_per_s=spec.global_batch / iteration if iteration > 0 else 0.0,
-                    feasible=not reason, memory_per_device_bytes=worst, breakdown=breakdown,
-                    stages=tuple(stages_out), reason=reason, notes=notes)
+                    throughput_samples_per_s=work.global_batch / iteration if iteration > 0 else 0.0,
+                    feasible=not reason, memory_per_device_bytes=float(np.max(result.memory_total)),
+                    breakdown=breakdown, stages=tuple(stages_out), reason=reason, notes=notes)
 
 
 def estimate_pipeline(model: LayerGraph, cluster: Cluster, spec: PipelineSpec,
-                      calibration: Calibrations | None = None) -> Estimate:
+                      calibration: Calibrations | None = None, exact: bool = True) -> Estimate:
     """Time and memory of an explicit pipeline (see the module docstring for heterogeneous replicas).
-    Memory that does not fit gives ``feasible=False`` with a reason naming the stage, not an exception."""
+    Memory that does not fit gives ``feasible=False`` with a reason naming the stage, not an exception.
+    ``exact=False`` replaces the pipeline simulation by the fast bottleneck formula (for screening many
+    candidates; exact for uniform stages without transfers)."""
     _check_spec(model, cluster, spec)
-    if spec.schedule == "interleaved" and spec.vpp > 1 and len(spec.stages) > 1:
-        m = _work(model, cluster, spec, calibration).num_micro_batches
-        if m % len(spec.stages):
-            raise ConfigError(f"the interleaved schedule needs the number of micro-batches ({m}) to be a "
-                              f"multiple of pp={len(spec.stages)}")
-    work = _work(model, cluster, spec, calibration)
-    return _finish(model, work, spec.schedule, spec.vpp, spec.zero, exact=True)
+    placement = _placement(model, cluster, spec.stages, spec.optimizer, spec.dtype, calibration)
+    work = _work(model, cluster, placement, spec.global_batch, spec.micro_batch, spec.recompute,
+                 bool(spec.sequence_parallel))
+    if spec.schedule == "interleaved" and spec.vpp > 1 and work.num_micro_batches % len(spec.stages):
+        raise ConfigError(f"the interleaved schedule needs the number of micro-batches "
+                          f"({work.num_micro_batches}) to be a multiple of pp={len(spec.stages)}")
+    return _to_estimate(work, _evaluate(work, spec.schedule, spec.vpp, spec.zero, exact))
 
 
 # --------------------------------------------------------------------------- estimate(ParallelConfig)
@@ -381,12 +459,18 @@ def _candidates(model: LayerGraph, config: ParallelConfig) -> dict[str, list]:
     else:
         vpps = [v for v in divisors(units // pp) if units % (pp * v) == 0] if units % pp == 0 else [1]
         if config.schedule == "interleaved":
-            vpps = [v for v in vpps if v > 1] or [1]
+            vpps = [v for v in vpps if v > 1]
+            if not vpps:
+                raise ConfigError(f"the interleaved schedule needs the {units} layers to split into pp x vpp equal "
+                                  f"chunks with vpp > 1, and none does for pp={pp}; use --schedule 1f1b")
     return {
         "micro_batch": mbs,
         "recompute": [config.recompute] if config.recompute else ["none", "selective", "full"],
-        "sequence_parallel": [bool(config.sequence_parallel)] if config.sequence_parallel is not None or tp == 1
-        else [False, True],
+        # sequence parallelism is taken whenever tp > 1: its reduce-scatter plus all-gather move the bytes of
+        # the all-reduce it replaces, and it divides the remaining activations and element-wise work by tp
+        # (Korthikanti et al. 2022); pass sequence_parallel=False to estimate without it
+        "sequence_parallel": [bool(config.sequence_parallel)] if config.sequence_parallel is not None
+        else [tp > 1],
         "vpp": vpps,
         "zero": [config.zero] if config.zero is not None else ([0, 1, 2, 3] if dp > 1 else [0]),
     }
@@ -402,44 +486,43 @@ def estimate(model: LayerGraph, cluster: Cluster, config: ParallelConfig,
              calibration: Calibrations | None = None) -> Estimate:
     """Predict one configuration. Fields left None (micro_batch, recompute, sequence_parallel, vpp, zero,
     schedule) resolve to the fastest feasible choice (if none fits, the one needing the least memory,
-    with ``feasible=False``); ``Estimate.config`` says what they resolved to."""
+    with ``feasible=False``); ``Estimate.config`` says what they resolved to.
+
+    Candidates are ranked with a fast pipeline formula; the best few are then timed exactly (closed form or
+    simulation) and the best of those returned.
+    """
     check_config(model, cluster, config)
     tp, pp, dp = config.tp, config.pp, config.dp
     stages = _megatron_spec_stages(model, cluster, tp, pp, dp)
+    placement = _placement(model, cluster, stages, config.optimizer, config.dtype, calibration)
     options = _candidates(model, config)
-    ranked: list[tuple[tuple, Estimate, _Work, str, int, int]] = []
+    ranked: list[tuple[tuple[int, float], int, _Work, str, int, int]] = []
+    approximate: dict = {}
     for recompute in options["recompute"]:
         for sp in options["sequence_parallel"]:
             for mb in options["micro_batch"]:
-                spec = PipelineSpec(stages=stages, global_batch=config.global_batch, micro_batch=mb,
-                                    recompute=recompute, sequence_parallel=sp, optimizer=config.optimizer,
-                                    dtype=config.dtype)
-                work = _work(model, cluster, spec, calibration)
+                work = _work(model, cluster, placement, config.global_batch, mb, recompute, sp)
                 any_fits = False
                 for vpp in options["vpp"]:
                     if vpp > 1 and work.num_micro_batches % pp:
                         continue
                     schedule = _schedule_for(config, vpp)
                     for zero in options["zero"]:
-                        est = _finish(model, work, schedule, vpp, zero, exact=False)
-                        any_fits = any_fits or est.feasible
-                        key = (0, est.iteration_time_s) if est.feasible else (1, est.memory_per_device_bytes)
-                        ranked.append((key, est, work, schedule, vpp, zero))
-                if not any_fits and config.micro_batch is None and ranked:
+                        result = _evaluate(work, schedule, vpp, zero, False, approximate)
+                        any_fits = any_fits or result.feasible
+                        ranked.append((_rank_key(result, placement.capacity), len(ranked), work, schedule, vpp, zero))
+                if not any_fits and config.micro_batch is None:
                     break  # larger micro-batches only need more memory
     if not ranked:
         raise ConfigError(f"no schedule fits: the interleaved schedule needs the number of micro-batches to be "
                           f"a multiple of pp={pp}; use vpp 1 or another micro-batch")
-    ranked.sort(key=lambda item: item[0])
-    best: Estimate | None = None
-    for key, _, work, schedule, vpp, zero in ranked[:3]:
-        exact = _finish(model, work, schedule, vpp, zero, exact=True)
-        if best is None or (not exact.feasible, exact.iteration_time_s if exact.feasible
-                            else exact.memory_per_device_bytes) < \
-                (not best.feasible, best.iteration_time_s if best.feasible else best.memory_per_device_bytes):
-            best = exact
-    assert best is not None
-    return best
-
-
-__all__ = ["estimate", "estimate_pipeline", "balanced_split"]
+    ranked.sort(key=lambda item: (item[0], item[1]))
+    log.debug("estimate: %d candidates ranked, best %s", len(ranked), ranked[0][0])
+    # time exactly the candidates within FINALIST_MARGIN of the best by the fast formula (at most three)
+    head = [item for item in ranked[:3] if item[0][0] == ranked[0][0][0]
+            and item[0][1] <= ranked[0][0][1] * (1.0 + FINALIST_MARGIN)]
+    pipelines: dict = {}  # the works stay alive in `ranked`, so their ids are stable keys
+    finalists = [_evaluate(work, schedule, vpp, zero, True, pipelines) for _, _, work, schedule, vpp, zero in head]
+    works = [item[2] for item in head]
+    best = min(range(len(finalists)), key=lambda i: (_rank_key(finalists[i], placement.capacity), i))
+    return _to_estimate(works[best], finalists[best])

@@ -21,6 +21,8 @@ stage 3 also the weights.
 
 from __future__ import annotations
 
+import numpy as np
+
 from planner.errors import ConfigError
 from planner.types import MemoryBreakdown
 
@@ -78,30 +80,44 @@ def optimizer_state_bytes_per_param(optimizer: str, dtype: str) -> float:
     return table[optimizer]
 
 
-def stage_memory(params_per_rank: float, activation_bytes_per_micro_batch: float, micro_batches_in_flight: int,
-                 zero: int, dp: int, optimizer: str, dtype: str, transient_bytes: float = 0.0) -> MemoryBreakdown:
-    """Bytes per device of a stage whose ranks each hold ``params_per_rank`` parameters.
-
-    ``transient_bytes`` is memory needed only briefly on top of the steady state (the full activations of
-    one layer while it is recomputed, a ZeRO-3 gathered layer); it joins ``other_bytes`` with the margin.
-    """
-    if zero not in (0, 1, 2, 3):
-        raise ConfigError(f"zero={zero} is not a ZeRO stage; use 0, 1, 2 or 3")
-    if dp < 1:
-        raise ConfigError(f"dp={dp} must be at least 1")
+def memory_terms(params_per_rank, activation_bytes_per_micro_batch, micro_batches_in_flight, zero: int, dp,
+                 optimizer: str, dtype: str, transient_bytes=0.0) -> tuple:
+    """(weights, gradients, optimizer states, activations, other) bytes per device; the arguments may be
+    numpy arrays (one entry per stage or replica group). See ``stage_memory``."""
     width = dtype_bytes(dtype)
     weights = params_per_rank * width
     gradients = params_per_rank * width
     states = params_per_rank * optimizer_state_bytes_per_param(optimizer, dtype)
     if zero >= 1:
-        states /= dp
+        states = states / dp
     if zero >= 2:
-        gradients /= dp
+        gradients = gradients / dp
     if zero >= 3:
-        weights /= dp
-    activations = activation_bytes_per_micro_batch * max(0, micro_batches_in_flight)
+        weights = weights / dp
+    activations = activation_bytes_per_micro_batch * micro_batches_in_flight
     steady = weights + gradients + states + activations + transient_bytes
     other = transient_bytes + FRAGMENTATION_FRACTION * steady + FIXED_RESERVE_BYTES
+    return weights, gradients, states, activations, other
+
+
+def stage_memory(params_per_rank, activation_bytes_per_micro_batch, micro_batches_in_flight, zero: int, dp: int,
+                 optimizer: str, dtype: str, transient_bytes=0.0) -> MemoryBreakdown:
+    """Bytes per device of a stage whose ranks each hold ``params_per_rank`` parameters.
+
+    ``transient_bytes`` is memory needed only briefly on top of the steady state (the full activations of
+    one layer while it is recomputed, a ZeRO-3 gathered layer); it joins ``other_bytes`` with the margin
+    (``FRAGMENTATION_FRACTION`` of everything, plus ``FIXED_RESERVE_BYTES``). The numeric arguments may be
+    numpy arrays (the search passes a matrix of candidate stages); the fields are then arrays too.
+    """
+    if zero not in (0, 1, 2, 3):
+        raise ConfigError(f"zero={zero} is not a ZeRO stage; use 0, 1, 2 or 3")
+    if np.any(np.asarray(dp) < 1):
+        raise ConfigError(f"dp={dp} must be at least 1")
+    terms = memory_terms(params_per_rank, activation_bytes_per_micro_batch,
+                         np.maximum(0.0, micro_batches_in_flight), zero, dp, optimizer, dtype, transient_bytes)
+    if all(np.ndim(t) == 0 for t in terms):
+        terms = tuple(float(t) for t in terms)
+    weights, gradients, states, activations, other = terms
     return MemoryBreakdown(weights_bytes=weights, gradients_bytes=gradients, optimizer_bytes=states,
                            activations_bytes=activations, other_bytes=other)
 

@@ -30,6 +30,7 @@ as on mixed hardware, too). ``closed_form_time`` gives the textbook formulas, ex
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
@@ -105,25 +106,42 @@ def operation_order(stage: int, pp: int, num_micro_batches: int, schedule: str,
         return order
     # interleaved (Megatron-LM's forward_backward_pipelining_with_interleaving)
     total = m * vpp
-
-    def micro_batch(k: int) -> int:
-        return (k // (pp * vpp)) * pp + k % pp
-
-    def chunk(k: int, backward: bool) -> int:
-        c = (k // pp) % vpp
-        return vpp - 1 - c if backward else c
-
-    if m == pp:
-        warmup = total
-    else:
-        warmup = min((pp - stage - 1) * 2 + (vpp - 1) * pp, total)
-    order = [(False, chunk(k, False), micro_batch(k)) for k in range(warmup)]
+    group = pp * vpp
+    forwards = [(False, (k // pp) % vpp, (k // group) * pp + k % pp) for k in range(total)]
+    backwards = [(True, vpp - 1 - (k // pp) % vpp, (k // group) * pp + k % pp) for k in range(total)]
+    warmup = total if m == pp else min((pp - stage - 1) * 2 + (vpp - 1) * pp, total)
+    order = forwards[:warmup]
     for i in range(total - warmup):
-        k = warmup + i
-        order.append((False, chunk(k, False), micro_batch(k)))
-        order.append((True, chunk(i, True), micro_batch(i)))
-    order.extend((True, chunk(k, True), micro_batch(k)) for k in range(total - warmup, total))
+        order.append(forwards[warmup + i])
+        order.append(backwards[i])
+    order.extend(backwards[total - warmup:])
     return order
+
+
+# kinds of operations in a compiled program
+_FORWARD, _BACKWARD, _LAST_BACKWARD = 0, 1, 2
+
+
+@lru_cache(maxsize=64)
+def _program(pp: int, m: int, schedule: str, vpp: int) -> tuple[tuple[tuple[int, int, int, int, int], ...], ...]:
+    """Per stage, its operations as ``(slot, dependency slot or -1, kind, chunk, micro_batch)``; a slot
+    indexes the end-time table ``[backward][virtual stage][micro-batch]``, flattened."""
+    last_virtual = (vpp - 1) * pp + pp - 1
+    half = vpp * pp * m
+    programs = []
+    for s in range(pp):
+        ops = []
+        for backward, chunk, j in operation_order(s, pp, m, schedule, vpp):
+            virtual = chunk * pp + s
+            if not backward:
+                slot = virtual * m + j
+                ops.append((slot, (virtual - 1) * m + j if virtual else -1, _FORWARD, chunk, j))
+            elif virtual == last_virtual:
+                ops.append((half + virtual * m + j, virtual * m + j, _LAST_BACKWARD, chunk, j))
+            else:
+                ops.append((half + virtual * m + j, half + (virtual + 1) * m + j, _BACKWARD, chunk, j))
+        programs.append(tuple(ops))
+    return tuple(programs)
 
 
 def simulate_pipeline(stage_forward_s: Sequence[float], stage_backward_s: Sequence[float],
@@ -135,69 +153,60 @@ def simulate_pipeline(stage_forward_s: Sequence[float], stage_backward_s: Sequen
         raise ConfigError(f"the interleaved schedule needs the number of micro-batches "
                           f"({num_micro_batches}) to be a multiple of pp={len(f)}")
     pp, m, v = len(f), num_micro_batches, vpp
-    fc = [x / v for x in f]
-    bc = [x / v for x in b]
-    orders = [operation_order(s, pp, m, schedule, v) for s in range(pp)]
-    # end times, indexed [(chunk * pp + stage) * m + micro_batch]; None = not yet run
-    n = v * pp * m
-    f_end: list[float | None] = [None] * n
-    b_end: list[float | None] = [None] * n
+    programs = _program(pp, m, schedule, v)
+    end = [-1.0] * (2 * v * pp * m)
     free = [0.0] * pp
     ptr = [0] * pp
-    events: list[PipelineEvent] = []
-    last_virtual = (v - 1) * pp + pp - 1
-    remaining = sum(len(o) for o in orders)
+    # per stage: duration and arrival delay of each kind of operation
+    duration = [(f[s] / v, b[s] / v, b[s] / v) for s in range(pp)]
+    delay = [(c[(s - 1) % pp], c[s], 0.0) for s in range(pp)]
+    starts: list[list[float]] | None = [[] for _ in range(pp)] if record_events else None
+    remaining = sum(len(p) for p in programs)
     while remaining:
-        progressed = False
+        progressed = 0
         for s in range(pp):
-            order = orders[s]
+            program = programs[s]
             i = ptr[s]
-            while i < len(order):
-                backward, ch, j = order[i]
-                virtual = ch * pp + s
-                if not backward:
-                    if virtual == 0:
-                        ready = 0.0
-                    else:
-                        dep = f_end[(virtual - 1) * m + j]
-                        if dep is None:
-                            break
-                        ready = dep + c[(s - 1) % pp]
-                    start = ready if ready > free[s] else free[s]
-                    end = start + fc[s]
-                    f_end[virtual * m + j] = end
-                else:
-                    if virtual == last_virtual:
-                        dep = f_end[virtual * m + j]
-                        if dep is None:
-                            break
-                        ready = dep
-                    else:
-                        dep = b_end[(virtual + 1) * m + j]
-                        if dep is None:
-                            break
-                        ready = dep + c[s]
-                    start = ready if ready > free[s] else free[s]
-                    end = start + bc[s]
-                    b_end[virtual * m + j] = end
-                free[s] = end
-                if record_events:
-                    events.append(PipelineEvent(s, j, "backward" if backward else "forward", start, end, ch))
-                    sends = (not backward and virtual != last_virtual) or (backward and virtual != 0)
-                    if sends:
-                        link = s if not backward else (s - 1) % pp
-                        target = (s + 1) % pp if not backward else (s - 1) % pp
-                        del target
-                        events.append(PipelineEvent(s, j, "send", end, end + c[link], ch))
+            n = len(program)
+            t = free[s]
+            dur = duration[s]
+            dly = delay[s]
+            first = i
+            while i < n:
+                slot, dep, kind, _, _ = program[i]
+                if dep >= 0:
+                    ready = end[dep]
+                    if ready < 0.0:
+                        break
+                    ready += dly[kind]
+                    if ready > t:
+                        t = ready
+                if starts is not None:
+                    starts[s].append(t)
+                t += dur[kind]
+                end[slot] = t
                 i += 1
-                remaining -= 1
-                progressed = True
-            ptr[s] = i
+            if i != first:
+                progressed += i - first
+                ptr[s] = i
+                free[s] = t
         if not progressed:  # pragma: no cover - the schedules above never deadlock
             raise RuntimeError(f"pipeline simulation deadlocked ({schedule}, pp={pp}, m={m}, vpp={v})")
+        remaining -= progressed
     total = max(free)
     busy = tuple(m * (f[s] + b[s]) for s in range(pp))
-    events.sort(key=lambda e: (e.start_s, e.stage, e.kind, e.micro_batch, e.chunk))
+    events: list[PipelineEvent] = []
+    if starts is not None:
+        for s in range(pp):
+            for (slot, _, kind, chunk, j), start in zip(programs[s], starts[s]):
+                finish = end[slot]
+                backward = kind != _FORWARD
+                events.append(PipelineEvent(s, j, "backward" if backward else "forward", start, finish, chunk))
+                sends = (not backward and chunk * pp + s != (v - 1) * pp + pp - 1) or (backward and chunk * pp + s != 0)
+                if sends:
+                    link = s if not backward else (s - 1) % pp
+                    events.append(PipelineEvent(s, j, "send", finish, finish + c[link], chunk))
+        events.sort(key=lambda e: (e.start_s, e.stage, e.kind, e.micro_batch, e.chunk))
     return SimulationResult(total, tuple(events), busy)
 
 

@@ -28,21 +28,22 @@ def pipeline_units(model: LayerGraph) -> int:
     return blocks or len(model.layers)
 
 
-def attention_heads(model: LayerGraph) -> tuple[int, ...]:
-    """Head counts (query heads, and key/value heads where they differ) that tp must divide."""
-    counts: set[int] = set()
+def attention_heads(model: LayerGraph) -> tuple[tuple[int, str], ...]:
+    """Head counts that tp must divide: ``(count, "attention heads" | "key/value heads")``."""
+    counts: set[tuple[int, str]] = set()
     for layer in model.layers:
         if layer.transformer is not None:
-            counts.add(layer.transformer.heads)
-            if layer.transformer.kv_heads:
-                counts.add(layer.transformer.kv_heads)
+            counts.add((layer.transformer.heads, "attention heads"))
+            kv = layer.transformer.kv_heads
+            if kv and kv != layer.transformer.heads:
+                counts.add((kv, "key/value heads"))
     return tuple(sorted(counts))
 
 
 def valid_tps(model: LayerGraph, cluster: Cluster) -> list[int]:
     per_node = min(g.node.devices_per_node for g in cluster.groups)
     heads = attention_heads(model)
-    return [t for t in divisors(per_node) if all(h % t == 0 for h in heads)]
+    return [t for t in divisors(per_node) if all(h % t == 0 for h, _ in heads)]
 
 
 def check_config(model: LayerGraph, cluster: Cluster, config: ParallelConfig) -> None:
@@ -59,9 +60,9 @@ def check_config(model: LayerGraph, cluster: Cluster, config: ParallelConfig) ->
     if tp > per_node:
         raise ConfigError(f"tp={tp} is larger than a node: {smallest} has {per_node} devices and tensor "
                           f"parallelism stays inside a node; nearest valid tp: {nearest(tp, tps)}")
-    for heads in attention_heads(model):
+    for heads, what in attention_heads(model):
         if heads % tp:
-            raise ConfigError(f"tp={tp} does not divide the model's {heads} attention heads; "
+            raise ConfigError(f"tp={tp} does not divide the model's {heads} {what}; "
                               f"nearest valid tp: {nearest(tp, tps)}")
     if per_node % tp:
         raise ConfigError(f"tp={tp} does not divide the {per_node} devices of a {smallest} node, so a "

@@ -26,8 +26,5 @@ def require_uniform(plan: Plan, framework: str) -> tuple[int, int]:
 
 
 def pipeline_degree(plan: Plan) -> int:
-    """Physical pipeline stages: ``plan.stages`` lists model chunks in layer order, ``vpp`` per device."""
-    if len(plan.stages) % plan.vpp:
-        raise PlannerError(f"plan: {len(plan.stages)} stages is not a multiple of vpp {plan.vpp}; with an "
-                           "interleaved schedule the plan lists pp x vpp model chunks")
-    return len(plan.stages) // plan.vpp
+    """Pipeline stages (``vpp`` model chunks each under an interleaved schedule)."""
+    return len(plan.stages)

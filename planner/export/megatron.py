@@ -41,12 +41,12 @@ def megatron_args(plan: Plan) -> list[str]:
     pp = pipeline_degree(plan)
     if plan.dtype not in _DTYPE_ARGS:
         raise PlannerError(f"plan: dtype {plan.dtype!r} has no Megatron-LM option; use one of {sorted(_DTYPE_ARGS)}")
-    chunk_layers = [transformer_layers(s) for s in plan.stages]
+    stage_layers = [transformer_layers(s) for s in plan.stages]
     args = ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp),
-            "--num-layers", str(sum(chunk_layers))]
+            "--num-layers", str(sum(stage_layers))]
     if plan.vpp > 1:
         args += ["--num-virtual-stages-per-pipeline-rank", str(plan.vpp)]
-    args += _split_args(chunk_layers, plan.vpp)
+    args += _split_args(stage_layers, plan.vpp)
     args += ["--micro-batch-size", str(plan.micro_batch), "--global-batch-size", str(plan.global_batch)]
     if plan.sequence_parallel and tp > 1:
         args.append("--sequence-parallel")
@@ -60,24 +60,26 @@ def megatron_args(plan: Plan) -> list[str]:
     return args
 
 
-def _split_args(chunk_layers: list[int], vpp: int) -> list[str]:
+def _split_args(stage_layers: list[int], vpp: int) -> list[str]:
     """Nothing for an even split; ``--decoder-first/last-pipeline-num-layers`` when only the first and/or
     last stage differ (no interleaving); ``--pipeline-model-parallel-layout`` otherwise."""
-    if len(chunk_layers) == 1 or len(set(chunk_layers)) == 1:
+    if len(set(stage_layers)) == 1 and stage_layers[0] % vpp == 0:
         return []
     if vpp == 1:
-        middle = chunk_layers[1:-1]
+        middle = stage_layers[1:-1]
         if len(set(middle)) <= 1:
             even = middle[0] if middle else None
             args: list[str] = []
-            if even is None or chunk_layers[0] != even:
-                args += ["--decoder-first-pipeline-num-layers", str(chunk_layers[0])]
-            if even is None or chunk_layers[-1] != even:
-                args += ["--decoder-last-pipeline-num-layers", str(chunk_layers[-1])]
+            if even is None or stage_layers[0] != even:
+                args += ["--decoder-first-pipeline-num-layers", str(stage_layers[0])]
+            if even is None or stage_layers[-1] != even:
+                args += ["--decoder-last-pipeline-num-layers", str(stage_layers[-1])]
             return args
-    # Layout string: chunks separated by "|", "E" the embedding (first chunk), "t" a transformer layer,
-    # "L" the loss (last chunk).
-    parts = ["t" * n for n in chunk_layers]
+    # Layout string: pp x vpp chunks separated by "|", virtual round after virtual round (chunk v*pp + p runs
+    # on stage p); "E" the embedding (first chunk), "t" a transformer layer, "L" the loss (last chunk).
+    # A stage's layers are shared out over its vpp chunks as evenly as they go, the larger chunks first.
+    chunks = [[n // vpp + (1 if v < n % vpp else 0) for n in stage_layers] for v in range(vpp)]
+    parts = ["t" * size for round_ in chunks for size in round_]
     parts[0] = "E" + parts[0]
     parts[-1] = parts[-1] + "L"
     return ["--pipeline-model-parallel-layout", "|".join(parts)]

@@ -15,9 +15,9 @@ from typing import Any, Sequence
 
 import onnx
 
-from planner.errors import ConfigError, ModelError, PlannerError
+from planner.errors import ConfigError, PlannerError
 from planner.export.stages import StageModel, split_model
-from planner.plan import Plan
+from planner.plan import Plan, StagePlan
 from planner.types import LayerGraph
 
 log = logging.getLogger(__name__)
@@ -44,16 +44,6 @@ def stage_node_names(plan: Plan, layers: LayerGraph) -> list[set[str]]:
     return result
 
 
-def load_onnx(path: str) -> onnx.ModelProto:
-    """The graph of ``path`` without weight data (external data is never loaded)."""
-    try:
-        return onnx.load(path, load_external_data=False)
-    except FileNotFoundError:
-        raise ModelError(f"{path}: no such file") from None
-    except Exception as exc:  # protobuf DecodeError and friends: not an ONNX file
-        raise ModelError(f"{path}: not a readable ONNX model ({exc})") from None
-
-
 def split_plan(model: onnx.ModelProto, plan: Plan, layers: LayerGraph) -> list[StageModel]:
     names = stage_node_names(plan, layers)
     known = {node.name for node in model.graph.node}
@@ -64,20 +54,28 @@ def split_plan(model: onnx.ModelProto, plan: Plan, layers: LayerGraph) -> list[S
 
 
 def manifest(model_path: str, plan: Plan, stages: Sequence[StageModel]) -> dict[str, Any]:
+    """The split's ``manifest.json``: per stage its file, layers, devices, inputs (kind ``input``, ``weight``
+    or ``boundary`` with the stage that makes it) and outputs (the later stages that read them)."""
+    return {"model": os.path.basename(model_path),
+            "stages": [_stage_entry(stage, plan.stages[stage.index]) for stage in stages]}
+
+
+def _stage_entry(stage: StageModel, planned: StagePlan) -> dict[str, Any]:
     return {
-        "model": os.path.basename(model_path),
-        "stages": [{
-            "index": s.index,
-            "file": f"stage_{s.index}.onnx",
-            "first_layer": plan.stages[s.index].first_layer,
-            "last_layer": plan.stages[s.index].last_layer,
-            "layer_names": list(plan.stages[s.index].layer_names),
-            "num_nodes": s.num_nodes,
-            "inputs": [{"name": i.name, "kind": i.kind, **({"from_stage": i.from_stage} if i.from_stage is not None
-                                                            else {})} for i in s.inputs],
-            "outputs": [{"name": o.name, "to_stages": list(o.to_stages), "model_output": o.model_output}
-                        for o in s.outputs],
-        } for s in stages],
+        "index": stage.index,
+        "file": f"stage_{stage.index}.onnx",
+        "first_layer": planned.first_layer,
+        "last_layer": planned.last_layer,
+        "layer_names": list(planned.layer_names),
+        "device_type": planned.device_type,
+        "devices": list(planned.devices),
+        "tp": planned.tp,
+        "dp": planned.dp,
+        "num_nodes": stage.num_nodes,
+        "inputs": [{"name": i.name, "kind": i.kind, **({"from_stage": i.from_stage} if i.from_stage is not None
+                                                        else {})} for i in stage.inputs],
+        "outputs": [{"name": o.name, "to_stages": list(o.to_stages), "model_output": o.model_output}
+                    for o in stage.outputs],
     }
 
 

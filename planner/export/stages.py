@@ -8,10 +8,10 @@ A plan's stage ``i`` covers layers ``first_layer..last_layer``; the layers name 
 3. any other node goes to the earliest stage that reads its outputs (so a mask or position computation
    runs next to its first user and is handed on from there), or, when only graph outputs read it, to the
    latest stage among its producers;
-4. a node whose outputs nothing reads is dropped.
-
-The assignment must respect data flow (a stage never reads a tensor made by a later one); otherwise the
-layers are not in graph order and the split is refused. A stage's inputs are the original model inputs it
+4. a node whose outputs nothing reads is dropped;
+5. data flow wins: a node that reads a tensor made in a later stage moves to that stage (a shape query
+   the importer counted with an earlier layer, say). A stage left with nothing to compute is refused:
+   the plan's layers were not in graph order. A stage's inputs are the original model inputs it
 reads, the weights it reads (initializers become graph inputs of the same name, type and shape: their data
 is never read or copied, so external-data files stay where they are), and the boundary tensors made by
 earlier stages: every tensor a later stage reads, skip connections and attention masks included. Its
@@ -124,6 +124,7 @@ def assign_stages(graph: onnx.GraphProto, stage_nodes: Sequence[Collection[str]]
     outputs = {o.name for o in graph.output}
     stage_of: dict[int, int] = {}
     pending: list[int] = []
+    waiting: set[int] = set()
     # reverse topological order: a free node joins the earliest stage that reads it
     for i in reversed(order):
         node = nodes[i]
@@ -133,28 +134,41 @@ def assign_stages(graph: onnx.GraphProto, stage_nodes: Sequence[Collection[str]]
             stage_of[i] = by_name[node.name]
             continue
         readers = [stage_of[c] for c in consumers.get(i, ()) if c in stage_of]
-        needed = any(c in stage_of or c in pending for c in consumers.get(i, ())) or any(
+        needed = any(c in stage_of or c in waiting for c in consumers.get(i, ())) or any(
             t in outputs for t in node.output)
         if readers:
             stage_of[i] = min(readers)
         elif needed:
             pending.append(i)
+            waiting.add(i)
     # forward: nodes only graph outputs read join the latest stage among their producers
     for i in reversed(pending):  # pending was filled in reverse topological order
         producers = [stage_of[producer[t]] for t in subgraph_inputs(nodes[i])
                      if t in producer and producer[t] in stage_of]
         stage_of[i] = max(producers, default=0)
-    for i, stage in stage_of.items():
-        for t in subgraph_inputs(nodes[i]):
-            j = producer.get(t)
-            if j is not None and j in stage_of and stage_of[j] > stage:
-                raise PlannerError(
-                    f"stage {stage} (node '{nodes[i].name or nodes[i].op_type}') reads tensor '{t}' that stage "
-                    f"{stage_of[j]} makes: the plan's layers are not in graph order, so this split cannot run")
+    # data flow wins: a node that reads a tensor of a later stage moves to that stage (and its readers with it)
+    moved = 0
+    for i in order:
+        if i not in stage_of:
+            continue
+        latest = max((stage_of[producer[t]] for t in subgraph_inputs(nodes[i])
+                      if t in producer and producer[t] in stage_of), default=0)
+        if latest > stage_of[i]:
+            stage_of[i] = latest
+            moved += 1
+    if moved:
+        log.info("%d nodes read tensors of a later stage than their layer's and moved to that stage", moved)
+    named = [i for i in stage_of if nodes[i].name in by_name]
+    planned = {by_name[nodes[i].name] for i in named}
+    kept = {stage_of[i] for i in named if stage_of[i] == by_name[nodes[i].name]}
+    emptied = sorted(planned - kept)
+    if emptied:
+        raise PlannerError(f"stage {emptied[0]}: every node of its layers reads tensors of a later stage, so the "
+                           "plan's layers are not in graph order and this split cannot run")
     return stage_of
 
 
-def _is_constant_initializer(tensor: TensorProto) -> bool:
+def is_constant_initializer(tensor: TensorProto) -> bool:
     """Shapes, axes, indices and scalars, not weights (see the module docstring)."""
     if tensor.data_location == TensorProto.EXTERNAL:
         return False
@@ -216,7 +230,7 @@ def split_model(model: onnx.ModelProto, stage_nodes: Sequence[Collection[str]]) 
             if t in constants:
                 constant_nodes.append(constants[t])
             elif t in initializers:
-                if _is_constant_initializer(initializers[t]):
+                if is_constant_initializer(initializers[t]):
                     initializer_copies.append(initializers[t])
                 else:
                     inputs.append(StageInput(t, WEIGHT))
@@ -230,8 +244,9 @@ def split_model(model: onnx.ModelProto, stage_nodes: Sequence[Collection[str]]) 
             if later or t in model_outputs:
                 outputs.append(StageOutput(t, later, t in model_outputs))
         if not outputs:
-            raise PlannerError(f"stage {s} makes nothing that a later stage or the model's outputs need; "
-                               "give it layers that compute something")
+            raise PlannerError(f"stage {s} makes nothing that a later stage or the model's outputs need: its "
+                               "layers compute nothing, or they are not in graph order (every node of them reads "
+                               "a later stage's tensors); give each stage layers in graph order")
         stage_graph = helper.make_graph(
             nodes=[nodes[i] for i in sorted(set(constant_nodes), key=order.index)] + [nodes[i] for i in members[s]],
             name=f"{graph.name or 'model'}_stage_{s}",

@@ -21,9 +21,9 @@ from planner.plan import EmbeddingPlacement, Plan
 def local_device(plan: Plan, device: int) -> int:
     """The CUDA index on its node of global device ``device``, from the plan's cluster groups."""
     for group in plan.cluster.get("groups", ()):
-        start, per_node = group["first_device"], group["devices_per_node"]
-        if start <= device < start + group["count"] * per_node:
-            return (device - start) % per_node
+        start, total = group["first_device"], group["devices"]
+        if start <= device < start + total:
+            return (device - start) % (total // group["count"])
     raise PlannerError(f"plan: device {device} is in no group of the plan's cluster summary (cluster.groups); "
                        "re-create the plan with 'planner plan ... --out FILE'")
 

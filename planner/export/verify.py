@@ -2,7 +2,8 @@
 
 Every input of the model -- data and weights alike -- gets seeded random values: floats uniform in
 [-1, 1) (the variances a BatchNormalization reads: [0.5, 1.5), so its square root exists), integers uniform
-in [0, ``int_high``) (0 alone by default, an index valid in any table), booleans true. The stages
+in [0, ``int_high``) (0 alone by default, an index valid in any table), booleans true. Dropout runs as
+the identity (in training mode it draws a new mask on every run). The stages
 run in order, each fed the model inputs and weights it names and the boundary tensors earlier stages
 returned; the result is the largest absolute difference from the whole model over every model output.
 """
@@ -19,7 +20,23 @@ from planner.errors import ConfigError, PlannerError
 from planner.export.stages import StageModel
 
 
+def _without_dropout(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with every Dropout an Identity: a Dropout in training mode draws a new mask on each run, so
+    the whole model and its stages could never agree. (Dropouts whose mask output is used are kept.)"""
+    read = {t for node in model.graph.node for t in node.input}
+    if not any(n.op_type == "Dropout" and (len(n.output) < 2 or n.output[1] not in read) for n in model.graph.node):
+        return model
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for node in copy.graph.node:
+        if node.op_type == "Dropout" and (len(node.output) < 2 or node.output[1] not in read):
+            replacement = helper.make_node("Identity", [node.input[0]], [node.output[0]], name=node.name)
+            node.CopyFrom(replacement)
+    return copy
+
+
 def _session(model: onnx.ModelProto) -> Any:
+    model = _without_dropout(model)
     try:
         import onnxruntime
     except ImportError:
@@ -27,7 +44,25 @@ def _session(model: onnx.ModelProto) -> Any:
     options = onnxruntime.SessionOptions()
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.intra_op_num_threads = 1
+    options.log_severity_level = 3  # errors only: identity dropouts leave their ratio constants unused
     return onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def weights_as_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` whose weight initializers are graph inputs (the same rule as the split: integer
+    and one-element initializers stay), so that models without weight data can run on random weights."""
+    from planner.export.stages import is_constant_initializer
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    weights = [t for t in copy.graph.initializer if not is_constant_initializer(t)]
+    keep = [t for t in copy.graph.initializer if is_constant_initializer(t)]
+    del copy.graph.initializer[:]
+    copy.graph.initializer.extend(keep)
+    declared = {i.name for i in copy.graph.input}
+    copy.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                            for t in weights if t.name not in declared)
+    return copy
 
 
 def random_feeds(model: onnx.ModelProto, dims: Mapping[str, int], seed: int = 0,
@@ -36,7 +71,7 @@ def random_feeds(model: onnx.ModelProto, dims: Mapping[str, int], seed: int = 0,
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
     initializers = {t.name for t in model.graph.initializer}
-    variances = {n.input[4] for n in model.graph.node if n.op_type == "BatchNormalization" and len(n.input) > 4}
+    variances = _batchnorm_variances(model.graph)
     for value in model.graph.input:
         if value.name in initializers:
             continue
@@ -63,6 +98,19 @@ def random_feeds(model: onnx.ModelProto, dims: Mapping[str, int], seed: int = 0,
     return feeds
 
 
+def _batchnorm_variances(graph: onnx.GraphProto) -> set[str]:
+    """Graph inputs read as a BatchNormalization's variance, directly or through Identity nodes."""
+    identity_of = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "Identity"}
+    found = set()
+    for node in graph.node:
+        if node.op_type == "BatchNormalization" and len(node.input) > 4:
+            name = node.input[4]
+            while name in identity_of:
+                name = identity_of[name]
+            found.add(name)
+    return found
+
+
 def run_model(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     session = _session(model)
     names = [o.name for o in session.get_outputs()]
@@ -79,6 +127,24 @@ def run_stages(stages: Sequence[StageModel], feeds: Mapping[str, np.ndarray]) ->
             raise PlannerError(f"stage {stage.index} needs '{missing[0]}', which no input or earlier stage gives")
         values.update(run_model(stage.model, {i.name: values[i.name] for i in stage.inputs}))
     return values
+
+
+_HALF_EPSILON = {onnx.TensorProto.FLOAT16: 2.0**-11, onnx.TensorProto.BFLOAT16: 2.0**-8}
+
+
+def tolerance(model: onnx.ModelProto, stages: Sequence[StageModel], feeds: Mapping[str, np.ndarray],
+              absolute: float = 1e-4) -> float:
+    """The largest difference a correct split may show: ``absolute``, plus, when a boundary tensor is fp16 or
+    bf16, two roundings to that type at the scale of the outputs. (onnxruntime's CPU provider computes many
+    fp16 ops in fp32 and keeps consecutive ones in fp32; a stage boundary stores the tensor in its declared
+    type, so the split rounds where the whole model did not.)"""
+    types = {v.name: v.type.tensor_type.elem_type for s in stages for v in s.model.graph.output}
+    epsilon = max((_HALF_EPSILON.get(types.get(o.name, 0), 0.0) for s in stages for o in s.outputs if o.to_stages),
+                  default=0.0)
+    if epsilon == 0.0:
+        return absolute
+    scale = max(float(np.abs(np.asarray(v, dtype=np.float64)).max()) for v in run_model(model, feeds).values())
+    return absolute + 2 * epsilon * scale
 
 
 def max_abs_difference(model: onnx.ModelProto, stages: Sequence[StageModel],

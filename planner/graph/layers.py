@@ -11,13 +11,14 @@
 
 from __future__ import annotations
 
+import os
 import re
+from collections import Counter
 from dataclasses import dataclass
 
-from planner.graph.opgraph import Node, OpGraph
+from planner.graph.ir import Node, OpGraph
 
-_NUMBERED = re.compile(r"^(\D*?)_?(\d+)$")
-_MIN_SHARE = 0.05  # a module list must hold this share of the FLOPs to define blocks
+_MIN_SHARE = 0.05  # a module list with a single member must hold this share of the FLOPs to define a block
 _MAX_PERIOD = 8  # longest repeated run of structural pieces grouped into one block
 
 
@@ -30,14 +31,15 @@ class Unit:
     nodes: tuple[int, ...]
 
 
-def detect(graph: OpGraph, compute: list[Node], flops: dict[int, float], has_param: set[int],
+def detect(graph: OpGraph, compute: list[Node], flops: dict[int, float], anchors: set[int],
            table_nodes: set[int]) -> list[Unit]:
-    """Ordered pipeline units. ``flops`` and ``has_param`` are keyed by node index."""
+    """Ordered pipeline units. ``flops`` is keyed by node index; ``anchors`` are the nodes that carry a unit
+    (matrix products and table lookups: a normalisation or an activation alone does not make a unit)."""
     if not compute:
         return []
-    units = _by_scope(graph, compute, flops, has_param, table_nodes)
+    units = _by_scope(graph, compute, flops, anchors, table_nodes)
     if units is None:
-        units = _by_structure(graph, compute, has_param, table_nodes)
+        units = _by_structure(graph, compute, anchors, table_nodes)
     return units
 
 
@@ -46,15 +48,12 @@ def detect(graph: OpGraph, compute: list[Node], flops: dict[int, float], has_par
 
 def _scope_key(scope: tuple[str, ...], depth: int) -> tuple[tuple[str, ...], int] | None:
     comp = scope[depth]
-    if comp.isdigit():
-        return (scope[:depth], int(comp)) if depth > 0 else None
-    m = _NUMBERED.match(comp)
-    if m and m.group(1):
-        return scope[:depth] + (m.group(1),), int(m.group(2))
+    if comp.isdigit() and depth > 0:
+        return scope[:depth], int(comp)
     return None
 
 
-def _by_scope(graph: OpGraph, compute: list[Node], flops: dict[int, float], has_param: set[int],
+def _by_scope(graph: OpGraph, compute: list[Node], flops: dict[int, float], anchors: set[int],
               table_nodes: set[int]) -> list[Unit] | None:
     total = sum(flops.values()) or 1.0
     covered: dict[tuple[str, ...], dict[int, float]] = {}
@@ -64,11 +63,11 @@ def _by_scope(graph: OpGraph, compute: list[Node], flops: dict[int, float], has_
             if key:
                 covered.setdefault(key[0], {}).setdefault(key[1], 0.0)
                 covered[key[0]][key[1]] += flops.get(node.index, 0.0)
-    ranked = sorted(((sum(v.values()), k) for k, v in covered.items() if len(v) >= 2), key=lambda x: (-x[0], x[1]))
+    ranked = sorted(((sum(v.values()), k) for k, v in covered.items()), key=lambda x: (-x[0], x[1]))
     chosen: list[tuple[str, ...]] = []
     for share, key in ranked:
-        if share < _MIN_SHARE * total:
-            break
+        if share < _MIN_SHARE * total and len(covered[key]) < 2:
+            continue
         if any(key[:len(c)] == c or c[:len(key)] == key for c in chosen):
             continue
         chosen.append(key)
@@ -92,44 +91,75 @@ def _by_scope(graph: OpGraph, compute: list[Node], flops: dict[int, float], has_
             if key not in order:
                 order[key] = len(order)
             pos[node.index] = 2 * order[key] + 1
+    # a node without a scope goes where data flow puts it: inside a block when it both reads from and
+    # feeds that block (exporters drop the scope of some Split/Concat nodes), else in the gap after its inputs
+    scoped = set(pos)
+    lo: dict[int, int] = {}
     for node in compute:
-        if node.index in pos:
+        if node.index not in scoped:
+            lo[node.index] = max((pos.get(producer.get(t, -1), lo.get(producer.get(t, -1), 0))
+                                  for t in node.inputs if t), default=0)
+    hi: dict[int, float] = {}
+    for node in reversed(compute):
+        if node.index in scoped:
             continue
-        p = 0
-        for t in node.inputs:
-            q = pos.get(producer.get(t, -1))
-            if q is not None:
-                p = max(p, q + 1 if q % 2 else q)
-        pos[node.index] = p
+        bound = float("inf")
+        for t in node.outputs:
+            for user in graph.consumers.get(t, ()):
+                bound = min(bound, pos[user] if user in scoped else hi.get(user, float("inf")))
+        hi[node.index] = bound
+    for i, low in lo.items():
+        pos[i] = low if low % 2 == 0 or hi[i] <= low else low + 1
     groups: dict[int, list[int]] = {}
     for node in compute:
         groups.setdefault(pos[node.index], []).append(node.index)
+    # numbered modules that are a detail (a Sequential stem before named, unnumbered blocks) leave most
+    # matrix products between them: then the layers come from the graph's structure instead
+    products = {p: sum(1 for i in members if i in anchors and i not in table_nodes) for p, members in groups.items()}
+    in_gaps = max((v for p, v in products.items() if p % 2 == 0), default=0)
+    if in_gaps > max((v for p, v in products.items() if p % 2), default=1) and in_gaps > 1:
+        return None
     names = {2 * k + 1: ".".join(key[0] + (str(key[1]),)) for key, k in order.items()}
     last = max(groups)
     units: list[Unit] = []
     for p in sorted(groups):
         members = tuple(groups[p])
+        anchored = any(i in anchors for i in members)
         if p % 2:
-            units.append(Unit(names[p], "block", members))
-            continue
-        params = any(i in has_param for i in members)
-        if p == 0:
-            kind = "embedding" if any(i in table_nodes for i in members) else "other"
-            units.append(Unit("embedding" if kind == "embedding" else "input", kind, members))
+            if any(i in table_nodes for i in members):
+                kind = "embedding"
+            elif all(graph.nodes[i].op_type in _MLP_OPS for i in members):
+                kind = "mlp"
+            else:
+                kind = "block"
+            unit = Unit(names[p], kind, members)
+        elif p == 0:
+            table = any(i in table_nodes for i in members)
+            unit = Unit("embedding" if table else "stem", "embedding" if table else "other", members)
         elif p == last:
-            units.append(Unit("head", "head", members))
-        elif not params and units:
+            unit = Unit("head", "head", members)
+        else:
+            unit = Unit(f"between.{p // 2}", "other", members)
+        if not anchored and units and not (p == last and p % 2 == 0):
+            # no matrix product or lookup of its own (an activation module, a residual add): joins the unit before
             prev = units[-1]
             units[-1] = Unit(prev.name, prev.kind, tuple(sorted(prev.nodes + members)))
+        elif units and unit.kind == "embedding" and units[-1].kind == "embedding":
+            # one embedding unit for the lookups of several tables (each table is placed on its own anyway)
+            units[-1] = Unit("embedding", "embedding", tuple(sorted(units[-1].nodes + members)))
         else:
-            units.append(Unit(f"between.{p // 2}", "other", members))
+            units.append(unit)
+    if len(units) > 1 and not any(i in anchors for i in units[0].nodes):
+        # index arithmetic before the first unit with work of its own (slicing the sparse inputs)
+        units[1] = Unit(units[1].name, units[1].kind, tuple(sorted(units[0].nodes + units[1].nodes)))
+        units = units[1:]
     return units
 
 
 # ------------------------------------------------------------------------------------ graph structure
 
 
-def _by_structure(graph: OpGraph, compute: list[Node], has_param: set[int], table_nodes: set[int]) -> list[Unit]:
+def _by_structure(graph: OpGraph, compute: list[Node], anchors: set[int], table_nodes: set[int]) -> list[Unit]:
     where = {node.index: i for i, node in enumerate(compute)}
     n = len(compute)
     # live[b] = number of data tensors crossing the boundary after position b
@@ -164,7 +194,7 @@ def _by_structure(graph: OpGraph, compute: list[Node], has_param: set[int], tabl
         pieces.append([node.index for node in compute[start:b + 1]])
         start = b + 1
     pieces.append([node.index for node in compute[start:]])
-    pieces = _merge_weightless(pieces, has_param)
+    pieces = _merge_weightless(graph, pieces, anchors)
     sigs = [_signature(graph, piece) for piece in pieces]
     start, period, count = _best_run(sigs)
     units: list[Unit] = []
@@ -180,7 +210,7 @@ def _by_structure(graph: OpGraph, compute: list[Node], has_param: set[int], tabl
             continue
         units.append(Unit("", "", tuple(pieces[i])))
         i += 1
-    repeated = {s for s in sigs if sigs.count(s) >= 2} if len(sigs) < 2000 else set()
+    repeated = {s for s, count in Counter(sigs).items() if count >= 2}
     named: list[Unit] = []
     counters: dict[str, int] = {}
     for k, unit in enumerate(units):
@@ -200,32 +230,64 @@ def _by_structure(graph: OpGraph, compute: list[Node], has_param: set[int], tabl
         if kind in ("embedding", "head"):
             name = kind if kind not in counters else f"{kind}.{counters[kind]}"
         else:
-            name = unit.name or f"{kind}.{counters.get(kind, 0)}"
+            name = f"{kind}.{counters.get(kind, 0)}"
         counters[kind] = counters.get(kind, 0) + 1
         named.append(Unit(name, kind, unit.nodes))
-    return named
+    return _names_from_weights(graph, named)
+
+
+_WEIGHT_SUFFIX = re.compile(r"([._/-]?(weight|bias|w|b|W|B|kernel|scale|gamma|beta|bn_s|bn_b|s)(_\d+)?)+$")
+
+
+def _names_from_weights(graph: OpGraph, units: list[Unit]) -> list[Unit]:
+    """Name structural units after their weights where those share a module-like prefix
+    (``res2_0_branch2a_w_0`` + ``res2_0_branch2b_w_0`` -> ``res2_0``, ``h.3.attn.c_attn.weight`` ... -> ``h.3``);
+    otherwise keep ``block.N`` / ``other.N``. Names stay unique."""
+    proposals: list[str] = []
+    for unit in units:
+        roots = sorted({r for i in unit.nodes for t in graph.nodes[i].inputs for r in graph.param_roots.get(t, ())})
+        prefix = os.path.commonprefix(roots) if roots else ""
+        if len(roots) == 1:
+            prefix = _WEIGHT_SUFFIX.sub("", prefix)
+        else:
+            cut = max(prefix.rfind(c) for c in "._/")
+            prefix = prefix[:cut] if cut > 0 and roots[0][cut] in "._/" else ""
+        proposals.append(prefix)
+    taken = [p for p in proposals if p]
+    out = []
+    for unit, prefix in zip(units, proposals):
+        keep_kind_name = unit.kind in ("embedding", "head") or not prefix or taken.count(prefix) > 1
+        out.append(unit if keep_kind_name else Unit(prefix, unit.kind, unit.nodes))
+    return out
 
 
 _MLP_OPS = frozenset({"MatMul", "Gemm", "Add", "Relu", "Gelu", "Sigmoid", "Tanh", "Dropout", "Reshape", "Flatten",
-                      "Mul", "Erf", "Div", "Softmax", "LayerNormalization", "BatchNormalization", "Concat",
-                      "Identity", "Cast", "Squeeze", "Unsqueeze"})
+                      "Mul", "Erf", "Div", "LayerNormalization", "BatchNormalization", "Concat", "Identity", "Cast",
+                      "Squeeze", "Unsqueeze", "LeakyRelu"})
 
 
-def _merge_weightless(pieces: list[list[int]], has_param: set[int]) -> list[list[int]]:
-    """A piece without parameters joins the piece before it (the first one joins the next)."""
+def _merge_weightless(graph: OpGraph, pieces: list[list[int]], anchors: set[int]) -> list[list[int]]:
+    """A piece without a matrix product joins the piece before it; the first ones join the next, and so
+    does a piece with parameters just before the last anchored piece (a final norm belongs to the head)."""
+    anchored = [any(i in anchors for i in piece) for piece in pieces]
+    last_anchor = max((k for k, a in enumerate(anchored) if a), default=-1)
     merged: list[list[int]] = []
     pending: list[int] = []
-    for piece in pieces:
-        if any(i in has_param for i in piece):
+    for k, piece in enumerate(pieces):
+        if anchored[k]:
             merged.append(pending + piece)
             pending = []
-        elif merged:
-            merged[-1].extend(piece)
-        else:
+        elif not merged or (k == last_anchor - 1 and _has_params(graph, piece)):
             pending.extend(piece)
+        else:
+            merged[-1].extend(piece)
     if pending:
         merged.append(pending)
     return merged
+
+
+def _has_params(graph: OpGraph, piece: list[int]) -> bool:
+    return any(t in graph.param_roots for i in piece for t in graph.nodes[i].inputs)
 
 
 def _signature(graph: OpGraph, piece: list[int]) -> int:

@@ -1,109 +1,30 @@
-"""The operator graph: nodes in topological order, tensor shapes for ONE sample, and which tensors are
-weights or constants.
+"""Build the :class:`~planner.graph.ir.OpGraph` of an ONNX model: nodes in topological order (a cycle or a
+dangling tensor is a ModelError), exporter name scopes, weights and data inputs, bound dims, shapes for one
+sample, and which tensors are constants or parameters.
 
-Built once per import with plain dict/list passes (a 100k-node graph takes about a second). Symbolic
-dimensions are bound before ONNX shape inference runs: the batch dimension to 1 (numbers are per sample),
-every other one to the user's ``--dim`` value or the model's ``planner.default_dims`` metadata.
+Built once per import with plain dict/list passes. Symbolic dimensions are bound before ONNX shape inference
+runs: the batch dimension to 1 (numbers are per sample), every other one to the user's ``--dim`` value or the
+model's ``planner.default_dims`` metadata.
 """
 
 from __future__ import annotations
 
-import json
+import ast
+import heapq
 import logging
-from dataclasses import dataclass, field
 from typing import Mapping
 
 import onnx
-from onnx import TensorProto
 
 from planner.errors import ModelError
+from planner.graph.inputs import batch_dim_name, bind_dims, classify_inputs, reaches_param_slot
+from planner.graph.ir import FLOAT_TYPES, Node, OpGraph, numel_of
+from planner.graph.shapes import fill_shape_gaps, fold_and_reinfer, infer_shapes, prepare
 
 log = logging.getLogger(__name__)
 
-FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE,
-                         TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E5M2})
-# bytes per element as stored for integer/bool tensors; floats are costed at 2 bytes (bf16 training)
-_INT_BYTES = {TensorProto.INT64: 8, TensorProto.UINT64: 8, TensorProto.INT32: 4, TensorProto.UINT32: 4,
-              TensorProto.INT16: 2, TensorProto.UINT16: 2, TensorProto.INT8: 1, TensorProto.UINT8: 1,
-              TensorProto.BOOL: 1}
-_STORED_FLOAT_BYTES = {TensorProto.FLOAT: 4, TensorProto.FLOAT16: 2, TensorProto.BFLOAT16: 2, TensorProto.DOUBLE: 8,
-                       TensorProto.FLOAT8E4M3FN: 1, TensorProto.FLOAT8E5M2: 1}
-ACT_BYTES = 2  # bf16 activations and weights (planner.types conventions)
-
-# (op_type, input index) slots that hold parameters (used to tell weight graph inputs from data inputs)
-PARAM_SLOTS = {
-    "Conv": (1, 2), "ConvTranspose": (1, 2), "Gemm": (1, 2), "BatchNormalization": (1, 2, 3, 4),
-    "LayerNormalization": (1, 2), "InstanceNormalization": (1, 2), "GroupNormalization": (1, 2),
-    "SimplifiedLayerNormalization": (1,), "RMSNormalization": (1,), "SkipLayerNormalization": (2, 3, 4),
-    "Gather": (0,), "EmbeddingBag": (0,), "PRelu": (1,),
-}
-# running statistics are buffers, not trainable parameters
 _NOT_PARAMS = {"BatchNormalization": (3, 4)}
-_ELEMENTWISE_BINARY = frozenset({"Add", "Sub", "Mul", "Div"})
-# ops whose output is constant once every dimension is bound
 _SHAPE_OPS = frozenset({"Shape", "Size"})
-
-
-def stored_bytes(elem_type: int) -> int:
-    """Bytes per element of a tensor as stored on disk (for embedding-table sizes)."""
-    return _STORED_FLOAT_BYTES.get(elem_type) or _INT_BYTES.get(elem_type, 4)
-
-
-def act_bytes(elem_type: int | None) -> int:
-    """Bytes per element of an activation in training: 2 for floats (bf16), the stored size otherwise."""
-    if elem_type is None or elem_type in FLOAT_TYPES:
-        return ACT_BYTES
-    return _INT_BYTES.get(elem_type, ACT_BYTES)
-
-
-@dataclass
-class Node:
-    index: int  # position in topological order
-    name: str
-    op_type: str
-    domain: str
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    proto: onnx.NodeProto
-    scope: tuple[str, ...] = ()
-
-    def attr(self, name: str, default=None):
-        for a in self.proto.attribute:
-            if a.name == name:
-                return onnx.helper.get_attribute_value(a)
-        return default
-
-
-@dataclass
-class OpGraph:
-    name: str
-    nodes: list[Node]
-    shapes: dict[str, tuple[int, ...] | None]
-    types: dict[str, int]
-    const: set[str]  # tensors that do not depend on the data inputs (weights, shapes, constants)
-    params: dict[str, int]  # parameter tensor -> element count
-    param_roots: dict[str, tuple[str, ...]]  # constant tensor -> the parameters it is computed from
-    data_inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    producer: dict[str, int] = field(default_factory=dict)
-    consumers: dict[str, list[int]] = field(default_factory=dict)
-    batch: int = 1  # bound batch (reporting)
-    static_batch: int = 1  # a batch fixed inside the graph; costs are divided by it
-    dims: dict[str, int] = field(default_factory=dict)
-    family: str | None = None
-    warnings: list[str] = field(default_factory=list)
-
-    def numel(self, tensor: str) -> int | None:
-        shape = self.shapes.get(tensor)
-        if shape is None:
-            return None
-        n = 1
-        for d in shape:
-            n *= d
-        return n
-
-    def is_compute(self, node: Node) -> bool:
-        return not all((t in self.const) for t in node.outputs if t)
 
 
 # ------------------------------------------------------------------------------------------ building
@@ -119,14 +40,15 @@ def build(model: onnx.ModelProto, dims: Mapping[str, int] | None, name: str) -> 
             if t:
                 consumers.setdefault(t, []).append((node, slot))
 
-    weight_inputs, data_inputs = _classify_inputs(graph, init_names, consumers)
+    weight_inputs, data_inputs = classify_inputs(graph, init_names, consumers)
     meta = {p.key: p.value for p in model.metadata_props}
     family = meta.get("planner.family") or None
-    bound, user_batch, static_batch = _bind_dims(graph, data_inputs, dims or {}, meta, name)
-    batch_dim = _batch_name(graph, data_inputs)
-    shapes, types = _infer_shapes(model, bound, weight_inputs, data_inputs, name)
-
+    bound, user_batch, static_batch = bind_dims(graph, data_inputs, dims or {}, meta, name)
+    batch_dim = batch_dim_name(graph, data_inputs)
+    declared = prepare(model, bound, data_inputs)
+    shapes, types = infer_shapes(model, declared, name)
     const, param_roots, params = _constants(graph, nodes, init_names, weight_inputs, types, shapes, consumers)
+    shapes, types = fold_and_reinfer(model, nodes, const, shapes, types, declared, name)
     producer = {t: node.index for node in nodes for t in node.outputs if t}
     cons = {t: [n.index for n, _ in lst] for t, lst in consumers.items()}
     outputs = tuple(o.name for o in graph.output)
@@ -137,43 +59,48 @@ def build(model: onnx.ModelProto, dims: Mapping[str, int] | None, name: str) -> 
                  param_roots=param_roots, data_inputs=tuple(data_inputs), outputs=outputs, producer=producer,
                  consumers=cons, batch=user_batch if static_batch == 1 else static_batch,
                  static_batch=static_batch, dims=shown, family=family)
-    _fill_shape_gaps(op)
+    fill_shape_gaps(op)
     return op
 
 
 def _topological(graph: onnx.GraphProto, init_names: set[str], name: str) -> list[Node]:
     """Kahn's algorithm; a cycle or a tensor that nothing produces is a ModelError naming the node."""
     protos = list(graph.node)
+    _check_text(graph, name)
+    inputs_of = [tuple(p.input) + _implicit_inputs(p) if p.op_type in _SUBGRAPH_OPS or p.domain not in ("", "ai.onnx")
+                 else tuple(p.input) for p in protos]
     available = {i.name for i in graph.input} | init_names | {""}
     producer: dict[str, int] = {}
     for i, p in enumerate(protos):
         for t in p.output:
             if t:
-                if t in producer or t in available - {""}:
+                if t in producer or t in available:
                     raise ModelError(f"{name}: tensor '{t}' is produced twice (by node "
                                      f"'{p.name or p.op_type}'); the graph is not valid ONNX")
                 producer[t] = i
     waiting = [0] * len(protos)
     users: dict[int, list[int]] = {}
     for i, p in enumerate(protos):
-        deps = {producer[t] for t in p.input if t not in available and t in producer}
-        missing = [t for t in p.input if t not in available and t not in producer]
+        deps = {producer[t] for t in inputs_of[i] if t not in available and t in producer}
+        missing = [t for t in inputs_of[i] if t not in available and t not in producer]
         if missing:
             raise ModelError(f"{name}: node '{p.name or p.op_type}' reads tensor '{missing[0]}' that no node, "
-                             f"input or initializer provides; the graph is not valid ONNX")
+                             f"input or initializer provides (an export without its weights? keep the "
+                             f"initializers, e.g. torch.onnx.export(..., external_data=True); their data "
+                             f"is never read)")
         waiting[i] = len(deps)
         for d in deps:
             users.setdefault(d, []).append(i)
-    ready = [i for i in range(len(protos)) if waiting[i] == 0]
+    ready = [i for i in range(len(protos)) if waiting[i] == 0]  # a heap: file order among ready nodes
+    heapq.heapify(ready)
     order: list[int] = []
     while ready:
-        ready.sort(reverse=True)  # keep file order among ready nodes (deterministic)
-        i = ready.pop()
+        i = heapq.heappop(ready)
         order.append(i)
         for u in users.get(i, ()):
             waiting[u] -= 1
             if waiting[u] == 0:
-                ready.append(u)
+                heapq.heappush(ready, u)
     if len(order) != len(protos):
         stuck = next(i for i in range(len(protos)) if waiting[i] > 0)
         p = protos[stuck]
@@ -182,205 +109,64 @@ def _topological(graph: onnx.GraphProto, init_names: set[str], name: str) -> lis
     nodes = []
     for k, i in enumerate(order):
         p = protos[i]
-        nodes.append(Node(k, p.name, p.op_type, p.domain, tuple(p.input), tuple(p.output), p, _scope(p)))
+        nodes.append(Node(k, p.name, p.op_type, p.domain, inputs_of[i], tuple(p.output), p, _scope(p)))
     return nodes
 
 
+_SUBGRAPH_OPS = frozenset({"Loop", "If", "Scan", "SequenceMap"})
+
+
+def _check_text(graph: onnx.GraphProto, name: str) -> None:
+    """Protobuf hands back bytes for strings that are not valid UTF-8 (a corrupted file)."""
+    texts: set[type] = set()
+    for p in graph.node:
+        texts.update(map(type, (p.name, p.op_type, p.domain)))
+        texts.update(map(type, p.input))
+        texts.update(map(type, p.output))
+    texts.update(type(vi.name) for vi in list(graph.input) + list(graph.output) + list(graph.initializer))
+    if texts - {str}:
+        raise ModelError(f"{name}: a node or tensor name is not valid UTF-8; the file is corrupted")
+
+
+def _implicit_inputs(proto: onnx.NodeProto) -> tuple[str, ...]:
+    """Outer-scope tensors a Loop/If/Scan body reads (they are real inputs of the node)."""
+    bodies = [a.g for a in proto.attribute if a.type == onnx.AttributeProto.GRAPH]
+    bodies += [g for a in proto.attribute if a.type == onnx.AttributeProto.GRAPHS for g in a.graphs]
+    if not bodies:
+        return ()
+    used: dict[str, None] = {}
+    for body in bodies:
+        defined = {v.name for v in body.input} | {t.name for t in body.initializer}
+        for node in body.node:
+            for t in list(node.input) + list(_implicit_inputs(node)):
+                if t and t not in defined:
+                    used[t] = None
+            defined.update(node.output)
+        for v in body.output:
+            if v.name not in defined:
+                used[v.name] = None
+    return tuple(t for t in used if t not in proto.input)
+
+
 def _scope(proto: onnx.NodeProto) -> tuple[str, ...]:
-    """The exporter's module path of a node: dynamo's name_scopes metadata or TorchScript's /a/b/Op names."""
+    """The exporter's module path of a node, split at dots: ``("transformer", "h", "0", "attn")``.
+
+    The dynamo exporter writes ``pkg.torch.onnx.name_scopes`` metadata, a list of cumulative module paths
+    ending with the node's own name (``['', 'h.0', 'h.0.mlp', 'linear_2']``); TorchScript names nodes
+    ``/transformer/h.0/attn/MatMul``."""
     for prop in proto.metadata_props:
         if prop.key == "pkg.torch.onnx.name_scopes":
             try:
-                scopes = json.loads(prop.value.replace("'", '"'))
-            except ValueError:
-                break
-            parts: list[str] = []
-            for s in scopes:
-                for part in str(s).split("."):
-                    if part:
-                        parts.append(part)
-            # dynamo lists cumulative paths ('', 'transformer', 'transformer.h.0'): keep the longest
-            longest = max((str(s) for s in scopes), key=len, default="")
-            return tuple(p for p in longest.split(".") if p) if longest else tuple(parts)
+                scopes = ast.literal_eval(prop.value)
+            except (ValueError, SyntaxError):
+                return ()
+            if not isinstance(scopes, (list, tuple)) or len(scopes) < 2:
+                return ()
+            return tuple(p for p in str(scopes[-2]).split(".") if p)
     name = proto.name
     if name.startswith("/"):
-        parts = [p for p in name.split("/")[1:-1] if p]
-        out: list[str] = []
-        for p in parts:
-            out.extend(x for x in p.split(".") if x) if "." in p else out.append(p)
-        return tuple(out)
+        return tuple(p for part in name.split("/")[1:-1] for p in part.split(".") if p)
     return ()
-
-
-def _classify_inputs(graph: onnx.GraphProto, init_names: set[str],
-                     consumers: dict[str, list[tuple[Node, int]]]) -> tuple[set[str], list[str]]:
-    """Split graph inputs into weights (exports with export_params=False) and data inputs."""
-    weights: set[str] = set()
-    data: list[str] = []
-    for vi in graph.input:
-        if vi.name in init_names:
-            continue
-        ttype = vi.type.tensor_type
-        dims = ttype.shape.dim if ttype.HasField("shape") else ()
-        symbolic = any(not d.HasField("dim_value") for d in dims) or not ttype.HasField("shape")
-        is_float = ttype.elem_type in FLOAT_TYPES
-        uses = consumers.get(vi.name, [])
-        if is_float and not symbolic and uses and all(_param_slot(node, slot, vi.name, len(dims))
-                                                      for node, slot in uses):
-            weights.add(vi.name)
-        else:
-            data.append(vi.name)
-    return weights, data
-
-
-def _param_slot(node: Node, slot: int, tensor: str, rank: int) -> bool:
-    if slot in PARAM_SLOTS.get(node.op_type, ()):
-        return True
-    if node.op_type == "MatMul" and slot == 1 and rank == 2:
-        return True
-    if node.op_type in _ELEMENTWISE_BINARY and rank <= 1:
-        return True
-    return False
-
-
-def _batch_name(graph: onnx.GraphProto, data_inputs: list[str]) -> str | None:
-    names = _input_dim_names(graph, data_inputs)
-    if any(d == "batch" for _, _, d in names):
-        return "batch"
-    for _, pos, d in names:
-        if pos == 0:
-            return d
-    return None
-
-
-def _input_dim_names(graph: onnx.GraphProto, data_inputs: list[str]) -> list[tuple[str, int, str]]:
-    wanted = set(data_inputs)
-    out = []
-    for vi in graph.input:
-        if vi.name in wanted and vi.type.tensor_type.HasField("shape"):
-            for pos, d in enumerate(vi.type.tensor_type.shape.dim):
-                if not d.HasField("dim_value"):
-                    out.append((vi.name, pos, d.dim_param or f"{vi.name}[{pos}]"))
-    return out
-
-
-def _bind_dims(graph: onnx.GraphProto, data_inputs: list[str], dims: Mapping[str, int], meta: dict[str, str],
-               name: str) -> tuple[dict[str, int], int, int]:
-    """Values for every symbolic dim of the data inputs; the batch dim is bound to 1 (costs are per sample).
-
-    Returns (bindings used for shape inference, the user's batch, a batch fixed inside the graph)."""
-    defaults: dict[str, int] = {}
-    if "planner.default_dims" in meta:
-        try:
-            raw = json.loads(meta["planner.default_dims"])
-            defaults = {str(k): int(v) for k, v in raw.items()}
-        except (ValueError, TypeError, AttributeError):
-            raise ModelError(f"{name}: metadata 'planner.default_dims' is not a JSON object of integers; "
-                             f"rebuild the model with 'planner models build'") from None
-    batch_dim = _batch_name(graph, data_inputs)
-    user_batch = int(dims.get(batch_dim or "batch", dims.get("batch", 1)))
-    bound: dict[str, int] = {}
-    for inp, pos, dim in _input_dim_names(graph, data_inputs):
-        if dim == batch_dim:
-            bound[dim] = 1
-        elif dim in dims:
-            bound[dim] = int(dims[dim])
-        elif dim in defaults:
-            bound[dim] = defaults[dim]
-        elif dim not in bound:
-            raise ModelError(f"{name}: symbolic dimension '{dim}' of input '{inp}' is not bound; "
-                             f"pass --dim {dim}=INT (Python: dims={{'{dim}': INT}})")
-    known = {d for _, _, d in _input_dim_names(graph, data_inputs)} | {"batch"}
-    for dim in dims:
-        if dim not in known:
-            log.info("%s: --dim %s does not name a symbolic dimension of the model; ignored", name, dim)
-    static_batch = 1
-    if batch_dim is None:
-        leading = set()
-        wanted = set(data_inputs)
-        for vi in graph.input:
-            if vi.name in wanted and vi.type.tensor_type.HasField("shape"):
-                d = vi.type.tensor_type.shape.dim
-                if len(d) >= 2 and d[0].HasField("dim_value"):
-                    leading.add(d[0].dim_value)
-                else:
-                    leading.add(None)
-        if len(leading) == 1 and None not in leading and next(iter(leading)) > 1:
-            static_batch = next(iter(leading))
-    return bound, user_batch, static_batch
-
-
-def _infer_shapes(model: onnx.ModelProto, bound: dict[str, int], weight_inputs: set[str],
-                  data_inputs: list[str], name: str) -> tuple[dict[str, tuple[int, ...] | None], dict[str, int]]:
-    """ONNX shape inference on a weight-free copy of the model with every symbolic input dim bound."""
-    src = model.graph
-    g = onnx.GraphProto(name=src.name)
-    g.node.extend(src.node)
-    data_set = set(data_inputs)
-    for vi in src.input:
-        new = g.input.add()
-        new.CopyFrom(vi)
-        if vi.name in data_set:
-            for d in new.type.tensor_type.shape.dim:
-                if not d.HasField("dim_value"):
-                    key = d.dim_param or ""
-                    value = bound.get(key, 1)
-                    d.Clear()
-                    d.dim_value = value
-    declared = {vi.name for vi in src.input}
-    for t in src.initializer:
-        small = t.data_location != TensorProto.EXTERNAL and _numel(t.dims) <= 4096 and (
-            t.raw_data or _has_typed_data(t))
-        if small:
-            g.initializer.append(t)
-        if not small and t.name not in declared:
-            g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
-        elif not small:
-            # declared as input already (old IR); keep its declared type
-            pass
-    for vi in src.output:
-        out = g.output.add()
-        out.name = vi.name
-        out.type.tensor_type.elem_type = vi.type.tensor_type.elem_type
-    m = onnx.ModelProto(ir_version=model.ir_version, graph=g)
-    m.opset_import.extend(model.opset_import)
-    m.functions.extend(model.functions)
-    try:
-        inferred = onnx.shape_inference.infer_shapes(m, check_type=False, strict_mode=False, data_prop=True)
-    except (onnx.shape_inference.InferenceError, RuntimeError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelError(f"{name}: ONNX shape inference failed: {first}") from None
-    shapes: dict[str, tuple[int, ...] | None] = {}
-    types: dict[str, int] = {}
-    ig = inferred.graph
-    for vi in list(ig.input) + list(ig.value_info) + list(ig.output):
-        tt = vi.type.tensor_type
-        if not vi.type.HasField("tensor_type"):
-            continue
-        if tt.elem_type:
-            types[vi.name] = tt.elem_type
-        if tt.HasField("shape"):
-            dims = tt.shape.dim
-            if all(d.HasField("dim_value") for d in dims):
-                shapes[vi.name] = tuple(d.dim_value for d in dims)
-            else:
-                shapes.setdefault(vi.name, None)
-    for t in src.initializer:
-        shapes[t.name] = tuple(t.dims)
-        types[t.name] = t.data_type
-    return shapes, types
-
-
-def _numel(dims) -> int:
-    n = 1
-    for d in dims:
-        n *= d
-    return n
-
-
-def _has_typed_data(t: TensorProto) -> bool:
-    return bool(t.float_data or t.int32_data or t.int64_data or t.double_data or t.uint64_data
-                or t.string_data) or _numel(t.dims) == 0
 
 
 def _constants(graph: onnx.GraphProto, nodes: list[Node], init_names: set[str], weight_inputs: set[str],
@@ -394,15 +180,22 @@ def _constants(graph: onnx.GraphProto, nodes: list[Node], init_names: set[str], 
         uses = consumers.get(tensor, [])
         return bool(uses) and all(slot in _NOT_PARAMS.get(n.op_type, ()) for n, slot in uses)
 
+    def counts(tensor: str, n: int) -> bool:
+        """More than one element, or a single element in a parameter slot (a Gemm's 1-wide bias); scalar
+        constants (a scale, an epsilon) are not parameters."""
+        if not_param(tensor) or n == 0:
+            return False
+        return n > 1 or reaches_param_slot(tensor, 1, consumers, elementwise=False)
+
     for t in graph.initializer:
-        n = _numel(t.dims)
-        if t.data_type in FLOAT_TYPES and n > 1 and not not_param(t.name):
+        n = numel_of(t.dims)
+        if t.data_type in FLOAT_TYPES and counts(t.name, n) and len(t.dims) > 0:
             params[t.name] = n
             roots[t.name] = (t.name,)
     for t in weight_inputs:
         shape = shapes.get(t)
-        n = _numel(shape) if shape else 0
-        if n > 1 and not not_param(t):
+        n = numel_of(shape) if shape else 0
+        if counts(t, n):
             params[t] = n
             roots[t] = (t,)
     for node in nodes:
@@ -419,10 +212,11 @@ def _constants(graph: onnx.GraphProto, nodes: list[Node], init_names: set[str], 
                 if not out:
                     continue
                 const.add(out)
-                if node.op_type == "ConstantOfShape" and types.get(out) in FLOAT_TYPES:
+                # the light model zoo stores weights as ConstantOfShape(an initializer holding the shape)
+                if node.op_type == "ConstantOfShape" and ins and ins[0] in init_names and types.get(out) in FLOAT_TYPES:
                     shape = shapes.get(out)
-                    n = _numel(shape) if shape else 0
-                    if n > 1 and not not_param(out):
+                    n = numel_of(shape) if shape else 0
+                    if counts(out, n):
                         params[out] = n
                         roots[out] = (out,)
                         continue
@@ -432,52 +226,3 @@ def _constants(graph: onnx.GraphProto, nodes: list[Node], init_names: set[str], 
 
 
 # ------------------------------------------------------------------------------ shape gap filling
-
-_UNARY_SAME_SHAPE = frozenset({
-    "Relu", "Sigmoid", "Tanh", "Erf", "Gelu", "Exp", "Log", "Sqrt", "Neg", "Abs", "Reciprocal", "Cast",
-    "Identity", "Dropout", "Softmax", "LogSoftmax", "LayerNormalization", "BatchNormalization", "LeakyRelu",
-    "Elu", "Selu", "HardSigmoid", "HardSwish", "Softplus", "Mish", "Clip", "Sin", "Cos", "Not", "Floor", "Ceil",
-    "Round", "Sign", "SimplifiedLayerNormalization", "RMSNormalization", "InstanceNormalization",
-    "GroupNormalization", "CumSum", "IsNaN", "IsInf", "FastGelu", "QuickGelu", "BiasGelu",
-})
-_BROADCAST = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Where", "Equal", "Less",
-                        "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor", "Mod", "PRelu"})
-
-
-def _fill_shape_gaps(op: OpGraph) -> None:
-    """Propagate shapes through simple ops where ONNX inference left a gap (custom domains, functions)."""
-    shapes = op.shapes
-    missing = 0
-    for node in op.nodes:
-        if not node.outputs or not node.outputs[0] or shapes.get(node.outputs[0]) is not None:
-            continue
-        ins = [shapes.get(t) for t in node.inputs if t]
-        out = None
-        if node.op_type in _UNARY_SAME_SHAPE and ins and ins[0] is not None:
-            out = ins[0]
-        elif node.op_type in _BROADCAST and ins and all(s is not None for s in ins):
-            out = _broadcast([s for s in ins if s is not None])
-        if out is not None:
-            shapes[node.outputs[0]] = out
-            if node.outputs[0] not in op.types and node.inputs and node.inputs[0] in op.types:
-                op.types[node.outputs[0]] = op.types[node.inputs[0]]
-        elif op.is_compute(node):
-            missing += 1
-    if missing:
-        msg = (f"{missing} computed tensors have unknown shapes after shape inference; "
-               f"their ops are costed as zero")
-        log.warning("%s: %s", op.name, msg)
-        op.warnings.append(msg)
-
-
-def _broadcast(shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
-    rank = max(len(s) for s in shapes)
-    out = []
-    for i in range(rank):
-        d = 1
-        for s in shapes:
-            j = i - (rank - len(s))
-            if j >= 0 and s[j] != 1:
-                d = s[j]
-        out.append(d)
-    return tuple(out)

@@ -65,6 +65,8 @@ def device_from_document(doc: Document) -> DeviceProfile:
         memory_efficiency_curve=_pairs(data.get("memory_efficiency_curve", ())),
         op_overhead_s=float(data.get("op_overhead_s", 0.0)),
         description=data.get("description", ""),
+        conv_efficiency=_pairs(data.get("conv_efficiency", ())),
+        vector_flops_per_s=float(data.get("vector_flops_per_s", 0.0)),
     )
 
 
@@ -117,26 +119,23 @@ def node_names() -> list[str]:
     return sorted(_files("nodes", str(profiles_dir())))
 
 
-def get_device(name: str) -> DeviceProfile:
-    files = _files("devices", str(profiles_dir()))
+def _get(kind: str, name: str, load):
+    files = _files(f"{kind}s", str(profiles_dir()))
     key = name.strip().lower()
     if key not in files:
-        raise ClusterError(f"unknown device {name!r}{suggest(key, files)}; `planner devices` lists the catalog")
-    profile = _load_device(str(files[key]))
+        raise ClusterError(f"unknown {kind} {name!r}{suggest(key, files)}; `planner devices` lists the catalog")
+    profile = load(str(files[key]))
     if profile.name != key:
         raise ClusterError(f"{files[key]}: 'name' is {profile.name!r} but the file is named {key!r}")
     return profile
+
+
+def get_device(name: str) -> DeviceProfile:
+    return _get("device", name, _load_device)
 
 
 def get_node(name: str) -> NodeProfile:
-    files = _files("nodes", str(profiles_dir()))
-    key = name.strip().lower()
-    if key not in files:
-        raise ClusterError(f"unknown node {name!r}{suggest(key, files)}; `planner devices` lists the catalog")
-    profile = _load_node(str(files[key]))
-    if profile.name != key:
-        raise ClusterError(f"{files[key]}: 'name' is {profile.name!r} but the file is named {key!r}")
-    return profile
+    return _get("node", name, _load_node)
 
 
 def load_device_file(path: str | os.PathLike) -> DeviceProfile:

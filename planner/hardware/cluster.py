@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from bisect import bisect_right
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,8 @@ GB = catalog.GB
 US = catalog.US
 
 # Used where a file does not say; each has a source.
-DEFAULT_FABRIC_LATENCY_S = 1.0e-6  # ~130 ns per InfiniBand switch hop (NVIDIA Quantum QM8700 datasheet) x 3 hops + cables
+# ~130 ns per InfiniBand switch hop (NVIDIA Quantum QM8700 datasheet) x 3 hops of a fat tree, plus cables
+DEFAULT_FABRIC_LATENCY_S = 1.0e-6
 DEFAULT_OVERSUBSCRIPTION = 1.0  # full-bisection fat tree, as in NVIDIA's DGX SuperPOD reference architectures
 # An inline node that gives no latency/efficiency gets the figures of the catalog's DGX A100 node
 # (sources in hardware_profiles/nodes/dgx-a100-80gb.yaml).
@@ -36,8 +38,8 @@ def load_cluster(spec: str | os.PathLike) -> Cluster:
     """A Cluster from a file path (YAML/JSON) or a shorthand such as ``dgx-a100-80gb*16+hgx-v100-32gb*8``."""
     text = os.fspath(spec)
     path = Path(text)
-    if path.suffix.lower() in (".yaml", ".yml", ".json") or path.is_file():
-        return _cluster_from_document(read_document(path), path.parent)
+    if path.suffix.lower() in (".yaml", ".yml", ".json") or path.is_file() or "/" in text or os.sep in text:
+        return _cluster_from_document(read_document(path), path.parent)  # a missing file: "no such file"
     return parse_shorthand(text)
 
 
@@ -56,7 +58,8 @@ def parse_shorthand(text: str) -> Cluster:
             try:
                 count = int(count_text)
             except ValueError:
-                raise ClusterError(f"cluster {text!r}: node count {count_text!r} of {name!r} is not an integer") from None
+                raise ClusterError(f"cluster {text!r}: node count {count_text!r} of {name!r} is not an "
+                                   "integer") from None
             if count <= 0:
                 raise ClusterError(f"cluster {text!r}: node count of {name!r} must be positive, got {count}")
         groups.append((name.lower(), catalog.get_node(name), count))
@@ -179,11 +182,29 @@ def _assemble(groups: list[tuple[str, NodeProfile, int]], prices: list[float | N
 
 def locate(cluster: Cluster, device: int) -> tuple[int, int]:
     """(group index, node index within the whole cluster) of a global device id."""
-    node_offset = 0
-    for gi, group in enumerate(cluster.groups):
-        if group.first_device <= device < group.first_device + group.num_devices:
-            local = device - group.first_device
-            return gi, node_offset + local // group.node.devices_per_node
-        node_offset += group.count
+    firsts, node_offsets = _layout(cluster)
+    gi = bisect_right(firsts, device) - 1
+    if gi >= 0:
+        group = cluster.groups[gi]
+        local = device - group.first_device
+        if local < group.num_devices:
+            return gi, node_offsets[gi] + local // group.node.devices_per_node
     raise ClusterError(f"device {device} is not in the cluster (it has {cluster.num_devices} devices, 0.."
                        f"{cluster.num_devices - 1})")
+
+
+_LAYOUTS: dict[int, tuple[Cluster, tuple[int, ...], tuple[int, ...]]] = {}
+
+
+def _layout(cluster: Cluster) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Each group's first device and first node index, cached per cluster (the entry holds the cluster, so
+    its id is not reused while cached)."""
+    hit = _LAYOUTS.get(id(cluster))
+    if hit is not None and hit[0] is cluster:
+        return hit[1], hit[2]
+    firsts = tuple(g.first_device for g in cluster.groups)
+    offsets = tuple(sum(g.count for g in cluster.groups[:i]) for i in range(len(cluster.groups)))
+    if len(_LAYOUTS) > 256:
+        _LAYOUTS.clear()
+    _LAYOUTS[id(cluster)] = (cluster, firsts, offsets)
+    return firsts, offsets

@@ -190,12 +190,29 @@ def _inter_per_device_Bps(node: NodeProfile, cluster: Cluster) -> float:
     return node.inter_node_bandwidth_Bps * node.inter_node_efficiency / node.devices_per_node / cluster.oversubscription
 
 
+_GROUP_CACHE: dict[tuple[int, tuple[int, ...]], tuple[Cluster, CommGroup]] = {}
+_GROUP_CACHE_SIZE = 1 << 14
+
+
 def comm_group(cluster: Cluster, devices: Sequence[int]) -> CommGroup:
     """The CommGroup of a set of global device ids: ranks per node (the gcd of the per-node counts), the
     slowest node's links, and the network share of the group's ranks on a node. Every device of a node is
     assumed to communicate at once in parallel groups of the same shape (as in 3-D parallelism), so a group
     with ``r`` ranks on a node of ``d`` devices gets ``r/d`` of the node's NICs, divided by the fabric's
-    oversubscription; the inter-node latency includes the fabric's."""
+    oversubscription; the inter-node latency includes the fabric's. Results are cached per (cluster,
+    devices); the cache holds the cluster, so its id cannot be reused while the entry lives."""
+    key = (id(cluster), tuple(devices))
+    hit = _GROUP_CACHE.get(key)
+    if hit is not None and hit[0] is cluster:
+        return hit[1]
+    group = _comm_group(cluster, key[1])
+    if len(_GROUP_CACHE) >= _GROUP_CACHE_SIZE:
+        _GROUP_CACHE.clear()
+    _GROUP_CACHE[key] = (cluster, group)
+    return group
+
+
+def _comm_group(cluster: Cluster, devices: tuple[int, ...]) -> CommGroup:
     if not devices:
         raise ConfigError("communication group is empty")
     if len(set(devices)) != len(devices):
@@ -206,8 +223,8 @@ def comm_group(cluster: Cluster, devices: Sequence[int]) -> CommGroup:
         gi, node_index = locate(cluster, device)
         per_node[node_index] = per_node.get(node_index, 0) + 1
         nodes[node_index] = cluster.groups[gi].node
-    ranks_per_node = math.gcd(*per_node.values()) if per_node else 1
-    spanned = list(nodes.values())
+    ranks_per_node = math.gcd(*per_node.values())
+    spanned = list({id(node): node for node in nodes.values()}.values())
     return CommGroup(
         size=len(devices),
         ranks_per_node=ranks_per_node,

@@ -49,17 +49,20 @@ class Document:
         return self.where
 
 
-def _index_lines(node: yaml.Node, path: JsonPath, out: dict[JsonPath, int]) -> None:
+def _index_lines(node: yaml.Node, path: JsonPath, out: dict[JsonPath, int], where: str = "") -> None:
     out[path] = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
+        seen: set[str] = set()
         for key_node, value_node in node.value:
             key = key_node.value
-            out[path + (key,)] = key_node.start_mark.line + 1
-            _index_lines(value_node, path + (key,), out)
-            out[path + (key,)] = key_node.start_mark.line + 1
+            if key in seen:  # YAML would silently keep the last one
+                raise ClusterError(f"{where}:{key_node.start_mark.line + 1}: the key {key!r} appears twice; keep one")
+            seen.add(key)
+            _index_lines(value_node, path + (key,), out, where)
+            out[path + (key,)] = key_node.start_mark.line + 1  # a value's errors point at its key's line
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            _index_lines(item, path + (i,), out)
+            _index_lines(item, path + (i,), out, where)
 
 
 def parse_text(text: str, where: str) -> Document:
@@ -76,7 +79,7 @@ def parse_text(text: str, where: str) -> Document:
         raise ClusterError(f"{where}: malformed YAML/JSON: {exc}") from None
     lines: dict[JsonPath, int] = {}
     if root is not None:
-        _index_lines(root, (), lines)
+        _index_lines(root, (), lines, where)
     return Document(data=data, where=where, lines=lines)
 
 
@@ -135,7 +138,10 @@ def _resolve(schema: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
-def _first_error(value: Any, schema: dict[str, Any], root: dict[str, Any], path: JsonPath) -> tuple[JsonPath, str] | None:
+Error = tuple[JsonPath, str] | None
+
+
+def _first_error(value: Any, schema: dict[str, Any], root: dict[str, Any], path: JsonPath) -> Error:
     """The first violation as (path, message), or None."""
     schema = _resolve(schema, root)
     if "oneOf" in schema:
@@ -164,7 +170,7 @@ def _first_error(value: Any, schema: dict[str, Any], root: dict[str, Any], path:
     return None
 
 
-def _one_of(value: Any, schema: dict[str, Any], root: dict[str, Any], path: JsonPath) -> tuple[JsonPath, str] | None:
+def _one_of(value: Any, schema: dict[str, Any], root: dict[str, Any], path: JsonPath) -> Error:
     branches = [_resolve(b, root) for b in schema["oneOf"]]
     if all(set(b) == {"required"} for b in branches):  # "exactly one of these keys"
         keys = [b["required"][0] for b in branches]
@@ -181,14 +187,15 @@ def _one_of(value: Any, schema: dict[str, Any], root: dict[str, Any], path: Json
     return _first_error(value, typed[0], root, path)
 
 
-def _object_error(value: dict, schema: dict[str, Any], root: dict[str, Any], path: JsonPath) -> tuple[JsonPath, str] | None:
+def _object_error(value: dict, schema: dict[str, Any], root: dict[str, Any], path: JsonPath) -> Error:
     properties: dict[str, Any] = schema.get("properties", {})
     for key in value:
         if not isinstance(key, str):
             return path, f"{_field(path)} has a non-text key {key!r}"
         if key not in properties and schema.get("additionalProperties") is False:
             close = get_close_matches(key, sorted(properties), n=3, cutoff=0.5)
-            hint = f" (did you mean {', '.join(close)}?)" if close else f" (known keys: {', '.join(sorted(properties))})"
+            known = ", ".join(sorted(properties))
+            hint = f" (did you mean {', '.join(close)}?)" if close else f" (known keys: {known})"
             return path + (key,), f"{_field(path)} has an unknown key {key!r}{hint}"
     for key in schema.get("required", []):
         if key not in value:
@@ -205,7 +212,7 @@ def _object_error(value: dict, schema: dict[str, Any], root: dict[str, Any], pat
     return None
 
 
-def _array_error(value: list, schema: dict[str, Any], root: dict[str, Any], path: JsonPath) -> tuple[JsonPath, str] | None:
+def _array_error(value: list, schema: dict[str, Any], root: dict[str, Any], path: JsonPath) -> Error:
     if len(value) < schema.get("minItems", 0):
         return path, f"{_field(path)} needs at least {schema['minItems']} item(s), got {len(value)}"
     if "maxItems" in schema and len(value) > schema["maxItems"]:

@@ -73,6 +73,15 @@ def memory_efficiency(profile: DeviceProfile, nbytes: float) -> float:
     return profile.memory_efficiency
 
 
+def conv_efficiency(profile: DeviceProfile, flops: float) -> float:
+    return interpolate_log(profile.conv_efficiency or profile.gemm_efficiency, flops)
+
+
+def vector_flops_per_s(profile: DeviceProfile) -> float:
+    """Achieved rate of non-GEMM arithmetic: measured where the profile has it, else the fp32 peak."""
+    return profile.vector_flops_per_s or peak_flops_per_s(profile, "fp32")
+
+
 def compute_time_s(profile: DeviceProfile, flops: float, dtype: str = "bf16") -> float:
     """Time of ``flops`` of GEMM-like work at the size-dependent efficiency (no memory term, no overhead)."""
     if flops <= 0:
@@ -94,11 +103,22 @@ def matmul_time_s(profile: DeviceProfile, m: int, n: int, k: int, dtype: str = "
     return max(compute_time_s(profile, flops, dtype), memory_time_s(profile, nbytes))
 
 
+OP_KINDS = ("gemm", "conv", "vector")
+
+
 def op_time_s(profile: DeviceProfile, flops: float, nbytes: float, gemm: tuple[int, int, int] | None = None,
-              dtype: str = "bf16") -> float:
+              dtype: str = "bf16", kind: str = "gemm") -> float:
     """One op on one device: roofline of its FLOPs and bytes plus the profile's per-op overhead.
-    ``gemm`` (m, n, k) selects the GEMM curve by the op's own size; FLOPs of non-GEMM ops run at the
-    curve's efficiency for their FLOP count too (they are rarely the bound)."""
-    size = 2.0 * gemm[0] * gemm[1] * gemm[2] if gemm is not None else flops
-    compute = flops / (peak_flops_per_s(profile, dtype) * gemm_efficiency(profile, size)) if flops > 0 else 0.0
+
+    ``kind`` picks the compute rate: ``gemm`` (peak x GEMM curve at the op's own GEMM size ``gemm`` =
+    (m, n, k), or at its FLOPs), ``conv`` (peak x the convolution curve), ``vector`` (non-GEMM arithmetic:
+    normalisation, softmax, activations)."""
+    if flops <= 0:
+        compute = 0.0
+    elif kind == "vector":
+        compute = flops / vector_flops_per_s(profile)
+    else:
+        size = 2.0 * gemm[0] * gemm[1] * gemm[2] if gemm is not None else flops
+        curve = conv_efficiency if kind == "conv" else gemm_efficiency
+        compute = flops / (peak_flops_per_s(profile, dtype) * curve(profile, size))
     return max(compute, memory_time_s(profile, nbytes)) + profile.op_overhead_s

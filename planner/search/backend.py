@@ -14,9 +14,10 @@ then it still runs m backwards and m - w_s - 1 forwards, and its last gradient m
     pipeline >= sum_k (f_k + b_k) + 2 sum_{k<P-1} c_k + (m - 1) b_s + max(0, m - w_s - 1) f_s   for every s.
 
 Stage 0 finishes its backward last, so its exposed synchronisation and optimizer step r_0 follow the
-pipeline: T >= pipeline + r_0. Hence T >= sum_k S_k + max_k G_k + max_k R_k with
+pipeline: T >= pipeline + r_0. Since r_0 depends on stage 0's segment alone it is added to S_0, so
+T >= sum_k S_k + max_k G_k with
 
-    S_k = f_k + b_k + 2 c_k (c_{P-1} = 0),  G_k = (m - 1) b_k + max(0, m - w_k - 1) f_k,  R_0 = r_0, R_k = 0,
+    S_k = f_k + b_k + 2 c_k (+ r_0 for k = 0; c_{P-1} = 0),  G_k = (m - 1) b_k + max(0, m - w_k - 1) f_k,
 
 which is exact for identical stages (the textbook (m + P - 1)(f + b)) and is what
 :func:`planner.search.partition.solve_partition` minimises.
@@ -59,7 +60,8 @@ class Backend(Protocol):
 
     def stage_matrices(self, layout: Layout, settings: Settings, global_batch: int
                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(S, G, R) of the bound above, shape (P, L, L), S = inf where a segment does not fit in memory."""
+        """(S, G, R) of the bound above, shape (P, L, L), S = inf where a segment does not fit in memory
+        (R is a max-term the DP also supports; this bound needs none, so it is zero)."""
         ...
 
     def evaluate(self, spec: PipelineSpec) -> Estimate:
@@ -72,11 +74,24 @@ def prefix(values: np.ndarray) -> np.ndarray:
     return np.concatenate(([0.0], np.cumsum(values, dtype=np.float64)))
 
 
+_BELOW: dict[int, np.ndarray] = {}
+
+
+def _below_diagonal(n: int) -> np.ndarray:
+    """Boolean mask of the entries i > j of an n x n matrix (memoised; read-only)."""
+    mask = _BELOW.get(n)
+    if mask is None:
+        mask = np.tri(n, n, -1, dtype=bool)
+        mask.setflags(write=False)
+        _BELOW[n] = mask
+    return mask
+
+
 def segment_sums(values: np.ndarray) -> np.ndarray:
     """``S[i, j]`` = sum of values[i..j] for i <= j (upper triangle), NaN below the diagonal."""
     c = prefix(np.asarray(values, dtype=float))
     out = c[None, 1:] - c[:-1, None]
-    out[np.tril_indices(len(values), -1)] = np.nan
+    out[_below_diagonal(len(values))] = np.nan
     return out
 
 
@@ -110,9 +125,10 @@ def bound_matrices(forward: list[np.ndarray], backward: list[np.ndarray], p2p: l
         f, b = forward[k], backward[k]
         send = 0.0 if p2p[k] is None else 2.0 * np.asarray(p2p[k])[None, :]
         s = f + b + send
+        if k == 0:
+            s = s + np.asarray(tail0, dtype=float)[None, :]
         g = (m - 1) * b + max(0, m - warmup(k, P, m) - 1) * f
         ok = fits[k] & np.isfinite(s)
         S[k] = np.where(ok, s, np.inf)
         G[k] = np.where(ok, g, np.inf)
-    R[0] = np.asarray(tail0, dtype=float)[None, :]
     return S, G, R

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from planner.hardware.cluster import locate
-from planner.plan import Plan, SearchInfo, StagePlan
+from planner.plan import Plan, SearchInfo, StagePlan, cluster_summary
 from planner.types import Cluster, Estimate, LayerGraph, PipelineSpec
 
 
@@ -19,13 +19,6 @@ def physical_bound_s(model: LayerGraph, cluster: Cluster, spec: PipelineSpec) ->
     return 3.0 * model.flops_forward * spec.global_batch / peak if peak else 0.0
 
 
-def cluster_summary(cluster: Cluster) -> dict:
-    return {"name": cluster.name, "num_devices": cluster.num_devices,
-            "groups": [{"name": g.name, "node": g.node.name, "device": g.node.device.name, "count": g.count,
-                        "devices": g.num_devices, "first_device": g.first_device}
-                       for g in cluster.groups]}
-
-
 def to_plan(model: LayerGraph, cluster: Cluster, spec: PipelineSpec, estimate: Estimate, search: SearchInfo,
             bottleneck: str) -> Plan:
     stages = []
@@ -34,12 +27,13 @@ def to_plan(model: LayerGraph, cluster: Cluster, spec: PipelineSpec, estimate: E
         stages.append(StagePlan(
             index=k, first_layer=stage.first_layer, last_layer=stage.last_layer,
             layer_names=tuple(layer.name for layer in model.layers[stage.first_layer:stage.last_layer + 1]),
+            layer_kinds=tuple(layer.kind for layer in model.layers[stage.first_layer:stage.last_layer + 1]),
             device_type=est.device_type, devices=replica.devices, tp=replica.tp, dp=replica.dp,
             recompute=spec.recompute, memory_bytes_per_device=float(est.memory.total_bytes),
             time_s=float(est.forward_s + est.backward_s)))
     m = spec.global_batch // (spec.micro_batch * spec.stages[0].replicas[0].dp)
     return Plan(
-        model={"name": model.name, "params": model.params, "flops_per_sample": 3.0 * model.flops_forward,
+        model={"name": model.name, "params": model.params, "flops_per_sample": model.flops_forward,
                "layers": len(model.layers)},
         cluster=cluster_summary(cluster), global_batch=spec.global_batch, micro_batch=spec.micro_batch,
         num_micro_batches=m, schedule=spec.schedule, zero=spec.zero,

@@ -25,7 +25,12 @@ from typing import Callable
 
 import numpy as np
 
-_BATCH = 32  # thresholds solved together in one vectorised DP
+_BATCH_ELEMENTS = 400_000  # thresholds solved together in one vectorised DP: batch x stages x layers^2 at most
+
+
+def _batch(S: np.ndarray) -> int:
+    P, L, _ = S.shape
+    return int(max(1, min(32, _BATCH_ELEMENTS // (P * L * L))))
 
 
 @dataclass(frozen=True)
@@ -46,23 +51,41 @@ def stage_bounds(last_layers: tuple[int, ...]) -> list[tuple[int, int]]:
     return out
 
 
-def _min_sum(S: np.ndarray, G: np.ndarray, R: np.ndarray, t_g: np.ndarray, t_r: float
-             ) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Least sum of S under thresholds ``t_g`` (a batch) and ``t_r``; with back-pointers."""
+def _min_sum(S: np.ndarray, G: np.ndarray, R: np.ndarray, t_g: np.ndarray, t_r: np.ndarray | float,
+             pointers: bool = True) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Least sum of S under thresholds ``t_g`` and ``t_r`` (a batch each, or a scalar t_r); with
+    back-pointers when asked."""
     P, L, _ = S.shape
     B = len(t_g)
+    t_r = np.broadcast_to(np.asarray(t_r, dtype=float), (B,))
     f = np.full((B, L + 1), np.inf)
     f[:, 0] = 0.0
-    pointers = []
+    back = []
     for k in range(P):
-        Sk = np.where(R[k] <= t_r, S[k], np.inf)
-        masked = np.where(G[k][None, :, :] <= t_g[:, None, None], Sk[None, :, :], np.inf)  # (B, i, j)
-        cand = f[:, :L, None] + masked
-        arg = np.argmin(cand, axis=1)  # (B, j)
-        g = np.take_along_axis(cand, arg[:, None, :], axis=1)[:, 0, :]
-        f = np.concatenate((np.full((B, 1), np.inf), g), axis=1)
-        pointers.append(arg)
-    return f[:, L], pointers
+        allowed = (G[k][None, :, :] <= t_g[:, None, None]) & (R[k][None, :, :] <= t_r[:, None, None])
+        cand = f[:, :L, None] + np.where(allowed, S[k][None, :, :], np.inf)  # (B, i, j)
+        if pointers:
+            arg = np.argmin(cand, axis=1)  # (B, j)
+            g = np.take_along_axis(cand, arg[:, None, :], axis=1)[:, 0, :]
+            back.append(arg)
+        else:
+            g = cand.min(axis=1)
+        f[:, 1:] = g
+        f[:, 0] = np.inf
+    return f[:, L], back
+
+
+def _min_max(S: np.ndarray, G: np.ndarray, R: np.ndarray, t_r: float) -> float:
+    """The least possible max over stages of G among partitions that fit (and have every R <= t_r):
+    a bottleneck DP, h[j] = min_i max(h[i], G_k[i, j - 1])."""
+    P, L, _ = S.shape
+    h = np.full(L + 1, np.inf)
+    h[0] = -np.inf
+    for k in range(P):
+        Gk = np.where(np.isfinite(S[k]) & (R[k] <= t_r), G[k], np.inf)
+        cand = np.maximum(h[:L, None], Gk)
+        h = np.concatenate(([np.inf], cand.min(axis=0)))
+    return float(h[L])
 
 
 def _backtrack(pointers: list[np.ndarray], b: int, num_layers: int) -> tuple[int, ...]:
@@ -83,52 +106,85 @@ def score(S: np.ndarray, G: np.ndarray, R: np.ndarray, last_layers: tuple[int, .
     return float(s + g + r), float(g), float(r)
 
 
-def _first_feasible(values: np.ndarray, feasible: Callable[[float], bool]) -> tuple[int, int]:
-    """Index of the least value that is feasible (feasibility grows with the value), and the DP runs spent."""
+def _first_feasible(values: np.ndarray, feasible: Callable[[np.ndarray], np.ndarray], batch: int
+                    ) -> tuple[int, int]:
+    """Index of the least value that is feasible (feasibility grows with the value; ``len(values)`` if none),
+    by a search that tests up to ``batch`` values per vectorised DP; and the DP runs spent."""
     lo, hi, runs = 0, len(values), 0
     while lo < hi:
-        mid = (lo + hi) // 2
+        count = min(batch, hi - lo)
+        probe = np.unique(lo + ((hi - lo) * np.arange(1, count + 1)) // (count + 1))  # interior points
+        ok = feasible(values[probe])
         runs += 1
-        if feasible(float(values[mid])):
-            hi = mid
+        hit = np.flatnonzero(ok)
+        if len(hit) == 0:
+            lo = int(probe[-1]) + 1
         else:
-            lo = mid + 1
+            p = int(hit[0])
+            hi = int(probe[p])
+            lo = int(probe[p - 1]) + 1 if p > 0 else lo
     return lo, runs
 
 
 def _scan(S, G, R, t_r: float, incumbent: tuple[tuple[int, ...] | None, float],
           value: Callable[[tuple[int, ...]], float]) -> tuple[tuple[int, ...] | None, float, int]:
-    """Best partition by ``value`` among those with every R <= t_r, scanning t_g upwards. The bound at t_g is
-    V(t_g, t_r) + t_g (+ t_r when finite), never above the value of the partition it returns."""
+    """Best partition by ``value`` among those with every R <= t_r, over all thresholds t_g.
+
+    Branch and bound over intervals [a, b] of the sorted G values: V(t) (least sum under G <= t) does not
+    increase with t, so every threshold in [a, b] scores at least V(g_b) + g_a; an interval whose V is
+    constant is best at its left end. The score at t bounds the value of the partition the DP returns there.
+    """
     L = S.shape[1]
     best_last, best_val = incumbent
     allowed = np.isfinite(S) & (R <= t_r)
     if not allowed.any():
         return best_last, best_val, 0
     tr_term = 0.0 if t_r == np.inf else t_r
-    v_all, _ = _min_sum(S, G, R, np.array([np.inf]), t_r)
-    runs = 1
-    v_low = float(v_all[0])  # least sum under t_r: bounds every t_g
-    if not np.isfinite(v_low):
-        return best_last, best_val, runs
     g_values = np.unique(G[allowed])
-    start, spent = _first_feasible(
-        g_values, lambda t: bool(np.isfinite(_min_sum(S, G, R, np.array([t]), t_r)[0][0])))
-    runs += spent
-    while start < len(g_values):
-        if v_low + g_values[start] + tr_term >= best_val:
-            break
-        batch = g_values[start:start + _BATCH]
-        sums, ptr = _min_sum(S, G, R, batch, t_r)
-        runs += 1
-        bounds = sums + batch + tr_term
-        b = int(np.argmin(bounds))
-        if bounds[b] < best_val:
-            last = _backtrack(ptr, b, L)
+    solved: dict[int, float] = {}
+    runs = 0
+
+    def V(index: int) -> float:
+        nonlocal runs
+        if index not in solved:
+            sums, _ = _min_sum(S, G, R, g_values[index:index + 1], t_r, pointers=False)
+            runs += 1
+            solved[index] = float(sums[0])
+        return solved[index]
+
+    def consider(index: int) -> None:
+        nonlocal best_last, best_val, runs
+        if np.isfinite(V(index)) and V(index) + g_values[index] + tr_term < best_val:
+            _, ptr = _min_sum(S, G, R, g_values[index:index + 1], t_r)
+            runs += 1
+            last = _backtrack(ptr, 0, L)
             val = value(last)
             if val < best_val:
                 best_val, best_last = val, last
-        start += _BATCH
+
+    top = len(g_values) - 1
+    v_low = V(top)  # least sum under t_r: bounds every threshold
+    if not np.isfinite(v_low):
+        return best_last, best_val, runs
+    start = int(np.searchsorted(g_values, _min_max(S, G, R, t_r), side="left"))
+    runs += 1
+    # thresholds above best - v_low cannot win
+    end = min(top, int(np.searchsorted(g_values, best_val - v_low - tr_term, side="right")))
+    end = max(end, start)
+    stack = [(start, end)]
+    while stack:
+        a, b = stack.pop()
+        va, vb = V(a), V(b)
+        if vb + g_values[a] + tr_term >= best_val:
+            continue
+        if va <= vb * (1 + 1e-12) or b - a <= 1:
+            consider(a)
+            if b != a and va > vb * (1 + 1e-12):
+                consider(b)
+            continue
+        mid = (a + b) // 2
+        stack.append((mid, b))
+        stack.append((a, mid))
     return best_last, best_val, runs
 
 
@@ -144,7 +200,9 @@ def solve_partition(S: np.ndarray, G: np.ndarray, R: np.ndarray, cutoff: float =
     finite = np.isfinite(S)
     first = _backtrack(ptr, 0, L)
     best_last, best = first, score(S, G, R, first)[0]
-    if float(v_all[0]) + float(G[finite].min()) + float(R[finite].min()) >= min(best, cutoff):
+    g_star = _min_max(S, G, R, np.inf)  # every partition has max G >= g_star and sum S >= v_all
+    runs += 1
+    if float(v_all[0]) + g_star + float(R[finite].min()) >= min(best, cutoff):
         return Partition(best_last, best, runs) if best < cutoff else None
 
     def objective(last: tuple[int, ...]) -> float:
@@ -166,7 +224,8 @@ def solve_partition(S: np.ndarray, G: np.ndarray, R: np.ndarray, cutoff: float =
     r_values = r_values[r_values < r_w]
     g_min = float(G[finite].min())
     start, spent = _first_feasible(
-        r_values, lambda t: bool(np.isfinite(_min_sum(S, G, R, np.array([np.inf]), t)[0][0])))
+        r_values, lambda t: np.isfinite(_min_sum(S, G, R, np.full(len(t), np.inf), t, pointers=False)[0]),
+        _batch(S))
     runs += spent
     for t_r in r_values[start:]:
         if float(v_all[0]) + g_min + t_r >= min(best, cutoff):

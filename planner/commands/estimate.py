@@ -1,0 +1,111 @@
+"""``planner estimate``: predict one parallel configuration (time, throughput, memory, feasibility)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from typing import Any
+
+from planner.commands._common import (add_cluster_flags, add_config_flags, add_json_flag, config_from_args,
+                                      emit_json, parse_dims)
+from planner.errors import ConfigError
+from planner.types import Estimate, LayerGraph, MemoryBreakdown
+
+HELP = "predict the iteration time, throughput and memory of one parallel configuration"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", metavar="MODEL", help="an ONNX file")
+    add_cluster_flags(parser)
+    add_config_flags(parser, required=True)
+    add_json_flag(parser)
+
+
+def _memory_dict(memory: MemoryBreakdown) -> dict[str, float]:
+    return {"weights_bytes": memory.weights_bytes, "gradients_bytes": memory.gradients_bytes,
+            "optimizer_bytes": memory.optimizer_bytes, "activations_bytes": memory.activations_bytes,
+            "other_bytes": memory.other_bytes, "total_bytes": memory.total_bytes}
+
+
+def estimate_document(model: LayerGraph, estimate: Estimate) -> dict[str, Any]:
+    """The ``estimate --json`` document (also used by callers that want the same shape)."""
+    breakdown = estimate.breakdown.to_dict()
+    stages = []
+    for stage in estimate.stages:
+        entry: dict[str, Any] = {
+            "index": stage.index, "first_layer": stage.first_layer, "last_layer": stage.last_layer,
+            "layer_names": [layer.name for layer in model.layers[stage.first_layer:stage.last_layer + 1]],
+            "device_type": stage.device_type, "devices": list(stage.devices), "tp": stage.tp, "dp": stage.dp,
+            "forward_s": stage.forward_s, "backward_s": stage.backward_s, "tp_comm_s": stage.tp_comm_s,
+            "p2p_s": stage.p2p_s, "dp_sync_s": stage.dp_sync_s, "optimizer_s": stage.optimizer_s,
+            "memory": _memory_dict(stage.memory), "memory_capacity_bytes": stage.memory_capacity_bytes,
+        }
+        if len(stage.replicas) > 1:
+            entry["replicas"] = [{
+                "device_type": r.device_type, "devices": list(r.devices), "tp": r.tp, "dp": r.dp,
+                "batch_share": r.batch_share, "num_micro_batches": r.num_micro_batches,
+                "forward_s": r.forward_s, "backward_s": r.backward_s, "memory": _memory_dict(r.memory),
+                "memory_capacity_bytes": r.memory_capacity_bytes} for r in stage.replicas]
+        stages.append(entry)
+    return {
+        "model": {"name": model.name, "params": model.params, "flops_forward_per_sample": model.flops_forward},
+        "iteration_time_s": estimate.iteration_time_s,
+        "throughput_samples_per_s": estimate.throughput_samples_per_s,
+        "feasible": estimate.feasible,
+        "reason": estimate.reason,
+        "memory_per_device_bytes": estimate.memory_per_device_bytes,
+        "config": dataclasses.asdict(estimate.config),
+        "num_micro_batches": estimate.config.global_batch // (estimate.config.dp * (estimate.config.micro_batch or 1)),
+        "breakdown": breakdown,
+        "stages": stages,
+        "notes": list(estimate.notes),
+    }
+
+
+def _with_tables(model: LayerGraph, path: str) -> LayerGraph:
+    try:
+        from planner.embeddings import load_tables
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.startswith("planner.embeddings"):
+            raise ConfigError(f"--tables {path}: this version of planner has no embedding-table support") from None
+        raise
+    return dataclasses.replace(model, embedding_tables=tuple(load_tables(path)))
+
+
+def _print_table(model: LayerGraph, estimate: Estimate) -> None:
+    cfg = estimate.config
+    out = sys.stdout
+    out.write(f"model {model.name}: {model.params / 1e9:.2f}B parameters\n")
+    out.write(f"config: tp={cfg.tp} pp={cfg.pp} dp={cfg.dp} micro-batch={cfg.micro_batch} vpp={cfg.vpp} "
+              f"schedule={cfg.schedule} zero={cfg.zero} recompute={cfg.recompute} "
+              f"sequence-parallel={'yes' if cfg.sequence_parallel else 'no'} optimizer={cfg.optimizer}\n")
+    out.write(f"iteration {estimate.iteration_time_s:.4f} s, {estimate.throughput_samples_per_s:.2f} samples/s, "
+              f"memory {estimate.memory_per_device_bytes / 2**30:.1f} GiB per device (largest), "
+              f"{'fits' if estimate.feasible else 'DOES NOT FIT: ' + estimate.reason}\n")
+    parts = estimate.breakdown.to_dict()
+    out.write("breakdown: " + ", ".join(f"{k[:-2]} {v:.4f} s" for k, v in parts.items() if v) + "\n")
+    out.write(f"{'stage':>5} {'layers':>9} {'device':>12} {'fwd ms':>9} {'bwd ms':>9} {'mem GiB':>8}\n")
+    for s in estimate.stages:
+        out.write(f"{s.index:>5} {f'{s.first_layer}-{s.last_layer}':>9} {s.device_type:>12} "
+                  f"{s.forward_s * 1e3:>9.2f} {s.backward_s * 1e3:>9.2f} {s.memory.total_bytes / 2**30:>8.1f}\n")
+    for note in estimate.notes:
+        out.write(f"note: {note}\n")
+
+
+def run(args: argparse.Namespace) -> int:
+    from planner.cost import estimate
+    from planner.graph import load_model
+    from planner.hardware import load_cluster
+
+    config = config_from_args(args)
+    cluster = load_cluster(args.cluster)
+    model = load_model(args.model, parse_dims(args.dim))
+    if args.tables:
+        model = _with_tables(model, args.tables)
+    result = estimate(model, cluster, config)
+    if args.json:
+        emit_json(estimate_document(model, result))
+    else:
+        _print_table(model, result)
+    return 0

@@ -1,0 +1,86 @@
+"""planner whatif MODEL --cluster C --global-batch N --sweep KEY=V1,V2,... [--sweep ...] [--csv FILE]
+[--plot FILE.png|svg] [--json] [--workers N] [--backend process|ray] [pinning flags]"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from planner.commands._common import (add_cluster_flags, add_config_flags, add_json_flag, config_from_args,
+                                      emit_json, parse_dims, positive_int)
+from planner.errors import PlannerError
+from planner.sweep.keys import GLOBAL_FIELDS, GROUP_FIELDS, parse_sweep_args, parse_sweeps
+from planner.sweep.runner import BACKENDS, print_progress
+
+HELP = "re-plan across a sweep (GPU count, device mix, bandwidth, batch, sequence length, price)"
+
+
+def _keys_help() -> str:
+    lines = [f"{name}: {text}" for name, text in GLOBAL_FIELDS.items()]
+    lines += [f"[GROUP.]{name}: {text}" for name, text in GROUP_FIELDS.items()]
+    return "; ".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", metavar="MODEL", help="ONNX model file")
+    add_cluster_flags(parser)
+    add_config_flags(parser, required=False)
+    parser.add_argument("--sweep", action="append", required=True, metavar="KEY=V1,V2,...",
+                        help="values to try (repeat for a grid; the first key varies slowest). Keys: "
+                             f"{_keys_help()}. A group key without GROUP. changes every group")
+    parser.add_argument("--csv", metavar="FILE", help="write one CSV row per point")
+    parser.add_argument("--plot", metavar="FILE.png|svg",
+                        help="throughput against the first swept key, and time against cost with the Pareto "
+                             "front where prices are known")
+    parser.add_argument("--workers", type=positive_int, metavar="N",
+                        help="points planned in parallel (default: min(2, CPUs))")
+    parser.add_argument("--backend", choices=BACKENDS, default="process",
+                        help='where points run: local processes, or a Ray cluster (pip install "planner[ray]"; '
+                             "RAY_ADDRESS selects the cluster)")
+    parser.add_argument("--time-limit", type=float, metavar="S", help="search time limit per point, seconds")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the search")
+    add_json_flag(parser)
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Fail before planning, not after minutes of it, when an output cannot be written."""
+    from planner.report._figure import check_path  # noqa: PLC0415
+
+    if args.plot:
+        check_path(args.plot, "--plot")
+    if args.csv and not Path(args.csv).parent.exists():
+        raise PlannerError(f"--csv {args.csv}: folder {str(Path(args.csv).parent)!r} does not exist")
+
+
+def _pinned(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """The pinned choices as a ParallelConfig (0 = searched), or None when nothing is pinned."""
+    names = ("tp", "pp", "dp", "micro_batch", "vpp", "zero", "recompute", "sequence_parallel", "schedule")
+    if all(getattr(args, n) is None for n in names) and args.optimizer == "adam":
+        return None
+    return config_from_args(args, defaults_to_one=False)
+
+
+def run(args: argparse.Namespace) -> int:
+    from planner.whatif import whatif  # noqa: PLC0415
+
+    sweeps = parse_sweep_args(args.sweep)
+    parse_sweeps(sweeps)  # unknown keys and bad values fail before the model or the cluster is read
+    _check_outputs(args)
+    result = whatif(args.model, args.cluster, args.global_batch, sweeps, dims=parse_dims(args.dim),
+                    pinned=_pinned(args), tables=args.tables, workers=args.workers, backend=args.backend,
+                    time_limit_s=args.time_limit, seed=args.seed, progress=print_progress)
+    if args.csv:
+        try:
+            Path(args.csv).write_text(result.to_csv())
+        except OSError as exc:
+            raise PlannerError(f"--csv {args.csv}: cannot write ({exc.strerror or exc})") from None
+    if args.plot:
+        from planner.report.plots import write_whatif_plot  # noqa: PLC0415
+
+        write_whatif_plot(result, args.plot)
+    if args.json:
+        emit_json(result.to_dict())
+    else:
+        sys.stdout.write(result.to_table() + "\n")
+    return 0

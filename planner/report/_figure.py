@@ -1,0 +1,49 @@
+"""Matplotlib, imported lazily (an optional extra), and the one place figures are written to disk."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from planner.errors import ConfigError, PlannerError
+
+FORMATS = (".png", ".svg")
+DPI = 100
+
+
+def pyplot() -> Any:
+    """matplotlib.pyplot on the non-interactive Agg backend, or a PlannerError saying what to install."""
+    try:
+        import matplotlib  # noqa: PLC0415 - optional extra
+    except ImportError:
+        raise PlannerError('plots need matplotlib: pip install "planner[plot]"') from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    return plt
+
+
+def check_path(path: str | Path, flag: str) -> Path:
+    """The output path, if its suffix is a format we write (checked before any work is done)."""
+    target = Path(path)
+    if target.suffix.lower() not in FORMATS:
+        raise ConfigError(f"{flag} {path}: write a .png or .svg file")
+    if not target.parent.exists():
+        raise ConfigError(f"{flag} {path}: folder {str(target.parent)!r} does not exist")
+    return target
+
+
+def save(figure: Any, path: str | Path, flag: str) -> Path:
+    """Write ``figure`` to ``path`` (PNG or SVG by suffix) and close it. The image is exactly figsize x DPI
+    pixels (layout is the figure's own, no tight bounding box); SVG output carries no date."""
+    target = check_path(path, flag)
+    plt = pyplot()
+    metadata = {"Date": None} if target.suffix.lower() == ".svg" else {"Software": None}
+    try:
+        with plt.rc_context({"svg.hashsalt": "planner"}):  # fixed SVG element ids: same figure, same bytes
+            figure.savefig(target, dpi=DPI, metadata=metadata)
+    except OSError as exc:
+        raise PlannerError(f"{flag} {path}: cannot write ({exc.strerror or exc})") from None
+    finally:
+        plt.close(figure)
+    return target

@@ -1,0 +1,255 @@
+"""What-if sweep keys: parse ``--sweep KEY=V1,V2,...``, build the grid, and derive each point's inputs.
+
+A key is either global (``global_batch``, ``seq_len``) or a field of a device group (``count``, ``node``,
+``inter_node_bandwidth_GBps``, ``price_per_node_hour``). A group field may be prefixed with the group's name
+(``dgx-h100.count``) to change one group of a mixed cluster; without a prefix it changes every group.
+
+Nothing here plans: a point is the base inputs with one set of values applied, and every point is derived
+from the unchanged base cluster (a stage never mutates its input).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, replace
+from typing import Mapping, Protocol, Sequence, Union
+
+from planner.errors import ClusterError, ConfigError, suggest
+from planner.types import Cluster, DeviceGroup, DeviceProfile, NodeProfile
+
+Value = Union[int, float, str]
+
+#: group fields a sweep can change, with a one-line description for messages and ``--help``
+GROUP_FIELDS: Mapping[str, str] = {
+    "count": "number of nodes in the group (0 removes it)",
+    "node": "node profile name from the catalog ('planner devices')",
+    "device": "device name from the catalog: the group's nodes keep their links but get this device",
+    "inter_node_bandwidth_GBps": "per-node network bandwidth, GB/s each way",
+    "price_per_node_hour": "price of one node for one hour",
+}
+#: global fields a sweep can change
+GLOBAL_FIELDS: Mapping[str, str] = {
+    "global_batch": "samples per iteration",
+    "seq_len": "sequence length (re-imports the model with --dim seq=V)",
+}
+SEQ_DIM = "seq"
+
+
+class Catalog(Protocol):
+    """What the sweep needs of ``planner.hardware.catalog`` (tests pass a fake)."""
+
+    def get_node(self, name: str) -> NodeProfile: ...
+
+    def get_device(self, name: str) -> DeviceProfile: ...
+
+
+def valid_keys_text() -> str:
+    """The valid keys, as one phrase for error messages and help."""
+    group = ", ".join(f"[GROUP.]{name}" for name in GROUP_FIELDS)
+    return f"{', '.join(GLOBAL_FIELDS)}, {group}"
+
+
+@dataclass(frozen=True)
+class SweepKey:
+    """One swept quantity. ``group`` is the group prefix as written (None: global, or every group)."""
+
+    text: str  # as the user wrote it, the column name in every output
+    field: str
+    group: str | None = None
+
+
+@dataclass(frozen=True)
+class Sweep:
+    key: SweepKey
+    values: tuple[Value, ...]
+
+
+@dataclass(frozen=True)
+class PointInputs:
+    """The inputs of one grid point. ``reason`` is set (and ``cluster`` is None) when the point cannot be
+    planned at all, e.g. every group's count is 0."""
+
+    settings: tuple[tuple[str, Value], ...]
+    cluster: Cluster | None
+    global_batch: int
+    dims: tuple[tuple[str, int], ...]
+    reason: str = ""
+
+
+# ----------------------------------------------------------------------------------------------- parsing
+
+
+def parse_key(text: str) -> SweepKey:
+    """``count`` / ``dgx-h100.count`` / ``seq_len`` -> SweepKey; unknown fields raise ConfigError."""
+    stripped = text.strip()
+    if stripped in GLOBAL_FIELDS:
+        return SweepKey(stripped, stripped)
+    group, dot, field = stripped.rpartition(".")
+    if field in GROUP_FIELDS and (not dot or group):
+        return SweepKey(stripped, field, group if dot else None)
+    known = [*GLOBAL_FIELDS, *GROUP_FIELDS]
+    raise ConfigError(f"--sweep: unknown key {stripped!r}{suggest(field or stripped, known)}; valid keys: "
+                      f"{valid_keys_text()}")
+
+
+def _int_value(key: SweepKey, text: str, minimum: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(f"--sweep {key.text}: {text!r} is not an integer") from None
+    if value < minimum:
+        raise ConfigError(f"--sweep {key.text}: {value} must be at least {minimum}")
+    return value
+
+
+def _float_value(key: SweepKey, text: str, positive: bool) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"--sweep {key.text}: {text!r} is not a number") from None
+    if value != value or value in (float("inf"), float("-inf")) or value < 0 or (positive and value == 0):
+        raise ConfigError(f"--sweep {key.text}: {text!r} must be a {'positive' if positive else 'non-negative'} "
+                          "finite number")
+    return value
+
+
+def parse_value(key: SweepKey, text: str) -> Value:
+    text = text.strip()
+    if not text:
+        raise ConfigError(f"--sweep {key.text}: empty value; write e.g. --sweep {key.text}=1,2,4")
+    if key.field == "count":
+        return _int_value(key, text, 0)
+    if key.field in ("global_batch", "seq_len"):
+        return _int_value(key, text, 1)
+    if key.field == "inter_node_bandwidth_GBps":
+        return _float_value(key, text, positive=True)
+    if key.field == "price_per_node_hour":
+        return _float_value(key, text, positive=False)
+    return text  # node, device: checked against the catalog before any point is planned
+
+
+def parse_sweeps(sweeps: Mapping[str, Sequence[str]]) -> tuple[Sweep, ...]:
+    """Keys in the mapping's order, values in the order given (that fixes the grid's order)."""
+    if not sweeps:
+        raise ConfigError(f"--sweep: give at least one KEY=V1,V2,... (valid keys: {valid_keys_text()})")
+    parsed: list[Sweep] = []
+    for text, values in sweeps.items():
+        key = parse_key(text)
+        if isinstance(values, str):
+            values = values.split(",")
+        if not values:
+            raise ConfigError(f"--sweep {key.text}: give at least one value")
+        typed = tuple(parse_value(key, v) for v in values)
+        if len(set(typed)) != len(typed):
+            raise ConfigError(f"--sweep {key.text}: a value is repeated in {','.join(map(str, values))}")
+        parsed.append(Sweep(key, typed))
+    return tuple(parsed)
+
+
+def parse_sweep_args(items: Sequence[str]) -> dict[str, list[str]]:
+    """``["count=1,2", "seq_len=1024"]`` (the repeated CLI flag) -> ordered mapping; a key given twice is
+    an error, since the grid would be ambiguous."""
+    result: dict[str, list[str]] = {}
+    for item in items:
+        name, sep, values = item.partition("=")
+        if not sep or not name.strip():
+            raise ConfigError(f"--sweep {item!r}: expected KEY=V1,V2,..., e.g. --sweep count=2,4,8")
+        name = name.strip()
+        if name in result:
+            raise ConfigError(f"--sweep {name}: given twice; list all its values in one flag ({name}=A,B,C)")
+        result[name] = values.split(",")
+    return result
+
+
+# ----------------------------------------------------------------------------------------------- clusters
+
+
+def renumber(groups: Sequence[DeviceGroup]) -> tuple[DeviceGroup, ...]:
+    """Groups with device ids numbered consecutively from 0 in the given order (``first_device``)."""
+    renumbered: list[DeviceGroup] = []
+    next_device = 0
+    for group in groups:
+        renumbered.append(replace(group, first_device=next_device))
+        next_device += group.num_devices
+    return tuple(renumbered)
+
+
+def with_groups(cluster: Cluster, groups: Sequence[DeviceGroup]) -> Cluster:
+    """``cluster`` with its groups replaced: empty groups dropped, device ids renumbered."""
+    return replace(cluster, groups=renumber([g for g in groups if g.count > 0]))
+
+
+def _group_indices(cluster: Cluster, key: SweepKey) -> list[int]:
+    if key.group is None:
+        return list(range(len(cluster.groups)))
+    by_name = [i for i, g in enumerate(cluster.groups) if g.name == key.group]
+    if by_name:
+        return by_name
+    by_node = [i for i, g in enumerate(cluster.groups) if g.node.name == key.group]
+    if len(by_node) == 1:
+        return by_node
+    names = sorted({g.name for g in cluster.groups} | {g.node.name for g in cluster.groups})
+    if by_node:
+        raise ConfigError(f"--sweep {key.text}: several groups use node {key.group!r}; name the group instead "
+                          f"(groups: {', '.join(g.name for g in cluster.groups)})")
+    raise ConfigError(f"--sweep {key.text}: the cluster has no group {key.group!r}{suggest(key.group, names)}; "
+                      f"groups: {', '.join(g.name for g in cluster.groups)}")
+
+
+def _set_field(group: DeviceGroup, field: str, value: Value, catalog: Catalog) -> DeviceGroup:
+    if field == "count":
+        return replace(group, count=int(value))
+    if field == "node":
+        return replace(group, node=catalog.get_node(str(value)))
+    if field == "device":
+        return replace(group, node=replace(group.node, device=catalog.get_device(str(value))))
+    if field == "inter_node_bandwidth_GBps":
+        return replace(group, node=replace(group.node, inter_node_bandwidth_Bps=float(value) * 1e9))
+    if field == "price_per_node_hour":
+        return replace(group, price_per_node_hour=float(value))
+    raise ValueError(f"not a group field: {field}")  # parse_key admits only GROUP_FIELDS
+
+
+def check_groups(cluster: Cluster, sweeps: Sequence[Sweep], catalog: Catalog) -> None:
+    """Raise ConfigError now, before any planning, for a group prefix the cluster lacks or a node or device
+    name the catalog lacks."""
+    for sweep in sweeps:
+        if sweep.key.field in GROUP_FIELDS:
+            _group_indices(cluster, sweep.key)
+        if sweep.key.field in ("node", "device"):
+            lookup = catalog.get_node if sweep.key.field == "node" else catalog.get_device
+            for value in sweep.values:
+                try:
+                    lookup(str(value))
+                except ClusterError as exc:
+                    raise ConfigError(f"--sweep {sweep.key.text}: {exc}") from None
+
+
+def grid(sweeps: Sequence[Sweep]) -> list[tuple[tuple[str, Value], ...]]:
+    """The cartesian product, first key slowest, values in the order given."""
+    return [tuple((s.key.text, v) for s, v in zip(sweeps, combo))
+            for combo in itertools.product(*(s.values for s in sweeps))]
+
+
+def point_inputs(cluster: Cluster, global_batch: int, dims: Mapping[str, int], sweeps: Sequence[Sweep],
+                 catalog: Catalog) -> list[PointInputs]:
+    """Every grid point's cluster, batch and dims, derived from the base inputs (applied in key order)."""
+    points: list[PointInputs] = []
+    for settings in grid(sweeps):
+        groups = list(cluster.groups)
+        batch = global_batch
+        point_dims = dict(dims)
+        for sweep, (_, value) in zip(sweeps, settings):
+            field = sweep.key.field
+            if field == "global_batch":
+                batch = int(value)
+            elif field == "seq_len":
+                point_dims[SEQ_DIM] = int(value)
+            else:
+                for i in _group_indices(cluster, sweep.key):
+                    groups[i] = _set_field(groups[i], field, value, catalog)
+        derived = with_groups(cluster, groups)
+        reason = "" if derived.groups else "no nodes left (every group's count is 0)"
+        points.append(PointInputs(settings=settings, cluster=derived if derived.groups else None,
+                                  global_batch=batch, dims=tuple(sorted(point_dims.items())), reason=reason))
+    return points

@@ -1,0 +1,136 @@
+"""Run independent sweep points: in this process, on local worker processes, or on a Ray cluster.
+
+``run_tasks(fn, tasks, ...)`` returns ``[fn(t) for t in tasks]`` in the order of ``tasks`` whatever the
+backend or the number of workers, so results do not depend on scheduling. ``fn`` must be a module-level
+function (it is pickled by reference) and deterministic. An exception raised by ``fn`` (a PlannerError for a
+bad model file, or a bug) stops the sweep and is re-raised here.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Callable, Sequence, TextIO, TypeVar
+
+from planner.errors import ConfigError, PlannerError
+
+T = TypeVar("T")
+R = TypeVar("R")
+Progress = Callable[[int, int], None]  # (points done, points in all)
+
+BACKENDS = ("process", "ray")
+log = logging.getLogger(__name__)
+
+
+def default_workers() -> int:
+    """min(2, CPUs available to this process)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(2, cpus))
+
+
+def run_tasks(fn: Callable[[T], R], tasks: Sequence[T], *, workers: int | None = None,
+              backend: str = "process", progress: Progress | None = None) -> list[R]:
+    if backend not in BACKENDS:
+        raise ConfigError(f"--backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    if workers is not None and workers < 1:
+        raise ConfigError(f"--workers {workers}: must be at least 1")
+    if backend == "ray":
+        return _run_ray(fn, tasks, workers, progress)
+    count = default_workers() if workers is None else workers
+    if count == 1 or len(tasks) <= 1:
+        return _run_serial(fn, tasks, progress)
+    return _run_processes(fn, tasks, min(count, len(tasks)), progress)
+
+
+def _run_serial(fn: Callable[[T], R], tasks: Sequence[T], progress: Progress | None) -> list[R]:
+    results = []
+    for done, task in enumerate(tasks, start=1):
+        results.append(fn(task))
+        if progress:
+            progress(done, len(tasks))
+    return results
+
+
+def _run_processes(fn: Callable[[T], R], tasks: Sequence[T], workers: int, progress: Progress | None) -> list[R]:
+    results: list[R | None] = [None] * len(tasks)
+    log.info("whatif: %d points on %d worker processes", len(tasks), workers)
+    pool = concurrent.futures.ProcessPoolExecutor(max_workers=workers)
+    try:
+        futures = {pool.submit(fn, task): i for i, task in enumerate(tasks)}
+        for done, future in enumerate(concurrent.futures.as_completed(futures), start=1):
+            results[futures[future]] = future.result()
+            if progress:
+                progress(done, len(tasks))
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)  # a failed point ends the sweep now
+        raise
+    pool.shutdown(wait=True)
+    return results  # type: ignore[return-value]
+
+
+def _package_root() -> str:
+    return str(Path(__file__).resolve().parents[2])
+
+
+def _run_ray(fn: Callable[[T], R], tasks: Sequence[T], workers: int | None, progress: Progress | None) -> list[R]:
+    """One Ray task per point. Uses the Ray instance this process is connected to; otherwise connects with
+    ``ray.init()`` (``RAY_ADDRESS`` selects a cluster; without it Ray starts a local instance). ``workers``,
+    where given, caps the points in flight."""
+    try:
+        import ray  # noqa: PLC0415 - optional extra
+    except ImportError:
+        raise PlannerError('--backend ray needs Ray: pip install "planner[ray]"') from None
+    if not ray.is_initialized():
+        # workers must import planner; a source checkout is not installed, so put it on their path
+        path = os.pathsep.join(p for p in (_package_root(), os.environ.get("PYTHONPATH", "")) if p)
+        ray.init(include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": path}})
+    remote = ray.remote(num_cpus=1)(fn)
+    limit = len(tasks) if workers is None else workers
+    results: list[R | None] = [None] * len(tasks)
+    pending: dict[object, int] = {}
+    queue = list(enumerate(tasks))
+    done = 0
+    try:
+        while queue or pending:
+            while queue and len(pending) < limit:
+                i, task = queue.pop(0)
+                pending[remote.remote(task)] = i
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for ref in ready:
+                results[pending.pop(ref)] = _ray_get(ray, ref)
+                done += 1
+                if progress:
+                    progress(done, len(tasks))
+    except BaseException:
+        for ref in pending:
+            ray.cancel(ref)
+        raise
+    return results  # type: ignore[return-value]
+
+
+def _ray_get(ray, ref):  # type: ignore[no-untyped-def]
+    """ray.get, re-raising the task's own exception (Ray wraps it) so a PlannerError stays one."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as exc:
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, PlannerError):
+            raise cause from None
+        raise
+
+
+def print_progress(done: int, total: int, stream: TextIO | None = None, width: int = 30) -> None:
+    """A one-line progress bar on stderr (or ``stream``), redrawn in place; a newline after the last point."""
+    stream = stream if stream is not None else sys.stderr
+    filled = width * done // max(total, 1)
+    stream.write(f"\rwhatif [{'#' * filled}{'.' * (width - filled)}] {done}/{total} points")
+    if done >= total:
+        stream.write("\n")
+    stream.flush()

@@ -1,0 +1,307 @@
+"""What-if analysis: re-plan a model across a grid of cluster, batch and sequence-length changes.
+
+    result = planner.whatif("gpt.onnx", "dgx-a100-80gb*4+dgx-h100*4", 1536,
+                            {"dgx-a100-80gb.count": ["0", "4", "8"], "inter_node_bandwidth_GBps": ["25", "50"]})
+    result.points[0].throughput_samples_per_s; print(result.to_table()); csv_text = result.to_csv()
+
+Each grid point is the whole pipeline run again with its inputs changed (planner.sweep.keys derives them);
+points run on local worker processes or Ray (planner.sweep.runner) and come back in grid order, so the result
+does not depend on the number of workers. A point that cannot be planned (the model does not fit, a pinned
+choice does not divide the devices) is a row with ``feasible=False`` and the planner's reason.
+
+Cost: ``cost_per_hour`` is the price of the nodes the plan uses (a node counts whole when the plan uses any
+of its devices; one would not rent the rest), known only when those nodes' groups have ``price_per_node_hour``;
+``cost_per_sample`` and ``cost_per_million_tokens`` divide it by the predicted throughput. An infeasible
+point reports the price of its whole cluster. Tokens are samples x the model's ``seq`` dimension, where it
+has one.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import io
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Iterable, Mapping, Sequence
+
+from planner.errors import ModelError, PlannerError
+from planner.plan import Plan
+from planner.sweep.keys import SEQ_DIM, PointInputs, Value, check_groups, parse_sweeps, point_inputs
+from planner.sweep.runner import Progress, default_workers, run_tasks
+from planner.types import Cluster, LayerGraph, ParallelConfig
+
+log = logging.getLogger(__name__)
+SECONDS_PER_HOUR = 3600.0
+
+
+@dataclass(frozen=True)
+class WhatIfPoint:
+    """One grid point: its settings, the best plan's numbers, and what it costs."""
+
+    settings: tuple[tuple[str, Value], ...]
+    feasible: bool
+    iteration_time_s: float | None = None
+    throughput_samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    cost_per_hour: float | None = None
+    cost_per_sample: float | None = None
+    cost_per_million_tokens: float | None = None
+    num_devices: int = 0  # devices in the point's cluster
+    devices_used: int = 0  # devices the plan uses
+    global_batch: int = 0
+    seq_len: int | None = None
+    pp: int | None = None  # pipeline stages (distinct device sets: a plan may list interleaved chunks)
+    tp: int | None = None  # None when stages differ (see ``stages``)
+    dp: int | None = None
+    micro_batch: int | None = None
+    num_micro_batches: int | None = None
+    stages: str = ""  # one entry per stage: "device_type tpT dpD layers A-B"
+    proven_optimal: bool | None = None  # under the cost model (False when a time limit cut the search)
+    reason: str = ""  # why infeasible, or empty
+    search_time_s: float = field(default=0.0, compare=False)  # wall time of planning this point (varies)
+
+    @property
+    def setting(self) -> dict[str, Value]:
+        return dict(self.settings)
+
+    def row(self) -> dict[str, Any]:
+        """Flat columns: the swept keys first, then the numbers (the CSV row; no timings)."""
+        values = asdict(self)
+        del values["settings"], values["search_time_s"]
+        return {**dict(self.settings), **values}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form: the timing sits under ``search``, the only part that varies between runs."""
+        values = asdict(self)
+        timing = {"time_s": values.pop("search_time_s")}
+        return {**values, "settings": dict(self.settings), "search": timing}
+
+
+#: the columns after the swept keys, in CSV and table order
+COLUMNS = tuple(f.name for f in WhatIfPoint.__dataclass_fields__.values()
+                if f.name not in ("settings", "search_time_s"))
+TABLE_COLUMNS = ("feasible", "iteration_time_s", "throughput_samples_per_s", "cost_per_million_tokens",
+                 "devices_used", "pp", "tp", "dp", "micro_batch", "reason")
+
+
+@dataclass(frozen=True)
+class WhatIfResult:
+    points: tuple[WhatIfPoint, ...]
+    keys: tuple[str, ...]  # the swept keys, in grid order (first key varies slowest)
+    model: str = ""
+    cluster: str = ""
+    workers: int = 1
+    backend: str = "process"
+    elapsed_s: float = field(default=0.0, compare=False)
+
+    @property
+    def priced(self) -> bool:
+        """Whether any feasible point has a cost (the nodes its plan uses all have prices)."""
+        return any(p.feasible and p.cost_per_sample is not None for p in self.points)
+
+    def pareto_front(self) -> tuple[int, ...]:
+        """Indices of the feasible priced points that no other point beats on both time per sample and
+        cost per sample, ordered by time (fastest first)."""
+        candidates = sorted(
+            (1.0 / p.throughput_samples_per_s, p.cost_per_sample, i) for i, p in enumerate(self.points)
+            if p.feasible and p.cost_per_sample is not None and p.throughput_samples_per_s)
+        front: list[int] = []
+        best_cost = float("inf")
+        for _, cost, index in candidates:
+            if cost < best_cost:
+                front.append(index)
+                best_cost = cost
+        return tuple(front)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON document; timings sit under ``search`` (the only part that varies between runs)."""
+        return {
+            "model": self.model, "cluster": self.cluster, "keys": list(self.keys),
+            "points": [p.to_dict() for p in self.points],
+            "pareto_front": list(self.pareto_front()),
+            "search": {"time_s": self.elapsed_s, "workers": self.workers, "backend": self.backend},
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
+
+    def columns(self) -> tuple[str, ...]:
+        """The swept keys, then every other column (``global_batch``/``seq_len`` once when swept)."""
+        return (*self.keys, *(c for c in COLUMNS if c not in self.keys))
+
+    def to_csv(self) -> str:
+        """One header line, then one row per point (floats in full precision, empty for unknown)."""
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=self.columns(), lineterminator="\n")
+        writer.writeheader()
+        for point in self.points:
+            writer.writerow({k: ("" if v is None else v) for k, v in point.row().items()})
+        return buffer.getvalue()
+
+    def to_table(self) -> str:
+        """A fixed-width text table of the main columns."""
+        headers = (*self.keys, *(c for c in TABLE_COLUMNS if c not in self.keys))
+        rows = [[_cell(point.row()[h]) for h in headers] for point in self.points]
+        widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+        lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
+        lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+        feasible = sum(p.feasible for p in self.points)
+        lines.append(f"{len(self.points)} points, {feasible} feasible")
+        return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+# ------------------------------------------------------------------------------------------ one point
+
+
+@dataclass(frozen=True)
+class PointTask:
+    """Everything a worker needs to evaluate one point (picklable)."""
+
+    model_path: str
+    inputs: PointInputs
+    pinned: Any = None
+    tables: Any = None
+    time_limit_s: float | None = None
+    seed: int = 0
+
+
+@functools.lru_cache(maxsize=8)
+def _load_model(path: str, dims: tuple[tuple[str, int], ...]) -> LayerGraph:
+    """Each worker imports a model once per distinct dims (a sweep of seq_len needs one import per value)."""
+    from planner.graph import load_model  # noqa: PLC0415 - keeps `import planner.whatif` light
+
+    return load_model(path, dict(dims))
+
+
+def cluster_cost_per_hour(cluster: Cluster, devices: Iterable[int] | None = None) -> float | None:
+    """The hourly price of the nodes holding ``devices`` (default: every node), or None when one of those
+    nodes' groups has no price."""
+    used = None if devices is None else set(devices)
+    total = 0.0
+    for group in cluster.groups:
+        per_node = group.node.devices_per_node
+        nodes = group.count if used is None else len(
+            {(d - group.first_device) // per_node for d in used
+             if group.first_device <= d < group.first_device + group.num_devices})
+        if nodes == 0:
+            continue
+        if group.price_per_node_hour is None:
+            return None
+        total += float(group.price_per_node_hour) * nodes
+    return total if cluster.groups else None
+
+
+def _stage_devices(plan: Plan) -> set[int]:
+    used: set[int] = set()
+    for stage in plan.stages:
+        used.update(stage.devices)
+        for replica in stage.replicas:
+            used.update(replica.devices)
+    return used
+
+
+def _uniform(values: Sequence[int]) -> int | None:
+    return values[0] if values and all(v == values[0] for v in values) else None
+
+
+def summarize(settings: tuple[tuple[str, Value], ...], plan: Plan, cluster: Cluster, global_batch: int,
+              seq_len: int | None) -> WhatIfPoint:
+    """A feasible point from its plan."""
+    throughput = plan.throughput_samples_per_s
+    used = _stage_devices(plan)
+    per_hour = cluster_cost_per_hour(cluster, used)
+    per_sample = per_hour / SECONDS_PER_HOUR / throughput if per_hour is not None and throughput > 0 else None
+    tps = [r.tp for s in plan.stages for r in (s.replicas or (s,))]
+    dps = [s.dp for s in plan.stages]
+    stages = "; ".join(f"{s.device_type} tp{s.tp} dp{s.dp} layers {s.first_layer}-{s.last_layer}"
+                       for s in plan.stages)
+    return WhatIfPoint(
+        settings=settings, feasible=True, iteration_time_s=plan.iteration_time_s,
+        throughput_samples_per_s=throughput,
+        tokens_per_s=throughput * seq_len if seq_len else None,
+        cost_per_hour=per_hour, cost_per_sample=per_sample,
+        cost_per_million_tokens=per_sample / seq_len * 1e6 if per_sample is not None and seq_len else None,
+        num_devices=cluster.num_devices, devices_used=len(used), global_batch=global_batch,
+        seq_len=seq_len, pp=len({s.devices for s in plan.stages}), tp=_uniform(tps), dp=_uniform(dps),
+        micro_batch=plan.micro_batch, num_micro_batches=plan.num_micro_batches, stages=stages,
+        proven_optimal=plan.search.proven_optimal)
+
+
+def infeasible(inputs: PointInputs, reason: str, seq_len: int | None = None) -> WhatIfPoint:
+    cluster = inputs.cluster
+    return WhatIfPoint(settings=inputs.settings, feasible=False, reason=reason,
+                       cost_per_hour=cluster_cost_per_hour(cluster) if cluster else None,
+                       num_devices=cluster.num_devices if cluster else 0, global_batch=inputs.global_batch,
+                       seq_len=seq_len)
+
+
+def evaluate_point(task: PointTask) -> WhatIfPoint:
+    """Plan one point. A model that cannot be imported raises (the whole sweep is wrong); a point the
+    planner cannot serve is an infeasible row. ``search_time_s`` includes a first import of the model."""
+    start = time.perf_counter()
+    point = _evaluate(task)
+    return replace(point, search_time_s=time.perf_counter() - start)
+
+
+def _evaluate(task: PointTask) -> WhatIfPoint:
+    from planner.search import plan as search_plan  # noqa: PLC0415
+
+    inputs = task.inputs
+    dims = dict(inputs.dims)
+    if inputs.cluster is None:
+        return infeasible(inputs, inputs.reason, dims.get(SEQ_DIM))
+    model = _load_model(task.model_path, inputs.dims)
+    seq_len = dict(model.dims).get(SEQ_DIM, dims.get(SEQ_DIM))
+    pinned = task.pinned
+    if isinstance(pinned, ParallelConfig):
+        pinned = replace(pinned, global_batch=inputs.global_batch)
+    try:
+        best = search_plan(model, inputs.cluster, inputs.global_batch, pinned=pinned, top_k=1,
+                           time_limit_s=task.time_limit_s, seed=task.seed, tables=task.tables)
+    except PlannerError as exc:
+        return infeasible(inputs, " ".join(str(exc).split()), seq_len)
+    return summarize(inputs.settings, best, inputs.cluster, inputs.global_batch, seq_len)
+
+
+# ------------------------------------------------------------------------------------------ the sweep
+
+
+def whatif(model_path: str, cluster_spec: str | Cluster, global_batch: int, sweeps: Mapping[str, Sequence[str]],
+           *, dims: Mapping[str, int] | None = None, pinned: Any = None, tables: Any = None,
+           workers: int | None = None, backend: str = "process", time_limit_s: float | None = None,
+           seed: int = 0, progress: Progress | None = None) -> WhatIfResult:
+    """Re-plan ``model_path`` at every point of the grid ``sweeps`` (key -> values, first key slowest).
+
+    ``cluster_spec`` is a cluster file, a shorthand or a Cluster. ``pinned`` and ``tables`` go to
+    ``planner.search.plan`` unchanged. ``workers`` defaults to min(2, CPUs); ``backend`` is ``"process"``
+    or ``"ray"``. ``progress(done, total)`` is called as points finish."""
+    from planner.hardware import load_cluster  # noqa: PLC0415
+    from planner.hardware import catalog  # noqa: PLC0415
+
+    start = time.perf_counter()
+    parsed = parse_sweeps(sweeps)
+    if not str(model_path).lower().endswith(".onnx"):
+        raise ModelError(f"{model_path}: expected an .onnx model file")
+    cluster = cluster_spec if isinstance(cluster_spec, Cluster) else load_cluster(cluster_spec)
+    check_groups(cluster, parsed, catalog)
+    points = point_inputs(cluster, global_batch, dict(dims or {}), parsed, catalog)
+    tasks = [PointTask(str(model_path), p, pinned, tables, time_limit_s, seed) for p in points]
+    log.info("whatif: %d points", len(tasks))
+    results = run_tasks(evaluate_point, tasks, workers=workers, backend=backend, progress=progress)
+    return WhatIfResult(points=tuple(results), keys=tuple(s.key.text for s in parsed),
+                        model=str(model_path), cluster=cluster.name or (cluster_spec if isinstance(cluster_spec, str) else ""),
+                        workers=workers or default_workers(), backend=backend,
+                        elapsed_s=time.perf_counter() - start)

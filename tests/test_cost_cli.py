@@ -1,0 +1,64 @@
+"""`planner estimate`: bad configurations exit 2 with one line naming the constraint and the nearest valid
+values; --json is complete and deterministic."""
+
+import json
+
+import pytest
+
+from planner.builders import build, save
+from planner.cli import main
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("models") / "gpt.onnx"
+    save(build("gpt", {"layers": 4, "hidden": 768, "heads": 12, "vocab": 50257, "seq_len": 1024}), str(path))
+    return str(path)
+
+
+def run(capsys, *argv):
+    code = main(["estimate", *argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("flags,needles", [
+    (["--tp", "8", "--pp", "1", "--dp", "1"], ["tp=8 does not divide", "12 attention heads", "nearest valid tp: 4"]),
+    (["--tp", "16", "--pp", "1", "--dp", "1"], ["tp=16 is larger than a node", "8 devices", "nearest valid tp: 4"]),
+    (["--tp", "1", "--pp", "5", "--dp", "1"], ["pp=5 is larger than the model's 4 layers", "nearest valid pp: 4"]),
+    (["--tp", "2", "--pp", "2", "--dp", "2", "--micro-batch", "3"],
+     ["global batch 64 is not divisible by dp x micro-batch = 2 x 3 = 6", "nearest valid global batch: 60 or 66",
+      "nearest valid micro-batch: 2 or 4"]),
+    (["--tp", "2", "--pp", "2", "--dp", "4"], ["= 16 devices, but the cluster has 8", "nearest valid dp: 2"]),
+])
+def test_bad_configurations_exit_2_with_one_line(capsys, model_path, flags, needles):
+    cluster = "dgx-a100-80gb*2" if "--dp" in flags and flags[flags.index("--dp") + 1] != "4" else "dgx-a100-80gb*1"
+    code, out, err = run(capsys, model_path, "--cluster", cluster, "--global-batch", "64", *flags)
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("planner: error: ")
+    for needle in needles:
+        assert needle in lines[0]
+
+
+def test_json_document_is_complete_and_deterministic(capsys, model_path):
+    argv = [model_path, "--cluster", "dgx-a100-80gb*2", "--global-batch", "64", "--tp", "2", "--pp", "2",
+            "--dp", "4", "--json"]
+    code, first, _ = run(capsys, *argv)
+    assert code == 0
+    _, second, _ = run(capsys, *argv)
+    assert first == second
+    doc = json.loads(first)
+    for key in ("iteration_time_s", "throughput_samples_per_s", "feasible", "memory_per_device_bytes", "config",
+                "breakdown", "stages"):
+        assert key in doc
+    assert all(doc["config"][k] is not None for k in ("micro_batch", "vpp", "zero", "recompute",
+                                                     "sequence_parallel", "schedule"))
+    assert sum(doc["breakdown"].values()) == pytest.approx(doc["iteration_time_s"])
+    assert len(doc["stages"]) == 2 and doc["stages"][0]["devices"] == list(range(8))
+
+
+def test_table_output(capsys, model_path):
+    code, out, _ = run(capsys, model_path, "--cluster", "dgx-h100*1", "--global-batch", "16", "--tp", "2",
+                       "--pp", "1", "--dp", "4", "--recompute", "full")
+    assert code == 0 and "iteration" in out and "recompute=full" in out

@@ -1,0 +1,84 @@
+"""Memory model: Korthikanti et al. 2022 activation formulas, ZeRO, and memory feasibility."""
+
+import pytest
+
+from planner.cost import estimate, layer_costs, stage_memory, transformer_activation_bytes
+from planner.cost.memory import micro_batches_in_flight
+from planner.hardware import catalog, load_cluster
+from planner.types import ParallelConfig
+from tests.cost_models import gpt, gpt3_175b
+
+S, B, H, A = 2048, 2, 4096, 32  # seq, micro-batch, hidden, heads
+
+
+@pytest.mark.parametrize("t", [1, 2, 4, 8])
+def test_korthikanti_formulas(t):
+    sbh = S * B * H
+    # no parallelism (t = 1) and tensor parallelism: s b h (10 + 24/t + 5 a s / (h t))
+    assert transformer_activation_bytes(S, B, H, A, t) == pytest.approx(sbh * (10 + 24 / t + 5 * A * S / (H * t)))
+    if t == 1:
+        assert transformer_activation_bytes(S, B, H, A) == pytest.approx(sbh * (34 + 5 * A * S / H))
+    # tensor + sequence parallelism: s b h / t (34 + 5 a s / h)
+    assert transformer_activation_bytes(S, B, H, A, t, True) == pytest.approx(sbh / t * (34 + 5 * A * S / H))
+    # selective recompute with sequence parallelism: 34 s b h / t
+    assert transformer_activation_bytes(S, B, H, A, t, True, "selective") == pytest.approx(34 * sbh / t)
+    # full recompute: the block input, 2 s b h
+    assert transformer_activation_bytes(S, B, H, A, t, False, "full") == pytest.approx(2 * sbh)
+
+
+@pytest.mark.parametrize("tp,sp,recompute,expected", [
+    (1, False, "none", lambda sbh, t: sbh * (34 + 5 * 12 * 1024 / 768)),
+    (2, False, "none", lambda sbh, t: sbh * (10 + 24 / t + 5 * 12 * 1024 / (768 * t))),
+    (4, True, "none", lambda sbh, t: sbh / t * (34 + 5 * 12 * 1024 / 768)),
+    (4, True, "selective", lambda sbh, t: 34 * sbh / t),
+    (2, False, "full", lambda sbh, t: 2 * sbh),
+])
+def test_layer_costs_use_korthikanti_for_blocks(tp, sp, recompute, expected):
+    model = gpt(2, 768, 12, 1024, 50257)
+    node = catalog.get_node("dgx-a100-80gb")
+    costs = layer_costs(model, node, tp, 3, recompute, sp)
+    blocks = [i for i, layer in enumerate(model.layers) if layer.kind == "block"]
+    sbh = 1024 * 3 * 768
+    for i in blocks:
+        assert costs.activation_bytes[i] == pytest.approx(expected(sbh, tp))
+
+
+def test_zero_stages_divide_states_gradients_weights():
+    p, dp = 1e9, 8
+    m0 = stage_memory(p, 0.0, 0, 0, dp, "adam", "bf16")
+    assert (m0.weights_bytes, m0.gradients_bytes, m0.optimizer_bytes) == (2e9, 2e9, 12e9)  # 16 bytes/param
+    m1 = stage_memory(p, 0.0, 0, 1, dp, "adam", "bf16")
+    assert m1.optimizer_bytes == pytest.approx(12e9 / dp) and m1.gradients_bytes == 2e9
+    m2 = stage_memory(p, 0.0, 0, 2, dp, "adam", "bf16")
+    assert m2.gradients_bytes == pytest.approx(2e9 / dp) and m2.weights_bytes == 2e9
+    m3 = stage_memory(p, 0.0, 0, 3, dp, "adam", "bf16")
+    assert m3.weights_bytes == pytest.approx(2e9 / dp)
+    assert stage_memory(p, 0.0, 0, 0, 1, "sgd", "bf16").optimizer_bytes == 8e9
+    assert m0.total_bytes > m1.total_bytes > m2.total_bytes > m3.total_bytes
+
+
+def test_activations_scale_with_micro_batches_in_flight():
+    one = stage_memory(1e6, 5e8, 1, 0, 1, "adam", "bf16")
+    four = stage_memory(1e6, 5e8, 4, 0, 1, "adam", "bf16")
+    assert four.activations_bytes == pytest.approx(4 * one.activations_bytes)
+    # 1F1B: stage s holds pp - s micro-batches; GPipe all of them
+    assert [micro_batches_in_flight(s, 4, 16, "1f1b") for s in range(4)] == [4, 3, 2, 1]
+    assert micro_batches_in_flight(0, 4, 16, "gpipe") == 16
+    # interleaved (Megatron-LM warm-up 2 (p - s - 1) + (v - 1) p chunks, plus one), in whole-stage units
+    assert micro_batches_in_flight(0, 4, 16, "interleaved", 2) == pytest.approx((2 * 3 + 4 + 1) / 2)
+
+
+def test_gpt3_175b_on_one_device_does_not_fit():
+    model = gpt3_175b()
+    cluster = load_cluster("dgx-a100-80gb*1")
+    est = estimate(model, cluster, ParallelConfig(global_batch=8, tp=1, pp=1, dp=1))
+    assert not est.feasible
+    assert "stage 0" in est.reason and "80" in est.reason  # names the stage and the capacity (GB)
+    assert est.memory_per_device_bytes > 16 * 174e9  # weights, gradients and Adam states alone
+
+
+def test_gpt3_175b_fits_on_1024_a100s():
+    model = gpt3_175b()
+    cluster = load_cluster("dgx-a100-80gb*128")
+    est = estimate(model, cluster, ParallelConfig(global_batch=1536, tp=8, pp=16, dp=8))
+    assert est.feasible and est.memory_per_device_bytes < 80e9

@@ -1,0 +1,221 @@
+"""Megatron-LM, DeepSpeed and TorchRec exports use the option and key names those projects define.
+
+The name lists below were read from the projects' sources (paths and commits given), not guessed."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+import plan_samples
+from planner.errors import PlannerError
+from planner.export.deepspeed import deepspeed_config
+from planner.export.megatron import megatron_args
+from planner.export.torchrec import torchrec_plan
+from planner.report import render
+
+# NVIDIA/Megatron-LM @ d98e8a64ddf34856e74b24714e3bedb2f5a39553 (2026-08-22). megatron/training/arguments.py
+# declares some options directly; the rest come from config dataclass fields via
+# megatron/training/argument_utils.py (ArgumentGroupFactory: "--" + field name with "_" -> "-").
+MEGATRON_OPTIONS = {
+    # megatron/training/arguments.py (_add_distributed_args)
+    "--decoder-first-pipeline-num-layers": "value", "--decoder-last-pipeline-num-layers": "value",
+    "--pipeline-model-parallel-layout": "value", "--num-layers-per-virtual-pipeline-stage": "value",
+    "--num-virtual-stages-per-pipeline-rank": "value", "--use-distributed-optimizer": "flag",
+    "--data-parallel-sharding-strategy": ("no_shard", "optim", "optim_grads", "optim_grads_params"),
+    # megatron/core/model_parallel_config.py: tensor_model_parallel_size, pipeline_model_parallel_size,
+    # sequence_parallel, fp16, bf16
+    "--tensor-model-parallel-size": "value", "--pipeline-model-parallel-size": "value",
+    "--sequence-parallel": "flag", "--fp16": "flag", "--bf16": "flag",
+    # megatron/core/transformer/transformer_config.py: num_layers,
+    # recompute_granularity Literal['full', 'selective'], recompute_method Literal['uniform', 'block'],
+    # recompute_num_layers
+    "--num-layers": "value", "--recompute-granularity": ("full", "selective"),
+    "--recompute-method": ("uniform", "block"), "--recompute-num-layers": "value",
+    # megatron/training/config/training_config.py: micro_batch_size, global_batch_size
+    "--micro-batch-size": "value", "--global-batch-size": "value",
+    # megatron/core/distributed/distributed_data_parallel_config.py: use_megatron_fsdp
+    "--use-megatron-fsdp": "flag",
+}
+
+# microsoft/DeepSpeed @ 38327e07f6cd39b63418f60cedd1651b0be3e7c3: deepspeed/runtime/constants.py
+# (TRAIN_BATCH_SIZE, TRAIN_MICRO_BATCH_SIZE_PER_GPU, GRADIENT_ACCUMULATION_STEPS, BFLOAT16 / FP16 with
+# "enabled", ZERO_OPTIMIZATION), deepspeed/runtime/zero/config.py ("stage"),
+# deepspeed/runtime/config.py get_pipeline_config ("stages", "partition", "activation_checkpoint_interval",
+# free-form: ours adds "stage_layers"), deepspeed/runtime/tensor_parallel/config.py ("autotp_size").
+DEEPSPEED_KEYS = {
+    "train_batch_size": None, "train_micro_batch_size_per_gpu": None, "gradient_accumulation_steps": None,
+    "bf16": {"enabled"}, "fp16": {"enabled"}, "zero_optimization": {"stage"},
+    "pipeline": {"stages", "partition", "activation_checkpoint_interval", "stage_layers"},
+    "tensor_parallel": {"autotp_size"},
+}
+DEEPSPEED_PARTITION_METHODS = {"uniform", "parameters"}  # deepspeed/runtime/pipe/module.py _partition_layers
+
+# pytorch/torchrec @ a48cef79ebc333da92af1311c04b041ee21a8e75: torchrec/distributed/types.py (ShardingType
+# values; ParameterSharding fields), torchrec/distributed/embedding_types.py (EmbeddingComputeKernel values);
+# torch/distributed/_shard/metadata.py (ShardMetadata fields).
+TORCHREC_SHARDING_TYPES = {"data_parallel", "table_wise", "column_wise", "row_wise", "table_row_wise",
+                           "table_column_wise", "grid_shard"}
+TORCHREC_KERNELS = {"dense", "fused", "fused_uvm", "fused_uvm_caching", "quant", "quant_uvm", "quant_uvm_caching",
+                    "key_value", "customized_kernel", "ssd_virtual_table"}
+TORCHREC_PARAMETER_SHARDING = {"sharding_type", "compute_kernel", "ranks", "sharding_spec", "cache_params",
+                               "enforce_hbm", "stochastic_rounding", "bounds_check_mode", "output_dtype",
+                               "key_value_params"}
+SHARD_METADATA = {"shard_offsets", "shard_sizes", "placement"}
+
+
+def parse_megatron(text: str) -> dict[str, list[str]]:
+    """The options of rendered Megatron arguments, checking every option and value against the lists."""
+    body = " ".join(line.rstrip("\\") for line in text.splitlines() if not line.startswith("#"))
+    tokens = shlex.split(body)
+    options: dict[str, list[str]] = {}
+    for token in tokens:
+        if token.startswith("--"):
+            assert token in MEGATRON_OPTIONS, f"{token} is not a Megatron-LM option"
+            assert token not in options, f"{token} given twice"
+            options[token] = []
+            current = token
+        else:
+            options[current].append(token)
+    for option, values in options.items():
+        kind = MEGATRON_OPTIONS[option]
+        if kind == "flag":
+            assert values == [], option
+        elif kind == "value":
+            assert len(values) == 1, option
+        else:
+            assert len(values) == 1 and values[0] in kind, (option, values)
+    return options
+
+
+def test_megatron_uniform_plan():
+    plan = plan_samples.gpt_plan((5, 5), tp=4, dp=2, zero=1, recompute="selective", sequence_parallel=True)
+    options = parse_megatron(render(plan, "megatron"))
+    assert options["--tensor-model-parallel-size"] == ["4"]
+    assert options["--pipeline-model-parallel-size"] == ["2"]
+    assert options["--num-layers"] == ["8"]  # 10 layers: embedding, 8 blocks, head
+    assert options["--micro-batch-size"] == ["2"] and options["--global-batch-size"] == ["64"]
+    assert options["--recompute-granularity"] == ["selective"]
+    assert "--sequence-parallel" in options and "--use-distributed-optimizer" in options and "--bf16" in options
+    # even split (4 + 4 blocks): no uneven-split options
+    assert not {"--decoder-first-pipeline-num-layers", "--pipeline-model-parallel-layout"} & set(options)
+    assert megatron_args(plan)[:2] == ["--tensor-model-parallel-size", "4"]
+
+
+def test_megatron_uneven_split_first_and_last():
+    # layers 4+3+3 -> blocks 3, 3, 2 (the first stage holds the embedding, the last the head)
+    options = parse_megatron(render(plan_samples.gpt_plan((4, 3, 3)), "megatron"))
+    assert options["--decoder-last-pipeline-num-layers"] == ["2"]
+    assert "--decoder-first-pipeline-num-layers" not in options
+    options = parse_megatron(render(plan_samples.gpt_plan((2, 5, 3)), "megatron"))  # blocks 1, 5, 2
+    assert options["--decoder-first-pipeline-num-layers"] == ["1"]
+    assert options["--decoder-last-pipeline-num-layers"] == ["2"]
+
+
+def test_megatron_interleaved():
+    options = parse_megatron(render(plan_samples.gpt_plan((5, 5), vpp=2), "megatron"))  # blocks 4 + 4
+    assert options["--num-virtual-stages-per-pipeline-rank"] == ["2"]
+    assert options["--pipeline-model-parallel-size"] == ["2"]
+    assert "--pipeline-model-parallel-layout" not in options  # 8 blocks divide evenly into 2 x 2 chunks
+    # blocks 3, 3, 2 over 3 stages x 2 chunks: round 0 gets 2, 2, 1 and round 1 gets 1, 1, 1
+    options = parse_megatron(render(plan_samples.gpt_plan((4, 3, 3), vpp=2), "megatron"))
+    assert options["--pipeline-model-parallel-layout"] == ["Ett|tt|t|t|t|tL"]
+    assert options["--pipeline-model-parallel-layout"][0].count("t") == int(options["--num-layers"][0])
+
+
+@pytest.mark.parametrize("zero,expected", [(0, []), (1, ["--use-distributed-optimizer"]),
+                                           (2, ["--use-megatron-fsdp", "--data-parallel-sharding-strategy"]),
+                                           (3, ["--use-megatron-fsdp", "--data-parallel-sharding-strategy"])])
+def test_megatron_zero_and_full_recompute(zero, expected):
+    options = parse_megatron(render(plan_samples.gpt_plan(zero=zero, recompute="full"), "megatron"))
+    for option in expected:
+        assert option in options
+    if zero >= 2:
+        assert options["--data-parallel-sharding-strategy"] == [["optim_grads", "optim_grads_params"][zero - 2]]
+    assert options["--recompute-granularity"] == ["full"] and options["--recompute-method"] == ["uniform"]
+
+
+def test_megatron_and_deepspeed_refuse_heterogeneous_plans():
+    for fmt in ("megatron", "deepspeed"):
+        with pytest.raises(PlannerError, match="several replica groups"):
+            render(plan_samples.mixed_plan(), fmt)
+
+
+def check_deepspeed(config: dict) -> None:
+    for key, value in config.items():
+        assert key in DEEPSPEED_KEYS, f"{key} is not a ds_config key"
+        if DEEPSPEED_KEYS[key] is not None:
+            assert set(value) <= DEEPSPEED_KEYS[key], (key, value)
+
+
+def test_deepspeed_config():
+    plan = plan_samples.gpt_plan((4, 3, 3), tp=4, dp=2, zero=1, recompute="full")
+    config = json.loads(render(plan, "deepspeed"))
+    check_deepspeed(config)
+    assert config == deepspeed_config(plan)
+    assert config["train_batch_size"] == 64 and config["train_micro_batch_size_per_gpu"] == 2
+    # DeepSpeed requires train_batch_size = micro x accumulation x data-parallel size
+    assert config["train_batch_size"] == 2 * config["gradient_accumulation_steps"] * 2
+    assert config["zero_optimization"] == {"stage": 1}
+    assert config["bf16"] == {"enabled": True} and config["fp16"] == {"enabled": False}
+    assert config["tensor_parallel"] == {"autotp_size": 4}
+    assert config["pipeline"]["stages"] == 3 and config["pipeline"]["partition"] in DEEPSPEED_PARTITION_METHODS
+    assert config["pipeline"]["activation_checkpoint_interval"] == 1
+    assert config["pipeline"]["stage_layers"] == [[0, 3], [4, 6], [7, 9]]
+
+
+def test_deepspeed_refuses_zero2_with_pipeline_and_interleaving():
+    with pytest.raises(PlannerError, match="ZeRO-2 with 2 pipeline stages"):
+        render(plan_samples.gpt_plan(zero=2), "deepspeed")
+    with pytest.raises(PlannerError, match="interleaved"):
+        render(plan_samples.gpt_plan((5, 5), vpp=2), "deepspeed")
+
+
+def test_torchrec_plan():
+    plan = plan_samples.dlrm_plan()
+    document = json.loads(render(plan, "torchrec"))
+    assert document == torchrec_plan(plan)
+    assert document["world_size"] == 16
+    tables = document["plan"]
+    assert set(tables) == {"t_small", "t_tw", "t_rw", "t_cw", "t_host"}
+    for name, sharding in tables.items():
+        assert set(sharding) <= TORCHREC_PARAMETER_SHARDING
+        assert sharding["sharding_type"] in TORCHREC_SHARDING_TYPES
+        assert sharding["compute_kernel"] in TORCHREC_KERNELS
+        for shard in sharding["sharding_spec"] or ():
+            assert set(shard) == SHARD_METADATA
+            assert shard["placement"].startswith(f"rank:{shard['placement'].split('/')[0][5:]}/cuda:")
+    assert tables["t_small"]["sharding_spec"] is None and tables["t_small"]["ranks"] == list(range(16))
+    assert tables["t_rw"]["ranks"] == [0, 1, 2, 3]
+    assert [s["shard_offsets"] for s in tables["t_rw"]["sharding_spec"]] == [[0, 0], [250000, 0], [500000, 0],
+                                                                            [750000, 0]]
+    assert tables["t_cw"]["sharding_spec"][1] == {"shard_offsets": [0, 64], "shard_sizes": [5000, 64],
+                                                  "placement": "rank:11/cuda:3"}  # node 1, local device 3
+    assert tables["t_tw"]["sharding_spec"][0]["placement"] == "rank:9/cuda:1"
+    assert tables["t_host"]["compute_kernel"] == "fused_uvm"
+
+
+def test_torchrec_without_embeddings_is_an_error():
+    with pytest.raises(PlannerError, match="no embedding tables"):
+        render(plan_samples.gpt_plan(), "torchrec")
+
+
+def test_searched_plan_exports_count_transformer_blocks(tmp_path):
+    """A plan from the search carries layer kinds, so Megatron's --num-layers counts transformer blocks only."""
+    import planner
+    from planner.builders import build, save
+
+    path = str(tmp_path / "gpt.onnx")
+    save(build("gpt", {"layers": 4, "hidden": 256, "heads": 4, "vocab": 1000, "seq_len": 128}), path)
+    model = planner.load_model(path, dims={"batch": 1, "seq": 128})
+    best = planner.plan(model, planner.load_cluster("dgx-a100-80gb*1"), global_batch=64)
+    blocks = sum(1 for layer in model.layers if layer.kind == "block")
+    assert blocks == 4
+    options = parse_megatron(render(best, "megatron"))
+    assert options["--num-layers"] == [str(blocks)]
+    assert options["--global-batch-size"] == ["64"]
+    if best.zero < 2 or len(best.stages) == 1:  # DeepSpeed's pipeline engine refuses ZeRO-2/3
+        check_deepspeed(json.loads(render(best, "deepspeed")))
+    assert "Search:" in render(best, "table")

@@ -1,0 +1,146 @@
+"""`planner profile`: a quick real measurement, its file works in a cluster, its op table is right."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import onnx
+import pytest
+import yaml
+from onnx import TensorProto, helper, numpy_helper
+
+from planner.cli import main
+from planner.hardware import catalog, load_cluster
+from planner.hardware.onnx_ops import bind_inputs, node_costs
+from planner.hardware.profiler import fit_profile, predict_op_s, runnable
+
+
+def tiny_model(with_weights: bool = True) -> onnx.ModelProto:
+    w = numpy_helper.from_array(np.ones((16, 32), np.float32), "w")
+    if not with_weights:  # as `planner models build` writes them: shape, no data (here: external, never read)
+        w = TensorProto(name="w", dims=[16, 32], data_type=TensorProto.FLOAT,
+                        data_location=TensorProto.EXTERNAL)
+        w.external_data.add(key="location", value="../outside/weights.bin")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
+             helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("Softmax", ["r"], ["y"], axis=-1)]
+    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 32])], initializer=[w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_op_costs_of_a_tiny_graph():
+    bound, defaulted = bind_inputs(tiny_model(), {"batch": 4})
+    assert defaulted == []
+    costs = node_costs(bound)
+    assert [c.op_class for c in costs] == ["gemm", "elementwise", "softmax"]
+    assert costs[0].gemm == (4, 32, 16)
+    assert costs[0].flops == 2 * 4 * 32 * 16
+    assert costs[0].bytes == (4 * 16 + 16 * 32 + 4 * 32) * 4
+    assert costs[1].flops == 4 * 32 and costs[1].bytes == 2 * 4 * 32 * 4
+    assert bind_inputs(tiny_model(), {})[1] == ["batch"]
+
+
+def test_runnable_fills_missing_weights_only():
+    model = runnable(bind_inputs(tiny_model(with_weights=False), {"batch": 2})[0])
+    weights = numpy_helper.to_array(model.graph.initializer[0])
+    assert weights.shape == (16, 32) and np.any(weights != 0)
+    kept = runnable(tiny_model())
+    assert np.all(numpy_helper.to_array(kept.graph.initializer[0]) == 1.0)
+    assert all(node.name for node in kept.graph.node)
+
+
+def test_quick_profile_writes_a_usable_device_file(tmp_path, capsys):
+    onnx.save(tiny_model(with_weights=False), tmp_path / "tiny.onnx")
+    out = tmp_path / "me.yaml"
+    assert main(["profile", "--quick", "--threads", "1", "--clock", "cpu", "--out", str(out),
+                 "--model", str(tmp_path / "tiny.onnx"), "--dim", "batch=8", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["device"] == "local-cpu"
+    doc = yaml.safe_load(out.read_text())
+    assert set(doc["sources"]) >= {"peak_flops_per_s", "gemm_efficiency", "memory_bandwidth_Bps", "op_overhead_s"}
+    assert [op["op_type"] for op in doc["measured"]["model_ops"]] == ["MatMul", "Relu", "Softmax"]
+    assert all(op["seconds"] > 0 for op in doc["measured"]["model_ops"])
+    profile = catalog.load_device_file(out)
+    assert profile.peak_flops_per_s["fp32"] > 1e9
+    assert all(0 < f <= 1 for _, f in profile.gemm_efficiency)
+    (tmp_path / "c.yaml").write_text(f"groups:\n  - node: {{device_file: {out.name}, devices_per_node: 1, "
+                                     "inter_node_bandwidth_GBps: 1.25}\n    count: 2\n")
+    cluster = load_cluster(tmp_path / "c.yaml")
+    assert cluster.groups[0].node.device.name == "local-cpu" and cluster.num_devices == 2
+
+
+def test_fit_profile_from_synthetic_measurements():
+    # a device doing 100 GFLOP/s on big GEMMs and 50 on small ones, 10 GB/s memory
+    gemms = [{"m": n, "n": n, "k": n, "flops": 2.0 * n ** 3, "seconds": 2.0 * n ** 3 / (100e9 if n >= 512 else 50e9)}
+             for n in (64, 128, 512, 1024)]
+    adds = [{"bytes": b, "seconds": b / 10e9} for b in (1e4, 1e6, 1e8)]
+    doc = fit_profile("synthetic-cpu", gemms, adds, 1e-6, 2 ** 30, "test")
+    assert doc["peak_flops_per_s"]["fp32"] == pytest.approx(100e9)
+    assert doc["gemm_efficiency"][0][1] == pytest.approx(0.5) and doc["gemm_efficiency"][-1][1] == pytest.approx(1.0)
+    assert doc["memory_bandwidth_Bps"] == pytest.approx(10e9)
+
+
+def test_predict_op_uses_the_right_curve(tmp_path):
+    profile = catalog.get_device("a100-80gb")
+    costs = node_costs(bind_inputs(tiny_model(), {"batch": 4096})[0])
+    gemm, relu, _ = (predict_op_s(profile, c) for c in costs)
+    assert gemm > 0 and relu > 0
+
+
+def test_profile_without_onnxruntime_says_what_to_install(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    assert main(["profile", "--out", str(tmp_path / "p.yaml")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "pip install 'planner[profile]'" in err
+    assert not (tmp_path / "p.yaml").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--out", "p.txt"], "write the profile to a .yaml file"),
+    (["--out", "missing-dir/p.yaml"], "does not exist"),
+    (["--out", "p.yaml", "--clock", "cpu"], "--threads 1"),
+    (["--out", "p.yaml", "--model", "absent.onnx"], "no such file"),
+])
+def test_profile_bad_arguments(argv, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["profile", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_profile_model_onnxruntime_cannot_run_is_exit_2(tmp_path, capsys):
+    node = helper.make_node("Frobnicate", ["x"], ["y"], domain="com.example")
+    graph = helper.make_graph([node], "bad", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
+    onnx.save(model, tmp_path / "bad.onnx")
+    from planner.hardware import profiler
+    from planner.errors import ModelError
+    with pytest.raises(ModelError, match="onnxruntime cannot run this model"):
+        profiler.measure_model(profiler.Runner("cpu", 1, "cpu"), model, {})
+
+
+def test_wall_clock_model_times_come_from_the_onnxruntime_profiler(tmp_path):
+    from planner.hardware import profiler
+    model = tiny_model()
+    measured = profiler.measure_model(profiler.Runner("cpu"), model, {"batch": 64})
+    assert set(measured.kernel_s) == {c.name for c in measured.costs}
+    assert measured.end_to_end_s > 0 and all(t >= 0 for t in measured.kernel_s.values())
+
+
+def test_prepare_a_builder_gpt_without_weights(tmp_path):
+    """`planner models build` graphs carry no weights and shapes that only a run reveals (Range)."""
+    from planner.hardware import profiler
+    out = tmp_path / "gpt.onnx"
+    assert main(["models", "build", "gpt", "--set", "layers=1", "--set", "hidden=64", "--set", "heads=2",
+                 "--set", "vocab=100", "--set", "seq_len=16", "--out", str(out)]) == 0
+    runner = profiler.Runner("cpu", 1, "cpu")
+    prepared = profiler.prepare_model(runner, profiler.load_model_file(out), {"batch": 2})
+    assert len(prepared.costs) == len(prepared.model.graph.node)
+    gemms = [c for c in prepared.costs if c.op_class == "gemm"]
+    assert gemms and all(c.flops > 0 and c.gemm for c in gemms)
+    assert any(not np.issubdtype(numpy_helper.to_array(t).dtype, np.floating) for t in prepared.constants.values())

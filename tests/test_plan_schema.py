@@ -1,0 +1,142 @@
+"""The Plan JSON Schema: shipped, printed by `planner schema`, met by every sample plan, enforced on load,
+and applied alike by jsonschema and the built-in fallback validator."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import jsonschema
+import pytest
+
+import plan_samples
+from planner.cli import main
+from planner.errors import PlannerError
+from planner.plan import Plan, _SubsetValidator, schema, schema_errors, schema_text, validate
+
+REQUIRED_TOP = ["schema_version", "model", "cluster", "global_batch", "micro_batch", "num_micro_batches", "schedule",
+                "zero", "iteration_time_s", "throughput_samples_per_s", "stages", "embeddings", "breakdown", "search"]
+
+
+def test_schema_is_a_valid_draft_2020_12_schema():
+    jsonschema.Draft202012Validator.check_schema(schema())
+
+
+def test_schema_requires_the_contract_fields():
+    s = schema()
+    assert sorted(s["required"]) == sorted(REQUIRED_TOP)
+    stage = s["$defs"]["stage"]["required"]
+    for name in ("index", "first_layer", "last_layer", "layer_names", "device_type", "devices", "tp", "dp",
+                 "recompute", "memory_bytes_per_device", "time_s"):
+        assert name in stage
+    assert set(s["properties"]["breakdown"]["required"]) == {
+        "compute_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s", "optimizer_s", "embedding_s"}
+    assert s["$defs"]["embedding"]["properties"]["sharding"]["enum"] == [
+        "data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise"]
+    assert {"proven_optimal", "lower_bound_s"} <= set(s["properties"]["search"]["required"])
+
+
+def test_schema_command_prints_the_shipped_file(capsys):
+    assert main(["schema"]) == 0
+    out = capsys.readouterr().out
+    assert json.loads(out) == schema()
+    assert out == schema_text()
+
+
+@pytest.mark.parametrize("name", sorted(plan_samples.ALL))
+def test_sample_plans_validate_and_round_trip(name):
+    plan = plan_samples.ALL[name]()
+    document = plan.to_dict()
+    assert schema_errors(document) == []
+    assert Plan.from_json(plan.to_json()) == plan
+    assert Plan.from_json(plan.to_json()).to_json() == plan.to_json()
+
+
+def test_to_json_is_deterministic():
+    a, b = plan_samples.dlrm_plan().to_json(), plan_samples.dlrm_plan().to_json()
+    assert a == b
+    assert list(json.loads(a)) == sorted(json.loads(a))
+
+
+def test_extra_fields_are_allowed_and_ignored():
+    document = plan_samples.gpt_plan().to_dict()
+    document["made_by"] = "someone"
+    document["stages"][0]["note"] = "x"
+    validate(document)
+    assert Plan.from_dict(document) == plan_samples.gpt_plan()
+
+
+def _broken_documents() -> list[tuple[str, dict]]:
+    base = plan_samples.dlrm_plan().to_dict()
+    cases = []
+    for key in REQUIRED_TOP:
+        doc = copy.deepcopy(base)
+        del doc[key]
+        cases.append((f"missing {key}", doc))
+    for path, value in [(("stages", 0, "tp"), 0), (("stages", 0, "tp"), "4"), (("stages", 0, "recompute"), "some"),
+                        (("zero",), 4), (("embeddings", 1, "sharding"), "random_wise"),
+                        (("embeddings", 1, "shards", 0, "rows"), [0]), (("search", "proven_optimal"), "yes"),
+                        (("stages", 0, "devices"), []), (("iteration_time_s",), None),
+                        (("breakdown", "bubble_s"), -1.0), (("embeddings", 1, "shards", 0, "memory"), "ssd")]:
+        doc = copy.deepcopy(base)
+        target = doc
+        for part in path[:-1]:
+            target = target[part]
+        target[path[-1]] = value
+        cases.append((f"{'.'.join(map(str, path))}={value!r}", doc))
+    return cases
+
+
+@pytest.mark.parametrize("label,document", _broken_documents(), ids=[c[0] for c in _broken_documents()])
+def test_broken_plans_are_rejected_by_both_validators(label, document):
+    strict = list(jsonschema.Draft202012Validator(schema()).iter_errors(document))
+    fallback = _SubsetValidator(schema()).errors(document)
+    assert strict and fallback, label
+    with pytest.raises(PlannerError, match="plan"):
+        Plan.from_dict(document)
+
+
+@pytest.mark.parametrize("name", sorted(plan_samples.ALL))
+def test_fallback_validator_accepts_what_jsonschema_accepts(name):
+    document = plan_samples.ALL[name]().to_dict()
+    assert _SubsetValidator(schema()).errors(document) == []
+
+
+def _keywords(node, found):
+    if isinstance(node, dict):
+        for key, value in node.items():
+            found.add(key)
+            if key in ("properties", "$defs"):
+                for sub in value.values():
+                    _keywords(sub, found)
+            elif key not in ("enum", "const", "required"):
+                _keywords(value, found)
+    elif isinstance(node, list):
+        for item in node:
+            _keywords(item, found)
+    return found
+
+
+def test_fallback_validator_covers_every_keyword_the_schema_uses():
+    used = _keywords(schema(), set())
+    assert used <= _SubsetValidator.KEYWORDS, used - _SubsetValidator.KEYWORDS
+
+
+def test_consistency_errors_name_the_field():
+    document = plan_samples.gpt_plan((4, 3, 3)).to_dict()
+    document["stages"][1]["first_layer"] = 5
+    with pytest.raises(PlannerError, match=r"stages\[1\]\.first_layer"):
+        Plan.from_dict(document)
+    document = plan_samples.dlrm_plan().to_dict()
+    document["embeddings"][1]["shards"][0]["rows"] = [5, 5]
+    with pytest.raises(PlannerError, match=r"rows: \[5, 5\) is empty"):
+        Plan.from_dict(document)
+
+
+def test_wrong_schema_version_and_bad_json():
+    document = plan_samples.gpt_plan().to_dict()
+    document["schema_version"] = 2
+    with pytest.raises(PlannerError, match="schema_version 2 is not supported"):
+        Plan.from_dict(document)
+    with pytest.raises(PlannerError, match="not valid JSON"):
+        Plan.from_json("{")

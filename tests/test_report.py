@@ -1,0 +1,98 @@
+"""render(plan, fmt) and `planner show`: what the table says, every format, errors as one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import plan_samples
+from planner.cli import main
+from planner.errors import ConfigError
+from planner.plan import Plan
+from planner.report import FORMATS, render
+from planner.report.units import id_ranges, seconds, size
+
+
+def test_units():
+    assert id_ranges([3, 0, 1, 2, 8, 9, 12]) == "0-3,8-9,12"
+    assert id_ranges([5]) == "5" and id_ranges([]) == ""
+    assert seconds(1.5) == "1.500 s" and seconds(0.0125) == "12.50 ms" and seconds(2e-6) == "2.0 us"
+    assert size(80 * 2**30) == "80.0 GiB" and size(512) == "512 B"
+
+
+def test_table_has_stages_breakdown_bottleneck_and_search():
+    text = render(plan_samples.gpt_plan((4, 3, 3)), "table")
+    lines = text.splitlines()
+    assert lines[0].startswith("Plan for gpt-test on dgx-a100-80gb*3 (24 of 24 devices)")
+    header = next(line for line in lines if line.startswith("stage"))
+    assert header.split() == ["stage", "layers", "device", "devices", "tp", "dp", "recompute", "memory/device",
+                              "time/micro-batch"]
+    rows = [line.split() for line in lines[lines.index(header) + 1:lines.index(header) + 4]]
+    assert [r[0] for r in rows] == ["0", "1", "2"]
+    assert rows[1][1:4] == ["4-6", "(3)", "a100-80gb"] and rows[1][4] == "8-15"
+    assert "pipeline bubble" in text and "74.1%" in text  # compute 0.8 of 1.08 s
+    assert "Bottleneck: compute on stage 1" in text
+    assert "proven optimal under the cost model" in text and "lower bound 1.080 s" in text
+    assert "physical bound 700.00 ms" in text
+
+
+def test_table_mixed_replicas_and_gap_and_embeddings():
+    text = render(plan_samples.mixed_plan(), "table")
+    assert "40% of batch  v100-32gb  8-15" in text
+    assert "within 11.1% of the lower bound" in text  # 0.5 / 0.45 - 1
+    text = render(plan_samples.dlrm_plan(), "table")
+    assert "t_rw     row_wise       4       0-3      hbm" in text
+    assert "embedding lower bound 3.50 ms" in text
+
+
+@pytest.mark.parametrize("name", sorted(plan_samples.ALL))
+def test_json_format_round_trips(name):
+    plan = plan_samples.ALL[name]()
+    assert Plan.from_json(render(plan, "json")) == plan
+
+
+def test_unknown_format():
+    with pytest.raises(ConfigError, match="did you mean megatron"):
+        render(plan_samples.gpt_plan(), "megatrn")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_show_every_format(tmp_path, capsys, fmt):
+    path = tmp_path / "plan.json"
+    plan = plan_samples.dlrm_plan()
+    path.write_text(plan.to_json())
+    assert main(["show", str(path), "--format", fmt]) == 0
+    assert capsys.readouterr().out == render(plan, fmt)
+
+
+def test_show_json_flag(tmp_path, capsys):
+    path = tmp_path / "plan.json"
+    path.write_text(plan_samples.gpt_plan().to_json())
+    assert main(["show", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == plan_samples.gpt_plan().to_dict()
+
+
+@pytest.mark.parametrize("content,message", [
+    (None, "cannot read the plan file"),
+    ("{not json", "not valid JSON"),
+    ('{"schema_version": 1, "stages": []}', "'model' is a required property"),
+])
+def test_show_bad_files_exit_2_with_one_line(tmp_path, content, message):
+    path = tmp_path / "plan.json"
+    if content is not None:
+        path.write_text(content)
+    out = subprocess.run([sys.executable, "-m", "planner", "show", str(path)], capture_output=True, text=True)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("planner: error:") and message in lines[0]
+    assert str(path) in lines[0]
+
+
+def test_show_torchrec_without_tables_exit_2(tmp_path, capsys):
+    path = tmp_path / "plan.json"
+    path.write_text(plan_samples.gpt_plan().to_json())
+    assert main(["show", str(path), "--format", "torchrec"]) == 2
+    assert "no embedding tables" in capsys.readouterr().err

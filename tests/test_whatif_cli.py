@@ -1,0 +1,40 @@
+"""`planner whatif` command-line errors that need no model or cluster (exit 2, one line)."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.cli import main
+
+
+def _run_error(argv, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("planner: error:")
+    return err[0]
+
+
+def test_unknown_sweep_key_exits_2_naming_valid_keys(capsys):
+    line = _run_error(["whatif", "m.onnx", "--cluster", "dgx-a100-80gb*2", "--global-batch", "8",
+                       "--sweep", "cuont=1,2"], capsys)
+    assert "unknown key 'cuont'" in line and "did you mean count" in line
+    assert "seq_len" in line and "inter_node_bandwidth_GBps" in line
+
+
+@pytest.mark.parametrize("sweep,match", [("count", "KEY=V1"), ("count=a,b", "not an integer"),
+                                         ("seq_len=0", "at least 1")])
+def test_bad_sweep_values_exit_2(capsys, sweep, match):
+    assert match in _run_error(["whatif", "m.onnx", "--cluster", "x*1", "--global-batch", "8", "--sweep", sweep],
+                               capsys)
+
+
+def test_repeated_key_and_bad_plot_suffix(capsys):
+    base = ["whatif", "m.onnx", "--cluster", "x*1", "--global-batch", "8"]
+    assert "given twice" in _run_error([*base, "--sweep", "count=1", "--sweep", "count=2"], capsys)
+    assert ".png or .svg" in _run_error([*base, "--sweep", "count=1", "--plot", "out.pdf"], capsys)
+
+
+def test_sweep_is_required(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["whatif", "m.onnx", "--cluster", "x*1", "--global-batch", "8"])
+    assert exc.value.code == 2 and "--sweep" in capsys.readouterr().err

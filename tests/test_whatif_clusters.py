@@ -1,0 +1,41 @@
+"""Sweep cluster transforms on real catalog clusters (planner.hardware)."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.errors import ConfigError
+from planner.hardware import catalog, load_cluster
+from planner.sweep.keys import check_groups, parse_sweeps, point_inputs
+
+
+def _inputs(spec, sweeps):
+    cluster = load_cluster(spec)
+    parsed = parse_sweeps(sweeps)
+    check_groups(cluster, parsed, catalog)
+    return point_inputs(cluster, 512, {}, parsed, catalog)
+
+
+def test_mixed_shorthand_group_counts_and_ids():
+    points = _inputs("dgx-a100-80gb*2+dgx-h100*3", {"dgx-a100-80gb.count": ["0", "4"], "dgx-h100.count": ["1"]})
+    only_h100 = points[0].cluster
+    assert [(g.name, g.count, g.first_device) for g in only_h100.groups] == [("dgx-h100", 1, 0)]
+    both = points[1].cluster
+    assert [(g.name, g.count, g.first_device) for g in both.groups] == [("dgx-a100-80gb", 4, 0), ("dgx-h100", 1, 32)]
+    assert both.num_devices == 40
+
+
+def test_node_swap_and_network_and_price():
+    point = _inputs("dgx-a100-80gb*4", {"node": ["dgx-h200"], "inter_node_bandwidth_GBps": ["12.5"],
+                                        "price_per_node_hour": ["98.3"]})[0]
+    group = point.cluster.groups[0]
+    assert group.node.device.name == "h200" and group.count == 4
+    assert group.node.inter_node_bandwidth_Bps == pytest.approx(12.5e9)
+    assert group.price_per_node_hour == pytest.approx(98.3)
+
+
+def test_catalog_errors_are_config_errors_with_suggestions():
+    with pytest.raises(ConfigError, match="dgx-h100"):
+        _inputs("dgx-a100-80gb*4", {"node": ["dgx-h10"]})
+    with pytest.raises(ConfigError, match="no group 'dgx-h100'"):
+        _inputs("dgx-a100-80gb*4", {"dgx-h100.count": ["1"]})

@@ -1,0 +1,135 @@
+"""`planner.whatif` and `planner whatif` through the real pipeline: ONNX import, cluster files, search."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+
+import planner.graph
+from planner.builders import build, save
+from planner.cli import main
+from planner.types import ParallelConfig
+from planner.whatif import _load_model, whatif
+
+CLUSTER = """\
+groups:
+  - node: l4
+    count: 2
+    price_per_node_hour: 0.8
+  - node: a10
+    count: 1
+    price_per_node_hour: 1.1
+"""
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("whatif")
+    model = folder / "tiny-gpt.onnx"
+    save(build("gpt", {"layers": 2, "hidden": 64, "heads": 2, "vocab": 128, "seq_len": 64}), str(model))
+    cluster = folder / "mix.yaml"
+    cluster.write_text(CLUSTER)
+    return str(model), str(cluster)
+
+
+SWEEPS = {"l4.count": ["0", "1", "2"], "a10.count": ["0", "1"], "seq_len": ["32", "64"]}
+
+
+def test_grid_rows_and_tokens(files):
+    model, cluster = files
+    result = whatif(model, cluster, 8, SWEEPS, workers=1)
+    assert len(result.points) == 12 and result.keys == tuple(SWEEPS)
+    rows = list(csv.DictReader(io.StringIO(result.to_csv())))
+    assert len(rows) == 12
+    empty = [p for p in result.points if p.setting["l4.count"] == 0 and p.setting["a10.count"] == 0]
+    assert len(empty) == 2 and all(not p.feasible and "no nodes" in p.reason for p in empty)
+    feasible = [p for p in result.points if p.feasible]
+    assert len(feasible) == 10
+    for point in feasible:
+        assert point.seq_len == point.setting["seq_len"]
+        assert point.tokens_per_s == pytest.approx(point.throughput_samples_per_s * point.seq_len)
+        assert 0 < point.devices_used <= point.num_devices
+        assert point.cost_per_million_tokens == pytest.approx(
+            point.cost_per_hour / 3600 / point.tokens_per_s * 1e6)
+    # a longer sequence is more work per sample
+    by_setting = {tuple(p.settings): p for p in feasible}
+    assert by_setting[(("l4.count", 2), ("a10.count", 1), ("seq_len", 64))].throughput_samples_per_s < \
+        by_setting[(("l4.count", 2), ("a10.count", 1), ("seq_len", 32))].throughput_samples_per_s
+
+
+def test_one_and_two_workers_identical(files):
+    model, cluster = files
+    one = whatif(model, cluster, 8, SWEEPS, workers=1)
+    two = whatif(model, cluster, 8, SWEEPS, workers=2)
+    assert one.points == two.points
+    def without_timings(result):
+        document = {k: v for k, v in result.to_dict().items() if k != "search"}
+        document["points"] = [{k: v for k, v in p.items() if k != "search"} for p in document["points"]]
+        return json.dumps(document, sort_keys=True)
+
+    assert without_timings(one) == without_timings(two)
+    assert all(p.search_time_s > 0 for p in one.points)
+
+
+def test_model_imported_once_per_distinct_dims(files, monkeypatch):
+    model, cluster = files
+    calls = []
+    real = planner.graph.load_model
+
+    def counting(path, dims=None):
+        calls.append(tuple(sorted((dims or {}).items())))
+        return real(path, dims)
+
+    monkeypatch.setattr(planner.graph, "load_model", counting)
+    _load_model.cache_clear()
+    whatif(model, cluster, 8, SWEEPS, workers=1)  # 12 points, 10 planned, 2 sequence lengths
+    _load_model.cache_clear()
+    assert sorted(calls) == [(("seq", 32),), (("seq", 64),)]
+
+
+def test_pinned_choice_that_cannot_fit_is_an_infeasible_row(files):
+    model, cluster = files
+    result = whatif(model, cluster, 8, {"l4.count": ["1", "2"]}, pinned=ParallelConfig(global_batch=8, tp=2, pp=0, dp=0),
+                    workers=1)
+    assert [p.feasible for p in result.points] == [False, False]
+    assert all("tp" in p.reason for p in result.points)
+
+
+def test_cli_table_csv_json_plot(files, tmp_path, capsys):
+    pytest.importorskip("matplotlib", reason="matplotlib (the plot extra) is not installed")
+    from matplotlib.image import imread
+
+    model, cluster = files
+    out_csv, out_png = tmp_path / "sweep.csv", tmp_path / "sweep.png"
+    argv = ["whatif", model, "--cluster", cluster, "--global-batch", "8", "--sweep", "l4.count=1,2",
+            "--sweep", "inter_node_bandwidth_GBps=1,50", "--csv", str(out_csv), "--plot", str(out_png)]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "4 points, 4 feasible" in captured.out and "4/4 points" in captured.err
+    assert len(list(csv.DictReader(out_csv.open()))) == 4
+    pixels = imread(str(out_png))
+    assert pixels.shape[:2] == (480, 1280) and pixels[..., :3].var() > 0
+    assert main([*argv[:8], "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert len(document["points"]) == 2 and document["keys"] == ["l4.count"]
+
+
+def test_cli_bad_model_and_group(files, capsys):
+    model, cluster = files
+    assert main(["whatif", "missing.onnx", "--cluster", cluster, "--global-batch", "8", "--sweep", "count=1"]) == 2
+    assert "missing.onnx" in capsys.readouterr().err
+    assert main(["whatif", model, "--cluster", cluster, "--global-batch", "8", "--sweep", "l40.count=1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no group 'l40'" in err and "did you mean l4" in err
+
+
+def test_api_names_stay_functions_after_their_modules_are_imported():
+    code = ("import planner.plan, planner.whatif, planner; "
+            "print(planner.plan.__module__, planner.whatif.__module__, planner.Plan.__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["planner.search.api", "planner.whatif", "Plan"]
