@@ -74,14 +74,20 @@ def device_bins(problem: Problem) -> Bins:
     return Bins(tuple(np.array([i]) for i in range(n)), np.arange(n), tuple(problem.node_positions), False)
 
 
-def class_bins(problem: Problem) -> Bins:
-    """Bins of interchangeable devices (same class and same capacities); node positions by node class."""
+def _grouped(problem: Problem, group_of: np.ndarray) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
+    """Bins of the devices that share ``group_of`` and their capacities: (members per bin, bin per device)."""
     dev = problem.dev
-    keys = [(int(dev.class_of[i]), float(dev.hbm_capacity_bytes[i]), float(dev.host_capacity_bytes[i]))
+    keys = [(int(group_of[i]), float(dev.hbm_capacity_bytes[i]), float(dev.host_capacity_bytes[i]))
             for i in range(dev.count)]
     index = {key: b for b, key in enumerate(dict.fromkeys(keys))}
     bin_of = np.array([index[key] for key in keys], dtype=int)
-    members = tuple(np.flatnonzero(bin_of == b) for b in range(len(index)))
+    return tuple(np.flatnonzero(bin_of == b) for b in range(len(index))), bin_of
+
+
+def class_bins(problem: Problem) -> Bins:
+    """Bins of interchangeable devices (same class and same capacities); node positions by node class."""
+    dev = problem.dev
+    members, bin_of = _grouped(problem, dev.class_of)
     node_classes: dict[tuple[int, ...], int] = {}
     for k in problem.node_positions:
         node_classes.setdefault(tuple(sorted(bin_of[list(dev.nodes[k])])), k)
@@ -92,12 +98,7 @@ def node_bins(problem: Problem) -> Bins:
     """One bin per node (per node and capacity, where budgets differ): node-wide and global units land
     exactly, per-device units only up to their node. A relaxation of the per-device MILP that keeps which
     node carries which table, and a much smaller one."""
-    dev = problem.dev
-    keys = [(int(dev.node_of[i]), float(dev.hbm_capacity_bytes[i]), float(dev.host_capacity_bytes[i]))
-            for i in range(dev.count)]
-    index = {key: b for b, key in enumerate(dict.fromkeys(keys))}
-    bin_of = np.array([index[key] for key in keys], dtype=int)
-    members = tuple(np.flatnonzero(bin_of == b) for b in range(len(index)))
+    members, bin_of = _grouped(problem, problem.dev.node_of)
     return Bins(members, bin_of, tuple(problem.node_positions), True)
 
 
