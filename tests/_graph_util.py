@@ -58,8 +58,22 @@ def _dropout(g: GraphBuilder, x: str, dropout: bool) -> str:
     return g.op("Dropout", [x, ratio, train])
 
 
+def _gelu(g: GraphBuilder, x: str, form: str) -> str:
+    """GeLU as one op, or decomposed as TorchScript exports it: erf form x*0.5*(1+erf(x/sqrt2)), or
+    GPT-2's tanh form 0.5*x*(1+tanh(sqrt(2/pi)*(x+0.044715*x^3)))."""
+    if form == "op":
+        return g.op("Gelu", [x])
+    c = lambda v: g.op("Constant", [], value=numpy_helper.from_array(np.array(v, np.float32)))  # noqa: E731
+    if form == "erf":
+        inner = g.op("Add", [g.op("Erf", [g.op("Div", [x, c(np.sqrt(2.0))])]), c(1.0)])
+        return g.op("Mul", [g.op("Mul", [x, inner]), c(0.5)])
+    cube = g.op("Mul", [g.op("Pow", [x, c(3.0)]), c(0.044715)])
+    t = g.op("Tanh", [g.op("Mul", [g.op("Add", [x, cube]), c(np.sqrt(2 / np.pi))])])
+    return g.op("Mul", [g.op("Mul", [x, c(0.5)]), g.op("Add", [t, c(1.0)])])
+
+
 def gpt_block(g: GraphBuilder, x: str, i: int, hidden: int, heads: int, seq: int, ffn: int, dropout: bool,
-              kv_heads: int | None = None) -> str:
+              kv_heads: int | None = None, gelu: str = "op") -> str:
     d = hidden // heads
     kv = kv_heads or heads
     g.scope = ["transformer", f"h.{i}"]
@@ -94,7 +108,7 @@ def gpt_block(g: GraphBuilder, x: str, i: int, hidden: int, heads: int, seq: int
     ln2 = g.op("LayerNormalization", [x1, g.weight(f"h.{i}.ln_2.weight", [hidden]),
                                        g.weight(f"h.{i}.ln_2.bias", [hidden])], axis=-1)
     g.scope = ["transformer", f"h.{i}", "mlp"]
-    fc1 = g.op("Gelu", [_linear(g, ln2, f"h.{i}.mlp.c_fc", hidden, ffn)])
+    fc1 = _gelu(g, _linear(g, ln2, f"h.{i}.mlp.c_fc", hidden, ffn), gelu)
     fc2 = _dropout(g, _linear(g, fc1, f"h.{i}.mlp.c_proj", ffn, hidden), dropout)
     g.scope = ["transformer", f"h.{i}"]
     return g.op("Add", [x1, fc2])
@@ -102,7 +116,7 @@ def gpt_block(g: GraphBuilder, x: str, i: int, hidden: int, heads: int, seq: int
 
 def tiny_gpt(layers: int = 2, hidden: int = 64, heads: int = 4, seq: int = 16, vocab: int = 1000,
              named: bool = True, dropout: bool = True, symbolic_seq: bool = False,
-             kv_heads: int | None = None, ffn: int | None = None) -> onnx.ModelProto:
+             kv_heads: int | None = None, ffn: int | None = None, gelu: str = "op") -> onnx.ModelProto:
     """A GPT-2-like decoder: token + position embeddings, ``layers`` pre-LN blocks, final LN, LM head."""
     g = GraphBuilder(named)
     ffn = ffn or 4 * hidden
@@ -113,7 +127,7 @@ def tiny_gpt(layers: int = 2, hidden: int = 64, heads: int = 4, seq: int = 16, v
     g.scope = ["transformer"]
     x = g.op("Add", [tok, pos])
     for i in range(layers):
-        x = gpt_block(g, x, i, hidden, heads, seq, ffn, dropout, kv_heads)
+        x = gpt_block(g, x, i, hidden, heads, seq, ffn, dropout, kv_heads, gelu)
     g.scope = ["transformer", "ln_f"]
     x = g.op("LayerNormalization", [x, g.weight("ln_f.weight", [hidden]), g.weight("ln_f.bias", [hidden])], axis=-1)
     g.scope = ["lm_head"]

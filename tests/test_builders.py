@@ -378,11 +378,7 @@ def test_block_activations_match_korthikanti(tmp_path, family, h, a, s, dropout,
     assert [layer.activation_bytes for layer in blocks] == [pytest.approx(expected, rel=1e-9)] * 2
 
 
-@pytest.mark.parametrize("interaction", [
-    "dot",
-    pytest.param("dcn", marks=pytest.mark.xfail(strict=True, reason="the importer puts the bottom MLP inside the "
-                                                                   "embedding layer here (NOTES_FOR_GRAPH.md item 8)")),
-])
+@pytest.mark.parametrize("interaction", ["dot", "dcn"])
 def test_dlrm_bottom_mlp_is_its_own_units(tmp_path, interaction):
     graph = _import(tmp_path, "dlrm", {"tables": REFERENCE, "workload": "mlperf-dlrm-dcnv2",
                                        "interaction": interaction}, {"batch": 1})

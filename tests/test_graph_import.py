@@ -11,7 +11,6 @@ import onnx
 import pytest
 from onnx import TensorProto as T
 from onnx import helper as h
-from onnx import numpy_helper
 
 import planner
 from planner.errors import ModelError
@@ -224,3 +223,62 @@ def test_einsum_and_conv_transpose_rules():
     model = g.model([h.make_tensor_value_info("x", T.FLOAT, ["batch", 4, 5, 5])], [y])
     # every input pixel scatters a 3x3 kernel into 6 output channels from 4 input channels
     assert import_model_proto(model).flops_forward == 2 * 4 * 25 * 6 * 9
+
+
+@pytest.mark.parametrize("interaction", ["dot", "dcn"])
+def test_builder_dlrm_layers(interaction):
+    """A DLRM from the builders: one embedding unit holding every table, then the bottom MLP's layers
+    as their own units (also with a DCN interaction, whose concatenation joins the two branches)."""
+    import os
+
+    from planner.builders import build
+
+    tables = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "reference", "embedding_workloads.json")
+    model = build("dlrm", {"tables": tables, "workload": "mlperf-dlrm-dcnv2", "interaction": interaction})
+    graph = import_model_proto(model)
+    kinds = [(layer.name, layer.kind) for layer in graph.layers]
+    embedding = [layer for layer in graph.layers if layer.kind == "embedding"]
+    assert len(embedding) == 1, kinds
+    assert embedding[0].params == sum(t.rows * t.dim for t in graph.embedding_tables)
+    assert [name for name, _ in kinds if name.startswith("bottom_mlp")] == [f"bottom_mlp.layers.{i}" for i in range(3)]
+    assert graph.family == "dlrm" and len(graph.embedding_tables) == 26
+
+
+@pytest.mark.parametrize("form", ["erf", "tanh"])
+def test_decomposed_gelu_keeps_only_its_input(form):
+    """TorchScript exports GeLU as a chain of element-wise ops; fused (as Megatron runs it) it keeps only its
+    input, so the block's activation bytes equal the single-Gelu graph's (Korthikanti's 8sh for GeLU)."""
+    fused = import_model_proto(tiny_gpt(2, H, A, S, V, gelu=form)).layers[1]
+    single = import_model_proto(tiny_gpt(2, H, A, S, V)).layers[1]
+    assert fused.activation_bytes == single.activation_bytes == S * H * (34 + 5 * A * S / H)
+    assert fused.transformer == single.transformer
+
+
+def _mlp(dims: list) -> onnx.ModelProto:
+    g = GraphBuilder()
+    y = g.op("Relu", [g.op("MatMul", ["x", g.weight("w", [32, 16])])])
+    return g.model([h.make_tensor_value_info("x", T.FLOAT, dims)], [y])
+
+
+def test_leading_symbolic_dim_is_the_batch():
+    graph = import_model_proto(_mlp(["N", 32]))
+    assert graph.batch == 1 and dict(graph.dims) == {"N": 1}
+    graph = import_model_proto(_mlp(["N", 32]), {"N": 4})
+    assert graph.batch == 4 and graph.flops_forward == pytest.approx(2 * 32 * 16 + 16)  # per sample
+
+
+def test_unnamed_symbolic_dims():
+    """A dim without a name: the leading one is the batch; another is bound as INPUT[POS]."""
+    model = _mlp([None, None, 32])
+    with pytest.raises(ModelError, match=r"--dim x\[1\]=INT"):
+        import_model_proto(model)
+    graph = import_model_proto(model, {"x[1]": 5})
+    assert graph.flops_forward == pytest.approx(5 * (2 * 32 * 16 + 16))
+
+
+def test_a_graph_of_constants_is_a_model_error():
+    g = GraphBuilder()
+    y = g.op("Relu", [g.const("w", np.ones((4, 4), np.float32))])
+    model = g.model([h.make_tensor_value_info("x", T.FLOAT, ["batch", 4])], [y])
+    with pytest.raises(ModelError, match="no node computes on the model's inputs"):
+        import_model_proto(model)

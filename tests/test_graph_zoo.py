@@ -10,7 +10,6 @@ AlexNet the totals are also checked against analytic counts written out from the
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import onnx

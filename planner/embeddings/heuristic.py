@@ -2,9 +2,11 @@
 
 1. Each table takes the option the LP relaxation weights most (ties: the one whose unit alone is fastest).
 2. Units go largest first onto the position that finishes earliest (LPT on heterogeneous devices: the device's
-   time after adding the unit, with its own bandwidth and links), within memory.
+   time after adding the unit, with its own bandwidth and links), within memory; a second pass puts them where
+   the additive load (sent + received bytes, no overlap) is least, which spreads both links more evenly.
 3. Refinement: for the tables on the slowest device, try each other option (a finer column split, a row-wise
-   split, data-parallel...) and redo step 2; keep the first change that lowers the slowest device's time.
+   split, data-parallel...) and redo step 2; keep the first change that lowers the slowest device's time;
+   when none does, change a whole group of tables that share a sharding at once.
 4. Local search on the slowest device: move one of its units elsewhere, or re-shard one of its tables in
    place, whenever that lowers the time of every device it touches below the current maximum.
 Every loop is bounded by a count of steps (not the clock) so the same input gives the same plan; the deadline
@@ -26,6 +28,7 @@ Assignment = tuple[tuple[int, tuple[int, ...]], ...]
 # at most this many greedy re-runs
 _REFINE_WORK = 3e6
 _REFINE_MAX = 200
+_GROUP_POLISH_ROUNDS = 300  # local-search rounds spent judging one group change
 
 
 @dataclass
@@ -123,13 +126,25 @@ class _State:
             fits = self.hbm + option.memory_bytes <= dev.hbm_capacity_bytes
         return times, fits
 
-    def place_unit(self, t: int, o: int) -> bool:
-        """Put one unit of (t, o) where it finishes earliest; False when it fits nowhere."""
+    def additive_load(self, t: int, o: int) -> np.ndarray:
+        """Device scope: each device's load if one more unit of (t, o) went there, counting sent and received
+        bytes as if they queued on one link (no max): the measure a load-balancing planner uses."""
+        problem, dev = self.problem, self.problem.dev
+        option = problem.options[t][o]
+        bw = dev.host_Bps if option.host else dev.lookup_Bps
+        a2a = self.ids_recv + option.ids_recv_bytes + 2.0 * (self.pool_send + option.pool_send_bytes)
+        return self.latency + self.compute + option.lookup_bytes / bw + dev.a2a_s_per_byte * a2a
+
+    def place_unit(self, t: int, o: int, rule: str = "finish") -> bool:
+        """Put one unit of (t, o) where it finishes earliest (``rule="finish"``) or where the additive load is
+        least (``"additive"``); False when it fits nowhere."""
         option = self.problem.options[t][o]
         if option.scope == "device":
             times, fits = self.candidate_times(t, o)
             if not fits.any():
                 return False
+            if rule == "additive":
+                times = self.additive_load(t, o)
             p = int(np.argmin(np.where(fits, times, np.inf)))
         else:
             best, p = np.inf, -1
@@ -165,7 +180,7 @@ class _State:
         return True
 
 
-def greedy(problem: Problem, choice: Sequence[int]) -> _State | None:
+def greedy(problem: Problem, choice: Sequence[int], rule: str = "finish") -> _State | None:
     """LPT placement of the chosen options (global ones first, then node-wide, then per-device units, largest
     first); None when some unit finds no room."""
     state = _State.empty(problem)
@@ -176,13 +191,31 @@ def greedy(problem: Problem, choice: Sequence[int]) -> _State | None:
             state.apply_unit(t, o, 0, 1.0)
             state.positions[t].append(0)
     pending = [t for t, o in enumerate(choice) if problem.options[t][o].scope != "global"]
-    pending.sort(key=lambda t: (problem.options[t][choice[t]].scope != "node", -problem.unit_alone_s(t, choice[t]), t))
+    pending.sort(key=lambda t: (problem.options[t][choice[t]].scope != "node", -problem.unit_size_s(t, choice[t]), t))
     for t in pending:
         o = choice[t]
         for _ in range(problem.options[t][o].units):
-            if not state.place_unit(t, o):
+            if not state.place_unit(t, o, rule):
                 return None
     return state if problem.fits(state.loads()) else None
+
+
+def least_work_guide(problem: Problem) -> tuple[tuple[float, ...], ...]:
+    """Per table, weight 1 on the option with the least total work over the devices it touches (lookups,
+    collectives and all-to-all seconds summed, on its first position): the choice a planner that only balances
+    load would make. A third start for the greedy, beside the LP's and the integral relaxation's choices."""
+    guide = []
+    dev = problem.dev
+    for t, options in enumerate(problem.options):
+        work = []
+        for o, option in enumerate(options):
+            positions = problem.distinct_positions(option)
+            u = problem.unit(t, o, positions[0] if option.scope != "device" else int(np.argmax(dev.lookup_Bps)))
+            a2a = dev.a2a_s_per_byte[u.devices] * (u.ids_recv_bytes + 2.0 * u.pool_send_bytes)
+            work.append((float(np.sum(u.compute_s + a2a)) * option.units, o))
+        best = min(work)[1]
+        guide.append(tuple(1.0 if o == best else 0.0 for o in range(len(options))))
+    return tuple(guide)
 
 
 def preferences(problem: Problem, weights: Sequence[Sequence[float]] | None) -> list[list[int]]:
@@ -227,7 +260,7 @@ def _tables_on(state: _State, device: int) -> list[int]:
             found.append(t)
         elif option.scope == "global":
             found.append(t)
-    found.sort(key=lambda t: (-state.problem.unit_alone_s(t, state.option[t]), t))
+    found.sort(key=lambda t: (-state.problem.unit_size_s(t, state.option[t]), t))
     return found
 
 
@@ -254,8 +287,48 @@ def refine(problem: Problem, choice: list[int], state: _State, deadline: float, 
             if improved:
                 break
         if not improved:
-            break
+            trial = _group_change(problem, choice, state, best, budget, deadline)
+            if trial is None:
+                break
+            choice, state, best, spent = trial
+            budget -= spent
     return choice, state
+
+
+def _label(problem: Problem, t: int, o: int) -> tuple[str, int, bool]:
+    option = problem.options[t][o]
+    return option.sharding, option.units, option.host
+
+
+def _group_change(problem: Problem, choice: list[int], state: _State, best: float, budget: int, deadline: float):
+    """Re-shard every table that shares one sharding (type, shard count) with a table on the slowest device, all
+    at once: balancing pooled-output bytes sometimes needs a whole group split finer, which no single change
+    shows (each alone only adds ids traffic everywhere). Returns (choice, state, makespan, greedy runs) or None."""
+    worst = int(np.argmax(state.times()))
+    spent = 0
+    labels = sorted({_label(problem, t, choice[t]) for t in _tables_on(state, worst)})
+    for label in labels:
+        members = [t for t in range(len(choice)) if _label(problem, t, choice[t]) == label]
+        if len(members) < 2:
+            continue
+        targets = sorted({_label(problem, t, o) for t in members for o in range(len(problem.options[t]))} - {label})
+        for target in targets:
+            if spent >= budget:
+                return None
+            trial = choice.copy()
+            for t in members:
+                match = [o for o in range(len(problem.options[t])) if _label(problem, t, o) == target]
+                if match:
+                    trial[t] = match[0]
+            spent += 1
+            candidate = greedy(problem, trial)
+            if candidate is None:
+                continue
+            # a group change moves many units at once: judge it after a short local search
+            candidate = local_search(candidate, deadline, max_rounds=_GROUP_POLISH_ROUNDS)
+            if candidate.makespan() < best * (1 - 1e-9):
+                return trial, candidate, candidate.makespan(), spent
+    return None
 
 
 def local_search(state: _State, deadline: float, max_rounds: int = 5000) -> _State:
@@ -282,16 +355,17 @@ def _device_units(state: _State) -> list[list[tuple[int, int]]]:
     return out
 
 
-def _swap_units(state: _State, device: int, limit: float, times: np.ndarray, partners: int = 16) -> bool:
-    """Swap a unit of ``device`` with a smaller one of a less loaded device when both end below ``limit``."""
+def _swap_units(state: _State, device: int, limit: float, times: np.ndarray, partners: int = 32) -> bool:
+    """Swap a unit of ``device`` with one of a less loaded device when both end below ``limit`` (units differ in
+    what they load: lookups, ids, pooled bytes, so a swap can help where no single move does)."""
     problem = state.problem
     units = _device_units(state)
-    mine = sorted(set(units[device]), key=lambda u: (-problem.unit_alone_s(*u), u))
+    mine = sorted(set(units[device]), key=lambda u: (-problem.unit_size_s(*u), u))
     for j in [int(k) for k in np.argsort(times, kind="stable")[:partners] if k != device]:
-        theirs = sorted(set(units[j]), key=lambda u: (problem.unit_alone_s(*u), u))
+        theirs = sorted(set(units[j]), key=lambda u: (problem.unit_size_s(*u), u))
         for a in mine:
             for b in theirs:
-                if a[0] == b[0] or problem.unit_alone_s(*b) >= problem.unit_alone_s(*a):
+                if a[0] == b[0] or a == b:
                     continue
                 state.apply_unit(*a, device, -1.0)
                 state.apply_unit(*b, j, -1.0)
@@ -371,7 +445,9 @@ def heuristic(problem: Problem, weights: Sequence[Sequence[float]] | None, deadl
         return None
     choice, state = start
     direct = local_search(greedy(problem, choice) or state, deadline)
+    additive = greedy(problem, choice, "additive")
+    additive = local_search(additive, deadline) if additive is not None else direct
     _, refined = refine(problem, choice, state, deadline)
     refined = local_search(refined, deadline)
-    best = min((direct, refined), key=lambda s: s.makespan())
+    best = min((direct, additive, refined), key=lambda s: s.makespan())
     return best.assignment()

@@ -1,8 +1,10 @@
 """The placement MILP and its LP relaxation (pulp + HiGHS), written like the paper.
 
-Bins are the places loads are counted: single devices (the MILP) or classes of interchangeable devices (the
-LP bound; averaging any solution over the permutations of identical devices keeps it feasible without raising
-the slowest device's time, so the aggregated LP is a valid relaxation and much smaller).
+Bins are the places loads are counted: single devices (the exact MILP), classes of interchangeable devices
+(averaging any solution over the permutations of identical devices keeps it feasible without raising the
+slowest device's time, so the class LP equals the per-device LP and is much smaller; with integral choices it
+is a relaxation of the MILP that cannot mix options within a table), or whole nodes (node-wide units exact,
+per-device units pooled inside their node: a relaxation between the two).
 
 Variables
   z[t,o]    in {0,1}   table t uses option o

@@ -140,6 +140,7 @@ class Problem:
     _units: dict[tuple[int, int, int], UnitLoad] = field(default_factory=dict, repr=False)
     _latency: dict[tuple[str, int], tuple[np.ndarray, float]] = field(default_factory=dict, repr=False)
     _alone: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
+    _size: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
 
     @cached_property
     def node_positions(self) -> tuple[int, ...]:
@@ -295,6 +296,25 @@ class Problem:
         cached = self._alone.get(key)
         if cached is None:
             cached = self._alone[key] = self._unit_alone_s(t, o)
+        return cached
+
+    def unit_size_s(self, t: int, o: int) -> float:
+        """How big one unit of option o is, for largest-first orders: its own lookups, collectives and
+        all-to-all bytes on the fastest device (no shared traffic, no latency)."""
+        key = (t, o)
+        cached = self._size.get(key)
+        if cached is None:
+            option, dev = self.options[t][o], self.dev
+            i = int(np.argmax(dev.lookup_Bps))
+            if option.scope == "device":
+                bw = dev.host_Bps[i] if option.host else dev.lookup_Bps[i]
+                cached = option.lookup_bytes / bw + dev.a2a_s_per_byte[i] * (
+                    option.ids_recv_bytes + 2.0 * option.pool_send_bytes)
+            else:
+                u = self.unit(t, o, self.distinct_positions(option)[0])
+                cached = float(np.max(u.compute_s + dev.a2a_s_per_byte[u.devices] * (
+                    u.ids_recv_bytes + 2.0 * u.pool_send_bytes)))
+            self._size[key] = cached
         return cached
 
     @cached_property

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 import numpy as np
 
 from planner.embeddings.devices import device_arrays
-from planner.embeddings.heuristic import heuristic
+from planner.embeddings.heuristic import heuristic, least_work_guide
 from planner.embeddings.milp import SolveResult, class_bins, device_bins, node_bins, resolve_integer, solve
 from planner.embeddings.problem import Problem, build_problem, even_split
 from planner.errors import ConfigError, InfeasibleError
@@ -38,13 +38,13 @@ NODE_MILP_MAX_NODES = 4
 class EmbeddingResult:
     placements: tuple[EmbeddingPlacement, ...]
     embedding_time_s: float  # the slowest device: forward + backward lookups and communication
-    lower_bound_s: float  # LP relaxation (or the MILP's dual bound, whichever is higher)
+    lower_bound_s: float  # the best proven bound: LP relaxation, integral-choice and node MILPs, exact MILP
     per_device_time_s: Mapping[int, float]  # global device id -> seconds
     per_device_memory_bytes: Mapping[int, float]  # global device id -> HBM bytes (weights + optimizer state)
     proven_optimal: bool
     method: str  # "milp" | "heuristic"
     gap: float  # (embedding_time_s - lower_bound_s) / lower_bound_s
-    per_device_host_memory_bytes: Mapping[int, float] = None  # type: ignore[assignment]
+    per_device_host_memory_bytes: Mapping[int, float] = field(default_factory=dict)  # UVM shards
     solve_time_s: float = 0.0
     optimizer: str = "adagrad"
 
@@ -89,10 +89,11 @@ def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Se
     if chosen.weights:
         guides.append(chosen.weights)
     guides.append(relaxed.weights)
+    guides.append(least_work_guide(problem))
     # (3) greedy + local search from each guide
     assignment, best = None, np.inf
     for k, guide in enumerate(guides):
-        candidate = heuristic(problem, guide, start + budget * (0.45 + 0.15 * k))
+        candidate = heuristic(problem, guide, start + budget * (0.4 + 0.1 * k))
         value = _makespan(problem, candidate) if candidate is not None else np.inf
         if value < best:
             assignment, best = candidate, value

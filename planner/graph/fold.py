@@ -15,8 +15,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from planner.graph.opgraph import Node
+from planner.graph.ir import Node
 
+_ONNX_TYPES = frozenset(onnx.TensorProto.DataType.values())
 MAX_ELEMENTS = 4096  # evaluate only small tensors (shapes, indices, positions), never weights or masks
 
 Value = np.ndarray
@@ -95,21 +96,51 @@ def _reshape(node: Node, ins: list) -> Value:
     return ins[0].reshape(shape)
 
 
-def _range(node: Node, ins: list) -> Value:
-    start, limit, delta = (np.asarray(v).item() for v in ins)
+def _range(node: Node, ins: list) -> Value | None:
+    start, limit, delta = (np.asarray(v).reshape(-1)[0].item() for v in ins)
+    if delta == 0 or not 0 <= (limit - start) / delta <= MAX_ELEMENTS:
+        return None
     return np.arange(start, limit, delta, dtype=np.asarray(ins[0]).dtype)
 
 
-def _cast(node: Node, ins: list) -> Value:
-    return ins[0].astype(_np_dtype(node.attr("to", 1)))
+def _target(shape: Value) -> list[int] | None:
+    """A shape operand as a list of ints, or None when it would make a tensor too large to evaluate."""
+    dims = [int(v) for v in np.atleast_1d(shape)]
+    if any(d < 0 for d in dims) or _numel(dims) > MAX_ELEMENTS:
+        return None
+    return dims
 
 
-def _constant_of_shape(node: Node, ins: list) -> Value:
+def _cast(node: Node, ins: list) -> Value | None:
+    to = node.attr("to", 1)
+    if to not in _ONNX_TYPES or to in (onnx.TensorProto.UNDEFINED, onnx.TensorProto.STRING):
+        return None  # not an ONNX type: a corrupted file
+    return ins[0].astype(_np_dtype(to))
+
+
+def _constant_of_shape(node: Node, ins: list) -> Value | None:
     value = np.zeros(1, np.float32)
     for a in node.proto.attribute:
         if a.name == "value":
             value = numpy_helper.to_array(a.t)
-    return np.full([int(v) for v in ins[0]], value.reshape(-1)[0], dtype=value.dtype)
+    dims = _target(ins[0])
+    if dims is None or value.size == 0:
+        return None
+    return np.full(dims, value.reshape(-1)[0], dtype=value.dtype)
+
+
+def _expand(node: Node, ins: list) -> Value | None:
+    dims = _target(ins[1])
+    if dims is None:
+        return None
+    return ins[0] * np.ones(dims, dtype=ins[0].dtype)
+
+
+def _tile(node: Node, ins: list) -> Value | None:
+    repeats = _target(ins[1])
+    if repeats is None or ins[0].size * _numel(repeats) > MAX_ELEMENTS:
+        return None
+    return np.tile(ins[0], repeats)
 
 
 def _reduce(fn) -> Evaluator:
@@ -131,7 +162,7 @@ EVALUATORS: dict[str, Evaluator] = {
     "Slice": _slice,
     "Range": _range,
     "Reshape": _reshape,
-    "Expand": lambda n, i: i[0] * np.ones([int(v) for v in i[1]], dtype=i[0].dtype),
+    "Expand": _expand,
     "ConstantOfShape": _constant_of_shape,
     "Add": lambda n, i: i[0] + i[1],
     "Sub": lambda n, i: i[0] - i[1],
@@ -159,7 +190,7 @@ EVALUATORS: dict[str, Evaluator] = {
     "ReduceSum": _reduce(np.sum),
     "ReduceMax": _reduce(np.max),
     "ReduceMin": _reduce(np.min),
-    "Tile": lambda n, i: np.tile(i[0], [int(v) for v in i[1]]),
+    "Tile": _tile,
 }
 
 
@@ -192,15 +223,17 @@ def evaluate(nodes: list[Node], const: set[str], shapes: dict, initial: dict[str
             continue
         ins = [values.get(t) if t else None for t in node.inputs]
         required = [v for t, v in zip(node.inputs, ins) if t]
-        if any(v is None for v in required):
+        if any(v is None or v.dtype.kind not in "biuf" for v in required):
             continue
         try:
             with np.errstate(all="ignore"):
-                out = np.asarray(fn(node, ins))
-        except (ValueError, IndexError):
-            continue  # a shape subgraph we cannot follow leaves its tensors unknown, as ONNX inference would
-        if out.size <= MAX_ELEMENTS:
-            values[node.outputs[0]] = out
+                out = fn(node, ins)
+        except (ValueError, IndexError, TypeError, KeyError):
+            # arithmetic numpy refuses (mismatched shapes, bad axes in a corrupted or unusual graph): the
+            # tensor stays unknown, exactly as when ONNX inference cannot follow it
+            continue
+        if out is not None and np.asarray(out).size <= MAX_ELEMENTS:
+            values[node.outputs[0]] = np.asarray(out)
     return values
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 from pathlib import Path
@@ -12,8 +13,9 @@ import onnx
 from planner.errors import ModelError
 from planner.graph import layers as layer_detection
 from planner.graph.loader import check_external_data, check_structure, read_model
-from planner.graph.opgraph import FLOAT_TYPES, Node, OpGraph, act_bytes, build, stored_bytes
-from planner.graph.rules import RULES, SAVED, VIEW_OPS, View
+from planner.graph.ir import ACT_BYTES, FLOAT_TYPES, Node, OpGraph, act_bytes, stored_bytes
+from planner.graph.opgraph import build
+from planner.graph.rules import RULES, VIEW_OPS, View, fused_sources, nan_guards, saved_for_backward
 from planner.graph.transformer import detect_dims, tp_splits
 from planner.types import EmbeddingTable, Layer, LayerGraph, OpCost
 
@@ -40,13 +42,28 @@ def import_model_proto(model: onnx.ModelProto, dims: Mapping[str, int] | None = 
 
 
 def _import(model: onnx.ModelProto, dims: Mapping[str, int] | None, name: str, where: str) -> LayerGraph:
+    # the import allocates a few objects per node and frees nothing until the end: the cyclic garbage
+    # collector's full passes over a 100k-node graph cost a quarter of the time and find nothing
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return _import_graph(model, dims, name, where)
+    finally:
+        if paused:
+            gc.enable()
+
+
+def _import_graph(model: onnx.ModelProto, dims: Mapping[str, int] | None, name: str, where: str) -> LayerGraph:
     _check_dims(dims, where)
     graph = build(model, dims, where)
     compute = [node for node in graph.nodes if graph.is_compute(node)]
-    costs = {node.index: _cost(graph, node) for node in compute}
-    _warn_unknown(graph, compute)
+    if not compute:
+        raise ModelError(f"{where}: no node computes on the model's inputs "
+                         f"({', '.join(graph.data_inputs) or 'it has none'}); nothing to plan")
+    tables, table_nodes, bag_loops = _tables(graph, compute)
+    costs = {node.index: _cost(graph, node, bag_loops.get(node.index)) for node in compute}
+    _warn_unknown(graph, [node for node in compute if node.index not in bag_loops])
     graph.name = name
-    tables, table_nodes = _tables(graph, compute)
     # pieces of the structural cut are anchored at matrix products and table lookups (a normalisation's
     # scale alone does not make a pipeline unit); graphs without any fall back to any parameter use
     anchors = {i for i, c in costs.items() if c.gemm is not None} | table_nodes
@@ -65,12 +82,18 @@ def _check_dims(dims: Mapping[str, int] | None, where: str) -> None:
             raise ModelError(f"{where}: dimension {key}={value!r} must be a positive integer")
 
 
-def _cost(graph: OpGraph, node: Node) -> OpCost:
+def _cost(graph: OpGraph, node: Node, bag: EmbeddingTable | None = None) -> OpCost:
     view = View(node, graph)
     rule = RULES.get(node.op_type)
     flops, gemm = rule(view) if rule is not None else (0.0, None)
     written = sum((graph.numel(t) or 0) * act_bytes(graph.types.get(t)) for t in node.outputs if t)
-    if node.op_type in VIEW_OPS:
+    if bag is not None:
+        # a Loop that sums embedding bags (TorchScript's nn.EmbeddingBag): per sample, pooling_factor rows
+        # of the table read and added up into one row written
+        flops = bag.pooling_factor * bag.dim
+        read = bag.pooling_factor * bag.dim * ACT_BYTES
+        written = float(bag.dim * ACT_BYTES)
+    elif node.op_type in VIEW_OPS:
         read = written = 0.0
     elif node.op_type in _READS_OUTPUT:
         idx = [t for t in node.inputs[1:] if t]
@@ -78,7 +101,7 @@ def _cost(graph: OpGraph, node: Node) -> OpCost:
     else:
         read = sum((graph.numel(t) or 0) * act_bytes(graph.types.get(t)) for t in node.inputs if t)
     b = graph.static_batch
-    if b > 1:
+    if b > 1 and bag is None:
         flops, read, written = flops / b, read / b, written / b
         gemm = (max(gemm[0] // b, 1), gemm[1], gemm[2]) if gemm else None
     return OpCost(name=node.name or f"{node.op_type}_{node.index}", op_type=node.op_type, flops=float(flops),
@@ -97,11 +120,13 @@ def _warn_unknown(graph: OpGraph, compute: list[Node]) -> None:
         graph.warnings.append(msg)
 
 
-def _tables(graph: OpGraph, compute: list[Node]) -> tuple[list[EmbeddingTable], set[int]]:
+def _tables(graph: OpGraph, compute: list[Node]) -> tuple[list[EmbeddingTable], set[int], dict[int, EmbeddingTable]]:
     """Gather / EmbeddingBag lookups of data-dependent indices in a 2-D parameter, also inside the body of
-    a Loop (TorchScript's export of ``nn.EmbeddingBag``)."""
+    a Loop (TorchScript's export of ``nn.EmbeddingBag``). Returns the tables, the lookup nodes, and the
+    Loops that sum bags of one table (costed as those lookups)."""
     tables: dict[str, EmbeddingTable] = {}
     nodes: set[int] = set()
+    bag_loops: dict[int, EmbeddingTable] = {}
 
     def add(weight: str, pooling: float) -> bool:
         roots = graph.param_roots.get(weight)
@@ -131,7 +156,8 @@ def _tables(graph: OpGraph, compute: list[Node]) -> tuple[list[EmbeddingTable], 
                 if inner.op_type == "Gather" and len(inner.input) >= 2 and inner.input[0] in outer:
                     if add(inner.input[0], pooling):
                         nodes.add(node.index)
-    return list(tables.values()), nodes
+                        bag_loops[node.index] = tables[graph.param_roots[inner.input[0]][0]]
+    return list(tables.values()), nodes, bag_loops
 
 
 def _body_nodes(proto: onnx.NodeProto):
@@ -153,6 +179,8 @@ def _layers(graph: OpGraph, units: list[layer_detection.Unit], costs: dict[int, 
     saved_bytes = [0.0] * n
     assigned: set[str] = set()
     b = graph.static_batch
+    members = [graph.nodes[i] for i in sorted(layer_of)]
+    fused, aliases = fused_sources(graph, members), nan_guards(graph, members)
     for k, unit in enumerate(units):
         counted: set[str] = set()  # a tensor saved by ops of two layers lives on both their stages
         for i in sorted(unit.nodes):
@@ -162,17 +190,14 @@ def _layers(graph: OpGraph, units: list[layer_detection.Unit], costs: dict[int, 
                     if root not in assigned:
                         assigned.add(root)
                         params[k] += graph.params.get(root, 0)
-            saver = SAVED.get(node.op_type)
-            if saver is None:
-                continue
-            for tensor, per_elem in saver(View(node, graph)):
+            for tensor, per_elem in saved_for_backward(View(node, graph), fused, aliases):
                 if tensor in counted:
                     continue
                 counted.add(tensor)
                 saved_bytes[k] += (graph.numel(tensor.split("#mask")[0]) or 0) * per_elem / b
     # boundary tensors: live from the producing layer to the last consuming layer (a difference array)
     diff = [0.0] * (n + 2)  # crossing[k] = bytes passed from layer k-1 to layer k (k=0: graph inputs)
-    handed_on: dict[int, tuple[int, str]] = {}  # layer -> (elements, tensor) of its largest float output
+    handed_on: dict[int, tuple[int, str]] = {}  # layer -> (producer index, tensor) of its output
     outputs = set(graph.outputs)
     spans = [(t, users) for t, users in graph.consumers.items() if t not in graph.const]
     spans += [(t, []) for t in outputs if t not in graph.consumers and t not in graph.const]
@@ -188,8 +213,10 @@ def _layers(graph: OpGraph, units: list[layer_detection.Unit], costs: dict[int, 
         size = elements * 2.0 / b
         diff[first + 1] += size
         diff[last + 1] -= size
-        if first >= 0 and graph.types.get(tensor) in FLOAT_TYPES and elements > handed_on.get(first, (-1, ""))[0]:
-            handed_on[first] = (elements, tensor)
+        # a block's output is the last float tensor it hands on (the residual stream, not a position bias
+        # computed in the first block and shared with the others)
+        if first >= 0 and graph.types.get(tensor) in FLOAT_TYPES and src > handed_on.get(first, (-1, ""))[0]:
+            handed_on[first] = (src, tensor)
     crossing = [0.0] * (n + 1)
     running = 0.0
     for k in range(n + 1):

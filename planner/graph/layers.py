@@ -11,11 +11,14 @@
 
 from __future__ import annotations
 
+import os
+import re
+from collections import Counter
 from dataclasses import dataclass
 
-from planner.graph.opgraph import Node, OpGraph
+from planner.graph.ir import Node, OpGraph
 
-_MIN_SHARE = 0.05  # a module list must hold this share of the FLOPs to define blocks
+_MIN_SHARE = 0.05  # a module list with a single member must hold this share of the FLOPs to define a block
 _MAX_PERIOD = 8  # longest repeated run of structural pieces grouped into one block
 
 
@@ -28,14 +31,15 @@ class Unit:
     nodes: tuple[int, ...]
 
 
-def detect(graph: OpGraph, compute: list[Node], flops: dict[int, float], has_param: set[int],
+def detect(graph: OpGraph, compute: list[Node], flops: dict[int, float], anchors: set[int],
            table_nodes: set[int]) -> list[Unit]:
-    """Ordered pipeline units. ``flops`` and ``has_param`` are keyed by node index."""
+    """Ordered pipeline units. ``flops`` is keyed by node index; ``anchors`` are the nodes that carry a unit
+    (matrix products and table lookups: a normalisation or an activation alone does not make a unit)."""
     if not compute:
         return []
-    units = _by_scope(graph, compute, flops, has_param, table_nodes)
+    units = _by_scope(graph, compute, flops, anchors, table_nodes)
     if units is None:
-        units = _by_structure(graph, compute, has_param, table_nodes)
+        units = _by_structure(graph, compute, anchors, table_nodes)
     return units
 
 
@@ -49,7 +53,7 @@ def _scope_key(scope: tuple[str, ...], depth: int) -> tuple[tuple[str, ...], int
     return None
 
 
-def _by_scope(graph: OpGraph, compute: list[Node], flops: dict[int, float], has_param: set[int],
+def _by_scope(graph: OpGraph, compute: list[Node], flops: dict[int, float], anchors: set[int],
               table_nodes: set[int]) -> list[Unit] | None:
     total = sum(flops.values()) or 1.0
     covered: dict[tuple[str, ...], dict[int, float]] = {}
@@ -62,8 +66,8 @@ def _by_scope(graph: OpGraph, compute: list[Node], flops: dict[int, float], has_
     ranked = sorted(((sum(v.values()), k) for k, v in covered.items()), key=lambda x: (-x[0], x[1]))
     chosen: list[tuple[str, ...]] = []
     for share, key in ranked:
-        if share < _MIN_SHARE * total:
-            break
+        if share < _MIN_SHARE * total and len(covered[key]) < 2:
+            continue
         if any(key[:len(c)] == c or c[:len(key)] == key for c in chosen):
             continue
         chosen.append(key)
@@ -109,14 +113,25 @@ def _by_scope(graph: OpGraph, compute: list[Node], flops: dict[int, float], has_
     groups: dict[int, list[int]] = {}
     for node in compute:
         groups.setdefault(pos[node.index], []).append(node.index)
+    # numbered modules that are a detail (a Sequential stem before named, unnumbered blocks) leave most
+    # matrix products between them: then the layers come from the graph's structure instead
+    products = {p: sum(1 for i in members if i in anchors and i not in table_nodes) for p, members in groups.items()}
+    in_gaps = max((v for p, v in products.items() if p % 2 == 0), default=0)
+    if in_gaps > max((v for p, v in products.items() if p % 2), default=1) and in_gaps > 1:
+        return None
     names = {2 * k + 1: ".".join(key[0] + (str(key[1]),)) for key, k in order.items()}
     last = max(groups)
     units: list[Unit] = []
     for p in sorted(groups):
         members = tuple(groups[p])
-        anchored = any(i in has_param for i in members)
+        anchored = any(i in anchors for i in members)
         if p % 2:
-            kind = "mlp" if all(graph.nodes[i].op_type in _MLP_OPS for i in members) else "block"
+            if any(i in table_nodes for i in members):
+                kind = "embedding"
+            elif all(graph.nodes[i].op_type in _MLP_OPS for i in members):
+                kind = "mlp"
+            else:
+                kind = "block"
             unit = Unit(names[p], kind, members)
         elif p == 0:
             table = any(i in table_nodes for i in members)
@@ -129,15 +144,22 @@ def _by_scope(graph: OpGraph, compute: list[Node], flops: dict[int, float], has_
             # no matrix product or lookup of its own (an activation module, a residual add): joins the unit before
             prev = units[-1]
             units[-1] = Unit(prev.name, prev.kind, tuple(sorted(prev.nodes + members)))
+        elif units and unit.kind == "embedding" and units[-1].kind == "embedding":
+            # one embedding unit for the lookups of several tables (each table is placed on its own anyway)
+            units[-1] = Unit("embedding", "embedding", tuple(sorted(units[-1].nodes + members)))
         else:
             units.append(unit)
+    if len(units) > 1 and not any(i in anchors for i in units[0].nodes):
+        # index arithmetic before the first unit with work of its own (slicing the sparse inputs)
+        units[1] = Unit(units[1].name, units[1].kind, tuple(sorted(units[0].nodes + units[1].nodes)))
+        units = units[1:]
     return units
 
 
 # ------------------------------------------------------------------------------------ graph structure
 
 
-def _by_structure(graph: OpGraph, compute: list[Node], has_param: set[int], table_nodes: set[int]) -> list[Unit]:
+def _by_structure(graph: OpGraph, compute: list[Node], anchors: set[int], table_nodes: set[int]) -> list[Unit]:
     where = {node.index: i for i, node in enumerate(compute)}
     n = len(compute)
     # live[b] = number of data tensors crossing the boundary after position b
@@ -172,7 +194,7 @@ def _by_structure(graph: OpGraph, compute: list[Node], has_param: set[int], tabl
         pieces.append([node.index for node in compute[start:b + 1]])
         start = b + 1
     pieces.append([node.index for node in compute[start:]])
-    pieces = _merge_weightless(graph, pieces, has_param)
+    pieces = _merge_weightless(graph, pieces, anchors)
     sigs = [_signature(graph, piece) for piece in pieces]
     start, period, count = _best_run(sigs)
     units: list[Unit] = []
@@ -188,7 +210,7 @@ def _by_structure(graph: OpGraph, compute: list[Node], has_param: set[int], tabl
             continue
         units.append(Unit("", "", tuple(pieces[i])))
         i += 1
-    repeated = {s for s in sigs if sigs.count(s) >= 2} if len(sigs) < 2000 else set()
+    repeated = {s for s, count in Counter(sigs).items() if count >= 2}
     named: list[Unit] = []
     counters: dict[str, int] = {}
     for k, unit in enumerate(units):
@@ -208,10 +230,35 @@ def _by_structure(graph: OpGraph, compute: list[Node], has_param: set[int], tabl
         if kind in ("embedding", "head"):
             name = kind if kind not in counters else f"{kind}.{counters[kind]}"
         else:
-            name = unit.name or f"{kind}.{counters.get(kind, 0)}"
+            name = f"{kind}.{counters.get(kind, 0)}"
         counters[kind] = counters.get(kind, 0) + 1
         named.append(Unit(name, kind, unit.nodes))
-    return named
+    return _names_from_weights(graph, named)
+
+
+_WEIGHT_SUFFIX = re.compile(r"([._/-]?(weight|bias|w|b|W|B|kernel|scale|gamma|beta|bn_s|bn_b|s)(_\d+)?)+$")
+
+
+def _names_from_weights(graph: OpGraph, units: list[Unit]) -> list[Unit]:
+    """Name structural units after their weights where those share a module-like prefix
+    (``res2_0_branch2a_w_0`` + ``res2_0_branch2b_w_0`` -> ``res2_0``, ``h.3.attn.c_attn.weight`` ... -> ``h.3``);
+    otherwise keep ``block.N`` / ``other.N``. Names stay unique."""
+    proposals: list[str] = []
+    for unit in units:
+        roots = sorted({r for i in unit.nodes for t in graph.nodes[i].inputs for r in graph.param_roots.get(t, ())})
+        prefix = os.path.commonprefix(roots) if roots else ""
+        if len(roots) == 1:
+            prefix = _WEIGHT_SUFFIX.sub("", prefix)
+        else:
+            cut = max(prefix.rfind(c) for c in "._/")
+            prefix = prefix[:cut] if cut > 0 and roots[0][cut] in "._/" else ""
+        proposals.append(prefix)
+    taken = [p for p in proposals if p]
+    out = []
+    for unit, prefix in zip(units, proposals):
+        keep_kind_name = unit.kind in ("embedding", "head") or not prefix or taken.count(prefix) > 1
+        out.append(unit if keep_kind_name else Unit(prefix, unit.kind, unit.nodes))
+    return out
 
 
 _MLP_OPS = frozenset({"MatMul", "Gemm", "Add", "Relu", "Gelu", "Sigmoid", "Tanh", "Dropout", "Reshape", "Flatten",

@@ -45,6 +45,7 @@ def check_external_data(model: onnx.ModelProto, base_dir: Path | None, where: st
 
     The location is untrusted input: we never open it, but we refuse a model that points outside its
     folder (absolute paths, ``..``), so no later tool is led to read there either."""
+    checked: set[str] = set()  # builder models point thousands of weights at one file
     for tensor in _all_tensors(model):
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
             continue
@@ -53,6 +54,9 @@ def check_external_data(model: onnx.ModelProto, base_dir: Path | None, where: st
             raise ModelError(f"{where}: an external-data location is not valid UTF-8; the file is corrupted")
         if not location:
             raise ModelError(f"{where}: initializer '{tensor.name}' has external data without a location")
+        if location in checked:
+            continue
+        checked.add(location)
         if os.path.isabs(location) or location.startswith(("/", "\\")) or ":" in location.split("/")[0]:
             raise ModelError(f"{where}: initializer '{tensor.name}' has external data at absolute path "
                              f"'{location}'; external data must lie inside the model's folder")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from planner.graph.opgraph import FLOAT_TYPES, Node, OpGraph, act_bytes
+from planner.graph.ir import FLOAT_TYPES, Node, OpGraph, act_bytes
 
 
 class View:
@@ -224,6 +224,7 @@ _MOVE_OPS = ("Transpose", "Concat", "Split", "Slice", "Gather", "GatherElements"
              "OneHot", "NonZero", "Compress", "ReverseSequence", "Range", "ConstantOfShape", "Constant", "Shape",
              "Size", "EyeLike", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
              "Bernoulli", "SequenceConstruct", "SplitToSequence", "ConcatFromSequence", "SequenceAt",
+             "SequenceEmpty", "SequenceInsert", "SequenceErase", "SequenceLength",
              "Upsample", "EmbeddingBag", "TopK", "ArgMax", "ArgMin", "Unique", "GridSample")
 # ops that are views: no data moved
 VIEW_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
@@ -317,3 +318,58 @@ SAVED: dict[str, Callable[[View], Saved]] = {
 }
 SAVED["SkipLayerNormalization"] = lambda v: _data_inputs(v, (0, 1))
 SAVED["Max"] = SAVED["Min"] = lambda v: _data_inputs(v, tuple(range(len(v.node.inputs))))
+
+
+# Element-wise ops (and the row reductions of a decomposed norm) that a training framework fuses into one
+# kernel: TorchScript exports GeLU as Div/Erf/Add/Mul/Mul, GPT-2's gelu_new as Pow/Mul/Add/Tanh/..., older
+# opsets LayerNorm and RMSNorm as ReduceMean/Sub/Pow/Sqrt/Div/Mul. Korthikanti et al. count such a fused
+# op as keeping only its input for backward.
+POINTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Reciprocal", "Exp", "Log", "Tanh", "Erf",
+                       "Sigmoid", "Neg", "Abs", "Cast", "Gelu", "ReduceMean", "Softplus", "HardSigmoid",
+                       "HardSwish", "Relu", "LeakyRelu", "Elu", "Clip", "Max", "Min"})
+
+
+def fused_sources(graph: OpGraph, compute: list[Node]) -> dict[int, str]:
+    """Node index -> input tensor of the single-input element-wise region the node belongs to (regions of
+    two or more nodes computed from one data tensor and constants)."""
+    source: dict[str, str] = {}
+    members: dict[str, list[int]] = {}
+    for node in compute:
+        if node.op_type not in POINTWISE:
+            continue
+        data = {source.get(t, t) for t in node.inputs if t and t not in graph.const}
+        if len(data) != 1:
+            continue
+        x = data.pop()
+        for out in node.outputs:
+            if out:
+                source[out] = x
+        members.setdefault(x, []).append(node.index)
+    return {i: x for x, nodes in members.items() if len(nodes) >= 2 for i in nodes}
+
+
+def nan_guards(graph: OpGraph, compute: list[Node]) -> dict[str, str]:
+    """``Where(IsNaN(x), c, x)`` outputs -> ``x``: the exporters' guard after an attention softmax
+    (``scaled_dot_product_attention``'s math path) changes no value, and a fused kernel keeps no copy."""
+    aliases: dict[str, str] = {}
+    for node in compute:
+        if node.op_type != "Where" or len(node.inputs) != 3:
+            continue
+        cond, _, x = node.inputs
+        src = graph.producer.get(cond)
+        if src is not None and graph.nodes[src].op_type == "IsNaN" and graph.nodes[src].inputs[:1] == (x,):
+            aliases[node.outputs[0]] = aliases.get(x, x)
+    return aliases
+
+
+def saved_for_backward(view: View, fused: dict[int, str], aliases: dict[str, str]) -> Saved:
+    """What ``view.node`` keeps for backward; a member of a fused region keeps the region's input instead,
+    and a NaN guard keeps nothing (what reads its output keeps the guarded tensor)."""
+    if view.node.outputs and view.node.outputs[0] in aliases:
+        return []
+    saver = SAVED.get(view.node.op_type)
+    saved = saver(view) if saver is not None else []
+    source = fused.get(view.node.index)
+    if source is not None and saved:
+        saved = [_act(view, source)]
+    return [(aliases.get(t, t), b) for t, b in saved]

@@ -17,7 +17,7 @@ is "replicated".
 
 from __future__ import annotations
 
-from planner.graph.opgraph import Node, OpGraph
+from planner.graph.ir import Node, OpGraph
 from planner.types import TransformerDims
 
 

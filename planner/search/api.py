@@ -88,9 +88,11 @@ def plan(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Para
 
 
 def _attach_embeddings(model: LayerGraph, cluster: Cluster, plans: list[Plan], tables) -> list[Plan]:
-    """Place sparse embedding tables (DLRM-style: tables outside the pipeline layers, or given by ``tables``).
-    A dense model's token embedding is an ``embedding`` layer of the pipeline and is planned with it."""
-    sparse = model.embedding_tables and not any(layer.kind == "embedding" for layer in model.layers)
+    """Place sparse embedding tables (a DLRM, a model whose tables sit outside its pipeline layers, or tables
+    given by ``tables``). A dense model's token embedding is an ``embedding`` layer of the pipeline and is
+    planned with it."""
+    sparse = bool(model.embedding_tables) and (
+        model.family == "dlrm" or not any(layer.kind == "embedding" for layer in model.layers))
     if not sparse and not tables:
         return plans
     from planner import embeddings  # placement of sparse tables (imported only for models that have them)

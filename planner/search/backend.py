@@ -74,11 +74,24 @@ def prefix(values: np.ndarray) -> np.ndarray:
     return np.concatenate(([0.0], np.cumsum(values, dtype=np.float64)))
 
 
+_BELOW: dict[int, np.ndarray] = {}
+
+
+def _below_diagonal(n: int) -> np.ndarray:
+    """Boolean mask of the entries i > j of an n x n matrix (memoised; read-only)."""
+    mask = _BELOW.get(n)
+    if mask is None:
+        mask = np.tri(n, n, -1, dtype=bool)
+        mask.setflags(write=False)
+        _BELOW[n] = mask
+    return mask
+
+
 def segment_sums(values: np.ndarray) -> np.ndarray:
     """``S[i, j]`` = sum of values[i..j] for i <= j (upper triangle), NaN below the diagonal."""
     c = prefix(np.asarray(values, dtype=float))
     out = c[None, 1:] - c[:-1, None]
-    out[np.tril_indices(len(values), -1)] = np.nan
+    out[_below_diagonal(len(values))] = np.nan
     return out
 
 

@@ -33,7 +33,7 @@ def to_plan(model: LayerGraph, cluster: Cluster, spec: PipelineSpec, estimate: E
             time_s=float(est.forward_s + est.backward_s)))
     m = spec.global_batch // (spec.micro_batch * spec.stages[0].replicas[0].dp)
     return Plan(
-        model={"name": model.name, "params": model.params, "flops_per_sample": 3.0 * model.flops_forward,
+        model={"name": model.name, "params": model.params, "flops_per_sample": model.flops_forward,
                "layers": len(model.layers)},
         cluster=cluster_summary(cluster), global_batch=spec.global_batch, micro_batch=spec.micro_batch,
         num_micro_batches=m, schedule=spec.schedule, zero=spec.zero,

@@ -17,10 +17,10 @@ import numpy as np
 
 from planner.cost import dp_sync_time_s, estimate_pipeline, layer_costs, optimizer_time_s, stage_memory
 from planner.cost.calibration import DeviceCalibration, calibration_for
-from planner.cost.comm import node_group
+from planner.cost.comm import dp_group
 from planner.cost.memory import micro_batches_in_flight
 from planner.hardware.cluster import locate
-from planner.hardware.collectives import CommGroup, p2p_time_s
+from planner.hardware.collectives import p2p_time_s
 from planner.search.backend import LayerTable, bound_matrices, segment_max, segment_sums
 from planner.search.space import Layout, Settings, StageOption
 from planner.search.tables import allocate
@@ -60,20 +60,6 @@ class CostModelBackend:
     def capacity_bytes(self, option: StageOption) -> float:
         return float(self.cluster.groups[option.pool].node.device.memory_bytes)
 
-    def _dp_group(self, option: StageOption, devices: tuple[int, ...], dp: int) -> CommGroup:
-        """The stage's data-parallel group (one rank per replica), as the estimator forms it for one
-        replica group: the replicas sharing a node share its NICs."""
-        leaders: dict[int, int] = {}
-        on_node: dict[int, int] = {}
-        for i, d in enumerate(devices):
-            node_index = locate(self.cluster, d)[1]
-            on_node[node_index] = on_node.get(node_index, 0) + 1
-            if i % option.tp == 0:
-                leaders[node_index] = leaders.get(node_index, 0) + 1
-        share = min(leaders[k] / on_node[k] for k in leaders)
-        return node_group(self.cluster.groups[option.pool].node, dp, min(leaders.values()), self._cal(option),
-                          nic_share=share)
-
     def _send_s(self, src: int, dst: int, output_bytes: np.ndarray, option: StageOption) -> np.ndarray:
         """Boundary transfer times after each layer from device ``src`` to ``dst`` (affine in the bytes, so
         two probes per device pair)."""
@@ -99,6 +85,19 @@ class CostModelBackend:
             self._segments[key] = hit
         return hit
 
+    def _memory_of(self, option: StageOption, settings: Settings) -> tuple[np.ndarray, np.ndarray]:
+        """Per segment: memory with no micro-batch in flight, and what each one in flight adds (the cost
+        model's stage memory is affine in the micro-batches in flight)."""
+        key = ("memory", option, settings)
+        hit = self._segments.get(key)
+        if hit is None:
+            _, _, params, act, peak = self._segments_of(option, settings)
+            zero, one = (stage_memory(params, act, n, settings.zero, settings.dp, settings.optimizer, settings.dtype,
+                                      peak).total_bytes for n in (0, 1))
+            hit = (zero, one - zero)
+            self._segments[key] = hit
+        return hit
+
     def stage_matrices(self, layout: Layout, settings: Settings, global_batch: int):
         m = settings.num_micro_batches(global_batch)
         P = layout.num_stages
@@ -111,9 +110,8 @@ class CostModelBackend:
             sends.append(self._send_s(devices[k][0], devices[k + 1][0], self.layer_table(option, settings).output_bytes,
                                       option) if k + 1 < P else None)
             in_flight = micro_batches_in_flight(k, P, m, settings.schedule, settings.vpp)
-            mem = stage_memory(params, act, in_flight, settings.zero, settings.dp, settings.optimizer,
-                               settings.dtype, peak)
-            fits.append(mem.total_bytes <= self.capacity_bytes(option))
+            empty, per_micro_batch = self._memory_of(option, settings)
+            fits.append(empty + in_flight * per_micro_batch <= self.capacity_bytes(option))
         return bound_matrices(fwd, bwd, sends, fits, self._tail0(layout.options[0], devices[0], settings), m)
 
     def _tail0(self, option: StageOption, devices: tuple[int, ...], settings: Settings) -> np.ndarray:
@@ -123,15 +121,16 @@ class CostModelBackend:
         if hit is not None:
             return hit
         t = self.layer_table(option, settings)
-        group = self._dp_group(option, devices, settings.dp)
         cal = self._cal(option)
+        group = dp_group(self.cluster, devices[::option.tp], cal)
         device = self.cluster.groups[option.pool].node.device
         params = np.cumsum(t.params_per_rank)
+        forward = np.cumsum(t.forward_s)
         backward = np.cumsum(t.backward_s)
         out = np.empty(len(params))
-        for j, (p, b) in enumerate(zip(params, backward)):
+        for j, (p, f, b) in enumerate(zip(params, forward, backward)):
             sync = dp_sync_time_s(float(p), group, settings.zero, settings.dtype,
-                                  cal.dp_overlap * float(b) / settings.vpp)
+                                  cal.dp_overlap * float(b) / settings.vpp, cal.dp_overlap * float(f) / settings.vpp)
             step = optimizer_time_s(float(p), device, settings.optimizer, settings.zero, settings.dp,
                                     settings.dtype, cal)
             out[j] = sync + step

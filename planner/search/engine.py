@@ -26,16 +26,15 @@ import numpy as np
 from planner.search.backend import Backend
 from planner.search.bounds import lower_bounds, option_profile
 from planner.search.partition import solve_partition, stage_bounds
-from planner.search.space import Layout, Pins, Settings, StageOption, enumerate_settings, ordered_layouts, \
-    tp_choices
+from planner.search.space import Layout, Pins, Settings, StageOption, enumerate_settings, max_stages, options_allowed, \
+    ordered_layouts, pool_options, settings_allowed
 from planner.search.tables import allocate
 from planner.types import Cluster, Estimate, PipelineSpec, ReplicaSpec, StageSpec
 
 log = logging.getLogger(__name__)
 
-MAX_GRID = 20000  # stage-count combinations per pool set before mixed layouts fall back to whole pools
+MAX_GRID = 64  # stage-count combinations per pool set before mixed layouts fall back to whole pools
 _REL_TOL = 1e-9
-MAX_PIPELINE_ZERO = 1  # ZeRO-2/3 shard gradients/weights per micro-batch: DeepSpeed refuses them with pp > 1
 
 
 @dataclass(frozen=True, order=True)
@@ -89,7 +88,7 @@ def _count_grid(caps: list[int], num_layers: int, pinned_pp: int, max_stages: in
     """Stage counts per option: every combination of 1..cap (restricted to whole pools when too many)."""
     caps = [min(c, max_stages) for c in caps]
     size = float(np.prod([float(c) for c in caps]))
-    if size <= MAX_GRID:
+    if size <= MAX_GRID or len(caps) == 1:  # one pool: every stage count (at most one per layer)
         grid = np.array(list(itertools.product(*[range(1, cap + 1) for cap in caps])), dtype=int)
         grid = grid.reshape(-1, len(caps))
         total = grid.sum(axis=1)
@@ -101,33 +100,40 @@ def _count_grid(caps: list[int], num_layers: int, pinned_pp: int, max_stages: in
 
 
 def _entries(backend: Backend, cluster: Cluster, settings: Settings, index: int, num_layers: int, global_batch: int,
-             pins: Pins) -> tuple[list[_Entry], bool]:
+             pins: Pins, single_pool: bool = False) -> tuple[list[_Entry], bool]:
+    """Every set of stage blocks under one settings, with its lower bound (all bounded in one vectorised
+    call)."""
     m = settings.num_micro_batches(global_batch)
-    max_stages = 1 if settings.zero > MAX_PIPELINE_ZERO else num_layers
-    per_pool: list[list[StageOption | None]] = []
-    for pool, group in enumerate(cluster.groups):
-        opts: list[StageOption | None] = [None]
-        opts += [StageOption(pool, tp) for tp in tp_choices(cluster, pool, pins)
-                 if tp * settings.dp <= group.num_devices]
-        per_pool.append(opts)
-    entries: list[_Entry] = []
+    stages_cap = max_stages(settings, num_layers)
+    per_pool = pool_options(cluster, settings, pins)
+    options = [o for opts in per_pool for o in opts]
+    if not options:
+        return [], True
+    column = {o: c for c, o in enumerate(options)}
+    rows: list[np.ndarray] = []
     complete = True
-    for choice in itertools.product(*per_pool):
-        options = tuple(o for o in choice if o is not None)
-        if not options or (max_stages == 1 and len(options) > 1):
+    for choice in itertools.product(*[[None, *opts] for opts in per_pool]):
+        chosen = tuple(o for o in choice if o is not None)
+        if not options_allowed(settings, chosen) or ((stages_cap == 1 or single_pool) and len(chosen) > 1):
             continue
-        if settings.sequence_parallel and all(o.tp == 1 for o in options):
-            continue  # identical to the plan without sequence parallelism
-        caps = [min(num_layers, cluster.groups[o.pool].num_devices // (o.tp * settings.dp)) for o in options]
-        counts, full = _count_grid(caps, num_layers, pins.pp, max_stages)
+        caps = [min(num_layers, cluster.groups[o.pool].num_devices // (o.tp * settings.dp)) for o in chosen]
+        counts, full = _count_grid(caps, num_layers, pins.pp, stages_cap)
         complete &= full
-        if len(counts) == 0:
-            continue
-        profiles = [option_profile(backend, o, settings) for o in options]
-        bounds = lower_bounds(profiles, counts, m)
-        for row, bound in zip(counts, bounds):
-            if np.isfinite(bound):
-                entries.append(_Entry(float(bound), index, options, tuple(int(c) for c in row)))
+        if len(counts):
+            block = np.zeros((len(counts), len(options)), dtype=int)
+            block[:, [column[o] for o in chosen]] = counts
+            rows.append(block)
+    if not rows:
+        return [], complete
+    table = np.concatenate(rows)
+    profiles = [option_profile(backend, o, settings) for o in options]
+    bounds = lower_bounds(profiles, table, m)
+    keep = np.flatnonzero(np.isfinite(bounds))
+    entries = []
+    for r in keep:
+        used = np.flatnonzero(table[r])
+        entries.append(_Entry(float(bounds[r]), index, tuple(options[c] for c in used),
+                              tuple(int(table[r, c]) for c in used)))
     return entries, complete
 
 
@@ -143,15 +149,16 @@ class _Search:
     def cutoff(self) -> float:
         return self.best[-1].time_s if len(self.best) >= self.top_k else np.inf
 
-    def time(self, settings: Settings, layout: Layout, last: tuple[int, ...], bound: float | None
-             ) -> Candidate | None:
+    def time(self, settings: Settings, layout: Layout, last: tuple[int, ...], bound: float | None,
+             check: bool = True) -> Candidate | None:
         """Time a plan with the cost model. ``bound`` is the layout's lower bound (None: the plan is its
-        layout's only partition, so its time is the bound)."""
+        layout's only partition, so its time is the bound); ``check``: the DP chose this partition, so the
+        cost model must accept it and time it at or above the bound."""
         spec = pipeline_spec(self.cluster, self.global_batch, settings, layout, last)
         estimate = self.backend.evaluate(spec)
         self.timed += 1
         if not estimate.feasible:
-            if bound is not None:
+            if bound is not None and check:
                 log.warning("search: the cost model rejects a plan the bound admitted (%s)", estimate.reason)
                 self.violations += 1
             return None
@@ -171,27 +178,33 @@ class _Search:
         self.best.sort()
         del self.best[self.top_k:]
 
-    def refine(self, cand: Candidate, max_rounds: int = 8) -> Candidate:
+    def refine(self, cand: Candidate, deadline: float | None) -> Candidate:
         """Hill-climb the layer cuts of a plan whose time exceeds its layout's bound (the bound is exact for
-        identical stages; uneven ones may time better after moving a cut by a layer or two)."""
+        identical stages; uneven ones may time better after moving a cut by one layer). Stops at a local
+        optimum or the deadline."""
         current = cand
         L = current.last_layers[-1] + 1
-        for _ in range(max_rounds):
+        improved = True
+        while improved and current.time_s > cand.bound_s * (1 + _REL_TOL):
             improved = False
             cuts = current.last_layers[:-1]
             for k in range(len(cuts)):
-                for step in (-2, -1, 1, 2):
+                for step in (-1, 1):
+                    if deadline is not None and time.perf_counter() > deadline:
+                        return current
                     moved = list(cuts)
                     moved[k] += step
                     lo = moved[k - 1] + 1 if k > 0 else 0
                     hi = moved[k + 1] - 1 if k + 1 < len(moved) else L - 2
                     if not lo <= moved[k] <= hi:
                         continue
-                    trial = self.time(current.settings, current.layout, (*moved, L - 1), cand.bound_s)
+                    trial = self.time(current.settings, current.layout, (*moved, L - 1), cand.bound_s,
+                                      check=False)
                     if trial is not None and trial < current:
                         current, improved = trial, True
-            if not improved or current.time_s <= cand.bound_s * (1 + _REL_TOL):
-                break
+                        break
+                if improved:
+                    break
         return current
 
 
@@ -199,15 +212,19 @@ def settings_bound(backend: Backend, cluster: Cluster, settings: Settings, num_l
                    pins: Pins) -> float:
     """A lower bound for every plan with these settings (any pools, tp, stage counts and partition): the
     bounds of :mod:`planner.search.bounds` with the stage capacity of whole pools,
-    sum_k 1/rho_k <= sum_pools (devices / dp) * max_tp 1 / (rho * tp), and at most one stage per layer."""
+    sum_k 1/rho_k <= sum_pools (devices / dp) * max_tp 1 / (rho * tp), and at most one stage per layer;
+    inf when the model cannot fit: a stage of tp x dp devices holds at most one unit of
+    (c1 ppr + act) / room, so sum_l min_o tp_o dp (c1 ppr_l + act_l)(o) / room_o <= devices."""
     m = settings.num_micro_batches(global_batch)
-    options = [StageOption(pool, tp) for pool, group in enumerate(cluster.groups)
-               for tp in tp_choices(cluster, pool, pins) if tp * settings.dp <= group.num_devices]
+    options = [o for opts in pool_options(cluster, settings, pins) for o in opts]
     if not options:
         return np.inf
-    tables = [backend.layer_table(o, settings) for o in options]
-    fwd = np.stack([np.asarray(t.forward_s, dtype=float) for t in tables])
-    bwd = np.stack([np.asarray(t.backward_s, dtype=float) for t in tables])
+    profiles = [option_profile(backend, o, settings) for o in options]
+    devices_needed = np.stack([(p.static_unit + p.act_unit) * p.option.tp * settings.dp for p in profiles])
+    if float(devices_needed.min(axis=0).sum()) > cluster.num_devices * (1 + 1e-12):
+        return np.inf
+    fwd = np.stack([p.forward_s for p in profiles])
+    bwd = np.stack([p.backward_s for p in profiles])
     sum_min = float((fwd + bwd).min(axis=0).sum())
     q = (m - 1) * bwd  # G_k >= (m - 1) b_k
     best = float(q.min(axis=0).max())
@@ -234,14 +251,37 @@ def _ratio(values: np.ndarray, ref: int) -> np.ndarray:
 
 def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, pins: Pins, top_k: int = 1,
         time_limit_s: float | None = None, progress: Callable[[float], None] | None = None) -> Outcome:
+    """Search the whole space. On a mixed cluster the plans on one pool are searched first: the best of
+    them is a quick, feasible incumbent that prunes most mixed layouts (and the final plan is never slower
+    than the best single-pool one)."""
+    if len(cluster.groups) == 1:
+        return _run(backend, cluster, num_layers, global_batch, pins, top_k, time_limit_s, progress)
     start = time.perf_counter()
-    settings_list = [s for s in enumerate_settings(cluster, global_batch, pins)
-                     if not (s.dp == 1 and s.zero > 0 and pins.zero is None)]  # ZeRO shards across dp ranks
+    first = _run(backend, cluster, num_layers, global_batch, pins, top_k,
+                 None if time_limit_s is None else time_limit_s / 2, None, single_pool=True, refine=False)
+    left = None if time_limit_s is None else max(0.0, time_limit_s - (time.perf_counter() - start))
+    second = _run(backend, cluster, num_layers, global_batch, pins, top_k, left, progress,
+                  incumbents=first.candidates)
+    return Outcome(candidates=second.candidates, proven_optimal=second.proven_optimal,
+                   lower_bound_s=second.lower_bound_s, bounded=first.bounded + second.bounded,
+                   solved=first.solved + second.solved, timed=first.timed + second.timed,
+                   complete_space=second.complete_space, timed_out=second.timed_out,
+                   bound_violations=first.bound_violations + second.bound_violations,
+                   time_s=time.perf_counter() - start)
+
+
+def _run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, pins: Pins, top_k: int,
+         time_limit_s: float | None, progress: Callable[[float], None] | None, single_pool: bool = False,
+         incumbents: tuple[Candidate, ...] = (), refine: bool = True) -> Outcome:
+    start = time.perf_counter()
+    settings_list = [s for s in enumerate_settings(cluster, global_batch, pins) if settings_allowed(s, pins)]
     # settings in increasing bound order; their blocks are bounded only when that bound can still win
     queue = sorted((settings_bound(backend, cluster, s, num_layers, global_batch, pins), i)
                    for i, s in enumerate(settings_list))
     log.info("search: %d settings", len(settings_list))
     state = _Search(backend, cluster, global_batch, top_k)
+    for cand in incumbents:
+        state.offer(cand)
     heap: list[_Entry] = []
     expanded = bounded = solved = 0
     complete = True
@@ -258,7 +298,8 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
         if upcoming <= top:
             index = queue[expanded][1]
             expanded += 1
-            found, full = _entries(backend, cluster, settings_list[index], index, num_layers, global_batch, pins)
+            found, full = _entries(backend, cluster, settings_list[index], index, num_layers, global_batch, pins,
+                                   single_pool)
             complete &= full
             bounded += len(found)
             for entry in found:
@@ -285,9 +326,9 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
             cand = state.time(settings, layout, part.last_layers, part.objective)
             if cand is not None:
                 state.offer(cand)
-    for cand in list(state.best):
-        if cand.time_s > cand.bound_s * (1 + _REL_TOL):
-            state.offer(state.refine(cand))
+    if refine and state.best and state.best[0].time_s > state.best[0].bound_s * (1 + _REL_TOL):
+        deadline = None if time_limit_s is None else start + time_limit_s
+        state.offer(state.refine(state.best[0], deadline))
     if progress is not None:
         progress(1.0)
     best_time = state.best[0].time_s if state.best else np.inf

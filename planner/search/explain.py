@@ -1,8 +1,7 @@
-"""Why a plan is what it is: the bottleneck sentence, and a readable table of the plan."""
+"""Why a plan is what it is: the bottleneck sentence (tables and other renderings live in ``planner.report``)."""
 
 from __future__ import annotations
 
-from planner.plan import Plan
 from planner.types import Estimate
 
 GIB = 1024 ** 3
@@ -40,53 +39,3 @@ def bottleneck(estimate: Estimate, num_micro_batches: int) -> str:
     sentence += (f"; memory is tightest on stage {memory.index} ({memory.memory.total_bytes / GIB:.1f} of "
                  f"{memory.memory_capacity_bytes / GIB:.1f} GiB, {fill:.0%}).")
     return sentence
-
-
-def device_ranges(devices: tuple[int, ...]) -> str:
-    """``(0, 1, 2, 5)`` -> ``"0-2,5"``."""
-    out: list[str] = []
-    ids = sorted(devices)
-    start = prev = ids[0] if ids else 0
-    for d in ids[1:] + [None]:  # type: ignore[operator]
-        if d is not None and d == prev + 1:
-            prev = d
-            continue
-        out.append(f"{start}" if start == prev else f"{start}-{prev}")
-        if d is not None:
-            start = prev = d
-    return ",".join(out)
-
-
-def render_table(plan: Plan, capacity_bytes: dict[str, float] | None = None) -> str:
-    """The plan as a fixed-width text table with its breakdown, bottleneck and search summary."""
-    lines = [
-        f"Plan: {plan.model.get('name', 'model')} on {plan.cluster.get('name') or 'cluster'} "
-        f"({plan.cluster.get('num_devices', '?')} devices), global batch {plan.global_batch}",
-        f"  iteration {plan.iteration_time_s:.4g} s, {plan.throughput_samples_per_s:.4g} samples/s; "
-        f"micro-batch {plan.micro_batch} x {plan.num_micro_batches}, schedule {plan.schedule}, ZeRO-{plan.zero}, "
-        f"sequence parallel {'on' if plan.sequence_parallel else 'off'}",
-        "",
-    ]
-    header = ("stage", "layers", "device", "devices", "tp", "dp", "recompute", "memory/device", "time/micro-batch")
-    rows = [header]
-    for s in plan.stages:
-        cap = (capacity_bytes or {}).get(s.device_type)
-        mem = f"{s.memory_bytes_per_device / GIB:.1f} GiB" + (f" / {cap / GIB:.0f}" if cap else "")
-        rows.append((str(s.index), f"{s.first_layer}-{s.last_layer} ({s.last_layer - s.first_layer + 1})",
-                     s.device_type, device_ranges(s.devices), str(s.tp), str(s.dp), s.recompute, mem,
-                     f"{s.time_s * 1e3:.2f} ms"))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    for r in rows:
-        lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
-    total = plan.iteration_time_s or 1.0
-    parts = [f"{label} {plan.breakdown.get(key, 0.0):.3g} s ({plan.breakdown.get(key, 0.0) / total:.0%})"
-             for key, label in _PARTS if plan.breakdown.get(key, 0.0) > 0]
-    lines += ["", "time: " + ", ".join(parts)]
-    if plan.bottleneck:
-        lines.append("bottleneck: " + plan.bottleneck)
-    info = plan.search
-    status = "proven optimal under the cost model" if info.proven_optimal else "best found (not proven optimal)"
-    lines.append(f"search: {status}; lower bound {info.lower_bound_s:.4g} s, physical bound "
-                 f"{plan.physical_bound_s:.4g} s; {info.candidates_evaluated} candidates in {info.time_s:.2f} s "
-                 f"({info.algorithm})")
-    return "\n".join(lines)

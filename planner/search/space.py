@@ -156,6 +156,30 @@ def enumerate_settings(cluster: Cluster, global_batch: int, pins: Pins, max_micr
                                        optimizer=pins.optimizer, dtype=pins.dtype)
 
 
+MAX_PIPELINE_ZERO = 1  # ZeRO-2/3 shard gradients/weights per micro-batch: DeepSpeed refuses them with pp > 1
+
+
+def settings_allowed(settings: Settings, pins: Pins) -> bool:
+    """ZeRO shards over data-parallel ranks: with dp = 1 every stage is the same plan as ZeRO-0."""
+    return not (settings.dp == 1 and settings.zero > 0 and pins.zero is None)
+
+
+def max_stages(settings: Settings, num_layers: int) -> int:
+    """Pipeline stages allowed: one per layer at most; one only with ZeRO-2/3."""
+    return 1 if settings.zero > MAX_PIPELINE_ZERO else num_layers
+
+
+def options_allowed(settings: Settings, options: Sequence[StageOption]) -> bool:
+    """Sequence parallelism changes nothing when every stage has tp = 1 (the plan without it is kept)."""
+    return bool(options) and not (settings.sequence_parallel and all(o.tp == 1 for o in options))
+
+
+def pool_options(cluster: Cluster, settings: Settings, pins: Pins) -> list[list[StageOption]]:
+    """Per pool, the stage options whose tp x dp devices fit in it."""
+    return [[StageOption(pool, tp) for tp in tp_choices(cluster, pool, pins) if tp * settings.dp <= group.num_devices]
+            for pool, group in enumerate(cluster.groups)]
+
+
 def ordered_layouts(blocks: Sequence[tuple[int, int, int]], all_orders: bool = True) -> Iterator[Layout]:
     """Layouts from unordered blocks ``(pool, tp, num_stages)``: each pool's stages are contiguous; every
     order of the pools is produced (memory and point-to-point costs depend on the order)."""

@@ -57,6 +57,14 @@ class SyntheticBackend:
             self._cache[key] = LayerTable(*(rows[:, c] for c in range(6)))
         return self._cache[key]
 
+    def _segments(self, option: StageOption, settings: Settings) -> tuple[np.ndarray, ...]:
+        key = ("segments", option, settings.micro_batch, settings.recompute, settings.sequence_parallel)
+        if key not in self._cache:
+            t = self.layer_table(option, settings)
+            self._cache[key] = (segment_sums(t.forward_s), segment_sums(t.backward_s),
+                                segment_sums(t.params_per_rank), segment_sums(t.act_bytes), segment_max(t.peak_bytes))
+        return self._cache[key]
+
     def _state_bytes(self, s: Settings) -> tuple[float, float, float]:
         d = s.dp
         return (_BYTES_WEIGHT / (d if s.zero >= 3 else 1), _BYTES_GRAD / (d if s.zero >= 2 else 1),
@@ -89,11 +97,11 @@ class SyntheticBackend:
         fwd, bwd, sends, fits = [], [], [], []
         for k, option in enumerate(layout.options):
             t = self.layer_table(option, settings)
-            fwd.append(segment_sums(t.forward_s))
-            bwd.append(segment_sums(t.backward_s))
+            f, b, params, act, peak = self._segments(option, settings)
+            fwd.append(f)
+            bwd.append(b)
             sends.append(self._p2p_s(t.output_bytes, option, layout.options[k + 1]) if k + 1 < P else None)
-            memory = (self.static_bytes(segment_sums(t.params_per_rank), option, settings)
-                      + segment_sums(t.act_bytes) * min(P - k, m) + segment_max(t.peak_bytes))
+            memory = self.static_bytes(params, option, settings) + act * min(P - k, m) + peak
             fits.append(memory <= self.capacity_bytes(option))
         t0 = self.layer_table(layout.options[0], settings)
         tail0 = self._tail_s(np.cumsum(t0.params_per_rank), layout.options[0], settings)

@@ -1,0 +1,165 @@
+"""Plan quality of `planner plan`, under our cost model.
+
+    python benchmarks/plan_quality.py published [--time-limit S]   # vs hand-tuned configs
+    python benchmarks/plan_quality.py mixed [--time-limit S]       # mixed clusters vs baselines
+    ... --markdown FILE appends the tables to FILE
+
+published: for each run of ../shared/reference/calibration_runs.json, the published configuration (tp, pp, dp,
+global batch, recompute, ZeRO as stated; the rest resolved to the best choice by ``planner.cost.estimate``) is
+timed by the cost model, and so is the plan the search returns for the same model, cluster and batch.
+Two times for the published configuration: with the 1F1B schedule the search plans, and with the best
+schedule ``estimate`` can resolve (interleaved included, which the search does not plan).
+
+mixed: on clusters mixing GPU types, the plan is compared with (a) the best plan on the fastest type alone,
+(b) the plan's own layout with a uniform layer split (Megatron-LM's balanced split), (c) the Metis-style
+baseline of ``benchmarks/metis_baseline.py``, and with the best plan on every subset of the cluster's types.
+Every returned plan is re-checked for memory feasibility.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import platform
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from metis_baseline import metis_plan  # noqa: E402
+from planner.builders import build  # noqa: E402
+from planner.cost import balanced_split, estimate, estimate_pipeline  # noqa: E402
+from planner.errors import PlannerError  # noqa: E402
+from planner.graph import import_model_proto  # noqa: E402
+from planner.hardware import load_cluster  # noqa: E402
+from planner.search import search  # noqa: E402
+from planner.types import ParallelConfig, PipelineSpec, ReplicaSpec, StageSpec  # noqa: E402
+
+REFERENCE = ROOT.parent / "shared" / "reference" / "calibration_runs.json"
+
+
+def gpt(layers: int, hidden: int, heads: int, seq: int = 2048, vocab: int = 51200, ffn: int | None = None):
+    settings = {"layers": layers, "hidden": hidden, "heads": heads, "vocab": vocab, "seq_len": seq}
+    if ffn:
+        settings["ffn"] = ffn
+    return import_model_proto(build("gpt", settings), {"batch": 1, "seq": seq}, name=f"gpt-{layers}x{hidden}")
+
+
+def spec_of(plan) -> PipelineSpec:
+    stages = tuple(StageSpec(s.first_layer, s.last_layer, (ReplicaSpec(devices=s.devices, tp=s.tp, dp=s.dp),))
+                   for s in plan.stages)
+    return PipelineSpec(stages=stages, global_batch=plan.global_batch, micro_batch=plan.micro_batch, vpp=plan.vpp,
+                        zero=plan.zero, recompute=plan.stages[0].recompute, sequence_parallel=plan.sequence_parallel,
+                        schedule=plan.schedule, optimizer=plan.optimizer, dtype=plan.dtype)
+
+
+def published(time_limit_s: float) -> list[str]:
+    runs = json.loads(REFERENCE.read_text())["runs"]
+    rows = ["| run | GPUs | published (1F1B) s | published (best schedule) s | planner s | speed-up vs 1F1B | "
+            "proven | gap to bound | planner's plan | search s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for run in runs:
+        m = run["model"]
+        model = gpt(m["layers"], m["hidden"], m["heads"], m.get("seq_len", 2048), m.get("vocab", 51200), m.get("ffn"))
+        per_node = 8
+        cluster = load_cluster(f"{run['node']}*{run['gpus'] // per_node}")
+        rc = run["recompute"] if run["recompute"] in ("none", "selective", "full") else None
+        config = ParallelConfig(global_batch=run["global_batch"], tp=run["tp"], pp=run["pp"], dp=run["dp"],
+                                micro_batch=run["micro_batch"], zero=run.get("zero"), recompute=rc,
+                                sequence_parallel=run.get("sequence_parallel"))
+        pub_1f1b = estimate(model, cluster, replace(config, schedule="1f1b", vpp=1))
+        pub_best = estimate(model, cluster, config)
+        start = time.perf_counter()
+        result = search(model, cluster, run["global_batch"], time_limit_s=time_limit_s)
+        took = time.perf_counter() - start
+        best = result.best
+        check = estimate_pipeline(model, cluster, spec_of(best))
+        assert check.feasible and abs(check.iteration_time_s - best.iteration_time_s) <= 1e-9 * best.iteration_time_s
+        t1 = pub_1f1b.iteration_time_s if pub_1f1b.feasible else float("inf")
+        tb = pub_best.iteration_time_s if pub_best.feasible else float("inf")
+        plan = (f"tp{best.stages[0].tp} pp{len(best.stages)} dp{best.stages[0].dp} mb{best.micro_batch} "
+                f"ZeRO-{best.zero} {best.stages[0].recompute}{' sp' if best.sequence_parallel else ''}")
+        line = (f"| {run['id']} | {run['gpus']} | {t1:.3f} | {tb:.3f} | {best.iteration_time_s:.3f} | "
+                f"{t1 / best.iteration_time_s:.3f}x | {result.proven_optimal} | "
+                f"{best.iteration_time_s / result.lower_bound_s - 1:.2%} | {plan} | {took:.1f} |")
+        print(line, flush=True)
+        rows.append(line)
+    return rows
+
+
+MIXED = [
+    ("GPT 13B", (40, 5120, 40), ["dgx-a100-80gb*4", "hgx-v100-32gb*4"], 512),
+    ("GPT 6.7B", (32, 4096, 32), ["dgx-h100*2", "dgx-a100-80gb*2", "hgx-v100-32gb*2"], 256),
+    ("GPT 2.7B", (32, 2560, 32), ["dgx-a100-40gb*2", "hgx-v100-16gb*4"], 256),
+    ("GPT 13B", (40, 5120, 40), ["dgx-h100*4", "hgx-v100-32gb*8"], 512),
+]
+
+
+def _time(fn):
+    start = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - start
+
+
+def mixed(time_limit_s: float) -> list[str]:
+    rows = ["| model | cluster | planner s | proven | fastest type alone s | uniform split s | Metis-style s | "
+            "best subset s | vs fastest alone | vs uniform | vs Metis | search s |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, (layers, hidden, heads), parts, gb in MIXED:
+        model = gpt(layers, hidden, heads)
+        cluster = load_cluster("+".join(parts))
+        result, took = _time(lambda: search(model, cluster, gb, time_limit_s=time_limit_s, top_k=3))
+        best = result.best
+        for p in result.plans:  # no returned plan is infeasible under the memory model
+            check = estimate_pipeline(model, cluster, spec_of(p))
+            assert check.feasible, check.reason
+        subsets = {}
+        for size in range(1, len(parts)):
+            for subset in itertools.combinations(parts, size):
+                try:
+                    subsets[subset] = search(model, load_cluster("+".join(subset)), gb,
+                                             time_limit_s=time_limit_s).best.iteration_time_s
+                except PlannerError:
+                    subsets[subset] = float("inf")
+        fastest_part = max(parts, key=lambda p: max(load_cluster(p).groups[0].node.device.peak_flops_per_s.values()))
+        alone = subsets[(fastest_part,)]
+        best_subset = min(subsets.values())
+        bounds = balanced_split(model, len(best.stages))
+        uniform_spec = spec_of(best)
+        uniform_spec = replace(uniform_spec, stages=tuple(replace(s, first_layer=f, last_layer=l)
+                                                          for s, (f, l) in zip(uniform_spec.stages, bounds)))
+        uniform = estimate_pipeline(model, cluster, uniform_spec)
+        uniform_s = uniform.iteration_time_s if uniform.feasible else float("inf")
+        metis = metis_plan(model, cluster, gb)
+        metis_s = metis.estimate.iteration_time_s if metis.estimate is not None else float("inf")
+        assert best.iteration_time_s <= best_subset * (1 + 1e-9), "slower than a plan on a subset"
+        t = best.iteration_time_s
+        line = (f"| {name} | {'+'.join(parts)} | {t:.3f} | {result.proven_optimal} | {alone:.3f} | {uniform_s:.3f} | "
+                f"{metis_s:.3f} | {best_subset:.3f} | {alone / t:.2f}x | {uniform_s / t:.2f}x | {metis_s / t:.2f}x | "
+                f"{took:.1f} |")
+        print(line, flush=True)
+        rows.append(line)
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("which", choices=("published", "mixed"))
+    parser.add_argument("--time-limit", type=float, default=60.0, help="per search, seconds")
+    parser.add_argument("--markdown", help="append the table to this file")
+    args = parser.parse_args()
+    rows = published(args.time_limit) if args.which == "published" else mixed(args.time_limit)
+    if args.markdown:
+        with open(args.markdown, "a", encoding="utf-8") as out:
+            out.write(f"\n`python benchmarks/plan_quality.py {args.which} --time-limit {args.time_limit:g}` on "
+                      f"{platform.node()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n")
+            out.write("\n".join(rows) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

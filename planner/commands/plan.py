@@ -1,0 +1,96 @@
+"""``planner plan MODEL --cluster C --global-batch N``: search the fastest plan that fits, and explain it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from importlib import import_module
+
+from planner.commands._common import add_cluster_flags, add_config_flags, add_json_flag, config_from_args, \
+    parse_dims, positive_int
+from planner.errors import ConfigError
+from planner.plan import Plan
+from planner.report import FORMATS, render
+
+HELP = "search the fastest parallel plan that fits (provably optimal under the cost model where it can say so)"
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of seconds")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", metavar="MODEL", help="an ONNX model (.onnx)")
+    add_cluster_flags(parser)
+    add_config_flags(parser, required=False)
+    parser.add_argument("--top", type=positive_int, default=1, metavar="K", help="also list the K-1 next best plans")
+    parser.add_argument("--time-limit", type=_seconds, metavar="S",
+                        help="stop searching after S seconds (the plan then says it is not proven optimal)")
+    parser.add_argument("--out", metavar="FILE", help="write the best plan as JSON to FILE")
+    parser.add_argument("--format", default="table", choices=FORMATS, help="how to print the plan (default: table)")
+    parser.add_argument("--gantt", metavar="FILE", help="draw the best plan's pipeline schedule to FILE")
+    add_json_flag(parser)
+
+
+def _alternatives(plans: tuple[Plan, ...]) -> str:
+    lines = ["", f"Top {len(plans)} plans:"]
+    for rank, p in enumerate(plans, 1):
+        stages = ", ".join(f"{s.device_type} tp{s.tp}" for s in p.stages[:3]) + (" ..." if len(p.stages) > 3 else "")
+        lines.append(f"  {rank}. {p.iteration_time_s:.4g} s  pp={len(p.stages)} dp={p.stages[0].dp} "
+                     f"micro-batch={p.micro_batch} ZeRO-{p.zero} recompute={p.stages[0].recompute} "
+                     f"sp={'on' if p.sequence_parallel else 'off'}  [{stages}]")
+    return "\n".join(lines) + "\n"
+
+
+def run(args: argparse.Namespace) -> int:
+    from planner.graph import load_model
+    from planner.hardware import load_cluster
+    from planner.search import search
+    from planner.search.progress import ProgressBar
+
+    model = load_model(args.model, parse_dims(args.dim))
+    cluster = load_cluster(args.cluster)
+    pinned = config_from_args(args, defaults_to_one=False)
+    bar = ProgressBar()
+    try:
+        result = search(model, cluster, args.global_batch, pinned=pinned, top_k=args.top,
+                        time_limit_s=args.time_limit, tables=args.tables, progress=bar)
+    finally:
+        bar.close()
+    best = result.best
+    if args.out:
+        try:
+            with open(args.out, "w", encoding="utf-8") as handle:
+                handle.write(best.to_json() + "\n")
+        except OSError as exc:
+            raise ConfigError(f"--out {args.out}: cannot write the plan ({exc.strerror})") from None
+    if args.gantt:
+        _gantt(best, model, cluster, args.gantt)
+    if args.json:
+        document = best.to_dict()
+        if len(result.plans) > 1:
+            document["alternatives"] = [p.to_dict() for p in result.plans[1:]]
+        sys.stdout.write(json.dumps(document, indent=2, sort_keys=True) + "\n")
+        return 0
+    sys.stdout.write(render(best, args.format))
+    if len(result.plans) > 1 and args.format == "table":
+        sys.stdout.write(_alternatives(result.plans))
+    return 0
+
+
+def _gantt(plan: Plan, model, cluster, path: str) -> None:
+    try:
+        gantt = import_module("planner.report.gantt")
+    except ModuleNotFoundError as exc:
+        if exc.name != "planner.report.gantt":
+            raise
+        raise ConfigError("--gantt: this version of planner has no schedule drawing (planner.report.gantt); "
+                          "drop --gantt") from None
+    gantt.write_plan_gantt(plan, model, cluster, path)

@@ -1,0 +1,58 @@
+"""Exhaustive enumeration of the search space, for cross-checking the search on small instances.
+
+Every settings, every set of pool blocks (any tp per pool, any stage counts), every order of the pools and
+every layer partition becomes an explicit PipelineSpec timed by the backend's ``evaluate``: no bound, no DP.
+The number of plans grows combinatorially; use it with a handful of layers and devices.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Iterator
+
+from planner.search.backend import Backend
+from planner.search.engine import pipeline_spec
+from planner.search.space import Layout, Pins, Settings, enumerate_settings, max_stages, options_allowed, \
+    ordered_layouts, pool_options, settings_allowed
+from planner.types import Cluster, Estimate, PipelineSpec
+
+
+@dataclass(frozen=True)
+class Enumerated:
+    best_time_s: float  # inf when nothing fits
+    best_spec: PipelineSpec | None
+    plans: int  # plans timed
+
+
+def plans(cluster: Cluster, num_layers: int, global_batch: int, pins: Pins
+          ) -> Iterator[tuple[Settings, Layout, tuple[int, ...]]]:
+    for settings in enumerate_settings(cluster, global_batch, pins):
+        if not settings_allowed(settings, pins):
+            continue
+        cap = max_stages(settings, num_layers)
+        for choice in itertools.product(*[[None, *opts] for opts in pool_options(cluster, settings, pins)]):
+            options = tuple(o for o in choice if o is not None)
+            if not options_allowed(settings, options):
+                continue
+            ranges = [range(1, cluster.groups[o.pool].num_devices // (o.tp * settings.dp) + 1) for o in options]
+            for counts in itertools.product(*ranges):
+                P = sum(counts)
+                if P > min(cap, num_layers) or (pins.pp and P != pins.pp):
+                    continue
+                blocks = [(o.pool, o.tp, c) for o, c in zip(options, counts)]
+                for layout in ordered_layouts(blocks):
+                    for cuts in itertools.combinations(range(num_layers - 1), P - 1):
+                        yield settings, layout, (*cuts, num_layers - 1)
+
+
+def enumerate_best(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, pins: Pins = Pins()
+                   ) -> Enumerated:
+    best_time, best_spec, count = float("inf"), None, 0
+    for settings, layout, last in plans(cluster, num_layers, global_batch, pins):
+        spec = pipeline_spec(cluster, global_batch, settings, layout, last)
+        estimate: Estimate = backend.evaluate(spec)
+        count += 1
+        if estimate.feasible and estimate.iteration_time_s < best_time:
+            best_time, best_spec = estimate.iteration_time_s, spec
+    return Enumerated(best_time, best_spec, count)

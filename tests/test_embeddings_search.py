@@ -1,0 +1,40 @@
+"""A DLRM through the whole pipeline: builder -> ONNX import -> search -> embeddings joined into the Plan."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from embedding_checks import capacities
+from planner.builders import build, save
+from planner.embeddings import load_tables
+from planner.graph import load_model
+from planner.hardware import load_cluster
+from planner.search import plan
+
+REFERENCE = str(Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "embedding_workloads.json")
+
+
+def test_dlrm_plan_has_sharded_tables(tmp_path):
+    path = tmp_path / "dlrm.onnx"
+    save(build("dlrm", {"tables": REFERENCE, "workload": "criteo-kaggle-dlrm"}), str(path))
+    model = load_model(str(path), dims={"batch": 1})
+    cluster = load_cluster("dgx-a100-80gb*2")
+    # the table statistics as ``--tables FILE`` gives them (the importer also sees the tables in the graph)
+    tables = load_tables(REFERENCE, "criteo-kaggle-dlrm")
+    best = plan(model, cluster, 65536, time_limit_s=20, tables=tables)
+    assert {p.table for p in best.embeddings} == {t.name for t in tables}
+    assert best.breakdown["embedding_s"] > 0
+    assert 0 < best.search.embedding_lower_bound_s <= best.breakdown["embedding_s"]
+    # each device: dense memory + embedding memory recomputed from the shards (Adam: weights + 2 states)
+    state = {"adam": 2.0, "adagrad": 1.0, "sgd": 0.0}.get(best.optimizer, 1.0)
+    dims = {t.name: t for t in tables}
+    used: dict[int, float] = {}
+    for placement in best.embeddings:
+        for s in placement.shards:
+            if s.memory == "hbm":
+                extra = 1.0 if placement.sharding == "data_parallel" else 0.0
+                used[s.device] = used.get(s.device, 0.0) + (s.rows[1] - s.rows[0]) * (s.cols[1] - s.cols[0]) \
+                    * dims[placement.table].dtype_bytes * (1.0 + state + extra)
+    dense = {d: st.memory_bytes_per_device for st in best.stages for d in st.devices}
+    for device, bytes_used in used.items():
+        assert bytes_used + dense.get(device, 0.0) <= capacities(cluster)[device]

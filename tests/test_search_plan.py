@@ -1,0 +1,154 @@
+"""planner.plan / planner.search.search on the real cost model, and the `planner plan` command."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import planner
+from planner.builders import build, save
+from planner.cli import main
+from planner.errors import ConfigError, InfeasibleError
+from planner.graph import import_model_proto
+from planner.hardware import load_cluster
+from planner.plan import Plan, validate
+from planner.search import search
+from planner.search.costmodel import CostModelBackend
+from planner.search.exhaustive import enumerate_best
+from planner.search import engine
+from planner.search.progress import ProgressBar
+from planner.search.space import Pins
+from planner.types import ParallelConfig, PipelineSpec, ReplicaSpec, StageSpec
+
+
+def gpt(layers=4, hidden=1024, heads=16, seq=512, vocab=32000):
+    proto = build("gpt", {"layers": layers, "hidden": hidden, "heads": heads, "vocab": vocab, "seq_len": seq})
+    return import_model_proto(proto, {"batch": 1, "seq": seq}, name=f"gpt{layers}x{hidden}")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return gpt()
+
+
+@pytest.mark.parametrize("shorthand", ["dgx-a100-80gb*1", "dgx-a100-80gb*1+hgx-v100-32gb*1"])
+def test_real_cost_model_matches_exhaustive_enumeration(tiny, shorthand):
+    cluster = load_cluster(shorthand)
+    backend = CostModelBackend(tiny, cluster)
+    pins = Pins(micro_batch=1, zero=1, recompute="selective", sequence_parallel=False)
+    truth = enumerate_best(backend, cluster, len(tiny.layers), 16, pins)
+    found = engine.run(backend, cluster, len(tiny.layers), 16, pins)
+    assert found.bound_violations == 0
+    assert found.lower_bound_s <= truth.best_time_s * (1 + 1e-9)
+    assert found.candidates[0].time_s >= truth.best_time_s * (1 - 1e-9)
+    if found.proven_optimal:
+        assert found.candidates[0].time_s == pytest.approx(truth.best_time_s, rel=1e-9)
+
+
+def spec_of(plan: Plan) -> PipelineSpec:
+    stages = tuple(StageSpec(s.first_layer, s.last_layer, (ReplicaSpec(devices=s.devices, tp=s.tp, dp=s.dp),))
+                   for s in plan.stages)
+    return PipelineSpec(stages=stages, global_batch=plan.global_batch, micro_batch=plan.micro_batch, vpp=plan.vpp,
+                        zero=plan.zero, recompute=plan.stages[0].recompute,
+                        sequence_parallel=plan.sequence_parallel, schedule=plan.schedule, optimizer=plan.optimizer,
+                        dtype=plan.dtype)
+
+
+def test_plan_time_is_the_cost_models_estimate_and_fits(tiny):
+    cluster = load_cluster("dgx-a100-80gb*2")
+    result = search(tiny, cluster, 64, top_k=3)
+    assert [p.iteration_time_s for p in result.plans] == sorted(p.iteration_time_s for p in result.plans)
+    for p in result.plans:
+        validate(p.to_dict())
+        estimate = planner.cost.estimate_pipeline(tiny, cluster, spec_of(p))
+        assert estimate.feasible
+        assert estimate.iteration_time_s == pytest.approx(p.iteration_time_s, rel=1e-12)
+        assert p.search.lower_bound_s <= p.iteration_time_s * (1 + 1e-9)
+        assert 0 < p.physical_bound_s <= p.iteration_time_s
+        assert p.bottleneck
+    assert len({json.dumps(p.to_dict()["stages"]) + str(p.micro_batch) + str(p.zero) for p in result.plans}) == 3
+
+
+def test_python_api_and_json_round_trip(tiny):
+    best = planner.plan(tiny, load_cluster("dgx-a100-80gb*1"), global_batch=32)
+    again = Plan.from_json(best.to_json())
+    assert again == best
+
+
+def test_deterministic_except_search_time(tiny):
+    cluster = load_cluster("dgx-a100-80gb*1+hgx-v100-32gb*1")
+    docs = []
+    for _ in range(2):
+        d = planner.plan(tiny, cluster, global_batch=32).to_dict()
+        d["search"].pop("time_s")
+        docs.append(json.dumps(d, sort_keys=True))
+    assert docs[0] == docs[1]
+
+
+def test_pinned_choices_are_kept(tiny):
+    cluster = load_cluster("dgx-a100-80gb*2")
+    pinned = ParallelConfig(global_batch=64, tp=2, pp=2, dp=4, micro_batch=2, zero=1, recompute="full")
+    p = planner.plan(tiny, cluster, global_batch=64, pinned=pinned)
+    assert len(p.stages) == 2 and p.micro_batch == 2 and p.zero == 1
+    assert all(s.tp == 2 and s.dp == 4 and s.recompute == "full" for s in p.stages)
+    free = planner.plan(tiny, cluster, global_batch=64)
+    assert free.iteration_time_s <= p.iteration_time_s * (1 + 1e-9)
+
+
+def test_pins_no_plan_can_satisfy_are_named(tiny):
+    cluster = load_cluster("dgx-a100-80gb*1")
+    with pytest.raises(ConfigError, match="--pp 99"):
+        planner.plan(tiny, cluster, global_batch=64, pinned=ParallelConfig(global_batch=64, tp=0, pp=99, dp=0))
+    with pytest.raises(ConfigError, match="--global-batch"):
+        planner.plan(tiny, cluster, global_batch=10, pinned=ParallelConfig(global_batch=10, tp=0, pp=0, dp=4))
+
+
+def test_model_too_large_is_infeasible_with_memory_needed():
+    big = gpt(layers=24, hidden=8192, heads=64, seq=2048, vocab=51200)  # 19B parameters, 300+ GB of states
+    with pytest.raises(InfeasibleError, match=r"GiB.*add devices"):
+        planner.plan(big, load_cluster("hgx-v100-16gb*1"), global_batch=8)
+
+
+def test_cli_infeasible_exits_2_with_one_line(tmp_path, capsys):
+    path = tmp_path / "big.onnx"
+    save(build("gpt", {"layers": 24, "hidden": 8192, "heads": 64, "vocab": 51200, "seq_len": 2048}), str(path))
+    code = main(["plan", str(path), "--dim", "batch=1", "--dim", "seq=2048", "--cluster", "hgx-v100-16gb*1",
+                 "--global-batch", "8"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith("planner: error:") and "GiB" in err[0]
+
+
+def test_cli_json_top_and_out(tmp_path):
+    path = tmp_path / "tiny.onnx"
+    save(build("gpt", {"layers": 4, "hidden": 1024, "heads": 16, "vocab": 32000, "seq_len": 512}), str(path))
+    out = tmp_path / "plan.json"
+    proc = subprocess.run([sys.executable, "-m", "planner", "plan", str(path), "--dim", "batch=1", "--dim", "seq=512",
+                           "--cluster", "dgx-a100-80gb*1", "--global-batch", "32", "--top", "2", "--json",
+                           "--out", str(out), "--tp", "2"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    validate({k: v for k, v in doc.items() if k != "alternatives"})
+    assert len(doc["alternatives"]) == 1
+    assert all(s["tp"] == 2 for s in doc["stages"])
+    saved = Plan.from_json(out.read_text())
+    assert saved.iteration_time_s == doc["iteration_time_s"]
+    table = subprocess.run([sys.executable, "-m", "planner", "plan", str(path), "--dim", "batch=1", "--dim",
+                            "seq=512", "--cluster", "dgx-a100-80gb*1", "--global-batch", "32", "--top", "2"],
+                           capture_output=True, text=True)
+    assert table.returncode == 0 and "Bottleneck:" in table.stdout and "Top 2 plans" in table.stdout
+
+
+def test_progress_bar_waits_then_draws():
+    import io
+    quiet, loud = io.StringIO(), io.StringIO()
+    bar = ProgressBar(delay_s=3600, stream=quiet)
+    bar(0.5)
+    bar.close()
+    assert quiet.getvalue() == ""
+    bar = ProgressBar(delay_s=0.0, stream=loud)
+    bar(0.5)
+    bar(1.0)
+    bar.close()
+    assert "50%" in loud.getvalue() and "100%" in loud.getvalue() and loud.getvalue().endswith("\n")
