@@ -167,7 +167,8 @@ def plan_stage_estimates(plan: Plan, model: LayerGraph, cluster: Cluster) -> tup
 
 
 def _stage_label(stage: StageEstimate) -> str:
-    return f"{stage.index}: {stage.device_type} tp{stage.tp} dp{stage.dp}\nlayers {stage.first_layer}-{stage.last_layer}"
+    return (f"{stage.index}: {stage.device_type} tp{stage.tp} dp{stage.dp}\n"
+            f"layers {stage.first_layer}-{stage.last_layer}")
 
 
 def _memory_bars(stages: Sequence[StageEstimate]) -> tuple[list[tuple[str, MemoryBreakdown]], list[float]]:
