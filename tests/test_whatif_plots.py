@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections import namedtuple
 
 import pytest
@@ -109,6 +110,6 @@ def test_missing_matplotlib_names_the_extra(monkeypatch, tmp_path):
     from planner.errors import PlannerError
     from planner.report._figure import pyplot
 
-    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)  # import matplotlib -> ImportError
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     with pytest.raises(PlannerError, match=r'pip install "planner\[plot\]"'):
         pyplot()
