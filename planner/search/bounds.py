@@ -77,7 +77,7 @@ def _hall_table(carry: np.ndarray, num_micro_batches: int) -> np.ndarray:
     return ok
 
 
-def _rho(values: np.ndarray, ref: int) -> np.ndarray:
+def speed_ratio(values: np.ndarray, ref: int) -> np.ndarray:
     """min_l values[o, l] / values[ref, l] over layers where the reference is positive, per option o."""
     base = values[ref]
     pos = base > 0
@@ -106,7 +106,7 @@ def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_ba
         max_in_flight = np.where(spare < 0, -1.0, np.where(act > 0, np.floor(spare / np.where(act > 0, act, 1.0)),
                                                             np.inf))
     # rho[ref, o]: q_l(o) >= rho * q_l(ref) for q = (m - 1) b + x f with any x >= 0
-    rho = np.stack([np.minimum(_rho(bwd, ref), _rho(fwd, ref)) for ref in range(O)])
+    rho = np.stack([np.minimum(speed_ratio(bwd, ref), speed_ratio(fwd, ref)) for ref in range(O)])
     with np.errstate(divide="ignore"):
         inverse = np.where(rho > 0, 1.0 / rho, np.inf)
     sums_b, sums_f = bwd.sum(axis=1), fwd.sum(axis=1)

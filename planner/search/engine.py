@@ -24,7 +24,7 @@ from typing import Callable
 import numpy as np
 
 from planner.search.backend import Backend
-from planner.search.bounds import lower_bounds, option_profile
+from planner.search.bounds import lower_bounds, option_profile, speed_ratio
 from planner.search.partition import solve_partition, stage_bounds
 from planner.search.space import Layout, Pins, Settings, StageOption, enumerate_settings, max_stages, options_allowed, \
     ordered_layouts, pool_options, settings_allowed
@@ -229,7 +229,7 @@ def settings_bound(backend: Backend, cluster: Cluster, settings: Settings, num_l
     q = (m - 1) * bwd  # G_k >= (m - 1) b_k
     best = float(q.min(axis=0).max())
     for ref in range(len(options)):
-        rho = np.minimum(_ratio(bwd, ref), _ratio(fwd, ref))
+        rho = np.minimum(speed_ratio(bwd, ref), speed_ratio(fwd, ref))
         if not (rho > 0).all():
             continue
         per_pool: dict[int, float] = {}
@@ -239,14 +239,6 @@ def settings_bound(backend: Backend, cluster: Cluster, settings: Settings, num_l
                        num_layers * float((1.0 / rho).max()))
         best = max(best, float(q[ref].sum()) / capacity)
     return sum_min + best
-
-
-def _ratio(values: np.ndarray, ref: int) -> np.ndarray:
-    base = values[ref]
-    pos = base > 0
-    if not pos.any():
-        return np.zeros(len(values))
-    return (values[:, pos] / base[pos]).min(axis=1)
 
 
 def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, pins: Pins, top_k: int = 1,
