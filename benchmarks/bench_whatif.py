@@ -1,6 +1,7 @@
 """Benchmark: a 64-point what-if sweep for GPT-3 175B over A100/H100 node mixes.
 
-    python benchmarks/bench_whatif.py [--workers 2] [--out benchmarks/results/whatif.md] [--plot FILE.png]
+    python benchmarks/bench_whatif.py [--workers 2] [--time-limit S] [--a100 0,4,...] [--h100 0,4,...]
+                                      [--out benchmarks/results/whatif.md [--append]] [--plot FILE.png] [--csv FILE]
 
 Target (issue #8): the 64 points finish within 60 s on a 2-core CPU with 2 worker processes.
 The model (96 layers, hidden 12288, 96 heads, seq 2048, vocab 51200) is built with planner.builders into a
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import logging
 import os
 import platform
 import statistics
@@ -25,8 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from planner.builders import build, save  # noqa: E402
+from planner.graph import load_model  # noqa: E402
 from planner.sweep.runner import print_progress  # noqa: E402
-from planner.whatif import PointTask, evaluate_point, whatif  # noqa: E402
+from planner.whatif import whatif  # noqa: E402
 
 GPT3 = {"layers": 96, "hidden": 12288, "heads": 96, "seq_len": 2048, "vocab": 51200}
 GLOBAL_BATCH = 1536  # GPT-3 175B: 3.2M tokens per batch / 2048 tokens per sample (Brown et al. 2020)
@@ -40,16 +43,28 @@ groups:
     count: 16
     price_per_node_hour: 98.32   # AWS p5.48xlarge on-demand, us-east-1
 """
-SWEEPS = {"dgx-a100-80gb.count": list(COUNTS), "dgx-h100.count": list(COUNTS)}
+HEADER = """## What-if sweep: GPT-3 175B over A100/H100 mixes (issue #8)
+
+Model: GPT-3 175B (96 layers, hidden 12288, 96 heads, seq 2048, vocab 51200), global batch 1536. Cluster file:
+a DGX A100 80GB group and a DGX H100 group, node counts swept; prices are AWS on-demand list prices (p4de.24xlarge
+$40.96/h, p5.48xlarge $98.32/h). Each run below is one invocation of `benchmarks/bench_whatif.py`.
+
+"""
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--time-limit", type=float, help="search time limit per point, seconds (default: none)")
+    parser.add_argument("--a100", default=",".join(COUNTS), help="dgx-a100-80gb node counts (comma list)")
+    parser.add_argument("--h100", default=",".join(COUNTS), help="dgx-h100 node counts (comma list)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "whatif.md"))
+    parser.add_argument("--append", action="store_true", help="append to --out instead of replacing it")
     parser.add_argument("--plot", help="also write the what-if plot (PNG/SVG)")
     parser.add_argument("--csv", help="also write the sweep's CSV")
     args = parser.parse_args()
+    logging.getLogger("planner").setLevel(logging.ERROR)  # the search's per-candidate warnings
+    sweeps = {"dgx-a100-80gb.count": args.a100.split(","), "dgx-h100.count": args.h100.split(",")}
 
     with tempfile.TemporaryDirectory() as tmp:
         model_path = os.path.join(tmp, "gpt3-175b.onnx")
@@ -58,74 +73,75 @@ def main() -> int:
         save(build("gpt", GPT3), model_path)
         build_s = time.perf_counter() - t0
         Path(cluster_path).write_text(CLUSTER_YAML)
+        t0 = time.perf_counter()
+        load_model(model_path)
+        import_s = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        result = whatif(model_path, cluster_path, GLOBAL_BATCH, SWEEPS, workers=args.workers,
-                        progress=print_progress)
+        result = whatif(model_path, cluster_path, GLOBAL_BATCH, sweeps, workers=args.workers,
+                        time_limit_s=args.time_limit, progress=print_progress)
         sweep_s = time.perf_counter() - t0
 
-        # where the time goes: one model import, and single points timed in this process
-        from planner.whatif import _load_model  # noqa: PLC0415
-
-        t0 = time.perf_counter()
-        _load_model(model_path, (("seq", 2048),))
-        import_s = time.perf_counter() - t0
-        from planner.hardware import catalog, load_cluster  # noqa: PLC0415
-        from planner.sweep.keys import parse_sweeps, point_inputs  # noqa: PLC0415
-
-        inputs = point_inputs(load_cluster(cluster_path), GLOBAL_BATCH, {"seq": 2048}, parse_sweeps(SWEEPS), catalog)
-        sample = [inputs[i] for i in (9, 27, 45, 63)]  # a spread of cluster sizes, all with both groups
-        point_s = []
-        for point in sample:
-            t0 = time.perf_counter()
-            evaluate_point(PointTask(model_path, point))
-            point_s.append((dict(point.settings), time.perf_counter() - t0))
-
-    if args.plot:
+    if args.plot and any(p.feasible for p in result.points):
         from planner.report.plots import write_whatif_plot  # noqa: PLC0415
 
         write_whatif_plot(result, args.plot)
     if args.csv:
         Path(args.csv).write_text(result.to_csv())
 
-    feasible = [p for p in result.points if p.feasible]
+    points = result.points
+    feasible = [p for p in points if p.feasible]
+    planned = [p for p in points if p.num_devices]  # points with at least one node
+    timed_out = [p for p in points if "no feasible plan was found in time" in p.reason]
     best = max(feasible, key=lambda p: p.throughput_samples_per_s) if feasible else None
     cheapest = min((p for p in feasible if p.cost_per_million_tokens is not None),
                    key=lambda p: p.cost_per_million_tokens, default=None)
+    mixed = [p for p in planned if all(v for _, v in p.settings)]
+    single = [p for p in planned if not all(v for _, v in p.settings)]
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    command = f"python benchmarks/bench_whatif.py --workers {args.workers}"
+    command = "python benchmarks/bench_whatif.py " + " ".join(sys.argv[1:])
+    limit = f"{args.time_limit:g} s per point" if args.time_limit else "none"
     lines = [
-        "## What-if sweep: GPT-3 175B over A100/H100 mixes (issue #8)",
+        f"### {len(points)} points, {args.workers} workers, search time limit: {limit}",
         "",
         f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
-        f"- command: `{command}`",
-        f"- machine: {cpus} CPUs available, {platform.processor() or platform.machine()}, Python "
-        f"{platform.python_version()}",
-        f"- sweep: `dgx-a100-80gb.count` x `dgx-h100.count` in {{{', '.join(COUNTS)}}} nodes of 8 GPUs "
-        f"({len(result.points)} points), global batch {GLOBAL_BATCH}, seq 2048",
-        f"- **wall time of the sweep: {sweep_s:.1f} s** with {args.workers} worker processes "
-        f"(target: 60 s on 2 cores) — {'met' if sweep_s <= 60 else 'MISSED'}",
-        f"- points: {len(result.points)} ({len(feasible)} feasible); mean {sweep_s * args.workers / len(result.points):.2f} "
-        "worker-seconds per point",
-        f"- where the time goes: building the ONNX graph {build_s:.1f} s (once, not in the sweep time); importing it "
-        f"{import_s:.2f} s (once per worker process); single points planned in one process: "
-        + ", ".join(f"{_settings(s)}: {t:.2f} s" for s, t in point_s)
-        + f" (median {statistics.median(t for _, t in point_s):.2f} s)",
+        f"- command: `{command.strip()}`",
+        f"- machine: {cpus} CPUs available, Python {platform.python_version()}",
+        f"- sweep: `dgx-a100-80gb.count` in {{{args.a100}}} x `dgx-h100.count` in {{{args.h100}}} nodes of 8 GPUs, "
+        f"global batch {GLOBAL_BATCH}, seq 2048",
+        f"- **wall time of the sweep: {sweep_s:.1f} s** (target: 64 points within 60 s on 2 cores)",
+        f"- points: {len(points)}; feasible {len(feasible)}; no plan found within the time limit {len(timed_out)}; "
+        f"infeasible otherwise {len(points) - len(feasible) - len(timed_out)}",
+        f"- where the time goes: building the ONNX graph {build_s:.1f} s (before the sweep); importing it "
+        f"{import_s:.2f} s (once per worker process); planning, per point: {_stats(single)} on one device type, "
+        f"{_stats(mixed)} on A100+H100 mixes; summed over points {sum(p.search_time_s for p in points):.1f} s "
+        f"of worker time",
     ]
     if best:
         lines.append(f"- fastest: {_settings(best.setting)}: {best.throughput_samples_per_s:.2f} samples/s, "
-                     f"iteration {best.iteration_time_s:.2f} s, {best.stages}")
+                     f"iteration {best.iteration_time_s:.2f} s, pp={best.pp} tp={best.tp} dp={best.dp} "
+                     f"micro-batch {best.micro_batch}")
     if cheapest:
         lines.append(f"- cheapest per token: {_settings(cheapest.setting)}: "
                      f"${cheapest.cost_per_million_tokens:.3f} per 1M tokens, {cheapest.tokens_per_s:.0f} tokens/s")
     front = result.pareto_front()
-    lines.append(f"- Pareto front (time vs cost): {len(front)} points: "
-                 + "; ".join(_settings(result.points[i].setting) for i in front))
+    if front:
+        lines.append(f"- Pareto front (time vs cost): {len(front)} points: "
+                     + "; ".join(_settings(result.points[i].setting) for i in front))
     lines.append("")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text("\n".join(lines))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    previous = out.read_text() if args.append and out.exists() else HEADER
+    out.write_text(previous + "\n".join(lines) + "\n")
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
+
+
+def _stats(points: list) -> str:
+    if not points:
+        return "no points"
+    times = sorted(p.search_time_s for p in points)
+    return (f"median {statistics.median(times):.1f} s, max {times[-1]:.1f} s ({len(points)} points)")
 
 
 def _settings(settings: dict) -> str:

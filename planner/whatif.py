@@ -93,7 +93,7 @@ class WhatIfResult:
     keys: tuple[str, ...]  # the swept keys, in grid order (first key varies slowest)
     model: str = ""
     cluster: str = ""
-    workers: int = 1
+    workers: int | None = 1  # worker processes; None: Ray, as many as the cluster runs
     backend: str = "process"
     elapsed_s: float = field(default=0.0, compare=False)
 
@@ -301,7 +301,7 @@ def whatif(model_path: str, cluster_spec: str | Cluster, global_batch: int, swee
     tasks = [PointTask(str(model_path), p, pinned, tables, time_limit_s, seed) for p in points]
     log.info("whatif: %d points", len(tasks))
     results = run_tasks(evaluate_point, tasks, workers=workers, backend=backend, progress=progress)
-    return WhatIfResult(points=tuple(results), keys=tuple(s.key.text for s in parsed),
-                        model=str(model_path), cluster=cluster.name or (cluster_spec if isinstance(cluster_spec, str) else ""),
-                        workers=workers or default_workers(), backend=backend,
-                        elapsed_s=time.perf_counter() - start)
+    name = cluster.name or (cluster_spec if isinstance(cluster_spec, str) else "")
+    used_workers = workers or (default_workers() if backend == "process" else None)
+    return WhatIfResult(points=tuple(results), keys=tuple(s.key.text for s in parsed), model=str(model_path),
+                        cluster=name, workers=used_workers, backend=backend, elapsed_s=time.perf_counter() - start)

@@ -62,3 +62,16 @@ def test_mixed_plan_with_replica_groups_and_two_recompute_modes(gpt_blocks, tmp_
     stages = plan_stage_estimates(plan, model, cluster)
     assert len(stages[1].replicas) == 2 and {r.device_type for r in stages[1].replicas} == {"v100-32gb", "a100-80gb"}
     _check_png(write_plan_gantt(plan, model, cluster, tmp_path / "mixed.png"), 2)
+
+
+
+def test_plan_command_gantt_flag(tmp_path, capsys):
+    from planner.cli import main
+
+    model = tmp_path / "gpt.onnx"
+    save(build("gpt", {"layers": 4, "hidden": 256, "heads": 4, "vocab": 1000, "seq_len": 128}), str(model))
+    out = tmp_path / "schedule.png"
+    assert main(["plan", str(model), "--cluster", "dgx-a100-80gb*1", "--global-batch", "64", "--pp", "2",
+                 "--gantt", str(out)]) == 0
+    capsys.readouterr()
+    _check_png(out, 2)

@@ -94,8 +94,8 @@ def test_model_imported_once_per_distinct_dims(files, monkeypatch):
 
 def test_pinned_choice_that_cannot_fit_is_an_infeasible_row(files):
     model, cluster = files
-    result = whatif(model, cluster, 8, {"l4.count": ["1", "2"]}, pinned=ParallelConfig(global_batch=8, tp=2, pp=0, dp=0),
-                    workers=1)
+    pinned = ParallelConfig(global_batch=8, tp=2, pp=0, dp=0)  # single-GPU nodes cannot hold tp=2
+    result = whatif(model, cluster, 8, {"l4.count": ["1", "2"]}, pinned=pinned, workers=1)
     assert [p.feasible for p in result.points] == [False, False]
     assert all("tp" in p.reason for p in result.points)
 

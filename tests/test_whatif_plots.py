@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections import namedtuple
 
 import pytest
@@ -103,3 +104,12 @@ def test_memory_chart_png(tmp_path):
                                              other_bytes=2 * gib)) for i in range(4)]
     path = write_memory_chart(stages, tmp_path / "mem.png", capacities_bytes=[80 * gib] * 4)
     _open_png(path, 1000, 350)
+
+
+def test_missing_matplotlib_names_the_extra(monkeypatch, tmp_path):
+    from planner.errors import PlannerError
+    from planner.report._figure import pyplot
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    with pytest.raises(PlannerError, match=r'pip install "planner\[plot\]"'):
+        pyplot()

@@ -54,12 +54,14 @@ def _draw_schedule(ax: Any, events: Sequence[Event], stage_labels: Sequence[str]
         raise ValueError(f"unknown pipeline event kinds {unknown}")
     few = len(events) <= MAX_LABELLED_EVENTS
     chunks = sorted({getattr(e, "chunk", 0) for e in events})
+    end_s = max(e.end_s for e in events)
+    unit, scale = next((u, f) for u, f in (("s", 1.0), ("ms", 1e3), ("us", 1e6)) if end_s * f >= 1.0 or u == "us")
     for kind, colour in KIND_COLOURS.items():
         # sends sit in the lower part of the sender's row, compute fills the rest
         height, offset = (0.2, 0.35) if kind == "send" else (0.6, -0.35)
         for stage in range(stages):
             for chunk in chunks:  # interleaved schedule: later model chunks drawn lighter
-                bars = [(e.start_s, e.end_s - e.start_s) for e in events
+                bars = [(e.start_s * scale, (e.end_s - e.start_s) * scale) for e in events
                         if e.kind == kind and e.stage == stage and getattr(e, "chunk", 0) == chunk]
                 if bars:
                     ax.broken_barh(bars, (stage + offset, height), facecolors=colour,
@@ -68,12 +70,12 @@ def _draw_schedule(ax: Any, events: Sequence[Event], stage_labels: Sequence[str]
     if few:
         for e in events:
             if e.kind != "send":
-                ax.text((e.start_s + e.end_s) / 2, e.stage - 0.05, str(e.micro_batch), ha="center",
+                ax.text((e.start_s + e.end_s) / 2 * scale, e.stage - 0.05, str(e.micro_batch), ha="center",
                         va="center", fontsize="xx-small", color="white")
     ax.set_yticks(range(stages), labels[:stages])
     ax.set_ylim(stages - 0.4, -0.6)  # stage 0 on top
-    ax.set_xlim(0, max(e.end_s for e in events))
-    ax.set_xlabel("time (s)")
+    ax.set_xlim(0, end_s * scale)
+    ax.set_xlabel(f"time ({unit})")
     note = "numbers: micro-batch" if few else f"{len(events)} operations"
     if len(chunks) > 1:
         note += f"; {len(chunks)} model chunks per stage, later ones lighter"
@@ -165,7 +167,8 @@ def plan_stage_estimates(plan: Plan, model: LayerGraph, cluster: Cluster) -> tup
 
 
 def _stage_label(stage: StageEstimate) -> str:
-    return f"{stage.index}: {stage.device_type} tp{stage.tp} dp{stage.dp}\nlayers {stage.first_layer}-{stage.last_layer}"
+    return (f"{stage.index}: {stage.device_type} tp{stage.tp} dp{stage.dp}\n"
+            f"layers {stage.first_layer}-{stage.last_layer}")
 
 
 def _memory_bars(stages: Sequence[StageEstimate]) -> tuple[list[tuple[str, MemoryBreakdown]], list[float]]:

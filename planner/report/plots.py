@@ -57,6 +57,8 @@ def _draw_throughput(ax: Any, result: "WhatIfResult", x_key: str) -> None:
         ax.plot(failed, [0.0] * len(failed), linestyle="none", marker="x", color=colour)
     if not numeric:
         ax.set_xticks(range(len(x_values)), [str(v) for v in x_values], rotation=30, ha="right")
+    elif len(x_values) <= 16:
+        ax.set_xticks(x_values, [f"{v:g}" for v in x_values])  # the swept values, not 1.5 nodes
     ax.set_xlabel(x_key)
     ax.set_ylabel("tokens / s" if per_token else "samples / s")
     infeasible = sum(not p.feasible for p in result.points)
