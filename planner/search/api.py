@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
+import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -57,6 +59,11 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
         raise ConfigError(f"--top {top_k}: must be at least 1")
     if not model.layers:
         raise ConfigError(f"model {model.name!r} has no layers (pipeline units) to place")
+    sparse = _sparse_tables(model, tables)
+    full_model = model
+    if sparse and _tables_are_sparse(model):
+        from planner.embeddings.dense import dense_part  # the tables are placed model-parallel, not in the pipeline
+        model = dense_part(model, model.embedding_tables)
     pins = Pins.from_config(pinned)
     validate_pins(pins, cluster, global_batch, len(model.layers))
     backend = backend if backend is not None else default_backend(model, cluster)
@@ -74,7 +81,10 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
     for cand in outcome.candidates:
         m = cand.settings.num_micro_batches(global_batch)
         built.append(to_plan(model, cluster, cand.spec, cand.estimate, info, bottleneck(cand.estimate, m)))
-    built = _attach_embeddings(model, cluster, built, tables)
+    if sparse:
+        from planner import embeddings  # placement of sparse tables (imported only for models that have them)
+        built = [embeddings.attach(dataclasses.replace(p, model=_model_summary(p, full_model)), full_model, cluster,
+                                   sparse) for p in built]
     return SearchResult(plans=tuple(built), proven_optimal=outcome.proven_optimal, lower_bound_s=info.lower_bound_s,
                         time_s=outcome.time_s, candidates_evaluated=info.candidates_evaluated)
 
@@ -87,16 +97,25 @@ def plan(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Para
                   tables=tables, backend=backend, progress=progress).best
 
 
-def _attach_embeddings(model: LayerGraph, cluster: Cluster, plans: list[Plan], tables) -> list[Plan]:
-    """Place sparse embedding tables (a DLRM, a model whose tables sit outside its pipeline layers, or tables
-    given by ``tables``). A dense model's token embedding is an ``embedding`` layer of the pipeline and is
-    planned with it."""
-    sparse = bool(model.embedding_tables) and (
+def _sparse_tables(model: LayerGraph, tables) -> tuple:
+    """The sparse embedding tables to place model-parallel: those of ``tables`` (a table file or
+    EmbeddingTables) or, for a DLRM or a model whose tables sit outside its pipeline layers, the model's own.
+    A dense model's token embedding is an ``embedding`` layer of the pipeline and is planned with it."""
+    if tables:
+        from planner.embeddings import load_tables
+        return tuple(load_tables(tables)) if isinstance(tables, (str, os.PathLike)) else tuple(tables)
+    return tuple(model.embedding_tables) if _tables_are_sparse(model) else ()
+
+
+def _tables_are_sparse(model: LayerGraph) -> bool:
+    """Whether the model's own tables are sparse (placed model-parallel) rather than a pipeline layer's."""
+    return bool(model.embedding_tables) and (
         model.family == "dlrm" or not any(layer.kind == "embedding" for layer in model.layers))
-    if not sparse and not tables:
-        return plans
-    from planner import embeddings  # placement of sparse tables (imported only for models that have them)
-    return [embeddings.attach(p, model, cluster, tables) for p in plans]
+
+
+def _model_summary(plan: Plan, model: LayerGraph) -> dict:
+    """The plan's model summary counts the whole model (tables included), not only its dense part."""
+    return {**plan.model, "params": model.params}
 
 
 def _why_infeasible(model: LayerGraph, cluster: Cluster, global_batch: int, pins: Pins, backend: Backend) -> str:
