@@ -79,3 +79,20 @@ def test_bound_never_exceeds_the_plan(seed):
     check_result(result, tables, c)
     if result.proven_optimal:
         assert result.gap <= 1e-6
+
+
+@pytest.mark.filterwarnings("ignore:PULP_CBC_CMD is deprecated:DeprecationWarning")
+def test_cbc_fallback_agrees_with_highs(monkeypatch):
+    from planner.embeddings import milp
+
+    rng = np.random.default_rng(7)
+    c = cluster((small_node(A100, 2), 1), (small_node(V100, 2), 1))
+    problem = build_problem(random_tables(rng, 3), device_arrays(c), 4096, "adagrad")
+    with_highs = solve(problem, device_bins(problem), integer=True, time_limit_s=60)
+    monkeypatch.setattr(milp, "have_highs", lambda: False)
+    problem = build_problem(problem.tables, device_arrays(c), 4096, "adagrad")
+    with_cbc = solve(problem, device_bins(problem), integer=True, time_limit_s=60)
+    assert with_cbc.status == with_highs.status == "optimal"
+    assert with_cbc.objective_s == pytest.approx(with_highs.objective_s, rel=1e-5)
+    result = shard_tables(problem.tables, c, None, 4096, time_limit_s=5)  # the whole path without HiGHS
+    check_result(result, problem.tables, c)

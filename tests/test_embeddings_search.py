@@ -38,3 +38,26 @@ def test_dlrm_plan_has_sharded_tables(tmp_path):
     dense = {d: st.memory_bytes_per_device for st in best.stages for d in st.devices}
     for device, bytes_used in used.items():
         assert bytes_used + dense.get(device, 0.0) <= capacities(cluster)[device]
+
+
+def test_cli_table_that_fits_nowhere_exits_2(tmp_path, capsys):
+    import json
+
+    from planner.cli import main
+
+    small = tmp_path / "small.json"
+    small.write_text(json.dumps({"tables": [{"name": "small", "rows": 1000, "dim": 16, "pooling_factor": 1}],
+                                 "dense_features": 4, "bottom_mlp": [16, 16], "top_mlp": [16, 1]}))
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps({"tables": [{"name": "small", "rows": 1000, "dim": 16, "pooling_factor": 1},
+                                          {"name": "huge_ids", "rows": 2_000_000_000, "dim": 128,
+                                           "pooling_factor": 1}]}))
+    model = tmp_path / "dlrm.onnx"
+    assert main(["models", "build", "dlrm", "--set", f"tables={small}", "--out", str(model)]) == 0
+    capsys.readouterr()
+    code = main(["plan", str(model), "--cluster", "dgx-a100-80gb*1", "--global-batch", "4096",
+                 "--tables", str(big), "--time-limit", "5"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("planner: error:")
+    # the table and the bytes it needs (2e9 x 128 x 4 bytes x (1 + 2 Adam states))
+    assert "huge_ids" in err[0] and "3072000000000 bytes" in err[0]

@@ -29,8 +29,8 @@ def attach_embeddings(plan: Plan, model_tables: Sequence[EmbeddingTable], cluste
                       allow_host: bool = True) -> Plan:
     """A copy of ``plan`` with the tables sharded, ``breakdown["embedding_s"]`` set, the iteration time and
     throughput including the embedding time, and ``search.embedding_lower_bound_s`` filled."""
-    plan_devices = sorted({d for stage in plan.stages for d in stage.devices})
-    use = list(devices) if devices is not None else (plan_devices or None)
+    # every device of the cluster serves embeddings (model-parallel), whatever the dense part uses
+    use = list(devices) if devices is not None else None
     budget = _budget(cluster, memory_used_per_device, use)
     result = shard_tables(model_tables, cluster, use, global_batch, optimizer=optimizer, memory_budget_bytes=budget,
                           time_limit_s=time_limit_s, seed=seed, allow_host=allow_host)

@@ -74,14 +74,20 @@ def device_bins(problem: Problem) -> Bins:
     return Bins(tuple(np.array([i]) for i in range(n)), np.arange(n), tuple(problem.node_positions), False)
 
 
-def class_bins(problem: Problem) -> Bins:
-    """Bins of interchangeable devices (same class and same capacities); node positions by node class."""
+def _grouped(problem: Problem, group_of: np.ndarray) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
+    """Bins of the devices that share ``group_of`` and their capacities: (members per bin, bin per device)."""
     dev = problem.dev
-    keys = [(int(dev.class_of[i]), float(dev.hbm_capacity_bytes[i]), float(dev.host_capacity_bytes[i]))
+    keys = [(int(group_of[i]), float(dev.hbm_capacity_bytes[i]), float(dev.host_capacity_bytes[i]))
             for i in range(dev.count)]
     index = {key: b for b, key in enumerate(dict.fromkeys(keys))}
     bin_of = np.array([index[key] for key in keys], dtype=int)
-    members = tuple(np.flatnonzero(bin_of == b) for b in range(len(index)))
+    return tuple(np.flatnonzero(bin_of == b) for b in range(len(index))), bin_of
+
+
+def class_bins(problem: Problem) -> Bins:
+    """Bins of interchangeable devices (same class and same capacities); node positions by node class."""
+    dev = problem.dev
+    members, bin_of = _grouped(problem, dev.class_of)
     node_classes: dict[tuple[int, ...], int] = {}
     for k in problem.node_positions:
         node_classes.setdefault(tuple(sorted(bin_of[list(dev.nodes[k])])), k)
@@ -92,12 +98,7 @@ def node_bins(problem: Problem) -> Bins:
     """One bin per node (per node and capacity, where budgets differ): node-wide and global units land
     exactly, per-device units only up to their node. A relaxation of the per-device MILP that keeps which
     node carries which table, and a much smaller one."""
-    dev = problem.dev
-    keys = [(int(dev.node_of[i]), float(dev.hbm_capacity_bytes[i]), float(dev.host_capacity_bytes[i]))
-            for i in range(dev.count)]
-    index = {key: b for b, key in enumerate(dict.fromkeys(keys))}
-    bin_of = np.array([index[key] for key in keys], dtype=int)
-    members = tuple(np.flatnonzero(bin_of == b) for b in range(len(index)))
+    members, bin_of = _grouped(problem, problem.dev.node_of)
     return Bins(members, bin_of, tuple(problem.node_positions), True)
 
 
@@ -215,8 +216,13 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, time_limit_s: float, t
     if integer:
         _break_node_symmetry(lp, problem, bins, compute)
 
-    solver = _QuietHiGHS(mip=integer, msg=False, timeLimit=max(time_limit_s, 0.01), threads=threads,
-                         gapRel=1e-6 if integer else None)
+    highs = have_highs()
+    if highs:
+        solver = _QuietHiGHS(mip=integer, msg=False, timeLimit=max(time_limit_s, 0.01), threads=threads,
+                             gapRel=1e-6 if integer else None)
+    else:  # pulp's bundled CBC (slower; no dual bound is read back from it)
+        solver = pulp.PULP_CBC_CMD(mip=integer, msg=False, timeLimit=max(time_limit_s, 1.0), threads=threads,
+                                   gapRel=1e-6 if integer else None)
     lp.solve(solver)
     elapsed = time.perf_counter() - start
     status = pulp.LpStatus[lp.status]
@@ -224,26 +230,31 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, time_limit_s: float, t
         kind = "infeasible" if status == "Infeasible" else "not_solved"
         return SolveResult(kind, float("inf"), _dual_bound(lp, integer, 0.0) / _US, None, elapsed)
     objective = float(T.varValue) / _US
-    model_status = lp.solverModel.getModelStatus()
-    import highspy
+    if highs:
+        import highspy
 
-    proven = model_status == highspy.HighsModelStatus.kOptimal
-    bound = _dual_bound(lp, integer, objective * _US) / _US if integer else objective
+        proven = lp.solverModel.getModelStatus() == highspy.HighsModelStatus.kOptimal
+        bound = _dual_bound(lp, integer, objective * _US) / _US if integer else objective
+    else:  # CBC reports values to 8 significant digits: keep the bound safely below the true optimum
+        proven = lp.sol_status == pulp.LpSolutionOptimal
+        bound = objective * (1 - 1e-7) if (proven or not integer) else 0.0
     assignment = _extract(problem, bins, choice, placed) if integer else None
     weights = tuple(tuple(float(choice[t, o].varValue or 0.0) for o in range(len(options)))
                     for t, options in enumerate(problem.options))
     return SolveResult("optimal" if proven else "feasible", objective, bound, assignment, elapsed, weights,
-                       (lp, choice, integral) if keep else None)
+                       (lp, choice, integral, bins) if keep else None)
 
 
 def resolve_integer(problem: Problem, relaxed: SolveResult, *, time_limit_s: float) -> SolveResult:
     """The MILP of the same bins as ``relaxed`` (an LP solved with ``keep=True``): the kept HiGHS model gets
     its choice, placement and latency variables declared integer and is solved again from the LP's basis,
     with no rebuild. Returns the MILP's incumbent value, its dual bound and its option choices."""
+    lp, choice, integral, bins = relaxed.handle
+    if not have_highs():  # no model to re-solve: build the MILP afresh
+        return solve(problem, bins, integer=True, time_limit_s=time_limit_s)
     import highspy
 
     start = time.perf_counter()
-    lp, choice, integral = relaxed.handle
     highs = lp.solverModel
     for var in integral:
         highs.changeColIntegrality(var.index, highspy.HighsVarType.kInteger)
@@ -266,6 +277,15 @@ def resolve_integer(problem: Problem, relaxed: SolveResult, *, time_limit_s: flo
     proven = status == highspy.HighsModelStatus.kOptimal
     return SolveResult("optimal" if proven else "feasible", objective,
                        objective if proven else max(bound, relaxed.objective_s), None, elapsed, weights)
+
+
+def have_highs() -> bool:
+    """Whether HiGHS (the ``highspy`` package) is importable; without it pulp's bundled CBC is used."""
+    try:
+        import highspy  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _var(lp: pulp.LpProblem, name: str, low: float | None, high: float | None,

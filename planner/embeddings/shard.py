@@ -80,7 +80,7 @@ def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Se
     relaxed = solve(problem, class_bins(problem), integer=False, time_limit_s=max(0.5 * budget, 0.5), keep=True)
     if relaxed.status == "infeasible":
         raise _too_big_in_total(problem)
-    bound = relaxed.objective_s if relaxed.status in ("optimal", "feasible") else 0.0
+    bound = relaxed.bound_s if relaxed.status in ("optimal", "feasible") else 0.0
     # (2) the same with one option per table and whole units per class: still a relaxation of the per-device
     # problem (any plan aggregates to a solution of it), but it cannot mix options within a table
     guides = []

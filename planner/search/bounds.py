@@ -65,15 +65,15 @@ def option_profile(backend: Backend, option: StageOption, settings: Settings) ->
 
 
 def _hall_table(carry: np.ndarray, num_micro_batches: int) -> np.ndarray:
-    """``ok[c]``: c stages can each get a distinct layer, the i-th (1-based) carrying min(c - i + 1, m)
-    micro-batches, given each layer's ``carry`` (the most micro-batches it can hold alone)."""
+    """``ok[c]``: c stages can each get a distinct layer, the i-th (0-based) carrying min(c - i, m)
+    micro-batches, given each layer's ``carry`` (the most micro-batches it can hold alone). Taking layers
+    best-first, layer i limits c to i + carry[i] unless it carries m or more; so ok[c] holds when every
+    layer before position c allows c."""
     L = len(carry)
     best = np.sort(carry)[::-1]
-    ok = np.zeros(L + 1, dtype=bool)
-    ok[0] = True
-    for count in range(1, L + 1):
-        need = np.minimum(count - np.arange(count), num_micro_batches)
-        ok[count] = bool((best[:count] >= need).all())
+    limit = np.where(best >= num_micro_batches, np.inf, np.arange(L) + best)
+    ok = np.ones(L + 1, dtype=bool)
+    ok[1:] = np.minimum.accumulate(limit) >= np.arange(1, L + 1)
     return ok
 
 

@@ -1,0 +1,55 @@
+"""The cost-model backend's DP bound against the cost model itself: never above ``estimate_pipeline``,
+equal to it for a single stage (where the 1F1B closed form is exact)."""
+
+import numpy as np
+import pytest
+
+from planner.builders import build
+from planner.cost import estimate_pipeline
+from planner.graph import import_model_proto
+from planner.hardware import load_cluster
+from planner.search.costmodel import CostModelBackend
+from planner.search.engine import pipeline_spec
+from planner.search.partition import score
+from planner.search.space import Layout, Settings, StageOption
+
+
+@pytest.fixture(scope="module")
+def setup():
+    model = import_model_proto(build("gpt", {"layers": 6, "hidden": 1024, "heads": 16, "vocab": 32000,
+                                             "seq_len": 512}), {"batch": 1, "seq": 512}, name="gpt6")
+    cluster = load_cluster("dgx-a100-80gb*1+hgx-v100-32gb*1")
+    return model, cluster, CostModelBackend(model, cluster)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_bound_never_exceeds_the_cost_model(setup, seed):
+    model, cluster, backend = setup
+    rng = np.random.default_rng(seed)
+    L = len(model.layers)
+    P = int(rng.integers(2, 5))
+    options = tuple(StageOption(int(rng.integers(0, 2)), int(rng.choice([1, 2]))) for _ in range(P))
+    settings = Settings(micro_batch=int(rng.choice([1, 2])), dp=1, zero=int(rng.integers(0, 2)),
+                        recompute=str(rng.choice(["none", "selective", "full"])), sequence_parallel=False)
+    layout = Layout(tuple(sorted(options)))
+    last = tuple(sorted(rng.choice(np.arange(L - 1), size=P - 1, replace=False))) + (L - 1,)
+    S, G, R = backend.stage_matrices(layout, settings, 16)
+    estimate = estimate_pipeline(model, cluster, pipeline_spec(cluster, 16, settings, layout, last))
+    bound = score(S, G, R, last)[0]
+    if np.isfinite(bound):
+        assert estimate.feasible
+        assert bound <= estimate.iteration_time_s * (1 + 1e-9)
+    else:
+        assert not estimate.feasible
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2])
+@pytest.mark.parametrize("pool", [0, 1])
+def test_bound_is_exact_for_one_stage(setup, zero, pool):
+    model, cluster, backend = setup
+    settings = Settings(micro_batch=1, dp=4, zero=zero, recompute="selective", sequence_parallel=False)
+    layout = Layout((StageOption(pool, 2),))
+    S, G, R = backend.stage_matrices(layout, settings, 32)
+    last = (len(model.layers) - 1,)
+    estimate = estimate_pipeline(model, cluster, pipeline_spec(cluster, 32, settings, layout, last))
+    assert score(S, G, R, last)[0] == pytest.approx(estimate.iteration_time_s, rel=1e-9)
