@@ -119,7 +119,7 @@ def main() -> int:
     ]
     if best:
         lines.append(f"- fastest: {_settings(best.setting)}: {best.throughput_samples_per_s:.2f} samples/s, "
-                     f"iteration {best.iteration_time_s:.2f} s, pp={best.pp} tp={best.tp} dp={best.dp} "
+                     f"iteration {best.iteration_time_s:.2f} s, pp={best.pp} tp={best.tp or 'per stage'} dp={best.dp} "
                      f"micro-batch {best.micro_batch}")
     if cheapest:
         lines.append(f"- cheapest per token: {_settings(cheapest.setting)}: "
