@@ -14,7 +14,6 @@ the same verdicts.
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
 from importlib import resources
@@ -345,17 +344,3 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
         return None  # NaN and infinities have no JSON form (the schema then reports the field)
     return value
-
-
-# ------------------------------------------------------------------------ planner.plan(...) stays callable
-# Importing this submodule makes ``planner.plan`` name the module, shadowing the public function
-# ``planner.plan(model, cluster, global_batch=...)`` of the contract. Calling the module forwards to it.
-
-
-class _CallableModule(sys.modules[__name__].__class__):
-    def __call__(self, *args: Any, **kwargs: Any) -> Plan:
-        from planner.search import plan as search_plan
-        return search_plan(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

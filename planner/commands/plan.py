@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from importlib import import_module
 
 from planner.commands._common import add_cluster_flags, add_config_flags, add_json_flag, config_from_args, \
     parse_dims, positive_int
@@ -53,8 +52,11 @@ def run(args: argparse.Namespace) -> int:
     from planner.graph import load_model
     from planner.hardware import load_cluster
     from planner.search import search
+    from planner.report._figure import check_path
     from planner.search.progress import ProgressBar
 
+    if args.gantt:
+        check_path(args.gantt, "--gantt")  # a bad output path fails before the search, not after it
     model = load_model(args.model, parse_dims(args.dim))
     cluster = load_cluster(args.cluster)
     pinned = config_from_args(args, defaults_to_one=False)
@@ -72,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise ConfigError(f"--out {args.out}: cannot write the plan ({exc.strerror})") from None
     if args.gantt:
-        _gantt(best, model, cluster, args.gantt)
+        from planner.report.gantt import write_plan_gantt  # matplotlib, imported only when drawing
+        write_plan_gantt(best, model, cluster, args.gantt)
     if args.json:
         document = best.to_dict()
         if len(result.plans) > 1:
@@ -85,12 +88,3 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _gantt(plan: Plan, model, cluster, path: str) -> None:
-    try:
-        gantt = import_module("planner.report.gantt")
-    except ModuleNotFoundError as exc:
-        if exc.name != "planner.report.gantt":
-            raise
-        raise ConfigError("--gantt: this version of planner has no schedule drawing (planner.report.gantt); "
-                          "drop --gantt") from None
-    gantt.write_plan_gantt(plan, model, cluster, path)

@@ -159,7 +159,7 @@ class _Search:
         self.timed += 1
         if not estimate.feasible:
             if bound is not None and check:
-                log.warning("search: the cost model rejects a plan the bound admitted (%s)", estimate.reason)
+                log.info("search: the cost model rejects a plan the bound admitted (%s)", estimate.reason)
                 self.violations += 1
             return None
         time_s = float(estimate.iteration_time_s)
