@@ -43,14 +43,22 @@ def parse_dims(items: list[str]) -> dict[str, int]:
     return dims
 
 
-def positive_int(text: str) -> int:
+def _positive(text: str, kind: type, what: str) -> int | float:
     try:
-        value = int(text)
+        value = kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
     if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive integer")
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
     return value
+
+
+def positive_int(text: str) -> int:
+    return int(_positive(text, int, "an integer"))
+
+
+def positive_seconds(text: str) -> float:
+    return float(_positive(text, float, "a number of seconds"))
 
 
 def add_cluster_flags(parser: argparse.ArgumentParser) -> None:

@@ -7,7 +7,7 @@ import json
 import sys
 
 from planner.commands._common import add_cluster_flags, add_config_flags, add_json_flag, config_from_args, \
-    parse_dims, positive_int
+    parse_dims, positive_int, positive_seconds
 from planner.errors import ConfigError
 from planner.plan import Plan
 from planner.report import FORMATS, render
@@ -15,22 +15,12 @@ from planner.report import FORMATS, render
 HELP = "search the fastest parallel plan that fits (provably optimal under the cost model where it can say so)"
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of seconds")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL", help="an ONNX model (.onnx)")
     add_cluster_flags(parser)
     add_config_flags(parser, required=False)
     parser.add_argument("--top", type=positive_int, default=1, metavar="K", help="also list the K-1 next best plans")
-    parser.add_argument("--time-limit", type=_seconds, metavar="S",
+    parser.add_argument("--time-limit", type=positive_seconds, metavar="S",
                         help="stop searching after S seconds (the plan then says it is not proven optimal)")
     parser.add_argument("--out", metavar="FILE", help="write the best plan as JSON to FILE")
     parser.add_argument("--format", default="table", choices=FORMATS, help="how to print the plan (default: table)")

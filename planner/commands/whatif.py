@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from planner.commands._common import (add_cluster_flags, add_config_flags, add_json_flag, config_from_args,
-                                      emit_json, parse_dims, positive_int)
+                                      emit_json, parse_dims, positive_int, positive_seconds)
 from planner.errors import PlannerError
 from planner.sweep.keys import GLOBAL_FIELDS, GROUP_FIELDS, parse_sweep_args, parse_sweeps
 from planner.sweep.runner import BACKENDS, print_progress
@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=BACKENDS, default="process",
                         help='where points run: local processes, or a Ray cluster (pip install "planner[ray]"; '
                              "RAY_ADDRESS selects the cluster)")
-    parser.add_argument("--time-limit", type=float, metavar="S", help="search time limit per point, seconds")
+    parser.add_argument("--time-limit", type=positive_seconds, metavar="S", help="search time limit per point, seconds")
     parser.add_argument("--seed", type=int, default=0, help="seed of the search")
     add_json_flag(parser)
 

@@ -598,7 +598,7 @@ def _cuda_memory_bytes() -> int:
     try:
         import torch  # optional: only to read the GPU's memory size
         return int(torch.cuda.get_device_properties(0).total_memory)
-    except Exception:  # torch missing or no device: fall back to the driver's tool
+    except (ImportError, RuntimeError, AssertionError):  # torch missing or no CUDA device: ask the driver
         import shutil
         import subprocess
         if shutil.which("nvidia-smi"):
