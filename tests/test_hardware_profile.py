@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from planner.cli import main
 from planner.hardware import catalog, load_cluster
 from planner.hardware.onnx_ops import bind_inputs, node_costs
-from planner.hardware.profiler import fit_profile, predict_op_s, runnable
+from planner.hardware.profiler import KernelCosts, fit_profile, predict_op_s, runnable
 
 
 def tiny_model(with_weights: bool = True) -> onnx.ModelProto:
@@ -65,6 +65,8 @@ def test_quick_profile_writes_a_usable_device_file(tmp_path, capsys):
     assert set(doc["sources"]) >= {"peak_flops_per_s", "gemm_efficiency", "memory_bandwidth_Bps", "op_overhead_s"}
     assert [op["op_type"] for op in doc["measured"]["model_ops"]] == ["MatMul", "Relu", "Softmax"]
     assert all(op["seconds"] > 0 for op in doc["measured"]["model_ops"])
+    kernel = KernelCosts.from_file(out)
+    assert kernel.graph_output_s >= 0 and kernel.row_s > 0 and kernel.pool_elements_per_s > 1e6
     profile = catalog.load_device_file(out)
     assert profile.peak_flops_per_s["fp32"] > 1e9
     assert all(0 < f <= 1 for _, f in profile.gemm_efficiency)
@@ -90,6 +92,54 @@ def test_predict_op_uses_the_right_curve(tmp_path):
     costs = node_costs(bind_inputs(tiny_model(), {"batch": 4096})[0])
     gemm, relu, _ = (predict_op_s(profile, c) for c in costs)
     assert gemm > 0 and relu > 0
+
+
+def view_and_softmax_costs():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [256, 10])
+    shape = numpy_helper.from_array(np.array([2560], np.int64), "shape")
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["flat"], name="reshape"),
+             helper.make_node("Softmax", ["x"], ["y"], name="softmax", axis=-1)]
+    graph = helper.make_graph(nodes, "g", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [256, 10]),
+                                                helper.make_tensor_value_info("flat", TensorProto.FLOAT, [2560])],
+                              initializer=[shape])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return node_costs(model)
+
+
+def test_view_ops_cost_dispatch_in_a_model_and_a_copy_alone():
+    reshape, softmax = view_and_softmax_costs()
+    assert reshape.bytes == 0 and reshape.view_bytes == 2 * 2560 * 4 and reshape.outputs == 1
+    assert softmax.rows == 256
+    profile = catalog.get_device("a100-80gb")
+    costs = KernelCosts(graph_output_s=4e-7, row_s=1e-8)
+    in_model = predict_op_s(profile, reshape, costs=costs)
+    assert in_model == pytest.approx(profile.op_overhead_s)
+    alone = predict_op_s(profile, reshape, costs=costs, alone=True)
+    copy_s = alone - in_model - costs.graph_output_s
+    assert 2 * 2560 * 4 / profile.memory_bandwidth_Bps <= copy_s + 1e-15
+    # each reduced row pays row_s, inside a model and alone
+    without_rows = predict_op_s(profile, softmax)
+    assert predict_op_s(profile, softmax, costs=costs) == pytest.approx(without_rows + 256 * 1e-8)
+
+
+def test_pooling_reads_windows_at_the_measured_rate():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])
+    node = helper.make_node("MaxPool", ["x"], ["y"], name="pool", kernel_shape=[2, 2], strides=[2, 2])
+    graph = helper.make_graph([node], "g", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 4, 4])])
+    (pool,) = node_costs(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    profile = catalog.get_device("a100-80gb")
+    slow = KernelCosts(pool_elements_per_s=1e6)
+    assert predict_op_s(profile, pool, costs=slow) == pytest.approx(pool.flops / 1e6 + profile.op_overhead_s)
+    assert predict_op_s(profile, pool, costs=KernelCosts(pool_elements_per_s=1e30)) == predict_op_s(profile, pool)
+
+
+def test_kernel_costs_read_from_a_profile_file(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump({"name": "x", "measured": {"kernel_costs": {"graph_output_s": 4e-7,
+                                                                               "row_s": 1e-8}}}))
+    assert KernelCosts.from_file(path) == KernelCosts(graph_output_s=4e-7, row_s=1e-8)
+    path.write_text(yaml.safe_dump({"name": "x"}))
+    assert KernelCosts.from_file(path) == KernelCosts()
 
 
 def test_profile_without_onnxruntime_says_what_to_install(tmp_path, monkeypatch, capsys):

@@ -38,6 +38,10 @@ for _op in ("Transpose", "Concat", "Split", "Slice", "Gather", "Expand", "Tile",
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Shape", "Constant"})
 for _op in VIEW_OPS:
     OP_CLASSES[_op] = "view"
+# ops that reduce rows of their input (along ``axis``, by default the last): onnxruntime's kernels loop over
+# rows (a max or mean pass, a sum, a reciprocal, loop setup per row), so short rows cost more than their elements
+ROW_REDUCTIONS = frozenset({"Softmax", "LogSoftmax", "LayerNormalization", "SkipLayerNormalization",
+                            "SimplifiedLayerNormalization", "RMSNormalization"})
 
 # FLOPs per output element of element-wise and normalisation ops (a multiply-add is 2). A transcendental
 # function counts as TRANSCENDENTAL_FLOPS: the arithmetic of the polynomial approximations that vector math
@@ -64,6 +68,12 @@ class NodeCost:
     flops: float
     bytes: float
     gemm: tuple[int, int, int] | None = None
+    # rows of a last-axis reduction (softmax, layer norm): each row pays a fixed cost (reductions, reciprocal)
+    rows: int = 0
+    outputs: int = 1  # output tensors the node writes
+    # a view op's input and output bytes: free in a model (its output aliases its input), but a view timed
+    # alone returns a graph output, which onnxruntime fills by copying (see profiler.predict_op_s)
+    view_bytes: float = 0.0
 
     @property
     def kind(self) -> str:
@@ -153,8 +163,17 @@ def _node_cost(node: onnx.NodeProto, name: str, shapes) -> NodeCost:
         flops = per * max(out_elems, _numel(ins[0][0]) if ins else 0)
     else:
         flops = 0.0
+    rows = 0
+    if op in ROW_REDUCTIONS and ins and ins[0][0]:
+        data = ins[0][0]
+        axis = _attr(node, "axis", -1) % len(data)
+        # softmax reduces one axis; the layer norms reduce every axis from ``axis`` on
+        reduced = data[axis] if op in ("Softmax", "LogSoftmax") else _numel(data[axis:])
+        rows = _numel(data) // max(reduced, 1)
+    view_bytes = 2.0 * out_bytes if op in VIEW_OPS else 0.0  # one copy: read the input, write the output
     nbytes = 0.0 if op in VIEW_OPS else float(in_bytes + out_bytes)
-    return NodeCost(name=name, op_type=op, op_class=op_class, flops=flops, bytes=nbytes, gemm=gemm)
+    return NodeCost(name=name, op_type=op, op_class=op_class, flops=flops, bytes=nbytes, gemm=gemm, rows=rows,
+                    outputs=max(1, sum(1 for o in node.output if o)), view_bytes=view_bytes)
 
 
 def bind_inputs(model: onnx.ModelProto, dims: dict[str, int], default: int = 1) -> tuple[onnx.ModelProto, list[str]]:

@@ -8,6 +8,9 @@ What it measures, each op timed by onnxruntime's own profiler (kernel time, medi
 * element-wise ``Add`` over 4 KiB .. 192 MiB -> the memory bandwidth (the fastest seen) and its efficiency
   curve against bytes moved (caches show up as the small sizes);
 * a chain of tiny ops timed end to end -> the fixed cost per op (executor dispatch plus kernel launch);
+* a 1-element Identity, 1-element-wide Softmax / LayerNormalization and a MaxPool, each timed alone -> the
+  costs a roofline does not hold (``measured.kernel_costs``: a graph output's cost, a cost per reduced row,
+  the pooling rate), used by ``predict_op_s``;
 * optionally the per-op times of a given ONNX model (recorded under ``measured.model_ops``).
 
 onnxruntime is an optional dependency (the ``profile`` extra); CUDA goes through onnxruntime-gpu's
@@ -359,6 +362,53 @@ def measure_op_overhead_s(runner: Runner) -> float:
     return max(long_s - short_s, 0.0) / (CHAIN_LENGTH - 1)
 
 
+POOL_PROBE_SHAPE = (16, 64, 32, 32)  # not a shape of the benchmark's CNN
+ROW_PROBE_ROWS = 4096  # rows of the 1-element-wide Softmax / LayerNormalization that time the per-row cost
+
+
+def _alone_s(runner: Runner, model: onnx.ModelProto) -> float:
+    """Time of the model's single node timed alone, exactly as ``isolated_node_times_s`` times model ops."""
+    model = onnx.shape_inference.infer_shapes(model)
+    return isolated_node_times_s(runner, model)[model.graph.node[0].name]
+
+
+def measure_kernel_costs(runner: Runner, op_overhead_s: float) -> dict[str, float]:
+    """Kernel costs that the roofline does not hold, recorded under the profile's ``measured.kernel_costs``:
+
+    * ``graph_output_s``: what a node timed alone costs beyond ``op_overhead_s`` for each output, which is
+      then a graph output (onnxruntime allocates it and hands it back to the caller): a 1-element Identity
+      timed alone, minus ``op_overhead_s`` (dispatch of a node inside a model, from the Relu chain);
+    * ``row_s``: the fixed cost per row of a last-axis reduction (per row: a max or mean pass, a sum, a
+      reciprocal, loop setup): Softmax and LayerNormalization on a [4096, 1] tensor timed alone, minus one
+      node's fixed cost, per row (median of the two);
+    * ``pool_elements_per_s``: the rate at which pooling kernels read window elements (onnxruntime's pooling
+      loops over each output's window, well below the vector rate): a 2x2 stride-2 MaxPool on a
+      [16, 64, 32, 32] tensor timed alone, minus one node's fixed cost."""
+    identity = _model([helper.make_node("Identity", ["x"], ["y"], name="identity")], [_f32("x", (1,))],
+                      [_f32("y", (1,))])
+    node_s = _alone_s(runner, identity)
+    rows = []
+    for op in ("Softmax", "LayerNormalization"):
+        inputs, consts = ["x"], []
+        if op == "LayerNormalization":
+            consts = [numpy_helper.from_array(np.ones(1, np.float32), "scale"),
+                      numpy_helper.from_array(np.zeros(1, np.float32), "bias")]
+            inputs = ["x", "scale", "bias"]
+        probe = _model([helper.make_node(op, inputs, ["y"], name=op.lower(), axis=-1)],
+                       [_f32("x", (ROW_PROBE_ROWS, 1))], [_f32("y", (ROW_PROBE_ROWS, 1))], consts)
+        rows.append(max(_alone_s(runner, probe) - node_s, 0.0) / ROW_PROBE_ROWS)
+    pool = _model([helper.make_node("MaxPool", ["x"], ["y"], name="maxpool", kernel_shape=[2, 2], strides=[2, 2])],
+                  [_f32("x", POOL_PROBE_SHAPE)], [_f32("y", None)])
+    batch, channels, height, width = POOL_PROBE_SHAPE
+    window_elements = batch * channels * (height // 2) * (width // 2) * 4
+    pool_s = max(_alone_s(runner, pool) - node_s, 1e-9)
+    fixed = {"graph_output_s": max(node_s - op_overhead_s, 0.0), "row_s": statistics.median(rows),
+             "pool_elements_per_s": window_elements / pool_s}
+    log.info("a node alone: %.3g s, of which graph output %.3g s; %.3g s per reduced row; pooling %.3g "
+             "elements/s", node_s, fixed["graph_output_s"], fixed["row_s"], fixed["pool_elements_per_s"])
+    return fixed
+
+
 def _single_node_model(node: onnx.NodeProto, values: dict[str, onnx.ValueInfoProto],
                        initializers: dict[str, onnx.TensorProto], copies: int) -> onnx.ModelProto:
     """``copies`` copies of one node; its computed inputs become graph inputs, its constants stay."""
@@ -524,7 +574,8 @@ def _binned_curve(points: Sequence[tuple[float, float]], bin_factor: float = 4.0
 
 def fit_profile(name: str, gemms: list[dict[str, float]], adds: list[dict[str, float]], op_overhead_s: float,
                 memory_bytes: int, description: str, convs: list[dict[str, float]] = (),
-                vectors: list[dict[str, Any]] = (), dtype: str = "fp32") -> dict[str, Any]:
+                vectors: list[dict[str, Any]] = (), dtype: str = "fp32",
+                kernel_costs: dict[str, float] | None = None) -> dict[str, Any]:
     """The device-profile document from measurements."""
     bandwidths = [(row["bytes"], row["bytes"] / row["seconds"]) for row in adds]
     peak_bw = max(bw for _, bw in bandwidths)
@@ -583,6 +634,8 @@ def fit_profile(name: str, gemms: list[dict[str, float]], adds: list[dict[str, f
             "conv": [{k: (float(f"{v:.6g}") if isinstance(v, float) else v) for k, v in row.items()} for row in convs],
             "vector": [{k: (float(f"{v:.6g}") if isinstance(v, float) else v) for k, v in row.items()}
                        for row in vectors],
+            **({"kernel_costs": {k: float(f"{v:.4g}") for k, v in sorted(kernel_costs.items())}}
+               if kernel_costs else {}),
         },
     }
 
@@ -641,13 +694,15 @@ def profile_device(device: str = "cpu", quick: bool = False, threads: int = 0, n
     convs = measure_convs(runner, QUICK["conv"] if quick else CONV_SHAPES)
     vectors = measure_vector_ops(runner)
     overhead = measure_op_overhead_s(runner)
+    kernel_costs = measure_kernel_costs(runner, overhead)
     if device == "cuda":
         memory, description = _cuda_memory_bytes(), "local CUDA GPU through onnxruntime-gpu"
     else:
         memory, description = _cpu_memory_bytes(), _cpu_description()
     threads_note = f"{threads} onnxruntime thread(s)" if threads else "onnxruntime's default threads"
     document = fit_profile(name or f"local-{device}", gemms, adds, overhead, memory,
-                           f"{description}; {threads_note}; {clock} clock", convs=convs, vectors=vectors, dtype=dtype)
+                           f"{description}; {threads_note}; {clock} clock", convs=convs, vectors=vectors, dtype=dtype,
+                           kernel_costs=kernel_costs)
     if fp32_peak:
         document["peak_flops_per_s"]["fp32"] = float(f"{fp32_peak:.6g}")
         document["sources"]["peak_flops_per_s"] += "; fp32: the fastest of three large fp32 MatMuls"
@@ -657,6 +712,51 @@ def profile_device(device: str = "cpu", quick: bool = False, threads: int = 0, n
 
 # ----------------------------------------------------------------------------------------- prediction
 
-def predict_op_s(profile: DeviceProfile, cost: NodeCost, dtype: str = "fp32") -> float:
-    """Predicted time of one op: roofline on the profile's curves plus its per-op overhead."""
-    return op_time_s(profile, cost.flops, cost.bytes, cost.gemm, dtype, kind=cost.kind)
+@dataclass(frozen=True)
+class KernelCosts:
+    """The profile's ``measured.kernel_costs`` (see ``measure_kernel_costs``); zero where a profile lacks them."""
+
+    graph_output_s: float = 0.0
+    row_s: float = 0.0
+    pool_elements_per_s: float = 0.0  # 0: pooling at the profile's vector rate
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike) -> "KernelCosts":
+        import yaml
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh) or {}
+        fixed = (data.get("measured") or {}).get("kernel_costs") or {}
+        return cls(graph_output_s=float(fixed.get("graph_output_s", 0.0)), row_s=float(fixed.get("row_s", 0.0)),
+                   pool_elements_per_s=float(fixed.get("pool_elements_per_s", 0.0)))
+
+
+def predict_op_s(profile: DeviceProfile, cost: NodeCost, dtype: str = "fp32", costs: KernelCosts = KernelCosts(),
+                 alone: bool = False) -> float:
+    """Predicted time of one op: roofline on the profile's curves, plus the profile's per-op overhead
+    (dispatch), plus ``costs.row_s`` per reduced row (softmax, layer norm); pooling reads its windows at
+    ``costs.pool_elements_per_s`` where that is slower than the roofline.
+
+    ``alone=False``: the op inside a whole-model run. A view op (Reshape, Squeeze, Flatten, ...) moves no
+    data there (onnxruntime's allocation planner lets its output share its input's buffer), so it costs its
+    dispatch only.
+    ``alone=True``: the op timed by itself (``isolated_node_times_s``), its outputs graph outputs. Each
+    output then costs ``costs.graph_output_s`` (allocated and handed back to the caller), and a view op
+    copies its input into that output (an output the caller owns cannot alias the graph's input), which
+    is a memory-bound copy of ``cost.view_bytes`` (``_copy_s``)."""
+    seconds = op_time_s(profile, cost.flops, cost.bytes, cost.gemm, dtype, kind=cost.kind) + cost.rows * costs.row_s
+    if cost.op_class == "pooling" and costs.pool_elements_per_s:  # FLOPs of a pooling op = window elements read
+        window_s = cost.flops / costs.pool_elements_per_s + profile.op_overhead_s
+        seconds = max(seconds, window_s)
+    if alone:
+        seconds += cost.outputs * costs.graph_output_s + _copy_s(profile, cost.view_bytes, costs)
+    return seconds
+
+
+def _copy_s(profile: DeviceProfile, nbytes: float, costs: KernelCosts) -> float:
+    """Time of the copy inside a view op timed alone. The memory curve's points are Add probes timed alone,
+    so their times hold one node's fixed cost (dispatch plus a graph output), which ``predict_op_s`` already
+    counts for the view: it is taken out here, down to the copy at full bandwidth."""
+    if nbytes <= 0:
+        return 0.0
+    probe_fixed_s = profile.op_overhead_s + costs.graph_output_s
+    return max(memory_time_s(profile, nbytes) - probe_fixed_s, nbytes / profile.memory_bandwidth_Bps)
