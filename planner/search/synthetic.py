@@ -70,7 +70,7 @@ class SyntheticBackend:
         return (_BYTES_WEIGHT / (d if s.zero >= 3 else 1), _BYTES_GRAD / (d if s.zero >= 2 else 1),
                 _BYTES_OPT / (d if s.zero >= 1 else 1))
 
-    def static_bytes(self, params_per_rank, option: StageOption, settings: Settings):
+    def static_bytes(self, params_per_rank: np.ndarray, option: StageOption, settings: Settings) -> np.ndarray:
         return np.asarray(params_per_rank, dtype=float) * sum(self._state_bytes(settings))
 
     def _tail_s(self, params_per_rank, option: StageOption, settings: Settings):
@@ -91,7 +91,8 @@ class SyntheticBackend:
     def capacity_bytes(self, option: StageOption) -> float:
         return float(self.cluster.groups[option.pool].node.device.memory_bytes)
 
-    def stage_matrices(self, layout: Layout, settings: Settings, global_batch: int):
+    def stage_matrices(self, layout: Layout, settings: Settings, global_batch: int
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         m = settings.num_micro_batches(global_batch)
         P = layout.num_stages
         fwd, bwd, sends, fits = [], [], [], []
