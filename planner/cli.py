@@ -32,12 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
-        try:
-            module = import_module(f"planner.commands.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"planner.commands.{name}":
-                continue  # command not built into this version
-            raise
+        module = import_module(f"planner.commands.{name}")
         cmd = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(cmd)
         cmd.set_defaults(_run=module.run)

@@ -9,7 +9,6 @@ from typing import Any
 
 from planner.commands._common import (add_cluster_flags, add_config_flags, add_json_flag, config_from_args,
                                       emit_json, parse_dims)
-from planner.errors import ConfigError
 from planner.types import Estimate, LayerGraph, MemoryBreakdown
 
 HELP = "predict the iteration time, throughput and memory of one parallel configuration"
@@ -64,12 +63,7 @@ def estimate_document(model: LayerGraph, estimate: Estimate) -> dict[str, Any]:
 
 
 def _with_tables(model: LayerGraph, path: str) -> LayerGraph:
-    try:
-        from planner.embeddings import load_tables
-    except ModuleNotFoundError as exc:
-        if exc.name and exc.name.startswith("planner.embeddings"):
-            raise ConfigError(f"--tables {path}: this version of planner has no embedding-table support") from None
-        raise
+    from planner.embeddings import load_tables
     return dataclasses.replace(model, embedding_tables=tuple(load_tables(path)))
 
 

@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from planner.commands._common import add_dim_flag, add_json_flag, emit_json, parse_dims
+from planner.report.units import size
 from planner.types import LayerGraph
 
 HELP = "import an ONNX model and report its parameters, FLOPs, activations, layers and embedding tables"
@@ -76,13 +77,6 @@ def _si(value: float, unit: str = "") -> str:
     return f"{value:.3g} {unit}".rstrip()
 
 
-def _bytes(value: float) -> str:
-    for factor, prefix in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if value >= factor:
-            return f"{value / factor:.3g} {prefix}"
-    return f"{value:.0f} B"
-
-
 def render_table(graph: LayerGraph) -> str:
     b = graph.batch
     dims = ", ".join(f"{k}={v}" for k, v in graph.dims) or "none"
@@ -90,7 +84,7 @@ def render_table(graph: LayerGraph) -> str:
         f"model {graph.name}" + (f" (family {graph.family})" if graph.family else ""),
         f"dims: {dims}; numbers below are for batch {b}",
         f"parameters {graph.params:,}   forward {_si(graph.flops_forward * b, 'FLOP')}   "
-        f"activations saved for backward {_bytes(sum(l.activation_bytes for l in graph.layers) * b)}",
+        f"activations saved for backward {size(sum(l.activation_bytes for l in graph.layers) * b)}",
         "",
     ]
     rows = [("#", "layer", "kind", "params", "fwd FLOPs", "activations", "output", "transformer")]
@@ -98,8 +92,8 @@ def render_table(graph: LayerGraph) -> str:
         t = layer.transformer
         shape = f"h={t.hidden} a={t.heads} s={t.seq_len} ffn={t.ffn}" if t else ""
         rows.append((str(layer.index), layer.name, layer.kind, f"{layer.params:,}",
-                     _si(layer.flops_forward * b), _bytes(layer.activation_bytes * b),
-                     _bytes(layer.output_bytes * b), shape))
+                     _si(layer.flops_forward * b), size(layer.activation_bytes * b),
+                     size(layer.output_bytes * b), shape))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     right = {0, 3, 4, 5, 6}
     for r in rows:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from planner.commands._common import add_cluster_flags, add_config_flags, add_json_flag, config_from_args, \
-    parse_dims, positive_int, positive_seconds
+    emit_json, parse_dims, positive_int, positive_seconds
 from planner.errors import ConfigError
 from planner.plan import Plan
 from planner.report import FORMATS, render
@@ -70,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         document = best.to_dict()
         if len(result.plans) > 1:
             document["alternatives"] = [p.to_dict() for p in result.plans[1:]]
-        sys.stdout.write(json.dumps(document, indent=2, sort_keys=True) + "\n")
+        emit_json(document)
         return 0
     sys.stdout.write(render(best, args.format))
     if len(result.plans) > 1 and args.format == "table":

@@ -43,19 +43,6 @@ def dp_group(cluster: Cluster, leaders: Sequence[int], cal: DeviceCalibration) -
     return scaled_group(comm_group(cluster, list(leaders)), cal)
 
 
-def node_group(node: NodeProfile, size: int, ranks_per_node: int, cal: DeviceCalibration,
-               nic_share: float = 1.0) -> CommGroup:
-    """A group of ``size`` ranks, ``ranks_per_node`` per node, on identical nodes, getting ``nic_share`` of
-    each node's network. Kept for callers that have no Cluster; it omits the fabric's latency and
-    oversubscription, which ``dp_group`` includes (prefer ``dp_group``)."""
-    return CommGroup(size=size, ranks_per_node=max(1, min(ranks_per_node, size)),
-                     intra_bandwidth_Bps=node.intra_node_bandwidth_Bps * node.intra_node_efficiency * cal.comm_scale,
-                     intra_latency_s=node.intra_node_latency_s,
-                     inter_bandwidth_Bps=node.inter_node_bandwidth_Bps * node.inter_node_efficiency * nic_share
-                     * cal.comm_scale,
-                     inter_latency_s=node.inter_node_latency_s)
-
-
 def scaled_group(group: CommGroup, cal: DeviceCalibration) -> CommGroup:
     """``group`` with both tiers' bandwidths multiplied by the calibrated ``comm_scale``."""
     if cal.comm_scale == 1.0:
@@ -96,7 +83,9 @@ def dp_comm_total_s(params_per_rank: float, group: CommGroup, zero: int, dtype: 
     return reduce, gather
 
 
-def exposed_sync_s(reduce_s, gather_s, params_per_rank, overlap_window_s, gather_window_s=0.0):
+def exposed_sync_s(reduce_s: np.ndarray | float, gather_s: np.ndarray | float, params_per_rank: np.ndarray | float,
+                   overlap_window_s: np.ndarray | float, gather_window_s: np.ndarray | float = 0.0
+                   ) -> np.ndarray | float:
     """What the computation does not hide of a synchronisation (numpy arrays welcome): the gradient
     reduction past ``overlap_window_s`` and the weight gather past ``gather_window_s``, each at least one
     bucket's worth (the last bucket to reduce, the first to gather)."""

@@ -3,10 +3,9 @@ and the nearest valid values (``ConfigError``; the CLI prints it as one line and
 
 from __future__ import annotations
 
+from planner.cost.schedule import SCHEDULES
 from planner.errors import ConfigError
 from planner.types import Cluster, LayerGraph, ParallelConfig
-
-SCHEDULE_CHOICES = ("1f1b", "interleaved", "gpipe")
 
 
 def divisors(n: int) -> list[int]:
@@ -92,8 +91,8 @@ def check_config(model: LayerGraph, cluster: Cluster, config: ParallelConfig) ->
             raise ConfigError(f"global batch {gb} is not divisible by dp x micro-batch = {dp} x {mb} = {step}; "
                               f"nearest valid global batch: {nearest(gb, [v for v in (lo, hi) if v > 0])}, "
                               f"or nearest valid micro-batch: {nearest(mb, mbs)}")
-    if config.schedule is not None and config.schedule not in SCHEDULE_CHOICES:
-        raise ConfigError(f"schedule {config.schedule!r} is not one of {', '.join(SCHEDULE_CHOICES)}")
+    if config.schedule is not None and config.schedule not in SCHEDULES:
+        raise ConfigError(f"schedule {config.schedule!r} is not one of {', '.join(SCHEDULES)}")
     vpp = config.vpp
     if vpp is not None:
         if vpp < 1:

@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from planner.graph.ir import Node
+from planner.graph.ir import Node, numel_of
 
 _ONNX_TYPES = frozenset(onnx.TensorProto.DataType.values())
 MAX_ELEMENTS = 4096  # evaluate only small tensors (shapes, indices, positions), never weights or masks
@@ -32,7 +32,7 @@ def _constant(node: Node, ins: list) -> Value | None:
     for a in node.proto.attribute:
         if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
             t = a.t
-            if t.data_location == onnx.TensorProto.EXTERNAL or _numel(t.dims) > MAX_ELEMENTS:
+            if t.data_location == onnx.TensorProto.EXTERNAL or numel_of(t.dims) > MAX_ELEMENTS:
                 return None
             return numpy_helper.to_array(t)
         if a.name == "value_int":
@@ -106,7 +106,7 @@ def _range(node: Node, ins: list) -> Value | None:
 def _target(shape: Value) -> list[int] | None:
     """A shape operand as a list of ints, or None when it would make a tensor too large to evaluate."""
     dims = [int(v) for v in np.atleast_1d(shape)]
-    if any(d < 0 for d in dims) or _numel(dims) > MAX_ELEMENTS:
+    if any(d < 0 for d in dims) or numel_of(dims) > MAX_ELEMENTS:
         return None
     return dims
 
@@ -138,7 +138,7 @@ def _expand(node: Node, ins: list) -> Value | None:
 
 def _tile(node: Node, ins: list) -> Value | None:
     repeats = _target(ins[1])
-    if repeats is None or ins[0].size * _numel(repeats) > MAX_ELEMENTS:
+    if repeats is None or ins[0].size * numel_of(repeats) > MAX_ELEMENTS:
         return None
     return np.tile(ins[0], repeats)
 
@@ -194,13 +194,6 @@ EVALUATORS: dict[str, Evaluator] = {
 }
 
 
-def _numel(dims) -> int:
-    n = 1
-    for d in dims:
-        n *= d
-    return n
-
-
 def evaluate(nodes: list[Node], const: set[str], shapes: dict, initial: dict[str, Value]) -> dict[str, Value]:
     """Values of the small constant tensors (topological order). ``initial`` holds the initializers with
     data; Shape and Size read ``shapes``. A node that cannot be evaluated leaves its outputs unknown."""
@@ -213,7 +206,7 @@ def evaluate(nodes: list[Node], const: set[str], shapes: dict, initial: dict[str
             if shape is None:
                 continue
             if node.op_type == "Size":
-                values[node.outputs[0]] = np.array(_numel(shape), np.int64)
+                values[node.outputs[0]] = np.array(numel_of(shape), np.int64)
             else:
                 start, end = node.attr("start", 0), node.attr("end", len(shape))
                 values[node.outputs[0]] = np.array(shape[start:end], np.int64)

@@ -52,9 +52,6 @@ class View:
             return 0
         return self.graph.numel(self.node.inputs[i]) or 0
 
-    def is_const(self, i: int) -> bool:
-        return i < len(self.node.inputs) and self.node.inputs[i] in self.graph.const
-
 
 Gemm = tuple[int, int, int]
 Rule = Callable[[View], tuple[float, "Gemm | None"]]

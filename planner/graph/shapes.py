@@ -30,7 +30,7 @@ def prepare(model: onnx.ModelProto, bound: dict[str, int], data_inputs: list[str
                     d.Clear()
                     d.dim_value = value
     for t in g.initializer:
-        if t.data_location == TensorProto.EXTERNAL or numel_of(t.dims) > 4096:
+        if t.data_location == TensorProto.EXTERNAL or numel_of(t.dims) > fold.MAX_ELEMENTS:
             keep = (t.name, t.data_type, list(t.dims))
             t.Clear()
             t.name, t.data_type = keep[0], keep[1]

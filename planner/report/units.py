@@ -14,7 +14,7 @@ def seconds(value_s: float) -> str:
 
 
 def size(value_bytes: float) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if value_bytes >= scale:
             return f"{value_bytes / scale:.1f} {unit}"
     return f"{value_bytes:.0f} B"

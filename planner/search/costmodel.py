@@ -52,7 +52,7 @@ class CostModelBackend:
             self._tables[key] = hit
         return hit
 
-    def static_bytes(self, params_per_rank, option: StageOption, settings: Settings):
+    def static_bytes(self, params_per_rank: np.ndarray, option: StageOption, settings: Settings) -> np.ndarray:
         mem = stage_memory(np.asarray(params_per_rank, dtype=float), 0.0, 0, settings.zero, settings.dp,
                            settings.optimizer, settings.dtype)
         return mem.weights_bytes + mem.gradients_bytes + mem.optimizer_bytes
@@ -98,7 +98,8 @@ class CostModelBackend:
             self._segments[key] = hit
         return hit
 
-    def stage_matrices(self, layout: Layout, settings: Settings, global_batch: int):
+    def stage_matrices(self, layout: Layout, settings: Settings, global_batch: int
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         m = settings.num_micro_batches(global_batch)
         P = layout.num_stages
         devices = allocate(self.cluster, layout, settings)

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from itertools import permutations
 from typing import Iterator, Sequence
 
+from planner.cost.memory import RECOMPUTE_CHOICES
 from planner.errors import ConfigError
 from planner.types import Cluster, ParallelConfig
 
-RECOMPUTE = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
 
 
@@ -138,7 +138,7 @@ def enumerate_settings(cluster: Cluster, global_batch: int, pins: Pins, max_micr
     n = cluster.num_devices
     dps = [pins.dp] if pins.dp else [d for d in divisors(global_batch) if d <= n]
     zeros = [pins.zero] if pins.zero is not None else list(ZERO_STAGES)
-    recomputes = [pins.recompute] if pins.recompute else list(RECOMPUTE)
+    recomputes = [pins.recompute] if pins.recompute else list(RECOMPUTE_CHOICES)
     sps = [pins.sequence_parallel] if pins.sequence_parallel is not None else [False, True]
     for dp in dps:
         per_dp = global_batch // dp if global_batch % dp == 0 else 0

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from planner.hardware.cluster import locate
 from planner.search.backend import LayerTable, bound_matrices, segment_max, segment_sums, warmup
 from planner.search.space import Layout, Settings, StageOption
 from planner.types import Breakdown, Cluster, Estimate, LayerGraph, MemoryBreakdown, ParallelConfig, \
@@ -20,13 +21,6 @@ from planner.types import Breakdown, Cluster, Estimate, LayerGraph, MemoryBreakd
 
 _EFFICIENCY = 0.5  # illustrative fraction of peak
 _BYTES_WEIGHT, _BYTES_GRAD, _BYTES_OPT = 2.0, 2.0, 12.0  # bf16 weights/grads, fp32 master + Adam moments
-
-
-def pool_of_device(cluster: Cluster, device: int) -> int:
-    for i, g in enumerate(cluster.groups):
-        if g.first_device <= device < g.first_device + g.num_devices:
-            return i
-    raise ValueError(f"device {device} is not in the cluster")
 
 
 @dataclass(frozen=True)
@@ -70,7 +64,7 @@ class SyntheticBackend:
         return (_BYTES_WEIGHT / (d if s.zero >= 3 else 1), _BYTES_GRAD / (d if s.zero >= 2 else 1),
                 _BYTES_OPT / (d if s.zero >= 1 else 1))
 
-    def static_bytes(self, params_per_rank, option: StageOption, settings: Settings):
+    def static_bytes(self, params_per_rank: np.ndarray, option: StageOption, settings: Settings) -> np.ndarray:
         return np.asarray(params_per_rank, dtype=float) * sum(self._state_bytes(settings))
 
     def _tail_s(self, params_per_rank, option: StageOption, settings: Settings):
@@ -91,7 +85,8 @@ class SyntheticBackend:
     def capacity_bytes(self, option: StageOption) -> float:
         return float(self.cluster.groups[option.pool].node.device.memory_bytes)
 
-    def stage_matrices(self, layout: Layout, settings: Settings, global_batch: int):
+    def stage_matrices(self, layout: Layout, settings: Settings, global_batch: int
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         m = settings.num_micro_batches(global_batch)
         P = layout.num_stages
         fwd, bwd, sends, fits = [], [], [], []
@@ -113,7 +108,7 @@ class SyntheticBackend:
         dp = replicas[0].dp
         s = Settings(micro_batch=spec.micro_batch, dp=dp, zero=spec.zero, recompute=spec.recompute,
                      sequence_parallel=spec.sequence_parallel, optimizer=spec.optimizer, dtype=spec.dtype)
-        options = [StageOption(pool_of_device(self.cluster, r.devices[0]), r.tp) for r in replicas]
+        options = [StageOption(locate(self.cluster, r.devices[0])[0], r.tp) for r in replicas]
         m = spec.global_batch // (spec.micro_batch * dp)
         P = len(spec.stages)
         per, sends, g_terms, stages, feasible, worst = [], [], [], [], True, 0.0
