@@ -6,7 +6,7 @@ import pytest
 from planner.search import engine
 from planner.search.exhaustive import enumerate_best
 from planner.search.space import Pins
-from planner.search.synthetic import SyntheticBackend
+from search_synthetic import SyntheticBackend
 from tests.search_fixtures import cluster, random_model
 
 # (layers, cluster groups (device, devices per node, nodes), global batch, pins); pins keep the enumeration
