@@ -20,7 +20,9 @@ Constraints
         (IS/PR: ids sent / pooled bytes received by every device; IR/PS: ids received / pooled sent in bin b)
   (d) n_b T >= n_b base_b + C[b] + a2a_s_per_byte_b (A[b] + 2 P[b])          time of each device
   (e) HBM[b] <= sum of HBM capacities in b;  HOST[b] <= host capacities      memory, optimizer state included
-  (f) T >= sum_o z[t,o] alone(t,o)   a table's unit alone on its best device (valid cut, tightens the LP)
+  (f) T >= sum_o z[t,o] alone(t,o) + G - (t's own share of G) + sum_k y[k] latency_k  (valid cut): a table's
+      unit alone on its best device, plus G, the lookups and collectives of every table sharded over all
+      devices (row-wise, data-parallel; least over devices), and the global fused collectives' latency
   (g) (MILP) nodes of one class are interchangeable: their loads are ordered (symmetry breaking)
   (h) y[k] >= z or v for every table using fused collective k (data-parallel all-reduce, row-wise RS/AG,
       a node's table-row-wise RS/AG); its latency, y[k] x latency, joins C[b] of the devices it spans
@@ -156,6 +158,7 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, time_limit_s: float, t
             if unit.host_bytes[j]:
                 host[b][var] += unit.host_bytes[j] * _GB
 
+    alones: list[list[tuple[pulp.LpVariable, float]]] = []
     for t, options in enumerate(problem.options):
         zs = []
         alone = []
@@ -194,7 +197,8 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, time_limit_s: float, t
             units = float(option.units)
             lp += pulp.LpAffineExpression([(var, 1.0) for _, var in pos_vars] + [(z, -units)]) == 0, f"b_{t}_{o}"
         lp += pulp.LpAffineExpression(zs) == 1, f"a_{t}"
-        lp += pulp.LpAffineExpression([(T, 1.0)] + [(z, -a) for z, a in alone]) >= 0, f"f_{t}"
+        alones.append(alone)
+    _add_table_cuts(lp, problem, T, choice, fused, alones)
 
     base = problem.base_time_s() * _US
     coef = dev.a2a_s_per_byte * _US / _MB
@@ -277,6 +281,44 @@ def resolve_integer(problem: Problem, relaxed: SolveResult, *, time_limit_s: flo
     proven = status == highspy.HighsModelStatus.kOptimal
     return SolveResult("optimal" if proven else "feasible", objective,
                        objective if proven else max(bound, relaxed.objective_s), None, elapsed, weights)
+
+
+def _add_table_cuts(lp: pulp.LpProblem, problem: Problem, T: pulp.LpVariable, choice: dict, fused: dict,
+                    alones: list[list[tuple[pulp.LpVariable, float]]]) -> None:
+    """(f) per table t: T >= alone(t, o) + the global work every device carries besides t (valid cut).
+
+    Some device d carries a unit of t's chosen option o. Its time is at least t's unit alone on d (the
+    all-to-all traffic every plan has included), plus the lookups and collectives of every other table
+    sharded over all devices (row-wise, data-parallel: they touch every device, d included), plus the latency
+    of each global fused collective in use (paid once on every device). Taking each term's minimum over the
+    devices keeps it a lower bound. G = sum of the other tables' global work is one auxiliary variable, so the
+    cut has O(options) terms per table. The latency of t's own global collective is counted once (in y, not
+    in alone)."""
+    global_keys = {key: y for key, y in fused.items() if key[0] in ("data_parallel", "row_wise")}
+    work: list[tuple[pulp.LpVariable, float]] = []
+    own: dict[int, dict] = defaultdict(dict)
+    for (t, o), z in choice.items():
+        option = problem.options[t][o]
+        if option.scope == "global":
+            least = float(np.min(problem.unit(t, o, 0).compute_s)) * _US
+            work.append((z, least))
+            own[t][z] = least
+    G = _var(lp, "G", 0, None)
+    lp += pulp.LpAffineExpression([(G, 1.0)] + [(z, -c) for z, c in work]) == 0, "f_G"
+    latency = [(y, -problem.fused_latency(key)[1] * _US) for key, y in sorted(global_keys.items())]
+    for t, alone in enumerate(alones):
+        terms: dict = defaultdict(float)
+        terms[T] += 1.0
+        terms[G] -= 1.0
+        for o, (z, a) in enumerate(alone):
+            key = problem.fused_key(problem.options[t][o], 0) if problem.options[t][o].scope == "global" else None
+            if key in global_keys:  # its latency is in y below
+                a -= problem.fused_latency(key)[1] * _US
+            terms[z] -= a
+            terms[z] += own[t].get(z, 0.0)
+        for y, c in latency:
+            terms[y] += c
+        lp += pulp.LpAffineExpression(list(terms.items())) >= 0, f"f_{t}"
 
 
 def have_highs() -> bool:
