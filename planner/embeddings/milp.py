@@ -23,6 +23,9 @@ Constraints
   (f) T >= sum_o z[t,o] alone(t,o) + G - (t's own share of G) + sum_k y[k] latency_k  (valid cut): a table's
       unit alone on its best device, plus G, the lookups and collectives of every table sharded over all
       devices (row-wise, data-parallel; least over devices), and the global fused collectives' latency
+  (f2) T >= base + compute(t,o) + G + latency + a2a_s_per_byte (A_t + 2 P_t), A_t >= max(IS, ids t's unit
+      receives), P_t >= max(PR, pooled bytes t's unit sends): (f) with the all-to-all floor that follows every
+      table's choice (each term its least over devices; valid cut, the main one on 64-128 devices)
   (g) (MILP) nodes of one class are interchangeable: their loads are ordered (symmetry breaking)
   (h) y[k] >= z or v for every table using fused collective k (data-parallel all-reduce, row-wise RS/AG,
       a node's table-row-wise RS/AG); its latency, y[k] x latency, joins C[b] of the devices it spans
@@ -198,7 +201,8 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, time_limit_s: float, t
             lp += pulp.LpAffineExpression([(var, 1.0) for _, var in pos_vars] + [(z, -units)]) == 0, f"b_{t}_{o}"
         lp += pulp.LpAffineExpression(zs) == 1, f"a_{t}"
         alones.append(alone)
-    _add_table_cuts(lp, problem, T, choice, fused, alones)
+    G = _add_table_cuts(lp, problem, T, choice, fused, alones)
+    _add_traffic_cuts(lp, problem, T, G, choice, fused, ids_send, pool_recv)
 
     base = problem.base_time_s() * _US
     coef = dev.a2a_s_per_byte * _US / _MB
@@ -284,7 +288,7 @@ def resolve_integer(problem: Problem, relaxed: SolveResult, *, time_limit_s: flo
 
 
 def _add_table_cuts(lp: pulp.LpProblem, problem: Problem, T: pulp.LpVariable, choice: dict, fused: dict,
-                    alones: list[list[tuple[pulp.LpVariable, float]]]) -> None:
+                    alones: list[list[tuple[pulp.LpVariable, float]]]) -> pulp.LpVariable:
     """(f) per table t: T >= alone(t, o) + the global work every device carries besides t (valid cut).
 
     Some device d carries a unit of t's chosen option o. Its time is at least t's unit alone on d (the
@@ -319,6 +323,58 @@ def _add_table_cuts(lp: pulp.LpProblem, problem: Problem, T: pulp.LpVariable, ch
         for y, c in latency:
             terms[y] += c
         lp += pulp.LpAffineExpression(list(terms.items())) >= 0, f"f_{t}"
+    return G
+
+
+def _add_traffic_cuts(lp: pulp.LpProblem, problem: Problem, T: pulp.LpVariable, G: pulp.LpVariable,
+                      choice: dict, fused: dict, ids_send: list, pool_recv: list) -> None:
+    """(f2) per table t, the device d that carries a unit of t's option o (valid cut):
+
+        T >= base + compute(t, o) + G + latency + a2a_s_per_byte x (A_t + 2 P_t)
+        A_t >= ids every device sends (IS, all tables' choices),  A_t >= ids the unit receives
+        P_t >= pooled bytes every device receives (PR),  P_t >= pooled bytes the unit sends
+
+    where G is the global work of (f) (t's own included when t's option is global). Unlike (f), the
+    all-to-all floor follows the other tables' choices instead of their least. Each term is its least over
+    the devices (and positions) the unit may take, so the sum stays below every plan's slowest device."""
+    dev = problem.dev
+    base = float(problem.base_time_s().min()) * _US
+    coef = float(dev.a2a_s_per_byte.min()) * _US / _MB
+    IS = _var(lp, "IS", 0, None)
+    PR = _var(lp, "PR", 0, None)
+    lp += pulp.LpAffineExpression([(IS, 1.0)] + [(z, -c) for z, c in ids_send]) == 0, "f2_IS"
+    lp += pulp.LpAffineExpression([(PR, 1.0)] + [(z, -c) for z, c in pool_recv]) == 0, "f2_PR"
+    latency = [(y, problem.fused_latency(key)[1] * _US) for key, y in sorted(fused.items())
+               if key[0] in ("data_parallel", "row_wise")]
+    for t, options in enumerate(problem.options):
+        A = _var(lp, f"At_{t}", 0, None)
+        P = _var(lp, f"Pt_{t}", 0, None)
+        compute, recv, send = [], [], []
+        for o, option in enumerate(options):
+            z = choice[t, o]
+            if option.scope == "device":
+                bw = dev.host_Bps if option.host else dev.lookup_Bps
+                c = option.lookup_bytes / float(bw.max())
+                r, q = option.ids_recv_bytes, option.pool_send_bytes
+            else:
+                units = [problem.unit(t, o, p) for p in problem.distinct_positions(option)]
+                c = 0.0 if option.scope == "global" else min(
+                    float(u.compute_s.min()) + problem.fused_latency(problem.fused_key(option, p))[1]
+                    for u, p in zip(units, problem.distinct_positions(option)))
+                r = min(float(u.ids_recv_bytes.min()) for u in units)
+                q = min(float(u.pool_send_bytes.min()) for u in units)
+            if c:
+                compute.append((z, -c * _US))
+            if r:
+                recv.append((z, -r * _MB))
+            if q:
+                send.append((z, -q * _MB))
+        lp += pulp.LpAffineExpression([(A, 1.0), (IS, -1.0)]) >= 0, f"f2_AS_{t}"
+        lp += pulp.LpAffineExpression([(A, 1.0)] + recv) >= 0, f"f2_AR_{t}"
+        lp += pulp.LpAffineExpression([(P, 1.0), (PR, -1.0)]) >= 0, f"f2_PR_{t}"
+        lp += pulp.LpAffineExpression([(P, 1.0)] + send) >= 0, f"f2_PS_{t}"
+        lp += pulp.LpAffineExpression([(T, 1.0), (G, -1.0), (A, -coef), (P, -2.0 * coef)] + compute
+                                      + [(y, -c) for y, c in latency]) >= base, f"f2_{t}"
 
 
 def have_highs() -> bool:
