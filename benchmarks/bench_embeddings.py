@@ -164,7 +164,7 @@ def write_markdown(path: Path, rows: list[dict], synthetic: dict, reference: dic
         "backward lookups, ids and pooled all-to-alls, row-wise reduce-scatter/all-gather, data-parallel "
         "all-reduce) under the planner's cost model; the TorchRec-style greedy is scored by the same model.",
         "",
-        f"Gap to the LP bound <= 3%: {within} of {len(rows)} cases.",
+        f"Gap to the lower bound <= 3%: {within} of {len(rows)} cases.",
         "",
         "| workload | GPUs | cluster | ours (ms) | lower bound (ms) | gap % | method | solve (s) | TorchRec greedy (ms) | improvement % | max mem used/cap | shardings |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -178,7 +178,7 @@ def write_markdown(path: Path, rows: list[dict], synthetic: dict, reference: dic
                      f"{r['torchrec_greedy_ms']:.3f} | {improvement} | {r['max_memory_fraction']:.2f} | {shard} |")
     proved = [r for r in rows if "proof_bound_ms" in r]
     if proved:
-        lines += ["", "Where the gap to the LP bound exceeds 3% on <= 16 GPUs, the exact per-device MILP was run "
+        lines += ["", "Where the gap to the lower bound exceeds 3% on <= 16 GPUs, the exact per-device MILP was run "
                   f"for {proved[0]['proof_time_s']:g} s more, for a tighter lower bound on the optimum "
                   "(its dual bound) and its best plan:", "",
                   "| workload | GPUs | cluster | ours (ms) | lower bound (ms) | MILP dual bound (ms) | MILP best plan (ms) | ours vs MILP bound % |",
@@ -189,7 +189,7 @@ def write_markdown(path: Path, rows: list[dict], synthetic: dict, reference: dic
                          f"{r['gap_vs_proof_pct']:.2f} |")
     lines += ["", f"Synthetic: {synthetic['tables']} tables (seeded; rows log-uniform 1e3-1e7, dims 32-256, "
               f"pooling 1-100) on {synthetic['gpus']} A100s: planned in {synthetic['wall_s']:.1f} s, "
-              f"{synthetic['embedding_ms']:.3f} ms vs LP bound {synthetic['lower_bound_ms']:.3f} ms "
+              f"{synthetic['embedding_ms']:.3f} ms vs lower bound {synthetic['lower_bound_ms']:.3f} ms "
               f"(gap {synthetic['gap_pct']:.2f}%, {synthetic['method']}), max memory used/capacity "
               f"{synthetic['max_memory_fraction']:.2f}.", ""]
     path.parent.mkdir(parents=True, exist_ok=True)

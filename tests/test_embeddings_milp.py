@@ -12,7 +12,7 @@ from embedding_checks import check_result
 from embedding_fixtures import cluster, node, small_node
 from planner.embeddings import shard_tables
 from planner.embeddings.devices import device_arrays
-from planner.embeddings.milp import class_bins, device_bins, solve
+from planner.embeddings.milp import class_bins, device_bins, node_bins, resolve_integer, solve
 from planner.embeddings.problem import build_problem
 from planner.types import EmbeddingTable
 
@@ -58,6 +58,28 @@ def test_milp_matches_brute_force(seed):
     assert float(problem.device_time_s(loads).max()) == pytest.approx(best, rel=1e-6)
     lp = solve(problem, class_bins(problem), integer=False, time_limit_s=60)
     assert lp.objective_s <= best * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_every_bound_is_below_the_brute_force_optimum(seed):
+    """The class LP, its integral-choice MILP and the node MILP (all with the per-table cuts (f), which add the
+    global work of the other tables) never exceed the true optimum, with global options in play: one table is
+    tiny (data-parallel is cheap) and one has a large pooling factor (row-wise is attractive)."""
+    rng = np.random.default_rng(200 + seed)
+    c = cluster((small_node(A100, 2), 1), (small_node(V100, 2), 1))
+    tiny = EmbeddingTable("tiny", int(rng.integers(2, 200)), int(rng.choice([8, 16])), float(rng.choice([1, 4])))
+    hot = EmbeddingTable("hot", int(rng.integers(1000, 3_000_000)), int(rng.choice([8, 16, 32])),
+                         float(rng.choice([20, 60, 100])))
+    problem = build_problem((tiny, hot), device_arrays(c), 8192, "adagrad")
+    best = brute_force(problem)
+    relaxed = solve(problem, class_bins(problem), integer=False, time_limit_s=60, keep=True)
+    assert relaxed.bound_s <= best * (1 + 1e-7)
+    chosen = resolve_integer(problem, relaxed, time_limit_s=60)
+    assert chosen.bound_s <= best * (1 + 1e-7)
+    by_node = solve(problem, node_bins(problem), integer=True, time_limit_s=60)
+    assert by_node.bound_s <= best * (1 + 1e-7)
+    result = shard_tables((tiny, hot), c, None, 8192, time_limit_s=5)
+    assert result.lower_bound_s <= best * (1 + 1e-7) <= result.embedding_time_s * (1 + 2e-7)
 
 
 def test_aggregated_lp_equals_device_lp():

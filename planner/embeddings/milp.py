@@ -20,7 +20,12 @@ Constraints
         (IS/PR: ids sent / pooled bytes received by every device; IR/PS: ids received / pooled sent in bin b)
   (d) n_b T >= n_b base_b + C[b] + a2a_s_per_byte_b (A[b] + 2 P[b])          time of each device
   (e) HBM[b] <= sum of HBM capacities in b;  HOST[b] <= host capacities      memory, optimizer state included
-  (f) T >= sum_o z[t,o] alone(t,o)   a table's unit alone on its best device (valid cut, tightens the LP)
+  (f) T >= sum_o z[t,o] alone(t,o) + G - (t's own share of G) + sum_k y[k] latency_k  (valid cut): a table's
+      unit alone on its best device, plus G, the lookups and collectives of every table sharded over all
+      devices (row-wise, data-parallel; least over devices), and the global fused collectives' latency
+  (f2) T >= base + compute(t,o) + G + latency + a2a_s_per_byte (A_t + 2 P_t), A_t >= max(IS, ids t's unit
+      receives), P_t >= max(PR, pooled bytes t's unit sends): (f) with the all-to-all floor that follows every
+      table's choice (each term its least over devices; valid cut, the main one on 64-128 devices)
   (g) (MILP) nodes of one class are interchangeable: their loads are ordered (symmetry breaking)
   (h) y[k] >= z or v for every table using fused collective k (data-parallel all-reduce, row-wise RS/AG,
       a node's table-row-wise RS/AG); its latency, y[k] x latency, joins C[b] of the devices it spans
@@ -156,6 +161,7 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, time_limit_s: float, t
             if unit.host_bytes[j]:
                 host[b][var] += unit.host_bytes[j] * _GB
 
+    alones: list[list[tuple[pulp.LpVariable, float]]] = []
     for t, options in enumerate(problem.options):
         zs = []
         alone = []
@@ -194,7 +200,9 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, time_limit_s: float, t
             units = float(option.units)
             lp += pulp.LpAffineExpression([(var, 1.0) for _, var in pos_vars] + [(z, -units)]) == 0, f"b_{t}_{o}"
         lp += pulp.LpAffineExpression(zs) == 1, f"a_{t}"
-        lp += pulp.LpAffineExpression([(T, 1.0)] + [(z, -a) for z, a in alone]) >= 0, f"f_{t}"
+        alones.append(alone)
+    G = _add_table_cuts(lp, problem, T, choice, fused, alones)
+    _add_traffic_cuts(lp, problem, T, G, choice, fused, ids_send, pool_recv)
 
     base = problem.base_time_s() * _US
     coef = dev.a2a_s_per_byte * _US / _MB
@@ -277,6 +285,96 @@ def resolve_integer(problem: Problem, relaxed: SolveResult, *, time_limit_s: flo
     proven = status == highspy.HighsModelStatus.kOptimal
     return SolveResult("optimal" if proven else "feasible", objective,
                        objective if proven else max(bound, relaxed.objective_s), None, elapsed, weights)
+
+
+def _add_table_cuts(lp: pulp.LpProblem, problem: Problem, T: pulp.LpVariable, choice: dict, fused: dict,
+                    alones: list[list[tuple[pulp.LpVariable, float]]]) -> pulp.LpVariable:
+    """(f) per table t: T >= alone(t, o) + the global work every device carries besides t (valid cut).
+
+    Some device d carries a unit of t's chosen option o. Its time is at least t's unit alone on d (the
+    all-to-all traffic every plan has included), plus the lookups and collectives of every other table
+    sharded over all devices (row-wise, data-parallel: they touch every device, d included), plus the latency
+    of each global fused collective in use (paid once on every device). Taking each term's minimum over the
+    devices keeps it a lower bound. G = sum of the other tables' global work is one auxiliary variable, so the
+    cut has O(options) terms per table. The latency of t's own global collective is counted once (in y, not
+    in alone)."""
+    global_keys = {key: y for key, y in fused.items() if key[0] in ("data_parallel", "row_wise")}
+    work: list[tuple[pulp.LpVariable, float]] = []
+    own: dict[int, dict] = defaultdict(dict)
+    for (t, o), z in choice.items():
+        option = problem.options[t][o]
+        if option.scope == "global":
+            least = float(np.min(problem.unit(t, o, 0).compute_s)) * _US
+            work.append((z, least))
+            own[t][z] = least
+    G = _var(lp, "G", 0, None)
+    lp += pulp.LpAffineExpression([(G, 1.0)] + [(z, -c) for z, c in work]) == 0, "f_G"
+    latency = [(y, -problem.fused_latency(key)[1] * _US) for key, y in sorted(global_keys.items())]
+    for t, alone in enumerate(alones):
+        terms: dict = defaultdict(float)
+        terms[T] += 1.0
+        terms[G] -= 1.0
+        for o, (z, a) in enumerate(alone):
+            key = problem.fused_key(problem.options[t][o], 0) if problem.options[t][o].scope == "global" else None
+            if key in global_keys:  # its latency is in y below
+                a -= problem.fused_latency(key)[1] * _US
+            terms[z] -= a
+            terms[z] += own[t].get(z, 0.0)
+        for y, c in latency:
+            terms[y] += c
+        lp += pulp.LpAffineExpression(list(terms.items())) >= 0, f"f_{t}"
+    return G
+
+
+def _add_traffic_cuts(lp: pulp.LpProblem, problem: Problem, T: pulp.LpVariable, G: pulp.LpVariable,
+                      choice: dict, fused: dict, ids_send: list, pool_recv: list) -> None:
+    """(f2) per table t, the device d that carries a unit of t's option o (valid cut):
+
+        T >= base + compute(t, o) + G + latency + a2a_s_per_byte x (A_t + 2 P_t)
+        A_t >= ids every device sends (IS, all tables' choices),  A_t >= ids the unit receives
+        P_t >= pooled bytes every device receives (PR),  P_t >= pooled bytes the unit sends
+
+    where G is the global work of (f) (t's own included when t's option is global). Unlike (f), the
+    all-to-all floor follows the other tables' choices instead of their least. Each term is its least over
+    the devices (and positions) the unit may take, so the sum stays below every plan's slowest device."""
+    dev = problem.dev
+    base = float(problem.base_time_s().min()) * _US
+    coef = float(dev.a2a_s_per_byte.min()) * _US / _MB
+    IS = _var(lp, "IS", 0, None)
+    PR = _var(lp, "PR", 0, None)
+    lp += pulp.LpAffineExpression([(IS, 1.0)] + [(z, -c) for z, c in ids_send]) == 0, "f2_IS"
+    lp += pulp.LpAffineExpression([(PR, 1.0)] + [(z, -c) for z, c in pool_recv]) == 0, "f2_PR"
+    latency = [(y, problem.fused_latency(key)[1] * _US) for key, y in sorted(fused.items())
+               if key[0] in ("data_parallel", "row_wise")]
+    for t, options in enumerate(problem.options):
+        A = _var(lp, f"At_{t}", 0, None)
+        P = _var(lp, f"Pt_{t}", 0, None)
+        compute, recv, send = [], [], []
+        for o, option in enumerate(options):
+            z = choice[t, o]
+            if option.scope == "device":
+                bw = dev.host_Bps if option.host else dev.lookup_Bps
+                c = option.lookup_bytes / float(bw.max())
+                r, q = option.ids_recv_bytes, option.pool_send_bytes
+            else:
+                units = [problem.unit(t, o, p) for p in problem.distinct_positions(option)]
+                c = 0.0 if option.scope == "global" else min(
+                    float(u.compute_s.min()) + problem.fused_latency(problem.fused_key(option, p))[1]
+                    for u, p in zip(units, problem.distinct_positions(option)))
+                r = min(float(u.ids_recv_bytes.min()) for u in units)
+                q = min(float(u.pool_send_bytes.min()) for u in units)
+            if c:
+                compute.append((z, -c * _US))
+            if r:
+                recv.append((z, -r * _MB))
+            if q:
+                send.append((z, -q * _MB))
+        lp += pulp.LpAffineExpression([(A, 1.0), (IS, -1.0)]) >= 0, f"f2_AS_{t}"
+        lp += pulp.LpAffineExpression([(A, 1.0)] + recv) >= 0, f"f2_AR_{t}"
+        lp += pulp.LpAffineExpression([(P, 1.0), (PR, -1.0)]) >= 0, f"f2_PR_{t}"
+        lp += pulp.LpAffineExpression([(P, 1.0)] + send) >= 0, f"f2_PS_{t}"
+        lp += pulp.LpAffineExpression([(T, 1.0), (G, -1.0), (A, -coef), (P, -2.0 * coef)] + compute
+                                      + [(y, -c) for y, c in latency]) >= base, f"f2_{t}"
 
 
 def have_highs() -> bool:
