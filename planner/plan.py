@@ -116,8 +116,13 @@ class Plan:
 
     # ------------------------------------------------------------------ derived views
     @property
+    def devices(self) -> frozenset[int]:
+        """Every device the plan uses (a stage's own list and its replica groups')."""
+        return frozenset(d for s in self.stages for group in (s, *s.replicas) for d in group.devices)
+
+    @property
     def num_devices(self) -> int:
-        return len({d for s in self.stages for d in s.devices})
+        return len(self.devices)
 
     # ------------------------------------------------------------------ serialisation
     def to_dict(self) -> dict[str, Any]:

@@ -204,15 +204,6 @@ def cluster_cost_per_hour(cluster: Cluster, devices: Iterable[int] | None = None
     return total if cluster.groups else None
 
 
-def _stage_devices(plan: Plan) -> set[int]:
-    used: set[int] = set()
-    for stage in plan.stages:
-        used.update(stage.devices)
-        for replica in stage.replicas:
-            used.update(replica.devices)
-    return used
-
-
 def _uniform(values: Sequence[int]) -> int | None:
     return values[0] if values and all(v == values[0] for v in values) else None
 
@@ -221,7 +212,7 @@ def summarize(settings: tuple[tuple[str, Value], ...], plan: Plan, cluster: Clus
               seq_len: int | None) -> WhatIfPoint:
     """A feasible point from its plan."""
     throughput = plan.throughput_samples_per_s
-    used = _stage_devices(plan)
+    used = plan.devices
     per_hour = cluster_cost_per_hour(cluster, used)
     per_sample = per_hour / SECONDS_PER_HOUR / throughput if per_hour is not None and throughput > 0 else None
     tps = [r.tp for s in plan.stages for r in (s.replicas or (s,))]
