@@ -27,19 +27,29 @@ def add_dim_flag(parser: argparse.ArgumentParser) -> None:
                         help="bind a symbolic dimension (repeatable), e.g. --dim batch=1 --dim seq=2048")
 
 
-def parse_dims(items: list[str]) -> dict[str, int]:
-    dims: dict[str, int] = {}
+def split_assignments(items: list[str], flag: str, form: str, example: str) -> list[tuple[str, str]]:
+    """``["a=1", "b=x"]`` of a repeated ``flag`` -> ``[("a", "1"), ("b", "x")]``; an item without ``=`` or
+    without a name is a ConfigError showing ``form`` and ``example``."""
+    pairs: list[tuple[str, str]] = []
     for item in items:
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
-            raise ConfigError(f"--dim {item!r}: expected NAME=INT, e.g. --dim seq=2048")
+            raise ConfigError(f"{flag} {item!r}: expected {form}, e.g. {flag} {example}")
+        pairs.append((name.strip(), value))
+    return pairs
+
+
+def parse_dims(items: list[str]) -> dict[str, int]:
+    dims: dict[str, int] = {}
+    for name, value in split_assignments(items, "--dim", "NAME=INT", "seq=2048"):
+        item = f"{name}={value}"
         try:
             number = int(value)
         except ValueError:
             raise ConfigError(f"--dim {item!r}: {value!r} is not an integer; use e.g. --dim {name}=1") from None
         if number <= 0:
             raise ConfigError(f"--dim {item!r}: a dimension must be a positive integer")
-        dims[name.strip()] = number
+        dims[name] = number
     return dims
 
 

@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 
-from planner.commands._common import add_json_flag, emit_json
+from planner.commands._common import add_json_flag, emit_json, split_assignments
 from planner.errors import ConfigError
 
 NAME = "models"
@@ -51,13 +51,10 @@ def _print_table(document: dict) -> None:
 
 def _parse_settings(items: list[str]) -> dict[str, str]:
     settings: dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set layers=24")
-        if key.strip() in settings:
-            raise ConfigError(f"--set {key.strip()} is given twice; give each key once")
-        settings[key.strip()] = value.strip()
+    for key, value in split_assignments(items, "--set", "KEY=VALUE", "layers=24"):
+        if key in settings:
+            raise ConfigError(f"--set {key} is given twice; give each key once")
+        settings[key] = value.strip()
     return settings
 
 
