@@ -102,7 +102,7 @@ def _input_dim_names(graph: onnx.GraphProto, data_inputs: list[str]) -> list[tup
     return out
 
 
-def dim_name(tensor: str, pos: int, dim) -> str:
+def dim_name(tensor: str, pos: int, dim: onnx.TensorShapeProto.Dimension) -> str:
     """A symbolic dim's name; an unnamed one is called ``input[pos]`` (what ``--dim`` must bind)."""
     return dim.dim_param or f"{tensor}[{pos}]"
 
