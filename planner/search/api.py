@@ -19,10 +19,10 @@ from planner.search.build import to_plan
 from planner.search.explain import bottleneck
 from planner.search.space import Pins, Settings, StageOption, validate_pins
 from planner.types import Cluster, LayerGraph, ParallelConfig
+from planner.units import GIB
 
 log = logging.getLogger(__name__)
 
-GIB = 1024 ** 3
 ALGORITHM = "branch-and-bound over settings x stage blocks; bottleneck DP on a critical-path bound per layout"
 
 
