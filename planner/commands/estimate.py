@@ -60,12 +60,8 @@ def estimate_document(model: LayerGraph, estimate: Estimate) -> dict[str, Any]:
         "breakdown": breakdown,
         "stages": stages,
         "notes": list(estimate.notes),
+        "embeddings": [dataclasses.asdict(p) for p in estimate.embeddings],  # as in a plan
     }
-
-
-def _with_tables(model: LayerGraph, path: str) -> LayerGraph:
-    from planner.embeddings import load_tables
-    return dataclasses.replace(model, embedding_tables=tuple(load_tables(path)))
 
 
 def _print_table(model: LayerGraph, estimate: Estimate) -> None:
@@ -96,9 +92,7 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     cluster = load_cluster(args.cluster)
     model = load_model(args.model, parse_dims(args.dim))
-    if args.tables:
-        model = _with_tables(model, args.tables)
-    result = estimate(model, cluster, config)
+    result = estimate(model, cluster, config, tables=args.tables)
     if args.json:
         emit_json(estimate_document(model, result))
     else:
