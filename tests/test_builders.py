@@ -226,7 +226,7 @@ def test_dlrm_takes_dense_sizes_from_a_workload_entry():
     ("bert", {"dropout": 2}, ["'dropout'", "<= 0.9"]),
     ("dlrm", {}, ["'tables'", "required"]),
     ("dlrm", {"tables": "/no/such/file.json"}, ["/no/such/file.json", "does not exist"]),
-    ("dlrm", {"tables": REFERENCE}, ["workload=NAME", "criteo-kaggle-dlrm"]),
+    ("dlrm", {"tables": REFERENCE}, ["--set workload=NAME", "criteo-kaggle-dlrm"]),
     ("dlrm", {"tables": REFERENCE, "workload": "criteo"}, ["no workload 'criteo'"]),
     ("dlrm", {"tables": REFERENCE, "workload": "hugectr-180table"}, ["interaction=cat"]),
     ("dlrm", {"tables": REFERENCE, "workload": "criteo-kaggle-dlrm", "interaction": "dott"}, ["did you mean dot"]),

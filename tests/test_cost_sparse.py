@@ -71,3 +71,17 @@ def test_tables_that_fit_nowhere_make_the_estimate_infeasible(files, tmp_path):
     est = estimate(model, load_cluster("dgx-a100-80gb*1"), ParallelConfig(global_batch=64, tp=1, pp=1, dp=8),
                    tables=str(huge))
     assert not est.feasible and "huge_ids" in est.reason
+
+
+def test_workload_picks_an_entry_of_a_tables_file_with_several(files, tmp_path, capsys):
+    _, gpt, _ = files
+    several = tmp_path / "workloads.json"
+    several.write_text(json.dumps({"workloads": [{"name": "small", "tables": TABLES["tables"][:1]},
+                                                 {"name": "both", "tables": TABLES["tables"]}]}))
+    argv = ["estimate", gpt, "--cluster", "dgx-a100-80gb*1", "--global-batch", "64", "--tp", "1", "--pp", "1",
+            "--dp", "8", "--tables", str(several), "--json"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--workload NAME" in err[0] and "small, both" in err[0]
+    assert main([*argv, "--workload", "small"]) == 0
+    assert [p["table"] for p in json.loads(capsys.readouterr().out)["embeddings"]] == ["user"]

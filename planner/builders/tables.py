@@ -91,8 +91,9 @@ def load_tables(path: str, workload: str | None = None) -> TablesSpec:
         entries = document["workloads"] if isinstance(document["workloads"], list) else []
         names = [entry.get("name") for entry in entries if isinstance(entry, dict)]
         if workload is None:
-            raise ConfigError(f"tables file '{path}' lists several workloads; pick one with "
-                              f"workload=NAME, one of: {', '.join(str(n) for n in names)}")
+            raise ConfigError(f"tables file '{path}' lists several workloads; pick one with --workload NAME "
+                              f"('planner models build': --set workload=NAME), one of: "
+                              f"{', '.join(str(n) for n in names)}")
         if workload not in names:
             raise ConfigError(f"tables file '{path}' has no workload '{workload}'{suggest(workload, names)}; "
                               f"known: {', '.join(str(n) for n in names)}")

@@ -73,7 +73,20 @@ def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
                         help="samples per iteration")
     parser.add_argument("--tables", metavar="FILE",
                         help='embedding-table statistics, JSON/YAML {"tables": [{"name","rows","dim","pooling_factor"}]}')
+    parser.add_argument("--workload", metavar="NAME",
+                        help="the entry of a --tables file that lists several 'workloads' (as "
+                             "reference/embedding_workloads.json does)")
     add_dim_flag(parser)
+
+
+def tables_from_args(args: argparse.Namespace) -> tuple | None:
+    """The EmbeddingTables of ``--tables FILE`` (its ``--workload`` entry), or None without ``--tables``."""
+    if args.workload and not args.tables:
+        raise ConfigError(f"--workload {args.workload}: it picks an entry of a --tables file; give --tables FILE too")
+    if not args.tables:
+        return None
+    from planner.embeddings import load_tables  # noqa: PLC0415 - only models with tables need it
+    return load_tables(args.tables, args.workload)
 
 
 def add_config_flags(parser: argparse.ArgumentParser, required: bool = False) -> None:

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from planner.commands._common import (add_cluster_flags, add_config_flags, add_json_flag, config_from_args,
-                                      emit_json, parse_dims)
+                                      emit_json, parse_dims, tables_from_args)
 from planner.types import Estimate, LayerGraph, MemoryBreakdown
 from planner.units import GIB
 
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     cluster = load_cluster(args.cluster)
     model = load_model(args.model, parse_dims(args.dim))
-    result = estimate(model, cluster, config, tables=args.tables)
+    result = estimate(model, cluster, config, tables=tables_from_args(args))
     if args.json:
         emit_json(estimate_document(model, result))
     else:

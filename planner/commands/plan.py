@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from planner.commands._common import add_cluster_flags, add_config_flags, add_json_flag, config_from_args, \
-    emit_json, parse_dims, positive_int, positive_seconds, progress_wanted
+    emit_json, parse_dims, positive_int, positive_seconds, progress_wanted, tables_from_args
 from planner.outputs import check_output_file, write_text
 from planner.plan import Plan
 from planner.report import FORMATS, render
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     bar = ProgressBar() if progress_wanted() else None
     try:
         result = search(model, cluster, args.global_batch, pinned=pinned, top_k=args.top,
-                        time_limit_s=args.time_limit, tables=args.tables, progress=bar)
+                        time_limit_s=args.time_limit, tables=tables_from_args(args), progress=bar)
     finally:
         if bar is not None:
             bar.close()

@@ -7,7 +7,8 @@ import argparse
 import sys
 
 from planner.commands._common import (add_cluster_flags, add_config_flags, add_json_flag, config_from_args,
-                                      emit_json, parse_dims, positive_int, positive_seconds, progress_wanted)
+                                      emit_json, parse_dims, positive_int, positive_seconds, progress_wanted,
+                                      tables_from_args)
 from planner.outputs import check_output_file, write_text
 from planner.sweep.keys import GLOBAL_FIELDS, GROUP_FIELDS, parse_sweep_args, parse_sweeps
 from planner.sweep.runner import BACKENDS, print_progress
@@ -67,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     parse_sweeps(sweeps)  # unknown keys and bad values fail before the model or the cluster is read
     _check_outputs(args)
     result = whatif(args.model, args.cluster, args.global_batch, sweeps, dims=parse_dims(args.dim),
-                    pinned=_pinned(args), tables=args.tables, workers=args.workers, backend=args.backend,
+                    pinned=_pinned(args), tables=tables_from_args(args), workers=args.workers, backend=args.backend,
                     time_limit_s=args.time_limit, seed=args.seed,
                     progress=print_progress if progress_wanted() else None)
     if args.csv:
