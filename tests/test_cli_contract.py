@@ -3,6 +3,7 @@ progress bar before it, no traceback), and a path the user asked us to write is 
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -90,3 +91,14 @@ def test_a_wrong_device_file_is_quoted_briefly_not_whole(tmp_path, capsys):
     assert main(["devices", "--cluster", str(cluster)]) == 2
     line = one_error_line(capsys)
     assert "must be an object" in line and len(line) < 400
+
+
+@pytest.mark.parametrize("cluster,dtype", [("hgx-v100-32gb*1", "fp16"), ("t4*2", "fp16"),
+                                           ("dgx-a100-80gb*1+hgx-v100-32gb*1", "fp16"), ("dgx-a100-80gb*1", "bf16")])
+def test_plans_and_estimates_name_a_format_every_device_runs(tiny_model, capsys, cluster, dtype):
+    # V100s and T4s have no bf16: a plan that says bf16 exports --bf16, which Megatron-LM cannot run there
+    assert main(["plan", tiny_model, "--cluster", cluster, "--global-batch", "8", "--format", "megatron"]) == 0
+    assert f"--{dtype}" in capsys.readouterr().out
+    assert main(["estimate", tiny_model, "--cluster", cluster, "--global-batch", "8", "--tp", "1", "--pp", "1",
+                 "--dp", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["dtype"] == dtype

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Mapping
 
@@ -39,6 +39,7 @@ from planner.cost.schedule import SCHEDULES, pipeline_time
 from planner.cost.validate import check_config, divisors, pipeline_units
 from planner.errors import ConfigError
 from planner.hardware.cluster import locate
+from planner.hardware.efficiency import runnable_dtype
 from planner.hardware.collectives import p2p_time_s
 from planner.types import (Breakdown, Cluster, Estimate, LayerGraph, MemoryBreakdown, NodeProfile,
                            ParallelConfig, PipelineSpec, ReplicaEstimate, ReplicaSpec, StageEstimate, StageSpec)
@@ -500,6 +501,7 @@ def estimate(model: LayerGraph, cluster: Cluster, config: ParallelConfig,
     simulation) and the best of those returned.
     """
     check_config(model, cluster, config)
+    config = replace(config, dtype=runnable_dtype((g.node.device for g in cluster.groups), config.dtype))
     tp, pp, dp = config.tp, config.pp, config.dp
     stages = _megatron_spec_stages(model, cluster, tp, pp, dp)
     placement = _placement(model, cluster, stages, config.optimizer, config.dtype, calibration)

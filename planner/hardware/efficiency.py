@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from functools import lru_cache
+from typing import Iterable
 
 from planner.errors import ClusterError
 from planner.types import DeviceProfile
@@ -29,6 +30,19 @@ DTYPE_FALLBACK: dict[str, tuple[str, ...]] = {
     "fp8": ("fp8", "bf16", "fp16", "fp32"),
 }
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+_OTHER_HALF = {"bf16": "fp16", "fp16": "bf16"}
+
+
+def runnable_dtype(devices: Iterable[DeviceProfile], dtype: str) -> str:
+    """``dtype``, or the other 16-bit format where some device lacks ``dtype`` and every device runs the other:
+    V100s, T4s and Turing cards run fp16 but not bf16, so a plan for them must say fp16 (its Megatron-LM and
+    DeepSpeed exports pass the flag on). The cost is the same; only the format the plan names changes."""
+    other = _OTHER_HALF.get(dtype)
+    profiles = list(devices)
+    if other and not all(p.peak_flops_per_s.get(dtype) for p in profiles) \
+            and all(p.peak_flops_per_s.get(other) for p in profiles):
+        return other
+    return dtype
 
 
 @lru_cache(maxsize=4096)

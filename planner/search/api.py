@@ -13,6 +13,7 @@ import numpy as np
 
 from planner.cost.sparse import sparse_tables, tables_are_sparse
 from planner.errors import ConfigError, InfeasibleError
+from planner.hardware.efficiency import runnable_dtype
 from planner.plan import Plan, SearchInfo
 from planner.search import engine
 from planner.search.backend import Backend
@@ -66,6 +67,7 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
         from planner.embeddings.dense import dense_part  # the tables are placed model-parallel, not in the pipeline
         model = dense_part(model, model.embedding_tables)
     pins = Pins.from_config(pinned)
+    pins = dataclasses.replace(pins, dtype=runnable_dtype((g.node.device for g in cluster.groups), pins.dtype))
     validate_pins(pins, cluster, global_batch, len(model.layers))
     backend = backend if backend is not None else default_backend(model, cluster)
     outcome = engine.run(backend, cluster, len(model.layers), global_batch, pins, top_k=top_k,
