@@ -59,6 +59,11 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
         raise ConfigError(f"global_batch {global_batch}: must be a positive integer")
     if top_k <= 0:
         raise ConfigError(f"--top {top_k}: must be at least 1")
+    if time_limit_s is not None and not time_limit_s > 0:
+        raise ConfigError(f"--time-limit {time_limit_s}: must be a positive number of seconds")
+    if pinned is not None and pinned.global_batch != global_batch:
+        raise ConfigError(f"pinned global_batch {pinned.global_batch} differs from global_batch {global_batch}; "
+                          "give the same value (or pass pinned=None)")
     if not model.layers:
         raise ConfigError(f"model {model.name!r} has no layers (pipeline units) to place")
     sparse = sparse_tables(model, tables)
