@@ -214,16 +214,18 @@ def _work(model: LayerGraph, cluster: Cluster, placement: _Placement, global_bat
         extra[i] = lc.peak_extra_bytes[sl].max()
         m_r[i] = r.batch_share * global_batch / (r.dp * micro_batch)
         if r is stage.replicas[0]:
-            out_bytes[placement.row_stage[i]] = lc.output_bytes[stage.last_layer]
+            last_stage = placement.row_stage[i] == len(placement.stages) - 1
+            # the last stage's transfer is the interleaved schedule's wrap-around: a chunk of the last stage
+            # hands its output to the first stage's next chunk. That tensor is a chunk boundary, never the
+            # model's own output (a language model's logits are vocabulary/hidden times larger); it is taken
+            # as the largest output of any layer but the last, which does not depend on where stages are cut
+            # (the search's bound uses the same figure)
+            out_bytes[placement.row_stage[i]] = (lc.output_bytes[:-1].max(initial=0.0) if last_stage
+                                                 else lc.output_bytes[stage.last_layer])
     m = max(1, math.ceil(float(m_r.max()) - 1e-9))
     pp = len(placement.stages)
     p2p = np.zeros(pp)
     if pp > 1:
-        # the last stage's transfer is the interleaved schedule's wrap-around: a chunk of the last stage hands
-        # its output to the first stage's next chunk. That tensor is a chunk boundary, never the model's own
-        # output (a language model's logits are vocabulary/hidden times larger): it is as large as the
-        # largest boundary between stages.
-        out_bytes[-1] = out_bytes[:-1].max()
         for s, stage in enumerate(placement.stages):
             first_row = int(np.searchsorted(placement.row_stage, s))
             src = stage.replicas[0].devices[0]
