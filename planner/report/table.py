@@ -73,7 +73,7 @@ def _search_line(plan: Plan) -> str:
         parts.append("proven optimal under the cost model")
     elif info.lower_bound_s > 0 and plan.iteration_time_s > 0:
         gap = plan.iteration_time_s / info.lower_bound_s - 1.0
-        parts.append(f"not proven optimal, within {gap:.1%} of the lower bound")
+        parts.append(f"not proven optimal, within {gap * 100:.2g}% of the lower bound")  # 2 digits: 23%, 0.43%
     else:
         parts.append("not proven optimal")
     if info.lower_bound_s > 0:
