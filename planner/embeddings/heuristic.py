@@ -9,13 +9,12 @@
    when none does, change a whole group of tables that share a sharding at once.
 4. Local search on the slowest device: move one of its units elsewhere, or re-shard one of its tables in
    place, whenever that lowers the time of every device it touches below the current maximum.
-Every loop is bounded by a count of steps (not the clock) so the same input gives the same plan; the deadline
-only guards against pathological instances.
+Every loop is bounded by a count of evaluations (:class:`Work`, not the clock), so the same input gives the
+same plan on a fast or a slow machine.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -29,6 +28,21 @@ Assignment = tuple[tuple[int, tuple[int, ...]], ...]
 _REFINE_WORK = 3e6
 _REFINE_MAX = 200
 _GROUP_POLISH_ROUNDS = 300  # local-search rounds spent judging one group change
+
+
+@dataclass
+class Work:
+    """What the search may still spend, in evaluations of the devices' times (each a few numpy operations over
+    the devices): a deterministic stand-in for a time limit."""
+
+    left: float
+
+    def spend(self, amount: float = 1.0) -> None:
+        self.left -= amount
+
+    @property
+    def done(self) -> bool:
+        return self.left <= 0
 
 
 @dataclass
@@ -47,18 +61,21 @@ class _State:
     option: list[int | None] = field(default_factory=list)
     positions: list[list[int]] = field(default_factory=list)
     fused: dict[tuple[str, int], int] = field(default_factory=dict)
+    work: Work = field(default_factory=lambda: Work(np.inf))
 
     @classmethod
-    def empty(cls, problem: Problem) -> "_State":
+    def empty(cls, problem: Problem, work: Work) -> "_State":
         n = problem.dev.count
         t = len(problem.tables)
-        return cls(problem, *(np.zeros(n) for _ in range(6)), option=[None] * t, positions=[[] for _ in range(t)])
+        return cls(problem, *(np.zeros(n) for _ in range(6)), option=[None] * t, positions=[[] for _ in range(t)],
+                   work=work)
 
     def loads(self) -> Loads:
         return Loads(self.compute, self.ids_recv, self.pool_send, self.hbm, self.host, self.ids_send,
                      self.pool_recv, self.latency)
 
     def times(self) -> np.ndarray:
+        self.work.spend()
         return self.problem.device_time_s(self.loads())
 
     def makespan(self) -> float:
@@ -114,6 +131,7 @@ class _State:
     def candidate_times(self, t: int, o: int) -> tuple[np.ndarray, np.ndarray]:
         """Device scope: each device's time if one more unit of (t, o) went there, and where it fits."""
         problem, dev = self.problem, self.problem.dev
+        self.work.spend()
         option = problem.options[t][o]
         bw = dev.host_Bps if option.host else dev.lookup_Bps
         a2a = (np.maximum(self.ids_recv + option.ids_recv_bytes, self.ids_send)
@@ -180,10 +198,10 @@ class _State:
         return True
 
 
-def greedy(problem: Problem, choice: Sequence[int], rule: str = "finish") -> _State | None:
+def greedy(problem: Problem, choice: Sequence[int], work: Work, rule: str = "finish") -> _State | None:
     """LPT placement of the chosen options (global ones first, then node-wide, then per-device units, largest
     first); None when some unit finds no room."""
-    state = _State.empty(problem)
+    state = _State.empty(problem, work)
     for t, o in enumerate(choice):  # every table's all-to-all totals are known before any unit is placed
         state.choose(t, o)
     for t, o in enumerate(choice):
@@ -227,13 +245,13 @@ def preferences(problem: Problem, weights: Sequence[Sequence[float]] | None) -> 
     return order
 
 
-def _first_feasible(problem: Problem, prefs: list[list[int]]) -> tuple[list[int], _State] | None:
+def _first_feasible(problem: Problem, prefs: list[list[int]], work: Work) -> tuple[list[int], _State] | None:
     """The LP's favourite options; where the greedy runs out of memory, the table that failed takes its next
     option (more finely split, or in host memory)."""
     choice = [p[0] for p in prefs]
     rank = [0] * len(choice)
     for _ in range(sum(len(p) for p in prefs)):
-        state = greedy(problem, choice)
+        state = greedy(problem, choice, work)
         if state is not None:
             return choice, state
         # the largest table that is not yet at its last option moves one step down its preference list
@@ -264,13 +282,14 @@ def _tables_on(state: _State, device: int) -> list[int]:
     return found
 
 
-def refine(problem: Problem, choice: list[int], state: _State, deadline: float, tables_per_round: int = 3
+def refine(problem: Problem, choice: list[int], state: _State, tables_per_round: int = 3
            ) -> tuple[list[int], _State]:
     """Step 3: re-choose options of tables on the slowest device, re-running the greedy each time."""
     units = sum(problem.options[t][o].units for t, o in enumerate(choice))
     budget = max(8, min(_REFINE_MAX, int(_REFINE_WORK / max(units * problem.dev.count, 1))))
     best = state.makespan()
-    while budget > 0 and time.perf_counter() < deadline:
+    work = state.work
+    while budget > 0 and not work.done:
         worst = int(np.argmax(state.times()))
         improved = False
         for t in _tables_on(state, worst)[:tables_per_round]:
@@ -280,14 +299,14 @@ def refine(problem: Problem, choice: list[int], state: _State, deadline: float, 
                 budget -= 1
                 trial = choice.copy()
                 trial[t] = o
-                candidate = greedy(problem, trial)
+                candidate = greedy(problem, trial, work)
                 if candidate is not None and candidate.makespan() < best * (1 - 1e-9):
                     choice, state, best, improved = trial, candidate, candidate.makespan(), True
                     break
             if improved:
                 break
         if not improved:
-            trial = _group_change(problem, choice, state, best, budget, deadline)
+            trial = _group_change(problem, choice, state, best, budget)
             if trial is None:
                 break
             choice, state, best, spent = trial
@@ -300,7 +319,7 @@ def _label(problem: Problem, t: int, o: int) -> tuple[str, int, bool]:
     return option.sharding, option.units, option.host
 
 
-def _group_change(problem: Problem, choice: list[int], state: _State, best: float, budget: int, deadline: float):
+def _group_change(problem: Problem, choice: list[int], state: _State, best: float, budget: int):
     """Re-shard every table that shares one sharding (type, shard count) with a table on the slowest device, all
     at once: balancing pooled-output bytes sometimes needs a whole group split finer, which no single change
     shows (each alone only adds ids traffic everywhere). Returns (choice, state, makespan, greedy runs) or None."""
@@ -321,20 +340,20 @@ def _group_change(problem: Problem, choice: list[int], state: _State, best: floa
                 if match:
                     trial[t] = match[0]
             spent += 1
-            candidate = greedy(problem, trial)
+            candidate = greedy(problem, trial, state.work)
             if candidate is None:
                 continue
             # a group change moves many units at once: judge it after a short local search
-            candidate = local_search(candidate, deadline, max_rounds=_GROUP_POLISH_ROUNDS)
+            candidate = local_search(candidate, max_rounds=_GROUP_POLISH_ROUNDS)
             if candidate.makespan() < best * (1 - 1e-9):
                 return trial, candidate, candidate.makespan(), spent
     return None
 
 
-def local_search(state: _State, deadline: float, max_rounds: int = 5000) -> _State:
-    """Step 4: improve the slowest device until no move helps."""
+def local_search(state: _State, max_rounds: int = 5000) -> _State:
+    """Step 4: improve the slowest device until no move helps (or the work runs out)."""
     for _ in range(max_rounds):
-        if time.perf_counter() > deadline:
+        if state.work.done:
             break
         times = state.times()
         worst = int(np.argmax(times))
@@ -436,18 +455,18 @@ def _reshard(state: _State, device: int, limit: float) -> bool:
     return False
 
 
-def heuristic(problem: Problem, weights: Sequence[Sequence[float]] | None, deadline: float) -> Assignment | None:
-    """Steps 1-4 (local search straight after the greedy, and after the refinement; the better of the two);
-    None when no placement within memory was found."""
+def heuristic(problem: Problem, weights: Sequence[Sequence[float]] | None, work: Work) -> Assignment | None:
+    """Steps 1-4 (local search straight after the greedy, and after the refinement; the better of the two)
+    within ``work`` evaluations; None when no placement within memory was found."""
     prefs = preferences(problem, weights)
-    start = _first_feasible(problem, prefs)
+    start = _first_feasible(problem, prefs, work)
     if start is None:
         return None
     choice, state = start
-    direct = local_search(greedy(problem, choice) or state, deadline)
-    additive = greedy(problem, choice, "additive")
-    additive = local_search(additive, deadline) if additive is not None else direct
-    _, refined = refine(problem, choice, state, deadline)
-    refined = local_search(refined, deadline)
+    direct = local_search(greedy(problem, choice, work) or state)
+    additive = greedy(problem, choice, work, "additive")
+    additive = local_search(additive) if additive is not None else direct
+    _, refined = refine(problem, choice, state)
+    refined = local_search(refined)
     best = min((direct, additive, refined), key=lambda s: s.makespan())
     return best.assignment()

@@ -107,8 +107,12 @@ def node_bins(problem: Problem) -> Bins:
     return Bins(members, bin_of, tuple(problem.node_positions), True)
 
 
-def solve(problem: Problem, bins: Bins, *, integer: bool, time_limit_s: float, threads: int = 1,
-          keep: bool = False) -> SolveResult:
+def solve(problem: Problem, bins: Bins, *, integer: bool, work_limit: int | None = None,
+          time_limit_s: float | None = None, keep: bool = False) -> SolveResult:
+    """Solve the LP (``integer=False``) or the MILP over ``bins``. ``work_limit`` stops a MILP after that many
+    of HiGHS's interrupt checks (deterministic, see :class:`_WorkLimit`; None: to optimality);
+    ``time_limit_s`` is a wall-clock limit for callers that want one (benchmarks), off by default because it
+    makes the answer depend on the machine's speed."""
     start = time.perf_counter()
     dev = problem.dev
     nb = len(bins.members)
@@ -226,15 +230,18 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, time_limit_s: float, t
 
     highs = have_highs()
     if highs:
-        solver = _QuietHiGHS(mip=integer, msg=False, timeLimit=max(time_limit_s, 0.01), threads=threads,
-                             gapRel=1e-6 if integer else None)
-    else:  # pulp's bundled CBC (slower; no dual bound is read back from it)
-        solver = pulp.PULP_CBC_CMD(mip=integer, msg=False, timeLimit=max(time_limit_s, 1.0), threads=threads,
-                                   gapRel=1e-6 if integer else None)
+        limit = _WorkLimit(work_limit) if integer and work_limit is not None else None
+        solver = _QuietHiGHS(mip=integer, msg=False, timeLimit=time_limit_s, threads=1,
+                             gapRel=1e-6 if integer else None, work=limit)
+    else:  # pulp's bundled CBC (slower; no dual bound is read back from it); its node limit stands in for work
+        solver = pulp.PULP_CBC_CMD(mip=integer, msg=False, timeLimit=time_limit_s, threads=1,
+                                   gapRel=1e-6 if integer else None,
+                                   maxNodes=work_limit if integer and work_limit is not None else None)
     lp.solve(solver)
     elapsed = time.perf_counter() - start
     status = pulp.LpStatus[lp.status]
-    if status != "Optimal" or T.varValue is None:
+    no_incumbent = highs and integer and not _has_incumbent(lp.solverModel)
+    if status != "Optimal" or T.varValue is None or no_incumbent:
         kind = "infeasible" if status == "Infeasible" else "not_solved"
         return SolveResult(kind, float("inf"), _dual_bound(lp, integer, 0.0) / _US, None, elapsed)
     objective = float(T.varValue) / _US
@@ -253,26 +260,28 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, time_limit_s: float, t
                        (lp, choice, integral, bins) if keep else None)
 
 
-def resolve_integer(problem: Problem, relaxed: SolveResult, *, time_limit_s: float) -> SolveResult:
+def resolve_integer(problem: Problem, relaxed: SolveResult, *, work_limit: int | None = None) -> SolveResult:
     """The MILP of the same bins as ``relaxed`` (an LP solved with ``keep=True``): the kept HiGHS model gets
     its choice, placement and latency variables declared integer and is solved again from the LP's basis,
-    with no rebuild. Returns the MILP's incumbent value, its dual bound and its option choices."""
+    with no rebuild, for at most ``work_limit`` interrupt checks. Returns the MILP's incumbent value, its dual
+    bound and its option choices."""
     lp, choice, integral, bins = relaxed.handle
     if not have_highs():  # no model to re-solve: build the MILP afresh
-        return solve(problem, bins, integer=True, time_limit_s=time_limit_s)
+        return solve(problem, bins, integer=True, work_limit=work_limit)
     import highspy
 
     start = time.perf_counter()
     highs = lp.solverModel
     for var in integral:
         highs.changeColIntegrality(var.index, highspy.HighsVarType.kInteger)
-    highs.setOptionValue("time_limit", max(float(time_limit_s), 0.01))
     highs.setOptionValue("mip_rel_gap", 1e-6)
+    if work_limit is not None:
+        _WorkLimit(work_limit).attach(highs)
     highs.run()
     info = highs.getInfo()
     bound = float(info.mip_dual_bound) / _US if np.isfinite(info.mip_dual_bound) else relaxed.objective_s
     status = highs.getModelStatus()
-    has_incumbent = info.primal_solution_status == highspy.kSolutionStatusFeasible
+    has_incumbent = _has_incumbent(highs)
     elapsed = time.perf_counter() - start
     if status == highspy.HighsModelStatus.kInfeasible:
         return SolveResult("infeasible", float("inf"), float("inf"), None, elapsed)
@@ -394,11 +403,51 @@ def _var(lp: pulp.LpProblem, name: str, low: float | None, high: float | None,
     return pulp.LpVariable(name, low, high, cat)
 
 
+class _WorkLimit:
+    """A deterministic work limit for HiGHS's MIP solver: interrupt it after ``checks`` of its interrupt checks.
+
+    HiGHS checks for an interrupt at fixed points of its search (root cut rounds, heuristics, nodes), so the
+    count of checks measures work done, as a node limit does, but it also bounds the root node, which a node
+    limit does not (the root alone takes seconds on some workloads). With one thread HiGHS is deterministic, so
+    the same model stops at the same point on a fast or a slow machine, unlike a time limit."""
+
+    def __init__(self, checks: int) -> None:
+        self.checks = max(int(checks), 1)
+        self.seen = 0
+
+    def __call__(self, kind, message, data_out, data_in, user_data) -> None:
+        self.seen += 1
+        if self.seen >= self.checks:
+            data_in.user_interrupt = True
+
+    def attach(self, highs) -> None:
+        import highspy
+
+        highs.setCallback(self, None)
+        highs.startCallback(highspy.cb.HighsCallbackType.kCallbackMipInterrupt)
+
+
+def _has_incumbent(highs) -> bool:
+    import highspy
+
+    return highs.getInfo().primal_solution_status == highspy.kSolutionStatusFeasible
+
+
 class _QuietHiGHS(pulp.HiGHS):
     """pulp's HiGHS interface; the HiGHS constructor prints a banner on the C-level stdout even when told to be
-    silent, which would corrupt ``--json`` output, so stdout is pointed at /dev/null while it is created."""
+    silent, which would corrupt ``--json`` output, so stdout is pointed at /dev/null while it is created. A
+    ``work`` limit (:class:`_WorkLimit`) is attached to the model it creates."""
+
+    def __init__(self, *args, work: _WorkLimit | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.work = work
 
     def createAndConfigureSolver(self, lp: pulp.LpProblem) -> None:  # noqa: N802 (pulp's name)
+        self._create_quietly(lp)
+        if self.work is not None:
+            self.work.attach(lp.solverModel)
+
+    def _create_quietly(self, lp: pulp.LpProblem) -> None:
         sys.stdout.flush()
         saved = os.dup(1)
         try:
