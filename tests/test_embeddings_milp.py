@@ -82,6 +82,25 @@ def test_every_bound_is_below_the_brute_force_optimum(seed):
     assert result.lower_bound_s <= best * (1 + 1e-7) <= result.embedding_time_s * (1 + 2e-7)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_pigeonhole_cuts_stay_below_the_brute_force_optimum(seed):
+    """The class and node MILPs with the pigeonhole cuts (f3): more column shards than devices per class, so
+    some device must hold two; on one node of 3 devices (one class) and on 2 + 2 mixed devices."""
+    rng = np.random.default_rng(300 + seed)
+    # dims 8: table-wise or 2 column shards; every table looked up enough that sharding matters
+    tables = tuple(EmbeddingTable(f"t{i}", int(rng.integers(1000, 2_000_000)), 8, float(rng.choice([1, 20, 60])))
+                   for i in range(3))
+    for c in (cluster((small_node(A100, 3), 1)), cluster((small_node(A100, 2), 1), (small_node(V100, 2), 1))):
+        problem = build_problem(tables, device_arrays(c), 8192, "adagrad")
+        best = brute_force(problem)
+        relaxed = solve(problem, class_bins(problem), integer=False, keep=True)
+        chosen = resolve_integer(problem, relaxed)
+        assert relaxed.bound_s <= chosen.bound_s * (1 + 1e-9)
+        assert chosen.bound_s <= best * (1 + 1e-7)
+        if len(c.groups) > 1:
+            assert solve(problem, node_bins(problem), integer=True).bound_s <= best * (1 + 1e-7)
+
+
 def test_aggregated_lp_equals_device_lp():
     rng = np.random.default_rng(5)
     c = cluster((small_node(A100, 4), 2), (small_node(V100, 4), 1))

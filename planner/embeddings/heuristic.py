@@ -359,7 +359,7 @@ def local_search(state: _State, max_rounds: int = 5000) -> _State:
         worst = int(np.argmax(times))
         limit = float(times[worst]) * (1 - 1e-9)
         if not (_move_unit(state, worst, limit) or _swap_units(state, worst, limit, times)
-                or _reshard(state, worst, limit)):
+                or _swap_node_units(state, worst, limit, times) or _reshard(state, worst, limit)):
             break
     return state
 
@@ -386,21 +386,57 @@ def _swap_units(state: _State, device: int, limit: float, times: np.ndarray, par
             for b in theirs:
                 if a[0] == b[0] or a == b:
                     continue
-                state.apply_unit(*a, device, -1.0)
-                state.apply_unit(*b, j, -1.0)
-                state.apply_unit(*a, j, 1.0)
-                state.apply_unit(*b, device, 1.0)
-                after = state.times()
-                if after[device] < limit and after[j] < limit and problem.fits(state.loads()):
-                    state.positions[a[0]].remove(device)
-                    state.positions[a[0]].append(j)
-                    state.positions[b[0]].remove(j)
-                    state.positions[b[0]].append(device)
+                if _try_swap(state, a, device, b, j, [device, j], limit):
                     return True
-                state.apply_unit(*b, device, -1.0)
-                state.apply_unit(*a, j, -1.0)
-                state.apply_unit(*b, j, 1.0)
-                state.apply_unit(*a, device, 1.0)
+    return False
+
+
+def _try_swap(state: _State, a: tuple[int, int], pa: int, b: tuple[int, int], pb: int, touched: Sequence[int],
+              limit: float) -> bool:
+    """Exchange unit ``a`` (table, option) at position ``pa`` with unit ``b`` at ``pb``; keep it when every
+    ``touched`` device ends below ``limit`` within memory, else undo it."""
+    state.apply_unit(*a, pa, -1.0)
+    state.apply_unit(*b, pb, -1.0)
+    state.apply_unit(*a, pb, 1.0)
+    state.apply_unit(*b, pa, 1.0)
+    if state.times()[list(touched)].max() < limit and state.problem.fits(state.loads()):
+        state.positions[a[0]].remove(pa)
+        state.positions[a[0]].append(pb)
+        state.positions[b[0]].remove(pb)
+        state.positions[b[0]].append(pa)
+        return True
+    state.apply_unit(*b, pa, -1.0)
+    state.apply_unit(*a, pb, -1.0)
+    state.apply_unit(*b, pb, 1.0)
+    state.apply_unit(*a, pa, 1.0)
+    return False
+
+
+def _swap_node_units(state: _State, device: int, limit: float, times: np.ndarray) -> bool:
+    """Swap a node-wide (table-row-wise) unit of ``device``'s node with a smaller one of another node when every
+    device of both nodes ends below ``limit``: a node-wide unit loads all devices of its node, so balancing the
+    nodes often needs an exchange where no single move fits."""
+    problem = state.problem
+    nodes = problem.dev.nodes
+    home = int(problem.dev.node_of[device])
+    by_node: dict[int, list[int]] = {}
+    for t, o in enumerate(state.option):
+        if o is not None and problem.options[t][o].scope == "node":
+            for k in state.positions[t]:
+                by_node.setdefault(k, []).append(t)
+    mine = sorted(by_node.get(home, []), key=lambda t: (-problem.unit_size_s(t, state.option[t]), t))
+    others = sorted((k for k in by_node if k != home), key=lambda k: (float(times[list(nodes[k])].max()), k))
+    for k in others:
+        theirs = sorted(by_node[k], key=lambda t: (problem.unit_size_s(t, state.option[t]), t))
+        for a in mine:
+            for b in theirs:
+                if a == b:
+                    continue
+                oa, ob = state.option[a], state.option[b]
+                if problem.unit_size_s(b, ob) >= problem.unit_size_s(a, oa):
+                    break  # theirs are sorted smallest first: no smaller unit left on this node
+                if _try_swap(state, (a, oa), home, (b, ob), k, list(nodes[home]) + list(nodes[k]), limit):
+                    return True
     return False
 
 

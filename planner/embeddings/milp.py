@@ -26,6 +26,8 @@ Constraints
   (f2) T >= base + compute(t,o) + G + latency + a2a_s_per_byte (A_t + 2 P_t), A_t >= max(IS, ids t's unit
       receives), P_t >= max(PR, pooled bytes t's unit sends): (f) with the all-to-all floor that follows every
       table's choice (each term its least over devices; valid cut, the main one on 64-128 devices)
+  (f3) (class and node bins, models up to PIGEONHOLE_MAX_VARIABLES) T >= base + G + latency + k c + a2a_s_per_byte (A + 2 P) for the device that holds
+      k >= U / n_b of the U units of width >= w in bin b, k integer in the MILP (pigeonhole; valid cut)
   (g) (MILP) nodes of one class are interchangeable: their loads are ordered (symmetry breaking)
   (h) y[k] >= z or v for every table using fused collective k (data-parallel all-reduce, row-wise RS/AG,
       a node's table-row-wise RS/AG); its latency, y[k] x latency, joins C[b] of the devices it spans
@@ -53,6 +55,9 @@ log = logging.getLogger(__name__)
 _US = 1e6
 _MB = 1e-6
 _GB = 1e-9
+# The pigeonhole cuts (f3) go into models of up to this many integer variables: past it they slow HiGHS's root
+# node more than they lift the bound (1,000 tables on 128 GPUs: 0.6 -> 11 s of CPU for the same 20 checks).
+PIGEONHOLE_MAX_VARIABLES = 2000
 
 
 @dataclass(frozen=True)
@@ -206,7 +211,9 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, work_limit: int | None
         lp += pulp.LpAffineExpression(zs) == 1, f"a_{t}"
         alones.append(alone)
     G = _add_table_cuts(lp, problem, T, choice, fused, alones)
-    _add_traffic_cuts(lp, problem, T, G, choice, fused, ids_send, pool_recv)
+    IS, PR, latency = _add_traffic_cuts(lp, problem, T, G, choice, fused, ids_send, pool_recv)
+    if bins.aggregated and len(integral) <= PIGEONHOLE_MAX_VARIABLES:
+        integral.extend(_add_pigeonhole_cuts(lp, problem, bins, T, G, IS, PR, latency, placed, integer))
 
     base = problem.base_time_s() * _US
     coef = dev.a2a_s_per_byte * _US / _MB
@@ -384,6 +391,58 @@ def _add_traffic_cuts(lp: pulp.LpProblem, problem: Problem, T: pulp.LpVariable, 
         lp += pulp.LpAffineExpression([(P, 1.0)] + send) >= 0, f"f2_PS_{t}"
         lp += pulp.LpAffineExpression([(T, 1.0), (G, -1.0), (A, -coef), (P, -2.0 * coef)] + compute
                                       + [(y, -c) for y, c in latency]) >= base, f"f2_{t}"
+    return IS, PR, latency
+
+
+def _add_pigeonhole_cuts(lp: pulp.LpProblem, problem: Problem, bins: Bins, T: pulp.LpVariable,
+                         G: pulp.LpVariable, IS: pulp.LpVariable, PR: pulp.LpVariable, latency: list,
+                         placed: dict, integer: bool) -> list[pulp.LpVariable]:
+    """(f3) per bin b of n_b devices and per width w (valid cut): if the bin holds U device-scope units (table
+    or column shards) of width >= w, some device of b holds k >= U / n_b of them (k an integer in the MILP:
+    the pigeonhole principle), so that device sends >= k x the pooled bytes of a width-w unit, receives >= k x
+    the fewest ids of those units and looks up >= k x the least traffic of those units:
+
+        T >= base + G + latency + k c_min + a2a_s_per_byte x (A_w + 2 P_w),
+        A_w >= IS,  A_w >= k r_min,  P_w >= PR,  P_w >= k x batch x w x output bytes
+
+    (each term its least over b's devices). The class LP averages units over a class; with whole units per
+    class this puts them back on whole devices. Returns the k variables (integers in the MILP)."""
+    dev = problem.dev
+    counts = []
+    for b, members in enumerate(bins.members):
+        n_b = len(members)
+        if n_b < 2:
+            continue
+        units = []  # (placement variable, option) of device-scope units that may go to bin b
+        for (t, o), pos_vars in sorted(placed.items()):
+            option = problem.options[t][o]
+            if option.scope != "device":
+                continue
+            for p, var in pos_vars:
+                if p == b:
+                    units.append((var, option))
+        base = float(problem.base_time_s()[members].min()) * _US
+        coef = float(dev.a2a_s_per_byte[members].min()) * _US / _MB
+        for width in sorted({option.width for _, option in units}):
+            chosen = [(var, option) for var, option in units if option.width >= width]
+            if sum(option.units for _, option in chosen) <= n_b:
+                continue  # never more than one per device: the per-table cuts (f2) already cover it
+            send = min(option.pool_send_bytes for _, option in chosen)
+            recv = min(option.ids_recv_bytes for _, option in chosen)
+            work = min(option.lookup_bytes / float((dev.host_Bps if option.host else dev.lookup_Bps)[members].max())
+                       for _, option in chosen)
+            k = _var(lp, f"k_{b}_{width}", 0, None, pulp.LpInteger if integer else pulp.LpContinuous)
+            counts.append(k)
+            A = _var(lp, f"Ak_{b}_{width}", 0, None)
+            P = _var(lp, f"Pk_{b}_{width}", 0, None)
+            lp += pulp.LpAffineExpression([(k, float(n_b))] + [(var, -1.0) for var, _ in chosen]) >= 0, f"f3_k_{b}_{width}"
+            lp += pulp.LpAffineExpression([(A, 1.0), (IS, -1.0)]) >= 0, f"f3_AS_{b}_{width}"
+            lp += pulp.LpAffineExpression([(A, 1.0), (k, -recv * _MB)]) >= 0, f"f3_AR_{b}_{width}"
+            lp += pulp.LpAffineExpression([(P, 1.0), (PR, -1.0)]) >= 0, f"f3_PR_{b}_{width}"
+            lp += pulp.LpAffineExpression([(P, 1.0), (k, -send * _MB)]) >= 0, f"f3_PS_{b}_{width}"
+            lp += pulp.LpAffineExpression([(T, 1.0), (G, -1.0), (k, -work * _US), (A, -coef), (P, -2.0 * coef)]
+                                          + [(y, -c) for y, c in latency]) >= base, f"f3_{b}_{width}"
+    return counts
 
 
 def have_highs() -> bool:

@@ -18,7 +18,7 @@ import numpy as np
 
 from planner.embeddings.devices import device_arrays
 from planner.embeddings.heuristic import Work, heuristic, least_work_guide
-from planner.embeddings.milp import SolveResult, class_bins, device_bins, node_bins, resolve_integer, solve
+from planner.embeddings.milp import Bins, SolveResult, class_bins, device_bins, node_bins, resolve_integer, solve
 from planner.embeddings.problem import Problem, build_problem, even_split
 from planner.errors import ConfigError, InfeasibleError
 from planner.plan import EmbeddingPlacement, EmbeddingShard
@@ -38,10 +38,8 @@ NODE_MILP_MAX_NODES = 4
 # GPUs finish within about 10 s on a 2-core x86 machine (benchmarks/results/embeddings.md).
 # A check costs more on bigger models (one re-solve of the LP relaxation is the typical work between two), so
 # past LARGE_MILP_VARIABLES variables each MILP gets its _LARGE count.
-CLASS_MILP_WORK = 200
-CLASS_MILP_WORK_LARGE = 20
-NODE_MILP_WORK = 20
-EXACT_MILP_WORK = 100
+MILP_WORK = 200
+MILP_WORK_LARGE = 20
 EXACT_MILP_WORK_LARGE = 40
 LARGE_MILP_VARIABLES = 2000
 HEURISTIC_WORK = 8000
@@ -101,8 +99,7 @@ def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Se
     # (2) the same with one option per table and whole units per class: still a relaxation of the per-device
     # problem (any plan aggregates to a solution of it), but it cannot mix options within a table
     guides = []
-    class_work = CLASS_MILP_WORK if _class_size(problem) <= LARGE_MILP_VARIABLES else CLASS_MILP_WORK_LARGE
-    chosen = resolve_integer(problem, relaxed, work_limit=scaled(class_work))
+    chosen = resolve_integer(problem, relaxed, work_limit=scaled(_milp_work(problem, class_bins(problem))))
     bound = max(bound, chosen.bound_s if chosen.status != "infeasible" else bound)
     if chosen.weights:
         guides.append(chosen.weights)
@@ -118,7 +115,8 @@ def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Se
     method, proven = "heuristic", False
     # (4) nodes as bins: which node carries which table is exact, devices inside a node are pooled
     if best > bound * (1 + 1e-6) and 1 < len(problem.dev.nodes) <= NODE_MILP_MAX_NODES:
-        by_node = solve(problem, node_bins(problem), integer=True, work_limit=scaled(NODE_MILP_WORK))
+        nodes = node_bins(problem)
+        by_node = solve(problem, nodes, integer=True, work_limit=scaled(_milp_work(problem, nodes)))
         bound = max(bound, by_node.bound_s if by_node.status != "infeasible" else bound)
         if by_node.weights:
             candidate = heuristic(problem, by_node.weights, Work(scaled(HEURISTIC_WORK)))
@@ -127,7 +125,7 @@ def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Se
                 assignment, best = candidate, value
     # (5) the exact per-device MILP on small instances
     if _milp_size(problem) <= MILP_MAX_VARIABLES and best > bound * (1 + 1e-6):
-        exact_work = EXACT_MILP_WORK if _milp_size(problem) <= LARGE_MILP_VARIABLES else EXACT_MILP_WORK_LARGE
+        exact_work = _milp_work(problem, device_bins(problem), EXACT_MILP_WORK_LARGE)
         exact: SolveResult = solve(problem, device_bins(problem), integer=True, work_limit=scaled(exact_work))
         bound = max(bound, min(exact.bound_s, exact.objective_s))
         if exact.assignment is not None:
@@ -169,24 +167,20 @@ def _makespan(problem: Problem, assignment) -> float:
     return float(problem.device_time_s(loads).max())
 
 
-def _milp_size(problem: Problem) -> int:
-    n_nodes = len(problem.node_positions)
+def _milp_size(problem: Problem, bins: Bins | None = None) -> int:
+    """Choice and placement variables of the MILP over ``bins`` (default: one bin per device)."""
+    n_bins = problem.dev.count if bins is None else len(bins.members)
+    n_nodes = len(problem.node_positions) if bins is None else len(bins.node_positions)
     size = 0
     for options in problem.options:
         for option in options:
-            size += 1 + (problem.dev.count if option.scope == "device" else n_nodes if option.scope == "node" else 0)
+            size += 1 + (n_bins if option.scope == "device" else n_nodes if option.scope == "node" else 0)
     return size
 
 
-def _class_size(problem: Problem) -> int:
-    """Placement variables of the class-level MILP (tables x options x device classes or node classes)."""
-    bins = class_bins(problem)
-    size = 0
-    for options in problem.options:
-        for option in options:
-            size += 1 + (len(bins.members) if option.scope == "device" else
-                         len(bins.node_positions) if option.scope == "node" else 0)
-    return size
+def _milp_work(problem: Problem, bins: Bins, large: int = MILP_WORK_LARGE) -> int:
+    """The work limit (HiGHS interrupt checks, before scaling) of the MILP over ``bins``."""
+    return MILP_WORK if _milp_size(problem, bins) <= LARGE_MILP_VARIABLES else large
 
 
 def _too_big_in_total(problem: Problem) -> InfeasibleError:
