@@ -8,7 +8,10 @@
    split, data-parallel...) and redo step 2; keep the first change that lowers the slowest device's time;
    when none does, change a whole group of tables that share a sharding at once.
 4. Local search on the slowest device: move one of its units elsewhere, or re-shard one of its tables in
-   place, whenever that lowers the time of every device it touches below the current maximum.
+   place, whenever that lowers the time of every device it touches below the current maximum (or swap a unit,
+   or a node-wide unit, with a smaller one elsewhere).
+5. Ruin and recreate (:func:`rebuild`, on the best plan of all starts): re-insert a few tables at once with
+   their best options, which crosses plateaus where many devices share the maximum.
 Every loop is bounded by a count of evaluations (:class:`Work`, not the clock), so the same input gives the
 same plan on a fast or a slow machine.
 """
@@ -489,6 +492,70 @@ def _reshard(state: _State, device: int, limit: float) -> bool:
                 state.remove_table(t)
         state.restore_table(t, old)
     return False
+
+
+def _state_of(problem: Problem, assignment: Assignment, work: Work) -> _State:
+    state = _State.empty(problem, work)
+    for t, (o, positions) in enumerate(assignment):
+        state.restore_table(t, (o, list(positions)))
+    return state
+
+
+def _key(state: _State) -> tuple[float, float]:
+    """What the rebuild minimizes: the slowest device, then the devices' total time (which lets it cross the
+    plateaus where many devices share the maximum)."""
+    times = state.times()
+    return float(times.max()), float(times.sum())
+
+
+def _insert_best(state: _State, t: int) -> bool:
+    """Place table ``t`` with whichever option (greedily placed) gives the least key; False when none fits."""
+    best = None
+    for o in range(len(state.problem.options[t])):
+        if state.place_table(t, o):
+            key = _key(state)
+            if best is None or key < best[0]:
+                best = (key, o, list(state.positions[t]))
+            state.remove_table(t)
+    if best is None:
+        return False
+    state.restore_table(t, (best[1], best[2]))
+    return True
+
+
+def rebuild(problem: Problem, assignment: Assignment, work: Work, tables_per_round: int = 4,
+            seed: int = 0) -> Assignment:
+    """Step 5, ruin and recreate: take out a few tables (half from the slowest device, half drawn with a seeded
+    generator), put each back with the option and places that give the least (slowest device, total time),
+    keep the result when that pair is smaller, polish it with the local search, and repeat until ``work`` is
+    spent. Single moves cannot leave a plan whose devices all sit at the maximum; re-choosing several tables
+    at once can."""
+    rng = np.random.default_rng(seed)
+    state = _state_of(problem, assignment, work)
+    best = _key(state)
+    count = len(problem.tables)
+    while not work.done:
+        worst = int(np.argmax(state.times()))
+        on_worst = _tables_on(state, worst)
+        picked = list(dict.fromkeys(
+            [on_worst[int(i)] for i in rng.permutation(len(on_worst))[:tables_per_round // 2]]
+            + [int(i) for i in rng.permutation(count)[:tables_per_round]]))[:tables_per_round]
+        saved = {t: state.remove_table(t) for t in picked}
+        order = sorted(picked, key=lambda t: (-problem.unit_size_s(t, saved[t][0]), t))
+        placed = []
+        for t in order:
+            if not _insert_best(state, t):
+                break
+            placed.append(t)
+        if len(placed) == len(order) and problem.fits(state.loads()) and _key(state) < best:
+            state = local_search(state, max_rounds=_GROUP_POLISH_ROUNDS)
+            best = _key(state)
+            continue
+        for t in placed:
+            state.remove_table(t)
+        for t in picked:
+            state.restore_table(t, saved[t])
+    return state.assignment()
 
 
 def heuristic(problem: Problem, weights: Sequence[Sequence[float]] | None, work: Work) -> Assignment | None:
