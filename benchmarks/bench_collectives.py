@@ -26,8 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from planner.hardware import load_cluster  # noqa: E402
 from planner.hardware.collectives import bus_bandwidth_Bps, collective_algorithm, comm_group  # noqa: E402
-
-GIB = 2 ** 30
+from planner.units import GIB  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import tempfile
 
 import planner
 from planner.builders import build, save
+from planner.units import GIB
 
 PARTS = ("compute_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s", "optimizer_s")
 
@@ -44,7 +45,7 @@ def main() -> None:
             est = planner.estimate(model, cluster, config)
             parts = est.breakdown.to_dict()
             print(f"{config.tp:>3} {config.pp:>3} {config.dp:>3}  {est.iteration_time_s * 1e3:8.2f} ms  "
-                  f"{est.memory_per_device_bytes / 2**30:6.1f} GiB  {'yes' if est.feasible else 'no ':<4}  "
+                  f"{est.memory_per_device_bytes / GIB:6.1f} GiB  {'yes' if est.feasible else 'no ':<4}  "
                   + "  ".join(f"{parts[p] * 1e3:6.2f} ms" for p in PARTS))
             print(f"      resolved: micro-batch {est.config.micro_batch}, zero {est.config.zero}, "
                   f"recompute {est.config.recompute}, sequence parallel {est.config.sequence_parallel}, "

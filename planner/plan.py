@@ -232,6 +232,7 @@ def _consistency_errors(plan: dict[str, Any]) -> list[str]:
             out.append(f"{where}.layer_names: {len(stage['layer_names'])} names for layers {first}..{last}")
         if stage.get("layer_kinds") and len(stage["layer_kinds"]) != len(stage["layer_names"]):
             out.append(f"{where}.layer_kinds: {len(stage['layer_kinds'])} kinds for {len(stage['layer_names'])} layers")
+        out += _device_errors(stage, where, plan["cluster"].get("num_devices"))
         previous_last = last
     for i, table in enumerate(plan["embeddings"]):
         for j, shard in enumerate(table["shards"]):
@@ -239,6 +240,26 @@ def _consistency_errors(plan: dict[str, Any]) -> list[str]:
                 start, end = shard[key]
                 if end <= start:
                     out.append(f"plan.embeddings[{i}].shards[{j}].{key}: [{start}, {end}) is empty")
+    return out
+
+
+def _device_errors(stage: dict[str, Any], where: str, num_devices: Any) -> list[str]:
+    """A stage's devices: distinct ids of the cluster, tp x dp of them in every replica group, and a stage
+    with replica groups lists exactly its groups' devices."""
+    out: list[str] = []
+    replicas = stage.get("replicas") or []
+    groups = [(where, stage)] if not replicas else [(f"{where}.replicas[{k}]", r) for k, r in enumerate(replicas)]
+    for place, group in groups:
+        devices = group["devices"]
+        if len(devices) != group["tp"] * group["dp"]:
+            out.append(f"{place}.devices: {len(devices)} devices for tp x dp = {group['tp']} x {group['dp']}")
+    devices = stage["devices"]
+    if len(set(devices)) != len(devices):
+        out.append(f"{where}.devices: a device is listed twice")
+    if replicas and sorted(devices) != sorted(d for r in replicas for d in r["devices"]):
+        out.append(f"{where}.devices: not the devices of its replica groups")
+    if isinstance(num_devices, int) and any(d >= num_devices for d in devices):
+        out.append(f"{where}.devices: device {max(devices)} is not in the cluster of {num_devices} devices")
     return out
 
 

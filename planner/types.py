@@ -22,7 +22,7 @@ Conventions
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any, Mapping
 
 # ----------------------------------------------------------------------------------------------- graph
 
@@ -265,11 +265,16 @@ class Breakdown:
                 + self.optimizer_s + self.embedding_s)
 
     def to_dict(self) -> dict[str, float]:
-        return {
-            "compute_s": self.compute_s, "tp_comm_s": self.tp_comm_s, "pp_comm_s": self.pp_comm_s,
-            "dp_comm_s": self.dp_comm_s, "bubble_s": self.bubble_s, "optimizer_s": self.optimizer_s,
-            "embedding_s": self.embedding_s,
-        }
+        return {name: getattr(self, name) for name, _ in BREAKDOWN_PARTS}
+
+
+# Every part of a Breakdown, in order, with the words reports and explanations use for it (one source, so
+# the plan table and the bottleneck sentence name a part alike)
+BREAKDOWN_PARTS: tuple[tuple[str, str], ...] = (
+    ("compute_s", "compute"), ("tp_comm_s", "tensor-parallel communication"),
+    ("pp_comm_s", "pipeline send/receive"), ("dp_comm_s", "data-parallel gradient sync"),
+    ("bubble_s", "pipeline bubble"), ("optimizer_s", "optimizer step"), ("embedding_s", "embeddings"),
+)
 
 
 @dataclass(frozen=True)
@@ -340,3 +345,5 @@ class Estimate:
     stages: tuple[StageEstimate, ...] = ()
     reason: str = ""  # why infeasible, or empty
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # the sparse embedding tables' placement (planner.plan.EmbeddingPlacement), for models that have them
+    embeddings: tuple[Any, ...] = ()

@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from planner.types import Cluster, DeviceGroup, DeviceProfile, Layer, LayerGraph, NodeProfile
-
-GIB = 1024 ** 3
+from planner.units import GIB
 
 # illustrative device shapes for solver tests (not a hardware catalog)
 DEVICES = {

@@ -282,3 +282,13 @@ def test_a_graph_of_constants_is_a_model_error():
     model = g.model([h.make_tensor_value_info("x", T.FLOAT, ["batch", 4])], [y])
     with pytest.raises(ModelError, match="no node computes on the model's inputs"):
         import_model_proto(model)
+
+
+def test_cycle_error_names_a_node_on_the_cycle_not_one_waiting_behind_it():
+    after = h.make_node("Relu", ["b"], ["out"], name="after_cycle")  # first in file order, reads the cycle
+    add = h.make_node("Add", ["x", "b"], ["a"], name="in_cycle_add")
+    relu = h.make_node("Relu", ["a"], ["b"], name="in_cycle_relu")
+    graph = h.make_graph([after, add, relu], "g", [h.make_tensor_value_info("x", T.FLOAT, [1, 4])],
+                         [h.make_tensor_value_info("out", T.FLOAT, [1, 4])])
+    with pytest.raises(ModelError, match="cycle through node 'in_cycle_add'"):
+        import_model_proto(h.make_model(graph))

@@ -151,7 +151,7 @@ def test_profile_without_onnxruntime_says_what_to_install(tmp_path, monkeypatch,
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--out", "p.txt"], "write the profile to a .yaml file"),
+    (["--out", "p.txt"], "write a .yaml or .yml file"),
     (["--out", "missing-dir/p.yaml"], "does not exist"),
     (["--out", "p.yaml", "--clock", "cpu"], "--threads 1"),
     (["--out", "p.yaml", "--model", "absent.onnx"], "no such file"),

@@ -190,3 +190,11 @@ def test_nothing_is_read_outside_the_model(tmp_path, location):
         assert run.returncode == 0 and json.loads(run.stdout)["params"] == 16
     else:
         assert run.returncode == 2 and "Traceback" not in run.stderr
+
+
+def test_a_dim_the_model_does_not_have_is_an_error(capsys):
+    # a misspelt --dim would otherwise leave the real dimension at its default, silently
+    model = Path(__file__).resolve().parents[1] / "models" / "gpt2-124m.onnx"
+    assert main(["inspect", str(model), "--dim", "sequence=512"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no symbolic dimension 'sequence'" in err[0] and "did you mean seq" in err[0]

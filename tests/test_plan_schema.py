@@ -133,6 +133,20 @@ def test_consistency_errors_name_the_field():
         Plan.from_dict(document)
 
 
+@pytest.mark.parametrize("change,message", [
+    (lambda d: d["stages"][0].update(devices=[0, 1]), r"stages\[0\]\.devices: 2 devices for tp x dp = 4 x 2"),
+    (lambda d: d["stages"][0].update(devices=[0] * 8), r"stages\[0\]\.devices: a device is listed twice"),
+    (lambda d: d["stages"][0].update(devices=list(range(100, 108))), r"device 107 is not in the cluster of 24"),
+    (lambda d: d["stages"][1]["replicas"][0].update(devices=[8, 9]), r"stages\[1\]\.replicas\[0\]\.devices: 2 devices"),
+    (lambda d: d["stages"][1].update(devices=list(range(8, 20))), r"not the devices of its replica groups"),
+])
+def test_stage_devices_must_match_tp_dp_and_the_cluster(change, message):
+    document = plan_samples.mixed_plan().to_dict()
+    change(document)
+    with pytest.raises(PlannerError, match=message):
+        Plan.from_dict(document)
+
+
 def test_wrong_schema_version_and_bad_json():
     document = plan_samples.gpt_plan().to_dict()
     document["schema_version"] = 2

@@ -36,7 +36,7 @@ def test_table_has_stages_breakdown_bottleneck_and_search():
     assert "pipeline bubble" in text and "74.1%" in text  # compute 0.8 of 1.08 s
     assert "Bottleneck: compute on stage 1" in text
     assert "proven optimal under the cost model" in text and "lower bound 1.080 s" in text
-    assert "physical bound 700.00 ms" in text
+    assert "physical bound 700.00 ms" in text and "the plan takes 1.54x it" in text  # 1.08 / 0.7
 
 
 def test_table_mixed_replicas_and_gap_and_embeddings():

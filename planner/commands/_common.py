@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from planner.assignments import split_assignments
 from planner.errors import ConfigError
 from planner.types import ParallelConfig
 
@@ -22,26 +23,20 @@ def emit_json(document: Any) -> None:
     sys.stdout.write(json.dumps(document, indent=2, sort_keys=True) + "\n")
 
 
+def progress_wanted() -> bool:
+    """Progress bars are drawn for a person at a terminal only: a script reading stderr gets nothing but
+    logs, and on exit 2 exactly the one error line."""
+    return sys.stderr.isatty()
+
+
 def add_dim_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dim", action="append", default=[], metavar="NAME=INT",
                         help="bind a symbolic dimension (repeatable), e.g. --dim batch=1 --dim seq=2048")
 
 
-def split_assignments(items: list[str], flag: str, form: str, example: str) -> list[tuple[str, str]]:
-    """``["a=1", "b=x"]`` of a repeated ``flag`` -> ``[("a", "1"), ("b", "x")]``; an item without ``=`` or
-    without a name is a ConfigError showing ``form`` and ``example``."""
-    pairs: list[tuple[str, str]] = []
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name.strip():
-            raise ConfigError(f"{flag} {item!r}: expected {form}, e.g. {flag} {example}")
-        pairs.append((name.strip(), value))
-    return pairs
-
-
 def parse_dims(items: list[str]) -> dict[str, int]:
     dims: dict[str, int] = {}
-    for name, value in split_assignments(items, "--dim", "NAME=INT", "seq=2048"):
+    for name, value in split_assignments(items, "--dim", "NAME=INT", "seq=2048", once="give each dimension once"):
         item = f"{name}={value}"
         try:
             number = int(value)

@@ -8,10 +8,11 @@ import sys
 from planner.commands._common import add_json_flag, emit_json
 from planner.hardware import catalog, load_cluster
 from planner.hardware.efficiency import gemm_efficiency
+from planner.plan import cluster_summary
+from planner.units import GB, GIB
 
 HELP = "list the device and node catalog (hardware_profiles/), or describe a cluster (--cluster)"
 TFLOP = 1e12
-GB = 1e9
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,22 +21,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def cluster_document(spec: str) -> dict:
+    """A plan's cluster summary (planner.plan.cluster_summary) with each group's links, price and device."""
     cluster = load_cluster(spec)
-    groups = []
-    for g in cluster.groups:
+    document = cluster_summary(cluster)
+    for entry, g in zip(document["groups"], cluster.groups):
         node = g.node
-        groups.append({
-            "name": g.name, "node": node.name, "device": node.device.name, "count": g.count,
-            "devices_per_node": node.devices_per_node, "first_device": g.first_device,
-            "last_device": g.first_device + g.num_devices - 1, "price_per_node_hour": g.price_per_node_hour,
-            "intra_node_bandwidth_Bps": node.intra_node_bandwidth_Bps,
+        entry.update({
+            "devices_per_node": node.devices_per_node, "last_device": g.first_device + g.num_devices - 1,
+            "price_per_node_hour": g.price_per_node_hour, "intra_node_bandwidth_Bps": node.intra_node_bandwidth_Bps,
             "inter_node_bandwidth_Bps": node.inter_node_bandwidth_Bps,
             "peak_flops_per_s": dict(sorted(node.device.peak_flops_per_s.items())),
             "memory_bytes": node.device.memory_bytes,
         })
-    return {"name": cluster.name, "num_devices": cluster.num_devices, "device_types": list(cluster.device_types),
-            "fabric_latency_s": cluster.fabric_latency_s, "oversubscription": cluster.oversubscription,
-            "groups": groups}
+    document.update({"device_types": list(cluster.device_types), "fabric_latency_s": cluster.fabric_latency_s,
+                     "oversubscription": cluster.oversubscription})
+    return document
 
 
 def catalog_document() -> dict:
@@ -86,7 +86,7 @@ def _run_cluster(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.cluster:
+    if args.cluster is not None:
         return _run_cluster(args)
     doc = catalog_document()
     if args.json:
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         half = peaks.get("bf16") or peaks.get("fp16") or 0.0
         profile = catalog.get_device(d["name"])
         rows.append([d["name"], f"{half / TFLOP:.1f}", f"{peaks.get('fp32', 0.0) / TFLOP:.1f}",
-                     f"{d['memory_bytes'] / 2**30:.0f}", f"{d['memory_bandwidth_Bps'] / GB:.0f}",
+                     f"{d['memory_bytes'] / GIB:.0f}", f"{d['memory_bandwidth_Bps'] / GB:.0f}",
                      f"{gemm_efficiency(profile, 1e12):.2f}"])
     out = [_table(rows), ""]
     rows = [["node", "device", "per node", "intra fabric", "intra GB/s/dev", "NICs", "inter GB/s/node"]]

@@ -10,6 +10,7 @@ from typing import Any
 from planner.commands._common import (add_cluster_flags, add_config_flags, add_json_flag, config_from_args,
                                       emit_json, parse_dims)
 from planner.types import Estimate, LayerGraph, MemoryBreakdown
+from planner.units import GIB
 
 HELP = "predict the iteration time, throughput and memory of one parallel configuration"
 
@@ -59,12 +60,8 @@ def estimate_document(model: LayerGraph, estimate: Estimate) -> dict[str, Any]:
         "breakdown": breakdown,
         "stages": stages,
         "notes": list(estimate.notes),
+        "embeddings": [dataclasses.asdict(p) for p in estimate.embeddings],  # as in a plan
     }
-
-
-def _with_tables(model: LayerGraph, path: str) -> LayerGraph:
-    from planner.embeddings import load_tables
-    return dataclasses.replace(model, embedding_tables=tuple(load_tables(path)))
 
 
 def _print_table(model: LayerGraph, estimate: Estimate) -> None:
@@ -75,14 +72,14 @@ def _print_table(model: LayerGraph, estimate: Estimate) -> None:
               f"schedule={cfg.schedule} zero={cfg.zero} recompute={cfg.recompute} "
               f"sequence-parallel={'yes' if cfg.sequence_parallel else 'no'} optimizer={cfg.optimizer}\n")
     out.write(f"iteration {estimate.iteration_time_s:.4f} s, {estimate.throughput_samples_per_s:.2f} samples/s, "
-              f"memory {estimate.memory_per_device_bytes / 2**30:.1f} GiB per device (largest), "
+              f"memory {estimate.memory_per_device_bytes / GIB:.1f} GiB per device (largest), "
               f"{'fits' if estimate.feasible else 'DOES NOT FIT: ' + estimate.reason}\n")
     parts = estimate.breakdown.to_dict()
     out.write("breakdown: " + ", ".join(f"{k[:-2]} {v:.4f} s" for k, v in parts.items() if v) + "\n")
     out.write(f"{'stage':>5} {'layers':>9} {'device':>12} {'fwd ms':>9} {'bwd ms':>9} {'mem GiB':>8}\n")
     for s in estimate.stages:
         out.write(f"{s.index:>5} {f'{s.first_layer}-{s.last_layer}':>9} {s.device_type:>12} "
-                  f"{s.forward_s * 1e3:>9.2f} {s.backward_s * 1e3:>9.2f} {s.memory.total_bytes / 2**30:>8.1f}\n")
+                  f"{s.forward_s * 1e3:>9.2f} {s.backward_s * 1e3:>9.2f} {s.memory.total_bytes / GIB:>8.1f}\n")
     for note in estimate.notes:
         out.write(f"note: {note}\n")
 
@@ -95,9 +92,7 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     cluster = load_cluster(args.cluster)
     model = load_model(args.model, parse_dims(args.dim))
-    if args.tables:
-        model = _with_tables(model, args.tables)
-    result = estimate(model, cluster, config)
+    result = estimate(model, cluster, config, tables=args.tables)
     if args.json:
         emit_json(estimate_document(model, result))
     else:

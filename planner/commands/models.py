@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 
-from planner.commands._common import add_json_flag, emit_json, split_assignments
+from planner.assignments import split_assignments
+from planner.commands._common import add_json_flag, emit_json
 from planner.errors import ConfigError
+from planner.outputs import check_output_file, write_error
 
 NAME = "models"
 HELP = "list the model families the builder knows, or build one as an ONNX graph (no weight data)"
@@ -50,22 +51,8 @@ def _print_table(document: dict) -> None:
 
 
 def _parse_settings(items: list[str]) -> dict[str, str]:
-    settings: dict[str, str] = {}
-    for key, value in split_assignments(items, "--set", "KEY=VALUE", "layers=24"):
-        if key in settings:
-            raise ConfigError(f"--set {key} is given twice; give each key once")
-        settings[key] = value.strip()
-    return settings
-
-
-def _check_out(path: str) -> None:
-    if not path.lower().endswith(".onnx"):
-        raise ConfigError(f"--out {path!r}: the file name must end in .onnx")
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise ConfigError(f"--out {path!r}: folder '{parent}' does not exist; create it first")
-    if os.path.isdir(path):
-        raise ConfigError(f"--out {path!r} is a folder; give a file name ending in .onnx")
+    pairs = split_assignments(items, "--set", "KEY=VALUE", "layers=24", once="give each key once")
+    return {key: value.strip() for key, value in pairs}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -81,12 +68,12 @@ def run(args: argparse.Namespace) -> int:
     from planner.builders import build, save, weights_file_for
 
     settings = _parse_settings(args.settings)
-    _check_out(args.out)
+    check_output_file(args.out, "--out", (".onnx",))
     model = build(args.family, settings, weights_file=weights_file_for(args.out))
     try:
         save(model, args.out)
     except OSError as exc:
-        raise ConfigError(f"--out {args.out!r}: cannot write it ({exc.strerror}); choose a writable path") from None
+        raise write_error(args.out, "--out", exc) from None
     params = sum(_numel(t.dims) for t in model.graph.initializer)
     log.info("wrote %s: %s, %d parameters declared (weights point at %s, not written)", args.out, args.family,
              params, weights_file_for(args.out))

@@ -6,8 +6,8 @@ import argparse
 import sys
 
 from planner.commands._common import add_cluster_flags, add_config_flags, add_json_flag, config_from_args, \
-    emit_json, parse_dims, positive_int, positive_seconds
-from planner.errors import ConfigError
+    emit_json, parse_dims, positive_int, positive_seconds, progress_wanted
+from planner.outputs import check_output_file, write_text
 from planner.plan import Plan
 from planner.report import FORMATS, render
 
@@ -44,24 +44,24 @@ def run(args: argparse.Namespace) -> int:
     from planner.report._figure import check_path
     from planner.search.progress import ProgressBar
 
+    # a bad output path fails before the search, not after it
     if args.gantt:
-        check_path(args.gantt, "--gantt")  # a bad output path fails before the search, not after it
+        check_path(args.gantt, "--gantt")
+    if args.out:
+        check_output_file(args.out, "--out")
     model = load_model(args.model, parse_dims(args.dim))
     cluster = load_cluster(args.cluster)
     pinned = config_from_args(args, defaults_to_one=False)
-    bar = ProgressBar()
+    bar = ProgressBar() if progress_wanted() else None
     try:
         result = search(model, cluster, args.global_batch, pinned=pinned, top_k=args.top,
                         time_limit_s=args.time_limit, tables=args.tables, progress=bar)
     finally:
-        bar.close()
+        if bar is not None:
+            bar.close()
     best = result.best
     if args.out:
-        try:
-            with open(args.out, "w", encoding="utf-8") as handle:
-                handle.write(best.to_json() + "\n")
-        except OSError as exc:
-            raise ConfigError(f"--out {args.out}: cannot write the plan ({exc.strerror})") from None
+        write_text(args.out, best.to_json() + "\n", "--out")
     if args.gantt:
         from planner.report.gantt import write_plan_gantt  # matplotlib, imported only when drawing
         write_plan_gantt(best, model, cluster, args.gantt)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from pathlib import Path
 
 import yaml
 
 from planner.commands._common import add_dim_flag, add_json_flag, emit_json, parse_dims
 from planner.errors import ConfigError
 from planner.hardware import profiler
+from planner.outputs import check_output_file, write_text
 
 HELP = "measure the local device (GEMMs, memory bandwidth, per-op overhead) and write a device profile"
 log = logging.getLogger(__name__)
@@ -33,11 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    out = Path(args.out)
-    if out.suffix.lower() not in (".yaml", ".yml"):
-        raise ConfigError(f"--out {args.out}: write the profile to a .yaml file")
-    if not out.parent.exists():
-        raise ConfigError(f"--out {args.out}: folder {out.parent} does not exist")
+    out = check_output_file(args.out, "--out", (".yaml", ".yml"))
     dims = parse_dims(args.dim)
     model = profiler.load_model_file(args.model) if args.model else None  # fail early on a bad model
     if args.threads < 0:
@@ -54,9 +50,9 @@ def run(args: argparse.Namespace) -> int:
         document["measured"]["model_ops"] = [
             {"name": c.name, "op_type": c.op_type, "op_class": c.op_class,
              "seconds": float(f"{measurement.kernel_s.get(c.name, 0.0):.6g}")} for c in measurement.costs]
-    out.write_text("# Device profile written by `planner profile`; usable in a cluster file as\n"
-                   f"#   node: {{device_file: {out.name}, devices_per_node: 1, inter_node_bandwidth_GBps: 1.25}}\n"
-                   + yaml.safe_dump(document, sort_keys=False, width=120), encoding="utf-8")
+    write_text(out, "# Device profile written by `planner profile`; usable in a cluster file as\n"
+               f"#   node: {{device_file: {out.name}, devices_per_node: 1, inter_node_bandwidth_GBps: 1.25}}\n"
+               + yaml.safe_dump(document, sort_keys=False, width=120), "--out")
     summary = {"out": str(out), "device": document["name"],
                "peak_flops_per_s": document["peak_flops_per_s"],
                "memory_bandwidth_Bps": document["memory_bandwidth_Bps"], "op_overhead_s": document["op_overhead_s"]}

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from planner.commands._common import (add_cluster_flags, add_config_flags, add_json_flag, config_from_args,
-                                      emit_json, parse_dims, positive_int, positive_seconds)
-from planner.errors import PlannerError
+                                      emit_json, parse_dims, positive_int, positive_seconds, progress_wanted)
+from planner.outputs import check_output_file, write_text
 from planner.sweep.keys import GLOBAL_FIELDS, GROUP_FIELDS, parse_sweep_args, parse_sweeps
 from planner.sweep.runner import BACKENDS, print_progress
 
@@ -49,8 +48,8 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
     if args.plot:
         check_path(args.plot, "--plot")
-    if args.csv and not Path(args.csv).parent.exists():
-        raise PlannerError(f"--csv {args.csv}: folder {str(Path(args.csv).parent)!r} does not exist")
+    if args.csv:
+        check_output_file(args.csv, "--csv")
 
 
 def _pinned(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -69,12 +68,10 @@ def run(args: argparse.Namespace) -> int:
     _check_outputs(args)
     result = whatif(args.model, args.cluster, args.global_batch, sweeps, dims=parse_dims(args.dim),
                     pinned=_pinned(args), tables=args.tables, workers=args.workers, backend=args.backend,
-                    time_limit_s=args.time_limit, seed=args.seed, progress=print_progress)
+                    time_limit_s=args.time_limit, seed=args.seed,
+                    progress=print_progress if progress_wanted() else None)
     if args.csv:
-        try:
-            Path(args.csv).write_text(result.to_csv())
-        except OSError as exc:
-            raise PlannerError(f"--csv {args.csv}: cannot write ({exc.strerror or exc})") from None
+        write_text(args.csv, result.to_csv(), "--csv")
     if args.plot:
         from planner.report.plots import write_whatif_plot  # noqa: PLC0415
 

@@ -215,6 +215,11 @@ def _work(model: LayerGraph, cluster: Cluster, placement: _Placement, global_bat
     pp = len(placement.stages)
     p2p = np.zeros(pp)
     if pp > 1:
+        # the last stage's transfer is the interleaved schedule's wrap-around: a chunk of the last stage hands
+        # its output to the first stage's next chunk. That tensor is a chunk boundary, never the model's own
+        # output (a language model's logits are vocabulary/hidden times larger): it is as large as the
+        # largest boundary between stages.
+        out_bytes[-1] = out_bytes[:-1].max()
         for s, stage in enumerate(placement.stages):
             first_row = int(np.searchsorted(placement.row_stage, s))
             src = stage.replicas[0].devices[0]
@@ -518,9 +523,16 @@ def estimate(model: LayerGraph, cluster: Cluster, config: ParallelConfig,
                           f"a multiple of pp={pp}; use vpp 1 or another micro-batch")
     ranked.sort(key=lambda item: (item[0], item[1]))
     log.debug("estimate: %d candidates ranked, best %s", len(ranked), ranked[0][0])
-    # time exactly the candidates within FINALIST_MARGIN of the best by the fast formula (at most three)
+    # time exactly the candidates within FINALIST_MARGIN of the best by the fast formula (at most three), and
+    # the best of every other vpp: the fast formula counts the interleaved schedule's transfers once, while
+    # each of its vpp chunks waits on them, so it can rank a large vpp first that the exact timing rejects
     head = [item for item in ranked[:3] if item[0][0] == ranked[0][0][0]
             and item[0][1] <= ranked[0][0][1] * (1.0 + FINALIST_MARGIN)]
+    seen_vpps = {item[4] for item in head}
+    for item in ranked:
+        if item[0][0] == ranked[0][0][0] and item[4] not in seen_vpps:
+            seen_vpps.add(item[4])
+            head.append(item)
     pipelines: dict = {}  # the works stay alive in `ranked`, so their ids are stable keys
     finalists = [_evaluate(work, schedule, vpp, zero, True, pipelines) for _, _, work, schedule, vpp, zero in head]
     works = [item[2] for item in head]

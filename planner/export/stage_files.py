@@ -17,6 +17,7 @@ import onnx
 
 from planner.errors import ConfigError, PlannerError
 from planner.export.stages import StageModel, split_model
+from planner.outputs import write_error
 from planner.plan import Plan, StagePlan
 from planner.types import LayerGraph
 
@@ -96,5 +97,5 @@ def write_split(out_dir: str, document: dict[str, Any], stages: Sequence[StageMo
         with open(targets[-1], "w", encoding="utf-8") as handle:
             handle.write(json.dumps(document, indent=2, sort_keys=True) + "\n")
     except OSError as exc:
-        raise ConfigError(f"--out-dir {out_dir}: cannot write ({exc.strerror})") from None
+        raise write_error(out_dir, "--out-dir", exc) from None
     return targets

@@ -24,7 +24,7 @@ Value = np.ndarray
 Evaluator = Callable[[Node, list], "Value | None"]
 
 
-def _np_dtype(elem_type: int):
+def _np_dtype(elem_type: int) -> np.dtype:
     return onnx.helper.tensor_dtype_to_np_dtype(elem_type)
 
 
@@ -143,7 +143,7 @@ def _tile(node: Node, ins: list) -> Value | None:
     return np.tile(ins[0], repeats)
 
 
-def _reduce(fn) -> Evaluator:
+def _reduce(fn: Callable[..., np.ndarray]) -> Evaluator:
     def run(node: Node, ins: list) -> Value:
         axes = _axes(node, ins, 1)
         keep = bool(node.attr("keepdims", 1))

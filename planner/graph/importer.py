@@ -6,7 +6,7 @@ import gc
 import logging
 import os
 from pathlib import Path
-from typing import Mapping
+from typing import Iterator, Mapping
 
 import onnx
 
@@ -160,7 +160,7 @@ def _tables(graph: OpGraph, compute: list[Node]) -> tuple[list[EmbeddingTable], 
     return list(tables.values()), nodes, bag_loops
 
 
-def _body_nodes(proto: onnx.NodeProto):
+def _body_nodes(proto: onnx.NodeProto) -> Iterator[onnx.NodeProto]:
     for attr in proto.attribute:
         bodies = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
         for body in bodies:

@@ -4,15 +4,13 @@ bound to the data inputs' symbolic dimensions (``--dim``, builder metadata, the 
 from __future__ import annotations
 
 import json
-import logging
 from typing import Mapping
 
 import onnx
 
-from planner.errors import ModelError
+from planner.errors import ModelError, suggest
 from planner.graph.ir import FLOAT_TYPES, Node
 
-log = logging.getLogger(__name__)
 
 PARAM_SLOTS = {
     "Conv": (1, 2), "ConvTranspose": (1, 2), "Gemm": (1, 2), "BatchNormalization": (1, 2, 3, 4),
@@ -102,7 +100,7 @@ def _input_dim_names(graph: onnx.GraphProto, data_inputs: list[str]) -> list[tup
     return out
 
 
-def dim_name(tensor: str, pos: int, dim) -> str:
+def dim_name(tensor: str, pos: int, dim: onnx.TensorShapeProto.Dimension) -> str:
     """A symbolic dim's name; an unnamed one is called ``input[pos]`` (what ``--dim`` must bind)."""
     return dim.dim_param or f"{tensor}[{pos}]"
 
@@ -135,8 +133,9 @@ def bind_dims(graph: onnx.GraphProto, data_inputs: list[str], dims: Mapping[str,
                              f"pass --dim {dim}=INT (Python: dims={{'{dim}': INT}})")
     known = {d for _, _, d in _input_dim_names(graph, data_inputs)} | {"batch"}
     for dim in dims:
-        if dim not in known:
-            log.info("%s: --dim %s does not name a symbolic dimension of the model; ignored", name, dim)
+        if dim not in known:  # a misspelt name would silently leave the real one at its default
+            raise ModelError(f"{name}: --dim {dim}: the model has no symbolic dimension '{dim}'"
+                             f"{suggest(dim, known)}; its dimensions are {', '.join(sorted(known))}")
     static_batch = 1
     if batch_dim is None:
         leading = set()

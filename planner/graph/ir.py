@@ -4,6 +4,7 @@ shapes for ONE sample, element types, and which tensors are constants or paramet
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Iterable
 
 import onnx
 from onnx import TensorProto
@@ -52,7 +53,7 @@ class Node:
     proto: onnx.NodeProto
     scope: tuple[str, ...] = ()
 
-    def attr(self, name: str, default):
+    def attr(self, name: str, default: Any) -> Any:
         """An attribute's value, of the same kind as ``default`` (int, list of ints, or bytes)."""
         for a in self.proto.attribute:
             if a.name == name:
@@ -101,7 +102,7 @@ class OpGraph:
         return not all((t in self.const) for t in node.outputs if t)
 
 
-def numel_of(dims) -> int:
+def numel_of(dims: Iterable[int]) -> int:
     n = 1
     for d in dims:
         n *= d

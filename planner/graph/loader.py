@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Iterator
 
 import onnx
 from google.protobuf.message import DecodeError
@@ -70,7 +71,7 @@ def check_external_data(model: onnx.ModelProto, base_dir: Path | None, where: st
                              f"outside the model's folder")
 
 
-def _all_tensors(model: onnx.ModelProto):
+def _all_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
     yield from model.graph.initializer
     for node in model.graph.node:
         for attr in node.attribute:

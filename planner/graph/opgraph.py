@@ -19,7 +19,7 @@ import onnx
 from planner.errors import ModelError
 from planner.graph.inputs import batch_dim_name, bind_dims, classify_inputs, reaches_param_slot
 from planner.graph.ir import FLOAT_TYPES, Node, OpGraph, numel_of
-from planner.graph.shapes import fill_shape_gaps, fold_and_reinfer, infer_shapes, prepare
+from planner.graph.shapes import Shapes, Types, fill_shape_gaps, fold_and_reinfer, infer_shapes, prepare
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,16 @@ def build(model: onnx.ModelProto, dims: Mapping[str, int] | None, name: str) -> 
     return op
 
 
+def _first_on_a_cycle(waiting: list[int], users: dict[int, list[int]]) -> int:
+    """The first node (in file order) of a cycle among the nodes Kahn's algorithm left waiting; nodes that
+    only wait downstream of a cycle are not on it, so they are not named."""
+    import networkx as nx  # only on this error path: the import itself stays free of it
+
+    stuck = nx.DiGraph((i, u) for i, count in enumerate(waiting) if count > 0
+                       for u in users.get(i, ()) if waiting[u] > 0)
+    return min(edge[0] for edge in nx.find_cycle(stuck))
+
+
 def _topological(graph: onnx.GraphProto, init_names: set[str], name: str) -> list[Node]:
     """Kahn's algorithm; a cycle or a tensor that nothing produces is a ModelError naming the node."""
     protos = list(graph.node)
@@ -102,8 +112,7 @@ def _topological(graph: onnx.GraphProto, init_names: set[str], name: str) -> lis
             if waiting[u] == 0:
                 heapq.heappush(ready, u)
     if len(order) != len(protos):
-        stuck = next(i for i in range(len(protos)) if waiting[i] > 0)
-        p = protos[stuck]
+        p = protos[_first_on_a_cycle(waiting, users)]
         raise ModelError(f"{name}: the graph has a cycle through node '{p.name or p.op_type}' "
                          f"({p.op_type}); ONNX graphs must be acyclic")
     nodes = []
@@ -170,7 +179,8 @@ def _scope(proto: onnx.NodeProto) -> tuple[str, ...]:
 
 
 def _constants(graph: onnx.GraphProto, nodes: list[Node], init_names: set[str], weight_inputs: set[str],
-               types: dict[str, int], shapes: dict, consumers: dict[str, list[tuple[Node, int]]]):
+               types: Types, shapes: Shapes, consumers: dict[str, list[tuple[Node, int]]]
+               ) -> tuple[set[str], dict[str, tuple[str, ...]], dict[str, int]]:
     """Constant tensors, parameter tensors and, for each constant, the parameters it derives from."""
     const: set[str] = set(init_names) | set(weight_inputs) | {""}
     params: dict[str, int] = {}

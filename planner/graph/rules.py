@@ -16,7 +16,7 @@ used for the activation memory of a layer.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, Sequence
 
 from planner.graph.ir import FLOAT_TYPES, Node, OpGraph, act_bytes
 
@@ -57,7 +57,7 @@ Gemm = tuple[int, int, int]
 Rule = Callable[[View], tuple[float, "Gemm | None"]]
 
 
-def _prod(xs) -> int:
+def _prod(xs: Sequence[int]) -> int:
     return math.prod(xs) if xs else 1
 
 

@@ -16,7 +16,11 @@ from planner.graph.ir import FLOAT_TYPES, INT_BYTES, Node, OpGraph, numel_of
 
 log = logging.getLogger(__name__)
 
-def prepare(model: onnx.ModelProto, bound: dict[str, int], data_inputs: list[str]):
+Shapes = dict[str, "tuple[int, ...] | None"]  # tensor -> its shape for one sample (None: unknown)
+Types = dict[str, int]  # tensor -> ONNX element type
+Declared = tuple[Shapes, Types]  # what the exporter's own value_info says
+
+def prepare(model: onnx.ModelProto, bound: dict[str, int], data_inputs: list[str]) -> Declared:
     """Bind every symbolic input dim, in place on a model the importer owns (no copy of a 100k-node graph):
     large initializers keep their dims and type but lose their data (never used), and the exporter's own
     value_info is set aside (returned), to be used only where inference leaves a gap."""
@@ -42,7 +46,7 @@ def prepare(model: onnx.ModelProto, bound: dict[str, int], data_inputs: list[str
     return declared
 
 
-def infer_shapes(model: onnx.ModelProto, declared, name: str):
+def infer_shapes(model: onnx.ModelProto, declared: Declared, name: str) -> tuple[Shapes, Types]:
     """ONNX shape inference (with data propagation); declared shapes fill its gaps."""
     try:
         inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
@@ -61,8 +65,8 @@ def infer_shapes(model: onnx.ModelProto, declared, name: str):
     return shapes, types
 
 
-def fold_and_reinfer(model: onnx.ModelProto, nodes: list[Node], const: set[str], shapes: dict, types: dict,
-                      declared, name: str):
+def fold_and_reinfer(model: onnx.ModelProto, nodes: list[Node], const: set[str], shapes: Shapes, types: Types,
+                      declared: Declared, name: str) -> tuple[Shapes, Types]:
     """Where inference left compute tensors unknown, evaluate the (now constant) shape arithmetic and run
     inference again, until nothing more is learnt (at most three more passes)."""
 
@@ -104,10 +108,10 @@ def _has_data(t: TensorProto) -> bool:
     return bool(t.raw_data or t.float_data or t.int32_data or t.int64_data or t.double_data or t.uint64_data)
 
 
-def _read_shapes(infos: list[onnx.ValueInfoProto], bound: dict[str, int]):
+def _read_shapes(infos: list[onnx.ValueInfoProto], bound: dict[str, int]) -> tuple[Shapes, Types]:
     """(shape or None, elem type) of tensor value infos; symbolic dims resolved through ``bound``."""
-    shapes: dict[str, tuple[int, ...] | None] = {}
-    types: dict[str, int] = {}
+    shapes: Shapes = {}
+    types: Types = {}
     for vi in infos:
         if not vi.type.HasField("tensor_type"):
             continue

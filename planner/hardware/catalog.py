@@ -18,9 +18,9 @@ from typing import Any
 from planner.errors import ClusterError, suggest
 from planner.hardware.documents import Document, check, read_document
 from planner.types import DeviceProfile, NodeProfile
+from planner.units import GB  # bandwidths in the files are GB/s = 1e9 bytes/s
 
 ENV_VAR = "PLANNER_PROFILES_DIR"
-GB = 1e9  # bandwidths in the files are GB/s = 1e9 bytes/s
 US = 1e-6
 DEVICE_FILE_SUFFIXES = (".yaml", ".yml", ".json")
 

@@ -19,8 +19,8 @@ from planner.errors import ClusterError
 from planner.hardware import catalog
 from planner.hardware.documents import Document, JsonPath, check, read_document
 from planner.types import Cluster, DeviceGroup, NodeProfile
+from planner.units import GB
 
-GB = catalog.GB
 US = catalog.US
 
 # Used where a file does not say; each has a source.

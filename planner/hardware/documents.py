@@ -21,6 +21,7 @@ import yaml
 from planner.errors import ClusterError
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
+QUOTE_CHARS = 60  # how much of a wrong text value an error message quotes
 
 JsonPath = tuple[object, ...]
 
@@ -115,7 +116,10 @@ def _describe(value: Any) -> str:
     if isinstance(value, (int, float)):
         return f"{value!r}"
     if isinstance(value, str):
-        return f"the text {value!r}"
+        # an error message quotes the start of a text, never a whole file (a device_file pointing at the
+        # wrong file parses as one long string)
+        shown = value if len(value) <= QUOTE_CHARS else value[:QUOTE_CHARS] + "..."
+        return f"the text {shown!r}"
     return {dict: "a mapping", list: "a list"}.get(type(value), type(value).__name__)
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from planner.errors import ConfigError, PlannerError
+from planner.errors import PlannerError
+from planner.outputs import check_output_file, write_error
 
 FORMATS = (".png", ".svg")
 DPI = 100
@@ -24,13 +25,8 @@ def pyplot() -> Any:
 
 
 def check_path(path: str | Path, flag: str) -> Path:
-    """The output path, if its suffix is a format we write (checked before any work is done)."""
-    target = Path(path)
-    if target.suffix.lower() not in FORMATS:
-        raise ConfigError(f"{flag} {path}: write a .png or .svg file")
-    if not target.parent.exists():
-        raise ConfigError(f"{flag} {path}: folder {str(target.parent)!r} does not exist")
-    return target
+    """The output path, if a figure can be written there (checked before any work is done)."""
+    return check_output_file(path, flag, FORMATS)
 
 
 def save(figure: Any, path: str | Path, flag: str) -> Path:
@@ -43,7 +39,7 @@ def save(figure: Any, path: str | Path, flag: str) -> Path:
         with plt.rc_context({"svg.hashsalt": "planner"}):  # fixed SVG element ids: same figure, same bytes
             figure.savefig(target, dpi=DPI, metadata=metadata)
     except OSError as exc:
-        raise PlannerError(f"{flag} {path}: cannot write ({exc.strerror or exc})") from None
+        raise write_error(path, flag, exc) from None
     finally:
         plt.close(figure)
     return target

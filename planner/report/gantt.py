@@ -14,10 +14,10 @@ from typing import Any, Protocol, Sequence
 from planner.errors import ConfigError
 from planner.plan import Plan
 from planner.report._figure import check_path, pyplot, save
+from planner.units import GIB
 from planner.types import (Cluster, LayerGraph, MemoryBreakdown, PipelineSpec, ReplicaSpec,
                            StageEstimate, StageSpec)
 
-GIB = 2.0**30
 KIND_COLOURS = {"forward": "tab:blue", "backward": "tab:orange", "send": "tab:grey"}
 MEMORY_KINDS = (("weights_bytes", "weights", "tab:blue"), ("gradients_bytes", "gradients", "tab:orange"),
                 ("optimizer_bytes", "optimizer states", "tab:green"),

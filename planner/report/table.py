@@ -5,10 +5,7 @@ from __future__ import annotations
 
 from planner.plan import Plan, StagePlan
 from planner.report.units import id_ranges, seconds, size
-
-_BREAKDOWN = (("compute_s", "compute"), ("tp_comm_s", "tensor-parallel comm"), ("pp_comm_s", "pipeline comm"),
-              ("dp_comm_s", "data-parallel comm"), ("bubble_s", "pipeline bubble"), ("optimizer_s", "optimizer"),
-              ("embedding_s", "embeddings"))
+from planner.types import BREAKDOWN_PARTS
 
 
 def _grid(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -47,12 +44,13 @@ def render_table(plan: Plan) -> str:
     header = ["stage", "layers", "device", "devices", "tp", "dp", "recompute", "memory/device", "time/micro-batch"]
     rows = [row for stage in plan.stages for row in _stage_rows(stage)]
     lines += _grid(header, rows)
-    total = sum(plan.breakdown.get(key, 0.0) for key, _ in _BREAKDOWN)
+    total = sum(plan.breakdown.get(key, 0.0) for key, _ in BREAKDOWN_PARTS)
+    width = max(len(label) for _, label in BREAKDOWN_PARTS)
     lines += ["", "Time per iteration:"]
-    for key, label in _BREAKDOWN:
+    for key, label in BREAKDOWN_PARTS:
         value = plan.breakdown.get(key, 0.0)
         share = f"{value / total:6.1%}" if total > 0 else "     -"
-        lines.append(f"  {label:<22} {seconds(value):>11}  {share}")
+        lines.append(f"  {label:<{width}} {seconds(value):>11}  {share}")
     if plan.bottleneck:
         lines += ["", f"Bottleneck: {plan.bottleneck}"]
     if plan.embeddings:
@@ -83,5 +81,6 @@ def _search_line(plan: Plan) -> str:
     if info.embedding_lower_bound_s is not None:
         parts.append(f"embedding lower bound {seconds(info.embedding_lower_bound_s)}")
     if plan.physical_bound_s > 0:
-        parts.append(f"physical bound {seconds(plan.physical_bound_s)} (all FLOPs at peak on the devices used)")
+        parts.append(f"physical bound {seconds(plan.physical_bound_s)} (all FLOPs at peak on the devices used; "
+                     f"the plan takes {plan.iteration_time_s / plan.physical_bound_s:.2f}x it)")
     return "; ".join(parts)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from planner.units import GIB, KIB, MIB, TIB
+
 
 def seconds(value_s: float) -> str:
     if value_s >= 1.0:
@@ -14,7 +16,7 @@ def seconds(value_s: float) -> str:
 
 
 def size(value_bytes: float) -> str:
-    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    for unit, scale in (("TiB", TIB), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
         if value_bytes >= scale:
             return f"{value_bytes / scale:.1f} {unit}"
     return f"{value_bytes:.0f} B"

@@ -11,6 +11,7 @@ from typing import Callable
 
 import numpy as np
 
+from planner.cost.sparse import sparse_tables, tables_are_sparse
 from planner.errors import ConfigError, InfeasibleError
 from planner.plan import Plan, SearchInfo
 from planner.search import engine
@@ -19,10 +20,10 @@ from planner.search.build import to_plan
 from planner.search.explain import bottleneck
 from planner.search.space import Pins, Settings, StageOption, validate_pins
 from planner.types import Cluster, LayerGraph, ParallelConfig
+from planner.units import GIB
 
 log = logging.getLogger(__name__)
 
-GIB = 1024 ** 3
 ALGORITHM = "branch-and-bound over settings x stage blocks; bottleneck DP on a critical-path bound per layout"
 
 
@@ -59,9 +60,9 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
         raise ConfigError(f"--top {top_k}: must be at least 1")
     if not model.layers:
         raise ConfigError(f"model {model.name!r} has no layers (pipeline units) to place")
-    sparse = _sparse_tables(model, tables)
+    sparse = sparse_tables(model, tables)
     full_model = model
-    if sparse and _tables_are_sparse(model):
+    if sparse and tables_are_sparse(model):
         from planner.embeddings.dense import dense_part  # the tables are placed model-parallel, not in the pipeline
         model = dense_part(model, model.embedding_tables)
     pins = Pins.from_config(pinned)
@@ -95,22 +96,6 @@ def plan(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Para
     """The fastest plan that fits (see :func:`search`)."""
     return search(model, cluster, global_batch, pinned=pinned, top_k=top_k, time_limit_s=time_limit_s, seed=seed,
                   tables=tables, backend=backend, progress=progress).best
-
-
-def _sparse_tables(model: LayerGraph, tables) -> tuple:
-    """The sparse embedding tables to place model-parallel: those of ``tables`` (a table file or
-    EmbeddingTables) or, for a DLRM or a model whose tables sit outside its pipeline layers, the model's own.
-    A dense model's token embedding is an ``embedding`` layer of the pipeline and is planned with it."""
-    if tables:
-        from planner.embeddings import load_tables
-        return tuple(load_tables(tables)) if isinstance(tables, (str, os.PathLike)) else tuple(tables)
-    return tuple(model.embedding_tables) if _tables_are_sparse(model) else ()
-
-
-def _tables_are_sparse(model: LayerGraph) -> bool:
-    """Whether the model's own tables are sparse (placed model-parallel) rather than a pipeline layer's."""
-    return bool(model.embedding_tables) and (
-        model.family == "dlrm" or not any(layer.kind == "embedding" for layer in model.layers))
 
 
 def _model_summary(plan: Plan, model: LayerGraph) -> dict:

@@ -14,6 +14,7 @@ import itertools
 from dataclasses import dataclass, replace
 from typing import Mapping, Protocol, Sequence, Union
 
+from planner.assignments import split_assignments
 from planner.errors import ClusterError, ConfigError, suggest
 from planner.types import Cluster, DeviceGroup, DeviceProfile, NodeProfile
 
@@ -149,16 +150,9 @@ def parse_sweeps(sweeps: Mapping[str, Sequence[str]]) -> tuple[Sweep, ...]:
 def parse_sweep_args(items: Sequence[str]) -> dict[str, list[str]]:
     """``["count=1,2", "seq_len=1024"]`` (the repeated CLI flag) -> ordered mapping; a key given twice is
     an error, since the grid would be ambiguous."""
-    result: dict[str, list[str]] = {}
-    for item in items:
-        name, sep, values = item.partition("=")
-        if not sep or not name.strip():
-            raise ConfigError(f"--sweep {item!r}: expected KEY=V1,V2,..., e.g. --sweep count=2,4,8")
-        name = name.strip()
-        if name in result:
-            raise ConfigError(f"--sweep {name}: given twice; list all its values in one flag ({name}=A,B,C)")
-        result[name] = values.split(",")
-    return result
+    pairs = split_assignments(items, "--sweep", "KEY=V1,V2,...", "count=2,4,8",
+                              once="list all its values in one flag (KEY=A,B,C)")
+    return {name: values.split(",") for name, values in pairs}
 
 
 # ----------------------------------------------------------------------------------------------- clusters

@@ -1,0 +1,92 @@
+"""CONTRACT.md promises checked end to end through the CLI: on exit 2 stderr holds exactly one line (no
+progress bar before it, no traceback), and a path the user asked us to write is checked before any work."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+import planner.search.progress as progress_module
+from planner.builders import build, save
+from planner.cli import main
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("contract") / "gpt.onnx"
+    save(build("gpt", {"layers": 2, "hidden": 64, "heads": 2, "vocab": 128, "seq_len": 64}), str(path))
+    return str(path)
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("planner: error:"), err
+    return lines[0]
+
+
+def must_not_run(*args, **kwargs):
+    raise AssertionError("the command did its work before checking its output path")
+
+
+@pytest.fixture
+def eager_progress(monkeypatch):
+    """Progress bars that draw from their first call (the real one waits a second)."""
+
+    class Eager(progress_module.ProgressBar):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **{**kwargs, "delay_s": 0.0})
+
+    monkeypatch.setattr(progress_module, "ProgressBar", Eager)
+
+
+def test_plan_draws_no_progress_bar_for_a_script(tiny_model, capsys, eager_progress):
+    # a script reading stderr (not a terminal) must see only logs, so that exit 2 leaves exactly one line
+    assert main(["plan", tiny_model, "--cluster", "dgx-a100-80gb*1", "--global-batch", "8"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_whatif_draws_no_progress_bar_for_a_script(tiny_model, capsys):
+    assert main(["whatif", tiny_model, "--cluster", "dgx-a100-80gb*1", "--global-batch", "8",
+                 "--sweep", "count=1,2", "--workers", "1"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_plan_out_is_checked_before_the_search(tiny_model, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("planner.search.search", must_not_run)
+    assert main(["plan", tiny_model, "--cluster", "dgx-a100-80gb*1", "--global-batch", "8",
+                 "--out", str(tmp_path / "missing" / "plan.json")]) == 2
+    assert "does not exist" in one_error_line(capsys)
+
+
+def test_profile_out_that_is_a_folder_is_one_line_before_measuring(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("planner.hardware.profiler.profile_device", must_not_run)
+    folder = tmp_path / "cpu.yaml"
+    folder.mkdir()
+    assert main(["profile", "--quick", "--out", str(folder)]) == 2
+    assert "is a folder" in one_error_line(capsys)
+
+
+def test_whatif_csv_that_is_a_folder_fails_before_planning(tiny_model, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sys.modules["planner.whatif"], "whatif", must_not_run)
+    assert main(["whatif", tiny_model, "--cluster", "dgx-a100-80gb*1", "--global-batch", "8",
+                 "--sweep", "count=1", "--csv", str(tmp_path)]) == 2
+    assert "is a folder" in one_error_line(capsys)
+
+
+def test_devices_with_an_empty_cluster_is_an_error_not_the_catalog(capsys):
+    assert main(["devices", "--cluster", ""]) == 2
+    assert "empty cluster" in one_error_line(capsys)
+
+
+def test_a_wrong_device_file_is_quoted_briefly_not_whole(tmp_path, capsys):
+    # a device_file that is some other text file parses as one long string: quote its start only
+    notes = tmp_path / "notes.txt"
+    notes.write_text("secret " * 400)
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(f"groups:\n  - node: {{device_file: {notes}, devices_per_node: 1, "
+                       "inter_node_bandwidth_GBps: 1}\n    count: 1\n")
+    assert main(["devices", "--cluster", str(cluster)]) == 2
+    line = one_error_line(capsys)
+    assert "must be an object" in line and len(line) < 400

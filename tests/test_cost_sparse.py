@@ -1,0 +1,73 @@
+"""``estimate`` with sparse embedding tables: placed model-parallel and timed as in a plan (the DLRM's own
+tables, or a table file given with ``--tables``), never silently ignored."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from planner.builders import build, save
+from planner.cli import main
+from planner.cost import estimate
+from planner.cost.estimator import estimate as dense_estimate
+from planner.embeddings.dense import dense_part
+from planner.graph import load_model
+from planner.hardware import load_cluster
+from planner.types import ParallelConfig
+
+TABLES = {"tables": [{"name": "user", "rows": 200_000, "dim": 64, "pooling_factor": 1},
+                     {"name": "item", "rows": 50_000, "dim": 64, "pooling_factor": 4}],
+          "dense_features": 4, "bottom_mlp": [64, 64], "top_mlp": [64, 1]}
+CONFIG = ParallelConfig(global_batch=4096, tp=1, pp=1, dp=8, micro_batch=512, zero=0, recompute="none")
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("sparse")
+    tables = folder / "tables.json"
+    tables.write_text(json.dumps(TABLES))
+    dlrm = folder / "dlrm.onnx"
+    save(build("dlrm", {"tables": str(tables)}), str(dlrm))
+    gpt = folder / "gpt.onnx"
+    save(build("gpt", {"layers": 2, "hidden": 64, "heads": 2, "vocab": 128, "seq_len": 64}), str(gpt))
+    return str(dlrm), str(gpt), str(tables)
+
+
+def test_a_dlrm_estimate_shards_its_tables_and_times_the_dense_part_without_them(files):
+    model = load_model(files[0], dims={"batch": 1})
+    cluster = load_cluster("dgx-a100-80gb*1")
+    est = estimate(model, cluster, CONFIG)
+    assert {p.table for p in est.embeddings} == {"embed.user.weight", "embed.item.weight"}  # as imported
+    assert est.breakdown.embedding_s > 0
+    dense = dense_estimate(dense_part(model, model.embedding_tables), cluster, CONFIG)
+    # iteration = dense iteration + embedding time (planner.embeddings.attach's composition)
+    assert est.iteration_time_s == pytest.approx(dense.iteration_time_s + est.breakdown.embedding_s, rel=1e-12)
+    assert est.breakdown.total_s == pytest.approx(est.iteration_time_s, rel=1e-9)
+    # replicated in the dense pipeline, the tables' 16 M parameters (Adam) would weigh on every device
+    replicated = dense_estimate(model, cluster, CONFIG)
+    assert est.stages[0].memory.weights_bytes < replicated.stages[0].memory.weights_bytes
+
+
+def test_estimate_tables_flag_is_used(files, capsys):
+    _, gpt, tables = files
+    argv = ["estimate", gpt, "--cluster", "dgx-a100-80gb*1", "--global-batch", "64", "--tp", "1", "--pp", "1",
+            "--dp", "8", "--json"]
+    assert main(argv) == 0
+    without = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--tables", tables]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert without["embeddings"] == [] and without["breakdown"]["embedding_s"] == 0
+    assert {p["table"] for p in document["embeddings"]} == {"user", "item"}
+    assert document["breakdown"]["embedding_s"] > 0
+    assert document["iteration_time_s"] > without["iteration_time_s"]
+
+
+def test_tables_that_fit_nowhere_make_the_estimate_infeasible(files, tmp_path):
+    huge = tmp_path / "huge.json"
+    huge.write_text(json.dumps({"tables": [{"name": "huge_ids", "rows": 2_000_000_000, "dim": 128,
+                                            "pooling_factor": 1}]}))
+    model = load_model(files[1], dims={"batch": 1})
+    est = estimate(model, load_cluster("dgx-a100-80gb*1"), ParallelConfig(global_batch=64, tp=1, pp=1, dp=8),
+                   tables=str(huge))
+    assert not est.feasible and "huge_ids" in est.reason
