@@ -26,8 +26,9 @@ Constraints
   (f2) T >= base + compute(t,o) + G + latency + a2a_s_per_byte (A_t + 2 P_t), A_t >= max(IS, ids t's unit
       receives), P_t >= max(PR, pooled bytes t's unit sends): (f) with the all-to-all floor that follows every
       table's choice (each term its least over devices; valid cut, the main one on 64-128 devices)
-  (f3) (class and node bins, models up to PIGEONHOLE_MAX_VARIABLES) T >= base + G + latency + k c + a2a_s_per_byte (A + 2 P) for the device that holds
-      k >= U / n_b of the U units of width >= w in bin b, k integer in the MILP (pigeonhole; valid cut)
+  (f3) (class and node bins, models up to PIGEONHOLE_MAX_VARIABLES) T >= base + G + latency + k c
+      + a2a_s_per_byte (A + 2 P) for the device that holds k >= U / n_b of the U units of width >= w in bin b,
+      k integer in the MILP (pigeonhole; valid cut)
   (g) (MILP) nodes of one class are interchangeable: their loads are ordered (symmetry breaking)
   (h) y[k] >= z or v for every table using fused collective k (data-parallel all-reduce, row-wise RS/AG,
       a node's table-row-wise RS/AG); its latency, y[k] x latency, joins C[b] of the devices it spans
@@ -57,7 +58,7 @@ _MB = 1e-6
 _GB = 1e-9
 # The pigeonhole cuts (f3) go into models of up to this many integer variables: past it they slow HiGHS's root
 # node more than they lift the bound (1,000 tables on 128 GPUs: 0.6 -> 11 s of CPU for the same 20 checks).
-PIGEONHOLE_MAX_VARIABLES = 2000
+PIGEONHOLE_MAX_VARIABLES = 3000
 
 
 @dataclass(frozen=True)
