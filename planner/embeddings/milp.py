@@ -436,7 +436,8 @@ def _add_pigeonhole_cuts(lp: pulp.LpProblem, problem: Problem, bins: Bins, T: pu
             counts.append(k)
             A = _var(lp, f"Ak_{b}_{width}", 0, None)
             P = _var(lp, f"Pk_{b}_{width}", 0, None)
-            lp += pulp.LpAffineExpression([(k, float(n_b))] + [(var, -1.0) for var, _ in chosen]) >= 0, f"f3_k_{b}_{width}"
+            lp += pulp.LpAffineExpression([(k, float(n_b))] + [(var, -1.0) for var, _ in chosen]) >= 0, \
+                f"f3_k_{b}_{width}"
             lp += pulp.LpAffineExpression([(A, 1.0), (IS, -1.0)]) >= 0, f"f3_AS_{b}_{width}"
             lp += pulp.LpAffineExpression([(A, 1.0), (k, -recv * _MB)]) >= 0, f"f3_AR_{b}_{width}"
             lp += pulp.LpAffineExpression([(P, 1.0), (PR, -1.0)]) >= 0, f"f3_PR_{b}_{width}"
