@@ -50,13 +50,13 @@ def test_milp_matches_brute_force(seed):
     c = cluster((small_node(A100, 2), 1), (small_node(V100, 2), 1))
     tables = random_tables(rng, 2)
     problem = build_problem(tables, device_arrays(c), 4096, "adagrad")
-    exact = solve(problem, device_bins(problem), integer=True, time_limit_s=60)
+    exact = solve(problem, device_bins(problem), integer=True)
     assert exact.status == "optimal"
     best = brute_force(problem)
     assert exact.objective_s == pytest.approx(best, rel=1e-6)
     loads = problem.evaluate(exact.assignment)
     assert float(problem.device_time_s(loads).max()) == pytest.approx(best, rel=1e-6)
-    lp = solve(problem, class_bins(problem), integer=False, time_limit_s=60)
+    lp = solve(problem, class_bins(problem), integer=False)
     assert lp.objective_s <= best * (1 + 1e-9)
 
 
@@ -72,14 +72,33 @@ def test_every_bound_is_below_the_brute_force_optimum(seed):
                          float(rng.choice([20, 60, 100])))
     problem = build_problem((tiny, hot), device_arrays(c), 8192, "adagrad")
     best = brute_force(problem)
-    relaxed = solve(problem, class_bins(problem), integer=False, time_limit_s=60, keep=True)
+    relaxed = solve(problem, class_bins(problem), integer=False, keep=True)
     assert relaxed.bound_s <= best * (1 + 1e-7)
-    chosen = resolve_integer(problem, relaxed, time_limit_s=60)
+    chosen = resolve_integer(problem, relaxed)
     assert chosen.bound_s <= best * (1 + 1e-7)
-    by_node = solve(problem, node_bins(problem), integer=True, time_limit_s=60)
+    by_node = solve(problem, node_bins(problem), integer=True)
     assert by_node.bound_s <= best * (1 + 1e-7)
     result = shard_tables((tiny, hot), c, None, 8192, time_limit_s=5)
     assert result.lower_bound_s <= best * (1 + 1e-7) <= result.embedding_time_s * (1 + 2e-7)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_pigeonhole_cuts_stay_below_the_brute_force_optimum(seed):
+    """The class and node MILPs with the pigeonhole cuts (f3): more column shards than devices per class, so
+    some device must hold two; on one node of 3 devices (one class) and on 2 + 2 mixed devices."""
+    rng = np.random.default_rng(300 + seed)
+    # dims 8: table-wise or 2 column shards; every table looked up enough that sharding matters
+    tables = tuple(EmbeddingTable(f"t{i}", int(rng.integers(1000, 2_000_000)), 8, float(rng.choice([1, 20, 60])))
+                   for i in range(3))
+    for c in (cluster((small_node(A100, 3), 1)), cluster((small_node(A100, 2), 1), (small_node(V100, 2), 1))):
+        problem = build_problem(tables, device_arrays(c), 8192, "adagrad")
+        best = brute_force(problem)
+        relaxed = solve(problem, class_bins(problem), integer=False, keep=True)
+        chosen = resolve_integer(problem, relaxed)
+        assert relaxed.bound_s <= chosen.bound_s * (1 + 1e-9)
+        assert chosen.bound_s <= best * (1 + 1e-7)
+        if len(c.groups) > 1:
+            assert solve(problem, node_bins(problem), integer=True).bound_s <= best * (1 + 1e-7)
 
 
 def test_aggregated_lp_equals_device_lp():
@@ -87,8 +106,8 @@ def test_aggregated_lp_equals_device_lp():
     c = cluster((small_node(A100, 4), 2), (small_node(V100, 4), 1))
     tables = random_tables(rng, 6)
     problem = build_problem(tables, device_arrays(c), 8192, "adam")
-    aggregated = solve(problem, class_bins(problem), integer=False, time_limit_s=60)
-    per_device = solve(problem, device_bins(problem), integer=False, time_limit_s=60)
+    aggregated = solve(problem, class_bins(problem), integer=False)
+    per_device = solve(problem, device_bins(problem), integer=False)
     assert aggregated.objective_s == pytest.approx(per_device.objective_s, rel=1e-6)
 
 
@@ -110,10 +129,10 @@ def test_cbc_fallback_agrees_with_highs(monkeypatch):
     rng = np.random.default_rng(7)
     c = cluster((small_node(A100, 2), 1), (small_node(V100, 2), 1))
     problem = build_problem(random_tables(rng, 3), device_arrays(c), 4096, "adagrad")
-    with_highs = solve(problem, device_bins(problem), integer=True, time_limit_s=60)
+    with_highs = solve(problem, device_bins(problem), integer=True)
     monkeypatch.setattr(milp, "have_highs", lambda: False)
     problem = build_problem(problem.tables, device_arrays(c), 4096, "adagrad")
-    with_cbc = solve(problem, device_bins(problem), integer=True, time_limit_s=60)
+    with_cbc = solve(problem, device_bins(problem), integer=True)
     assert with_cbc.status == with_highs.status == "optimal"
     assert with_cbc.objective_s == pytest.approx(with_highs.objective_s, rel=1e-5)
     result = shard_tables(problem.tables, c, None, 4096, time_limit_s=5)  # the whole path without HiGHS

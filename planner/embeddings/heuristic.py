@@ -8,14 +8,16 @@
    split, data-parallel...) and redo step 2; keep the first change that lowers the slowest device's time;
    when none does, change a whole group of tables that share a sharding at once.
 4. Local search on the slowest device: move one of its units elsewhere, or re-shard one of its tables in
-   place, whenever that lowers the time of every device it touches below the current maximum.
-Every loop is bounded by a count of steps (not the clock) so the same input gives the same plan; the deadline
-only guards against pathological instances.
+   place, whenever that lowers the time of every device it touches below the current maximum (or swap a unit,
+   or a node-wide unit, with a smaller one elsewhere).
+5. Ruin and recreate (:func:`rebuild`, on the best plan of all starts): re-insert a few tables at once with
+   their best options, which crosses plateaus where many devices share the maximum.
+Every loop is bounded by a count of evaluations (:class:`Work`, not the clock), so the same input gives the
+same plan on a fast or a slow machine.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -29,6 +31,21 @@ Assignment = tuple[tuple[int, tuple[int, ...]], ...]
 _REFINE_WORK = 3e6
 _REFINE_MAX = 200
 _GROUP_POLISH_ROUNDS = 300  # local-search rounds spent judging one group change
+
+
+@dataclass
+class Work:
+    """What the search may still spend, in evaluations of the devices' times (each a few numpy operations over
+    the devices): a deterministic stand-in for a time limit."""
+
+    left: float
+
+    def spend(self, amount: float = 1.0) -> None:
+        self.left -= amount
+
+    @property
+    def done(self) -> bool:
+        return self.left <= 0
 
 
 @dataclass
@@ -47,18 +64,21 @@ class _State:
     option: list[int | None] = field(default_factory=list)
     positions: list[list[int]] = field(default_factory=list)
     fused: dict[tuple[str, int], int] = field(default_factory=dict)
+    work: Work = field(default_factory=lambda: Work(np.inf))
 
     @classmethod
-    def empty(cls, problem: Problem) -> "_State":
+    def empty(cls, problem: Problem, work: Work) -> "_State":
         n = problem.dev.count
         t = len(problem.tables)
-        return cls(problem, *(np.zeros(n) for _ in range(6)), option=[None] * t, positions=[[] for _ in range(t)])
+        return cls(problem, *(np.zeros(n) for _ in range(6)), option=[None] * t, positions=[[] for _ in range(t)],
+                   work=work)
 
     def loads(self) -> Loads:
         return Loads(self.compute, self.ids_recv, self.pool_send, self.hbm, self.host, self.ids_send,
                      self.pool_recv, self.latency)
 
     def times(self) -> np.ndarray:
+        self.work.spend()
         return self.problem.device_time_s(self.loads())
 
     def makespan(self) -> float:
@@ -114,6 +134,7 @@ class _State:
     def candidate_times(self, t: int, o: int) -> tuple[np.ndarray, np.ndarray]:
         """Device scope: each device's time if one more unit of (t, o) went there, and where it fits."""
         problem, dev = self.problem, self.problem.dev
+        self.work.spend()
         option = problem.options[t][o]
         bw = dev.host_Bps if option.host else dev.lookup_Bps
         a2a = (np.maximum(self.ids_recv + option.ids_recv_bytes, self.ids_send)
@@ -180,10 +201,10 @@ class _State:
         return True
 
 
-def greedy(problem: Problem, choice: Sequence[int], rule: str = "finish") -> _State | None:
+def greedy(problem: Problem, choice: Sequence[int], work: Work, rule: str = "finish") -> _State | None:
     """LPT placement of the chosen options (global ones first, then node-wide, then per-device units, largest
     first); None when some unit finds no room."""
-    state = _State.empty(problem)
+    state = _State.empty(problem, work)
     for t, o in enumerate(choice):  # every table's all-to-all totals are known before any unit is placed
         state.choose(t, o)
     for t, o in enumerate(choice):
@@ -227,13 +248,13 @@ def preferences(problem: Problem, weights: Sequence[Sequence[float]] | None) -> 
     return order
 
 
-def _first_feasible(problem: Problem, prefs: list[list[int]]) -> tuple[list[int], _State] | None:
+def _first_feasible(problem: Problem, prefs: list[list[int]], work: Work) -> tuple[list[int], _State] | None:
     """The LP's favourite options; where the greedy runs out of memory, the table that failed takes its next
     option (more finely split, or in host memory)."""
     choice = [p[0] for p in prefs]
     rank = [0] * len(choice)
     for _ in range(sum(len(p) for p in prefs)):
-        state = greedy(problem, choice)
+        state = greedy(problem, choice, work)
         if state is not None:
             return choice, state
         # the largest table that is not yet at its last option moves one step down its preference list
@@ -264,13 +285,14 @@ def _tables_on(state: _State, device: int) -> list[int]:
     return found
 
 
-def refine(problem: Problem, choice: list[int], state: _State, deadline: float, tables_per_round: int = 3
+def refine(problem: Problem, choice: list[int], state: _State, tables_per_round: int = 3
            ) -> tuple[list[int], _State]:
     """Step 3: re-choose options of tables on the slowest device, re-running the greedy each time."""
     units = sum(problem.options[t][o].units for t, o in enumerate(choice))
     budget = max(8, min(_REFINE_MAX, int(_REFINE_WORK / max(units * problem.dev.count, 1))))
     best = state.makespan()
-    while budget > 0 and time.perf_counter() < deadline:
+    work = state.work
+    while budget > 0 and not work.done:
         worst = int(np.argmax(state.times()))
         improved = False
         for t in _tables_on(state, worst)[:tables_per_round]:
@@ -280,14 +302,14 @@ def refine(problem: Problem, choice: list[int], state: _State, deadline: float, 
                 budget -= 1
                 trial = choice.copy()
                 trial[t] = o
-                candidate = greedy(problem, trial)
+                candidate = greedy(problem, trial, work)
                 if candidate is not None and candidate.makespan() < best * (1 - 1e-9):
                     choice, state, best, improved = trial, candidate, candidate.makespan(), True
                     break
             if improved:
                 break
         if not improved:
-            trial = _group_change(problem, choice, state, best, budget, deadline)
+            trial = _group_change(problem, choice, state, best, budget)
             if trial is None:
                 break
             choice, state, best, spent = trial
@@ -300,7 +322,7 @@ def _label(problem: Problem, t: int, o: int) -> tuple[str, int, bool]:
     return option.sharding, option.units, option.host
 
 
-def _group_change(problem: Problem, choice: list[int], state: _State, best: float, budget: int, deadline: float):
+def _group_change(problem: Problem, choice: list[int], state: _State, best: float, budget: int):
     """Re-shard every table that shares one sharding (type, shard count) with a table on the slowest device, all
     at once: balancing pooled-output bytes sometimes needs a whole group split finer, which no single change
     shows (each alone only adds ids traffic everywhere). Returns (choice, state, makespan, greedy runs) or None."""
@@ -321,26 +343,26 @@ def _group_change(problem: Problem, choice: list[int], state: _State, best: floa
                 if match:
                     trial[t] = match[0]
             spent += 1
-            candidate = greedy(problem, trial)
+            candidate = greedy(problem, trial, state.work)
             if candidate is None:
                 continue
             # a group change moves many units at once: judge it after a short local search
-            candidate = local_search(candidate, deadline, max_rounds=_GROUP_POLISH_ROUNDS)
+            candidate = local_search(candidate, max_rounds=_GROUP_POLISH_ROUNDS)
             if candidate.makespan() < best * (1 - 1e-9):
                 return trial, candidate, candidate.makespan(), spent
     return None
 
 
-def local_search(state: _State, deadline: float, max_rounds: int = 5000) -> _State:
-    """Step 4: improve the slowest device until no move helps."""
+def local_search(state: _State, max_rounds: int = 5000) -> _State:
+    """Step 4: improve the slowest device until no move helps (or the work runs out)."""
     for _ in range(max_rounds):
-        if time.perf_counter() > deadline:
+        if state.work.done:
             break
         times = state.times()
         worst = int(np.argmax(times))
         limit = float(times[worst]) * (1 - 1e-9)
         if not (_move_unit(state, worst, limit) or _swap_units(state, worst, limit, times)
-                or _reshard(state, worst, limit)):
+                or _swap_node_units(state, worst, limit, times) or _reshard(state, worst, limit)):
             break
     return state
 
@@ -367,21 +389,57 @@ def _swap_units(state: _State, device: int, limit: float, times: np.ndarray, par
             for b in theirs:
                 if a[0] == b[0] or a == b:
                     continue
-                state.apply_unit(*a, device, -1.0)
-                state.apply_unit(*b, j, -1.0)
-                state.apply_unit(*a, j, 1.0)
-                state.apply_unit(*b, device, 1.0)
-                after = state.times()
-                if after[device] < limit and after[j] < limit and problem.fits(state.loads()):
-                    state.positions[a[0]].remove(device)
-                    state.positions[a[0]].append(j)
-                    state.positions[b[0]].remove(j)
-                    state.positions[b[0]].append(device)
+                if _try_swap(state, a, device, b, j, [device, j], limit):
                     return True
-                state.apply_unit(*b, device, -1.0)
-                state.apply_unit(*a, j, -1.0)
-                state.apply_unit(*b, j, 1.0)
-                state.apply_unit(*a, device, 1.0)
+    return False
+
+
+def _try_swap(state: _State, a: tuple[int, int], pa: int, b: tuple[int, int], pb: int, touched: Sequence[int],
+              limit: float) -> bool:
+    """Exchange unit ``a`` (table, option) at position ``pa`` with unit ``b`` at ``pb``; keep it when every
+    ``touched`` device ends below ``limit`` within memory, else undo it."""
+    state.apply_unit(*a, pa, -1.0)
+    state.apply_unit(*b, pb, -1.0)
+    state.apply_unit(*a, pb, 1.0)
+    state.apply_unit(*b, pa, 1.0)
+    if state.times()[list(touched)].max() < limit and state.problem.fits(state.loads()):
+        state.positions[a[0]].remove(pa)
+        state.positions[a[0]].append(pb)
+        state.positions[b[0]].remove(pb)
+        state.positions[b[0]].append(pa)
+        return True
+    state.apply_unit(*b, pa, -1.0)
+    state.apply_unit(*a, pb, -1.0)
+    state.apply_unit(*b, pb, 1.0)
+    state.apply_unit(*a, pa, 1.0)
+    return False
+
+
+def _swap_node_units(state: _State, device: int, limit: float, times: np.ndarray) -> bool:
+    """Swap a node-wide (table-row-wise) unit of ``device``'s node with a smaller one of another node when every
+    device of both nodes ends below ``limit``: a node-wide unit loads all devices of its node, so balancing the
+    nodes often needs an exchange where no single move fits."""
+    problem = state.problem
+    nodes = problem.dev.nodes
+    home = int(problem.dev.node_of[device])
+    by_node: dict[int, list[int]] = {}
+    for t, o in enumerate(state.option):
+        if o is not None and problem.options[t][o].scope == "node":
+            for k in state.positions[t]:
+                by_node.setdefault(k, []).append(t)
+    mine = sorted(by_node.get(home, []), key=lambda t: (-problem.unit_size_s(t, state.option[t]), t))
+    others = sorted((k for k in by_node if k != home), key=lambda k: (float(times[list(nodes[k])].max()), k))
+    for k in others:
+        theirs = sorted(by_node[k], key=lambda t: (problem.unit_size_s(t, state.option[t]), t))
+        for a in mine:
+            for b in theirs:
+                if a == b:
+                    continue
+                oa, ob = state.option[a], state.option[b]
+                if problem.unit_size_s(b, ob) >= problem.unit_size_s(a, oa):
+                    break  # theirs are sorted smallest first: no smaller unit left on this node
+                if _try_swap(state, (a, oa), home, (b, ob), k, list(nodes[home]) + list(nodes[k]), limit):
+                    return True
     return False
 
 
@@ -436,18 +494,82 @@ def _reshard(state: _State, device: int, limit: float) -> bool:
     return False
 
 
-def heuristic(problem: Problem, weights: Sequence[Sequence[float]] | None, deadline: float) -> Assignment | None:
-    """Steps 1-4 (local search straight after the greedy, and after the refinement; the better of the two);
-    None when no placement within memory was found."""
+def _state_of(problem: Problem, assignment: Assignment, work: Work) -> _State:
+    state = _State.empty(problem, work)
+    for t, (o, positions) in enumerate(assignment):
+        state.restore_table(t, (o, list(positions)))
+    return state
+
+
+def _key(state: _State) -> tuple[float, float]:
+    """What the rebuild minimizes: the slowest device, then the devices' total time (which lets it cross the
+    plateaus where many devices share the maximum)."""
+    times = state.times()
+    return float(times.max()), float(times.sum())
+
+
+def _insert_best(state: _State, t: int) -> bool:
+    """Place table ``t`` with whichever option (greedily placed) gives the least key; False when none fits."""
+    best = None
+    for o in range(len(state.problem.options[t])):
+        if state.place_table(t, o):
+            key = _key(state)
+            if best is None or key < best[0]:
+                best = (key, o, list(state.positions[t]))
+            state.remove_table(t)
+    if best is None:
+        return False
+    state.restore_table(t, (best[1], best[2]))
+    return True
+
+
+def rebuild(problem: Problem, assignment: Assignment, work: Work, tables_per_round: int = 4,
+            seed: int = 0) -> Assignment:
+    """Step 5, ruin and recreate: take out a few tables (half from the slowest device, half drawn with a seeded
+    generator), put each back with the option and places that give the least (slowest device, total time),
+    keep the result when that pair is smaller, polish it with the local search, and repeat until ``work`` is
+    spent. Single moves cannot leave a plan whose devices all sit at the maximum; re-choosing several tables
+    at once can."""
+    rng = np.random.default_rng(seed)
+    state = _state_of(problem, assignment, work)
+    best = _key(state)
+    count = len(problem.tables)
+    while not work.done:
+        worst = int(np.argmax(state.times()))
+        on_worst = _tables_on(state, worst)
+        picked = list(dict.fromkeys(
+            [on_worst[int(i)] for i in rng.permutation(len(on_worst))[:tables_per_round // 2]]
+            + [int(i) for i in rng.permutation(count)[:tables_per_round]]))[:tables_per_round]
+        saved = {t: state.remove_table(t) for t in picked}
+        order = sorted(picked, key=lambda t: (-problem.unit_size_s(t, saved[t][0]), t))
+        placed = []
+        for t in order:
+            if not _insert_best(state, t):
+                break
+            placed.append(t)
+        if len(placed) == len(order) and problem.fits(state.loads()) and _key(state) < best:
+            state = local_search(state, max_rounds=_GROUP_POLISH_ROUNDS)
+            best = _key(state)
+            continue
+        for t in placed:
+            state.remove_table(t)
+        for t in picked:
+            state.restore_table(t, saved[t])
+    return state.assignment()
+
+
+def heuristic(problem: Problem, weights: Sequence[Sequence[float]] | None, work: Work) -> Assignment | None:
+    """Steps 1-4 (local search straight after the greedy, and after the refinement; the better of the two)
+    within ``work`` evaluations; None when no placement within memory was found."""
     prefs = preferences(problem, weights)
-    start = _first_feasible(problem, prefs)
+    start = _first_feasible(problem, prefs, work)
     if start is None:
         return None
     choice, state = start
-    direct = local_search(greedy(problem, choice) or state, deadline)
-    additive = greedy(problem, choice, "additive")
-    additive = local_search(additive, deadline) if additive is not None else direct
-    _, refined = refine(problem, choice, state, deadline)
-    refined = local_search(refined, deadline)
+    direct = local_search(greedy(problem, choice, work) or state)
+    additive = greedy(problem, choice, work, "additive")
+    additive = local_search(additive) if additive is not None else direct
+    _, refined = refine(problem, choice, state)
+    refined = local_search(refined)
     best = min((direct, additive, refined), key=lambda s: s.makespan())
     return best.assignment()

@@ -26,6 +26,9 @@ Constraints
   (f2) T >= base + compute(t,o) + G + latency + a2a_s_per_byte (A_t + 2 P_t), A_t >= max(IS, ids t's unit
       receives), P_t >= max(PR, pooled bytes t's unit sends): (f) with the all-to-all floor that follows every
       table's choice (each term its least over devices; valid cut, the main one on 64-128 devices)
+  (f3) (class and node bins, models up to PIGEONHOLE_MAX_VARIABLES) T >= base + G + latency + k c
+      + a2a_s_per_byte (A + 2 P) for the device that holds k >= U / n_b of the U units of width >= w in bin b,
+      k integer in the MILP (pigeonhole; valid cut)
   (g) (MILP) nodes of one class are interchangeable: their loads are ordered (symmetry breaking)
   (h) y[k] >= z or v for every table using fused collective k (data-parallel all-reduce, row-wise RS/AG,
       a node's table-row-wise RS/AG); its latency, y[k] x latency, joins C[b] of the devices it spans
@@ -53,6 +56,9 @@ log = logging.getLogger(__name__)
 _US = 1e6
 _MB = 1e-6
 _GB = 1e-9
+# The pigeonhole cuts (f3) go into models of up to this many integer variables: past it they slow HiGHS's root
+# node more than they lift the bound (1,000 tables on 128 GPUs: 0.6 -> 11 s of CPU for the same 20 checks).
+PIGEONHOLE_MAX_VARIABLES = 3000
 
 
 @dataclass(frozen=True)
@@ -107,8 +113,12 @@ def node_bins(problem: Problem) -> Bins:
     return Bins(members, bin_of, tuple(problem.node_positions), True)
 
 
-def solve(problem: Problem, bins: Bins, *, integer: bool, time_limit_s: float, threads: int = 1,
-          keep: bool = False) -> SolveResult:
+def solve(problem: Problem, bins: Bins, *, integer: bool, work_limit: int | None = None,
+          time_limit_s: float | None = None, keep: bool = False) -> SolveResult:
+    """Solve the LP (``integer=False``) or the MILP over ``bins``. ``work_limit`` stops a MILP after that many
+    of HiGHS's interrupt checks (deterministic, see :class:`_WorkLimit`; None: to optimality);
+    ``time_limit_s`` is a wall-clock limit for callers that want one (benchmarks), off by default because it
+    makes the answer depend on the machine's speed."""
     start = time.perf_counter()
     dev = problem.dev
     nb = len(bins.members)
@@ -202,7 +212,9 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, time_limit_s: float, t
         lp += pulp.LpAffineExpression(zs) == 1, f"a_{t}"
         alones.append(alone)
     G = _add_table_cuts(lp, problem, T, choice, fused, alones)
-    _add_traffic_cuts(lp, problem, T, G, choice, fused, ids_send, pool_recv)
+    IS, PR, latency = _add_traffic_cuts(lp, problem, T, G, choice, fused, ids_send, pool_recv)
+    if bins.aggregated and len(integral) <= PIGEONHOLE_MAX_VARIABLES:
+        integral.extend(_add_pigeonhole_cuts(lp, problem, bins, T, G, IS, PR, latency, placed, integer))
 
     base = problem.base_time_s() * _US
     coef = dev.a2a_s_per_byte * _US / _MB
@@ -226,15 +238,18 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, time_limit_s: float, t
 
     highs = have_highs()
     if highs:
-        solver = _QuietHiGHS(mip=integer, msg=False, timeLimit=max(time_limit_s, 0.01), threads=threads,
-                             gapRel=1e-6 if integer else None)
-    else:  # pulp's bundled CBC (slower; no dual bound is read back from it)
-        solver = pulp.PULP_CBC_CMD(mip=integer, msg=False, timeLimit=max(time_limit_s, 1.0), threads=threads,
-                                   gapRel=1e-6 if integer else None)
+        limit = _WorkLimit(work_limit) if integer and work_limit is not None else None
+        solver = _QuietHiGHS(mip=integer, msg=False, timeLimit=time_limit_s, threads=1,
+                             gapRel=1e-6 if integer else None, work=limit)
+    else:  # pulp's bundled CBC (slower; no dual bound is read back from it); its node limit stands in for work
+        solver = pulp.PULP_CBC_CMD(mip=integer, msg=False, timeLimit=time_limit_s, threads=1,
+                                   gapRel=1e-6 if integer else None,
+                                   maxNodes=work_limit if integer and work_limit is not None else None)
     lp.solve(solver)
     elapsed = time.perf_counter() - start
     status = pulp.LpStatus[lp.status]
-    if status != "Optimal" or T.varValue is None:
+    no_incumbent = highs and integer and not _has_incumbent(lp.solverModel)
+    if status != "Optimal" or T.varValue is None or no_incumbent:
         kind = "infeasible" if status == "Infeasible" else "not_solved"
         return SolveResult(kind, float("inf"), _dual_bound(lp, integer, 0.0) / _US, None, elapsed)
     objective = float(T.varValue) / _US
@@ -253,26 +268,28 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, time_limit_s: float, t
                        (lp, choice, integral, bins) if keep else None)
 
 
-def resolve_integer(problem: Problem, relaxed: SolveResult, *, time_limit_s: float) -> SolveResult:
+def resolve_integer(problem: Problem, relaxed: SolveResult, *, work_limit: int | None = None) -> SolveResult:
     """The MILP of the same bins as ``relaxed`` (an LP solved with ``keep=True``): the kept HiGHS model gets
     its choice, placement and latency variables declared integer and is solved again from the LP's basis,
-    with no rebuild. Returns the MILP's incumbent value, its dual bound and its option choices."""
+    with no rebuild, for at most ``work_limit`` interrupt checks. Returns the MILP's incumbent value, its dual
+    bound and its option choices."""
     lp, choice, integral, bins = relaxed.handle
     if not have_highs():  # no model to re-solve: build the MILP afresh
-        return solve(problem, bins, integer=True, time_limit_s=time_limit_s)
+        return solve(problem, bins, integer=True, work_limit=work_limit)
     import highspy
 
     start = time.perf_counter()
     highs = lp.solverModel
     for var in integral:
         highs.changeColIntegrality(var.index, highspy.HighsVarType.kInteger)
-    highs.setOptionValue("time_limit", max(float(time_limit_s), 0.01))
     highs.setOptionValue("mip_rel_gap", 1e-6)
+    if work_limit is not None:
+        _WorkLimit(work_limit).attach(highs)
     highs.run()
     info = highs.getInfo()
     bound = float(info.mip_dual_bound) / _US if np.isfinite(info.mip_dual_bound) else relaxed.objective_s
     status = highs.getModelStatus()
-    has_incumbent = info.primal_solution_status == highspy.kSolutionStatusFeasible
+    has_incumbent = _has_incumbent(highs)
     elapsed = time.perf_counter() - start
     if status == highspy.HighsModelStatus.kInfeasible:
         return SolveResult("infeasible", float("inf"), float("inf"), None, elapsed)
@@ -375,6 +392,59 @@ def _add_traffic_cuts(lp: pulp.LpProblem, problem: Problem, T: pulp.LpVariable, 
         lp += pulp.LpAffineExpression([(P, 1.0)] + send) >= 0, f"f2_PS_{t}"
         lp += pulp.LpAffineExpression([(T, 1.0), (G, -1.0), (A, -coef), (P, -2.0 * coef)] + compute
                                       + [(y, -c) for y, c in latency]) >= base, f"f2_{t}"
+    return IS, PR, latency
+
+
+def _add_pigeonhole_cuts(lp: pulp.LpProblem, problem: Problem, bins: Bins, T: pulp.LpVariable,
+                         G: pulp.LpVariable, IS: pulp.LpVariable, PR: pulp.LpVariable, latency: list,
+                         placed: dict, integer: bool) -> list[pulp.LpVariable]:
+    """(f3) per bin b of n_b devices and per width w (valid cut): if the bin holds U device-scope units (table
+    or column shards) of width >= w, some device of b holds k >= U / n_b of them (k an integer in the MILP:
+    the pigeonhole principle), so that device sends >= k x the pooled bytes of a width-w unit, receives >= k x
+    the fewest ids of those units and looks up >= k x the least traffic of those units:
+
+        T >= base + G + latency + k c_min + a2a_s_per_byte x (A_w + 2 P_w),
+        A_w >= IS,  A_w >= k r_min,  P_w >= PR,  P_w >= k x batch x w x output bytes
+
+    (each term its least over b's devices). The class LP averages units over a class; with whole units per
+    class this puts them back on whole devices. Returns the k variables (integers in the MILP)."""
+    dev = problem.dev
+    counts = []
+    for b, members in enumerate(bins.members):
+        n_b = len(members)
+        if n_b < 2:
+            continue
+        units = []  # (placement variable, option) of device-scope units that may go to bin b
+        for (t, o), pos_vars in sorted(placed.items()):
+            option = problem.options[t][o]
+            if option.scope != "device":
+                continue
+            for p, var in pos_vars:
+                if p == b:
+                    units.append((var, option))
+        base = float(problem.base_time_s()[members].min()) * _US
+        coef = float(dev.a2a_s_per_byte[members].min()) * _US / _MB
+        for width in sorted({option.width for _, option in units}):
+            chosen = [(var, option) for var, option in units if option.width >= width]
+            if sum(option.units for _, option in chosen) <= n_b:
+                continue  # never more than one per device: the per-table cuts (f2) already cover it
+            send = min(option.pool_send_bytes for _, option in chosen)
+            recv = min(option.ids_recv_bytes for _, option in chosen)
+            work = min(option.lookup_bytes / float((dev.host_Bps if option.host else dev.lookup_Bps)[members].max())
+                       for _, option in chosen)
+            k = _var(lp, f"k_{b}_{width}", 0, None, pulp.LpInteger if integer else pulp.LpContinuous)
+            counts.append(k)
+            A = _var(lp, f"Ak_{b}_{width}", 0, None)
+            P = _var(lp, f"Pk_{b}_{width}", 0, None)
+            lp += pulp.LpAffineExpression([(k, float(n_b))] + [(var, -1.0) for var, _ in chosen]) >= 0, \
+                f"f3_k_{b}_{width}"
+            lp += pulp.LpAffineExpression([(A, 1.0), (IS, -1.0)]) >= 0, f"f3_AS_{b}_{width}"
+            lp += pulp.LpAffineExpression([(A, 1.0), (k, -recv * _MB)]) >= 0, f"f3_AR_{b}_{width}"
+            lp += pulp.LpAffineExpression([(P, 1.0), (PR, -1.0)]) >= 0, f"f3_PR_{b}_{width}"
+            lp += pulp.LpAffineExpression([(P, 1.0), (k, -send * _MB)]) >= 0, f"f3_PS_{b}_{width}"
+            lp += pulp.LpAffineExpression([(T, 1.0), (G, -1.0), (k, -work * _US), (A, -coef), (P, -2.0 * coef)]
+                                          + [(y, -c) for y, c in latency]) >= base, f"f3_{b}_{width}"
+    return counts
 
 
 def have_highs() -> bool:
@@ -394,11 +464,51 @@ def _var(lp: pulp.LpProblem, name: str, low: float | None, high: float | None,
     return pulp.LpVariable(name, low, high, cat)
 
 
+class _WorkLimit:
+    """A deterministic work limit for HiGHS's MIP solver: interrupt it after ``checks`` of its interrupt checks.
+
+    HiGHS checks for an interrupt at fixed points of its search (root cut rounds, heuristics, nodes), so the
+    count of checks measures work done, as a node limit does, but it also bounds the root node, which a node
+    limit does not (the root alone takes seconds on some workloads). With one thread HiGHS is deterministic, so
+    the same model stops at the same point on a fast or a slow machine, unlike a time limit."""
+
+    def __init__(self, checks: int) -> None:
+        self.checks = max(int(checks), 1)
+        self.seen = 0
+
+    def __call__(self, kind, message, data_out, data_in, user_data) -> None:
+        self.seen += 1
+        if self.seen >= self.checks:
+            data_in.user_interrupt = True
+
+    def attach(self, highs) -> None:
+        import highspy
+
+        highs.setCallback(self, None)
+        highs.startCallback(highspy.cb.HighsCallbackType.kCallbackMipInterrupt)
+
+
+def _has_incumbent(highs) -> bool:
+    import highspy
+
+    return highs.getInfo().primal_solution_status == highspy.kSolutionStatusFeasible
+
+
 class _QuietHiGHS(pulp.HiGHS):
     """pulp's HiGHS interface; the HiGHS constructor prints a banner on the C-level stdout even when told to be
-    silent, which would corrupt ``--json`` output, so stdout is pointed at /dev/null while it is created."""
+    silent, which would corrupt ``--json`` output, so stdout is pointed at /dev/null while it is created. A
+    ``work`` limit (:class:`_WorkLimit`) is attached to the model it creates."""
+
+    def __init__(self, *args, work: _WorkLimit | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.work = work
 
     def createAndConfigureSolver(self, lp: pulp.LpProblem) -> None:  # noqa: N802 (pulp's name)
+        self._create_quietly(lp)
+        if self.work is not None:
+            self.work.attach(lp.solverModel)
+
+    def _create_quietly(self, lp: pulp.LpProblem) -> None:
         sys.stdout.flush()
         saved = os.dup(1)
         try:

@@ -2,8 +2,9 @@
 
 The order of work: (1) the LP relaxation over classes of identical devices; (2) the same with integral option
 choices (a stronger bound that is still a relaxation, and a plan sketch); (3) greedy + local search guided by
-each; (4) on clusters of a few nodes, the MILP with nodes as bins (a stronger bound still); (5) the exact
-per-device MILP on instances small enough to finish within the time limit. The result reports the slowest
+each, then ruin-and-recreate on the best plan; (4) on clusters of a few nodes, the MILP with nodes as bins (a
+stronger bound still); (5) the exact per-device MILP on small instances. Every step is bounded by a count of
+work, not by the clock, so the answer does not depend on the machine's speed. The result reports the slowest
 device's time, the best proven lower bound, and the gap between them.
 """
 
@@ -17,8 +18,8 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from planner.embeddings.devices import device_arrays
-from planner.embeddings.heuristic import heuristic, least_work_guide
-from planner.embeddings.milp import SolveResult, class_bins, device_bins, node_bins, resolve_integer, solve
+from planner.embeddings.heuristic import Work, heuristic, least_work_guide, rebuild
+from planner.embeddings.milp import Bins, SolveResult, class_bins, device_bins, node_bins, resolve_integer, solve
 from planner.embeddings.problem import Problem, build_problem, even_split
 from planner.errors import ConfigError, InfeasibleError
 from planner.plan import EmbeddingPlacement, EmbeddingShard
@@ -32,6 +33,19 @@ log = logging.getLogger(__name__)
 MILP_MAX_VARIABLES = 4000
 # The node-level MILP (step 4) runs on clusters of at most this many nodes (past it HiGHS rarely closes it).
 NODE_MILP_MAX_NODES = 4
+# Work limits at time_limit_s = 10 (they scale with it): HiGHS interrupt checks per MILP (milp._WorkLimit) and
+# device-time evaluations per heuristic run and for the final ruin-and-recreate (heuristic.Work). Counts, not
+# seconds, so that the same input gives the same plan on any machine; sized so that every reference workload
+# and the 1,000-table instance on 128 GPUs take at most about 10 s of CPU on a 2-core x86 machine
+# (benchmarks/results/embeddings.md).
+# A check costs more on bigger models (one re-solve of the LP relaxation is the typical work between two), so
+# past LARGE_MILP_VARIABLES variables each MILP gets its _LARGE count.
+MILP_WORK = 200
+MILP_WORK_LARGE = 20
+EXACT_MILP_WORK_LARGE = 40
+LARGE_MILP_VARIABLES = 2000
+HEURISTIC_WORK = 8000
+REBUILD_WORK = 8000
 
 
 @dataclass(frozen=True)
@@ -56,6 +70,9 @@ def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Se
     """Shard ``tables`` over ``devices`` of ``cluster`` (all when None) for ``global_batch`` samples.
 
     ``memory_budget_bytes`` gives the bytes per device left for embeddings (default: the device's memory).
+    ``time_limit_s`` sets how much work the search may do (the work limits above, scaled by time_limit_s / 10);
+    the search never reads the clock, so the same input gives the same plan whatever the machine's speed, and
+    the wall time is about ``time_limit_s`` or less on the reference workloads (2-core x86).
     ``seed`` is accepted for API symmetry; the search is deterministic (ties broken by index).
     """
     del seed
@@ -72,19 +89,20 @@ def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Se
         raise ConfigError(f"embedding table {dup!r} appears twice; table names must be unique")
     dev = device_arrays(cluster, devices, memory_budget_bytes, allow_host)
     problem = build_problem(tables, dev, global_batch, optimizer)
-    deadline = start + 0.9 * time_limit_s  # leaves room to build the result within the limit
+    effort = time_limit_s / 10.0
 
-    budget = deadline - start
+    def scaled(work: float) -> int:
+        return max(int(round(work * effort)), 1)
 
     # (1) the LP relaxation over classes of identical devices: a bound, and each table's preferred options
-    relaxed = solve(problem, class_bins(problem), integer=False, time_limit_s=max(0.5 * budget, 0.5), keep=True)
+    relaxed = solve(problem, class_bins(problem), integer=False, keep=True)
     if relaxed.status == "infeasible":
         raise _too_big_in_total(problem)
     bound = relaxed.bound_s if relaxed.status in ("optimal", "feasible") else 0.0
     # (2) the same with one option per table and whole units per class: still a relaxation of the per-device
     # problem (any plan aggregates to a solution of it), but it cannot mix options within a table
     guides = []
-    chosen = resolve_integer(problem, relaxed, time_limit_s=_share(start, deadline, 0.3))
+    chosen = resolve_integer(problem, relaxed, work_limit=scaled(_milp_work(problem, class_bins(problem))))
     bound = max(bound, chosen.bound_s if chosen.status != "infeasible" else bound)
     if chosen.weights:
         guides.append(chosen.weights)
@@ -92,38 +110,42 @@ def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Se
     guides.append(least_work_guide(problem))
     # (3) greedy + local search from each guide
     assignment, best = None, np.inf
-    for k, guide in enumerate(guides):
-        candidate = heuristic(problem, guide, start + budget * (0.4 + 0.1 * k))
+    for guide in guides:
+        candidate = heuristic(problem, guide, Work(scaled(HEURISTIC_WORK)))
         value = _makespan(problem, candidate) if candidate is not None else np.inf
         if value < best:
             assignment, best = candidate, value
+    # (3b) ruin and recreate on the best plan so far
+    if assignment is not None and best > bound * (1 + 1e-6):
+        assignment = rebuild(problem, assignment, Work(scaled(REBUILD_WORK)))
+        best = _makespan(problem, assignment)
     method, proven = "heuristic", False
     # (4) nodes as bins: which node carries which table is exact, devices inside a node are pooled
     if best > bound * (1 + 1e-6) and 1 < len(problem.dev.nodes) <= NODE_MILP_MAX_NODES:
-        by_node = solve(problem, node_bins(problem), integer=True, time_limit_s=_share(start, deadline, 0.75))
+        nodes = node_bins(problem)
+        by_node = solve(problem, nodes, integer=True, work_limit=scaled(_milp_work(problem, nodes)))
         bound = max(bound, by_node.bound_s if by_node.status != "infeasible" else bound)
         if by_node.weights:
-            candidate = heuristic(problem, by_node.weights, start + 0.8 * budget)
+            candidate = heuristic(problem, by_node.weights, Work(scaled(HEURISTIC_WORK)))
             value = _makespan(problem, candidate) if candidate is not None else np.inf
             if value < best:
                 assignment, best = candidate, value
     # (5) the exact per-device MILP on small instances
     if _milp_size(problem) <= MILP_MAX_VARIABLES and best > bound * (1 + 1e-6):
-        remaining = deadline - time.perf_counter()
-        if remaining > 0.05:
-            exact: SolveResult = solve(problem, device_bins(problem), integer=True, time_limit_s=remaining)
-            bound = max(bound, min(exact.bound_s, exact.objective_s))
-            if exact.assignment is not None:
-                value = _makespan(problem, exact.assignment)
-                if value < best * (1 - 1e-9) or assignment is None:
-                    assignment, best, method = exact.assignment, value, "milp"
-                proven = exact.status == "optimal"
-                if proven:
-                    bound = max(bound, min(best, exact.objective_s))
+        exact_work = _milp_work(problem, device_bins(problem), EXACT_MILP_WORK_LARGE)
+        exact: SolveResult = solve(problem, device_bins(problem), integer=True, work_limit=scaled(exact_work))
+        bound = max(bound, min(exact.bound_s, exact.objective_s))
+        if exact.assignment is not None:
+            value = _makespan(problem, exact.assignment)
+            if value < best * (1 - 1e-9) or assignment is None:
+                assignment, best, method = exact.assignment, value, "milp"
+            proven = exact.status == "optimal"
+            if proven:
+                bound = max(bound, min(best, exact.objective_s))
     if assignment is None:
         raise InfeasibleError(
             f"no placement of the {len(tables)} embedding tables fits the devices' memory within the "
-            f"{time_limit_s:g} s time limit; add devices, raise --time-limit, or use a smaller optimizer")
+            f"work limit of --time-limit {time_limit_s:g}; add devices, raise --time-limit, or use a smaller optimizer")
     proven = proven or best <= bound * (1 + 1e-9)
     gap = (best - bound) / bound if bound > 0 else 0.0
     loads = problem.evaluate(assignment)
@@ -145,11 +167,6 @@ def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Se
     )
 
 
-def _share(start: float, deadline: float, fraction: float) -> float:
-    """Seconds from now until ``fraction`` of the way from ``start`` to ``deadline`` (at least 0.05)."""
-    return max(start + fraction * (deadline - start) - time.perf_counter(), 0.05)
-
-
 def _makespan(problem: Problem, assignment) -> float:
     loads = problem.evaluate(assignment)
     if not problem.fits(loads):
@@ -157,13 +174,20 @@ def _makespan(problem: Problem, assignment) -> float:
     return float(problem.device_time_s(loads).max())
 
 
-def _milp_size(problem: Problem) -> int:
-    n_nodes = len(problem.node_positions)
+def _milp_size(problem: Problem, bins: Bins | None = None) -> int:
+    """Choice and placement variables of the MILP over ``bins`` (default: one bin per device)."""
+    n_bins = problem.dev.count if bins is None else len(bins.members)
+    n_nodes = len(problem.node_positions) if bins is None else len(bins.node_positions)
     size = 0
     for options in problem.options:
         for option in options:
-            size += 1 + (problem.dev.count if option.scope == "device" else n_nodes if option.scope == "node" else 0)
+            size += 1 + (n_bins if option.scope == "device" else n_nodes if option.scope == "node" else 0)
     return size
+
+
+def _milp_work(problem: Problem, bins: Bins, large: int = MILP_WORK_LARGE) -> int:
+    """The work limit (HiGHS interrupt checks, before scaling) of the MILP over ``bins``."""
+    return MILP_WORK if _milp_size(problem, bins) <= LARGE_MILP_VARIABLES else large
 
 
 def _too_big_in_total(problem: Problem) -> InfeasibleError:
