@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from planner.hardware.cluster import locate
-from planner.search.backend import LayerTable, bound_matrices, segment_max, segment_sums, warmup
+from planner.cost.memory import micro_batches_in_flight
+from planner.search.backend import LayerTable, bound_matrices, segment_max, segment_sums
+from planner.search.interleave import bound_coefficients
 from planner.search.space import Layout, Settings, StageOption
 from planner.types import Breakdown, Cluster, Estimate, LayerGraph, MemoryBreakdown, ParallelConfig, \
     PipelineSpec, StageEstimate
@@ -95,37 +97,44 @@ class SyntheticBackend:
             f, b, params, act, peak = self._segments(option, settings)
             fwd.append(f)
             bwd.append(b)
-            sends.append(self._p2p_s(t.output_bytes, option, layout.options[k + 1]) if k + 1 < P else None)
-            memory = self.static_bytes(params, option, settings) + act * min(P - k, m) + peak
+            to = k + 1 if k + 1 < P else (0 if settings.vpp > 1 else None)
+            sends.append(None if to is None else self._p2p_s(t.output_bytes, option, layout.options[to]))
+            in_flight = micro_batches_in_flight(k, P, m, settings.schedule, settings.vpp)
+            memory = self.static_bytes(params, option, settings) + act * in_flight + peak
             fits.append(memory <= self.capacity_bytes(option))
         t0 = self.layer_table(layout.options[0], settings)
         tail0 = self._tail_s(np.cumsum(t0.params_per_rank), layout.options[0], settings)
-        return bound_matrices(fwd, bwd, sends, fits, tail0, m)
+        return bound_matrices(fwd, bwd, sends, fits, tail0, m, settings.vpp)
 
     # ------------------------------------------------------------------ plain re-evaluation
     def evaluate(self, spec: PipelineSpec) -> Estimate:
         replicas = [stage.replicas[0] for stage in spec.stages]
         dp = replicas[0].dp
         s = Settings(micro_batch=spec.micro_batch, dp=dp, zero=spec.zero, recompute=spec.recompute,
-                     sequence_parallel=spec.sequence_parallel, optimizer=spec.optimizer, dtype=spec.dtype)
+                     sequence_parallel=spec.sequence_parallel, schedule=spec.schedule, vpp=spec.vpp,
+                     optimizer=spec.optimizer, dtype=spec.dtype)
         options = [StageOption(locate(self.cluster, r.devices[0])[0], r.tp) for r in replicas]
         m = spec.global_batch // (spec.micro_batch * dp)
         P = len(spec.stages)
+        V = spec.vpp
+        co = bound_coefficients(P, m, V)
         per, sends, g_terms, stages, feasible, worst = [], [], [], [], True, 0.0
         tail = 0.0
         for k, (stage, opt) in enumerate(zip(spec.stages, options)):
             rows = [self._layer(self.model.layers[i], opt, s) for i in range(stage.first_layer, stage.last_layer + 1)]
             f = sum(row[0] for row in rows)
             b = sum(row[1] for row in rows)
-            send = float(self._p2p_s(rows[-1][5], opt, options[k + 1])) if k + 1 < P else 0.0
-            per.append(f + b)
-            sends.append(send)
-            g_terms.append((m - 1) * b + max(0, m - warmup(k, P, m) - 1) * f)
+            to = k + 1 if k + 1 < P else (0 if V > 1 else None)
+            send = 0.0 if to is None else float(self._p2p_s(rows[-1][5], opt, options[to]))
+            per.append(f + b / V)
+            sends.append(co.hops[k] * send)
+            g_terms.append(co.gamma * b + co.delta[k] * f)
             params = sum(row[2] for row in rows)
             if k == 0:
                 tail = float(self._tail_s(params, opt, s))
             w, g, o = self._state_bytes(s)
-            act = sum(row[3] for row in rows) * min(P - k, m) + max(row[4] for row in rows)
+            act = (sum(row[3] for row in rows) * micro_batches_in_flight(k, P, m, spec.schedule, V)
+                   + max(row[4] for row in rows))
             mem = MemoryBreakdown(weights_bytes=params * w, gradients_bytes=params * g, optimizer_bytes=params * o,
                                   activations_bytes=act)
             cap = self.capacity_bytes(opt)
@@ -135,15 +144,15 @@ class SyntheticBackend:
                                         device_type=self.cluster.groups[opt.pool].node.device.name,
                                         devices=replicas[k].devices, tp=opt.tp, dp=dp, forward_s=f,
                                         backward_s=b, memory=mem, memory_capacity_bytes=cap))
-        pipeline = sum(per) + 2 * sum(sends) + max(g_terms)
+        pipeline = sum(per) + sum(sends) + max(g_terms)
         total = pipeline + tail
         c = int(np.argmax(per))
         busy = m * per[c]
-        breakdown = Breakdown(compute_s=busy, pp_comm_s=2 * sum(sends), bubble_s=pipeline - busy - 2 * sum(sends),
+        breakdown = Breakdown(compute_s=busy, pp_comm_s=sum(sends), bubble_s=pipeline - busy - sum(sends),
                               dp_comm_s=tail)
         config = ParallelConfig(global_batch=spec.global_batch, tp=options[0].tp, pp=P, dp=dp,
-                                micro_batch=spec.micro_batch, vpp=1, zero=spec.zero, recompute=spec.recompute,
-                                sequence_parallel=spec.sequence_parallel, schedule="1f1b")
+                                micro_batch=spec.micro_batch, vpp=V, zero=spec.zero, recompute=spec.recompute,
+                                sequence_parallel=spec.sequence_parallel, schedule=spec.schedule)
         return Estimate(config=config, iteration_time_s=total, throughput_samples_per_s=spec.global_batch / total,
                         feasible=feasible, memory_per_device_bytes=worst, breakdown=breakdown,
                         stages=tuple(stages), reason="" if feasible else "out of memory")

@@ -17,6 +17,7 @@ from planner.search import engine
 from planner.search.backend import Backend
 from planner.search.build import to_plan
 from planner.search.explain import bottleneck
+from planner.search.interleave import unit_flags
 from planner.search.space import Pins, Settings, StageOption, validate_pins
 from planner.types import Cluster, LayerGraph, ParallelConfig
 
@@ -65,10 +66,11 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
         from planner.embeddings.dense import dense_part  # the tables are placed model-parallel, not in the pipeline
         model = dense_part(model, model.embedding_tables)
     pins = Pins.from_config(pinned)
-    validate_pins(pins, cluster, global_batch, len(model.layers))
+    units = unit_flags([layer.kind for layer in model.layers])
+    validate_pins(pins, cluster, global_batch, len(model.layers), sum(units))
     backend = backend if backend is not None else default_backend(model, cluster)
     outcome = engine.run(backend, cluster, len(model.layers), global_batch, pins, top_k=top_k,
-                         time_limit_s=time_limit_s, progress=progress)
+                         time_limit_s=time_limit_s, progress=progress, units=units)
     if not outcome.candidates:
         if outcome.timed_out:
             raise InfeasibleError(f"--time-limit {time_limit_s}: no feasible plan was found in time; "

@@ -28,6 +28,7 @@ import itertools
 import numpy as np
 
 from planner.search.backend import Backend
+from planner.search.interleave import least_delta
 from planner.search.space import Settings, StageOption
 
 
@@ -86,9 +87,12 @@ def speed_ratio(values: np.ndarray, ref: int) -> np.ndarray:
     return (values[:, pos] / base[pos]).min(axis=1)
 
 
-def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_batches: int) -> np.ndarray:
+def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_batches: int, vpp: int = 1
+                 ) -> np.ndarray:
     """Bounds for every row of ``counts`` (stages per option, shape (n, len(profiles)); 0 = option unused);
-    inf = infeasible. Rows are grouped by their set of options."""
+    inf = infeasible. Rows are grouped by their set of options. ``vpp > 1``: the interleaved schedule's
+    weights (b_l / vpp in the sum, (m - 1/vpp) b_l and stage 0's forward weight in q); its memory holds at
+    least the 1F1B micro-batches in flight, so the memory bounds below stay valid."""
     counts = np.asarray(counts, dtype=int).reshape(-1, len(profiles))
     out = np.full(len(counts), np.inf)
     if len(counts) == 0:
@@ -96,7 +100,8 @@ def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_ba
     m = num_micro_batches
     fwd = np.stack([p.forward_s for p in profiles])  # (O, L)
     bwd = np.stack([p.backward_s for p in profiles])
-    both = fwd + bwd
+    both = fwd + bwd if vpp == 1 else fwd + bwd / vpp
+    gamma = (m - 1) if vpp == 1 else m - 1.0 / vpp
     static = np.stack([p.static_unit for p in profiles])
     act = np.stack([p.act_unit for p in profiles])
     alone = static + act + np.stack([p.peak_unit for p in profiles])
@@ -119,13 +124,13 @@ def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_ba
             continue
         c = counts[rows].astype(float)
         total = c.sum(axis=1)
-        extra = np.maximum(0.0, m - total)
+        extra = np.maximum(0.0, m - total) if vpp == 1 else np.array([least_delta(int(p), m, vpp) for p in total])
         sum_min = float(both[M].min(axis=0).sum())
-        q = (m - 1) * bwd[M][None] + extra[:, None, None] * fwd[M][None]  # (r, |M|, L)
+        q = gamma * bwd[M][None] + extra[:, None, None] * fwd[M][None]  # (r, |M|, L)
         max_g = q.min(axis=1).max(axis=1)
         with np.errstate(invalid="ignore"):
             capacity = c @ inverse.T  # (r, ref)
-        totals = (m - 1) * sums_b[None, :] + extra[:, None] * sums_f[None, :]
+        totals = gamma * sums_b[None, :] + extra[:, None] * sums_f[None, :]
         with np.errstate(divide="ignore", invalid="ignore"):
             fluid = np.where((capacity > 0) & np.isfinite(capacity), totals / capacity, 0.0)
         max_g = np.maximum(max_g, fluid.max(axis=1))

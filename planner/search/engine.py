@@ -25,6 +25,7 @@ import numpy as np
 
 from planner.search.backend import Backend
 from planner.search.bounds import lower_bounds, option_profile, speed_ratio
+from planner.search.interleave import chunk_mask, partition_allowed, pipeline_allowed
 from planner.search.partition import solve_partition, stage_bounds
 from planner.search.space import Layout, Pins, Settings, StageOption, enumerate_settings, max_stages, options_allowed, \
     ordered_layouts, pool_options, settings_allowed
@@ -100,7 +101,7 @@ def _count_grid(caps: list[int], num_layers: int, pinned_pp: int, max_stages: in
 
 
 def _entries(backend: Backend, cluster: Cluster, settings: Settings, index: int, num_layers: int, global_batch: int,
-             pins: Pins, single_pool: bool = False) -> tuple[list[_Entry], bool]:
+             pins: Pins, single_pool: bool = False, num_units: int | None = None) -> tuple[list[_Entry], bool]:
     """Every set of stage blocks under one settings, with its lower bound (all bounded in one vectorised
     call)."""
     m = settings.num_micro_batches(global_batch)
@@ -119,6 +120,9 @@ def _entries(backend: Backend, cluster: Cluster, settings: Settings, index: int,
         caps = [min(num_layers, cluster.groups[o.pool].num_devices // (o.tp * settings.dp)) for o in chosen]
         counts, full = _count_grid(caps, num_layers, pins.pp, stages_cap)
         complete &= full
+        if settings.vpp > 1:
+            total = counts.sum(axis=1)
+            counts = counts[[pipeline_allowed(int(t), m, settings.vpp, num_units or num_layers) for t in total]]
         if len(counts):
             block = np.zeros((len(counts), len(options)), dtype=int)
             block[:, [column[o] for o in chosen]] = counts
@@ -127,7 +131,7 @@ def _entries(backend: Backend, cluster: Cluster, settings: Settings, index: int,
         return [], complete
     table = np.concatenate(rows)
     profiles = [option_profile(backend, o, settings) for o in options]
-    bounds = lower_bounds(profiles, table, m)
+    bounds = lower_bounds(profiles, table, m, settings.vpp)
     keep = np.flatnonzero(np.isfinite(bounds))
     entries = []
     for r in keep:
@@ -140,8 +144,10 @@ def _entries(backend: Backend, cluster: Cluster, settings: Settings, index: int,
 class _Search:
     """Mutable state of one branch-and-bound run (kept out of module globals)."""
 
-    def __init__(self, backend: Backend, cluster: Cluster, global_batch: int, top_k: int) -> None:
+    def __init__(self, backend: Backend, cluster: Cluster, global_batch: int, top_k: int,
+                 units: tuple[int, ...] = ()) -> None:
         self.backend, self.cluster, self.global_batch, self.top_k = backend, cluster, global_batch, top_k
+        self.units = units
         self.best: list[Candidate] = []
         self.timed = self.violations = 0
         self.least_layout_bound = np.inf
@@ -188,15 +194,16 @@ class _Search:
         while improved and current.time_s > cand.bound_s * (1 + _REL_TOL):
             improved = False
             cuts = current.last_layers[:-1]
+            V = current.settings.vpp
             for k in range(len(cuts)):
-                for step in (-1, 1):
+                for step in ((-1, 1) if V == 1 else (-V, V)):
                     if deadline is not None and time.perf_counter() > deadline:
                         return current
                     moved = list(cuts)
                     moved[k] += step
                     lo = moved[k - 1] + 1 if k > 0 else 0
                     hi = moved[k + 1] - 1 if k + 1 < len(moved) else L - 2
-                    if not lo <= moved[k] <= hi:
+                    if not lo <= moved[k] <= hi or not partition_allowed(self.units, (*moved, L - 1), V):
                         continue
                     trial = self.time(current.settings, current.layout, (*moved, L - 1), cand.bound_s,
                                       check=False)
@@ -209,13 +216,18 @@ class _Search:
 
 
 def settings_bound(backend: Backend, cluster: Cluster, settings: Settings, num_layers: int, global_batch: int,
-                   pins: Pins) -> float:
+                   pins: Pins, num_units: int | None = None) -> float:
     """A lower bound for every plan with these settings (any pools, tp, stage counts and partition): the
     bounds of :mod:`planner.search.bounds` with the stage capacity of whole pools,
     sum_k 1/rho_k <= sum_pools (devices / dp) * max_tp 1 / (rho * tp), and at most one stage per layer;
     inf when the model cannot fit: a stage of tp x dp devices holds at most one unit of
-    (c1 ppr + act) / room, so sum_l min_o tp_o dp (c1 ppr_l + act_l)(o) / room_o <= devices."""
+    (c1 ppr + act) / room, so sum_l min_o tp_o dp (c1 ppr_l + act_l)(o) / room_o <= devices. Interleaved
+    (vpp = V > 1): the sum takes b_l / V and q = (m - 1/V) b (:mod:`planner.search.interleave`); inf when no
+    stage count may interleave."""
     m = settings.num_micro_batches(global_batch)
+    V = settings.vpp
+    if V > 1 and not any(pipeline_allowed(P, m, V, num_units or num_layers) for P in range(2, num_layers + 1)):
+        return np.inf
     options = [o for opts in pool_options(cluster, settings, pins) for o in opts]
     if not options:
         return np.inf
@@ -225,8 +237,8 @@ def settings_bound(backend: Backend, cluster: Cluster, settings: Settings, num_l
         return np.inf
     fwd = np.stack([p.forward_s for p in profiles])
     bwd = np.stack([p.backward_s for p in profiles])
-    sum_min = float((fwd + bwd).min(axis=0).sum())
-    q = (m - 1) * bwd  # G_k >= (m - 1) b_k
+    sum_min = float((fwd + bwd).min(axis=0).sum()) if V == 1 else float((fwd + bwd / V).min(axis=0).sum())
+    q = (m - 1) * bwd if V == 1 else (m - 1.0 / V) * bwd  # G_k >= gamma b_k
     best = float(q.min(axis=0).max())
     for ref in range(len(options)):
         rho = np.minimum(speed_ratio(bwd, ref), speed_ratio(fwd, ref))
@@ -242,18 +254,22 @@ def settings_bound(backend: Backend, cluster: Cluster, settings: Settings, num_l
 
 
 def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, pins: Pins, top_k: int = 1,
-        time_limit_s: float | None = None, progress: Callable[[float], None] | None = None) -> Outcome:
+        time_limit_s: float | None = None, progress: Callable[[float], None] | None = None,
+        units: tuple[int, ...] | None = None) -> Outcome:
     """Search the whole space. On a mixed cluster the plans on one pool are searched first: the best of
     them is a quick, feasible incumbent that prunes most mixed layouts (and the final plan is never slower
-    than the best single-pool one)."""
+    than the best single-pool one). ``units[l]`` is 1 when layer l is a pipeline unit (interleaved chunks
+    split those; :func:`planner.search.interleave.unit_flags`), default every layer."""
+    units = tuple(units) if units is not None else (1,) * num_layers
     if len(cluster.groups) == 1:
-        return _run(backend, cluster, num_layers, global_batch, pins, top_k, time_limit_s, progress)
+        return _run(backend, cluster, num_layers, global_batch, pins, top_k, time_limit_s, progress, units=units)
     start = time.perf_counter()
     first = _run(backend, cluster, num_layers, global_batch, pins, top_k,
-                 None if time_limit_s is None else time_limit_s / 2, None, single_pool=True, refine=False)
+                 None if time_limit_s is None else time_limit_s / 2, None, single_pool=True, refine=False,
+                 units=units)
     left = None if time_limit_s is None else max(0.0, time_limit_s - (time.perf_counter() - start))
     second = _run(backend, cluster, num_layers, global_batch, pins, top_k, left, progress,
-                  incumbents=first.candidates)
+                  incumbents=first.candidates, units=units)
     return Outcome(candidates=second.candidates, proven_optimal=second.proven_optimal,
                    lower_bound_s=second.lower_bound_s, bounded=first.bounded + second.bounded,
                    solved=first.solved + second.solved, timed=first.timed + second.timed,
@@ -264,14 +280,18 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
 
 def _run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, pins: Pins, top_k: int,
          time_limit_s: float | None, progress: Callable[[float], None] | None, single_pool: bool = False,
-         incumbents: tuple[Candidate, ...] = (), refine: bool = True) -> Outcome:
+         incumbents: tuple[Candidate, ...] = (), refine: bool = True, units: tuple[int, ...] = ()) -> Outcome:
     start = time.perf_counter()
-    settings_list = [s for s in enumerate_settings(cluster, global_batch, pins) if settings_allowed(s, pins)]
+    units = units or (1,) * num_layers
+    num_units = sum(units)
+    settings_list = [s for s in enumerate_settings(cluster, global_batch, pins, num_units=num_units)
+                     if settings_allowed(s, pins)]
     # settings in increasing bound order; their blocks are bounded only when that bound can still win
-    queue = sorted((settings_bound(backend, cluster, s, num_layers, global_batch, pins), i)
+    queue = sorted((settings_bound(backend, cluster, s, num_layers, global_batch, pins, num_units), i)
                    for i, s in enumerate(settings_list))
     log.info("search: %d settings", len(settings_list))
-    state = _Search(backend, cluster, global_batch, top_k)
+    state = _Search(backend, cluster, global_batch, top_k, units)
+    masks: dict[int, np.ndarray | None] = {}
     for cand in incumbents:
         state.offer(cand)
     heap: list[_Entry] = []
@@ -291,7 +311,7 @@ def _run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int,
             index = queue[expanded][1]
             expanded += 1
             found, full = _entries(backend, cluster, settings_list[index], index, num_layers, global_batch, pins,
-                                   single_pool)
+                                   single_pool, num_units)
             complete &= full
             bounded += len(found)
             for entry in found:
@@ -311,6 +331,9 @@ def _run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int,
                     state.offer(cand)
                 continue
             S, G, R = backend.stage_matrices(layout, settings, global_batch)
+            if settings.vpp > 1:  # every stage a whole number of equal chunks
+                mask = masks.setdefault(settings.vpp, chunk_mask(units, settings.vpp))
+                S = np.where(mask[None], S, np.inf)
             part = solve_partition(S, G, R, state.cutoff())
             if part is None:
                 continue  # no partition fits, or none can beat the K-th best

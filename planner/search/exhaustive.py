@@ -1,7 +1,7 @@
 """Exhaustive enumeration of the search space, for cross-checking the search on small instances.
 
-Every settings, every set of pool blocks (any tp per pool, any stage counts), every order of the pools and
-every layer partition becomes an explicit PipelineSpec timed by the backend's ``evaluate``: no bound, no DP.
+Every settings (interleaved ones included), every set of pool blocks (any tp per pool, any stage counts),
+every order of the pools and every layer partition (whole chunks per stage when interleaved) becomes an explicit PipelineSpec timed by the backend's ``evaluate``: no bound, no DP.
 The number of plans grows combinatorially; use it with a handful of layers and devices.
 """
 
@@ -13,6 +13,7 @@ from typing import Iterator
 
 from planner.search.backend import Backend
 from planner.search.engine import pipeline_spec
+from planner.search.interleave import partition_allowed, pipeline_allowed
 from planner.search.space import Layout, Pins, Settings, enumerate_settings, max_stages, options_allowed, \
     ordered_layouts, pool_options, settings_allowed
 from planner.types import Cluster, Estimate, PipelineSpec
@@ -25,9 +26,11 @@ class Enumerated:
     plans: int  # plans timed
 
 
-def plans(cluster: Cluster, num_layers: int, global_batch: int, pins: Pins
+def plans(cluster: Cluster, num_layers: int, global_batch: int, pins: Pins, units: tuple[int, ...] | None = None
           ) -> Iterator[tuple[Settings, Layout, tuple[int, ...]]]:
-    for settings in enumerate_settings(cluster, global_batch, pins):
+    units = tuple(units) if units is not None else (1,) * num_layers
+    for settings in enumerate_settings(cluster, global_batch, pins, num_units=sum(units)):
+        m = settings.num_micro_batches(global_batch)
         if not settings_allowed(settings, pins):
             continue
         cap = max_stages(settings, num_layers)
@@ -38,18 +41,20 @@ def plans(cluster: Cluster, num_layers: int, global_batch: int, pins: Pins
             ranges = [range(1, cluster.groups[o.pool].num_devices // (o.tp * settings.dp) + 1) for o in options]
             for counts in itertools.product(*ranges):
                 P = sum(counts)
-                if P > min(cap, num_layers) or (pins.pp and P != pins.pp):
+                if P > min(cap, num_layers) or (pins.pp and P != pins.pp) \
+                        or not pipeline_allowed(P, m, settings.vpp, sum(units)):
                     continue
                 blocks = [(o.pool, o.tp, c) for o, c in zip(options, counts)]
                 for layout in ordered_layouts(blocks):
                     for cuts in itertools.combinations(range(num_layers - 1), P - 1):
-                        yield settings, layout, (*cuts, num_layers - 1)
+                        if partition_allowed(units, (*cuts, num_layers - 1), settings.vpp):
+                            yield settings, layout, (*cuts, num_layers - 1)
 
 
-def enumerate_best(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, pins: Pins = Pins()
-                   ) -> Enumerated:
+def enumerate_best(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, pins: Pins = Pins(),
+                   units: tuple[int, ...] | None = None) -> Enumerated:
     best_time, best_spec, count = float("inf"), None, 0
-    for settings, layout, last in plans(cluster, num_layers, global_batch, pins):
+    for settings, layout, last in plans(cluster, num_layers, global_batch, pins, units):
         spec = pipeline_spec(cluster, global_batch, settings, layout, last)
         estimate: Estimate = backend.evaluate(spec)
         count += 1
