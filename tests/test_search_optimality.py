@@ -19,7 +19,7 @@ CASES = [
     (6, (("fast", 4, 1), ("slow", 2, 2)), 16, Pins()),
     (8, (("fast", 8, 1), ("slow", 8, 1)), 8, Pins(micro_batch=1, recompute="none", sequence_parallel=False, zero=0)),
     (8, (("fast", 2, 2), ("mid", 2, 2), ("slow", 4, 2)), 16,
-     Pins(micro_batch=1, zero=1, recompute="selective", sequence_parallel=False)),
+     Pins(micro_batch=1, zero=1, recompute="selective", sequence_parallel=False, schedule="1f1b")),
     (5, (("fast", 2, 1), ("mid", 2, 1), ("slow", 2, 2)), 8, Pins(recompute="full")),
 ]
 
@@ -87,3 +87,33 @@ def test_search_finds_interleaved_optima(case):
     assert found.candidates[0].settings.vpp == truth.best_spec.vpp
     assert found.bound_violations == 0 and found.proven_optimal
     assert partition_allowed(units, found.candidates[0].last_layers, found.candidates[0].settings.vpp)
+
+
+def _compute_heavy(model, factor: float):
+    """The model with ``factor`` times the FLOPs per layer (same parameters and activations)."""
+    return dataclasses.replace(model, layers=tuple(dataclasses.replace(layer, flops_forward=layer.flops_forward * factor)
+                                                   for layer in model.layers))
+
+
+# (layers, cluster groups, global batch, pins, model seed): compute-heavy models whose exhaustive optimum is
+# one stage with replicas on two device types (heterogeneous data parallelism)
+HETERO_CASES = [
+    (6, (("fast", 4, 1), ("mid", 4, 1)), 16, Pins(), 0),
+    (6, (("mid", 2, 2), ("slow", 2, 2)), 32, Pins(recompute="none", sequence_parallel=False), 1),
+]
+
+
+@pytest.mark.parametrize("case", range(len(HETERO_CASES)))
+def test_search_finds_heterogeneous_data_parallel_optima(case):
+    layers, groups, global_batch, pins, seed = HETERO_CASES[case]
+    model = _compute_heavy(random_model(seed, layers, scale=0.1), 10.0)
+    c = cluster(*groups)
+    backend = SyntheticBackend(model, c)
+    truth = enumerate_best(backend, c, layers, global_batch, pins)
+    found = engine.run(backend, c, layers, global_batch, pins)
+    assert len(truth.best_spec.stages[0].replicas) == 2  # the case exercises heterogeneous replicas
+    best = found.candidates[0]
+    assert best.time_s == pytest.approx(truth.best_time_s, rel=1e-9)
+    assert len(best.spec.stages[0].replicas) == 2 and best.groups
+    assert found.bound_violations == 0 and found.proven_optimal
+    assert backend.evaluate(best.spec).feasible

@@ -23,6 +23,7 @@ from typing import Callable
 
 import numpy as np
 
+from planner.search import hetero
 from planner.search.backend import Backend
 from planner.search.bounds import lower_bounds, option_profile, speed_ratio
 from planner.search.interleave import chunk_mask, partition_allowed, pipeline_allowed
@@ -49,6 +50,7 @@ class Candidate:
     bound_s: float = field(compare=False)  # the layout's lower bound (DP optimum)
     spec: PipelineSpec = field(compare=False, repr=False)
     estimate: Estimate = field(compare=False, repr=False)
+    groups: tuple = ()  # a heterogeneous stage's replica groups (planner.search.hetero); () otherwise
 
 
 @dataclass(frozen=True)
@@ -178,7 +180,7 @@ class _Search:
 
     def offer(self, cand: Candidate) -> None:
         if any(c.settings == cand.settings and c.layout == cand.layout and c.last_layers == cand.last_layers
-               for c in self.best):
+               and c.groups == cand.groups for c in self.best):
             return
         self.best.append(cand)
         self.best.sort()
@@ -267,15 +269,40 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
     first = _run(backend, cluster, num_layers, global_batch, pins, top_k,
                  None if time_limit_s is None else time_limit_s / 2, None, single_pool=True, refine=False,
                  units=units)
+    mixed = _hetero_phase(backend, cluster, num_layers, global_batch, pins, top_k, first.candidates, units,
+                          None if time_limit_s is None else start + 0.6 * time_limit_s)
     left = None if time_limit_s is None else max(0.0, time_limit_s - (time.perf_counter() - start))
     second = _run(backend, cluster, num_layers, global_batch, pins, top_k, left, progress,
-                  incumbents=first.candidates, units=units)
-    return Outcome(candidates=second.candidates, proven_optimal=second.proven_optimal,
-                   lower_bound_s=second.lower_bound_s, bounded=first.bounded + second.bounded,
-                   solved=first.solved + second.solved, timed=first.timed + second.timed,
-                   complete_space=second.complete_space, timed_out=second.timed_out,
-                   bound_violations=first.bound_violations + second.bound_violations,
+                  incumbents=mixed[0], units=units)
+    best = second.candidates[0].time_s if second.candidates else np.inf
+    return Outcome(candidates=second.candidates,
+                   proven_optimal=second.proven_optimal and mixed[1].violations == 0
+                   and best <= mixed[1].unvisited_bound_s * (1 + 1e-6),
+                   lower_bound_s=min(second.lower_bound_s, mixed[1].unvisited_bound_s),
+                   bounded=first.bounded + mixed[1].bounded + second.bounded,
+                   solved=first.solved + second.solved, timed=first.timed + mixed[1].evaluated + second.timed,
+                   complete_space=second.complete_space, timed_out=second.timed_out or mixed[1].unvisited_bound_s < np.inf,
+                   bound_violations=first.bound_violations + mixed[1].violations + second.bound_violations,
                    time_s=time.perf_counter() - start)
+
+
+def _hetero_phase(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, pins: Pins, top_k: int,
+                  incumbents: tuple[Candidate, ...], units: tuple[int, ...], deadline: float | None
+                  ) -> tuple[tuple[Candidate, ...], hetero.HeteroOutcome]:
+    """Heterogeneous data-parallel stages (:mod:`planner.search.hetero`), pruned by the incumbents; returns
+    the K best of both."""
+    settings_list = [s for s in enumerate_settings(cluster, global_batch, pins, num_units=sum(units))
+                     if settings_allowed(s, pins) and hetero.hetero_allowed(s, pins)]
+
+    def cutoff(timed: list) -> float:
+        times = sorted([c.time_s for c in incumbents] + [t[0] for t in timed])
+        return times[top_k - 1] if len(times) >= top_k else np.inf
+
+    out = hetero.search(backend, cluster, settings_list, num_layers, global_batch, pins, cutoff, deadline)
+    found = [Candidate(t, settings, Layout((StageOption(stage.groups[0].pool, stage.groups[0].tp),)),
+                       (num_layers - 1,), t, spec, estimate, stage.groups)
+             for t, settings, stage, spec, estimate in out.timed]
+    return tuple(sorted([*incumbents, *found])[:top_k]), out
 
 
 def _run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, pins: Pins, top_k: int,

@@ -1,7 +1,8 @@
 """Exhaustive enumeration of the search space, for cross-checking the search on small instances.
 
 Every settings (interleaved ones included), every set of pool blocks (any tp per pool, any stage counts),
-every order of the pools and every layer partition (whole chunks per stage when interleaved) becomes an explicit PipelineSpec timed by the backend's ``evaluate``: no bound, no DP.
+every order of the pools and every layer partition (whole chunks per stage when interleaved), and every
+heterogeneous data-parallel stage (every pair of pools, tp per pool, dp split and micro-batch split) becomes an explicit PipelineSpec timed by the backend's ``evaluate``: no bound, no DP.
 The number of plans grows combinatorially; use it with a handful of layers and devices.
 """
 
@@ -11,6 +12,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Iterator
 
+from planner.search import hetero
 from planner.search.backend import Backend
 from planner.search.engine import pipeline_spec
 from planner.search.interleave import partition_allowed, pipeline_allowed
@@ -51,11 +53,24 @@ def plans(cluster: Cluster, num_layers: int, global_batch: int, pins: Pins, unit
                             yield settings, layout, (*cuts, num_layers - 1)
 
 
+def hetero_specs(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, pins: Pins,
+                 units: tuple[int, ...] | None = None) -> Iterator[PipelineSpec]:
+    """Every heterogeneous single-stage plan (:mod:`planner.search.hetero`) with every whole-micro-batch split."""
+    num_units = sum(units) if units is not None else num_layers
+    for settings in enumerate_settings(cluster, global_batch, pins, num_units=num_units):
+        if settings_allowed(settings, pins):
+            for _, stage in hetero.candidates(backend, cluster, settings, global_batch, pins, exhaustive=True):
+                yield hetero.hetero_spec(cluster, global_batch, settings, stage, num_layers)
+
+
 def enumerate_best(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, pins: Pins = Pins(),
                    units: tuple[int, ...] | None = None) -> Enumerated:
     best_time, best_spec, count = float("inf"), None, 0
-    for settings, layout, last in plans(cluster, num_layers, global_batch, pins, units):
-        spec = pipeline_spec(cluster, global_batch, settings, layout, last)
+    specs = itertools.chain(
+        (pipeline_spec(cluster, global_batch, settings, layout, last)
+         for settings, layout, last in plans(cluster, num_layers, global_batch, pins, units)),
+        hetero_specs(backend, cluster, num_layers, global_batch, pins, units))
+    for spec in specs:
         estimate: Estimate = backend.evaluate(spec)
         count += 1
         if estimate.feasible and estimate.iteration_time_s < best_time:
