@@ -67,6 +67,10 @@ class SyntheticBackend:
     def static_bytes(self, params_per_rank: np.ndarray, option: StageOption, settings: Settings) -> np.ndarray:
         return np.asarray(params_per_rank, dtype=float) * sum(self._state_bytes(settings))
 
+    def stage_bytes(self, params_per_rank, act_bytes, in_flight, peak_bytes, option: StageOption,
+                    settings: Settings) -> np.ndarray:
+        return self.static_bytes(params_per_rank, option, settings) + np.asarray(act_bytes) * in_flight + peak_bytes
+
     def _tail_s(self, params_per_rank, option: StageOption, settings: Settings):
         p = np.asarray(params_per_rank, dtype=float)
         d = settings.dp
@@ -96,7 +100,7 @@ class SyntheticBackend:
             fwd.append(f)
             bwd.append(b)
             sends.append(self._p2p_s(t.output_bytes, option, layout.options[k + 1]) if k + 1 < P else None)
-            memory = self.static_bytes(params, option, settings) + act * min(P - k, m) + peak
+            memory = self.stage_bytes(params, act, min(P - k, m), peak, option, settings)
             fits.append(memory <= self.capacity_bytes(option))
         t0 = self.layer_table(layout.options[0], settings)
         tail0 = self._tail_s(np.cumsum(t0.params_per_rank), layout.options[0], settings)

@@ -44,24 +44,63 @@ class OptionProfile:
     peak_unit: np.ndarray  # transient peak / room
 
 
-def option_profile(backend: Backend, option: StageOption, settings: Settings) -> OptionProfile:
+def memory_coefficients(backend: Backend, option: StageOption, settings: Settings
+                        ) -> tuple[float, float, float, float] | None:
+    """(bytes per parameter, per activation byte in flight, per transient byte, room) of a stage's memory,
+    probed from ``backend.stage_bytes``; None when it is not affine (memory is then not bounded)."""
+
+    def probe(params: float, act: float, peak: float, in_flight: float = 1.0) -> float:
+        return float(np.asarray(backend.stage_bytes(np.array([params]), np.array([act]), in_flight,
+                                                    np.array([peak]), option, settings))[0])
+
+    base = probe(0.0, 0.0, 0.0)
+    c_params, c_act, c_peak = ((probe(*x) - base) / 1e9 for x in ((1e9, 0, 0), (0, 1e9, 0), (0, 0, 1e9)))
+    affine = bool(np.isclose(probe(2e9, 3e9, 5e9, 2.0), base + 2e9 * c_params + 6e9 * c_act + 5e9 * c_peak,
+                             rtol=1e-9, atol=1.0)) and min(c_params, c_act, c_peak) >= 0
+    return (c_params, c_act, c_peak, backend.capacity_bytes(option) - base) if affine else None
+
+
+def option_profile(backend: Backend, option: StageOption, settings: Settings,
+                   coefficients: tuple[float, float, float, float] | None = None) -> OptionProfile:
+    """Per-layer vectors of ``option`` under ``settings``, memory in units of the room left by the stage's
+    fixed memory, so that a segment fits exactly when sum(static + n act) + max(peak) <= 1."""
     t = backend.layer_table(option, settings)
-    probe = np.array([0.0, 1e9, 2e9])
-    static = np.asarray(backend.static_bytes(probe, option, settings), dtype=float)
-    c0, c1 = static[0], (static[1] - static[0]) / 1e9
-    affine = bool(np.isclose(static[2], c0 + 2e9 * c1, rtol=1e-9, atol=1.0))
-    room = backend.capacity_bytes(option) - c0
+    if coefficients is None:
+        coefficients = memory_coefficients(backend, option, settings)
     n = len(t.forward_s)
-    if not affine:
+    if coefficients is None:
         units = [np.zeros(n)] * 3
-    elif room <= 0:
+    elif coefficients[3] <= 0:
         units = [np.full(n, np.inf)] * 3
     else:
-        units = [c1 * np.asarray(t.params_per_rank, dtype=float) / room, np.asarray(t.act_bytes, dtype=float) / room,
-                 np.asarray(t.peak_bytes, dtype=float) / room]
+        c_params, c_act, c_peak, room = coefficients
+        units = [c * np.asarray(v, dtype=float) / room
+                 for c, v in ((c_params, t.params_per_rank), (c_act, t.act_bytes), (c_peak, t.peak_bytes))]
     return OptionProfile(option=option, forward_s=np.asarray(t.forward_s, dtype=float),
                          backward_s=np.asarray(t.backward_s, dtype=float), static_unit=units[0], act_unit=units[1],
                          peak_unit=units[2])
+
+
+class Profiles:
+    """Memo of :func:`option_profile` per (option, settings) for one search; memory coefficients are shared
+    by the settings that differ only in what they do not depend on (micro-batch, recompute, sequence
+    parallelism)."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self._memo: dict[tuple[StageOption, Settings], OptionProfile] = {}
+        self._memory: dict[tuple, tuple[float, float, float, float] | None] = {}
+
+    def get(self, option: StageOption, settings: Settings) -> OptionProfile:
+        key = (option, settings)
+        hit = self._memo.get(key)
+        if hit is None:
+            mkey = (option, settings.dp, settings.zero, settings.optimizer, settings.dtype)
+            if mkey not in self._memory:
+                self._memory[mkey] = memory_coefficients(self.backend, option, settings)
+            hit = option_profile(self.backend, option, settings, self._memory[mkey])
+            self._memo[key] = hit
+        return hit
 
 
 def _hall_table(carry: np.ndarray, num_micro_batches: int) -> np.ndarray:
@@ -86,6 +125,79 @@ def speed_ratio(values: np.ndarray, ref: int) -> np.ndarray:
     return (values[:, pos] / base[pos]).min(axis=1)
 
 
+def core_layers(work: np.ndarray) -> np.ndarray:
+    """The layers whose work (f + b, shape (options, layers)) is at least half the median on every option:
+    the blocks of a transformer, without its small embedding and head. The layer-count bound below counts
+    only these, because each stage could otherwise claim the same few small layers."""
+    return (work >= 0.5 * np.median(work, axis=1, keepdims=True)).all(axis=0)
+
+
+def _memory_counts(static: np.ndarray, act: np.ndarray, peak: np.ndarray, count: int, m: int) -> np.ndarray:
+    """``k[i]``: the most layers of this set a stage can hold with min(i + 1, m) micro-batches in flight
+    (the sum of the smallest static + n act, plus the least transient, within one room)."""
+    if count == 0:
+        return np.zeros(0, dtype=int)
+    n = np.minimum(np.arange(1, count + 1), m).astype(float)
+    with np.errstate(invalid="ignore"):
+        use = np.sort(static[None, :] + n[:, None] * act[None, :], axis=1)
+        fits = np.cumsum(use, axis=1) + (peak.min() if len(peak) else 0.0) <= 1.0 + 1e-9
+    return fits.sum(axis=1)
+
+
+def layer_count_bound(fwd: np.ndarray, bwd: np.ndarray, static: np.ndarray, act: np.ndarray, peak: np.ndarray,
+                      counts: np.ndarray, pools: np.ndarray, totals: np.ndarray, m: int, layers: np.ndarray
+                      ) -> np.ndarray:
+    """A lower bound on max_k G_k per row (inf: the stages cannot hold the layers), from stage capacities.
+
+    ``counts[r, o]`` stages of option o (rows of fwd/bwd/... are options, columns layers), of which only the
+    largest count per pool is used (``pools[o]``: a pool serves one option per plan, so the coverage of a
+    row is, per pool, the best of its options), ``totals[r]`` pipeline stages, ``layers``: the layer subset
+    U to cover. A stage on option o holding k layers of U has G >= (m - 1) SB_o(k) + max(0, m - P) SF_o(k)
+    (SB, SF: sums of the k smallest backward and forward times on U) and, holding n micro-batches, at most
+    Kmem_o(n) of them; the c_o stages of o hold at least 1, 2, ..., c_o micro-batches (1F1B positions are
+    distinct), so at threshold t they hold at most sum_i min(K_o(t), Kmem_o(min(i, m))) layers of U. The
+    bound is the least candidate t at which the stages can hold all of U.
+    """
+    rows = len(counts)
+    out = np.zeros(rows)
+    size = int(layers.sum())
+    if size == 0 or rows == 0:
+        return out
+    O = len(fwd)
+    sb = np.concatenate([np.zeros((O, 1)), np.cumsum(np.sort(bwd[:, layers], axis=1), axis=1)], axis=1)
+    sf = np.concatenate([np.zeros((O, 1)), np.cumsum(np.sort(fwd[:, layers], axis=1), axis=1)], axis=1)
+    cmax = counts.max(axis=0).astype(int)
+    kmem = [_memory_counts(static[o, layers], act[o, layers], peak[o, layers], int(cmax[o]), m) for o in range(O)]
+    pool_ids = np.unique(pools)
+    for P in np.unique(totals):
+        sel = np.flatnonzero(totals == P)
+        g = (m - 1) * sb + max(0, m - int(P)) * sf  # (O, size + 1), non-decreasing in k
+        cands = np.unique(g[:, 1:])
+        cover = np.zeros((len(sel), len(cands)))
+        for pool in pool_ids:
+            best = np.zeros((len(sel), len(cands)))
+            for o in np.flatnonzero(pools == pool):
+                c = counts[sel, o].astype(int)
+                if not c.any():
+                    continue
+                k_time = np.searchsorted(g[o], cands, side="right") - 1  # layers of U within t
+                table = np.zeros((int(cmax[o]) + 1, len(cands)))
+                table[1:] = np.cumsum(np.minimum(k_time[None, :], kmem[o][:, None]), axis=0)
+                best = np.maximum(best, table[c])
+            cover += best
+        enough = cover >= size
+        found = enough.any(axis=1)
+        out[sel] = np.where(found, cands[np.argmax(enough, axis=1)] * (1 - 1e-9), np.inf)
+    return out
+
+
+def _layer_sets(work: np.ndarray) -> list[np.ndarray]:
+    """The layer subsets the layer-count bound covers: every layer, and the core layers when they differ."""
+    every = np.ones(work.shape[1], dtype=bool)
+    core = core_layers(work)
+    return [every] if core.all() else [every, core]
+
+
 def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_batches: int) -> np.ndarray:
     """Bounds for every row of ``counts`` (stages per option, shape (n, len(profiles)); 0 = option unused);
     inf = infeasible. Rows are grouped by their set of options."""
@@ -99,10 +211,11 @@ def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_ba
     both = fwd + bwd
     static = np.stack([p.static_unit for p in profiles])
     act = np.stack([p.act_unit for p in profiles])
-    alone = static + act + np.stack([p.peak_unit for p in profiles])
+    peak = np.stack([p.peak_unit for p in profiles])
+    alone = static + act + peak
     O, L = fwd.shape
     with np.errstate(divide="ignore", invalid="ignore"):
-        spare = 1.0 - static - np.stack([p.peak_unit for p in profiles])
+        spare = 1.0 - static - peak
         max_in_flight = np.where(spare < 0, -1.0, np.where(act > 0, np.floor(spare / np.where(act > 0, act, 1.0)),
                                                             np.inf))
     # rho[ref, o]: q_l(o) >= rho * q_l(ref) for q = (m - 1) b + x f with any x >= 0
@@ -129,10 +242,14 @@ def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_ba
         with np.errstate(divide="ignore", invalid="ignore"):
             fluid = np.where((capacity > 0) & np.isfinite(capacity), totals / capacity, 0.0)
         max_g = np.maximum(max_g, fluid.max(axis=1))
+        P_rows = total.astype(int)
+        pools = np.array([profiles[o].option.pool for o in M])
+        for layers in _layer_sets(both[M]):
+            max_g = np.maximum(max_g, layer_count_bound(fwd[M], bwd[M], static[M], act[M], peak[M], c[:, M],
+                                                        pools, P_rows, m, layers))
         # memory
         base_use = float((static[M] + act[M]).min(axis=0).sum())
         smallest_act = np.sort(act[M].min(axis=0))
-        P_rows = total.astype(int)
         # pairing[P] = sum_{i < P-1} (min(P - i, m) - 1) * smallest_act[i]
         span = np.arange(L + 1)[:, None] - np.arange(L)[None, :]  # P - i
         weights = np.where(span >= 2, np.minimum(span, m) - 1, 0).astype(float)
@@ -148,3 +265,48 @@ def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_ba
         feasible = (worst <= 1.0) & hall & (base_use + pairing[P_rows] <= P_rows * (1 + 1e-12))
         out[rows] = np.where(feasible, sum_min + max_g, np.inf)
     return out
+
+
+def settings_lower_bound(profiles: list[OptionProfile], caps: np.ndarray, pool_devices: np.ndarray, dp: int, m: int,
+                         num_layers: int, max_stages: int, num_devices: int) -> float:
+    """A lower bound for every plan of one settings (any pools, tp, stage counts and partition), from the
+    options of every pool (``caps[o]``: the most stages option o can have; ``pool_devices[pool]``).
+
+    The bounds above with the stage capacity of whole pools, sum_k 1/rho_k <= sum_pools (devices / dp)
+    max_tp 1 / (rho tp), at most one stage per layer, and the layer-count bound with each pool at its best
+    option's largest count; inf when the model cannot fit: a stage of tp x dp devices holds at most one unit
+    of (c1 ppr + act) / room, so sum_l min_o tp_o dp (c1 ppr_l + act_l)(o) / room_o <= devices."""
+    if not profiles:
+        return np.inf
+    tps = np.array([p.option.tp for p in profiles], dtype=float)
+    pools = np.array([p.option.pool for p in profiles])
+    static = np.stack([p.static_unit for p in profiles])
+    act = np.stack([p.act_unit for p in profiles])
+    peak = np.stack([p.peak_unit for p in profiles])
+    devices_needed = (static + act) * tps[:, None] * dp
+    if float(devices_needed.min(axis=0).sum()) > num_devices * (1 + 1e-12):
+        return np.inf
+    fwd = np.stack([p.forward_s for p in profiles])
+    bwd = np.stack([p.backward_s for p in profiles])
+    sum_min = float((fwd + bwd).min(axis=0).sum())
+    q = (m - 1) * bwd  # G_k >= (m - 1) b_k
+    best = float(q.min(axis=0).max())
+    for ref in range(len(profiles)):
+        rho = np.minimum(speed_ratio(bwd, ref), speed_ratio(fwd, ref))
+        if not (rho > 0).all():
+            continue
+        per_pool: dict[int, float] = {}
+        for pool, tp, r in zip(pools, tps, rho):
+            per_pool[pool] = max(per_pool.get(pool, 0.0), 1.0 / (r * tp))
+        capacity = min(sum(pool_devices[p] / dp * v for p, v in per_pool.items()),
+                       num_layers * float((1.0 / rho).max()))
+        best = max(best, float(q[ref].sum()) / capacity)
+    caps = np.minimum(np.asarray(caps, dtype=int), min(num_layers, max_stages))
+    if max_stages == 1:
+        pools = np.zeros_like(pools)  # one stage: one option in all
+    most = sum(int(caps[pools == p].max()) for p in np.unique(pools))
+    total = np.array([min(num_layers, max_stages, most)])
+    for layers in _layer_sets(fwd + bwd):
+        best = max(best, float(layer_count_bound(fwd, bwd, static, act, peak, caps[None, :], pools, total, m,
+                                                 layers)[0]))
+    return sum_min + best

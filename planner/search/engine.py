@@ -24,7 +24,7 @@ from typing import Callable
 import numpy as np
 
 from planner.search.backend import Backend
-from planner.search.bounds import lower_bounds, option_profile, speed_ratio
+from planner.search.bounds import Profiles, lower_bounds, settings_lower_bound
 from planner.search.partition import solve_partition, stage_bounds
 from planner.search.space import Layout, Pins, Settings, StageOption, enumerate_settings, max_stages, options_allowed, \
     ordered_layouts, pool_options, settings_allowed
@@ -99,7 +99,7 @@ def _count_grid(caps: list[int], num_layers: int, pinned_pp: int, max_stages: in
     return full[(total <= num_layers) & ((total == pinned_pp) if pinned_pp else True)], False
 
 
-def _entries(backend: Backend, cluster: Cluster, settings: Settings, index: int, num_layers: int, global_batch: int,
+def _entries(profiles: Profiles, cluster: Cluster, settings: Settings, index: int, num_layers: int, global_batch: int,
              pins: Pins, single_pool: bool = False) -> tuple[list[_Entry], bool]:
     """Every set of stage blocks under one settings, with its lower bound (all bounded in one vectorised
     call)."""
@@ -126,8 +126,7 @@ def _entries(backend: Backend, cluster: Cluster, settings: Settings, index: int,
     if not rows:
         return [], complete
     table = np.concatenate(rows)
-    profiles = [option_profile(backend, o, settings) for o in options]
-    bounds = lower_bounds(profiles, table, m)
+    bounds = lower_bounds([profiles.get(o, settings) for o in options], table, m)
     keep = np.flatnonzero(np.isfinite(bounds))
     entries = []
     for r in keep:
@@ -208,37 +207,15 @@ class _Search:
         return current
 
 
-def settings_bound(backend: Backend, cluster: Cluster, settings: Settings, num_layers: int, global_batch: int,
+def settings_bound(profiles: Profiles, cluster: Cluster, settings: Settings, num_layers: int, global_batch: int,
                    pins: Pins) -> float:
-    """A lower bound for every plan with these settings (any pools, tp, stage counts and partition): the
-    bounds of :mod:`planner.search.bounds` with the stage capacity of whole pools,
-    sum_k 1/rho_k <= sum_pools (devices / dp) * max_tp 1 / (rho * tp), and at most one stage per layer;
-    inf when the model cannot fit: a stage of tp x dp devices holds at most one unit of
-    (c1 ppr + act) / room, so sum_l min_o tp_o dp (c1 ppr_l + act_l)(o) / room_o <= devices."""
-    m = settings.num_micro_batches(global_batch)
+    """A lower bound for every plan with these settings (:func:`planner.search.bounds.settings_lower_bound`)."""
     options = [o for opts in pool_options(cluster, settings, pins) for o in opts]
-    if not options:
-        return np.inf
-    profiles = [option_profile(backend, o, settings) for o in options]
-    devices_needed = np.stack([(p.static_unit + p.act_unit) * p.option.tp * settings.dp for p in profiles])
-    if float(devices_needed.min(axis=0).sum()) > cluster.num_devices * (1 + 1e-12):
-        return np.inf
-    fwd = np.stack([p.forward_s for p in profiles])
-    bwd = np.stack([p.backward_s for p in profiles])
-    sum_min = float((fwd + bwd).min(axis=0).sum())
-    q = (m - 1) * bwd  # G_k >= (m - 1) b_k
-    best = float(q.min(axis=0).max())
-    for ref in range(len(options)):
-        rho = np.minimum(speed_ratio(bwd, ref), speed_ratio(fwd, ref))
-        if not (rho > 0).all():
-            continue
-        per_pool: dict[int, float] = {}
-        for o, r in zip(options, rho):
-            per_pool[o.pool] = max(per_pool.get(o.pool, 0.0), 1.0 / (r * o.tp))
-        capacity = min(sum(cluster.groups[p].num_devices / settings.dp * v for p, v in per_pool.items()),
-                       num_layers * float((1.0 / rho).max()))
-        best = max(best, float(q[ref].sum()) / capacity)
-    return sum_min + best
+    caps = np.array([cluster.groups[o.pool].num_devices // (o.tp * settings.dp) for o in options], dtype=int)
+    return settings_lower_bound([profiles.get(o, settings) for o in options], caps,
+                                np.array([g.num_devices for g in cluster.groups]), settings.dp,
+                                settings.num_micro_batches(global_batch), num_layers,
+                                max_stages(settings, num_layers), cluster.num_devices)
 
 
 def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, pins: Pins, top_k: int = 1,
@@ -268,7 +245,8 @@ def _run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int,
     start = time.perf_counter()
     settings_list = [s for s in enumerate_settings(cluster, global_batch, pins) if settings_allowed(s, pins)]
     # settings in increasing bound order; their blocks are bounded only when that bound can still win
-    queue = sorted((settings_bound(backend, cluster, s, num_layers, global_batch, pins), i)
+    profiles = Profiles(backend)
+    queue = sorted((settings_bound(profiles, cluster, s, num_layers, global_batch, pins), i)
                    for i, s in enumerate(settings_list))
     log.info("search: %d settings", len(settings_list))
     state = _Search(backend, cluster, global_batch, top_k)
@@ -290,7 +268,7 @@ def _run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int,
         if upcoming <= top:
             index = queue[expanded][1]
             expanded += 1
-            found, full = _entries(backend, cluster, settings_list[index], index, num_layers, global_batch, pins,
+            found, full = _entries(profiles, cluster, settings_list[index], index, num_layers, global_batch, pins,
                                    single_pool)
             complete &= full
             bounded += len(found)
