@@ -134,7 +134,7 @@ def core_layers(work: np.ndarray) -> np.ndarray:
 
 def _memory_counts(static: np.ndarray, act: np.ndarray, peak: np.ndarray, count: int, m: int) -> np.ndarray:
     """``k[i]``: the most layers of this set a stage can hold with min(i + 1, m) micro-batches in flight
-    (the sum of the smallest static + n act, plus the least transient, within one room)."""
+    (the sum of the smallest static + n act, plus the least transient, within one room); non-increasing."""
     if count == 0:
         return np.zeros(0, dtype=int)
     n = np.minimum(np.arange(1, count + 1), m).astype(float)
@@ -144,50 +144,75 @@ def _memory_counts(static: np.ndarray, act: np.ndarray, peak: np.ndarray, count:
     return fits.sum(axis=1)
 
 
-def layer_count_bound(fwd: np.ndarray, bwd: np.ndarray, static: np.ndarray, act: np.ndarray, peak: np.ndarray,
-                      counts: np.ndarray, pools: np.ndarray, totals: np.ndarray, m: int, layers: np.ndarray
-                      ) -> np.ndarray:
-    """A lower bound on max_k G_k per row (inf: the stages cannot hold the layers), from stage capacities.
+@dataclass(frozen=True, eq=False)
+class CountTables:
+    """What the layer-count bound needs per option, for one layer subset U: prefix sums of the sorted
+    backward and forward times on U (``sb``, ``sf``: (options, |U| + 1)), and per option the layers of U a
+    stage holds with 1, 2, ... micro-batches in flight (``kmem``) with their prefix sums (``kmem_sums``)."""
 
-    ``counts[r, o]`` stages of option o (rows of fwd/bwd/... are options, columns layers), of which only the
-    largest count per pool is used (``pools[o]``: a pool serves one option per plan, so the coverage of a
-    row is, per pool, the best of its options), ``totals[r]`` pipeline stages, ``layers``: the layer subset
-    U to cover. A stage on option o holding k layers of U has G >= (m - 1) SB_o(k) + max(0, m - P) SF_o(k)
-    (SB, SF: sums of the k smallest backward and forward times on U) and, holding n micro-batches, at most
-    Kmem_o(n) of them; the c_o stages of o hold at least 1, 2, ..., c_o micro-batches (1F1B positions are
-    distinct), so at threshold t they hold at most sum_i min(K_o(t), Kmem_o(min(i, m))) layers of U. The
-    bound is the least candidate t at which the stages can hold all of U.
-    """
-    rows = len(counts)
-    out = np.zeros(rows)
-    size = int(layers.sum())
-    if size == 0 or rows == 0:
-        return out
+    size: int
+    sb: np.ndarray
+    sf: np.ndarray
+    kmem: tuple[np.ndarray, ...]
+    kmem_sums: tuple[np.ndarray, ...]
+
+
+def count_tables(fwd: np.ndarray, bwd: np.ndarray, static: np.ndarray, act: np.ndarray, peak: np.ndarray,
+                 layers: np.ndarray, most_stages: np.ndarray, m: int) -> CountTables:
+    """:class:`CountTables` for options with at most ``most_stages[o]`` stages each."""
     O = len(fwd)
     sb = np.concatenate([np.zeros((O, 1)), np.cumsum(np.sort(bwd[:, layers], axis=1), axis=1)], axis=1)
     sf = np.concatenate([np.zeros((O, 1)), np.cumsum(np.sort(fwd[:, layers], axis=1), axis=1)], axis=1)
-    cmax = counts.max(axis=0).astype(int)
-    kmem = [_memory_counts(static[o, layers], act[o, layers], peak[o, layers], int(cmax[o]), m) for o in range(O)]
+    kmem = tuple(_memory_counts(static[o, layers], act[o, layers], peak[o, layers], int(most_stages[o]), m)
+                 for o in range(O))
+    sums = tuple(np.concatenate(([0], np.cumsum(k))) for k in kmem)
+    return CountTables(int(layers.sum()), sb, sf, kmem, sums)
+
+
+def layer_count_bound(tables: CountTables, options: np.ndarray, counts: np.ndarray, pools: np.ndarray,
+                      totals: np.ndarray, m: int, floor: np.ndarray) -> np.ndarray:
+    """A lower bound on max_k G_k per row, at least ``floor[r]`` (inf: the stages cannot hold the layers),
+    from stage capacities.
+
+    Row r has ``counts[r, j]`` stages of option ``options[j]`` (an index into ``tables``), of which only the
+    largest count per pool is used (``pools[j]``: a pool serves one option per plan, so the coverage of a
+    row is, per pool, the best of its options) and ``totals[r]`` pipeline stages. A stage on option o holding
+    k layers of U has G >= (m - 1) SB_o(k) + max(0, m - P) SF_o(k) and, holding n micro-batches, at most
+    Kmem_o(n) of them; the c_o stages of o hold at least 1, 2, ..., c_o micro-batches (1F1B positions are
+    distinct), so at threshold t they hold at most sum_i min(K_o(t), Kmem_o(min(i, m))) layers of U. The
+    bound is the least t at which the stages can hold all of U (only t above the row's floor are tried).
+    """
+    rows = len(counts)
+    out = np.asarray(floor, dtype=float).copy()
+    if tables.size == 0 or rows == 0:
+        return out
     pool_ids = np.unique(pools)
     for P in np.unique(totals):
         sel = np.flatnonzero(totals == P)
-        g = (m - 1) * sb + max(0, m - int(P)) * sf  # (O, size + 1), non-decreasing in k
+        lo = float(out[sel].min())
+        g = (m - 1) * tables.sb[options] + max(0, m - int(P)) * tables.sf[options]  # non-decreasing in k
         cands = np.unique(g[:, 1:])
+        cands = np.concatenate(([lo], cands[cands > lo]))
         cover = np.zeros((len(sel), len(cands)))
         for pool in pool_ids:
             best = np.zeros((len(sel), len(cands)))
-            for o in np.flatnonzero(pools == pool):
-                c = counts[sel, o].astype(int)
+            for j in np.flatnonzero(pools == pool):
+                c = counts[sel, j].astype(int)
                 if not c.any():
                     continue
-                k_time = np.searchsorted(g[o], cands, side="right") - 1  # layers of U within t
-                table = np.zeros((int(cmax[o]) + 1, len(cands)))
-                table[1:] = np.cumsum(np.minimum(k_time[None, :], kmem[o][:, None]), axis=0)
-                best = np.maximum(best, table[c])
+                o = options[j]
+                k_time = np.searchsorted(g[j], cands, side="right") - 1  # layers of U within t
+                kmem = tables.kmem[o]
+                # stages 1..i0 hold at least k_time layers in memory (kmem is non-increasing)
+                i0 = np.searchsorted(-kmem, -k_time, side="right")
+                upto = np.minimum(c[:, None], i0[None, :])
+                sums = tables.kmem_sums[o]
+                best = np.maximum(best, k_time[None, :] * upto + sums[c][:, None] - sums[upto])
             cover += best
-        enough = cover >= size
-        found = enough.any(axis=1)
-        out[sel] = np.where(found, cands[np.argmax(enough, axis=1)] * (1 - 1e-9), np.inf)
+        enough = cover >= tables.size
+        first = np.argmax(enough, axis=1)
+        value = np.where(first == 0, lo, cands[first] * (1 - 1e-9))
+        out[sel] = np.maximum(out[sel], np.where(enough.any(axis=1), value, np.inf))
     return out
 
 
@@ -223,6 +248,9 @@ def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_ba
     with np.errstate(divide="ignore"):
         inverse = np.where(rho > 0, 1.0 / rho, np.inf)
     sums_b, sums_f = bwd.sum(axis=1), fwd.sum(axis=1)
+    pools = np.array([p.option.pool for p in profiles])
+    most = counts.max(axis=0)
+    count_sets = [count_tables(fwd, bwd, static, act, peak, layers, most, m) for layers in _layer_sets(both)]
     members = counts > 0
     keys, group = np.unique(members, axis=0, return_inverse=True)
     for g, key in enumerate(keys):
@@ -243,10 +271,8 @@ def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_ba
             fluid = np.where((capacity > 0) & np.isfinite(capacity), totals / capacity, 0.0)
         max_g = np.maximum(max_g, fluid.max(axis=1))
         P_rows = total.astype(int)
-        pools = np.array([profiles[o].option.pool for o in M])
-        for layers in _layer_sets(both[M]):
-            max_g = np.maximum(max_g, layer_count_bound(fwd[M], bwd[M], static[M], act[M], peak[M], c[:, M],
-                                                        pools, P_rows, m, layers))
+        for tables in count_sets:
+            max_g = layer_count_bound(tables, M, c[:, M], pools[M], P_rows, m, max_g)
         # memory
         base_use = float((static[M] + act[M]).min(axis=0).sum())
         smallest_act = np.sort(act[M].min(axis=0))
@@ -267,46 +293,79 @@ def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_ba
     return out
 
 
-def settings_lower_bound(profiles: list[OptionProfile], caps: np.ndarray, pool_devices: np.ndarray, dp: int, m: int,
-                         num_layers: int, max_stages: int, num_devices: int) -> float:
-    """A lower bound for every plan of one settings (any pools, tp, stage counts and partition), from the
-    options of every pool (``caps[o]``: the most stages option o can have; ``pool_devices[pool]``).
-
-    The bounds above with the stage capacity of whole pools, sum_k 1/rho_k <= sum_pools (devices / dp)
-    max_tp 1 / (rho tp), at most one stage per layer, and the layer-count bound with each pool at its best
-    option's largest count; inf when the model cannot fit: a stage of tp x dp devices holds at most one unit
-    of (c1 ppr + act) / room, so sum_l min_o tp_o dp (c1 ppr_l + act_l)(o) / room_o <= devices."""
+def settings_lower_bound(profiles: list[OptionProfile], caps: np.ndarray, m: int, num_layers: int, max_stages: int,
+                         num_devices: int, dp: int, floor_s: float) -> float:
+    """A lower bound for every plan of one settings (any pools, tp, stage counts and partition), at least
+    ``floor_s`` (:class:`QuickSettingsBound`), from the options of every pool (``caps[o]``: the most stages
+    option o can have): the layer-count bound with each pool at its best option's largest count and at most
+    one stage per layer; inf when the model cannot fit (then also: a stage of tp x dp devices holds at most
+    one unit of (c1 ppr + act) / room, so sum_l min_o tp_o dp (c1 ppr_l + act_l)(o) / room_o <= devices)."""
     if not profiles:
         return np.inf
     tps = np.array([p.option.tp for p in profiles], dtype=float)
-    pools = np.array([p.option.pool for p in profiles])
     static = np.stack([p.static_unit for p in profiles])
     act = np.stack([p.act_unit for p in profiles])
-    peak = np.stack([p.peak_unit for p in profiles])
-    devices_needed = (static + act) * tps[:, None] * dp
-    if float(devices_needed.min(axis=0).sum()) > num_devices * (1 + 1e-12):
+    if float(((static + act) * tps[:, None] * dp).min(axis=0).sum()) > num_devices * (1 + 1e-12):
         return np.inf
+    pools = np.array([p.option.pool for p in profiles])
+    peak = np.stack([p.peak_unit for p in profiles])
     fwd = np.stack([p.forward_s for p in profiles])
     bwd = np.stack([p.backward_s for p in profiles])
     sum_min = float((fwd + bwd).min(axis=0).sum())
-    q = (m - 1) * bwd  # G_k >= (m - 1) b_k
-    best = float(q.min(axis=0).max())
-    for ref in range(len(profiles)):
-        rho = np.minimum(speed_ratio(bwd, ref), speed_ratio(fwd, ref))
-        if not (rho > 0).all():
-            continue
-        per_pool: dict[int, float] = {}
-        for pool, tp, r in zip(pools, tps, rho):
-            per_pool[pool] = max(per_pool.get(pool, 0.0), 1.0 / (r * tp))
-        capacity = min(sum(pool_devices[p] / dp * v for p, v in per_pool.items()),
-                       num_layers * float((1.0 / rho).max()))
-        best = max(best, float(q[ref].sum()) / capacity)
+    best = floor_s - sum_min
     caps = np.minimum(np.asarray(caps, dtype=int), min(num_layers, max_stages))
     if max_stages == 1:
         pools = np.zeros_like(pools)  # one stage: one option in all
     most = sum(int(caps[pools == p].max()) for p in np.unique(pools))
     total = np.array([min(num_layers, max_stages, most)])
+    options = np.arange(len(profiles))
     for layers in _layer_sets(fwd + bwd):
-        best = max(best, float(layer_count_bound(fwd, bwd, static, act, peak, caps[None, :], pools, total, m,
-                                                 layers)[0]))
+        tables = count_tables(fwd, bwd, static, act, peak, layers, caps, m)
+        best = float(layer_count_bound(tables, options, caps[None, :], pools, total, m, np.array([best]))[0])
+        if not np.isfinite(best):
+            return np.inf
     return sum_min + best
+
+
+class QuickSettingsBound:
+    """A cheap lower bound for every plan of one settings, from compute alone (no memory): the per-layer
+    least work plus the fluid bound of :func:`settings_lower_bound`. Its tables depend only on the options
+    and the layer tables (micro-batch, recompute, sequence parallelism, dtype), so the settings that differ
+    in dp and ZeRO share them; the search orders settings by it and computes the strong bound lazily."""
+
+    def __init__(self, backend: Backend, pool_devices: np.ndarray, num_layers: int) -> None:
+        self.backend, self.pool_devices, self.num_layers = backend, pool_devices, num_layers
+        self._memo: dict[tuple, tuple] = {}
+
+    def _tables(self, options: tuple[StageOption, ...], settings: Settings) -> tuple:
+        key = (options, settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype)
+        hit = self._memo.get(key)
+        if hit is None:
+            tabs = [self.backend.layer_table(o, settings) for o in options]
+            fwd = np.stack([np.asarray(t.forward_s, dtype=float) for t in tabs])
+            bwd = np.stack([np.asarray(t.backward_s, dtype=float) for t in tabs])
+            sum_min = float((fwd + bwd).min(axis=0).sum())
+            widest = float(bwd.min(axis=0).max())
+            pools = sorted({o.pool for o in options})
+            per_pool = np.zeros((len(options), len(pools)))  # [ref, pool]: max over its options 1/(rho tp)
+            longest = np.zeros(len(options))
+            usable = np.zeros(len(options), dtype=bool)
+            for ref in range(len(options)):
+                rho = np.minimum(speed_ratio(bwd, ref), speed_ratio(fwd, ref))
+                usable[ref] = bool((rho > 0).all())
+                if usable[ref]:
+                    longest[ref] = float((1.0 / rho).max())
+                    for o, r in zip(options, rho):
+                        j = pools.index(o.pool)
+                        per_pool[ref, j] = max(per_pool[ref, j], 1.0 / (r * o.tp))
+            hit = (sum_min, widest, bwd.sum(axis=1), per_pool, longest, usable, np.array(pools))
+            self._memo[key] = hit
+        return hit
+
+    def bound(self, options: tuple[StageOption, ...], settings: Settings, m: int) -> float:
+        if not options:
+            return np.inf
+        sum_min, widest, sums_b, per_pool, longest, usable, pools = self._tables(options, settings)
+        capacity = np.minimum(per_pool @ self.pool_devices[pools] / settings.dp, self.num_layers * longest)
+        fluid = float(np.max(np.where(usable & (capacity > 0), sums_b / np.where(capacity > 0, capacity, 1.0), 0.0)))
+        return sum_min + (m - 1) * max(widest, fluid)

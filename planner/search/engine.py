@@ -24,7 +24,7 @@ from typing import Callable
 import numpy as np
 
 from planner.search.backend import Backend
-from planner.search.bounds import Profiles, lower_bounds, settings_lower_bound
+from planner.search.bounds import Profiles, QuickSettingsBound, lower_bounds, settings_lower_bound
 from planner.search.partition import solve_partition, stage_bounds
 from planner.search.space import Layout, Pins, Settings, StageOption, enumerate_settings, max_stages, options_allowed, \
     ordered_layouts, pool_options, settings_allowed
@@ -62,6 +62,7 @@ class Outcome:
     timed_out: bool
     bound_violations: int  # plans the cost model timed below their bound (a backend inconsistency)
     time_s: float
+    work: int = 0  # work units spent (see Limits)
 
 
 @dataclass(frozen=True, order=True)
@@ -100,7 +101,7 @@ def _count_grid(caps: list[int], num_layers: int, pinned_pp: int, max_stages: in
 
 
 def _entries(profiles: Profiles, cluster: Cluster, settings: Settings, index: int, num_layers: int, global_batch: int,
-             pins: Pins, single_pool: bool = False) -> tuple[list[_Entry], bool]:
+             pins: Pins) -> tuple[list[_Entry], bool]:
     """Every set of stage blocks under one settings, with its lower bound (all bounded in one vectorised
     call)."""
     m = settings.num_micro_batches(global_batch)
@@ -114,7 +115,7 @@ def _entries(profiles: Profiles, cluster: Cluster, settings: Settings, index: in
     complete = True
     for choice in itertools.product(*[[None, *opts] for opts in per_pool]):
         chosen = tuple(o for o in choice if o is not None)
-        if not options_allowed(settings, chosen) or ((stages_cap == 1 or single_pool) and len(chosen) > 1):
+        if not options_allowed(settings, chosen) or (stages_cap == 1 and len(chosen) > 1):
             continue
         caps = [min(num_layers, cluster.groups[o.pool].num_devices // (o.tp * settings.dp)) for o in chosen]
         counts, full = _count_grid(caps, num_layers, pins.pp, stages_cap)
@@ -139,11 +140,21 @@ def _entries(profiles: Profiles, cluster: Cluster, settings: Settings, index: in
 class _Search:
     """Mutable state of one branch-and-bound run (kept out of module globals)."""
 
-    def __init__(self, backend: Backend, cluster: Cluster, global_batch: int, top_k: int) -> None:
+    def __init__(self, backend: Backend, cluster: Cluster, global_batch: int, top_k: int, limits: Limits,
+                 start: float) -> None:
         self.backend, self.cluster, self.global_batch, self.top_k = backend, cluster, global_batch, top_k
+        self.limits, self.start = limits, start
         self.best: list[Candidate] = []
-        self.timed = self.violations = 0
+        self.timed = self.violations = self.work = 0
         self.least_layout_bound = np.inf
+
+    def out_of_limits(self) -> bool:
+        """Whether a limit is reached and a plan is in hand (without one, the search goes on)."""
+        if not self.best:
+            return False
+        if self.limits.budget is not None and self.work >= self.limits.budget:
+            return True
+        return self.limits.time_s is not None and time.perf_counter() - self.start > self.limits.time_s
 
     def cutoff(self) -> float:
         return self.best[-1].time_s if len(self.best) >= self.top_k else np.inf
@@ -156,6 +167,7 @@ class _Search:
         spec = pipeline_spec(self.cluster, self.global_batch, settings, layout, last)
         estimate = self.backend.evaluate(spec)
         self.timed += 1
+        self.work += 1
         if not estimate.feasible:
             if bound is not None and check:
                 log.info("search: the cost model rejects a plan the bound admitted (%s)", estimate.reason)
@@ -177,10 +189,10 @@ class _Search:
         self.best.sort()
         del self.best[self.top_k:]
 
-    def refine(self, cand: Candidate, deadline: float | None) -> Candidate:
+    def refine(self, cand: Candidate) -> Candidate:
         """Hill-climb the layer cuts of a plan whose time exceeds its layout's bound (the bound is exact for
         identical stages; uneven ones may time better after moving a cut by one layer). Stops at a local
-        optimum or the deadline."""
+        optimum or a limit."""
         current = cand
         L = current.last_layers[-1] + 1
         improved = True
@@ -189,7 +201,7 @@ class _Search:
             cuts = current.last_layers[:-1]
             for k in range(len(cuts)):
                 for step in (-1, 1):
-                    if deadline is not None and time.perf_counter() > deadline:
+                    if self.out_of_limits():
                         return current
                     moved = list(cuts)
                     moved[k] += step
@@ -208,50 +220,44 @@ class _Search:
 
 
 def settings_bound(profiles: Profiles, cluster: Cluster, settings: Settings, num_layers: int, global_batch: int,
-                   pins: Pins) -> float:
+                   pins: Pins, floor_s: float) -> float:
     """A lower bound for every plan with these settings (:func:`planner.search.bounds.settings_lower_bound`)."""
     options = [o for opts in pool_options(cluster, settings, pins) for o in opts]
     caps = np.array([cluster.groups[o.pool].num_devices // (o.tp * settings.dp) for o in options], dtype=int)
     return settings_lower_bound([profiles.get(o, settings) for o in options], caps,
-                                np.array([g.num_devices for g in cluster.groups]), settings.dp,
-                                settings.num_micro_batches(global_batch), num_layers,
-                                max_stages(settings, num_layers), cluster.num_devices)
+                                settings.num_micro_batches(global_batch), num_layers, max_stages(settings, num_layers),
+                                cluster.num_devices, settings.dp, floor_s)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """When to stop before the search is complete, once it holds a plan (a limit never ends a search that has
+    found none). ``budget`` counts work units, deterministic on any machine: one per settings bounded, per
+    layout whose partition is solved and per plan timed by the cost model. ``time_s`` is wall clock."""
+
+    time_s: float | None = None
+    budget: int | None = None
 
 
 def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, pins: Pins, top_k: int = 1,
-        time_limit_s: float | None = None, progress: Callable[[float], None] | None = None) -> Outcome:
-    """Search the whole space. On a mixed cluster the plans on one pool are searched first: the best of
-    them is a quick, feasible incumbent that prunes most mixed layouts (and the final plan is never slower
-    than the best single-pool one)."""
-    if len(cluster.groups) == 1:
-        return _run(backend, cluster, num_layers, global_batch, pins, top_k, time_limit_s, progress)
-    start = time.perf_counter()
-    first = _run(backend, cluster, num_layers, global_batch, pins, top_k,
-                 None if time_limit_s is None else time_limit_s / 2, None, single_pool=True, refine=False)
-    left = None if time_limit_s is None else max(0.0, time_limit_s - (time.perf_counter() - start))
-    second = _run(backend, cluster, num_layers, global_batch, pins, top_k, left, progress,
-                  incumbents=first.candidates)
-    return Outcome(candidates=second.candidates, proven_optimal=second.proven_optimal,
-                   lower_bound_s=second.lower_bound_s, bounded=first.bounded + second.bounded,
-                   solved=first.solved + second.solved, timed=first.timed + second.timed,
-                   complete_space=second.complete_space, timed_out=second.timed_out,
-                   bound_violations=first.bound_violations + second.bound_violations,
-                   time_s=time.perf_counter() - start)
-
-
-def _run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, pins: Pins, top_k: int,
-         time_limit_s: float | None, progress: Callable[[float], None] | None, single_pool: bool = False,
-         incumbents: tuple[Candidate, ...] = (), refine: bool = True) -> Outcome:
+        time_limit_s: float | None = None, progress: Callable[[float], None] | None = None,
+        budget: int | None = None) -> Outcome:
+    """Search the whole space, best bound first (see the module docstring); stop early at ``time_limit_s``
+    seconds or ``budget`` work units (:class:`Limits`), whichever comes first, once a plan is found."""
+    limits = Limits(time_limit_s, budget)
     start = time.perf_counter()
     settings_list = [s for s in enumerate_settings(cluster, global_batch, pins) if settings_allowed(s, pins)]
-    # settings in increasing bound order; their blocks are bounded only when that bound can still win
-    profiles = Profiles(backend)
-    queue = sorted((settings_bound(profiles, cluster, s, num_layers, global_batch, pins), i)
-                   for i, s in enumerate(settings_list))
     log.info("search: %d settings", len(settings_list))
-    state = _Search(backend, cluster, global_batch, top_k)
-    for cand in incumbents:
-        state.offer(cand)
+    profiles = Profiles(backend)
+    state = _Search(backend, cluster, global_batch, top_k, limits, start)
+    # settings in increasing bound order: first a quick compute-only bound, then, when a settings comes up,
+    # its strong bound (memory, layer counts); its blocks are bounded only when that can still win
+    quick = QuickSettingsBound(backend, np.array([g.num_devices for g in cluster.groups], dtype=float), num_layers)
+    queue: list[tuple[float, int, bool]] = []
+    for i, s in enumerate(settings_list):
+        options = tuple(o for opts in pool_options(cluster, s, pins) for o in opts)
+        queue.append((quick.bound(options, s, s.num_micro_batches(global_batch)), i, False))
+    heapq.heapify(queue)
     heap: list[_Entry] = []
     expanded = bounded = solved = 0
     complete = True
@@ -259,29 +265,36 @@ def _run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int,
     unvisited = np.inf
     while True:
         top = heap[0].bound_s if heap else np.inf
-        upcoming = queue[expanded][0] if expanded < len(queue) else np.inf
+        upcoming = queue[0][0] if queue else np.inf
         if min(top, upcoming) >= state.cutoff():
             break
-        if time_limit_s is not None and time.perf_counter() - start > time_limit_s:
+        if state.out_of_limits():
             timed_out, unvisited = True, min(top, upcoming)
             break
         if upcoming <= top:
-            index = queue[expanded][1]
+            quick_s, index, strong = heapq.heappop(queue)
+            if not strong:
+                state.work += 1
+                bound = settings_bound(profiles, cluster, settings_list[index], num_layers, global_batch, pins,
+                                       quick_s)
+                if np.isfinite(bound):
+                    heapq.heappush(queue, (bound, index, True))
+                continue
             expanded += 1
-            found, full = _entries(profiles, cluster, settings_list[index], index, num_layers, global_batch, pins,
-                                   single_pool)
+            found, full = _entries(profiles, cluster, settings_list[index], index, num_layers, global_batch, pins)
             complete &= full
             bounded += len(found)
             for entry in found:
                 heapq.heappush(heap, entry)
             if progress is not None:
-                progress(expanded / len(queue))
+                progress(1.0 - len(queue) / len(settings_list))
             continue
         entry = heapq.heappop(heap)
         settings = settings_list[entry.settings_index]
         blocks = [(o.pool, o.tp, c) for o, c in zip(entry.options, entry.counts)]
         for layout in ordered_layouts(blocks):
             solved += 1
+            state.work += 1
             if layout.num_stages == 1:
                 cand = state.time(settings, layout, (num_layers - 1,), None)
                 if cand is not None:
@@ -296,9 +309,8 @@ def _run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int,
             cand = state.time(settings, layout, part.last_layers, part.objective)
             if cand is not None:
                 state.offer(cand)
-    if refine and state.best and state.best[0].time_s > state.best[0].bound_s * (1 + _REL_TOL):
-        deadline = None if time_limit_s is None else start + time_limit_s
-        state.offer(state.refine(state.best[0], deadline))
+    if state.best and state.best[0].time_s > state.best[0].bound_s * (1 + _REL_TOL):
+        state.offer(state.refine(state.best[0]))
     if progress is not None:
         progress(1.0)
     best_time = state.best[0].time_s if state.best else np.inf
@@ -307,4 +319,5 @@ def _run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int,
         and best_time <= lower * (1 + 1e-6)
     return Outcome(candidates=tuple(state.best), proven_optimal=proven, lower_bound_s=float(lower),
                    bounded=bounded, solved=solved, timed=state.timed, complete_space=complete,
-                   timed_out=timed_out, bound_violations=state.violations, time_s=time.perf_counter() - start)
+                   timed_out=timed_out, bound_violations=state.violations, time_s=time.perf_counter() - start,
+                   work=state.work)
