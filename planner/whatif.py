@@ -186,6 +186,25 @@ def _load_model(path: str, dims: tuple[tuple[str, int], ...]) -> LayerGraph:
     return load_model(path, dict(dims))
 
 
+_NODES: list = []  # this worker's distinct node profiles, one object per value (the latest few)
+_MAX_NODES = 64
+
+
+def _shared_nodes(cluster: Cluster) -> Cluster:
+    """The same cluster with each node profile replaced by an equal one this worker has seen before. Points
+    arrive pickled, each with its own copies; the cost model caches per-layer costs by node identity, so
+    sharing the objects lets every point after the first reuse them (the numbers are the same)."""
+    groups = []
+    for group in cluster.groups:
+        node = next((n for n in _NODES if n == group.node), None)
+        if node is None:
+            _NODES.append(group.node)
+            del _NODES[:-_MAX_NODES]
+            node = group.node
+        groups.append(group if node is group.node else replace(group, node=node))
+    return replace(cluster, groups=tuple(groups))
+
+
 def cluster_cost_per_hour(cluster: Cluster, devices: Iterable[int] | None = None) -> float | None:
     """The hourly price of the nodes holding ``devices`` (default: every node), or None when one of those
     nodes' groups has no price."""
@@ -255,6 +274,7 @@ def _evaluate(task: PointTask) -> WhatIfPoint:
     if inputs.cluster is None:
         return infeasible(inputs, inputs.reason, dims.get(SEQ_DIM))
     model = _load_model(task.model_path, inputs.dims)
+    inputs = replace(inputs, cluster=_shared_nodes(inputs.cluster))
     seq_len = dict(model.dims).get(SEQ_DIM, dims.get(SEQ_DIM))
     pinned = task.pinned
     if isinstance(pinned, ParallelConfig):

@@ -69,6 +69,10 @@ class SyntheticBackend:
     def static_bytes(self, params_per_rank: np.ndarray, option: StageOption, settings: Settings) -> np.ndarray:
         return np.asarray(params_per_rank, dtype=float) * sum(self._state_bytes(settings))
 
+    def stage_bytes(self, params_per_rank, act_bytes, in_flight, peak_bytes, option: StageOption,
+                    settings: Settings) -> np.ndarray:
+        return self.static_bytes(params_per_rank, option, settings) + np.asarray(act_bytes) * in_flight + peak_bytes
+
     def _tail_s(self, params_per_rank, option: StageOption, settings: Settings):
         p = np.asarray(params_per_rank, dtype=float)
         d = settings.dp
@@ -100,7 +104,7 @@ class SyntheticBackend:
             to = k + 1 if k + 1 < P else (0 if settings.vpp > 1 else None)
             sends.append(None if to is None else self._p2p_s(t.output_bytes, option, layout.options[to]))
             in_flight = micro_batches_in_flight(k, P, m, settings.schedule, settings.vpp)
-            memory = self.static_bytes(params, option, settings) + act * in_flight + peak
+            memory = self.stage_bytes(params, act, in_flight, peak, option, settings)
             fits.append(memory <= self.capacity_bytes(option))
         t0 = self.layer_table(layout.options[0], settings)
         tail0 = self._tail_s(np.cumsum(t0.params_per_rank), layout.options[0], settings)

@@ -17,7 +17,7 @@ from planner.search import engine
 from planner.search.backend import Backend
 from planner.search.build import to_plan
 from planner.search.explain import bottleneck
-from planner.search.interleave import unit_flags
+from planner.search.interleave import searched_units, unit_flags
 from planner.search.space import Pins, Settings, StageOption, validate_pins
 from planner.types import Cluster, LayerGraph, ParallelConfig
 
@@ -66,11 +66,13 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
         from planner.embeddings.dense import dense_part  # the tables are placed model-parallel, not in the pipeline
         model = dense_part(model, model.embedding_tables)
     pins = Pins.from_config(pinned)
-    units = unit_flags([layer.kind for layer in model.layers])
+    kinds = [layer.kind for layer in model.layers]
+    units = unit_flags(kinds)
     validate_pins(pins, cluster, global_batch, len(model.layers), sum(units))
     backend = backend if backend is not None else default_backend(model, cluster)
     outcome = engine.run(backend, cluster, len(model.layers), global_batch, pins, top_k=top_k,
-                         time_limit_s=time_limit_s, progress=progress, units=units)
+                         time_limit_s=time_limit_s, progress=progress, units=units,
+                         interleave=searched_units(kinds) > 0)
     if not outcome.candidates:
         if outcome.timed_out:
             raise InfeasibleError(f"--time-limit {time_limit_s}: no feasible plan was found in time; "

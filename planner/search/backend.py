@@ -60,6 +60,14 @@ class Backend(Protocol):
 
     def capacity_bytes(self, option: StageOption) -> float: ...
 
+    def stage_bytes(self, params_per_rank: np.ndarray, act_bytes: np.ndarray, in_flight: float,
+                    peak_bytes: np.ndarray, option: StageOption, settings: Settings) -> np.ndarray:
+        """Memory per device of a stage whose layers sum to ``params_per_rank`` parameters and ``act_bytes``
+        activations per micro-batch, with ``in_flight`` micro-batches held and a largest transient of
+        ``peak_bytes`` (element-wise). Affine in each of the parameters, ``act_bytes * in_flight`` and the
+        transient; a segment fits when this is at most ``capacity_bytes``."""
+        ...
+
     def stage_matrices(self, layout: Layout, settings: Settings, global_batch: int
                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(S, G, R) of the bound above, shape (P, L, L), S = inf where a segment does not fit in memory

@@ -57,6 +57,11 @@ class CostModelBackend:
                            settings.optimizer, settings.dtype)
         return mem.weights_bytes + mem.gradients_bytes + mem.optimizer_bytes
 
+    def stage_bytes(self, params_per_rank: np.ndarray, act_bytes: np.ndarray, in_flight: float,
+                    peak_bytes: np.ndarray, option: StageOption, settings: Settings) -> np.ndarray:
+        return stage_memory(params_per_rank, act_bytes, in_flight, settings.zero, settings.dp, settings.optimizer,
+                            settings.dtype, peak_bytes).total_bytes
+
     def capacity_bytes(self, option: StageOption) -> float:
         return float(self.cluster.groups[option.pool].node.device.memory_bytes)
 
@@ -92,8 +97,7 @@ class CostModelBackend:
         hit = self._segments.get(key)
         if hit is None:
             _, _, params, act, peak = self._segments_of(option, settings)
-            zero, one = (stage_memory(params, act, n, settings.zero, settings.dp, settings.optimizer, settings.dtype,
-                                      peak).total_bytes for n in (0, 1))
+            zero, one = (self.stage_bytes(params, act, n, peak, option, settings) for n in (0, 1))
             hit = (zero, one - zero)
             self._segments[key] = hit
         return hit

@@ -25,8 +25,8 @@ import numpy as np
 
 from planner.search import hetero
 from planner.search.backend import Backend
-from planner.search.bounds import lower_bounds, option_profile, speed_ratio
 from planner.search.interleave import chunk_mask, partition_allowed, pipeline_allowed
+from planner.search.bounds import Profiles, QuickSettingsBound, lower_bounds, settings_lower_bound
 from planner.search.partition import solve_partition, stage_bounds
 from planner.search.space import Layout, Pins, Settings, StageOption, enumerate_settings, max_stages, options_allowed, \
     ordered_layouts, pool_options, settings_allowed
@@ -35,6 +35,7 @@ from planner.types import Cluster, Estimate, PipelineSpec, ReplicaSpec, StageSpe
 
 log = logging.getLogger(__name__)
 
+_QUICK, _STRONG, _HETERO = 0, 1, 2  # settings queue items: quick bound, strong bound, heterogeneous stages
 MAX_GRID = 64  # stage-count combinations per pool set before mixed layouts fall back to whole pools
 _REL_TOL = 1e-9
 
@@ -65,6 +66,7 @@ class Outcome:
     timed_out: bool
     bound_violations: int  # plans the cost model timed below their bound (a backend inconsistency)
     time_s: float
+    work: int = 0  # work units spent (see Limits)
 
 
 @dataclass(frozen=True, order=True)
@@ -73,6 +75,7 @@ class _Entry:
     settings_index: int
     options: tuple[StageOption, ...]
     counts: tuple[int, ...]
+    hetero: hetero.HeteroStage | None = field(default=None, compare=False)  # a heterogeneous stage to time
 
 
 def pipeline_spec(cluster: Cluster, global_batch: int, settings: Settings, layout: Layout,
@@ -102,8 +105,8 @@ def _count_grid(caps: list[int], num_layers: int, pinned_pp: int, max_stages: in
     return full[(total <= num_layers) & ((total == pinned_pp) if pinned_pp else True)], False
 
 
-def _entries(backend: Backend, cluster: Cluster, settings: Settings, index: int, num_layers: int, global_batch: int,
-             pins: Pins, single_pool: bool = False, num_units: int | None = None) -> tuple[list[_Entry], bool]:
+def _entries(profiles: Profiles, cluster: Cluster, settings: Settings, index: int, num_layers: int, global_batch: int,
+             pins: Pins, num_units: int) -> tuple[list[_Entry], bool]:
     """Every set of stage blocks under one settings, with its lower bound (all bounded in one vectorised
     call)."""
     m = settings.num_micro_batches(global_batch)
@@ -117,14 +120,13 @@ def _entries(backend: Backend, cluster: Cluster, settings: Settings, index: int,
     complete = True
     for choice in itertools.product(*[[None, *opts] for opts in per_pool]):
         chosen = tuple(o for o in choice if o is not None)
-        if not options_allowed(settings, chosen) or ((stages_cap == 1 or single_pool) and len(chosen) > 1):
+        if not options_allowed(settings, chosen) or (stages_cap == 1 and len(chosen) > 1):
             continue
         caps = [min(num_layers, cluster.groups[o.pool].num_devices // (o.tp * settings.dp)) for o in chosen]
         counts, full = _count_grid(caps, num_layers, pins.pp, stages_cap)
         complete &= full
         if settings.vpp > 1:
-            total = counts.sum(axis=1)
-            counts = counts[[pipeline_allowed(int(t), m, settings.vpp, num_units or num_layers) for t in total]]
+            counts = counts[[pipeline_allowed(int(t), m, settings.vpp, num_units) for t in counts.sum(axis=1)]]
         if len(counts):
             block = np.zeros((len(counts), len(options)), dtype=int)
             block[:, [column[o] for o in chosen]] = counts
@@ -132,8 +134,7 @@ def _entries(backend: Backend, cluster: Cluster, settings: Settings, index: int,
     if not rows:
         return [], complete
     table = np.concatenate(rows)
-    profiles = [option_profile(backend, o, settings) for o in options]
-    bounds = lower_bounds(profiles, table, m, settings.vpp)
+    bounds = lower_bounds([profiles.get(o, settings) for o in options], table, m, settings.vpp, profiles.count_memo)
     keep = np.flatnonzero(np.isfinite(bounds))
     entries = []
     for r in keep:
@@ -146,13 +147,22 @@ def _entries(backend: Backend, cluster: Cluster, settings: Settings, index: int,
 class _Search:
     """Mutable state of one branch-and-bound run (kept out of module globals)."""
 
-    def __init__(self, backend: Backend, cluster: Cluster, global_batch: int, top_k: int,
-                 units: tuple[int, ...] = ()) -> None:
+    def __init__(self, backend: Backend, cluster: Cluster, global_batch: int, top_k: int, limits: Limits,
+                 start: float, units: tuple[int, ...]) -> None:
         self.backend, self.cluster, self.global_batch, self.top_k = backend, cluster, global_batch, top_k
         self.units = units
+        self.limits, self.start = limits, start
         self.best: list[Candidate] = []
-        self.timed = self.violations = 0
+        self.timed = self.violations = self.work = 0
         self.least_layout_bound = np.inf
+
+    def out_of_limits(self) -> bool:
+        """Whether a limit is reached and a plan is in hand (without one, the search goes on)."""
+        if not self.best:
+            return False
+        if self.limits.budget is not None and self.work >= self.limits.budget:
+            return True
+        return self.limits.time_s is not None and time.perf_counter() - self.start > self.limits.time_s
 
     def cutoff(self) -> float:
         return self.best[-1].time_s if len(self.best) >= self.top_k else np.inf
@@ -165,6 +175,7 @@ class _Search:
         spec = pipeline_spec(self.cluster, self.global_batch, settings, layout, last)
         estimate = self.backend.evaluate(spec)
         self.timed += 1
+        self.work += 1
         if not estimate.feasible:
             if bound is not None and check:
                 log.info("search: the cost model rejects a plan the bound admitted (%s)", estimate.reason)
@@ -186,10 +197,28 @@ class _Search:
         self.best.sort()
         del self.best[self.top_k:]
 
-    def refine(self, cand: Candidate, deadline: float | None) -> Candidate:
+    def time_hetero(self, settings: Settings, stage: hetero.HeteroStage, bound: float,
+                    num_layers: int) -> Candidate | None:
+        """Time a heterogeneous single-stage plan; ``bound`` is its lower bound."""
+        spec = hetero.hetero_spec(self.cluster, self.global_batch, settings, stage, num_layers)
+        estimate = self.backend.evaluate(spec)
+        self.timed += 1
+        if not estimate.feasible:
+            log.info("search: the cost model rejects a heterogeneous stage the bound admitted (%s)",
+                     estimate.reason)
+            return None
+        time_s = float(estimate.iteration_time_s)
+        if time_s < bound * (1 - 1e-6):
+            log.warning("search: the cost model times a plan at %.6g s, below its bound %.6g s", time_s, bound)
+            self.violations += 1
+        first = stage.groups[0]
+        return Candidate(time_s, settings, Layout((StageOption(first.pool, first.tp),)), (num_layers - 1,), time_s,
+                         spec, estimate, stage.groups)
+
+    def refine(self, cand: Candidate) -> Candidate:
         """Hill-climb the layer cuts of a plan whose time exceeds its layout's bound (the bound is exact for
         identical stages; uneven ones may time better after moving a cut by one layer). Stops at a local
-        optimum or the deadline."""
+        optimum or a limit."""
         current = cand
         L = current.last_layers[-1] + 1
         improved = True
@@ -199,7 +228,7 @@ class _Search:
             V = current.settings.vpp
             for k in range(len(cuts)):
                 for step in ((-1, 1) if V == 1 else (-V, V)):
-                    if deadline is not None and time.perf_counter() > deadline:
+                    if self.out_of_limits():
                         return current
                     moved = list(cuts)
                     moved[k] += step
@@ -217,110 +246,59 @@ class _Search:
         return current
 
 
-def settings_bound(backend: Backend, cluster: Cluster, settings: Settings, num_layers: int, global_batch: int,
-                   pins: Pins, num_units: int | None = None) -> float:
-    """A lower bound for every plan with these settings (any pools, tp, stage counts and partition): the
-    bounds of :mod:`planner.search.bounds` with the stage capacity of whole pools,
-    sum_k 1/rho_k <= sum_pools (devices / dp) * max_tp 1 / (rho * tp), and at most one stage per layer;
-    inf when the model cannot fit: a stage of tp x dp devices holds at most one unit of
-    (c1 ppr + act) / room, so sum_l min_o tp_o dp (c1 ppr_l + act_l)(o) / room_o <= devices. Interleaved
-    (vpp = V > 1): the sum takes b_l / V and q = (m - 1/V) b (:mod:`planner.search.interleave`); inf when no
-    stage count may interleave."""
+def settings_bound(profiles: Profiles, cluster: Cluster, settings: Settings, num_layers: int, global_batch: int,
+                   pins: Pins, floor_s: float, num_units: int) -> float:
+    """A lower bound for every plan with these settings (:func:`planner.search.bounds.settings_lower_bound`);
+    inf for interleaved settings that no stage count may interleave."""
     m = settings.num_micro_batches(global_batch)
-    V = settings.vpp
-    if V > 1 and not any(pipeline_allowed(P, m, V, num_units or num_layers) for P in range(2, num_layers + 1)):
+    if settings.vpp > 1 and not any(pipeline_allowed(P, m, settings.vpp, num_units) for P in range(2, num_layers + 1)):
         return np.inf
     options = [o for opts in pool_options(cluster, settings, pins) for o in opts]
-    if not options:
-        return np.inf
-    profiles = [option_profile(backend, o, settings) for o in options]
-    devices_needed = np.stack([(p.static_unit + p.act_unit) * p.option.tp * settings.dp for p in profiles])
-    if float(devices_needed.min(axis=0).sum()) > cluster.num_devices * (1 + 1e-12):
-        return np.inf
-    fwd = np.stack([p.forward_s for p in profiles])
-    bwd = np.stack([p.backward_s for p in profiles])
-    sum_min = float((fwd + bwd).min(axis=0).sum()) if V == 1 else float((fwd + bwd / V).min(axis=0).sum())
-    q = (m - 1) * bwd if V == 1 else (m - 1.0 / V) * bwd  # G_k >= gamma b_k
-    best = float(q.min(axis=0).max())
-    for ref in range(len(options)):
-        rho = np.minimum(speed_ratio(bwd, ref), speed_ratio(fwd, ref))
-        if not (rho > 0).all():
-            continue
-        per_pool: dict[int, float] = {}
-        for o, r in zip(options, rho):
-            per_pool[o.pool] = max(per_pool.get(o.pool, 0.0), 1.0 / (r * o.tp))
-        capacity = min(sum(cluster.groups[p].num_devices / settings.dp * v for p, v in per_pool.items()),
-                       num_layers * float((1.0 / rho).max()))
-        best = max(best, float(q[ref].sum()) / capacity)
-    return sum_min + best
+    caps = np.array([cluster.groups[o.pool].num_devices // (o.tp * settings.dp) for o in options], dtype=int)
+    return settings_lower_bound([profiles.get(o, settings) for o in options], caps,
+                                settings.num_micro_batches(global_batch), num_layers, max_stages(settings, num_layers),
+                                cluster.num_devices, settings.dp, floor_s, settings.vpp, profiles.count_memo)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """When to stop before the search is complete, once it holds a plan (a limit never ends a search that has
+    found none). ``budget`` counts work units, deterministic on any machine: one per settings bounded, per
+    layout whose partition is solved and per plan timed by the cost model. ``time_s`` is wall clock."""
+
+    time_s: float | None = None
+    budget: int | None = None
 
 
 def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, pins: Pins, top_k: int = 1,
         time_limit_s: float | None = None, progress: Callable[[float], None] | None = None,
-        units: tuple[int, ...] | None = None) -> Outcome:
-    """Search the whole space. On a mixed cluster the plans on one pool are searched first: the best of
-    them is a quick, feasible incumbent that prunes most mixed layouts (and the final plan is never slower
-    than the best single-pool one). ``units[l]`` is 1 when layer l is a pipeline unit (interleaved chunks
-    split those; :func:`planner.search.interleave.unit_flags`), default every layer."""
+        budget: int | None = None, units: tuple[int, ...] | None = None, interleave: bool = True) -> Outcome:
+    """Search the whole space, best bound first (see the module docstring); stop early at ``time_limit_s``
+    seconds or ``budget`` work units (:class:`Limits`), whichever comes first, once a plan is found.
+    ``units[l]`` is 1 when layer l is a pipeline unit (interleaved chunks split those;
+    :func:`planner.search.interleave.unit_flags`), default every layer; ``interleave``: search vpp > 1
+    (unpinned) too."""
+    limits = Limits(time_limit_s, budget)
+    start = time.perf_counter()
     units = tuple(units) if units is not None else (1,) * num_layers
-    if len(cluster.groups) == 1:
-        return _run(backend, cluster, num_layers, global_batch, pins, top_k, time_limit_s, progress, units=units)
-    start = time.perf_counter()
-    first = _run(backend, cluster, num_layers, global_batch, pins, top_k,
-                 None if time_limit_s is None else time_limit_s / 2, None, single_pool=True, refine=False,
-                 units=units)
-    mixed = _hetero_phase(backend, cluster, num_layers, global_batch, pins, top_k, first.candidates, units,
-                          None if time_limit_s is None else start + 0.6 * time_limit_s)
-    left = None if time_limit_s is None else max(0.0, time_limit_s - (time.perf_counter() - start))
-    second = _run(backend, cluster, num_layers, global_batch, pins, top_k, left, progress,
-                  incumbents=mixed[0], units=units)
-    best = second.candidates[0].time_s if second.candidates else np.inf
-    return Outcome(candidates=second.candidates,
-                   proven_optimal=second.proven_optimal and mixed[1].violations == 0
-                   and best <= mixed[1].unvisited_bound_s * (1 + 1e-6),
-                   lower_bound_s=min(second.lower_bound_s, mixed[1].unvisited_bound_s),
-                   bounded=first.bounded + mixed[1].bounded + second.bounded,
-                   solved=first.solved + second.solved, timed=first.timed + mixed[1].evaluated + second.timed,
-                   complete_space=second.complete_space, timed_out=second.timed_out or mixed[1].unvisited_bound_s < np.inf,
-                   bound_violations=first.bound_violations + mixed[1].violations + second.bound_violations,
-                   time_s=time.perf_counter() - start)
-
-
-def _hetero_phase(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, pins: Pins, top_k: int,
-                  incumbents: tuple[Candidate, ...], units: tuple[int, ...], deadline: float | None
-                  ) -> tuple[tuple[Candidate, ...], hetero.HeteroOutcome]:
-    """Heterogeneous data-parallel stages (:mod:`planner.search.hetero`), pruned by the incumbents; returns
-    the K best of both."""
-    settings_list = [s for s in enumerate_settings(cluster, global_batch, pins, num_units=sum(units))
-                     if settings_allowed(s, pins) and hetero.hetero_allowed(s, pins)]
-
-    def cutoff(timed: list) -> float:
-        times = sorted([c.time_s for c in incumbents] + [t[0] for t in timed])
-        return times[top_k - 1] if len(times) >= top_k else np.inf
-
-    out = hetero.search(backend, cluster, settings_list, num_layers, global_batch, pins, cutoff, deadline)
-    found = [Candidate(t, settings, Layout((StageOption(stage.groups[0].pool, stage.groups[0].tp),)),
-                       (num_layers - 1,), t, spec, estimate, stage.groups)
-             for t, settings, stage, spec, estimate in out.timed]
-    return tuple(sorted([*incumbents, *found])[:top_k]), out
-
-
-def _run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, pins: Pins, top_k: int,
-         time_limit_s: float | None, progress: Callable[[float], None] | None, single_pool: bool = False,
-         incumbents: tuple[Candidate, ...] = (), refine: bool = True, units: tuple[int, ...] = ()) -> Outcome:
-    start = time.perf_counter()
-    units = units or (1,) * num_layers
     num_units = sum(units)
-    settings_list = [s for s in enumerate_settings(cluster, global_batch, pins, num_units=num_units)
-                     if settings_allowed(s, pins)]
-    # settings in increasing bound order; their blocks are bounded only when that bound can still win
-    queue = sorted((settings_bound(backend, cluster, s, num_layers, global_batch, pins, num_units), i)
-                   for i, s in enumerate(settings_list))
+    settings_list = [s for s in enumerate_settings(cluster, global_batch, pins, num_units=num_units,
+                                                   interleave=interleave) if settings_allowed(s, pins)]
     log.info("search: %d settings", len(settings_list))
-    state = _Search(backend, cluster, global_batch, top_k, units)
+    profiles = Profiles(backend)
+    state = _Search(backend, cluster, global_batch, top_k, limits, start, units)
     masks: dict[int, np.ndarray | None] = {}
-    for cand in incumbents:
-        state.offer(cand)
+    # settings in increasing bound order: first a quick compute-only bound, then, when a settings comes up,
+    # its strong bound (memory, layer counts); its blocks are bounded only when that can still win
+    quick = QuickSettingsBound(backend, np.array([g.num_devices for g in cluster.groups], dtype=float), num_layers)
+    queue: list[tuple[float, int, int]] = []
+    for i, s in enumerate(settings_list):
+        options = tuple(o for opts in pool_options(cluster, s, pins) for o in opts)
+        queue.append((quick.bound(options, s, s.num_micro_batches(global_batch)), i, _QUICK))
+        if len(cluster.groups) > 1 and hetero.hetero_allowed(s, pins):  # its heterogeneous stages, when due
+            queue.append((hetero.settings_floor(backend, cluster, s, global_batch, pins), i, _HETERO))
+    heapq.heapify(queue)
+    items = max(1, len(queue))
     heap: list[_Entry] = []
     expanded = bounded = solved = 0
     complete = True
@@ -328,29 +306,52 @@ def _run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int,
     unvisited = np.inf
     while True:
         top = heap[0].bound_s if heap else np.inf
-        upcoming = queue[expanded][0] if expanded < len(queue) else np.inf
+        upcoming = queue[0][0] if queue else np.inf
         if min(top, upcoming) >= state.cutoff():
             break
-        if time_limit_s is not None and time.perf_counter() - start > time_limit_s:
+        if state.out_of_limits():
             timed_out, unvisited = True, min(top, upcoming)
             break
         if upcoming <= top:
-            index = queue[expanded][1]
+            quick_s, index, kind = heapq.heappop(queue)
+            if kind == _QUICK:
+                state.work += 1
+                bound = settings_bound(profiles, cluster, settings_list[index], num_layers, global_batch, pins,
+                                       quick_s, num_units)
+                if np.isfinite(bound):
+                    heapq.heappush(queue, (bound, index, _STRONG))
+                continue
+            if kind == _HETERO:
+                state.work += 1
+                found_h = hetero.candidates(profiles.get, cluster, settings_list[index], global_batch, pins)
+                for bound, stage in found_h:
+                    if np.isfinite(bound):
+                        heapq.heappush(heap, _Entry(bound, index, (), (), stage))
+                        bounded += 1
+                continue
             expanded += 1
-            found, full = _entries(backend, cluster, settings_list[index], index, num_layers, global_batch, pins,
-                                   single_pool, num_units)
+            found, full = _entries(profiles, cluster, settings_list[index], index, num_layers, global_batch, pins,
+                                   num_units)
             complete &= full
             bounded += len(found)
             for entry in found:
                 heapq.heappush(heap, entry)
             if progress is not None:
-                progress(expanded / len(queue))
+                progress(1.0 - len(queue) / items)
             continue
         entry = heapq.heappop(heap)
         settings = settings_list[entry.settings_index]
+        if entry.hetero is not None:
+            state.work += 1
+            cand = state.time_hetero(settings, entry.hetero, entry.bound_s, num_layers)
+            if cand is not None:
+                state.least_layout_bound = min(state.least_layout_bound, cand.time_s)
+                state.offer(cand)
+            continue
         blocks = [(o.pool, o.tp, c) for o, c in zip(entry.options, entry.counts)]
         for layout in ordered_layouts(blocks):
             solved += 1
+            state.work += 1
             if layout.num_stages == 1:
                 cand = state.time(settings, layout, (num_layers - 1,), None)
                 if cand is not None:
@@ -368,9 +369,8 @@ def _run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int,
             cand = state.time(settings, layout, part.last_layers, part.objective)
             if cand is not None:
                 state.offer(cand)
-    if refine and state.best and state.best[0].time_s > state.best[0].bound_s * (1 + _REL_TOL):
-        deadline = None if time_limit_s is None else start + time_limit_s
-        state.offer(state.refine(state.best[0], deadline))
+    if state.best and state.best[0].time_s > state.best[0].bound_s * (1 + _REL_TOL):
+        state.offer(state.refine(state.best[0]))
     if progress is not None:
         progress(1.0)
     best_time = state.best[0].time_s if state.best else np.inf
@@ -379,4 +379,5 @@ def _run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int,
         and best_time <= lower * (1 + 1e-6)
     return Outcome(candidates=tuple(state.best), proven_optimal=proven, lower_bound_s=float(lower),
                    bounded=bounded, solved=solved, timed=state.timed, complete_space=complete,
-                   timed_out=timed_out, bound_violations=state.violations, time_s=time.perf_counter() - start)
+                   timed_out=timed_out, bound_violations=state.violations, time_s=time.perf_counter() - start,
+                   work=state.work)

@@ -14,6 +14,7 @@ from typing import Iterator
 
 from planner.search import hetero
 from planner.search.backend import Backend
+from planner.search.bounds import option_profile
 from planner.search.engine import pipeline_spec
 from planner.search.interleave import partition_allowed, pipeline_allowed
 from planner.search.space import Layout, Pins, Settings, enumerate_settings, max_stages, options_allowed, \
@@ -28,10 +29,10 @@ class Enumerated:
     plans: int  # plans timed
 
 
-def plans(cluster: Cluster, num_layers: int, global_batch: int, pins: Pins, units: tuple[int, ...] | None = None
-          ) -> Iterator[tuple[Settings, Layout, tuple[int, ...]]]:
+def plans(cluster: Cluster, num_layers: int, global_batch: int, pins: Pins, units: tuple[int, ...] | None = None,
+          interleave: bool = True) -> Iterator[tuple[Settings, Layout, tuple[int, ...]]]:
     units = tuple(units) if units is not None else (1,) * num_layers
-    for settings in enumerate_settings(cluster, global_batch, pins, num_units=sum(units)):
+    for settings in enumerate_settings(cluster, global_batch, pins, num_units=sum(units), interleave=interleave):
         m = settings.num_micro_batches(global_batch)
         if not settings_allowed(settings, pins):
             continue
@@ -59,7 +60,8 @@ def hetero_specs(backend: Backend, cluster: Cluster, num_layers: int, global_bat
     num_units = sum(units) if units is not None else num_layers
     for settings in enumerate_settings(cluster, global_batch, pins, num_units=num_units):
         if settings_allowed(settings, pins):
-            for _, stage in hetero.candidates(backend, cluster, settings, global_batch, pins, exhaustive=True):
+            for _, stage in hetero.candidates(lambda o, s: option_profile(backend, o, s), cluster, settings,
+                                              global_batch, pins, exhaustive=True):
                 yield hetero.hetero_spec(cluster, global_batch, settings, stage, num_layers)
 
 

@@ -18,23 +18,23 @@ the two feasible splits around the balance point ``m_A t_A = m_B t_B``, so only 
 each micro-batch waits for, which can move the balance point by a fraction of a micro-batch.)
 
 Bound. ``max_r m_r t_r`` is a lower bound on the cost model's time of such a plan, and a replica group
-whose stage does not fit in its devices' memory (with one micro-batch in flight) makes it infeasible.
-The search times every candidate whose bound is below its K-th best plan, in bound order, so these plans
-do not weaken the proof of optimality. Stages of a multi-stage pipeline on several pools are not searched
+whose stage does not fit in its devices' memory (with one micro-batch in flight) makes it infeasible;
+:func:`settings_floor` bounds all of them for one settings. The search's best-first loop generates the
+candidates of a settings when its floor comes up and times each candidate whose bound is below its K-th
+best plan, in bound order, so these plans do not weaken the proof of optimality. Stages of a multi-stage pipeline on several pools are not searched
 (a pool serves whole stages there).
 """
 
 from __future__ import annotations
 
 import itertools
-import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
 from planner.search.backend import Backend
-from planner.search.bounds import option_profile
+from planner.search.bounds import OptionProfile
 from planner.search.space import Pins, Settings, StageOption, tp_choices
 from planner.search.tables import pool_offsets
 from planner.types import Cluster, PipelineSpec, ReplicaSpec, StageSpec
@@ -59,6 +59,16 @@ class HeteroStage:
 
 def hetero_allowed(settings: Settings, pins: Pins) -> bool:
     return settings.vpp == 1 and settings.dp >= 2 and pins.pp in (0, 1)
+
+
+def settings_floor(backend: Backend, cluster: Cluster, settings: Settings, global_batch: int, pins: Pins) -> float:
+    """A lower bound on every heterogeneous stage of these settings: the replica groups' micro-batch counts
+    average m = G / (b D) (weighted by dp), so some group runs m_r >= m of them, and its time
+    m_r t_r >= m min_o t_o over every option o of every pool."""
+    times = [float(np.sum(t.forward_s) + np.sum(t.backward_s))
+             for t in (backend.layer_table(StageOption(pool, tp), settings)
+                       for pool in range(len(cluster.groups)) for tp in tp_choices(cluster, pool, pins))]
+    return settings.num_micro_batches(global_batch) * min(times) if times else np.inf
 
 
 def splits(times: tuple[float, float], dps: tuple[int, int], total: int) -> list[tuple[int, int]]:
@@ -90,10 +100,11 @@ def stage_shapes(cluster: Cluster, settings: Settings, pins: Pins) -> Iterator[t
                     yield StageOption(a, ta), StageOption(b, tb), da
 
 
-def candidates(backend: Backend, cluster: Cluster, settings: Settings, global_batch: int, pins: Pins,
-               exhaustive: bool = False) -> list[tuple[float, HeteroStage]]:
-    """Every heterogeneous stage of these settings with its lower bound (inf: does not fit), bound order.
-    ``exhaustive``: every split instead of the two next to the balance point (bounds then unused)."""
+def candidates(profile_of: Callable[[StageOption, Settings], OptionProfile], cluster: Cluster, settings: Settings,
+               global_batch: int, pins: Pins, exhaustive: bool = False) -> list[tuple[float, HeteroStage]]:
+    """Every heterogeneous stage of these settings with its lower bound (inf: does not fit), bound order;
+    ``profile_of`` gives an option's per-layer profile (:mod:`planner.search.bounds`). ``exhaustive``: every
+    split instead of the two next to the balance point."""
     if not hetero_allowed(settings, pins):
         return []
     total = settings.num_micro_batches(global_batch) * settings.dp
@@ -102,7 +113,7 @@ def candidates(backend: Backend, cluster: Cluster, settings: Settings, global_ba
     for oa, ob, da in stage_shapes(cluster, settings, pins):
         for option in (oa, ob):
             if option not in per_option:
-                p = option_profile(backend, option, settings)
+                p = profile_of(option, settings)
                 fits = float(p.static_unit.sum() + p.act_unit.sum() + p.peak_unit.max()) <= 1.0
                 per_option[option] = (float(p.forward_s.sum() + p.backward_s.sum()), fits)
         (ta, fa), (tb, fb) = per_option[oa], per_option[ob]
@@ -126,40 +137,3 @@ def hetero_spec(cluster: Cluster, global_batch: int, settings: Settings, stage: 
                         micro_batch=settings.micro_batch, vpp=1, zero=settings.zero, recompute=settings.recompute,
                         sequence_parallel=settings.sequence_parallel, schedule="1f1b", optimizer=settings.optimizer,
                         dtype=settings.dtype)
-
-
-@dataclass(frozen=True)
-class HeteroOutcome:
-    timed: list  # (time_s, settings, stage, spec, estimate) of every feasible plan timed
-    evaluated: int
-    bounded: int
-    unvisited_bound_s: float  # least bound left untimed at the deadline (inf when none)
-    violations: int
-
-
-def search(backend: Backend, cluster: Cluster, settings_list: list[Settings], num_layers: int, global_batch: int,
-           pins: Pins, cutoff, deadline: float | None = None) -> HeteroOutcome:
-    """Time, in bound order, every heterogeneous single-stage plan whose bound is below ``cutoff()`` (the
-    caller's K-th best time, re-read after each plan is offered through the result)."""
-    pool = [(bound, i, stage) for i, s in enumerate(settings_list)
-            for bound, stage in candidates(backend, cluster, s, global_batch, pins) if np.isfinite(bound)]
-    pool.sort(key=lambda item: (item[0], item[1], item[2]))
-    timed, evaluated, violations = [], 0, 0
-    unvisited = np.inf
-    for bound, i, stage in pool:
-        if bound >= cutoff(timed):
-            break
-        if deadline is not None and time.perf_counter() > deadline:
-            unvisited = bound
-            break
-        settings = settings_list[i]
-        spec = hetero_spec(cluster, global_batch, settings, stage, num_layers)
-        estimate = backend.evaluate(spec)
-        evaluated += 1
-        if not estimate.feasible:
-            continue
-        if estimate.iteration_time_s < bound * (1 - 1e-6):
-            violations += 1
-        timed.append((float(estimate.iteration_time_s), settings, stage, spec, estimate))
-    return HeteroOutcome(timed=timed, evaluated=evaluated, bounded=len(pool), unvisited_bound_s=unvisited,
-                         violations=violations)

@@ -11,7 +11,9 @@ even split for identical blocks; the plan lists a stage's layers as one range (h
 holds), and the Megatron exporter writes the chunks. Uneven splits stay allowed across stages (stage ``s``
 has ``n_s / vpp`` units per chunk, ``n_s`` its own), which Megatron-LM expresses with a pipeline layout.
 
-Searched values: ``vpp`` from 1 to :data:`MAX_SEARCHED_VPP` (a pin may ask for any legal value). Larger
+Searched values: ``vpp`` from 1 to :data:`MAX_SEARCHED_VPP` for models with transformer blocks (Megatron-LM
+interleaves transformer layers; other models are planned with 1F1B unless ``--vpp`` is pinned, and a pin
+may ask for any legal value). Larger
 values shrink the bubble ``(P - 1)(f + b) / vpp`` further but add a point-to-point transfer per chunk and
 memory per stage; the cap keeps the number of settings (and the search time) a small multiple of the
 1F1B-only space.
@@ -51,7 +53,7 @@ def vpp_choices(pinned_vpp: int | None, pinned_schedule: str | None, num_units: 
     if pinned_vpp is not None:
         return [pinned_vpp]
     top = min(MAX_SEARCHED_VPP, num_units // 2)
-    values = list(range(1, top + 1))
+    values = [1, *range(2, top + 1)]
     if pinned_schedule == INTERLEAVED:
         return [v for v in values if v > 1]
     if pinned_schedule is not None:
@@ -122,6 +124,12 @@ def partition_allowed(units: Sequence[int], last_layers: Sequence[int], vpp: int
             return False
         first = last + 1
     return True
+
+
+def searched_units(kinds: Sequence[str]) -> int:
+    """The unit count the search offers interleaving for: the transformer blocks (0 without any: no vpp > 1
+    unless pinned)."""
+    return sum(1 for kind in kinds if kind == "block")
 
 
 def unit_flags(kinds: Sequence[str]) -> tuple[int, ...]:

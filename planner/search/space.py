@@ -20,7 +20,7 @@ from typing import Iterator, Sequence
 from planner.cost.memory import RECOMPUTE_CHOICES
 from planner.cost.schedule import SCHEDULES
 from planner.errors import ConfigError
-from planner.search.interleave import INTERLEAVED, schedule_for, vpp_choices
+from planner.search.interleave import INTERLEAVED, pipeline_allowed, schedule_for, vpp_choices
 from planner.types import Cluster, ParallelConfig
 
 ZERO_STAGES = (0, 1, 2, 3)
@@ -168,15 +168,17 @@ def tp_choices(cluster: Cluster, pool: int, pins: Pins) -> list[int]:
 
 
 def enumerate_settings(cluster: Cluster, global_batch: int, pins: Pins, max_micro_batch: int = 64,
-                       num_units: int = 1) -> Iterator[Settings]:
+                       num_units: int = 1, interleave: bool = True) -> Iterator[Settings]:
     """Every combination of the global choices that divides the batch, deterministic order; interleaved
-    settings (vpp > 1, :mod:`planner.search.interleave`) for models of ``num_units`` pipeline units."""
+    settings (vpp > 1, :mod:`planner.search.interleave`) for models of ``num_units`` pipeline units when
+    ``interleave`` or a pin asks for them."""
     n = cluster.num_devices
     dps = [pins.dp] if pins.dp else [d for d in divisors(global_batch) if d <= n]
     zeros = [pins.zero] if pins.zero is not None else list(ZERO_STAGES)
     recomputes = [pins.recompute] if pins.recompute else list(RECOMPUTE_CHOICES)
     sps = [pins.sequence_parallel] if pins.sequence_parallel is not None else [False, True]
-    vpps = vpp_choices(pins.vpp, pins.schedule, num_units)
+    asked = interleave or pins.vpp is not None or pins.schedule == INTERLEAVED
+    vpps = vpp_choices(pins.vpp, pins.schedule, num_units) if asked else [1]
     for dp in dps:
         per_dp = global_batch // dp if global_batch % dp == 0 else 0
         if not per_dp:
@@ -190,11 +192,19 @@ def enumerate_settings(cluster: Cluster, global_batch: int, pins: Pins, max_micr
                 for rc in recomputes:
                     for sp in sps:
                         for vpp in vpps:
-                            if vpp > 1 and (zero > MAX_PIPELINE_ZERO or per_dp // b < 2):
-                                continue  # interleaving needs pp > 1, so ZeRO <= 1 and m >= pp >= 2
+                            if vpp > 1 and (zero > MAX_PIPELINE_ZERO or not _may_interleave(
+                                    per_dp // b, vpp, num_units, n // (dp * max(pins.tp, 1)), pins.pp)):
+                                continue
                             yield Settings(micro_batch=b, dp=dp, zero=zero, recompute=rc, sequence_parallel=sp,
                                            schedule=schedule_for(vpp), vpp=vpp, optimizer=pins.optimizer,
                                            dtype=pins.dtype)
+
+
+def _may_interleave(num_micro_batches: int, vpp: int, num_units: int, most_stages: int, pinned_pp: int) -> bool:
+    """Whether some stage count may interleave ``vpp`` chunks (:func:`planner.search.interleave.pipeline_allowed`)
+    with at most ``most_stages`` stages of dp replicas: ZeRO <= 1 is checked by the caller."""
+    counts = [pinned_pp] if pinned_pp else range(2, most_stages + 1)
+    return any(pipeline_allowed(P, num_micro_batches, vpp, num_units) for P in counts if P <= most_stages)
 
 
 MAX_PIPELINE_ZERO = 1  # ZeRO-2/3 shard gradients/weights per micro-batch: DeepSpeed refuses them with pp > 1
