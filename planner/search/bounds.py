@@ -161,12 +161,13 @@ def count_tables(fwd: np.ndarray, bwd: np.ndarray, static: np.ndarray, act: np.n
                  layers: np.ndarray, most_stages: np.ndarray, m: int) -> CountTables:
     """:class:`CountTables` for options with at most ``most_stages[o]`` stages each."""
     O = len(fwd)
+    size = int(layers.sum())
     sb = np.concatenate([np.zeros((O, 1)), np.cumsum(np.sort(bwd[:, layers], axis=1), axis=1)], axis=1)
     sf = np.concatenate([np.zeros((O, 1)), np.cumsum(np.sort(fwd[:, layers], axis=1), axis=1)], axis=1)
     kmem = tuple(_memory_counts(static[o, layers], act[o, layers], peak[o, layers], int(most_stages[o]), m)
                  for o in range(O))
     sums = tuple(np.concatenate(([0], np.cumsum(k))) for k in kmem)
-    return CountTables(int(layers.sum()), sb, sf, kmem, sums)
+    return CountTables(size, sb, sf, kmem, sums)
 
 
 def layer_count_bound(tables: CountTables, options: np.ndarray, counts: np.ndarray, pools: np.ndarray,
@@ -223,9 +224,12 @@ def _layer_sets(work: np.ndarray) -> list[np.ndarray]:
     return [every] if core.all() else [every, core]
 
 
-def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_batches: int) -> np.ndarray:
+def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_batches: int,
+                 corners: bool = False) -> np.ndarray:
     """Bounds for every row of ``counts`` (stages per option, shape (n, len(profiles)); 0 = option unused);
-    inf = infeasible. Rows are grouped by their set of options."""
+    inf = infeasible. Rows are grouped by their set of options. ``corners``: only the parts that do not
+    increase with any stage count (compute, layer counts, a layer alone in memory), so that each row
+    bounds every smaller count of its options too."""
     counts = np.asarray(counts, dtype=int).reshape(-1, len(profiles))
     out = np.full(len(counts), np.inf)
     if len(counts) == 0:
@@ -273,6 +277,10 @@ def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_ba
         P_rows = total.astype(int)
         for tables in count_sets:
             max_g = layer_count_bound(tables, M, c[:, M], pools[M], P_rows, m, max_g)
+        worst = float(alone[M].min(axis=0).max())
+        if corners:
+            out[rows] = np.where(worst <= 1.0, sum_min + max_g, np.inf)
+            continue
         # memory
         base_use = float((static[M] + act[M]).min(axis=0).sum())
         smallest_act = np.sort(act[M].min(axis=0))
@@ -281,7 +289,6 @@ def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_ba
         weights = np.where(span >= 2, np.minimum(span, m) - 1, 0).astype(float)
         with np.errstate(invalid="ignore"):
             pairing = weights @ np.where(np.isfinite(smallest_act), smallest_act, 1e300)
-        worst = float(alone[M].min(axis=0).max())
         subsets = np.array([[i in t for i in range(len(M))] for size in range(1, len(M) + 1)
                             for t in itertools.combinations(range(len(M)), size)], dtype=bool)
         carry = max_in_flight[M]  # (|M|, L)

@@ -33,7 +33,7 @@ from planner.types import Cluster, Estimate, PipelineSpec, ReplicaSpec, StageSpe
 
 log = logging.getLogger(__name__)
 
-MAX_GRID = 64  # stage-count combinations per pool set before mixed layouts fall back to whole pools
+MAX_GRID = 20000  # stage-count combinations per choice before mixed layouts fall back to whole pools
 _REL_TOL = 1e-9
 
 
@@ -67,10 +67,14 @@ class Outcome:
 
 @dataclass(frozen=True, order=True)
 class _Entry:
+    """A heap node: a set of stage blocks (``counts[i]`` stages on ``options[i]``), or with ``choice`` a
+    choice of options whose stage-count grid (up to ``counts``) is not bounded yet."""
+
     bound_s: float
     settings_index: int
     options: tuple[StageOption, ...]
     counts: tuple[int, ...]
+    choice: bool = False
 
 
 def pipeline_spec(cluster: Cluster, global_batch: int, settings: Settings, layout: Layout,
@@ -100,41 +104,49 @@ def _count_grid(caps: list[int], num_layers: int, pinned_pp: int, max_stages: in
     return full[(total <= num_layers) & ((total == pinned_pp) if pinned_pp else True)], False
 
 
-def _entries(profiles: Profiles, cluster: Cluster, settings: Settings, index: int, num_layers: int, global_batch: int,
-             pins: Pins) -> tuple[list[_Entry], bool]:
-    """Every set of stage blocks under one settings, with its lower bound (all bounded in one vectorised
-    call)."""
+def _choices(profiles: Profiles, cluster: Cluster, settings: Settings, index: int, num_layers: int,
+             global_batch: int, pins: Pins, cutoff: float = np.inf) -> list[_Entry]:
+    """Every choice of options (one per used pool) under one settings whose corner bound is below ``cutoff``.
+
+    A choice is bounded at its corner, every pool at its largest stage count, by the parts of the bound that
+    do not increase with the stage counts (more stages hold more layers and leave fewer micro-batches
+    outside the warm-up), so the corner bounds every count of the choice; a choice whose corner reaches the
+    cutoff is dropped whole (the cutoff only decreases)."""
     m = settings.num_micro_batches(global_batch)
     stages_cap = max_stages(settings, num_layers)
     per_pool = pool_options(cluster, settings, pins)
     options = [o for opts in per_pool for o in opts]
-    if not options:
-        return [], True
     column = {o: c for c, o in enumerate(options)}
-    rows: list[np.ndarray] = []
-    complete = True
+    choices = []
     for choice in itertools.product(*[[None, *opts] for opts in per_pool]):
         chosen = tuple(o for o in choice if o is not None)
         if not options_allowed(settings, chosen) or (stages_cap == 1 and len(chosen) > 1):
             continue
-        caps = [min(num_layers, cluster.groups[o.pool].num_devices // (o.tp * settings.dp)) for o in chosen]
-        counts, full = _count_grid(caps, num_layers, pins.pp, stages_cap)
-        complete &= full
-        if len(counts):
-            block = np.zeros((len(counts), len(options)), dtype=int)
-            block[:, [column[o] for o in chosen]] = counts
-            rows.append(block)
-    if not rows:
-        return [], complete
-    table = np.concatenate(rows)
-    bounds = lower_bounds([profiles.get(o, settings) for o in options], table, m)
-    keep = np.flatnonzero(np.isfinite(bounds))
-    entries = []
-    for r in keep:
-        used = np.flatnonzero(table[r])
-        entries.append(_Entry(float(bounds[r]), index, tuple(options[c] for c in used),
-                              tuple(int(table[r, c]) for c in used)))
-    return entries, complete
+        caps = tuple(min(num_layers, stages_cap, cluster.groups[o.pool].num_devices // (o.tp * settings.dp))
+                     for o in chosen)
+        if pins.pp and sum(caps) < pins.pp:
+            continue
+        choices.append((chosen, caps))
+    if not choices:
+        return []
+    corners = np.zeros((len(choices), len(options)), dtype=int)
+    for r, (chosen, caps) in enumerate(choices):
+        corners[r, [column[o] for o in chosen]] = caps
+    bounds = lower_bounds([profiles.get(o, settings) for o in options], corners, m, corners=True)
+    return [_Entry(float(b), index, chosen, caps, True) for (chosen, caps), b in zip(choices, bounds) if b < cutoff]
+
+
+def _blocks(profiles: Profiles, cluster: Cluster, settings: Settings, choice: _Entry, num_layers: int,
+            global_batch: int, pins: Pins, cutoff: float) -> tuple[list[_Entry], bool]:
+    """The stage-count grid of one choice, each count bounded (one vectorised call), those below ``cutoff``;
+    and whether the grid is complete (not restricted to whole pools)."""
+    counts, full = _count_grid(list(choice.counts), num_layers, pins.pp, max_stages(settings, num_layers))
+    if not len(counts):
+        return [], full
+    bounds = lower_bounds([profiles.get(o, settings) for o in choice.options], counts,
+                          settings.num_micro_batches(global_batch))
+    return [_Entry(float(bounds[r]), choice.settings_index, choice.options, tuple(int(c) for c in counts[r]))
+            for r in np.flatnonzero(bounds < cutoff)], full
 
 
 class _Search:
@@ -281,8 +293,8 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
                     heapq.heappush(queue, (bound, index, True))
                 continue
             expanded += 1
-            found, full = _entries(profiles, cluster, settings_list[index], index, num_layers, global_batch, pins)
-            complete &= full
+            found = _choices(profiles, cluster, settings_list[index], index, num_layers, global_batch, pins,
+                             state.cutoff())
             bounded += len(found)
             for entry in found:
                 heapq.heappush(heap, entry)
@@ -291,6 +303,14 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
             continue
         entry = heapq.heappop(heap)
         settings = settings_list[entry.settings_index]
+        if entry.choice:
+            state.work += 1
+            found, full = _blocks(profiles, cluster, settings, entry, num_layers, global_batch, pins, state.cutoff())
+            complete &= full
+            bounded += len(found)
+            for block in found:
+                heapq.heappush(heap, block)
+            continue
         blocks = [(o.pool, o.tp, c) for o, c in zip(entry.options, entry.counts)]
         for layout in ordered_layouts(blocks):
             solved += 1
