@@ -17,6 +17,14 @@ peak) must also fit on some option, and the stages of any subset T of options ne
 fit on one of them (Hall's condition: every stage holds at least one layer). In any order, T's c_T stages
 sit at distinct positions, so for i = 1..c_T at least c_T - i + 1 of them hold min(i, m) or more
 micro-batches: the i-th layer best able to carry in-flight micro-batches on T must carry min(c_T - i + 1, m).
+Layer counts (:func:`layer_count_bound`): stage capacities are whole layers. A stage holding k layers of a
+subset U has G >= the sum of U's k smallest q and holds no more layers of U than fit in its memory, so the
+stages must be able to hold all of U below the bottleneck value t; the least such t bounds max_k G_k (exact
+for identical layers, where the fluid bound above loses the rounding). U is every layer and, for models
+with a few small layers (an embedding, a head), the core layers, since each stage could otherwise count
+the same small layers.
+Memory is in units of the room the backend's ``stage_bytes`` leaves (its affine coefficients are probed),
+so fragmentation margins and reserves tighten the bounds as they tighten the plans.
 """
 
 from __future__ import annotations

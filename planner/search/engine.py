@@ -1,15 +1,22 @@
-"""Branch and bound over the search space (see :mod:`planner.search.space`).
+"""Branch and bound over the search space (see :mod:`planner.search.space`), best bound first.
 
-1. Enumerate every settings (micro-batch, dp, ZeRO, recompute, sequence parallelism) and, for each, every set of
-   stage blocks (which pools, at which tp, with how many stages each); bound each one from below
-   (:mod:`planner.search.bounds`) without choosing a layer partition.
-2. Visit the blocks in increasing bound order. For each order of its pools, the partition DP
+One heap of nodes, each with a lower bound on every plan below it (:mod:`planner.search.bounds`):
+1. settings (micro-batch, dp, ZeRO, recompute, sequence parallelism), first with a quick compute-only bound,
+   then, when they come up, with the strong one (memory, layer counts per stage);
+2. a settings' choices of options (one pool-and-tp per used pool), bounded at their corner (every pool at
+   its largest stage count) by the parts of the bound that cannot increase with more stages;
+3. a choice's stage-count grid: each set of stage blocks bounded exactly (every combination of counts, or
+   whole pools past ``MAX_GRID`` combinations, which makes the space incomplete);
+4. a set of blocks: for each order of its pools the partition DP
    (:func:`planner.search.partition.solve_partition`) finds the partition minimising the lower bound of
    :mod:`planner.search.backend` (the layout's bound), and the cost model times that partition exactly.
-3. Stop when the next bound reaches the K-th best time: every unvisited plan is provably no faster.
+The search stops when the least bound in the heap reaches the K-th best time: every unvisited plan is
+provably no faster. Nodes whose bound already reaches it when they are created are never stored.
 
 The best plan is proven optimal under the cost model when its time does not exceed the least bound of any
 layout (visited or not); otherwise the plan's ``lower_bound_s`` says how far from optimal it can be.
+:class:`Limits` (a wall-clock time or a deterministic work budget) may stop it earlier, never before a plan
+is found.
 """
 
 from __future__ import annotations
