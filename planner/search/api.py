@@ -49,15 +49,21 @@ def default_backend(model: LayerGraph, cluster: Cluster) -> Backend:
 
 def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: ParallelConfig | None = None,
            top_k: int = 1, time_limit_s: float | None = None, seed: int = 0, tables=None,
-           backend: Backend | None = None, progress: Callable[[float], None] | None = None) -> SearchResult:
+           backend: Backend | None = None, progress: Callable[[float], None] | None = None,
+           budget: int | None = None) -> SearchResult:
     """The ``top_k`` fastest plans that fit, best first. ``pinned`` fields that are set are fixed.
 
-    The search is deterministic (``seed`` is accepted for API stability; nothing is random)."""
+    ``time_limit_s`` (wall clock) and ``budget`` (work units: settings bounded, stage-count grids bounded,
+    layouts solved, plans timed; the same on any machine) stop the search early, but only once it holds a
+    plan; the result then says whether it is still proven optimal and its lower bound. With no time limit
+    the search is deterministic (``seed`` is accepted for API stability; nothing is random)."""
     del seed
     if global_batch <= 0:
         raise ConfigError(f"global_batch {global_batch}: must be a positive integer")
     if top_k <= 0:
         raise ConfigError(f"--top {top_k}: must be at least 1")
+    if budget is not None and budget <= 0:
+        raise ConfigError(f"--budget {budget}: must be a positive number of work units")
     if not model.layers:
         raise ConfigError(f"model {model.name!r} has no layers (pipeline units) to place")
     sparse = _sparse_tables(model, tables)
@@ -71,12 +77,9 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
     validate_pins(pins, cluster, global_batch, len(model.layers), sum(units))
     backend = backend if backend is not None else default_backend(model, cluster)
     outcome = engine.run(backend, cluster, len(model.layers), global_batch, pins, top_k=top_k,
-                         time_limit_s=time_limit_s, progress=progress, units=units,
+                         time_limit_s=time_limit_s, progress=progress, budget=budget, units=units,
                          interleave=searched_units(kinds) > 0)
-    if not outcome.candidates:
-        if outcome.timed_out:
-            raise InfeasibleError(f"--time-limit {time_limit_s}: no feasible plan was found in time; "
-                                  "raise the time limit or pin more choices (--tp, --pp, --dp)")
+    if not outcome.candidates:  # a limit never ends a search before its first plan
         raise InfeasibleError(_why_infeasible(model, cluster, global_batch, pins, backend))
     info = SearchInfo(time_s=outcome.time_s, candidates_evaluated=outcome.bounded + outcome.solved,
                       proven_optimal=outcome.proven_optimal, lower_bound_s=outcome.lower_bound_s,
@@ -95,10 +98,11 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
 
 def plan(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: ParallelConfig | None = None,
          top_k: int = 1, time_limit_s: float | None = None, seed: int = 0, tables=None,
-         backend: Backend | None = None, progress: Callable[[float], None] | None = None) -> Plan:
+         backend: Backend | None = None, progress: Callable[[float], None] | None = None,
+         budget: int | None = None) -> Plan:
     """The fastest plan that fits (see :func:`search`)."""
     return search(model, cluster, global_batch, pinned=pinned, top_k=top_k, time_limit_s=time_limit_s, seed=seed,
-                  tables=tables, backend=backend, progress=progress).best
+                  tables=tables, backend=backend, progress=progress, budget=budget).best
 
 
 def _sparse_tables(model: LayerGraph, tables) -> tuple:

@@ -17,6 +17,14 @@ peak) must also fit on some option, and the stages of any subset T of options ne
 fit on one of them (Hall's condition: every stage holds at least one layer). In any order, T's c_T stages
 sit at distinct positions, so for i = 1..c_T at least c_T - i + 1 of them hold min(i, m) or more
 micro-batches: the i-th layer best able to carry in-flight micro-batches on T must carry min(c_T - i + 1, m).
+Layer counts (:func:`layer_count_bound`): stage capacities are whole layers. A stage holding k layers of a
+subset U has G >= the sum of U's k smallest q and holds no more layers of U than fit in its memory, so the
+stages must be able to hold all of U below the bottleneck value t; the least such t bounds max_k G_k (exact
+for identical layers, where the fluid bound above loses the rounding). U is every layer and, for models
+with a few small layers (an embedding, a head), the core layers, since each stage could otherwise count
+the same small layers.
+Memory is in units of the room the backend's ``stage_bytes`` leaves (its affine coefficients are probed),
+so fragmentation margins and reserves tighten the bounds as they tighten the plans.
 """
 
 from __future__ import annotations
@@ -166,12 +174,13 @@ def count_tables(fwd: np.ndarray, bwd: np.ndarray, static: np.ndarray, act: np.n
                  layers: np.ndarray, most_stages: np.ndarray, m: int) -> CountTables:
     """:class:`CountTables` for options with at most ``most_stages[o]`` stages each."""
     O = len(fwd)
+    size = int(layers.sum())
     sb = np.concatenate([np.zeros((O, 1)), np.cumsum(np.sort(bwd[:, layers], axis=1), axis=1)], axis=1)
     sf = np.concatenate([np.zeros((O, 1)), np.cumsum(np.sort(fwd[:, layers], axis=1), axis=1)], axis=1)
     kmem = tuple(_memory_counts(static[o, layers], act[o, layers], peak[o, layers], int(most_stages[o]), m)
                  for o in range(O))
     sums = tuple(np.concatenate(([0], np.cumsum(k))) for k in kmem)
-    return CountTables(int(layers.sum()), sb, sf, kmem, sums)
+    return CountTables(size, sb, sf, kmem, sums)
 
 
 def _count_tables_memo(memo: dict | None, profiles: list[OptionProfile], fwd: np.ndarray, bwd: np.ndarray,
@@ -245,12 +254,14 @@ def _layer_sets(work: np.ndarray) -> list[np.ndarray]:
     return [every] if core.all() else [every, core]
 
 
-def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_batches: int, vpp: int = 1,
-                 memo: dict | None = None) -> np.ndarray:
+def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_batches: int,
+                 corners: bool = False, vpp: int = 1, memo: dict | None = None) -> np.ndarray:
     """Bounds for every row of ``counts`` (stages per option, shape (n, len(profiles)); 0 = option unused);
-    inf = infeasible. Rows are grouped by their set of options. ``vpp > 1``: the interleaved schedule's
-    weights (b_l / vpp in the sum, (m - 1/vpp) b_l and stage 0's forward weight in q); its stages hold at
-    least the 1F1B micro-batches in flight, so the memory bounds stay valid."""
+    inf = infeasible. Rows are grouped by their set of options. ``corners``: only the parts that do not
+    increase with any stage count (compute, layer counts, a layer alone in memory), so that each row
+    bounds every smaller count of its options too. ``vpp > 1``: the interleaved schedule's weights (b_l / vpp
+    in the sum, (m - 1/vpp) b_l and stage 0's forward weight in q, both non-increasing in the stage count);
+    its stages hold at least the 1F1B micro-batches in flight, so the memory bounds stay valid."""
     counts = np.asarray(counts, dtype=int).reshape(-1, len(profiles))
     out = np.full(len(counts), np.inf)
     if len(counts) == 0:
@@ -301,6 +312,10 @@ def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_ba
         P_rows = total.astype(int)
         for tables in count_sets:
             max_g = layer_count_bound(tables, M, c[:, M], pools[M], P_rows, m, max_g, vpp)
+        worst = float(alone[M].min(axis=0).max())
+        if corners:
+            out[rows] = np.where(worst <= 1.0, sum_min + max_g, np.inf)
+            continue
         # memory
         base_use = float((static[M] + act[M]).min(axis=0).sum())
         smallest_act = np.sort(act[M].min(axis=0))
@@ -309,7 +324,6 @@ def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_ba
         weights = np.where(span >= 2, np.minimum(span, m) - 1, 0).astype(float)
         with np.errstate(invalid="ignore"):
             pairing = weights @ np.where(np.isfinite(smallest_act), smallest_act, 1e300)
-        worst = float(alone[M].min(axis=0).max())
         subsets = np.array([[i in t for i in range(len(M))] for size in range(1, len(M) + 1)
                             for t in itertools.combinations(range(len(M)), size)], dtype=bool)
         carry = max_in_flight[M]  # (|M|, L)

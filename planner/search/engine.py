@@ -1,15 +1,22 @@
-"""Branch and bound over the search space (see :mod:`planner.search.space`).
+"""Branch and bound over the search space (see :mod:`planner.search.space`), best bound first.
 
-1. Enumerate every settings (micro-batch, dp, ZeRO, recompute, sequence parallelism) and, for each, every set of
-   stage blocks (which pools, at which tp, with how many stages each); bound each one from below
-   (:mod:`planner.search.bounds`) without choosing a layer partition.
-2. Visit the blocks in increasing bound order. For each order of its pools, the partition DP
+One heap of nodes, each with a lower bound on every plan below it (:mod:`planner.search.bounds`):
+1. settings (micro-batch, dp, ZeRO, recompute, sequence parallelism), first with a quick compute-only bound,
+   then, when they come up, with the strong one (memory, layer counts per stage);
+2. a settings' choices of options (one pool-and-tp per used pool), bounded at their corner (every pool at
+   its largest stage count) by the parts of the bound that cannot increase with more stages;
+3. a choice's stage-count grid: each set of stage blocks bounded exactly (every combination of counts, or
+   whole pools past ``MAX_GRID`` combinations, which makes the space incomplete);
+4. a set of blocks: for each order of its pools the partition DP
    (:func:`planner.search.partition.solve_partition`) finds the partition minimising the lower bound of
    :mod:`planner.search.backend` (the layout's bound), and the cost model times that partition exactly.
-3. Stop when the next bound reaches the K-th best time: every unvisited plan is provably no faster.
+The search stops when the least bound in the heap reaches the K-th best time: every unvisited plan is
+provably no faster. Nodes whose bound already reaches it when they are created are never stored.
 
 The best plan is proven optimal under the cost model when its time does not exceed the least bound of any
 layout (visited or not); otherwise the plan's ``lower_bound_s`` says how far from optimal it can be.
+:class:`Limits` (a wall-clock time or a deterministic work budget) may stop it earlier, never before a plan
+is found.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from planner.types import Cluster, Estimate, PipelineSpec, ReplicaSpec, StageSpe
 log = logging.getLogger(__name__)
 
 _QUICK, _STRONG, _HETERO = 0, 1, 2  # settings queue items: quick bound, strong bound, heterogeneous stages
-MAX_GRID = 64  # stage-count combinations per pool set before mixed layouts fall back to whole pools
+MAX_GRID = 20000  # stage-count combinations per choice before mixed layouts fall back to whole pools
 _REL_TOL = 1e-9
 
 
@@ -71,11 +78,16 @@ class Outcome:
 
 @dataclass(frozen=True, order=True)
 class _Entry:
+    """A heap node: a set of stage blocks (``counts[i]`` stages on ``options[i]``), or with ``choice`` a
+    choice of options whose stage-count grid (up to ``counts``) is not bounded yet, or with ``hetero`` a
+    heterogeneous single stage (:mod:`planner.search.hetero`) to time."""
+
     bound_s: float
     settings_index: int
     options: tuple[StageOption, ...]
     counts: tuple[int, ...]
-    hetero: hetero.HeteroStage | None = field(default=None, compare=False)  # a heterogeneous stage to time
+    choice: bool = False
+    hetero: hetero.HeteroStage | None = field(default=None, compare=False)
 
 
 def pipeline_spec(cluster: Cluster, global_batch: int, settings: Settings, layout: Layout,
@@ -105,43 +117,54 @@ def _count_grid(caps: list[int], num_layers: int, pinned_pp: int, max_stages: in
     return full[(total <= num_layers) & ((total == pinned_pp) if pinned_pp else True)], False
 
 
-def _entries(profiles: Profiles, cluster: Cluster, settings: Settings, index: int, num_layers: int, global_batch: int,
-             pins: Pins, num_units: int) -> tuple[list[_Entry], bool]:
-    """Every set of stage blocks under one settings, with its lower bound (all bounded in one vectorised
-    call)."""
+def _choices(profiles: Profiles, cluster: Cluster, settings: Settings, index: int, num_layers: int,
+             global_batch: int, pins: Pins, cutoff: float = np.inf) -> list[_Entry]:
+    """Every choice of options (one per used pool) under one settings whose corner bound is below ``cutoff``.
+
+    A choice is bounded at its corner, every pool at its largest stage count, by the parts of the bound that
+    do not increase with the stage counts (more stages hold more layers and leave fewer micro-batches
+    outside the warm-up), so the corner bounds every count of the choice; a choice whose corner reaches the
+    cutoff is dropped whole (the cutoff only decreases)."""
     m = settings.num_micro_batches(global_batch)
     stages_cap = max_stages(settings, num_layers)
     per_pool = pool_options(cluster, settings, pins)
     options = [o for opts in per_pool for o in opts]
-    if not options:
-        return [], True
     column = {o: c for c, o in enumerate(options)}
-    rows: list[np.ndarray] = []
-    complete = True
+    choices = []
     for choice in itertools.product(*[[None, *opts] for opts in per_pool]):
         chosen = tuple(o for o in choice if o is not None)
         if not options_allowed(settings, chosen) or (stages_cap == 1 and len(chosen) > 1):
             continue
-        caps = [min(num_layers, cluster.groups[o.pool].num_devices // (o.tp * settings.dp)) for o in chosen]
-        counts, full = _count_grid(caps, num_layers, pins.pp, stages_cap)
-        complete &= full
-        if settings.vpp > 1:
-            counts = counts[[pipeline_allowed(int(t), m, settings.vpp, num_units) for t in counts.sum(axis=1)]]
-        if len(counts):
-            block = np.zeros((len(counts), len(options)), dtype=int)
-            block[:, [column[o] for o in chosen]] = counts
-            rows.append(block)
-    if not rows:
-        return [], complete
-    table = np.concatenate(rows)
-    bounds = lower_bounds([profiles.get(o, settings) for o in options], table, m, settings.vpp, profiles.count_memo)
-    keep = np.flatnonzero(np.isfinite(bounds))
-    entries = []
-    for r in keep:
-        used = np.flatnonzero(table[r])
-        entries.append(_Entry(float(bounds[r]), index, tuple(options[c] for c in used),
-                              tuple(int(table[r, c]) for c in used)))
-    return entries, complete
+        caps = tuple(min(num_layers, stages_cap, cluster.groups[o.pool].num_devices // (o.tp * settings.dp))
+                     for o in chosen)
+        if (pins.pp and sum(caps) < pins.pp) or (settings.vpp > 1 and sum(caps) < 2):
+            continue
+        choices.append((chosen, caps))
+    if not choices:
+        return []
+    corners = np.zeros((len(choices), len(options)), dtype=int)
+    for r, (chosen, caps) in enumerate(choices):
+        corners[r, [column[o] for o in chosen]] = caps
+    bounds = lower_bounds([profiles.get(o, settings) for o in options], corners, m, corners=True, vpp=settings.vpp,
+                          memo=profiles.count_memo)
+    return [_Entry(float(b), index, chosen, caps, True) for (chosen, caps), b in zip(choices, bounds) if b < cutoff]
+
+
+def _blocks(profiles: Profiles, cluster: Cluster, settings: Settings, choice: _Entry, num_layers: int,
+            global_batch: int, pins: Pins, cutoff: float, num_units: int) -> tuple[list[_Entry], bool]:
+    """The stage-count grid of one choice, each count bounded (one vectorised call), those below ``cutoff``;
+    and whether the grid is complete (not restricted to whole pools). Interleaved settings keep the stage
+    counts that may interleave (:func:`planner.search.interleave.pipeline_allowed`)."""
+    counts, full = _count_grid(list(choice.counts), num_layers, pins.pp, max_stages(settings, num_layers))
+    m = settings.num_micro_batches(global_batch)
+    if settings.vpp > 1:
+        counts = counts[[pipeline_allowed(int(t), m, settings.vpp, num_units) for t in counts.sum(axis=1)]]
+    if not len(counts):
+        return [], full
+    bounds = lower_bounds([profiles.get(o, settings) for o in choice.options], counts, m, vpp=settings.vpp,
+                          memo=profiles.count_memo)
+    return [_Entry(float(bounds[r]), choice.settings_index, choice.options, tuple(int(c) for c in counts[r]))
+            for r in np.flatnonzero(bounds < cutoff)], full
 
 
 class _Search:
@@ -203,6 +226,7 @@ class _Search:
         spec = hetero.hetero_spec(self.cluster, self.global_batch, settings, stage, num_layers)
         estimate = self.backend.evaluate(spec)
         self.timed += 1
+        self.work += 1
         if not estimate.feasible:
             log.info("search: the cost model rejects a heterogeneous stage the bound admitted (%s)",
                      estimate.reason)
@@ -323,16 +347,15 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
                 continue
             if kind == _HETERO:
                 state.work += 1
-                found_h = hetero.candidates(profiles.get, cluster, settings_list[index], global_batch, pins)
-                for bound, stage in found_h:
-                    if np.isfinite(bound):
-                        heapq.heappush(heap, _Entry(bound, index, (), (), stage))
+                for bound, stage in hetero.candidates(profiles.get, cluster, settings_list[index], global_batch,
+                                                      pins):
+                    if bound < state.cutoff():
+                        heapq.heappush(heap, _Entry(bound, index, (), (), hetero=stage))
                         bounded += 1
                 continue
             expanded += 1
-            found, full = _entries(profiles, cluster, settings_list[index], index, num_layers, global_batch, pins,
-                                   num_units)
-            complete &= full
+            found = _choices(profiles, cluster, settings_list[index], index, num_layers, global_batch, pins,
+                             state.cutoff())
             bounded += len(found)
             for entry in found:
                 heapq.heappush(heap, entry)
@@ -342,11 +365,19 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
         entry = heapq.heappop(heap)
         settings = settings_list[entry.settings_index]
         if entry.hetero is not None:
-            state.work += 1
             cand = state.time_hetero(settings, entry.hetero, entry.bound_s, num_layers)
             if cand is not None:
                 state.least_layout_bound = min(state.least_layout_bound, cand.time_s)
                 state.offer(cand)
+            continue
+        if entry.choice:
+            state.work += 1
+            found, full = _blocks(profiles, cluster, settings, entry, num_layers, global_batch, pins, state.cutoff(),
+                                  num_units)
+            complete &= full
+            bounded += len(found)
+            for block in found:
+                heapq.heappush(heap, block)
             continue
         blocks = [(o.pool, o.tp, c) for o, c in zip(entry.options, entry.counts)]
         for layout in ordered_layouts(blocks):
