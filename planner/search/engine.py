@@ -271,10 +271,11 @@ class _Search:
 
 
 def settings_bound(profiles: Profiles, cluster: Cluster, settings: Settings, num_layers: int, global_batch: int,
-                   pins: Pins, floor_s: float, num_units: int) -> float:
+                   pins: Pins, floor_s: float, num_units: int | None = None) -> float:
     """A lower bound for every plan with these settings (:func:`planner.search.bounds.settings_lower_bound`);
     inf for interleaved settings that no stage count may interleave."""
     m = settings.num_micro_batches(global_batch)
+    num_units = num_layers if num_units is None else num_units
     if settings.vpp > 1 and not any(pipeline_allowed(P, m, settings.vpp, num_units) for P in range(2, num_layers + 1)):
         return np.inf
     options = [o for opts in pool_options(cluster, settings, pins) for o in opts]
