@@ -42,7 +42,8 @@ from planner.types import Cluster, Estimate, PipelineSpec, ReplicaSpec, StageSpe
 
 log = logging.getLogger(__name__)
 
-_QUICK, _STRONG, _HETERO = 0, 1, 2  # settings queue items: quick bound, strong bound, heterogeneous stages
+# settings queue items: quick bound, strong bound; heterogeneous stages by compute, then with memory
+_QUICK, _STRONG, _HETERO, _HETERO_FIT = 0, 1, 2, 3
 MAX_GRID = 20000  # stage-count combinations per choice before mixed layouts fall back to whole pools
 _REL_TOL = 1e-9
 
@@ -321,7 +322,8 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
         options = tuple(o for opts in pool_options(cluster, s, pins) for o in opts)
         queue.append((quick.bound(options, s, s.num_micro_batches(global_batch)), i, _QUICK))
         if len(cluster.groups) > 1 and hetero.hetero_allowed(s, pins):  # its heterogeneous stages, when due
-            queue.append((hetero.settings_floor(backend, cluster, s, global_batch, pins), i, _HETERO))
+            queue.append((hetero.settings_floor(backend.layer_table, cluster, s, global_batch, pins, memory=False), i,
+                          _HETERO))
     heapq.heapify(queue)
     items = max(1, len(queue))
     heap: list[_Entry] = []
@@ -347,6 +349,12 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
                     heapq.heappush(queue, (bound, index, _STRONG))
                 continue
             if kind == _HETERO:
+                state.work += 1
+                floor = hetero.settings_floor(profiles.get, cluster, settings_list[index], global_batch, pins)
+                if np.isfinite(floor):
+                    heapq.heappush(queue, (max(floor, quick_s), index, _HETERO_FIT))
+                continue
+            if kind == _HETERO_FIT:
                 state.work += 1
                 for bound, stage in hetero.candidates(profiles.get, cluster, settings_list[index], global_batch,
                                                       pins):

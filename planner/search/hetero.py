@@ -61,14 +61,33 @@ def hetero_allowed(settings: Settings, pins: Pins) -> bool:
     return settings.vpp == 1 and settings.dp >= 2 and pins.pp in (0, 1)
 
 
-def settings_floor(backend: Backend, cluster: Cluster, settings: Settings, global_batch: int, pins: Pins) -> float:
-    """A lower bound on every heterogeneous stage of these settings: the replica groups' micro-batch counts
-    average m = G / (b D) (weighted by dp), so some group runs m_r >= m of them, and its time
-    m_r t_r >= m min_o t_o over every option o of every pool."""
-    times = [float(np.sum(t.forward_s) + np.sum(t.backward_s))
-             for t in (backend.layer_table(StageOption(pool, tp), settings)
-                       for pool in range(len(cluster.groups)) for tp in tp_choices(cluster, pool, pins))]
-    return settings.num_micro_batches(global_batch) * min(times) if times else np.inf
+def settings_floor(profile_of: Callable[[StageOption, Settings], OptionProfile], cluster: Cluster,
+                   settings: Settings, global_batch: int, pins: Pins, memory: bool = True) -> float:
+    """A lower bound on every heterogeneous stage of these settings (inf: none fits). Only options whose
+    whole model fits in memory with one micro-batch in flight can serve (each replica holds every layer),
+    and two pools need one (``memory=False``: skip that check, from compute alone). The groups' micro-batch
+    counts average m = G / (b D) (weighted by dp), so some group runs m_r >= m of them: T >= m min_o t_o.
+    And T >= m_r t_r for every group with dp_r tp_r devices of its pool, so
+    D m = sum_r dp_r m_r <= T sum_pools max_o devices / (tp_o t_o)."""
+    per_pool = []
+    for pool in range(len(cluster.groups)):
+        fits = [(o, _time_and_fit(profile_of(o, settings), memory))
+                for o in (StageOption(pool, tp) for tp in tp_choices(cluster, pool, pins))]
+        per_pool.append([(o, t) for o, (t, ok) in fits if ok])
+    usable = [opts for opts in per_pool if opts]
+    if len(usable) < 2:
+        return np.inf
+    m = settings.num_micro_batches(global_batch)
+    fastest = min(t for opts in usable for _, t in opts)
+    rate = sum(max(cluster.groups[o.pool].num_devices / (o.tp * t) for o, t in opts) for opts in usable)
+    return m * max(fastest, settings.dp / rate)
+
+
+def _time_and_fit(profile, memory: bool = True) -> tuple[float, bool]:
+    """(forward + backward of the whole model for one micro-batch, whether it fits with one in flight);
+    ``profile``: an OptionProfile, or with ``memory=False`` anything with forward_s and backward_s."""
+    fits = not memory or float(profile.static_unit.sum() + profile.act_unit.sum() + profile.peak_unit.max()) <= 1.0
+    return float(np.sum(profile.forward_s) + np.sum(profile.backward_s)), fits
 
 
 def splits(times: tuple[float, float], dps: tuple[int, int], total: int) -> list[tuple[int, int]]:
@@ -113,9 +132,7 @@ def candidates(profile_of: Callable[[StageOption, Settings], OptionProfile], clu
     for oa, ob, da in stage_shapes(cluster, settings, pins):
         for option in (oa, ob):
             if option not in per_option:
-                p = profile_of(option, settings)
-                fits = float(p.static_unit.sum() + p.act_unit.sum() + p.peak_unit.max()) <= 1.0
-                per_option[option] = (float(p.forward_s.sum() + p.backward_s.sum()), fits)
+                per_option[option] = _time_and_fit(profile_of(option, settings))
         (ta, fa), (tb, fb) = per_option[oa], per_option[ob]
         dps = (da, settings.dp - da)
         for ma, mb in (all_splits(dps, total) if exhaustive else splits((ta, tb), dps, total)):
