@@ -3,10 +3,15 @@ pipeline shapes (:class:`Layout`), with their enumeration under the user's pins.
 
 A plan in this space is
   * ``settings``: micro-batch ``b``, data-parallel degree ``D`` of every stage, ZeRO stage, recompute,
-    sequence parallelism, schedule (shared by all stages, as Megatron-LM and DeepSpeed require);
+    sequence parallelism, schedule with its virtual stages ``vpp`` (1F1B, or Megatron-LM's interleaved
+    schedule with vpp 2-4: :mod:`planner.search.interleave`), shared by all stages as Megatron-LM and
+    DeepSpeed require;
   * a ``layout``: the ordered stages, each on one device pool (a cluster group: GPU type and its nodes)
     with its own tensor-parallel degree ``tp``; stage ``k`` uses ``tp_k * D`` devices of its pool;
-  * a layer partition: stage ``k`` holds the contiguous layers ``first_k..last_k`` (uneven splits allowed).
+  * a layer partition: stage ``k`` holds the contiguous layers ``first_k..last_k`` (uneven splits allowed;
+    a whole number of equal chunks per stage when interleaved);
+  * or, on a mixed cluster, a single stage whose ``D`` replicas span two pools with batch shares balanced
+    by speed (heterogeneous data parallelism, :mod:`planner.search.hetero`).
 
 Pools that would slow the plan are simply left out of the layout (idle devices).
 """
