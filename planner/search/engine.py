@@ -278,6 +278,8 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
         queue.append((quick.bound(options, s, s.num_micro_batches(global_batch)), i, False))
     heapq.heapify(queue)
     heap: list[_Entry] = []
+    # partitions the DP chose, timed only when their bound comes up (most never do: a better plan comes first)
+    pending: list[tuple[float, int, int, Layout, tuple[int, ...]]] = []
     expanded = bounded = solved = 0
     complete = True
     timed_out = False
@@ -285,11 +287,18 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
     while True:
         top = heap[0].bound_s if heap else np.inf
         upcoming = queue[0][0] if queue else np.inf
-        if min(top, upcoming) >= state.cutoff():
+        untimed = pending[0][0] if pending else np.inf
+        if min(top, upcoming, untimed) >= state.cutoff():
             break
         if state.out_of_limits():
-            timed_out, unvisited = True, min(top, upcoming)
+            timed_out, unvisited = True, min(top, upcoming, untimed)
             break
+        if untimed <= min(top, upcoming):
+            bound, _, index, layout, last = heapq.heappop(pending)
+            cand = state.time(settings_list[index], layout, last, bound)
+            if cand is not None:
+                state.offer(cand)
+            continue
         if upcoming <= top:
             quick_s, index, strong = heapq.heappop(queue)
             if not strong:
@@ -305,8 +314,8 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
             bounded += len(found)
             for entry in found:
                 heapq.heappush(heap, entry)
-            if progress is not None:
-                progress(1.0 - len(queue) / len(settings_list))
+            if progress is not None:  # settings no longer waiting (their share never goes back)
+                progress(expanded / max(expanded + len(queue), 1))
             continue
         entry = heapq.heappop(heap)
         settings = settings_list[entry.settings_index]
@@ -333,9 +342,7 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
             if part is None:
                 continue  # no partition fits, or none can beat the K-th best
             state.least_layout_bound = min(state.least_layout_bound, part.objective)
-            cand = state.time(settings, layout, part.last_layers, part.objective)
-            if cand is not None:
-                state.offer(cand)
+            heapq.heappush(pending, (part.objective, solved, entry.settings_index, layout, part.last_layers))
     if state.best and state.best[0].time_s > state.best[0].bound_s * (1 + _REL_TOL):
         state.offer(state.refine(state.best[0]))
     if progress is not None:
