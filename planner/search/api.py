@@ -17,6 +17,7 @@ from planner.search import engine
 from planner.search.backend import Backend
 from planner.search.build import to_plan
 from planner.search.explain import bottleneck
+from planner.search.interleave import searched_units, unit_flags
 from planner.search.space import Pins, Settings, StageOption, validate_pins
 from planner.types import Cluster, LayerGraph, ParallelConfig
 
@@ -71,10 +72,13 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
         from planner.embeddings.dense import dense_part  # the tables are placed model-parallel, not in the pipeline
         model = dense_part(model, model.embedding_tables)
     pins = Pins.from_config(pinned)
-    validate_pins(pins, cluster, global_batch, len(model.layers))
+    kinds = [layer.kind for layer in model.layers]
+    units = unit_flags(kinds)
+    validate_pins(pins, cluster, global_batch, len(model.layers), sum(units))
     backend = backend if backend is not None else default_backend(model, cluster)
     outcome = engine.run(backend, cluster, len(model.layers), global_batch, pins, top_k=top_k,
-                         time_limit_s=time_limit_s, progress=progress, budget=budget)
+                         time_limit_s=time_limit_s, progress=progress, budget=budget, units=units,
+                         interleave=searched_units(kinds) > 0)
     if not outcome.candidates:  # a limit never ends a search before its first plan
         raise InfeasibleError(_why_infeasible(model, cluster, global_batch, pins, backend))
     info = SearchInfo(time_s=outcome.time_s, candidates_evaluated=outcome.bounded + outcome.solved,

@@ -29,6 +29,8 @@ so fragmentation margins and reserves tighten the bounds as they tighten the pla
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 
 import itertools
@@ -36,6 +38,7 @@ import itertools
 import numpy as np
 
 from planner.search.backend import Backend
+from planner.search.interleave import least_delta
 from planner.search.space import Settings, StageOption
 
 
@@ -98,9 +101,11 @@ class Profiles:
         self.backend = backend
         self._memo: dict[tuple[StageOption, Settings], OptionProfile] = {}
         self._memory: dict[tuple, tuple[float, float, float, float] | None] = {}
+        self.count_memo: dict[tuple, CountTables] = {}  # count_tables of profile lists (shared by vpp twins)
 
     def get(self, option: StageOption, settings: Settings) -> OptionProfile:
-        key = (option, settings)
+        # a profile does not depend on the schedule: interleaved settings share their 1F1B twin's
+        key = (option, settings if settings.vpp == 1 else dataclasses.replace(settings, vpp=1, schedule="1f1b"))
         hit = self._memo.get(key)
         if hit is None:
             mkey = (option, settings.dp, settings.zero, settings.optimizer, settings.dtype)
@@ -178,8 +183,22 @@ def count_tables(fwd: np.ndarray, bwd: np.ndarray, static: np.ndarray, act: np.n
     return CountTables(size, sb, sf, kmem, sums)
 
 
+def _count_tables_memo(memo: dict | None, profiles: list[OptionProfile], fwd: np.ndarray, bwd: np.ndarray,
+                       static: np.ndarray, act: np.ndarray, peak: np.ndarray, layers: np.ndarray,
+                       most_stages: np.ndarray, m: int) -> CountTables:
+    """:func:`count_tables`, memoised in ``memo`` by the profile objects (memoised themselves by
+    :class:`Profiles`, so settings that differ only in their schedule share them)."""
+    if memo is None:
+        return count_tables(fwd, bwd, static, act, peak, layers, most_stages, m)
+    key = (tuple(id(p) for p in profiles), layers.tobytes(), np.asarray(most_stages).tobytes(), m)
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = count_tables(fwd, bwd, static, act, peak, layers, most_stages, m)
+    return hit
+
+
 def layer_count_bound(tables: CountTables, options: np.ndarray, counts: np.ndarray, pools: np.ndarray,
-                      totals: np.ndarray, m: int, floor: np.ndarray) -> np.ndarray:
+                      totals: np.ndarray, m: int, floor: np.ndarray, vpp: int = 1) -> np.ndarray:
     """A lower bound on max_k G_k per row, at least ``floor[r]`` (inf: the stages cannot hold the layers),
     from stage capacities.
 
@@ -199,7 +218,10 @@ def layer_count_bound(tables: CountTables, options: np.ndarray, counts: np.ndarr
     for P in np.unique(totals):
         sel = np.flatnonzero(totals == P)
         lo = float(out[sel].min())
-        g = (m - 1) * tables.sb[options] + max(0, m - int(P)) * tables.sf[options]  # non-decreasing in k
+        # non-decreasing in k; interleaved: (m - 1/vpp) SB + stage 0's forward weight SF (its in-flight
+        # micro-batches are at least 1F1B's, so the memory counts stay valid)
+        g = (m - 1) * tables.sb[options] + max(0, m - int(P)) * tables.sf[options] if vpp == 1 else \
+            (m - 1.0 / vpp) * tables.sb[options] + least_delta(int(P), m, vpp) * tables.sf[options]
         cands = np.unique(g[:, 1:])
         cands = np.concatenate(([lo], cands[cands > lo]))
         cover = np.zeros((len(sel), len(cands)))
@@ -233,11 +255,13 @@ def _layer_sets(work: np.ndarray) -> list[np.ndarray]:
 
 
 def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_batches: int,
-                 corners: bool = False) -> np.ndarray:
+                 corners: bool = False, vpp: int = 1, memo: dict | None = None) -> np.ndarray:
     """Bounds for every row of ``counts`` (stages per option, shape (n, len(profiles)); 0 = option unused);
     inf = infeasible. Rows are grouped by their set of options. ``corners``: only the parts that do not
     increase with any stage count (compute, layer counts, a layer alone in memory), so that each row
-    bounds every smaller count of its options too."""
+    bounds every smaller count of its options too. ``vpp > 1``: the interleaved schedule's weights (b_l / vpp
+    in the sum, (m - 1/vpp) b_l and stage 0's forward weight in q, both non-increasing in the stage count);
+    its stages hold at least the 1F1B micro-batches in flight, so the memory bounds stay valid."""
     counts = np.asarray(counts, dtype=int).reshape(-1, len(profiles))
     out = np.full(len(counts), np.inf)
     if len(counts) == 0:
@@ -246,6 +270,8 @@ def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_ba
     fwd = np.stack([p.forward_s for p in profiles])  # (O, L)
     bwd = np.stack([p.backward_s for p in profiles])
     both = fwd + bwd
+    work = both if vpp == 1 else fwd + bwd / vpp
+    gamma = (m - 1) if vpp == 1 else m - 1.0 / vpp
     static = np.stack([p.static_unit for p in profiles])
     act = np.stack([p.act_unit for p in profiles])
     peak = np.stack([p.peak_unit for p in profiles])
@@ -262,7 +288,8 @@ def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_ba
     sums_b, sums_f = bwd.sum(axis=1), fwd.sum(axis=1)
     pools = np.array([p.option.pool for p in profiles])
     most = counts.max(axis=0)
-    count_sets = [count_tables(fwd, bwd, static, act, peak, layers, most, m) for layers in _layer_sets(both)]
+    count_sets = [_count_tables_memo(memo, profiles, fwd, bwd, static, act, peak, layers, most, m)
+                  for layers in _layer_sets(both)]
     members = counts > 0
     keys, group = np.unique(members, axis=0, return_inverse=True)
     for g, key in enumerate(keys):
@@ -272,19 +299,19 @@ def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_ba
             continue
         c = counts[rows].astype(float)
         total = c.sum(axis=1)
-        extra = np.maximum(0.0, m - total)
-        sum_min = float(both[M].min(axis=0).sum())
-        q = (m - 1) * bwd[M][None] + extra[:, None, None] * fwd[M][None]  # (r, |M|, L)
+        extra = np.maximum(0.0, m - total) if vpp == 1 else np.array([least_delta(int(p), m, vpp) for p in total])
+        sum_min = float(work[M].min(axis=0).sum())
+        q = gamma * bwd[M][None] + extra[:, None, None] * fwd[M][None]  # (r, |M|, L)
         max_g = q.min(axis=1).max(axis=1)
         with np.errstate(invalid="ignore"):
             capacity = c @ inverse.T  # (r, ref)
-        totals = (m - 1) * sums_b[None, :] + extra[:, None] * sums_f[None, :]
+        totals = gamma * sums_b[None, :] + extra[:, None] * sums_f[None, :]
         with np.errstate(divide="ignore", invalid="ignore"):
             fluid = np.where((capacity > 0) & np.isfinite(capacity), totals / capacity, 0.0)
         max_g = np.maximum(max_g, fluid.max(axis=1))
         P_rows = total.astype(int)
         for tables in count_sets:
-            max_g = layer_count_bound(tables, M, c[:, M], pools[M], P_rows, m, max_g)
+            max_g = layer_count_bound(tables, M, c[:, M], pools[M], P_rows, m, max_g, vpp)
         worst = float(alone[M].min(axis=0).max())
         if corners:
             out[rows] = np.where(worst <= 1.0, sum_min + max_g, np.inf)
@@ -309,7 +336,7 @@ def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_ba
 
 
 def settings_lower_bound(profiles: list[OptionProfile], caps: np.ndarray, m: int, num_layers: int, max_stages: int,
-                         num_devices: int, dp: int, floor_s: float) -> float:
+                         num_devices: int, dp: int, floor_s: float, vpp: int = 1, memo: dict | None = None) -> float:
     """A lower bound for every plan of one settings (any pools, tp, stage counts and partition), at least
     ``floor_s`` (:class:`QuickSettingsBound`), from the options of every pool (``caps[o]``: the most stages
     option o can have): the layer-count bound with each pool at its best option's largest count and at most
@@ -326,7 +353,7 @@ def settings_lower_bound(profiles: list[OptionProfile], caps: np.ndarray, m: int
     peak = np.stack([p.peak_unit for p in profiles])
     fwd = np.stack([p.forward_s for p in profiles])
     bwd = np.stack([p.backward_s for p in profiles])
-    sum_min = float((fwd + bwd).min(axis=0).sum())
+    sum_min = float((fwd + bwd).min(axis=0).sum()) if vpp == 1 else float((fwd + bwd / vpp).min(axis=0).sum())
     best = floor_s - sum_min
     caps = np.minimum(np.asarray(caps, dtype=int), min(num_layers, max_stages))
     if max_stages == 1:
@@ -335,8 +362,8 @@ def settings_lower_bound(profiles: list[OptionProfile], caps: np.ndarray, m: int
     total = np.array([min(num_layers, max_stages, most)])
     options = np.arange(len(profiles))
     for layers in _layer_sets(fwd + bwd):
-        tables = count_tables(fwd, bwd, static, act, peak, layers, caps, m)
-        best = float(layer_count_bound(tables, options, caps[None, :], pools, total, m, np.array([best]))[0])
+        tables = _count_tables_memo(memo, profiles, fwd, bwd, static, act, peak, layers, caps, m)
+        best = float(layer_count_bound(tables, options, caps[None, :], pools, total, m, np.array([best]), vpp)[0])
         if not np.isfinite(best):
             return np.inf
     return sum_min + best
@@ -353,13 +380,15 @@ class QuickSettingsBound:
         self._memo: dict[tuple, tuple] = {}
 
     def _tables(self, options: tuple[StageOption, ...], settings: Settings) -> tuple:
-        key = (options, settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype)
+        key = (options, settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype,
+               settings.vpp)
         hit = self._memo.get(key)
         if hit is None:
             tabs = [self.backend.layer_table(o, settings) for o in options]
             fwd = np.stack([np.asarray(t.forward_s, dtype=float) for t in tabs])
             bwd = np.stack([np.asarray(t.backward_s, dtype=float) for t in tabs])
-            sum_min = float((fwd + bwd).min(axis=0).sum())
+            V = settings.vpp
+            sum_min = float((fwd + bwd).min(axis=0).sum()) if V == 1 else float((fwd + bwd / V).min(axis=0).sum())
             widest = float(bwd.min(axis=0).max())
             pools = sorted({o.pool for o in options})
             per_pool = np.zeros((len(options), len(pools)))  # [ref, pool]: max over its options 1/(rho tp)
@@ -383,4 +412,5 @@ class QuickSettingsBound:
         sum_min, widest, sums_b, per_pool, longest, usable, pools = self._tables(options, settings)
         capacity = np.minimum(per_pool @ self.pool_devices[pools] / settings.dp, self.num_layers * longest)
         fluid = float(np.max(np.where(usable & (capacity > 0), sums_b / np.where(capacity > 0, capacity, 1.0), 0.0)))
-        return sum_min + (m - 1) * max(widest, fluid)
+        gamma = (m - 1) if settings.vpp == 1 else m - 1.0 / settings.vpp  # G_k >= gamma b_k
+        return sum_min + gamma * max(widest, fluid)

@@ -112,12 +112,15 @@ class CostModelBackend:
             f, b, params, act, peak = self._segments_of(option, settings)
             fwd.append(f)
             bwd.append(b)
-            sends.append(self._send_s(devices[k][0], devices[k + 1][0], self.layer_table(option, settings).output_bytes,
-                                      option) if k + 1 < P else None)
+            # the last stage sends back to stage 0 only between interleaved chunks
+            to = k + 1 if k + 1 < P else (0 if settings.vpp > 1 else None)
+            sends.append(None if to is None else self._send_s(devices[k][0], devices[to][0],
+                                                              self.layer_table(option, settings).output_bytes, option))
             in_flight = micro_batches_in_flight(k, P, m, settings.schedule, settings.vpp)
             empty, per_micro_batch = self._memory_of(option, settings)
             fits.append(empty + in_flight * per_micro_batch <= self.capacity_bytes(option))
-        return bound_matrices(fwd, bwd, sends, fits, self._tail0(layout.options[0], devices[0], settings), m)
+        return bound_matrices(fwd, bwd, sends, fits, self._tail0(layout.options[0], devices[0], settings), m,
+                              settings.vpp)
 
     def _tail0(self, option: StageOption, devices: tuple[int, ...], settings: Settings) -> np.ndarray:
         """Stage 0's exposed synchronisation plus optimizer step when it holds layers 0..j, for every j."""

@@ -30,7 +30,9 @@ from typing import Callable
 
 import numpy as np
 
+from planner.search import hetero
 from planner.search.backend import Backend
+from planner.search.interleave import chunk_mask, partition_allowed, pipeline_allowed
 from planner.search.bounds import Profiles, QuickSettingsBound, lower_bounds, settings_lower_bound
 from planner.search.partition import solve_partition, stage_bounds
 from planner.search.space import Layout, Pins, Settings, StageOption, enumerate_settings, max_stages, options_allowed, \
@@ -40,6 +42,7 @@ from planner.types import Cluster, Estimate, PipelineSpec, ReplicaSpec, StageSpe
 
 log = logging.getLogger(__name__)
 
+_QUICK, _STRONG, _HETERO = 0, 1, 2  # settings queue items: quick bound, strong bound, heterogeneous stages
 MAX_GRID = 20000  # stage-count combinations per choice before mixed layouts fall back to whole pools
 _REL_TOL = 1e-9
 
@@ -55,6 +58,7 @@ class Candidate:
     bound_s: float = field(compare=False)  # the layout's lower bound (DP optimum)
     spec: PipelineSpec = field(compare=False, repr=False)
     estimate: Estimate = field(compare=False, repr=False)
+    groups: tuple = ()  # a heterogeneous stage's replica groups (planner.search.hetero); () otherwise
 
 
 @dataclass(frozen=True)
@@ -75,13 +79,15 @@ class Outcome:
 @dataclass(frozen=True, order=True)
 class _Entry:
     """A heap node: a set of stage blocks (``counts[i]`` stages on ``options[i]``), or with ``choice`` a
-    choice of options whose stage-count grid (up to ``counts``) is not bounded yet."""
+    choice of options whose stage-count grid (up to ``counts``) is not bounded yet, or with ``hetero`` a
+    heterogeneous single stage (:mod:`planner.search.hetero`) to time."""
 
     bound_s: float
     settings_index: int
     options: tuple[StageOption, ...]
     counts: tuple[int, ...]
     choice: bool = False
+    hetero: hetero.HeteroStage | None = field(default=None, compare=False)
 
 
 def pipeline_spec(cluster: Cluster, global_batch: int, settings: Settings, layout: Layout,
@@ -131,7 +137,7 @@ def _choices(profiles: Profiles, cluster: Cluster, settings: Settings, index: in
             continue
         caps = tuple(min(num_layers, stages_cap, cluster.groups[o.pool].num_devices // (o.tp * settings.dp))
                      for o in chosen)
-        if pins.pp and sum(caps) < pins.pp:
+        if (pins.pp and sum(caps) < pins.pp) or (settings.vpp > 1 and sum(caps) < 2):
             continue
         choices.append((chosen, caps))
     if not choices:
@@ -139,19 +145,24 @@ def _choices(profiles: Profiles, cluster: Cluster, settings: Settings, index: in
     corners = np.zeros((len(choices), len(options)), dtype=int)
     for r, (chosen, caps) in enumerate(choices):
         corners[r, [column[o] for o in chosen]] = caps
-    bounds = lower_bounds([profiles.get(o, settings) for o in options], corners, m, corners=True)
+    bounds = lower_bounds([profiles.get(o, settings) for o in options], corners, m, corners=True, vpp=settings.vpp,
+                          memo=profiles.count_memo)
     return [_Entry(float(b), index, chosen, caps, True) for (chosen, caps), b in zip(choices, bounds) if b < cutoff]
 
 
 def _blocks(profiles: Profiles, cluster: Cluster, settings: Settings, choice: _Entry, num_layers: int,
-            global_batch: int, pins: Pins, cutoff: float) -> tuple[list[_Entry], bool]:
+            global_batch: int, pins: Pins, cutoff: float, num_units: int) -> tuple[list[_Entry], bool]:
     """The stage-count grid of one choice, each count bounded (one vectorised call), those below ``cutoff``;
-    and whether the grid is complete (not restricted to whole pools)."""
+    and whether the grid is complete (not restricted to whole pools). Interleaved settings keep the stage
+    counts that may interleave (:func:`planner.search.interleave.pipeline_allowed`)."""
     counts, full = _count_grid(list(choice.counts), num_layers, pins.pp, max_stages(settings, num_layers))
+    m = settings.num_micro_batches(global_batch)
+    if settings.vpp > 1:
+        counts = counts[[pipeline_allowed(int(t), m, settings.vpp, num_units) for t in counts.sum(axis=1)]]
     if not len(counts):
         return [], full
-    bounds = lower_bounds([profiles.get(o, settings) for o in choice.options], counts,
-                          settings.num_micro_batches(global_batch))
+    bounds = lower_bounds([profiles.get(o, settings) for o in choice.options], counts, m, vpp=settings.vpp,
+                          memo=profiles.count_memo)
     return [_Entry(float(bounds[r]), choice.settings_index, choice.options, tuple(int(c) for c in counts[r]))
             for r in np.flatnonzero(bounds < cutoff)], full
 
@@ -160,8 +171,9 @@ class _Search:
     """Mutable state of one branch-and-bound run (kept out of module globals)."""
 
     def __init__(self, backend: Backend, cluster: Cluster, global_batch: int, top_k: int, limits: Limits,
-                 start: float) -> None:
+                 start: float, units: tuple[int, ...]) -> None:
         self.backend, self.cluster, self.global_batch, self.top_k = backend, cluster, global_batch, top_k
+        self.units = units
         self.limits, self.start = limits, start
         self.best: list[Candidate] = []
         self.timed = self.violations = self.work = 0
@@ -202,11 +214,30 @@ class _Search:
 
     def offer(self, cand: Candidate) -> None:
         if any(c.settings == cand.settings and c.layout == cand.layout and c.last_layers == cand.last_layers
-               for c in self.best):
+               and c.groups == cand.groups for c in self.best):
             return
         self.best.append(cand)
         self.best.sort()
         del self.best[self.top_k:]
+
+    def time_hetero(self, settings: Settings, stage: hetero.HeteroStage, bound: float,
+                    num_layers: int) -> Candidate | None:
+        """Time a heterogeneous single-stage plan; ``bound`` is its lower bound."""
+        spec = hetero.hetero_spec(self.cluster, self.global_batch, settings, stage, num_layers)
+        estimate = self.backend.evaluate(spec)
+        self.timed += 1
+        self.work += 1
+        if not estimate.feasible:
+            log.info("search: the cost model rejects a heterogeneous stage the bound admitted (%s)",
+                     estimate.reason)
+            return None
+        time_s = float(estimate.iteration_time_s)
+        if time_s < bound * (1 - 1e-6):
+            log.warning("search: the cost model times a plan at %.6g s, below its bound %.6g s", time_s, bound)
+            self.violations += 1
+        first = stage.groups[0]
+        return Candidate(time_s, settings, Layout((StageOption(first.pool, first.tp),)), (num_layers - 1,), time_s,
+                         spec, estimate, stage.groups)
 
     def refine(self, cand: Candidate) -> Candidate:
         """Hill-climb the layer cuts of a plan whose time exceeds its layout's bound (the bound is exact for
@@ -218,15 +249,16 @@ class _Search:
         while improved and current.time_s > cand.bound_s * (1 + _REL_TOL):
             improved = False
             cuts = current.last_layers[:-1]
+            V = current.settings.vpp
             for k in range(len(cuts)):
-                for step in (-1, 1):
+                for step in ((-1, 1) if V == 1 else (-V, V)):
                     if self.out_of_limits():
                         return current
                     moved = list(cuts)
                     moved[k] += step
                     lo = moved[k - 1] + 1 if k > 0 else 0
                     hi = moved[k + 1] - 1 if k + 1 < len(moved) else L - 2
-                    if not lo <= moved[k] <= hi:
+                    if not lo <= moved[k] <= hi or not partition_allowed(self.units, (*moved, L - 1), V):
                         continue
                     trial = self.time(current.settings, current.layout, (*moved, L - 1), cand.bound_s,
                                       check=False)
@@ -239,13 +271,17 @@ class _Search:
 
 
 def settings_bound(profiles: Profiles, cluster: Cluster, settings: Settings, num_layers: int, global_batch: int,
-                   pins: Pins, floor_s: float) -> float:
-    """A lower bound for every plan with these settings (:func:`planner.search.bounds.settings_lower_bound`)."""
+                   pins: Pins, floor_s: float, num_units: int) -> float:
+    """A lower bound for every plan with these settings (:func:`planner.search.bounds.settings_lower_bound`);
+    inf for interleaved settings that no stage count may interleave."""
+    m = settings.num_micro_batches(global_batch)
+    if settings.vpp > 1 and not any(pipeline_allowed(P, m, settings.vpp, num_units) for P in range(2, num_layers + 1)):
+        return np.inf
     options = [o for opts in pool_options(cluster, settings, pins) for o in opts]
     caps = np.array([cluster.groups[o.pool].num_devices // (o.tp * settings.dp) for o in options], dtype=int)
     return settings_lower_bound([profiles.get(o, settings) for o in options], caps,
                                 settings.num_micro_batches(global_batch), num_layers, max_stages(settings, num_layers),
-                                cluster.num_devices, settings.dp, floor_s)
+                                cluster.num_devices, settings.dp, floor_s, settings.vpp, profiles.count_memo)
 
 
 @dataclass(frozen=True)
@@ -260,22 +296,31 @@ class Limits:
 
 def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, pins: Pins, top_k: int = 1,
         time_limit_s: float | None = None, progress: Callable[[float], None] | None = None,
-        budget: int | None = None) -> Outcome:
+        budget: int | None = None, units: tuple[int, ...] | None = None, interleave: bool = True) -> Outcome:
     """Search the whole space, best bound first (see the module docstring); stop early at ``time_limit_s``
-    seconds or ``budget`` work units (:class:`Limits`), whichever comes first, once a plan is found."""
+    seconds or ``budget`` work units (:class:`Limits`), whichever comes first, once a plan is found.
+    ``units[l]`` is 1 when layer l is a pipeline unit (interleaved chunks split those;
+    :func:`planner.search.interleave.unit_flags`), default every layer; ``interleave``: search vpp > 1
+    (unpinned) too."""
     limits = Limits(time_limit_s, budget)
     start = time.perf_counter()
-    settings_list = [s for s in enumerate_settings(cluster, global_batch, pins) if settings_allowed(s, pins)]
+    units = tuple(units) if units is not None else (1,) * num_layers
+    num_units = sum(units)
+    settings_list = [s for s in enumerate_settings(cluster, global_batch, pins, num_units=num_units,
+                                                   interleave=interleave) if settings_allowed(s, pins)]
     log.info("search: %d settings", len(settings_list))
     profiles = Profiles(backend)
-    state = _Search(backend, cluster, global_batch, top_k, limits, start)
+    state = _Search(backend, cluster, global_batch, top_k, limits, start, units)
+    masks: dict[int, np.ndarray | None] = {}
     # settings in increasing bound order: first a quick compute-only bound, then, when a settings comes up,
     # its strong bound (memory, layer counts); its blocks are bounded only when that can still win
     quick = QuickSettingsBound(backend, np.array([g.num_devices for g in cluster.groups], dtype=float), num_layers)
-    queue: list[tuple[float, int, bool]] = []
+    queue: list[tuple[float, int, int]] = []
     for i, s in enumerate(settings_list):
         options = tuple(o for opts in pool_options(cluster, s, pins) for o in opts)
-        queue.append((quick.bound(options, s, s.num_micro_batches(global_batch)), i, False))
+        queue.append((quick.bound(options, s, s.num_micro_batches(global_batch)), i, _QUICK))
+        if len(cluster.groups) > 1 and hetero.hetero_allowed(s, pins):  # its heterogeneous stages, when due
+            queue.append((hetero.settings_floor(backend, cluster, s, global_batch, pins), i, _HETERO))
     heapq.heapify(queue)
     heap: list[_Entry] = []
     # partitions the DP chose, timed only when their bound comes up (most never do: a better plan comes first)
@@ -300,13 +345,21 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
                 state.offer(cand)
             continue
         if upcoming <= top:
-            quick_s, index, strong = heapq.heappop(queue)
-            if not strong:
+            quick_s, index, kind = heapq.heappop(queue)
+            if kind == _QUICK:
                 state.work += 1
                 bound = settings_bound(profiles, cluster, settings_list[index], num_layers, global_batch, pins,
-                                       quick_s)
+                                       quick_s, num_units)
                 if np.isfinite(bound):
-                    heapq.heappush(queue, (bound, index, True))
+                    heapq.heappush(queue, (bound, index, _STRONG))
+                continue
+            if kind == _HETERO:
+                state.work += 1
+                for bound, stage in hetero.candidates(profiles.get, cluster, settings_list[index], global_batch,
+                                                      pins):
+                    if bound < state.cutoff():
+                        heapq.heappush(heap, _Entry(bound, index, (), (), hetero=stage))
+                        bounded += 1
                 continue
             expanded += 1
             found = _choices(profiles, cluster, settings_list[index], index, num_layers, global_batch, pins,
@@ -319,9 +372,16 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
             continue
         entry = heapq.heappop(heap)
         settings = settings_list[entry.settings_index]
+        if entry.hetero is not None:
+            cand = state.time_hetero(settings, entry.hetero, entry.bound_s, num_layers)
+            if cand is not None:
+                state.least_layout_bound = min(state.least_layout_bound, cand.time_s)
+                state.offer(cand)
+            continue
         if entry.choice:
             state.work += 1
-            found, full = _blocks(profiles, cluster, settings, entry, num_layers, global_batch, pins, state.cutoff())
+            found, full = _blocks(profiles, cluster, settings, entry, num_layers, global_batch, pins, state.cutoff(),
+                                  num_units)
             complete &= full
             bounded += len(found)
             for block in found:
@@ -338,6 +398,9 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
                     state.offer(cand)
                 continue
             S, G, R = backend.stage_matrices(layout, settings, global_batch)
+            if settings.vpp > 1:  # every stage a whole number of equal chunks
+                mask = masks.setdefault(settings.vpp, chunk_mask(units, settings.vpp))
+                S = np.where(mask[None], S, np.inf)
             part = solve_partition(S, G, R, state.cutoff())
             if part is None:
                 continue  # no partition fits, or none can beat the K-th best
