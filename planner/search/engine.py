@@ -42,7 +42,8 @@ from planner.types import Cluster, Estimate, PipelineSpec, ReplicaSpec, StageSpe
 
 log = logging.getLogger(__name__)
 
-_QUICK, _STRONG, _HETERO = 0, 1, 2  # settings queue items: quick bound, strong bound, heterogeneous stages
+# settings queue items: quick bound, strong bound, heterogeneous stages (quick floor, then balanced floor)
+_QUICK, _STRONG, _HETERO, _HETERO_READY = 0, 1, 2, 3
 MAX_GRID = 20000  # stage-count combinations per choice before mixed layouts fall back to whole pools
 _REL_TOL = 1e-9
 
@@ -353,7 +354,13 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
                 if np.isfinite(bound):
                     heapq.heappush(queue, (bound, index, _STRONG))
                 continue
-            if kind == _HETERO:
+            if kind == _HETERO:  # its balanced floor first: most settings stop here
+                state.work += 1
+                floor = hetero.balanced_floor(profiles.get, cluster, settings_list[index], global_batch, pins)
+                if np.isfinite(floor):
+                    heapq.heappush(queue, (max(floor, quick_s), index, _HETERO_READY))
+                continue
+            if kind == _HETERO_READY:
                 state.work += 1
                 for bound, stage in hetero.candidates(profiles.get, cluster, settings_list[index], global_batch,
                                                       pins):

@@ -71,6 +71,37 @@ def settings_floor(backend: Backend, cluster: Cluster, settings: Settings, globa
     return settings.num_micro_batches(global_batch) * min(times) if times else np.inf
 
 
+def balanced_floor(profile_of: Callable[[StageOption, Settings], OptionProfile], cluster: Cluster,
+                   settings: Settings, global_batch: int, pins: Pins) -> float:
+    """A lower bound on every heterogeneous stage of these settings, at least :func:`settings_floor`: a stage
+    of options (A, B) with dp_A replicas on A needs max(m_A t_A, m_B t_B) >= D m / (dp_A / t_A + dp_B / t_B)
+    (the split's micro-batches add up to D m), and the rate dp_A / t_A + (D - dp_A) / t_B is largest at an
+    end of dp_A's range; inf when no pair of options fits (each replica holds the whole model)."""
+    if not hetero_allowed(settings, pins):
+        return np.inf
+    D = settings.dp
+    total = settings.num_micro_batches(global_batch) * D
+    best = np.inf
+    per_option: dict[StageOption, tuple[float, bool]] = {}
+    for a, b in itertools.combinations(range(len(cluster.groups)), 2):
+        for ta, tb in itertools.product(tp_choices(cluster, a, pins), tp_choices(cluster, b, pins)):
+            lo = max(1, D - cluster.groups[b].num_devices // tb)
+            hi = min(D - 1, cluster.groups[a].num_devices // ta)
+            if lo > hi:
+                continue
+            for option in (StageOption(a, ta), StageOption(b, tb)):
+                if option not in per_option:
+                    p = profile_of(option, settings)
+                    fits = float(p.static_unit.sum() + p.act_unit.sum() + p.peak_unit.max()) <= 1.0
+                    per_option[option] = (float(p.forward_s.sum() + p.backward_s.sum()), fits)
+            (t_a, fa), (t_b, fb) = per_option[StageOption(a, ta)], per_option[StageOption(b, tb)]
+            if not (fa and fb) or t_a <= 0 or t_b <= 0:
+                continue
+            rate = max(da / t_a + (D - da) / t_b for da in (lo, hi))
+            best = min(best, total / rate * (1 - 1e-9))
+    return best
+
+
 def splits(times: tuple[float, float], dps: tuple[int, int], total: int) -> list[tuple[int, int]]:
     """The feasible whole-micro-batch splits ``(m_A, m_B)`` (``dp_A m_A + dp_B m_B = total``, both >= 1)
     next to the balance point ``m_A t_A = m_B t_B``: the last one with ``m_A t_A <= m_B t_B`` and the first
@@ -117,6 +148,8 @@ def candidates(profile_of: Callable[[StageOption, Settings], OptionProfile], clu
                 fits = float(p.static_unit.sum() + p.act_unit.sum() + p.peak_unit.max()) <= 1.0
                 per_option[option] = (float(p.forward_s.sum() + p.backward_s.sum()), fits)
         (ta, fa), (tb, fb) = per_option[oa], per_option[ob]
+        if not (fa and fb or exhaustive):
+            continue  # its replicas do not fit: every split is infeasible
         dps = (da, settings.dp - da)
         for ma, mb in (all_splits(dps, total) if exhaustive else splits((ta, tb), dps, total)):
             bound = max(ma * ta, mb * tb) if fa and fb else np.inf
