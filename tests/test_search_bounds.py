@@ -78,7 +78,7 @@ def test_settings_bound_never_exceeds_the_optimum(seed):
     model, c, settings, global_batch, layers = instance(seed)
     backend = SyntheticBackend(model, c)
     profiles = Profiles(backend)
-    bound = engine.settings_bound(profiles, c, settings, layers, global_batch, Pins(), 0.0)
+    bound = engine.settings_bound(profiles, c, settings, layers, global_batch, Pins(), 0.0, layers)
     truth = np.inf
     options = [StageOption(p, tp) for p in (0, 1) for tp in (1, 2) if tp * settings.dp <= c.groups[p].num_devices]
     for a, b in itertools.product([None, *[o for o in options if o.pool == 0]], [None, *[o for o in options

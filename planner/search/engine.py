@@ -42,8 +42,8 @@ from planner.types import Cluster, Estimate, PipelineSpec, ReplicaSpec, StageSpe
 
 log = logging.getLogger(__name__)
 
-# settings queue items: quick bound, strong bound; heterogeneous stages by compute, then with memory
-_QUICK, _STRONG, _HETERO, _HETERO_FIT = 0, 1, 2, 3
+# settings queue items: quick bound, strong bound, heterogeneous stages (compute floor, then balanced floor)
+_QUICK, _STRONG, _HETERO, _HETERO_READY = 0, 1, 2, 3
 MAX_GRID = 20000  # stage-count combinations per choice before mixed layouts fall back to whole pools
 _REL_TOL = 1e-9
 
@@ -322,11 +322,11 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
         options = tuple(o for opts in pool_options(cluster, s, pins) for o in opts)
         queue.append((quick.bound(options, s, s.num_micro_batches(global_batch)), i, _QUICK))
         if len(cluster.groups) > 1 and hetero.hetero_allowed(s, pins):  # its heterogeneous stages, when due
-            queue.append((hetero.settings_floor(backend.layer_table, cluster, s, global_batch, pins, memory=False), i,
-                          _HETERO))
+            queue.append((hetero.settings_floor(backend.layer_table, cluster, s, global_batch, pins), i, _HETERO))
     heapq.heapify(queue)
-    items = max(1, len(queue))
     heap: list[_Entry] = []
+    # partitions the DP chose, timed only when their bound comes up (most never do: a better plan comes first)
+    pending: list[tuple[float, int, int, Layout, tuple[int, ...]]] = []
     expanded = bounded = solved = 0
     complete = True
     timed_out = False
@@ -334,11 +334,18 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
     while True:
         top = heap[0].bound_s if heap else np.inf
         upcoming = queue[0][0] if queue else np.inf
-        if min(top, upcoming) >= state.cutoff():
+        untimed = pending[0][0] if pending else np.inf
+        if min(top, upcoming, untimed) >= state.cutoff():
             break
         if state.out_of_limits():
-            timed_out, unvisited = True, min(top, upcoming)
+            timed_out, unvisited = True, min(top, upcoming, untimed)
             break
+        if untimed <= min(top, upcoming):
+            bound, _, index, layout, last = heapq.heappop(pending)
+            cand = state.time(settings_list[index], layout, last, bound)
+            if cand is not None:
+                state.offer(cand)
+            continue
         if upcoming <= top:
             quick_s, index, kind = heapq.heappop(queue)
             if kind == _QUICK:
@@ -348,13 +355,13 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
                 if np.isfinite(bound):
                     heapq.heappush(queue, (bound, index, _STRONG))
                 continue
-            if kind == _HETERO:
+            if kind == _HETERO:  # its balanced floor first: most settings stop here
                 state.work += 1
-                floor = hetero.settings_floor(profiles.get, cluster, settings_list[index], global_batch, pins)
+                floor = hetero.balanced_floor(profiles.get, cluster, settings_list[index], global_batch, pins)
                 if np.isfinite(floor):
-                    heapq.heappush(queue, (max(floor, quick_s), index, _HETERO_FIT))
+                    heapq.heappush(queue, (max(floor, quick_s), index, _HETERO_READY))
                 continue
-            if kind == _HETERO_FIT:
+            if kind == _HETERO_READY:
                 state.work += 1
                 for bound, stage in hetero.candidates(profiles.get, cluster, settings_list[index], global_batch,
                                                       pins):
@@ -368,8 +375,8 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
             bounded += len(found)
             for entry in found:
                 heapq.heappush(heap, entry)
-            if progress is not None:
-                progress(1.0 - len(queue) / items)
+            if progress is not None:  # settings no longer waiting (their share never goes back)
+                progress(expanded / max(expanded + len(queue), 1))
             continue
         entry = heapq.heappop(heap)
         settings = settings_list[entry.settings_index]
@@ -406,9 +413,7 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
             if part is None:
                 continue  # no partition fits, or none can beat the K-th best
             state.least_layout_bound = min(state.least_layout_bound, part.objective)
-            cand = state.time(settings, layout, part.last_layers, part.objective)
-            if cand is not None:
-                state.offer(cand)
+            heapq.heappush(pending, (part.objective, solved, entry.settings_index, layout, part.last_layers))
     if state.best and state.best[0].time_s > state.best[0].bound_s * (1 + _REL_TOL):
         state.offer(state.refine(state.best[0]))
     if progress is not None:

@@ -61,33 +61,64 @@ def hetero_allowed(settings: Settings, pins: Pins) -> bool:
     return settings.vpp == 1 and settings.dp >= 2 and pins.pp in (0, 1)
 
 
-def settings_floor(profile_of: Callable[[StageOption, Settings], OptionProfile], cluster: Cluster,
-                   settings: Settings, global_batch: int, pins: Pins, memory: bool = True) -> float:
-    """A lower bound on every heterogeneous stage of these settings (inf: none fits). Only options whose
-    whole model fits in memory with one micro-batch in flight can serve (each replica holds every layer),
-    and two pools need one (``memory=False``: skip that check, from compute alone). The groups' micro-batch
-    counts average m = G / (b D) (weighted by dp), so some group runs m_r >= m of them: T >= m min_o t_o.
-    And T >= m_r t_r for every group with dp_r tp_r devices of its pool, so
-    D m = sum_r dp_r m_r <= T sum_pools max_o devices / (tp_o t_o)."""
+def settings_floor(layer_table: Callable[[StageOption, Settings], object], cluster: Cluster, settings: Settings,
+                   global_batch: int, pins: Pins) -> float:
+    """A quick lower bound on every heterogeneous stage of these settings, from compute alone (the search
+    queues it first; :func:`balanced_floor` adds memory). The groups' micro-batch counts average
+    m = G / (b D) (weighted by dp), so some group runs m_r >= m of them: T >= m min_o t_o. And T >= m_r t_r
+    for every group, with dp_r tp_r devices of its pool, so D m = sum_r dp_r m_r <= T sum_pools
+    max_o devices / (tp_o t_o). ``layer_table(option, settings)`` gives per-layer forward_s and backward_s."""
     per_pool = []
     for pool in range(len(cluster.groups)):
-        fits = [(o, _time_and_fit(profile_of(o, settings), memory))
-                for o in (StageOption(pool, tp) for tp in tp_choices(cluster, pool, pins))]
-        per_pool.append([(o, t) for o, (t, ok) in fits if ok])
+        options = [StageOption(pool, tp) for tp in tp_choices(cluster, pool, pins)]
+        per_pool.append([(o, _whole_model_s(layer_table(o, settings))) for o in options])
     usable = [opts for opts in per_pool if opts]
     if len(usable) < 2:
         return np.inf
     m = settings.num_micro_batches(global_batch)
     fastest = min(t for opts in usable for _, t in opts)
     rate = sum(max(cluster.groups[o.pool].num_devices / (o.tp * t) for o, t in opts) for opts in usable)
-    return m * max(fastest, settings.dp / rate)
+    return m * max(fastest, settings.dp / rate) * (1 - 1e-9)
 
 
-def _time_and_fit(profile, memory: bool = True) -> tuple[float, bool]:
-    """(forward + backward of the whole model for one micro-batch, whether it fits with one in flight);
-    ``profile``: an OptionProfile, or with ``memory=False`` anything with forward_s and backward_s."""
-    fits = not memory or float(profile.static_unit.sum() + profile.act_unit.sum() + profile.peak_unit.max()) <= 1.0
-    return float(np.sum(profile.forward_s) + np.sum(profile.backward_s)), fits
+def _whole_model_s(table) -> float:
+    """Forward + backward of the whole model for one micro-batch on one replica."""
+    return float(np.sum(table.forward_s) + np.sum(table.backward_s))
+
+
+def _time_and_fit(profile: OptionProfile) -> tuple[float, bool]:
+    """(the whole model's time per micro-batch, whether it fits in memory with one micro-batch in flight)."""
+    fits = float(profile.static_unit.sum() + profile.act_unit.sum() + profile.peak_unit.max()) <= 1.0
+    return _whole_model_s(profile), fits
+
+
+def balanced_floor(profile_of: Callable[[StageOption, Settings], OptionProfile], cluster: Cluster,
+                   settings: Settings, global_batch: int, pins: Pins) -> float:
+    """A lower bound on every heterogeneous stage of these settings, at least :func:`settings_floor`: a stage
+    of options (A, B) with dp_A replicas on A needs max(m_A t_A, m_B t_B) >= D m / (dp_A / t_A + dp_B / t_B)
+    (the split's micro-batches add up to D m), and the rate dp_A / t_A + (D - dp_A) / t_B is largest at an
+    end of dp_A's range; inf when no pair of options fits (each replica holds the whole model)."""
+    if not hetero_allowed(settings, pins):
+        return np.inf
+    D = settings.dp
+    total = settings.num_micro_batches(global_batch) * D
+    best = np.inf
+    per_option: dict[StageOption, tuple[float, bool]] = {}
+    for a, b in itertools.combinations(range(len(cluster.groups)), 2):
+        for ta, tb in itertools.product(tp_choices(cluster, a, pins), tp_choices(cluster, b, pins)):
+            lo = max(1, D - cluster.groups[b].num_devices // tb)
+            hi = min(D - 1, cluster.groups[a].num_devices // ta)
+            if lo > hi:
+                continue
+            for option in (StageOption(a, ta), StageOption(b, tb)):
+                if option not in per_option:
+                    per_option[option] = _time_and_fit(profile_of(option, settings))
+            (t_a, fa), (t_b, fb) = per_option[StageOption(a, ta)], per_option[StageOption(b, tb)]
+            if not (fa and fb) or t_a <= 0 or t_b <= 0:
+                continue
+            rate = max(da / t_a + (D - da) / t_b for da in (lo, hi))
+            best = min(best, total / rate * (1 - 1e-9))
+    return best
 
 
 def splits(times: tuple[float, float], dps: tuple[int, int], total: int) -> list[tuple[int, int]]:
@@ -134,6 +165,8 @@ def candidates(profile_of: Callable[[StageOption, Settings], OptionProfile], clu
             if option not in per_option:
                 per_option[option] = _time_and_fit(profile_of(option, settings))
         (ta, fa), (tb, fb) = per_option[oa], per_option[ob]
+        if not (fa and fb or exhaustive):
+            continue  # its replicas do not fit: every split is infeasible
         dps = (da, settings.dp - da)
         for ma, mb in (all_splits(dps, total) if exhaustive else splits((ta, tb), dps, total)):
             bound = max(ma * ta, mb * tb) if fa and fb else np.inf
