@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="stop searching after S seconds, once a plan is found (the plan then says whether it "
                              "is proven optimal, and its lower bound)")
     parser.add_argument("--budget", type=positive_int, metavar="N",
-                        help="stop searching after N work units (settings, grids and layouts bounded, plans timed), "
+                        help="stop searching after N work units (layouts partitioned plus plans timed), "
                              "once a plan is found: like --time-limit, but the same result on any machine")
     parser.add_argument("--out", metavar="FILE", help="write the best plan as JSON to FILE")
     parser.add_argument("--format", default="table", choices=FORMATS, help="how to print the plan (default: table)")

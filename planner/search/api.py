@@ -53,8 +53,8 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
            budget: int | None = None) -> SearchResult:
     """The ``top_k`` fastest plans that fit, best first. ``pinned`` fields that are set are fixed.
 
-    ``time_limit_s`` (wall clock) and ``budget`` (work units: settings bounded, stage-count grids bounded,
-    layouts solved, plans timed; the same on any machine) stop the search early, but only once it holds a
+    ``time_limit_s`` (wall clock) and ``budget`` (work units: layouts whose partition is solved plus plans
+    timed by the cost model; the same on any machine) stop the search early, but only once it holds a
     plan; the result then says whether it is still proven optimal and its lower bound. With no time limit
     the search is deterministic (``seed`` is accepted for API stability; nothing is random)."""
     del seed

@@ -378,6 +378,8 @@ class QuickSettingsBound:
     def __init__(self, backend: Backend, pool_devices: np.ndarray, num_layers: int) -> None:
         self.backend, self.pool_devices, self.num_layers = backend, pool_devices, num_layers
         self._memo: dict[tuple, tuple] = {}
+        self._counts: dict[tuple, float] = {}
+        self._prefix: dict[tuple, list] = {}
 
     def _tables(self, options: tuple[StageOption, ...], settings: Settings) -> tuple:
         key = (options, settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype,
@@ -402,15 +404,52 @@ class QuickSettingsBound:
                     for o, r in zip(options, rho):
                         j = pools.index(o.pool)
                         per_pool[ref, j] = max(per_pool[ref, j], 1.0 / (r * o.tp))
-            hit = (sum_min, widest, bwd.sum(axis=1), per_pool, longest, usable, np.array(pools))
+            hit = (sum_min, widest, bwd.sum(axis=1), per_pool, longest, usable, np.array(pools), fwd, bwd)
             self._memo[key] = hit
         return hit
 
-    def bound(self, options: tuple[StageOption, ...], settings: Settings, m: int) -> float:
+    def _sorted(self, options: tuple[StageOption, ...], settings: Settings, fwd: np.ndarray, bwd: np.ndarray
+                ) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """Per layer set of :func:`_layer_sets`: its size and the prefix sums of sorted backward and forward
+        times (the time part of :class:`CountTables`)."""
+        key = (options, settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype)
+        hit = self._prefix.get(key)
+        if hit is None:
+            O = len(fwd)
+            hit = [(int(layers.sum()),
+                    np.concatenate([np.zeros((O, 1)), np.cumsum(np.sort(bwd[:, layers], axis=1), axis=1)], axis=1),
+                    np.concatenate([np.zeros((O, 1)), np.cumsum(np.sort(fwd[:, layers], axis=1), axis=1)], axis=1))
+                   for layers in _layer_sets(fwd + bwd)]
+            self._prefix[key] = hit
+        return hit
+
+    def bound(self, options: tuple[StageOption, ...], settings: Settings, m: int, caps: np.ndarray | None = None,
+              max_stages: int | None = None) -> float:
+        """The bound; with ``caps`` (the most stages of each option) and ``max_stages``, also the layer-count
+        bound on compute alone (no memory limit), shared by the settings that differ only in ZeRO."""
         if not options:
             return np.inf
-        sum_min, widest, sums_b, per_pool, longest, usable, pools = self._tables(options, settings)
+        sum_min, widest, sums_b, per_pool, longest, usable, pools, fwd, bwd = self._tables(options, settings)
         capacity = np.minimum(per_pool @ self.pool_devices[pools] / settings.dp, self.num_layers * longest)
         fluid = float(np.max(np.where(usable & (capacity > 0), sums_b / np.where(capacity > 0, capacity, 1.0), 0.0)))
         gamma = (m - 1) if settings.vpp == 1 else m - 1.0 / settings.vpp  # G_k >= gamma b_k
-        return sum_min + gamma * max(widest, fluid)
+        best = gamma * max(widest, fluid)
+        if caps is None or max_stages is None:
+            return sum_min + best
+        key = (options, settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype,
+               settings.vpp, settings.dp, m, max_stages)
+        hit = self._counts.get(key)
+        if hit is None:
+            caps = np.minimum(np.asarray(caps, dtype=int), min(self.num_layers, max_stages))
+            option_pools = np.zeros(len(options), dtype=int) if max_stages == 1 else \
+                np.array([o.pool for o in options])
+            most = sum(int(caps[option_pools == p].max()) for p in np.unique(option_pools))
+            total = np.array([min(self.num_layers, max_stages, most)])
+            hit = best
+            for size, sb, sf in self._sorted(options, settings, fwd, bwd):
+                kmem = tuple(np.full(int(c), size) for c in caps)  # no memory limit
+                tables = CountTables(size, sb, sf, kmem, tuple(np.arange(int(c) + 1) * size for c in caps))
+                hit = float(layer_count_bound(tables, np.arange(len(options)), caps[None, :], option_pools, total, m,
+                                              np.array([hit]), settings.vpp)[0])
+            self._counts[key] = hit
+        return sum_min + hit

@@ -42,8 +42,9 @@ from planner.types import Cluster, Estimate, PipelineSpec, ReplicaSpec, StageSpe
 
 log = logging.getLogger(__name__)
 
-# settings queue items: quick bound, strong bound, heterogeneous stages (compute floor, then balanced floor)
-_QUICK, _STRONG, _HETERO, _HETERO_READY = 0, 1, 2, 3
+# settings queue items: quick bound, counted bound, strong bound, heterogeneous stages (compute floor, then
+# balanced floor)
+_QUICK, _COUNTED, _STRONG, _HETERO, _HETERO_READY = 0, 1, 2, 3, 4
 MAX_GRID = 20000  # stage-count combinations per choice before mixed layouts fall back to whole pools
 _REL_TOL = 1e-9
 
@@ -289,8 +290,9 @@ def settings_bound(profiles: Profiles, cluster: Cluster, settings: Settings, num
 @dataclass(frozen=True)
 class Limits:
     """When to stop before the search is complete, once it holds a plan (a limit never ends a search that has
-    found none). ``budget`` counts work units, deterministic on any machine: one per settings bounded, per
-    layout whose partition is solved and per plan timed by the cost model. ``time_s`` is wall clock."""
+    found none). ``budget`` counts work units, deterministic on any machine: one per layout whose partition
+    the DP solves and one per plan the cost model times (the costly steps; bounding settings and stage-count
+    grids is not counted). ``time_s`` is wall clock."""
 
     time_s: float | None = None
     budget: int | None = None
@@ -325,8 +327,6 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
             queue.append((hetero.settings_floor(backend.layer_table, cluster, s, global_batch, pins), i, _HETERO))
     heapq.heapify(queue)
     heap: list[_Entry] = []
-    # partitions the DP chose, timed only when their bound comes up (most never do: a better plan comes first)
-    pending: list[tuple[float, int, int, Layout, tuple[int, ...]]] = []
     expanded = bounded = solved = 0
     complete = True
     timed_out = False
@@ -334,35 +334,32 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
     while True:
         top = heap[0].bound_s if heap else np.inf
         upcoming = queue[0][0] if queue else np.inf
-        untimed = pending[0][0] if pending else np.inf
-        if min(top, upcoming, untimed) >= state.cutoff():
+        if min(top, upcoming) >= state.cutoff():
             break
         if state.out_of_limits():
-            timed_out, unvisited = True, min(top, upcoming, untimed)
+            timed_out, unvisited = True, min(top, upcoming)
             break
-        if untimed <= min(top, upcoming):
-            bound, _, index, layout, last = heapq.heappop(pending)
-            cand = state.time(settings_list[index], layout, last, bound)
-            if cand is not None:
-                state.offer(cand)
-            continue
         if upcoming <= top:
             quick_s, index, kind = heapq.heappop(queue)
-            if kind == _QUICK:
-                state.work += 1
+            if kind == _QUICK:  # the layer-count bound on compute alone (shared by the ZeRO stages) next
+                s = settings_list[index]
+                options = tuple(o for opts in pool_options(cluster, s, pins) for o in opts)
+                caps = np.array([cluster.groups[o.pool].num_devices // (o.tp * s.dp) for o in options], dtype=int)
+                bound = quick.bound(options, s, s.num_micro_batches(global_batch), caps, max_stages(s, num_layers))
+                heapq.heappush(queue, (max(bound, quick_s), index, _COUNTED))
+                continue
+            if kind == _COUNTED:
                 bound = settings_bound(profiles, cluster, settings_list[index], num_layers, global_batch, pins,
                                        quick_s, num_units)
                 if np.isfinite(bound):
                     heapq.heappush(queue, (bound, index, _STRONG))
                 continue
             if kind == _HETERO:  # its balanced floor first: most settings stop here
-                state.work += 1
                 floor = hetero.balanced_floor(profiles.get, cluster, settings_list[index], global_batch, pins)
                 if np.isfinite(floor):
                     heapq.heappush(queue, (max(floor, quick_s), index, _HETERO_READY))
                 continue
             if kind == _HETERO_READY:
-                state.work += 1
                 for bound, stage in hetero.candidates(profiles.get, cluster, settings_list[index], global_batch,
                                                       pins):
                     if bound < state.cutoff():
@@ -387,7 +384,6 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
                 state.offer(cand)
             continue
         if entry.choice:
-            state.work += 1
             found, full = _blocks(profiles, cluster, settings, entry, num_layers, global_batch, pins, state.cutoff(),
                                   num_units)
             complete &= full
@@ -413,7 +409,9 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
             if part is None:
                 continue  # no partition fits, or none can beat the K-th best
             state.least_layout_bound = min(state.least_layout_bound, part.objective)
-            heapq.heappush(pending, (part.objective, solved, entry.settings_index, layout, part.last_layers))
+            cand = state.time(settings, layout, part.last_layers, part.objective)
+            if cand is not None:
+                state.offer(cand)
     if state.best and state.best[0].time_s > state.best[0].bound_s * (1 + _REL_TOL):
         state.offer(state.refine(state.best[0]))
     if progress is not None:
