@@ -110,3 +110,25 @@ def test_budget_is_deterministic_and_never_ends_without_a_plan():
         if first.timed_out:
             assert not first.proven_optimal
     assert engine.run(backend, c, 8, 16, Pins(), time_limit_s=1e-9).candidates
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_one_row_layer_count_equals_the_vectorised_one(seed):
+    """The scalar path of one row (settings bounds) gives the vectorised path's value."""
+    from planner.search.bounds import count_tables, layer_count_bound
+
+    rng = np.random.default_rng(seed)
+    O, L = int(rng.integers(1, 5)), int(rng.integers(2, 12))
+    fwd, bwd = rng.uniform(0.1, 1, (O, L)), rng.uniform(0.2, 2, (O, L))
+    static, act, peak = rng.uniform(0, 0.3, (O, L)), rng.uniform(0, 0.1, (O, L)), rng.uniform(0, 0.2, (O, L))
+    counts = rng.integers(0, 5, (1, O))
+    counts[0, 0] = max(1, counts[0, 0])
+    pools = rng.integers(0, 2, O)
+    m = int(rng.integers(1, 20))
+    tables = count_tables(fwd, bwd, static, act, peak, np.ones(L, dtype=bool), counts.max(axis=0), m)
+    total = np.array([int(counts.sum())])
+    floor = np.array([float(rng.uniform(0, 5))])
+    one = layer_count_bound(tables, np.arange(O), counts, pools, total, m, floor)
+    two = layer_count_bound(tables, np.arange(O), np.repeat(counts, 2, axis=0), pools, np.repeat(total, 2), m,
+                            np.repeat(floor, 2))
+    assert one[0] == two[0] == two[1]

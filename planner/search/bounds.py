@@ -33,6 +33,7 @@ import dataclasses
 
 from dataclasses import dataclass
 
+import bisect
 import itertools
 
 import numpy as np
@@ -218,10 +219,13 @@ def layer_count_bound(tables: CountTables, options: np.ndarray, counts: np.ndarr
     for P in np.unique(totals):
         sel = np.flatnonzero(totals == P)
         lo = float(out[sel].min())
-        # non-decreasing in k; interleaved: (m - 1/vpp) SB + stage 0's forward weight SF (its in-flight
-        # micro-batches are at least 1F1B's, so the memory counts stay valid)
         g = (m - 1) * tables.sb[options] + max(0, m - int(P)) * tables.sf[options] if vpp == 1 else \
             (m - 1.0 / vpp) * tables.sb[options] + least_delta(int(P), m, vpp) * tables.sf[options]
+        if len(sel) == 1:  # one row (a settings bound): a binary search over the thresholds, in scalars
+            out[sel] = _one_row(tables, options, counts[sel[0]], pools, g, lo)
+            continue
+        # g is non-decreasing in k; interleaved: (m - 1/vpp) SB + stage 0's forward weight SF (its in-flight
+        # micro-batches are at least 1F1B's, so the memory counts stay valid)
         cands = np.unique(g[:, 1:])
         cands = np.concatenate(([lo], cands[cands > lo]))
         cover = np.zeros((len(sel), len(cands)))
@@ -245,6 +249,37 @@ def layer_count_bound(tables: CountTables, options: np.ndarray, counts: np.ndarr
         value = np.where(first == 0, lo, cands[first] * (1 - 1e-9))
         out[sel] = np.maximum(out[sel], np.where(enough.any(axis=1), value, np.inf))
     return out
+
+
+def _one_row(tables: CountTables, options: np.ndarray, counts: np.ndarray, pools: np.ndarray, g: np.ndarray,
+             lo: float) -> float:
+    """:func:`layer_count_bound` of one row: the same coverage, evaluated at O(log) thresholds."""
+    used = [(int(pools[j]), g[j].tolist(), int(counts[j]), tables.kmem[options[j]][::-1].tolist(),
+             tables.kmem_sums[options[j]].tolist()) for j in range(len(options)) if counts[j] > 0]
+
+    def cover(t: float) -> int:
+        best: dict[int, int] = {}
+        for pool, gj, c, rising, sums in used:  # rising: kmem reversed (non-decreasing)
+            k = bisect.bisect_right(gj, t) - 1  # layers of U within t
+            i0 = len(rising) - bisect.bisect_left(rising, k)  # stages holding k or more in memory
+            upto = min(c, i0)
+            value = k * upto + sums[c] - sums[upto]
+            if value > best.get(pool, -1):
+                best[pool] = value
+        return sum(best.values())
+
+    if cover(lo) >= tables.size:
+        return lo
+    cands = np.unique(g[:, 1:])
+    cands = cands[cands > lo].tolist()
+    a, b = 0, len(cands)  # the first threshold that covers, by bisection (coverage grows with t)
+    while a < b:
+        mid = (a + b) // 2
+        if cover(cands[mid]) >= tables.size:
+            b = mid
+        else:
+            a = mid + 1
+    return cands[a] * (1 - 1e-9) if a < len(cands) else np.inf
 
 
 def _layer_sets(work: np.ndarray) -> list[np.ndarray]:
