@@ -57,7 +57,7 @@ def measure(point: Point) -> dict:
             "candidates": result.candidates_evaluated,
             "plan": f"pp={len(best.stages)} " + ",".join(sorted({f'{s.device_type}/tp{s.tp}' for s in best.stages}))
                     + f" dp={best.stages[0].dp} mb={best.micro_batch} zero={best.zero}"
-                    + f" rc={best.stages[0].recompute}"}
+                    + f" rc={best.stages[0].recompute}" + (f" vpp={best.vpp}" if best.vpp > 1 else "")}
 
 
 TARGETS = [

@@ -56,6 +56,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--time-limit", type=float, help="search time limit per point, seconds (default: none)")
+    parser.add_argument("--budget", type=int, help="search budget per point, work units (default: none)")
     parser.add_argument("--a100", default=",".join(COUNTS), help="dgx-a100-80gb node counts (comma list)")
     parser.add_argument("--h100", default=",".join(COUNTS), help="dgx-h100 node counts (comma list)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "whatif.md"))
@@ -79,7 +80,7 @@ def main() -> int:
 
         t0 = time.perf_counter()
         result = whatif(model_path, cluster_path, GLOBAL_BATCH, sweeps, workers=args.workers,
-                        time_limit_s=args.time_limit, progress=print_progress)
+                        time_limit_s=args.time_limit, progress=print_progress, budget=args.budget)
         sweep_s = time.perf_counter() - t0
 
     if args.plot and any(p.feasible for p in result.points):
@@ -92,7 +93,8 @@ def main() -> int:
     points = result.points
     feasible = [p for p in points if p.feasible]
     planned = [p for p in points if p.num_devices]  # points with at least one node
-    timed_out = [p for p in points if "no feasible plan was found in time" in p.reason]
+    proven = [p for p in feasible if p.proven_optimal]
+    gaps = sorted(p.iteration_time_s / p.lower_bound_s - 1.0 for p in feasible if p.lower_bound_s)
     best = max(feasible, key=lambda p: p.throughput_samples_per_s) if feasible else None
     cheapest = min((p for p in feasible if p.cost_per_million_tokens is not None),
                    key=lambda p: p.cost_per_million_tokens, default=None)
@@ -100,9 +102,10 @@ def main() -> int:
     single = [p for p in planned if not all(v for _, v in p.settings)]
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     command = "python benchmarks/bench_whatif.py " + " ".join(sys.argv[1:])
-    limit = f"{args.time_limit:g} s per point" if args.time_limit else "none"
+    limit = "; ".join(x for x in (f"{args.time_limit:g} s per point" if args.time_limit else "",
+                                  f"budget {args.budget} work units per point" if args.budget else "") if x) or "none"
     lines = [
-        f"### {len(points)} points, {args.workers} workers, search time limit: {limit}",
+        f"### {len(points)} points, {args.workers} workers, search limit: {limit}",
         "",
         f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
         f"- command: `{command.strip()}`",
@@ -110,8 +113,9 @@ def main() -> int:
         f"- sweep: `dgx-a100-80gb.count` in {{{args.a100}}} x `dgx-h100.count` in {{{args.h100}}} nodes of 8 GPUs, "
         f"global batch {GLOBAL_BATCH}, seq 2048",
         f"- **wall time of the sweep: {sweep_s:.1f} s** (target: 64 points within 60 s on 2 cores)",
-        f"- points: {len(points)}; feasible {len(feasible)}; no plan found within the time limit {len(timed_out)}; "
-        f"infeasible otherwise {len(points) - len(feasible) - len(timed_out)}",
+        f"- points: {len(points)}; feasible {len(feasible)} (infeasible: the model does not fit); proven optimal "
+        f"under the cost model {len(proven)} of {len(feasible)}; gap of the plan to its proven lower bound: "
+        + (f"median {statistics.median(gaps):.2%}, max {gaps[-1]:.2%}" if gaps else "none"),
         f"- where the time goes: building the ONNX graph {build_s:.1f} s (before the sweep); importing it "
         f"{import_s:.2f} s (once per worker process); planning, per point: {_stats(single)} on one device type, "
         f"{_stats(mixed)} on A100+H100 mixes; summed over points {sum(p.search_time_s for p in points):.1f} s "

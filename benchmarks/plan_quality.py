@@ -7,8 +7,11 @@
 published: for each run of ../shared/reference/calibration_runs.json, the published configuration (tp, pp, dp,
 global batch, recompute, ZeRO as stated; the rest resolved to the best choice by ``planner.cost.estimate``) is
 timed by the cost model, and so is the plan the search returns for the same model, cluster and batch.
-Two times for the published configuration: with the 1F1B schedule the search plans, and with the best
-schedule ``estimate`` can resolve (interleaved included, which the search does not plan).
+Two times for the published configuration: with the 1F1B schedule, and with the best schedule ``estimate``
+can resolve (interleaved included; the search plans both).
+
+The plan column names the planner's configuration: ``vpp V`` when it interleaves, and for a stage served by
+several device types (heterogeneous data parallelism) its replica groups.
 
 mixed: on clusters mixing GPU types, the plan is compared with (a) the best plan on the fastest type alone,
 (b) the plan's own layout with a uniform layer split (Megatron-LM's balanced split), (c) the Metis-style
@@ -51,7 +54,11 @@ def gpt(layers: int, hidden: int, heads: int, seq: int = 2048, vocab: int = 5120
 
 
 def spec_of(plan) -> PipelineSpec:
-    stages = tuple(StageSpec(s.first_layer, s.last_layer, (ReplicaSpec(devices=s.devices, tp=s.tp, dp=s.dp),))
+    """The PipelineSpec a plan describes (a heterogeneous stage's replica groups included)."""
+    stages = tuple(StageSpec(s.first_layer, s.last_layer,
+                             tuple(ReplicaSpec(devices=tuple(r.devices), tp=r.tp, dp=r.dp, batch_share=r.batch_share)
+                                   for r in s.replicas)
+                             or (ReplicaSpec(devices=s.devices, tp=s.tp, dp=s.dp),))
                    for s in plan.stages)
     return PipelineSpec(stages=stages, global_batch=plan.global_batch, micro_batch=plan.micro_batch, vpp=plan.vpp,
                         zero=plan.zero, recompute=plan.stages[0].recompute, sequence_parallel=plan.sequence_parallel,
@@ -82,7 +89,8 @@ def published(time_limit_s: float) -> list[str]:
         t1 = pub_1f1b.iteration_time_s if pub_1f1b.feasible else float("inf")
         tb = pub_best.iteration_time_s if pub_best.feasible else float("inf")
         plan = (f"tp{best.stages[0].tp} pp{len(best.stages)} dp{best.stages[0].dp} mb{best.micro_batch} "
-                f"ZeRO-{best.zero} {best.stages[0].recompute}{' sp' if best.sequence_parallel else ''}")
+                f"ZeRO-{best.zero} {best.stages[0].recompute}{' sp' if best.sequence_parallel else ''}"
+                f"{f' vpp{best.vpp}' if best.vpp > 1 else ''}")
         line = (f"| {run['id']} | {run['gpus']} | {t1:.3f} | {tb:.3f} | {best.iteration_time_s:.3f} | "
                 f"{t1 / best.iteration_time_s:.3f}x | {result.proven_optimal} | "
                 f"{best.iteration_time_s / result.lower_bound_s - 1:.2%} | {plan} | {took:.1f} |")
@@ -96,7 +104,19 @@ MIXED = [
     ("GPT 6.7B", (32, 4096, 32), ["dgx-h100*2", "dgx-a100-80gb*2", "hgx-v100-32gb*2"], 256),
     ("GPT 2.7B", (32, 2560, 32), ["dgx-a100-40gb*2", "hgx-v100-16gb*4"], 256),
     ("GPT 13B", (40, 5120, 40), ["dgx-h100*4", "hgx-v100-32gb*8"], 512),
+    # small models, where data parallelism over both types (one stage, replica groups) competes with pipelines
+    ("GPT 1.3B", (24, 2048, 16), ["dgx-h100*2", "dgx-a100-80gb*2"], 128),
+    ("GPT 1.3B", (24, 2048, 16), ["dgx-a100-80gb*2", "hgx-v100-32gb*2"], 512),
 ]
+
+
+def describe(plan) -> str:
+    """Stages as device/tp x dp (a heterogeneous stage as its groups joined by '+'), and vpp if > 1."""
+    parts = []
+    for s in plan.stages:
+        groups = s.replicas or (s,)
+        parts.append("+".join(f"{g.dp}x{g.device_type}/tp{g.tp}" for g in groups))
+    return f"{len(plan.stages)} stage(s): " + ", ".join(parts) + (f", vpp {plan.vpp}" if plan.vpp > 1 else "")
 
 
 def _time(fn):
@@ -106,9 +126,9 @@ def _time(fn):
 
 
 def mixed(time_limit_s: float) -> list[str]:
-    rows = ["| model | cluster | planner s | proven | fastest type alone s | uniform split s | Metis-style s | "
-            "best subset s | vs fastest alone | vs uniform | vs Metis | search s |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| model | cluster | global batch | planner s | proven | fastest type alone s | uniform split s | "
+            "Metis-style s | best subset s | vs fastest alone | vs uniform | vs Metis | search s | plan |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, (layers, hidden, heads), parts, gb in MIXED:
         model = gpt(layers, hidden, heads)
         cluster = load_cluster("+".join(parts))
@@ -138,9 +158,9 @@ def mixed(time_limit_s: float) -> list[str]:
         metis_s = metis.estimate.iteration_time_s if metis.estimate is not None else float("inf")
         assert best.iteration_time_s <= best_subset * (1 + 1e-9), "slower than a plan on a subset"
         t = best.iteration_time_s
-        line = (f"| {name} | {'+'.join(parts)} | {t:.3f} | {result.proven_optimal} | {alone:.3f} | {uniform_s:.3f} | "
-                f"{metis_s:.3f} | {best_subset:.3f} | {alone / t:.2f}x | {uniform_s / t:.2f}x | {metis_s / t:.2f}x | "
-                f"{took:.1f} |")
+        line = (f"| {name} | {'+'.join(parts)} | {gb} | {t:.3f} | {result.proven_optimal} | {alone:.3f} | "
+                f"{uniform_s:.3f} | {metis_s:.3f} | {best_subset:.3f} | {alone / t:.2f}x | {uniform_s / t:.2f}x | "
+                f"{metis_s / t:.2f}x | {took:.1f} | {describe(best)} |")
         print(line, flush=True)
         rows.append(line)
     return rows

@@ -59,7 +59,8 @@ class WhatIfPoint:
     micro_batch: int | None = None
     num_micro_batches: int | None = None
     stages: str = ""  # one entry per stage: "device_type tpT dpD layers A-B"
-    proven_optimal: bool | None = None  # under the cost model (False when a time limit cut the search)
+    proven_optimal: bool | None = None  # under the cost model (False when a limit cut the search)
+    lower_bound_s: float | None = None  # no plan of the point's space is faster (the search's proven bound)
     reason: str = ""  # why infeasible, or empty
     search_time_s: float = field(default=0.0, compare=False)  # wall time of planning this point (varies)
 
@@ -176,6 +177,7 @@ class PointTask:
     tables: Any = None
     time_limit_s: float | None = None
     seed: int = 0
+    budget: int | None = None
 
 
 @functools.lru_cache(maxsize=8)
@@ -184,6 +186,25 @@ def _load_model(path: str, dims: tuple[tuple[str, int], ...]) -> LayerGraph:
     from planner.graph import load_model  # noqa: PLC0415 - keeps `import planner.whatif` light
 
     return load_model(path, dict(dims))
+
+
+_NODES: list = []  # this worker's distinct node profiles, one object per value (the latest few)
+_MAX_NODES = 64
+
+
+def _shared_nodes(cluster: Cluster) -> Cluster:
+    """The same cluster with each node profile replaced by an equal one this worker has seen before. Points
+    arrive pickled, each with its own copies; the cost model caches per-layer costs by node identity, so
+    sharing the objects lets every point after the first reuse them (the numbers are the same)."""
+    groups = []
+    for group in cluster.groups:
+        node = next((n for n in _NODES if n == group.node), None)
+        if node is None:
+            _NODES.append(group.node)
+            del _NODES[:-_MAX_NODES]
+            node = group.node
+        groups.append(group if node is group.node else replace(group, node=node))
+    return replace(cluster, groups=tuple(groups))
 
 
 def cluster_cost_per_hour(cluster: Cluster, devices: Iterable[int] | None = None) -> float | None:
@@ -228,7 +249,7 @@ def summarize(settings: tuple[tuple[str, Value], ...], plan: Plan, cluster: Clus
         num_devices=cluster.num_devices, devices_used=len(used), global_batch=global_batch,
         seq_len=seq_len, pp=len({s.devices for s in plan.stages}), tp=_uniform(tps), dp=_uniform(dps),
         micro_batch=plan.micro_batch, num_micro_batches=plan.num_micro_batches, stages=stages,
-        proven_optimal=plan.search.proven_optimal)
+        proven_optimal=plan.search.proven_optimal, lower_bound_s=plan.search.lower_bound_s)
 
 
 def infeasible(inputs: PointInputs, reason: str, seq_len: int | None = None) -> WhatIfPoint:
@@ -255,13 +276,14 @@ def _evaluate(task: PointTask) -> WhatIfPoint:
     if inputs.cluster is None:
         return infeasible(inputs, inputs.reason, dims.get(SEQ_DIM))
     model = _load_model(task.model_path, inputs.dims)
+    inputs = replace(inputs, cluster=_shared_nodes(inputs.cluster))
     seq_len = dict(model.dims).get(SEQ_DIM, dims.get(SEQ_DIM))
     pinned = task.pinned
     if isinstance(pinned, ParallelConfig):
         pinned = replace(pinned, global_batch=inputs.global_batch)
     try:
         best = search_plan(model, inputs.cluster, inputs.global_batch, pinned=pinned, top_k=1,
-                           time_limit_s=task.time_limit_s, seed=task.seed, tables=task.tables)
+                           time_limit_s=task.time_limit_s, seed=task.seed, tables=task.tables, budget=task.budget)
     except PlannerError as exc:
         return infeasible(inputs, " ".join(str(exc).split()), seq_len)
     return summarize(inputs.settings, best, inputs.cluster, inputs.global_batch, seq_len)
@@ -273,12 +295,14 @@ def _evaluate(task: PointTask) -> WhatIfPoint:
 def whatif(model_path: str, cluster_spec: str | Cluster, global_batch: int, sweeps: Mapping[str, Sequence[str]],
            *, dims: Mapping[str, int] | None = None, pinned: Any = None, tables: Any = None,
            workers: int | None = None, backend: str = "process", time_limit_s: float | None = None,
-           seed: int = 0, progress: Progress | None = None) -> WhatIfResult:
+           seed: int = 0, progress: Progress | None = None, budget: int | None = None) -> WhatIfResult:
     """Re-plan ``model_path`` at every point of the grid ``sweeps`` (key -> values, first key slowest).
 
     ``cluster_spec`` is a cluster file, a shorthand or a Cluster. ``pinned`` and ``tables`` go to
     ``planner.search.plan`` unchanged. ``workers`` defaults to min(2, CPUs); ``backend`` is ``"process"``
-    or ``"ray"``. ``progress(done, total)`` is called as points finish."""
+    or ``"ray"``. ``progress(done, total)`` is called as points finish. ``budget`` (work units per point) and
+    ``time_limit_s`` go to the search; a budget keeps the results independent of the machine and its load,
+    a time limit does not."""
     from planner.hardware import load_cluster  # noqa: PLC0415
     from planner.hardware import catalog  # noqa: PLC0415
 
@@ -289,7 +313,7 @@ def whatif(model_path: str, cluster_spec: str | Cluster, global_batch: int, swee
     cluster = cluster_spec if isinstance(cluster_spec, Cluster) else load_cluster(cluster_spec)
     check_groups(cluster, parsed, catalog)
     points = point_inputs(cluster, global_batch, dict(dims or {}), parsed, catalog)
-    tasks = [PointTask(str(model_path), p, pinned, tables, time_limit_s, seed) for p in points]
+    tasks = [PointTask(str(model_path), p, pinned, tables, time_limit_s, seed, budget) for p in points]
     log.info("whatif: %d points", len(tasks))
     results = run_tasks(evaluate_point, tasks, workers=workers, backend=backend, progress=progress)
     name = cluster.name or (cluster_spec if isinstance(cluster_spec, str) else "")

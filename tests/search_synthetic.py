@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from planner.hardware.cluster import locate
-from planner.search.backend import LayerTable, bound_matrices, segment_max, segment_sums, warmup
+from planner.cost.memory import micro_batches_in_flight
+from planner.search.backend import LayerTable, bound_matrices, segment_max, segment_sums
+from planner.search.interleave import bound_coefficients
 from planner.search.space import Layout, Settings, StageOption
 from planner.types import Breakdown, Cluster, Estimate, LayerGraph, MemoryBreakdown, ParallelConfig, \
     PipelineSpec, StageEstimate
@@ -67,6 +69,10 @@ class SyntheticBackend:
     def static_bytes(self, params_per_rank: np.ndarray, option: StageOption, settings: Settings) -> np.ndarray:
         return np.asarray(params_per_rank, dtype=float) * sum(self._state_bytes(settings))
 
+    def stage_bytes(self, params_per_rank, act_bytes, in_flight, peak_bytes, option: StageOption,
+                    settings: Settings) -> np.ndarray:
+        return self.static_bytes(params_per_rank, option, settings) + np.asarray(act_bytes) * in_flight + peak_bytes
+
     def _tail_s(self, params_per_rank, option: StageOption, settings: Settings):
         p = np.asarray(params_per_rank, dtype=float)
         d = settings.dp
@@ -95,55 +101,80 @@ class SyntheticBackend:
             f, b, params, act, peak = self._segments(option, settings)
             fwd.append(f)
             bwd.append(b)
-            sends.append(self._p2p_s(t.output_bytes, option, layout.options[k + 1]) if k + 1 < P else None)
-            memory = self.static_bytes(params, option, settings) + act * min(P - k, m) + peak
+            to = k + 1 if k + 1 < P else (0 if settings.vpp > 1 else None)
+            sends.append(None if to is None else self._p2p_s(t.output_bytes, option, layout.options[to]))
+            in_flight = micro_batches_in_flight(k, P, m, settings.schedule, settings.vpp)
+            memory = self.stage_bytes(params, act, in_flight, peak, option, settings)
             fits.append(memory <= self.capacity_bytes(option))
         t0 = self.layer_table(layout.options[0], settings)
         tail0 = self._tail_s(np.cumsum(t0.params_per_rank), layout.options[0], settings)
-        return bound_matrices(fwd, bwd, sends, fits, tail0, m)
+        return bound_matrices(fwd, bwd, sends, fits, tail0, m, settings.vpp)
 
     # ------------------------------------------------------------------ plain re-evaluation
     def evaluate(self, spec: PipelineSpec) -> Estimate:
-        replicas = [stage.replicas[0] for stage in spec.stages]
-        dp = replicas[0].dp
+        """Layer by layer. A stage with several replica groups (heterogeneous data parallelism) follows the
+        full cost model's rules: group r runs m_r = share_r G / (dp_r b) micro-batches per replica, the
+        pipeline has M = ceil(max m_r) slots, a stage's slot is its slowest group's (f, b) x m_r / M, each
+        group holds its own memory (at most ceil(m_r) micro-batches in flight), ZeRO shards over every
+        replica of the stage and stage 0's tail is its slowest group's."""
+        dp = sum(r.dp for r in spec.stages[0].replicas)
         s = Settings(micro_batch=spec.micro_batch, dp=dp, zero=spec.zero, recompute=spec.recompute,
-                     sequence_parallel=spec.sequence_parallel, optimizer=spec.optimizer, dtype=spec.dtype)
-        options = [StageOption(locate(self.cluster, r.devices[0])[0], r.tp) for r in replicas]
-        m = spec.global_batch // (spec.micro_batch * dp)
+                     sequence_parallel=spec.sequence_parallel, schedule=spec.schedule, vpp=spec.vpp,
+                     optimizer=spec.optimizer, dtype=spec.dtype)
+        shares = {id(r): r.batch_share * spec.global_batch / (r.dp * spec.micro_batch)
+                  for stage in spec.stages for r in stage.replicas}
+        m = max(1, int(np.ceil(max(shares.values()) - 1e-9)))
         P = len(spec.stages)
+        V = spec.vpp
+        co = bound_coefficients(P, m, V)
+        firsts = [StageOption(locate(self.cluster, st.replicas[0].devices[0])[0], st.replicas[0].tp)
+                  for st in spec.stages]
         per, sends, g_terms, stages, feasible, worst = [], [], [], [], True, 0.0
         tail = 0.0
-        for k, (stage, opt) in enumerate(zip(spec.stages, options)):
-            rows = [self._layer(self.model.layers[i], opt, s) for i in range(stage.first_layer, stage.last_layer + 1)]
-            f = sum(row[0] for row in rows)
-            b = sum(row[1] for row in rows)
-            send = float(self._p2p_s(rows[-1][5], opt, options[k + 1])) if k + 1 < P else 0.0
-            per.append(f + b)
-            sends.append(send)
-            g_terms.append((m - 1) * b + max(0, m - warmup(k, P, m) - 1) * f)
-            params = sum(row[2] for row in rows)
+        for k, stage in enumerate(spec.stages):
+            slots, tails, memories = [], [], []
+            for r in stage.replicas:
+                opt = StageOption(locate(self.cluster, r.devices[0])[0], r.tp)
+                rows = [self._layer(self.model.layers[i], opt, s)
+                        for i in range(stage.first_layer, stage.last_layer + 1)]
+                load = shares[id(r)] / m
+                f = sum(row[0] for row in rows) * load
+                b = sum(row[1] for row in rows) * load
+                slots.append((f + b, f, b, rows[-1][5]))
+                params = sum(row[2] for row in rows)
+                tails.append(float(self._tail_s(params, opt, s)))
+                w, g, o = self._state_bytes(s)
+                flight = min(micro_batches_in_flight(k, P, m, spec.schedule, V), np.ceil(shares[id(r)] - 1e-9))
+                act = sum(row[3] for row in rows) * flight + max(row[4] for row in rows)
+                mem = MemoryBreakdown(weights_bytes=params * w, gradients_bytes=params * g,
+                                      optimizer_bytes=params * o, activations_bytes=act)
+                cap = self.capacity_bytes(opt)
+                feasible &= mem.total_bytes <= cap
+                worst = max(worst, mem.total_bytes)
+                memories.append((mem, cap, opt))
+            _, f, b, out_bytes = max(slots, key=lambda x: x[0])
+            to = k + 1 if k + 1 < P else (0 if V > 1 else None)
+            send = 0.0 if to is None else float(self._p2p_s(slots[0][3], firsts[k], firsts[to]))
+            per.append(f + b / V)
+            sends.append(co.hops[k] * send)
+            g_terms.append(co.gamma * b + co.delta[k] * f)
             if k == 0:
-                tail = float(self._tail_s(params, opt, s))
-            w, g, o = self._state_bytes(s)
-            act = sum(row[3] for row in rows) * min(P - k, m) + max(row[4] for row in rows)
-            mem = MemoryBreakdown(weights_bytes=params * w, gradients_bytes=params * g, optimizer_bytes=params * o,
-                                  activations_bytes=act)
-            cap = self.capacity_bytes(opt)
-            feasible &= mem.total_bytes <= cap
-            worst = max(worst, mem.total_bytes)
+                tail = max(tails)
+            mem, cap, opt = max(memories, key=lambda x: x[0].total_bytes / x[1])
             stages.append(StageEstimate(index=k, first_layer=stage.first_layer, last_layer=stage.last_layer,
                                         device_type=self.cluster.groups[opt.pool].node.device.name,
-                                        devices=replicas[k].devices, tp=opt.tp, dp=dp, forward_s=f,
-                                        backward_s=b, memory=mem, memory_capacity_bytes=cap))
-        pipeline = sum(per) + 2 * sum(sends) + max(g_terms)
+                                        devices=tuple(d for r in stage.replicas for d in r.devices),
+                                        tp=stage.replicas[0].tp, dp=dp, forward_s=f, backward_s=b, memory=mem,
+                                        memory_capacity_bytes=cap))
+        pipeline = sum(per) + sum(sends) + max(g_terms)
         total = pipeline + tail
         c = int(np.argmax(per))
         busy = m * per[c]
-        breakdown = Breakdown(compute_s=busy, pp_comm_s=2 * sum(sends), bubble_s=pipeline - busy - 2 * sum(sends),
+        breakdown = Breakdown(compute_s=busy, pp_comm_s=sum(sends), bubble_s=pipeline - busy - sum(sends),
                               dp_comm_s=tail)
-        config = ParallelConfig(global_batch=spec.global_batch, tp=options[0].tp, pp=P, dp=dp,
-                                micro_batch=spec.micro_batch, vpp=1, zero=spec.zero, recompute=spec.recompute,
-                                sequence_parallel=spec.sequence_parallel, schedule="1f1b")
+        config = ParallelConfig(global_batch=spec.global_batch, tp=firsts[0].tp, pp=P, dp=dp,
+                                micro_batch=spec.micro_batch, vpp=V, zero=spec.zero, recompute=spec.recompute,
+                                sequence_parallel=spec.sequence_parallel, schedule=spec.schedule)
         return Estimate(config=config, iteration_time_s=total, throughput_samples_per_s=spec.global_batch / total,
                         feasible=feasible, memory_per_device_bytes=worst, breakdown=breakdown,
                         stages=tuple(stages), reason="" if feasible else "out of memory")

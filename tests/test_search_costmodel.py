@@ -1,6 +1,8 @@
 """The cost-model backend's DP bound against the cost model itself: never above ``estimate_pipeline``,
 equal to it for a single stage (where the 1F1B closed form is exact)."""
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -10,6 +12,7 @@ from planner.graph import import_model_proto
 from planner.hardware import load_cluster
 from planner.search.costmodel import CostModelBackend
 from planner.search.engine import pipeline_spec
+from planner.search.interleave import partition_allowed, unit_flags
 from planner.search.partition import score
 from planner.search.space import Layout, Settings, StageOption
 
@@ -53,3 +56,29 @@ def test_bound_is_exact_for_one_stage(setup, zero, pool):
     last = (len(model.layers) - 1,)
     estimate = estimate_pipeline(model, cluster, pipeline_spec(cluster, 32, settings, layout, last))
     assert score(S, G, R, last)[0] == pytest.approx(estimate.iteration_time_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_interleaved_bound_never_exceeds_the_cost_model(setup, seed):
+    model, cluster, backend = setup
+    rng = np.random.default_rng(100 + seed)
+    L = len(model.layers)
+    units = unit_flags([layer.kind for layer in model.layers])
+    V, P = [(2, 2), (3, 2), (2, 3)][seed % 3]
+    allowed = [(*cuts, L - 1) for cuts in itertools.combinations(range(L - 1), P - 1)
+               if partition_allowed(units, (*cuts, L - 1), V)]
+    last = allowed[int(rng.integers(len(allowed)))]
+    options = tuple(StageOption(int(rng.integers(0, 2)), int(rng.choice([1, 2]))) for _ in range(P))
+    settings = Settings(micro_batch=int(rng.choice([1, 2])), dp=1, zero=int(rng.integers(0, 2)),
+                        recompute=str(rng.choice(["none", "selective", "full"])), sequence_parallel=False,
+                        schedule="interleaved", vpp=V)
+    global_batch = settings.micro_batch * P * int(rng.integers(1, 4))
+    layout = Layout(options)
+    S, G, R = backend.stage_matrices(layout, settings, global_batch)
+    estimate = estimate_pipeline(model, cluster, pipeline_spec(cluster, global_batch, settings, layout, last))
+    bound = score(S, G, R, last)[0]
+    if np.isfinite(bound):
+        assert estimate.feasible
+        assert bound <= estimate.iteration_time_s * (1 + 1e-9)
+    else:
+        assert not estimate.feasible

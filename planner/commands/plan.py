@@ -20,7 +20,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_flags(parser, required=False)
     parser.add_argument("--top", type=positive_int, default=1, metavar="K", help="also list the K-1 next best plans")
     parser.add_argument("--time-limit", type=positive_seconds, metavar="S",
-                        help="stop searching after S seconds (the plan then says it is not proven optimal)")
+                        help="stop searching after S seconds, once a plan is found (the plan then says whether it "
+                             "is proven optimal, and its lower bound)")
+    parser.add_argument("--budget", type=positive_int, metavar="N",
+                        help="stop searching after N work units (layouts partitioned plus plans timed), "
+                             "once a plan is found: like --time-limit, but the same result on any machine")
     parser.add_argument("--out", metavar="FILE", help="write the best plan as JSON to FILE")
     parser.add_argument("--format", default="table", choices=FORMATS, help="how to print the plan (default: table)")
     parser.add_argument("--gantt", metavar="FILE", help="draw the best plan's pipeline schedule to FILE")
@@ -55,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
     bar = ProgressBar() if progress_wanted() else None
     try:
         result = search(model, cluster, args.global_batch, pinned=pinned, top_k=args.top,
-                        time_limit_s=args.time_limit, tables=tables_from_args(args), progress=bar)
+                        time_limit_s=args.time_limit, tables=tables_from_args(args), progress=bar,
+                        budget=args.budget)
     finally:
         if bar is not None:
             bar.close()

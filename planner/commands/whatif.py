@@ -38,7 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=BACKENDS, default="process",
                         help='where points run: local processes, or a Ray cluster (pip install "planner[ray]"; '
                              "RAY_ADDRESS selects the cluster)")
-    parser.add_argument("--time-limit", type=positive_seconds, metavar="S", help="search time limit per point, seconds")
+    parser.add_argument("--time-limit", type=positive_seconds, metavar="S",
+                        help="search time limit per point, seconds (results then depend on the machine's load)")
+    parser.add_argument("--budget", type=positive_int, metavar="N",
+                        help="search budget per point in work units (see 'planner plan --budget'): reproducible")
     parser.add_argument("--seed", type=int, default=0, help="seed of the search")
     add_json_flag(parser)
 
@@ -70,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     result = whatif(args.model, args.cluster, args.global_batch, sweeps, dims=parse_dims(args.dim),
                     pinned=_pinned(args), tables=tables_from_args(args), workers=args.workers, backend=args.backend,
                     time_limit_s=args.time_limit, seed=args.seed,
-                    progress=print_progress if progress_wanted() else None)
+                    progress=print_progress if progress_wanted() else None, budget=args.budget)
     if args.csv:
         write_text(args.csv, result.to_csv(), "--csv")
     if args.plot:

@@ -215,11 +215,29 @@ _ONE_LAYER_CACHE = _IdentityCache(65536)
 _LAYER_COSTS_CACHE = _IdentityCache(1024)
 
 
+_SIGNATURES_CACHE = _IdentityCache(64)
+
+
+_SIGNATURE_IDS: dict[tuple, int] = {}  # a small number per distinct layer signature (cheap to hash)
+
+
+def _signatures(model: LayerGraph) -> tuple[int, ...]:
+    """Every layer's signature, as its number in ``_SIGNATURE_IDS``, computed once per model object."""
+    hit = _SIGNATURES_CACHE.get((model,), ())
+    if hit is None:
+        hit = tuple(_SIGNATURE_IDS.setdefault(_layer_signature(layer), len(_SIGNATURE_IDS))
+                    for layer in model.layers)
+        _SIGNATURES_CACHE.put((model,), (), hit)
+    return hit  # type: ignore[return-value]
+
+
 def _one_layer(layer: Layer, node: NodeProfile, tp: int, mb: int, recompute: str, sp: bool, dtype: str,
-               cal: DeviceCalibration) -> _OneLayer:
+               cal: DeviceCalibration, signature: int | None = None) -> _OneLayer:
     """One layer's costs, cached by the layer's signature (its numbers, not its name): a model's repeated
     blocks are computed once."""
-    args = (_layer_signature(layer), tp, mb, recompute, sp, dtype, cal)
+    if signature is None:
+        signature = _SIGNATURE_IDS.setdefault(_layer_signature(layer), len(_SIGNATURE_IDS))
+    args = (signature, tp, mb, recompute, sp, dtype, cal)
     hit = _ONE_LAYER_CACHE.get((node,), args)
     if hit is not None:
         return hit  # type: ignore[return-value]
@@ -233,8 +251,8 @@ def _one_layer(layer: Layer, node: NodeProfile, tp: int, mb: int, recompute: str
 
 def _layer_costs(model: LayerGraph, node: NodeProfile, tp: int, micro_batch: int, recompute: str,
                  sequence_parallel: bool, dtype: str, cal: DeviceCalibration) -> LayerCosts:
-    rows = [_one_layer(layer, node, tp, micro_batch, recompute, sequence_parallel,
-                       dtype, cal) for layer in model.layers]
+    rows = [_one_layer(layer, node, tp, micro_batch, recompute, sequence_parallel, dtype, cal, signature)
+            for layer, signature in zip(model.layers, _signatures(model))]
     n = len(rows)
     forward = np.empty(n)
     backward = np.empty(n)

@@ -18,6 +18,7 @@ from planner.search import engine
 from planner.search.backend import Backend
 from planner.search.build import to_plan
 from planner.search.explain import bottleneck
+from planner.search.interleave import searched_units, unit_flags
 from planner.search.space import Pins, Settings, StageOption, validate_pins
 from planner.types import Cluster, LayerGraph, ParallelConfig
 from planner.units import GIB
@@ -49,10 +50,14 @@ def default_backend(model: LayerGraph, cluster: Cluster) -> Backend:
 
 def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: ParallelConfig | None = None,
            top_k: int = 1, time_limit_s: float | None = None, seed: int = 0, tables=None,
-           backend: Backend | None = None, progress: Callable[[float], None] | None = None) -> SearchResult:
+           backend: Backend | None = None, progress: Callable[[float], None] | None = None,
+           budget: int | None = None) -> SearchResult:
     """The ``top_k`` fastest plans that fit, best first. ``pinned`` fields that are set are fixed.
 
-    The search is deterministic (``seed`` is accepted for API stability; nothing is random)."""
+    ``time_limit_s`` (wall clock) and ``budget`` (work units: layouts whose partition is solved plus plans
+    timed by the cost model; the same on any machine) stop the search early, but only once it holds a
+    plan; the result then says whether it is still proven optimal and its lower bound. With no time limit
+    the search is deterministic (``seed`` is accepted for API stability; nothing is random)."""
     del seed
     if global_batch <= 0:
         raise ConfigError(f"global_batch {global_batch}: must be a positive integer")
@@ -60,6 +65,8 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
         raise ConfigError(f"--top {top_k}: must be at least 1")
     if time_limit_s is not None and not time_limit_s > 0:
         raise ConfigError(f"--time-limit {time_limit_s}: must be a positive number of seconds")
+    if budget is not None and budget <= 0:
+        raise ConfigError(f"--budget {budget}: must be a positive number of work units")
     if pinned is not None and pinned.global_batch != global_batch:
         raise ConfigError(f"pinned global_batch {pinned.global_batch} differs from global_batch {global_batch}; "
                           "give the same value (or pass pinned=None)")
@@ -72,14 +79,14 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
         model = dense_part(model, model.embedding_tables)
     pins = Pins.from_config(pinned)
     pins = dataclasses.replace(pins, dtype=runnable_dtype((g.node.device for g in cluster.groups), pins.dtype))
-    validate_pins(pins, cluster, global_batch, len(model.layers))
+    kinds = [layer.kind for layer in model.layers]
+    units = unit_flags(kinds)
+    validate_pins(pins, cluster, global_batch, len(model.layers), sum(units))
     backend = backend if backend is not None else default_backend(model, cluster)
     outcome = engine.run(backend, cluster, len(model.layers), global_batch, pins, top_k=top_k,
-                         time_limit_s=time_limit_s, progress=progress)
-    if not outcome.candidates:
-        if outcome.timed_out:
-            raise InfeasibleError(f"--time-limit {time_limit_s}: no feasible plan was found in time; "
-                                  "raise the time limit or pin more choices (--tp, --pp, --dp)")
+                         time_limit_s=time_limit_s, progress=progress, budget=budget, units=units,
+                         interleave=searched_units(kinds) > 0)
+    if not outcome.candidates:  # a limit never ends a search before its first plan
         raise InfeasibleError(_why_infeasible(model, cluster, global_batch, pins, backend))
     info = SearchInfo(time_s=outcome.time_s, candidates_evaluated=outcome.bounded + outcome.solved,
                       proven_optimal=outcome.proven_optimal, lower_bound_s=outcome.lower_bound_s,
@@ -98,10 +105,11 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
 
 def plan(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: ParallelConfig | None = None,
          top_k: int = 1, time_limit_s: float | None = None, seed: int = 0, tables=None,
-         backend: Backend | None = None, progress: Callable[[float], None] | None = None) -> Plan:
+         backend: Backend | None = None, progress: Callable[[float], None] | None = None,
+         budget: int | None = None) -> Plan:
     """The fastest plan that fits (see :func:`search`)."""
     return search(model, cluster, global_batch, pinned=pinned, top_k=top_k, time_limit_s=time_limit_s, seed=seed,
-                  tables=tables, backend=backend, progress=progress).best
+                  tables=tables, backend=backend, progress=progress, budget=budget).best
 
 
 def _model_summary(plan: Plan, model: LayerGraph) -> dict:

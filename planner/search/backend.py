@@ -20,7 +20,8 @@ T >= sum_k S_k + max_k G_k with
     S_k = f_k + b_k + 2 c_k (+ r_0 for k = 0; c_{P-1} = 0),  G_k = (m - 1) b_k + max(0, m - w_k - 1) f_k,
 
 which is exact for identical stages (the textbook (m + P - 1)(f + b)) and is what
-:func:`planner.search.partition.solve_partition` minimises.
+:func:`planner.search.partition.solve_partition` minimises. The interleaved schedule has a bound of the same
+shape with other weights (:mod:`planner.search.interleave`); ``bound_matrices`` builds either.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Protocol
 
 import numpy as np
 
+from planner.search.interleave import bound_coefficients
 from planner.search.space import Layout, Settings, StageOption
 from planner.types import Estimate, PipelineSpec
 
@@ -57,6 +59,14 @@ class Backend(Protocol):
         ...
 
     def capacity_bytes(self, option: StageOption) -> float: ...
+
+    def stage_bytes(self, params_per_rank: np.ndarray, act_bytes: np.ndarray, in_flight: float,
+                    peak_bytes: np.ndarray, option: StageOption, settings: Settings) -> np.ndarray:
+        """Memory per device of a stage whose layers sum to ``params_per_rank`` parameters and ``act_bytes``
+        activations per micro-batch, with ``in_flight`` micro-batches held and a largest transient of
+        ``peak_bytes`` (element-wise). Affine in each of the parameters, ``act_bytes * in_flight`` and the
+        transient; a segment fits when this is at most ``capacity_bytes``."""
+        ...
 
     def stage_matrices(self, layout: Layout, settings: Settings, global_batch: int
                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -110,24 +120,26 @@ def warmup(stage: int, num_stages: int, num_micro_batches: int) -> int:
 
 
 def bound_matrices(forward: list[np.ndarray], backward: list[np.ndarray], p2p: list[np.ndarray | None],
-                   fits: list[np.ndarray], tail0: np.ndarray, num_micro_batches: int
+                   fits: list[np.ndarray], tail0: np.ndarray, num_micro_batches: int, vpp: int = 1
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(S, G, R) from per-stage segment matrices: ``forward[k][i, j]``, ``backward[k][i, j]``, the send time
-    ``p2p[k][j]`` after layer j (None for the last stage), ``fits[k][i, j]`` and stage 0's tail
-    ``tail0[j]`` when it holds layers 0..j."""
+    ``p2p[k][j]`` after layer j (for the last stage: back to stage 0, used only between interleaved chunks;
+    None = no transfer), ``fits[k][i, j]`` and stage 0's tail ``tail0[j]`` when it holds layers 0..j. With
+    ``vpp > 1`` the interleaved schedule's bound (:mod:`planner.search.interleave`)."""
     P = len(forward)
     L = forward[0].shape[0]
-    m = num_micro_batches
+    co = bound_coefficients(P, num_micro_batches, vpp)
     S = np.empty((P, L, L))
     G = np.empty((P, L, L))
     R = np.zeros((P, L, L))
     for k in range(P):
         f, b = forward[k], backward[k]
-        send = 0.0 if p2p[k] is None else 2.0 * np.asarray(p2p[k])[None, :]
-        s = f + b + send
+        s = f + co.backward_weight * b if vpp > 1 else f + b
+        if p2p[k] is not None and co.hops[k] > 0:
+            s = s + co.hops[k] * np.asarray(p2p[k])[None, :]
         if k == 0:
             s = s + np.asarray(tail0, dtype=float)[None, :]
-        g = (m - 1) * b + max(0, m - warmup(k, P, m) - 1) * f
+        g = co.gamma * b + co.delta[k] * f
         ok = fits[k] & np.isfinite(s)
         S[k] = np.where(ok, s, np.inf)
         G[k] = np.where(ok, g, np.inf)

@@ -17,17 +17,29 @@ peak) must also fit on some option, and the stages of any subset T of options ne
 fit on one of them (Hall's condition: every stage holds at least one layer). In any order, T's c_T stages
 sit at distinct positions, so for i = 1..c_T at least c_T - i + 1 of them hold min(i, m) or more
 micro-batches: the i-th layer best able to carry in-flight micro-batches on T must carry min(c_T - i + 1, m).
+Layer counts (:func:`layer_count_bound`): stage capacities are whole layers. A stage holding k layers of a
+subset U has G >= the sum of U's k smallest q and holds no more layers of U than fit in its memory, so the
+stages must be able to hold all of U below the bottleneck value t; the least such t bounds max_k G_k (exact
+for identical layers, where the fluid bound above loses the rounding). U is every layer and, for models
+with a few small layers (an embedding, a head), the core layers, since each stage could otherwise count
+the same small layers.
+Memory is in units of the room the backend's ``stage_bytes`` leaves (its affine coefficients are probed),
+so fragmentation margins and reserves tighten the bounds as they tighten the plans.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 
+import bisect
 import itertools
 
 import numpy as np
 
 from planner.search.backend import Backend
+from planner.search.interleave import least_delta
 from planner.search.space import Settings, StageOption
 
 
@@ -44,24 +56,65 @@ class OptionProfile:
     peak_unit: np.ndarray  # transient peak / room
 
 
-def option_profile(backend: Backend, option: StageOption, settings: Settings) -> OptionProfile:
+def memory_coefficients(backend: Backend, option: StageOption, settings: Settings
+                        ) -> tuple[float, float, float, float] | None:
+    """(bytes per parameter, per activation byte in flight, per transient byte, room) of a stage's memory,
+    probed from ``backend.stage_bytes``; None when it is not affine (memory is then not bounded)."""
+
+    def probe(params: float, act: float, peak: float, in_flight: float = 1.0) -> float:
+        return float(np.asarray(backend.stage_bytes(np.array([params]), np.array([act]), in_flight,
+                                                    np.array([peak]), option, settings))[0])
+
+    base = probe(0.0, 0.0, 0.0)
+    c_params, c_act, c_peak = ((probe(*x) - base) / 1e9 for x in ((1e9, 0, 0), (0, 1e9, 0), (0, 0, 1e9)))
+    affine = bool(np.isclose(probe(2e9, 3e9, 5e9, 2.0), base + 2e9 * c_params + 6e9 * c_act + 5e9 * c_peak,
+                             rtol=1e-9, atol=1.0)) and min(c_params, c_act, c_peak) >= 0
+    return (c_params, c_act, c_peak, backend.capacity_bytes(option) - base) if affine else None
+
+
+def option_profile(backend: Backend, option: StageOption, settings: Settings,
+                   coefficients: tuple[float, float, float, float] | None = None) -> OptionProfile:
+    """Per-layer vectors of ``option`` under ``settings``, memory in units of the room left by the stage's
+    fixed memory, so that a segment fits exactly when sum(static + n act) + max(peak) <= 1."""
     t = backend.layer_table(option, settings)
-    probe = np.array([0.0, 1e9, 2e9])
-    static = np.asarray(backend.static_bytes(probe, option, settings), dtype=float)
-    c0, c1 = static[0], (static[1] - static[0]) / 1e9
-    affine = bool(np.isclose(static[2], c0 + 2e9 * c1, rtol=1e-9, atol=1.0))
-    room = backend.capacity_bytes(option) - c0
+    if coefficients is None:
+        coefficients = memory_coefficients(backend, option, settings)
     n = len(t.forward_s)
-    if not affine:
+    if coefficients is None:
         units = [np.zeros(n)] * 3
-    elif room <= 0:
+    elif coefficients[3] <= 0:
         units = [np.full(n, np.inf)] * 3
     else:
-        units = [c1 * np.asarray(t.params_per_rank, dtype=float) / room, np.asarray(t.act_bytes, dtype=float) / room,
-                 np.asarray(t.peak_bytes, dtype=float) / room]
+        c_params, c_act, c_peak, room = coefficients
+        units = [c * np.asarray(v, dtype=float) / room
+                 for c, v in ((c_params, t.params_per_rank), (c_act, t.act_bytes), (c_peak, t.peak_bytes))]
     return OptionProfile(option=option, forward_s=np.asarray(t.forward_s, dtype=float),
                          backward_s=np.asarray(t.backward_s, dtype=float), static_unit=units[0], act_unit=units[1],
                          peak_unit=units[2])
+
+
+class Profiles:
+    """Memo of :func:`option_profile` per (option, settings) for one search; memory coefficients are shared
+    by the settings that differ only in what they do not depend on (micro-batch, recompute, sequence
+    parallelism)."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self._memo: dict[tuple[StageOption, Settings], OptionProfile] = {}
+        self._memory: dict[tuple, tuple[float, float, float, float] | None] = {}
+        self.count_memo: dict[tuple, CountTables] = {}  # count_tables of profile lists (shared by vpp twins)
+
+    def get(self, option: StageOption, settings: Settings) -> OptionProfile:
+        # a profile does not depend on the schedule: interleaved settings share their 1F1B twin's
+        key = (option, settings if settings.vpp == 1 else dataclasses.replace(settings, vpp=1, schedule="1f1b"))
+        hit = self._memo.get(key)
+        if hit is None:
+            mkey = (option, settings.dp, settings.zero, settings.optimizer, settings.dtype)
+            if mkey not in self._memory:
+                self._memory[mkey] = memory_coefficients(self.backend, option, settings)
+            hit = option_profile(self.backend, option, settings, self._memory[mkey])
+            self._memo[key] = hit
+        return hit
 
 
 def _hall_table(carry: np.ndarray, num_micro_batches: int) -> np.ndarray:
@@ -86,9 +139,164 @@ def speed_ratio(values: np.ndarray, ref: int) -> np.ndarray:
     return (values[:, pos] / base[pos]).min(axis=1)
 
 
-def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_batches: int) -> np.ndarray:
+def core_layers(work: np.ndarray) -> np.ndarray:
+    """The layers whose work (f + b, shape (options, layers)) is at least half the median on every option:
+    the blocks of a transformer, without its small embedding and head. The layer-count bound below counts
+    only these, because each stage could otherwise claim the same few small layers."""
+    return (work >= 0.5 * np.median(work, axis=1, keepdims=True)).all(axis=0)
+
+
+def _memory_counts(static: np.ndarray, act: np.ndarray, peak: np.ndarray, count: int, m: int) -> np.ndarray:
+    """``k[i]``: the most layers of this set a stage can hold with min(i + 1, m) micro-batches in flight
+    (the sum of the smallest static + n act, plus the least transient, within one room); non-increasing."""
+    if count == 0:
+        return np.zeros(0, dtype=int)
+    n = np.minimum(np.arange(1, count + 1), m).astype(float)
+    with np.errstate(invalid="ignore"):
+        use = np.sort(static[None, :] + n[:, None] * act[None, :], axis=1)
+        fits = np.cumsum(use, axis=1) + (peak.min() if len(peak) else 0.0) <= 1.0 + 1e-9
+    return fits.sum(axis=1)
+
+
+@dataclass(frozen=True, eq=False)
+class CountTables:
+    """What the layer-count bound needs per option, for one layer subset U: prefix sums of the sorted
+    backward and forward times on U (``sb``, ``sf``: (options, |U| + 1)), and per option the layers of U a
+    stage holds with 1, 2, ... micro-batches in flight (``kmem``) with their prefix sums (``kmem_sums``)."""
+
+    size: int
+    sb: np.ndarray
+    sf: np.ndarray
+    kmem: tuple[np.ndarray, ...]
+    kmem_sums: tuple[np.ndarray, ...]
+
+
+def count_tables(fwd: np.ndarray, bwd: np.ndarray, static: np.ndarray, act: np.ndarray, peak: np.ndarray,
+                 layers: np.ndarray, most_stages: np.ndarray, m: int) -> CountTables:
+    """:class:`CountTables` for options with at most ``most_stages[o]`` stages each."""
+    O = len(fwd)
+    size = int(layers.sum())
+    sb = np.concatenate([np.zeros((O, 1)), np.cumsum(np.sort(bwd[:, layers], axis=1), axis=1)], axis=1)
+    sf = np.concatenate([np.zeros((O, 1)), np.cumsum(np.sort(fwd[:, layers], axis=1), axis=1)], axis=1)
+    kmem = tuple(_memory_counts(static[o, layers], act[o, layers], peak[o, layers], int(most_stages[o]), m)
+                 for o in range(O))
+    sums = tuple(np.concatenate(([0], np.cumsum(k))) for k in kmem)
+    return CountTables(size, sb, sf, kmem, sums)
+
+
+def _count_tables_memo(memo: dict | None, profiles: list[OptionProfile], fwd: np.ndarray, bwd: np.ndarray,
+                       static: np.ndarray, act: np.ndarray, peak: np.ndarray, layers: np.ndarray,
+                       most_stages: np.ndarray, m: int) -> CountTables:
+    """:func:`count_tables`, memoised in ``memo`` by the profile objects (memoised themselves by
+    :class:`Profiles`, so settings that differ only in their schedule share them)."""
+    if memo is None:
+        return count_tables(fwd, bwd, static, act, peak, layers, most_stages, m)
+    key = (tuple(id(p) for p in profiles), layers.tobytes(), np.asarray(most_stages).tobytes(), m)
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = count_tables(fwd, bwd, static, act, peak, layers, most_stages, m)
+    return hit
+
+
+def layer_count_bound(tables: CountTables, options: np.ndarray, counts: np.ndarray, pools: np.ndarray,
+                      totals: np.ndarray, m: int, floor: np.ndarray, vpp: int = 1) -> np.ndarray:
+    """A lower bound on max_k G_k per row, at least ``floor[r]`` (inf: the stages cannot hold the layers),
+    from stage capacities.
+
+    Row r has ``counts[r, j]`` stages of option ``options[j]`` (an index into ``tables``), of which only the
+    largest count per pool is used (``pools[j]``: a pool serves one option per plan, so the coverage of a
+    row is, per pool, the best of its options) and ``totals[r]`` pipeline stages. A stage on option o holding
+    k layers of U has G >= (m - 1) SB_o(k) + max(0, m - P) SF_o(k) and, holding n micro-batches, at most
+    Kmem_o(n) of them; the c_o stages of o hold at least 1, 2, ..., c_o micro-batches (1F1B positions are
+    distinct), so at threshold t they hold at most sum_i min(K_o(t), Kmem_o(min(i, m))) layers of U. The
+    bound is the least t at which the stages can hold all of U (only t above the row's floor are tried).
+    """
+    rows = len(counts)
+    out = np.asarray(floor, dtype=float).copy()
+    if tables.size == 0 or rows == 0:
+        return out
+    pool_ids = np.unique(pools)
+    for P in np.unique(totals):
+        sel = np.flatnonzero(totals == P)
+        lo = float(out[sel].min())
+        g = (m - 1) * tables.sb[options] + max(0, m - int(P)) * tables.sf[options] if vpp == 1 else \
+            (m - 1.0 / vpp) * tables.sb[options] + least_delta(int(P), m, vpp) * tables.sf[options]
+        if len(sel) == 1:  # one row (a settings bound): a binary search over the thresholds, in scalars
+            out[sel] = _one_row(tables, options, counts[sel[0]], pools, g, lo)
+            continue
+        # g is non-decreasing in k; interleaved: (m - 1/vpp) SB + stage 0's forward weight SF (its in-flight
+        # micro-batches are at least 1F1B's, so the memory counts stay valid)
+        cands = np.unique(g[:, 1:])
+        cands = np.concatenate(([lo], cands[cands > lo]))
+        cover = np.zeros((len(sel), len(cands)))
+        for pool in pool_ids:
+            best = np.zeros((len(sel), len(cands)))
+            for j in np.flatnonzero(pools == pool):
+                c = counts[sel, j].astype(int)
+                if not c.any():
+                    continue
+                o = options[j]
+                k_time = np.searchsorted(g[j], cands, side="right") - 1  # layers of U within t
+                kmem = tables.kmem[o]
+                # stages 1..i0 hold at least k_time layers in memory (kmem is non-increasing)
+                i0 = np.searchsorted(-kmem, -k_time, side="right")
+                upto = np.minimum(c[:, None], i0[None, :])
+                sums = tables.kmem_sums[o]
+                best = np.maximum(best, k_time[None, :] * upto + sums[c][:, None] - sums[upto])
+            cover += best
+        enough = cover >= tables.size
+        first = np.argmax(enough, axis=1)
+        value = np.where(first == 0, lo, cands[first] * (1 - 1e-9))
+        out[sel] = np.maximum(out[sel], np.where(enough.any(axis=1), value, np.inf))
+    return out
+
+
+def _one_row(tables: CountTables, options: np.ndarray, counts: np.ndarray, pools: np.ndarray, g: np.ndarray,
+             lo: float) -> float:
+    """:func:`layer_count_bound` of one row: the same coverage, evaluated at O(log) thresholds."""
+    used = [(int(pools[j]), g[j].tolist(), int(counts[j]), tables.kmem[options[j]][::-1].tolist(),
+             tables.kmem_sums[options[j]].tolist()) for j in range(len(options)) if counts[j] > 0]
+
+    def cover(t: float) -> int:
+        best: dict[int, int] = {}
+        for pool, gj, c, rising, sums in used:  # rising: kmem reversed (non-decreasing)
+            k = bisect.bisect_right(gj, t) - 1  # layers of U within t
+            i0 = len(rising) - bisect.bisect_left(rising, k)  # stages holding k or more in memory
+            upto = min(c, i0)
+            value = k * upto + sums[c] - sums[upto]
+            if value > best.get(pool, -1):
+                best[pool] = value
+        return sum(best.values())
+
+    if cover(lo) >= tables.size:
+        return lo
+    cands = np.unique(g[:, 1:])
+    cands = cands[cands > lo].tolist()
+    a, b = 0, len(cands)  # the first threshold that covers, by bisection (coverage grows with t)
+    while a < b:
+        mid = (a + b) // 2
+        if cover(cands[mid]) >= tables.size:
+            b = mid
+        else:
+            a = mid + 1
+    return cands[a] * (1 - 1e-9) if a < len(cands) else np.inf
+
+
+def _layer_sets(work: np.ndarray) -> list[np.ndarray]:
+    """The layer subsets the layer-count bound covers: every layer, and the core layers when they differ."""
+    every = np.ones(work.shape[1], dtype=bool)
+    core = core_layers(work)
+    return [every] if core.all() else [every, core]
+
+
+def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_batches: int,
+                 corners: bool = False, vpp: int = 1, memo: dict | None = None) -> np.ndarray:
     """Bounds for every row of ``counts`` (stages per option, shape (n, len(profiles)); 0 = option unused);
-    inf = infeasible. Rows are grouped by their set of options."""
+    inf = infeasible. Rows are grouped by their set of options. ``corners``: only the parts that do not
+    increase with any stage count (compute, layer counts, a layer alone in memory), so that each row
+    bounds every smaller count of its options too. ``vpp > 1``: the interleaved schedule's weights (b_l / vpp
+    in the sum, (m - 1/vpp) b_l and stage 0's forward weight in q, both non-increasing in the stage count);
+    its stages hold at least the 1F1B micro-batches in flight, so the memory bounds stay valid."""
     counts = np.asarray(counts, dtype=int).reshape(-1, len(profiles))
     out = np.full(len(counts), np.inf)
     if len(counts) == 0:
@@ -97,12 +305,15 @@ def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_ba
     fwd = np.stack([p.forward_s for p in profiles])  # (O, L)
     bwd = np.stack([p.backward_s for p in profiles])
     both = fwd + bwd
+    work = both if vpp == 1 else fwd + bwd / vpp
+    gamma = (m - 1) if vpp == 1 else m - 1.0 / vpp
     static = np.stack([p.static_unit for p in profiles])
     act = np.stack([p.act_unit for p in profiles])
-    alone = static + act + np.stack([p.peak_unit for p in profiles])
+    peak = np.stack([p.peak_unit for p in profiles])
+    alone = static + act + peak
     O, L = fwd.shape
     with np.errstate(divide="ignore", invalid="ignore"):
-        spare = 1.0 - static - np.stack([p.peak_unit for p in profiles])
+        spare = 1.0 - static - peak
         max_in_flight = np.where(spare < 0, -1.0, np.where(act > 0, np.floor(spare / np.where(act > 0, act, 1.0)),
                                                             np.inf))
     # rho[ref, o]: q_l(o) >= rho * q_l(ref) for q = (m - 1) b + x f with any x >= 0
@@ -110,6 +321,10 @@ def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_ba
     with np.errstate(divide="ignore"):
         inverse = np.where(rho > 0, 1.0 / rho, np.inf)
     sums_b, sums_f = bwd.sum(axis=1), fwd.sum(axis=1)
+    pools = np.array([p.option.pool for p in profiles])
+    most = counts.max(axis=0)
+    count_sets = [_count_tables_memo(memo, profiles, fwd, bwd, static, act, peak, layers, most, m)
+                  for layers in _layer_sets(both)]
     members = counts > 0
     keys, group = np.unique(members, axis=0, return_inverse=True)
     for g, key in enumerate(keys):
@@ -119,26 +334,31 @@ def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_ba
             continue
         c = counts[rows].astype(float)
         total = c.sum(axis=1)
-        extra = np.maximum(0.0, m - total)
-        sum_min = float(both[M].min(axis=0).sum())
-        q = (m - 1) * bwd[M][None] + extra[:, None, None] * fwd[M][None]  # (r, |M|, L)
+        extra = np.maximum(0.0, m - total) if vpp == 1 else np.array([least_delta(int(p), m, vpp) for p in total])
+        sum_min = float(work[M].min(axis=0).sum())
+        q = gamma * bwd[M][None] + extra[:, None, None] * fwd[M][None]  # (r, |M|, L)
         max_g = q.min(axis=1).max(axis=1)
         with np.errstate(invalid="ignore"):
             capacity = c @ inverse.T  # (r, ref)
-        totals = (m - 1) * sums_b[None, :] + extra[:, None] * sums_f[None, :]
+        totals = gamma * sums_b[None, :] + extra[:, None] * sums_f[None, :]
         with np.errstate(divide="ignore", invalid="ignore"):
             fluid = np.where((capacity > 0) & np.isfinite(capacity), totals / capacity, 0.0)
         max_g = np.maximum(max_g, fluid.max(axis=1))
+        P_rows = total.astype(int)
+        for tables in count_sets:
+            max_g = layer_count_bound(tables, M, c[:, M], pools[M], P_rows, m, max_g, vpp)
+        worst = float(alone[M].min(axis=0).max())
+        if corners:
+            out[rows] = np.where(worst <= 1.0, sum_min + max_g, np.inf)
+            continue
         # memory
         base_use = float((static[M] + act[M]).min(axis=0).sum())
         smallest_act = np.sort(act[M].min(axis=0))
-        P_rows = total.astype(int)
         # pairing[P] = sum_{i < P-1} (min(P - i, m) - 1) * smallest_act[i]
         span = np.arange(L + 1)[:, None] - np.arange(L)[None, :]  # P - i
         weights = np.where(span >= 2, np.minimum(span, m) - 1, 0).astype(float)
         with np.errstate(invalid="ignore"):
             pairing = weights @ np.where(np.isfinite(smallest_act), smallest_act, 1e300)
-        worst = float(alone[M].min(axis=0).max())
         subsets = np.array([[i in t for i in range(len(M))] for size in range(1, len(M) + 1)
                             for t in itertools.combinations(range(len(M)), size)], dtype=bool)
         carry = max_in_flight[M]  # (|M|, L)
@@ -148,3 +368,123 @@ def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_ba
         feasible = (worst <= 1.0) & hall & (base_use + pairing[P_rows] <= P_rows * (1 + 1e-12))
         out[rows] = np.where(feasible, sum_min + max_g, np.inf)
     return out
+
+
+def settings_lower_bound(profiles: list[OptionProfile], caps: np.ndarray, m: int, num_layers: int, max_stages: int,
+                         num_devices: int, dp: int, floor_s: float, vpp: int = 1, memo: dict | None = None) -> float:
+    """A lower bound for every plan of one settings (any pools, tp, stage counts and partition), at least
+    ``floor_s`` (:class:`QuickSettingsBound`), from the options of every pool (``caps[o]``: the most stages
+    option o can have): the layer-count bound with each pool at its best option's largest count and at most
+    one stage per layer; inf when the model cannot fit (then also: a stage of tp x dp devices holds at most
+    one unit of (c1 ppr + act) / room, so sum_l min_o tp_o dp (c1 ppr_l + act_l)(o) / room_o <= devices)."""
+    if not profiles:
+        return np.inf
+    tps = np.array([p.option.tp for p in profiles], dtype=float)
+    static = np.stack([p.static_unit for p in profiles])
+    act = np.stack([p.act_unit for p in profiles])
+    if float(((static + act) * tps[:, None] * dp).min(axis=0).sum()) > num_devices * (1 + 1e-12):
+        return np.inf
+    pools = np.array([p.option.pool for p in profiles])
+    peak = np.stack([p.peak_unit for p in profiles])
+    fwd = np.stack([p.forward_s for p in profiles])
+    bwd = np.stack([p.backward_s for p in profiles])
+    sum_min = float((fwd + bwd).min(axis=0).sum()) if vpp == 1 else float((fwd + bwd / vpp).min(axis=0).sum())
+    best = floor_s - sum_min
+    caps = np.minimum(np.asarray(caps, dtype=int), min(num_layers, max_stages))
+    if max_stages == 1:
+        pools = np.zeros_like(pools)  # one stage: one option in all
+    most = sum(int(caps[pools == p].max()) for p in np.unique(pools))
+    total = np.array([min(num_layers, max_stages, most)])
+    options = np.arange(len(profiles))
+    for layers in _layer_sets(fwd + bwd):
+        tables = _count_tables_memo(memo, profiles, fwd, bwd, static, act, peak, layers, caps, m)
+        best = float(layer_count_bound(tables, options, caps[None, :], pools, total, m, np.array([best]), vpp)[0])
+        if not np.isfinite(best):
+            return np.inf
+    return sum_min + best
+
+
+class QuickSettingsBound:
+    """A cheap lower bound for every plan of one settings, from compute alone (no memory): the per-layer
+    least work plus the fluid bound of :func:`settings_lower_bound`. Its tables depend only on the options
+    and the layer tables (micro-batch, recompute, sequence parallelism, dtype), so the settings that differ
+    in dp and ZeRO share them; the search orders settings by it and computes the strong bound lazily."""
+
+    def __init__(self, backend: Backend, pool_devices: np.ndarray, num_layers: int) -> None:
+        self.backend, self.pool_devices, self.num_layers = backend, pool_devices, num_layers
+        self._memo: dict[tuple, tuple] = {}
+        self._counts: dict[tuple, float] = {}
+        self._prefix: dict[tuple, list] = {}
+
+    def _tables(self, options: tuple[StageOption, ...], settings: Settings) -> tuple:
+        key = (options, settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype,
+               settings.vpp)
+        hit = self._memo.get(key)
+        if hit is None:
+            tabs = [self.backend.layer_table(o, settings) for o in options]
+            fwd = np.stack([np.asarray(t.forward_s, dtype=float) for t in tabs])
+            bwd = np.stack([np.asarray(t.backward_s, dtype=float) for t in tabs])
+            V = settings.vpp
+            sum_min = float((fwd + bwd).min(axis=0).sum()) if V == 1 else float((fwd + bwd / V).min(axis=0).sum())
+            widest = float(bwd.min(axis=0).max())
+            pools = sorted({o.pool for o in options})
+            per_pool = np.zeros((len(options), len(pools)))  # [ref, pool]: max over its options 1/(rho tp)
+            longest = np.zeros(len(options))
+            usable = np.zeros(len(options), dtype=bool)
+            for ref in range(len(options)):
+                rho = np.minimum(speed_ratio(bwd, ref), speed_ratio(fwd, ref))
+                usable[ref] = bool((rho > 0).all())
+                if usable[ref]:
+                    longest[ref] = float((1.0 / rho).max())
+                    for o, r in zip(options, rho):
+                        j = pools.index(o.pool)
+                        per_pool[ref, j] = max(per_pool[ref, j], 1.0 / (r * o.tp))
+            hit = (sum_min, widest, bwd.sum(axis=1), per_pool, longest, usable, np.array(pools), fwd, bwd)
+            self._memo[key] = hit
+        return hit
+
+    def _sorted(self, options: tuple[StageOption, ...], settings: Settings, fwd: np.ndarray, bwd: np.ndarray
+                ) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """Per layer set of :func:`_layer_sets`: its size and the prefix sums of sorted backward and forward
+        times (the time part of :class:`CountTables`)."""
+        key = (options, settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype)
+        hit = self._prefix.get(key)
+        if hit is None:
+            O = len(fwd)
+            hit = [(int(layers.sum()),
+                    np.concatenate([np.zeros((O, 1)), np.cumsum(np.sort(bwd[:, layers], axis=1), axis=1)], axis=1),
+                    np.concatenate([np.zeros((O, 1)), np.cumsum(np.sort(fwd[:, layers], axis=1), axis=1)], axis=1))
+                   for layers in _layer_sets(fwd + bwd)]
+            self._prefix[key] = hit
+        return hit
+
+    def bound(self, options: tuple[StageOption, ...], settings: Settings, m: int, caps: np.ndarray | None = None,
+              max_stages: int | None = None) -> float:
+        """The bound; with ``caps`` (the most stages of each option) and ``max_stages``, also the layer-count
+        bound on compute alone (no memory limit), shared by the settings that differ only in ZeRO."""
+        if not options:
+            return np.inf
+        sum_min, widest, sums_b, per_pool, longest, usable, pools, fwd, bwd = self._tables(options, settings)
+        capacity = np.minimum(per_pool @ self.pool_devices[pools] / settings.dp, self.num_layers * longest)
+        fluid = float(np.max(np.where(usable & (capacity > 0), sums_b / np.where(capacity > 0, capacity, 1.0), 0.0)))
+        gamma = (m - 1) if settings.vpp == 1 else m - 1.0 / settings.vpp  # G_k >= gamma b_k
+        best = gamma * max(widest, fluid)
+        if caps is None or max_stages is None:
+            return sum_min + best
+        key = (options, settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype,
+               settings.vpp, settings.dp, m, max_stages)
+        hit = self._counts.get(key)
+        if hit is None:
+            caps = np.minimum(np.asarray(caps, dtype=int), min(self.num_layers, max_stages))
+            option_pools = np.zeros(len(options), dtype=int) if max_stages == 1 else \
+                np.array([o.pool for o in options])
+            most = sum(int(caps[option_pools == p].max()) for p in np.unique(option_pools))
+            total = np.array([min(self.num_layers, max_stages, most)])
+            hit = best
+            for size, sb, sf in self._sorted(options, settings, fwd, bwd):
+                kmem = tuple(np.full(int(c), size) for c in caps)  # no memory limit
+                tables = CountTables(size, sb, sf, kmem, tuple(np.arange(int(c) + 1) * size for c in caps))
+                hit = float(layer_count_bound(tables, np.arange(len(options)), caps[None, :], option_pools, total, m,
+                                              np.array([hit]), settings.vpp)[0])
+            self._counts[key] = hit
+        return sum_min + hit

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from planner.hardware.cluster import locate
-from planner.plan import Plan, SearchInfo, StagePlan, cluster_summary
+from planner.plan import Plan, ReplicaPlan, SearchInfo, StagePlan, cluster_summary
 from planner.types import Cluster, Estimate, LayerGraph, PipelineSpec
 
 
@@ -24,14 +24,20 @@ def to_plan(model: LayerGraph, cluster: Cluster, spec: PipelineSpec, estimate: E
     stages = []
     for k, (stage, est) in enumerate(zip(spec.stages, estimate.stages)):
         replica = stage.replicas[0]
+        groups = tuple(ReplicaPlan(device_type=r.device_type, devices=r.devices, tp=r.tp, dp=r.dp,
+                                   batch_share=r.batch_share, memory_bytes_per_device=float(r.memory.total_bytes),
+                                   time_s=float(r.forward_s + r.backward_s))
+                       for r in est.replicas) if len(stage.replicas) > 1 else ()
         stages.append(StagePlan(
             index=k, first_layer=stage.first_layer, last_layer=stage.last_layer,
             layer_names=tuple(layer.name for layer in model.layers[stage.first_layer:stage.last_layer + 1]),
             layer_kinds=tuple(layer.kind for layer in model.layers[stage.first_layer:stage.last_layer + 1]),
-            device_type=est.device_type, devices=replica.devices, tp=replica.tp, dp=replica.dp,
-            recompute=spec.recompute, memory_bytes_per_device=float(est.memory.total_bytes),
-            time_s=float(est.forward_s + est.backward_s)))
-    m = spec.global_batch // (spec.micro_batch * spec.stages[0].replicas[0].dp)
+            device_type=est.device_type, devices=tuple(d for r in stage.replicas for d in r.devices), tp=replica.tp,
+            dp=sum(r.dp for r in stage.replicas), recompute=spec.recompute,
+            memory_bytes_per_device=float(est.memory.total_bytes), time_s=float(est.forward_s + est.backward_s),
+            replicas=groups))
+    # micro-batches per data-parallel replica (on average over a heterogeneous stage's replica groups)
+    m = spec.global_batch // (spec.micro_batch * sum(r.dp for r in spec.stages[0].replicas))
     return Plan(
         model={"name": model.name, "params": model.params, "flops_per_sample": model.flops_forward,
                "layers": len(model.layers)},

@@ -57,6 +57,11 @@ class CostModelBackend:
                            settings.optimizer, settings.dtype)
         return mem.weights_bytes + mem.gradients_bytes + mem.optimizer_bytes
 
+    def stage_bytes(self, params_per_rank: np.ndarray, act_bytes: np.ndarray, in_flight: float,
+                    peak_bytes: np.ndarray, option: StageOption, settings: Settings) -> np.ndarray:
+        return stage_memory(params_per_rank, act_bytes, in_flight, settings.zero, settings.dp, settings.optimizer,
+                            settings.dtype, peak_bytes).total_bytes
+
     def capacity_bytes(self, option: StageOption) -> float:
         return float(self.cluster.groups[option.pool].node.device.memory_bytes)
 
@@ -92,8 +97,7 @@ class CostModelBackend:
         hit = self._segments.get(key)
         if hit is None:
             _, _, params, act, peak = self._segments_of(option, settings)
-            zero, one = (stage_memory(params, act, n, settings.zero, settings.dp, settings.optimizer, settings.dtype,
-                                      peak).total_bytes for n in (0, 1))
+            zero, one = (self.stage_bytes(params, act, n, peak, option, settings) for n in (0, 1))
             hit = (zero, one - zero)
             self._segments[key] = hit
         return hit
@@ -108,12 +112,17 @@ class CostModelBackend:
             f, b, params, act, peak = self._segments_of(option, settings)
             fwd.append(f)
             bwd.append(b)
-            sends.append(self._send_s(devices[k][0], devices[k + 1][0], self.layer_table(option, settings).output_bytes,
-                                      option) if k + 1 < P else None)
+            # the last stage sends back to stage 0 only between interleaved chunks
+            to = k + 1 if k + 1 < P else (0 if settings.vpp > 1 else None)
+            output_bytes = self.layer_table(option, settings).output_bytes
+            if k + 1 == P:  # the wrap-around carries a chunk boundary: the cost model's figure (estimator._work)
+                output_bytes = np.full_like(output_bytes, output_bytes[:-1].max(initial=0.0))
+            sends.append(None if to is None else self._send_s(devices[k][0], devices[to][0], output_bytes, option))
             in_flight = micro_batches_in_flight(k, P, m, settings.schedule, settings.vpp)
             empty, per_micro_batch = self._memory_of(option, settings)
             fits.append(empty + in_flight * per_micro_batch <= self.capacity_bytes(option))
-        return bound_matrices(fwd, bwd, sends, fits, self._tail0(layout.options[0], devices[0], settings), m)
+        return bound_matrices(fwd, bwd, sends, fits, self._tail0(layout.options[0], devices[0], settings), m,
+                              settings.vpp)
 
     def _tail0(self, option: StageOption, devices: tuple[int, ...], settings: Settings) -> np.ndarray:
         """Stage 0's exposed synchronisation plus optimizer step when it holds layers 0..j, for every j."""

@@ -1,15 +1,22 @@
-"""Branch and bound over the search space (see :mod:`planner.search.space`).
+"""Branch and bound over the search space (see :mod:`planner.search.space`), best bound first.
 
-1. Enumerate every settings (micro-batch, dp, ZeRO, recompute, sequence parallelism) and, for each, every set of
-   stage blocks (which pools, at which tp, with how many stages each); bound each one from below
-   (:mod:`planner.search.bounds`) without choosing a layer partition.
-2. Visit the blocks in increasing bound order. For each order of its pools, the partition DP
+One heap of nodes, each with a lower bound on every plan below it (:mod:`planner.search.bounds`):
+1. settings (micro-batch, dp, ZeRO, recompute, sequence parallelism), first with a quick compute-only bound,
+   then, when they come up, with the strong one (memory, layer counts per stage);
+2. a settings' choices of options (one pool-and-tp per used pool), bounded at their corner (every pool at
+   its largest stage count) by the parts of the bound that cannot increase with more stages;
+3. a choice's stage-count grid: each set of stage blocks bounded exactly (every combination of counts, or
+   whole pools past ``MAX_GRID`` combinations, which makes the space incomplete);
+4. a set of blocks: for each order of its pools the partition DP
    (:func:`planner.search.partition.solve_partition`) finds the partition minimising the lower bound of
    :mod:`planner.search.backend` (the layout's bound), and the cost model times that partition exactly.
-3. Stop when the next bound reaches the K-th best time: every unvisited plan is provably no faster.
+The search stops when the least bound in the heap reaches the K-th best time: every unvisited plan is
+provably no faster. Nodes whose bound already reaches it when they are created are never stored.
 
 The best plan is proven optimal under the cost model when its time does not exceed the least bound of any
 layout (visited or not); otherwise the plan's ``lower_bound_s`` says how far from optimal it can be.
+:class:`Limits` (a wall-clock time or a deterministic work budget) may stop it earlier, never before a plan
+is found.
 """
 
 from __future__ import annotations
@@ -23,8 +30,10 @@ from typing import Callable
 
 import numpy as np
 
+from planner.search import hetero
 from planner.search.backend import Backend
-from planner.search.bounds import lower_bounds, option_profile, speed_ratio
+from planner.search.interleave import chunk_mask, partition_allowed, pipeline_allowed
+from planner.search.bounds import Profiles, QuickSettingsBound, lower_bounds, settings_lower_bound
 from planner.search.partition import solve_partition, stage_bounds
 from planner.search.space import Layout, Pins, Settings, StageOption, enumerate_settings, max_stages, options_allowed, \
     ordered_layouts, pool_options, settings_allowed
@@ -33,7 +42,10 @@ from planner.types import Cluster, Estimate, PipelineSpec, ReplicaSpec, StageSpe
 
 log = logging.getLogger(__name__)
 
-MAX_GRID = 64  # stage-count combinations per pool set before mixed layouts fall back to whole pools
+# settings queue items: quick bound, counted bound, strong bound, heterogeneous stages (compute floor, then
+# balanced floor)
+_QUICK, _COUNTED, _STRONG, _HETERO, _HETERO_READY = 0, 1, 2, 3, 4
+MAX_GRID = 20000  # stage-count combinations per choice before mixed layouts fall back to whole pools
 _REL_TOL = 1e-9
 
 
@@ -48,6 +60,7 @@ class Candidate:
     bound_s: float = field(compare=False)  # the layout's lower bound (DP optimum)
     spec: PipelineSpec = field(compare=False, repr=False)
     estimate: Estimate = field(compare=False, repr=False)
+    groups: tuple = ()  # a heterogeneous stage's replica groups (planner.search.hetero); () otherwise
 
 
 @dataclass(frozen=True)
@@ -62,14 +75,21 @@ class Outcome:
     timed_out: bool
     bound_violations: int  # plans the cost model timed below their bound (a backend inconsistency)
     time_s: float
+    work: int = 0  # work units spent (see Limits)
 
 
 @dataclass(frozen=True, order=True)
 class _Entry:
+    """A heap node: a set of stage blocks (``counts[i]`` stages on ``options[i]``), or with ``choice`` a
+    choice of options whose stage-count grid (up to ``counts``) is not bounded yet, or with ``hetero`` a
+    heterogeneous single stage (:mod:`planner.search.hetero`) to time."""
+
     bound_s: float
     settings_index: int
     options: tuple[StageOption, ...]
     counts: tuple[int, ...]
+    choice: bool = False
+    hetero: hetero.HeteroStage | None = field(default=None, compare=False)
 
 
 def pipeline_spec(cluster: Cluster, global_batch: int, settings: Settings, layout: Layout,
@@ -99,52 +119,75 @@ def _count_grid(caps: list[int], num_layers: int, pinned_pp: int, max_stages: in
     return full[(total <= num_layers) & ((total == pinned_pp) if pinned_pp else True)], False
 
 
-def _entries(backend: Backend, cluster: Cluster, settings: Settings, index: int, num_layers: int, global_batch: int,
-             pins: Pins, single_pool: bool = False) -> tuple[list[_Entry], bool]:
-    """Every set of stage blocks under one settings, with its lower bound (all bounded in one vectorised
-    call)."""
+def _choices(profiles: Profiles, cluster: Cluster, settings: Settings, index: int, num_layers: int,
+             global_batch: int, pins: Pins, cutoff: float = np.inf) -> list[_Entry]:
+    """Every choice of options (one per used pool) under one settings whose corner bound is below ``cutoff``.
+
+    A choice is bounded at its corner, every pool at its largest stage count, by the parts of the bound that
+    do not increase with the stage counts (more stages hold more layers and leave fewer micro-batches
+    outside the warm-up), so the corner bounds every count of the choice; a choice whose corner reaches the
+    cutoff is dropped whole (the cutoff only decreases)."""
     m = settings.num_micro_batches(global_batch)
     stages_cap = max_stages(settings, num_layers)
     per_pool = pool_options(cluster, settings, pins)
     options = [o for opts in per_pool for o in opts]
-    if not options:
-        return [], True
     column = {o: c for c, o in enumerate(options)}
-    rows: list[np.ndarray] = []
-    complete = True
+    choices = []
     for choice in itertools.product(*[[None, *opts] for opts in per_pool]):
         chosen = tuple(o for o in choice if o is not None)
-        if not options_allowed(settings, chosen) or ((stages_cap == 1 or single_pool) and len(chosen) > 1):
+        if not options_allowed(settings, chosen) or (stages_cap == 1 and len(chosen) > 1):
             continue
-        caps = [min(num_layers, cluster.groups[o.pool].num_devices // (o.tp * settings.dp)) for o in chosen]
-        counts, full = _count_grid(caps, num_layers, pins.pp, stages_cap)
-        complete &= full
-        if len(counts):
-            block = np.zeros((len(counts), len(options)), dtype=int)
-            block[:, [column[o] for o in chosen]] = counts
-            rows.append(block)
-    if not rows:
-        return [], complete
-    table = np.concatenate(rows)
-    profiles = [option_profile(backend, o, settings) for o in options]
-    bounds = lower_bounds(profiles, table, m)
-    keep = np.flatnonzero(np.isfinite(bounds))
-    entries = []
-    for r in keep:
-        used = np.flatnonzero(table[r])
-        entries.append(_Entry(float(bounds[r]), index, tuple(options[c] for c in used),
-                              tuple(int(table[r, c]) for c in used)))
-    return entries, complete
+        caps = tuple(min(num_layers, stages_cap, cluster.groups[o.pool].num_devices // (o.tp * settings.dp))
+                     for o in chosen)
+        if (pins.pp and sum(caps) < pins.pp) or (settings.vpp > 1 and sum(caps) < 2):
+            continue
+        choices.append((chosen, caps))
+    if not choices:
+        return []
+    corners = np.zeros((len(choices), len(options)), dtype=int)
+    for r, (chosen, caps) in enumerate(choices):
+        corners[r, [column[o] for o in chosen]] = caps
+    bounds = lower_bounds([profiles.get(o, settings) for o in options], corners, m, corners=True, vpp=settings.vpp,
+                          memo=profiles.count_memo)
+    return [_Entry(float(b), index, chosen, caps, True) for (chosen, caps), b in zip(choices, bounds) if b < cutoff]
+
+
+def _blocks(profiles: Profiles, cluster: Cluster, settings: Settings, choice: _Entry, num_layers: int,
+            global_batch: int, pins: Pins, cutoff: float, num_units: int) -> tuple[list[_Entry], bool]:
+    """The stage-count grid of one choice, each count bounded (one vectorised call), those below ``cutoff``;
+    and whether the grid is complete (not restricted to whole pools). Interleaved settings keep the stage
+    counts that may interleave (:func:`planner.search.interleave.pipeline_allowed`)."""
+    counts, full = _count_grid(list(choice.counts), num_layers, pins.pp, max_stages(settings, num_layers))
+    m = settings.num_micro_batches(global_batch)
+    if settings.vpp > 1:
+        counts = counts[[pipeline_allowed(int(t), m, settings.vpp, num_units) for t in counts.sum(axis=1)]]
+    if not len(counts):
+        return [], full
+    bounds = lower_bounds([profiles.get(o, settings) for o in choice.options], counts, m, vpp=settings.vpp,
+                          memo=profiles.count_memo)
+    return [_Entry(float(bounds[r]), choice.settings_index, choice.options, tuple(int(c) for c in counts[r]))
+            for r in np.flatnonzero(bounds < cutoff)], full
 
 
 class _Search:
     """Mutable state of one branch-and-bound run (kept out of module globals)."""
 
-    def __init__(self, backend: Backend, cluster: Cluster, global_batch: int, top_k: int) -> None:
+    def __init__(self, backend: Backend, cluster: Cluster, global_batch: int, top_k: int, limits: Limits,
+                 start: float, units: tuple[int, ...]) -> None:
         self.backend, self.cluster, self.global_batch, self.top_k = backend, cluster, global_batch, top_k
+        self.units = units
+        self.limits, self.start = limits, start
         self.best: list[Candidate] = []
-        self.timed = self.violations = 0
+        self.timed = self.violations = self.work = 0
         self.least_layout_bound = np.inf
+
+    def out_of_limits(self) -> bool:
+        """Whether a limit is reached and a plan is in hand (without one, the search goes on)."""
+        if not self.best:
+            return False
+        if self.limits.budget is not None and self.work >= self.limits.budget:
+            return True
+        return self.limits.time_s is not None and time.perf_counter() - self.start > self.limits.time_s
 
     def cutoff(self) -> float:
         return self.best[-1].time_s if len(self.best) >= self.top_k else np.inf
@@ -157,6 +200,7 @@ class _Search:
         spec = pipeline_spec(self.cluster, self.global_batch, settings, layout, last)
         estimate = self.backend.evaluate(spec)
         self.timed += 1
+        self.work += 1
         if not estimate.feasible:
             if bound is not None and check:
                 log.info("search: the cost model rejects a plan the bound admitted (%s)", estimate.reason)
@@ -172,31 +216,51 @@ class _Search:
 
     def offer(self, cand: Candidate) -> None:
         if any(c.settings == cand.settings and c.layout == cand.layout and c.last_layers == cand.last_layers
-               for c in self.best):
+               and c.groups == cand.groups for c in self.best):
             return
         self.best.append(cand)
         self.best.sort()
         del self.best[self.top_k:]
 
-    def refine(self, cand: Candidate, deadline: float | None) -> Candidate:
+    def time_hetero(self, settings: Settings, stage: hetero.HeteroStage, bound: float,
+                    num_layers: int) -> Candidate | None:
+        """Time a heterogeneous single-stage plan; ``bound`` is its lower bound."""
+        spec = hetero.hetero_spec(self.cluster, self.global_batch, settings, stage, num_layers)
+        estimate = self.backend.evaluate(spec)
+        self.timed += 1
+        self.work += 1
+        if not estimate.feasible:
+            log.info("search: the cost model rejects a heterogeneous stage the bound admitted (%s)",
+                     estimate.reason)
+            return None
+        time_s = float(estimate.iteration_time_s)
+        if time_s < bound * (1 - 1e-6):
+            log.warning("search: the cost model times a plan at %.6g s, below its bound %.6g s", time_s, bound)
+            self.violations += 1
+        first = stage.groups[0]
+        return Candidate(time_s, settings, Layout((StageOption(first.pool, first.tp),)), (num_layers - 1,), time_s,
+                         spec, estimate, stage.groups)
+
+    def refine(self, cand: Candidate) -> Candidate:
         """Hill-climb the layer cuts of a plan whose time exceeds its layout's bound (the bound is exact for
         identical stages; uneven ones may time better after moving a cut by one layer). Stops at a local
-        optimum or the deadline."""
+        optimum or a limit."""
         current = cand
         L = current.last_layers[-1] + 1
         improved = True
         while improved and current.time_s > cand.bound_s * (1 + _REL_TOL):
             improved = False
             cuts = current.last_layers[:-1]
+            V = current.settings.vpp
             for k in range(len(cuts)):
-                for step in (-1, 1):
-                    if deadline is not None and time.perf_counter() > deadline:
+                for step in ((-1, 1) if V == 1 else (-V, V)):
+                    if self.out_of_limits():
                         return current
                     moved = list(cuts)
                     moved[k] += step
                     lo = moved[k - 1] + 1 if k > 0 else 0
                     hi = moved[k + 1] - 1 if k + 1 < len(moved) else L - 2
-                    if not lo <= moved[k] <= hi:
+                    if not lo <= moved[k] <= hi or not partition_allowed(self.units, (*moved, L - 1), V):
                         continue
                     trial = self.time(current.settings, current.layout, (*moved, L - 1), cand.bound_s,
                                       check=False)
@@ -208,72 +272,60 @@ class _Search:
         return current
 
 
-def settings_bound(backend: Backend, cluster: Cluster, settings: Settings, num_layers: int, global_batch: int,
-                   pins: Pins) -> float:
-    """A lower bound for every plan with these settings (any pools, tp, stage counts and partition): the
-    bounds of :mod:`planner.search.bounds` with the stage capacity of whole pools,
-    sum_k 1/rho_k <= sum_pools (devices / dp) * max_tp 1 / (rho * tp), and at most one stage per layer;
-    inf when the model cannot fit: a stage of tp x dp devices holds at most one unit of
-    (c1 ppr + act) / room, so sum_l min_o tp_o dp (c1 ppr_l + act_l)(o) / room_o <= devices."""
+def settings_bound(profiles: Profiles, cluster: Cluster, settings: Settings, num_layers: int, global_batch: int,
+                   pins: Pins, floor_s: float, num_units: int | None = None) -> float:
+    """A lower bound for every plan with these settings (:func:`planner.search.bounds.settings_lower_bound`);
+    inf for interleaved settings that no stage count may interleave."""
     m = settings.num_micro_batches(global_batch)
+    num_units = num_layers if num_units is None else num_units
+    if settings.vpp > 1 and not any(pipeline_allowed(P, m, settings.vpp, num_units) for P in range(2, num_layers + 1)):
+        return np.inf
     options = [o for opts in pool_options(cluster, settings, pins) for o in opts]
-    if not options:
-        return np.inf
-    profiles = [option_profile(backend, o, settings) for o in options]
-    devices_needed = np.stack([(p.static_unit + p.act_unit) * p.option.tp * settings.dp for p in profiles])
-    if float(devices_needed.min(axis=0).sum()) > cluster.num_devices * (1 + 1e-12):
-        return np.inf
-    fwd = np.stack([p.forward_s for p in profiles])
-    bwd = np.stack([p.backward_s for p in profiles])
-    sum_min = float((fwd + bwd).min(axis=0).sum())
-    q = (m - 1) * bwd  # G_k >= (m - 1) b_k
-    best = float(q.min(axis=0).max())
-    for ref in range(len(options)):
-        rho = np.minimum(speed_ratio(bwd, ref), speed_ratio(fwd, ref))
-        if not (rho > 0).all():
-            continue
-        per_pool: dict[int, float] = {}
-        for o, r in zip(options, rho):
-            per_pool[o.pool] = max(per_pool.get(o.pool, 0.0), 1.0 / (r * o.tp))
-        capacity = min(sum(cluster.groups[p].num_devices / settings.dp * v for p, v in per_pool.items()),
-                       num_layers * float((1.0 / rho).max()))
-        best = max(best, float(q[ref].sum()) / capacity)
-    return sum_min + best
+    caps = np.array([cluster.groups[o.pool].num_devices // (o.tp * settings.dp) for o in options], dtype=int)
+    return settings_lower_bound([profiles.get(o, settings) for o in options], caps,
+                                settings.num_micro_batches(global_batch), num_layers, max_stages(settings, num_layers),
+                                cluster.num_devices, settings.dp, floor_s, settings.vpp, profiles.count_memo)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """When to stop before the search is complete, once it holds a plan (a limit never ends a search that has
+    found none). ``budget`` counts work units, deterministic on any machine: one per layout whose partition
+    the DP solves and one per plan the cost model times (the costly steps; bounding settings and stage-count
+    grids is not counted). ``time_s`` is wall clock."""
+
+    time_s: float | None = None
+    budget: int | None = None
 
 
 def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, pins: Pins, top_k: int = 1,
-        time_limit_s: float | None = None, progress: Callable[[float], None] | None = None) -> Outcome:
-    """Search the whole space. On a mixed cluster the plans on one pool are searched first: the best of
-    them is a quick, feasible incumbent that prunes most mixed layouts (and the final plan is never slower
-    than the best single-pool one)."""
-    if len(cluster.groups) == 1:
-        return _run(backend, cluster, num_layers, global_batch, pins, top_k, time_limit_s, progress)
+        time_limit_s: float | None = None, progress: Callable[[float], None] | None = None,
+        budget: int | None = None, units: tuple[int, ...] | None = None, interleave: bool = True) -> Outcome:
+    """Search the whole space, best bound first (see the module docstring); stop early at ``time_limit_s``
+    seconds or ``budget`` work units (:class:`Limits`), whichever comes first, once a plan is found.
+    ``units[l]`` is 1 when layer l is a pipeline unit (interleaved chunks split those;
+    :func:`planner.search.interleave.unit_flags`), default every layer; ``interleave``: search vpp > 1
+    (unpinned) too."""
+    limits = Limits(time_limit_s, budget)
     start = time.perf_counter()
-    first = _run(backend, cluster, num_layers, global_batch, pins, top_k,
-                 None if time_limit_s is None else time_limit_s / 2, None, single_pool=True, refine=False)
-    left = None if time_limit_s is None else max(0.0, time_limit_s - (time.perf_counter() - start))
-    second = _run(backend, cluster, num_layers, global_batch, pins, top_k, left, progress,
-                  incumbents=first.candidates)
-    return Outcome(candidates=second.candidates, proven_optimal=second.proven_optimal,
-                   lower_bound_s=second.lower_bound_s, bounded=first.bounded + second.bounded,
-                   solved=first.solved + second.solved, timed=first.timed + second.timed,
-                   complete_space=second.complete_space, timed_out=second.timed_out,
-                   bound_violations=first.bound_violations + second.bound_violations,
-                   time_s=time.perf_counter() - start)
-
-
-def _run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, pins: Pins, top_k: int,
-         time_limit_s: float | None, progress: Callable[[float], None] | None, single_pool: bool = False,
-         incumbents: tuple[Candidate, ...] = (), refine: bool = True) -> Outcome:
-    start = time.perf_counter()
-    settings_list = [s for s in enumerate_settings(cluster, global_batch, pins) if settings_allowed(s, pins)]
-    # settings in increasing bound order; their blocks are bounded only when that bound can still win
-    queue = sorted((settings_bound(backend, cluster, s, num_layers, global_batch, pins), i)
-                   for i, s in enumerate(settings_list))
+    units = tuple(units) if units is not None else (1,) * num_layers
+    num_units = sum(units)
+    settings_list = [s for s in enumerate_settings(cluster, global_batch, pins, num_units=num_units,
+                                                   interleave=interleave) if settings_allowed(s, pins)]
     log.info("search: %d settings", len(settings_list))
-    state = _Search(backend, cluster, global_batch, top_k)
-    for cand in incumbents:
-        state.offer(cand)
+    profiles = Profiles(backend)
+    state = _Search(backend, cluster, global_batch, top_k, limits, start, units)
+    masks: dict[int, np.ndarray | None] = {}
+    # settings in increasing bound order: first a quick compute-only bound, then, when a settings comes up,
+    # its strong bound (memory, layer counts); its blocks are bounded only when that can still win
+    quick = QuickSettingsBound(backend, np.array([g.num_devices for g in cluster.groups], dtype=float), num_layers)
+    queue: list[tuple[float, int, int]] = []
+    for i, s in enumerate(settings_list):
+        options = tuple(o for opts in pool_options(cluster, s, pins) for o in opts)
+        queue.append((quick.bound(options, s, s.num_micro_batches(global_batch)), i, _QUICK))
+        if len(cluster.groups) > 1 and hetero.hetero_allowed(s, pins):  # its heterogeneous stages, when due
+            queue.append((hetero.settings_floor(backend.layer_table, cluster, s, global_batch, pins), i, _HETERO))
+    heapq.heapify(queue)
     heap: list[_Entry] = []
     expanded = bounded = solved = 0
     complete = True
@@ -281,29 +333,68 @@ def _run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int,
     unvisited = np.inf
     while True:
         top = heap[0].bound_s if heap else np.inf
-        upcoming = queue[expanded][0] if expanded < len(queue) else np.inf
+        upcoming = queue[0][0] if queue else np.inf
         if min(top, upcoming) >= state.cutoff():
             break
-        if time_limit_s is not None and time.perf_counter() - start > time_limit_s:
+        if state.out_of_limits():
             timed_out, unvisited = True, min(top, upcoming)
             break
         if upcoming <= top:
-            index = queue[expanded][1]
+            quick_s, index, kind = heapq.heappop(queue)
+            if kind == _QUICK:  # the layer-count bound on compute alone (shared by the ZeRO stages) next
+                s = settings_list[index]
+                options = tuple(o for opts in pool_options(cluster, s, pins) for o in opts)
+                caps = np.array([cluster.groups[o.pool].num_devices // (o.tp * s.dp) for o in options], dtype=int)
+                bound = quick.bound(options, s, s.num_micro_batches(global_batch), caps, max_stages(s, num_layers))
+                heapq.heappush(queue, (max(bound, quick_s), index, _COUNTED))
+                continue
+            if kind == _COUNTED:
+                bound = settings_bound(profiles, cluster, settings_list[index], num_layers, global_batch, pins,
+                                       quick_s, num_units)
+                if np.isfinite(bound):
+                    heapq.heappush(queue, (bound, index, _STRONG))
+                continue
+            if kind == _HETERO:  # its balanced floor first: most settings stop here
+                floor = hetero.balanced_floor(profiles.get, cluster, settings_list[index], global_batch, pins)
+                if np.isfinite(floor):
+                    heapq.heappush(queue, (max(floor, quick_s), index, _HETERO_READY))
+                continue
+            if kind == _HETERO_READY:
+                for bound, stage in hetero.candidates(profiles.get, cluster, settings_list[index], global_batch,
+                                                      pins):
+                    if bound < state.cutoff():
+                        heapq.heappush(heap, _Entry(bound, index, (), (), hetero=stage))
+                        bounded += 1
+                continue
             expanded += 1
-            found, full = _entries(backend, cluster, settings_list[index], index, num_layers, global_batch, pins,
-                                   single_pool)
-            complete &= full
+            found = _choices(profiles, cluster, settings_list[index], index, num_layers, global_batch, pins,
+                             state.cutoff())
             bounded += len(found)
             for entry in found:
                 heapq.heappush(heap, entry)
-            if progress is not None:
-                progress(expanded / len(queue))
+            if progress is not None:  # settings no longer waiting (their share never goes back)
+                progress(expanded / max(expanded + len(queue), 1))
             continue
         entry = heapq.heappop(heap)
         settings = settings_list[entry.settings_index]
+        if entry.hetero is not None:
+            cand = state.time_hetero(settings, entry.hetero, entry.bound_s, num_layers)
+            if cand is not None:
+                state.least_layout_bound = min(state.least_layout_bound, cand.time_s)
+                state.offer(cand)
+            continue
+        if entry.choice:
+            found, full = _blocks(profiles, cluster, settings, entry, num_layers, global_batch, pins, state.cutoff(),
+                                  num_units)
+            complete &= full
+            bounded += len(found)
+            for block in found:
+                heapq.heappush(heap, block)
+            continue
         blocks = [(o.pool, o.tp, c) for o, c in zip(entry.options, entry.counts)]
         for layout in ordered_layouts(blocks):
             solved += 1
+            state.work += 1
             if layout.num_stages == 1:
                 cand = state.time(settings, layout, (num_layers - 1,), None)
                 if cand is not None:
@@ -311,6 +402,9 @@ def _run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int,
                     state.offer(cand)
                 continue
             S, G, R = backend.stage_matrices(layout, settings, global_batch)
+            if settings.vpp > 1:  # every stage a whole number of equal chunks
+                mask = masks.setdefault(settings.vpp, chunk_mask(units, settings.vpp))
+                S = np.where(mask[None], S, np.inf)
             part = solve_partition(S, G, R, state.cutoff())
             if part is None:
                 continue  # no partition fits, or none can beat the K-th best
@@ -318,9 +412,8 @@ def _run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int,
             cand = state.time(settings, layout, part.last_layers, part.objective)
             if cand is not None:
                 state.offer(cand)
-    if refine and state.best and state.best[0].time_s > state.best[0].bound_s * (1 + _REL_TOL):
-        deadline = None if time_limit_s is None else start + time_limit_s
-        state.offer(state.refine(state.best[0], deadline))
+    if state.best and state.best[0].time_s > state.best[0].bound_s * (1 + _REL_TOL):
+        state.offer(state.refine(state.best[0]))
     if progress is not None:
         progress(1.0)
     best_time = state.best[0].time_s if state.best else np.inf
@@ -329,4 +422,5 @@ def _run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int,
         and best_time <= lower * (1 + 1e-6)
     return Outcome(candidates=tuple(state.best), proven_optimal=proven, lower_bound_s=float(lower),
                    bounded=bounded, solved=solved, timed=state.timed, complete_space=complete,
-                   timed_out=timed_out, bound_violations=state.violations, time_s=time.perf_counter() - start)
+                   timed_out=timed_out, bound_violations=state.violations, time_s=time.perf_counter() - start,
+                   work=state.work)

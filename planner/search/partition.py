@@ -214,8 +214,12 @@ def solve_partition(S: np.ndarray, G: np.ndarray, R: np.ndarray, cutoff: float =
 
     # Pass 1 (t_r = +inf): W = min over partitions of sum S + max G, ignoring R. Its minimiser has some max R
     # = r_w; a threshold t_r >= r_w cannot give less than W + r_w, that partition's own objective.
-    w_last, _, spent = _scan(S, G, R, np.inf, (first, without_r(first)), without_r)
+    # (every objective is at least its S + G + the least R: values of S + G from cutoff - min R on cannot win)
+    r_min = float(R[finite].min())
+    w_last, w_val, spent = _scan(S, G, R, np.inf, (first, min(without_r(first), cutoff - r_min)), without_r)
     runs += spent
+    if w_val >= cutoff - r_min:
+        return None  # no partition has S + G below it
     w_obj, _, r_w = score(S, G, R, w_last)
     if w_obj < best:
         best_last, best = w_last, w_obj

@@ -3,10 +3,15 @@ pipeline shapes (:class:`Layout`), with their enumeration under the user's pins.
 
 A plan in this space is
   * ``settings``: micro-batch ``b``, data-parallel degree ``D`` of every stage, ZeRO stage, recompute,
-    sequence parallelism, schedule (shared by all stages, as Megatron-LM and DeepSpeed require);
+    sequence parallelism, schedule with its virtual stages ``vpp`` (1F1B, or Megatron-LM's interleaved
+    schedule with vpp 2-4: :mod:`planner.search.interleave`), shared by all stages as Megatron-LM and
+    DeepSpeed require;
   * a ``layout``: the ordered stages, each on one device pool (a cluster group: GPU type and its nodes)
     with its own tensor-parallel degree ``tp``; stage ``k`` uses ``tp_k * D`` devices of its pool;
-  * a layer partition: stage ``k`` holds the contiguous layers ``first_k..last_k`` (uneven splits allowed).
+  * a layer partition: stage ``k`` holds the contiguous layers ``first_k..last_k`` (uneven splits allowed;
+    a whole number of equal chunks per stage when interleaved);
+  * or, on a mixed cluster, a single stage whose ``D`` replicas span two pools with batch shares balanced
+    by speed (heterogeneous data parallelism, :mod:`planner.search.hetero`).
 
 Pools that would slow the plan are simply left out of the layout (idle devices).
 """
@@ -18,7 +23,9 @@ from itertools import permutations
 from typing import Iterator, Sequence
 
 from planner.cost.memory import RECOMPUTE_CHOICES
+from planner.cost.schedule import SCHEDULES
 from planner.errors import ConfigError
+from planner.search.interleave import INTERLEAVED, pipeline_allowed, schedule_for, vpp_choices
 from planner.types import Cluster, ParallelConfig
 
 ZERO_STAGES = (0, 1, 2, 3)
@@ -99,14 +106,11 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def validate_pins(pins: Pins, cluster: Cluster, global_batch: int, num_layers: int) -> None:
-    """Reject pins that no plan can satisfy, with a message naming the flag."""
-    if pins.vpp not in (None, 1):
-        raise ConfigError(f"--vpp {pins.vpp}: the search plans non-interleaved pipelines (vpp 1); "
-                          "use 'planner estimate --vpp' to evaluate an interleaved schedule")
-    if pins.schedule not in (None, "1f1b"):
-        raise ConfigError(f"--schedule {pins.schedule}: the search plans the 1f1b schedule; "
-                          "use 'planner estimate --schedule' for other schedules")
+def validate_pins(pins: Pins, cluster: Cluster, global_batch: int, num_layers: int,
+                  num_units: int | None = None) -> None:
+    """Reject pins that no plan can satisfy, with a message naming the flag (``num_units``: the model's
+    pipeline units, which interleaved chunks split; default every layer)."""
+    check_schedule_pins(pins, num_units if num_units is not None else num_layers, global_batch)
     if pins.pp and pins.pp > num_layers:
         raise ConfigError(f"--pp {pins.pp}: the model has only {num_layers} layers (pipeline units); "
                           f"use --pp {num_layers} or fewer")
@@ -123,6 +127,42 @@ def validate_pins(pins: Pins, cluster: Cluster, global_batch: int, num_layers: i
                           "change --global-batch, --micro-batch or --dp")
 
 
+def check_schedule_pins(pins: Pins, num_units: int, global_batch: int = 0) -> None:
+    """--vpp and --schedule: the search plans 1F1B and Megatron-LM's interleaved schedule."""
+    if pins.schedule is not None and pins.schedule not in SCHEDULES:
+        raise ConfigError(f"--schedule {pins.schedule}: not one of {', '.join(SCHEDULES)}")
+    if pins.schedule == "gpipe":
+        raise ConfigError("--schedule gpipe: the search plans the 1f1b and interleaved schedules (GPipe holds "
+                          "every micro-batch's activations); use 'planner estimate --schedule gpipe' to time it")
+    vpp = pins.vpp
+    if vpp is None:
+        if pins.schedule == INTERLEAVED and num_units < 4:
+            raise ConfigError(f"--schedule interleaved: the model has {num_units} pipeline units, too few for "
+                              "two stages of two chunks each; use --schedule 1f1b")
+        return
+    if vpp < 1:
+        raise ConfigError(f"--vpp {vpp}: must be a positive integer")
+    if vpp > 1 and pins.schedule not in (None, INTERLEAVED):
+        raise ConfigError(f"--vpp {vpp} needs the interleaved schedule, not {pins.schedule}; "
+                          "use --schedule interleaved or --vpp 1")
+    if vpp == 1 and pins.schedule == INTERLEAVED:
+        raise ConfigError("--schedule interleaved needs --vpp 2 or more (or leave --vpp out)")
+    if vpp > 1 and pins.pp == 1:
+        raise ConfigError(f"--vpp {vpp} needs pipeline parallelism; use --pp 2 or more, or --vpp 1")
+    if vpp > 1 and pins.zero is not None and pins.zero > MAX_PIPELINE_ZERO:
+        raise ConfigError(f"--vpp {vpp} needs pipeline stages, which take ZeRO 0 or 1 only, not --zero "
+                          f"{pins.zero}; use --zero 1 or --vpp 1")
+    if vpp > 1 and pins.pp and pins.micro_batch and pins.dp:
+        m = global_batch // (pins.micro_batch * pins.dp) if global_batch else 0
+        if m % pins.pp:
+            raise ConfigError(f"--vpp {vpp}: the interleaved schedule needs the number of micro-batches ({m}) to "
+                              f"be a multiple of --pp {pins.pp}; change --micro-batch or --dp, or use --vpp 1")
+    stages = max(pins.pp, 2)
+    if vpp > 1 and stages * vpp > num_units:
+        raise ConfigError(f"--vpp {vpp}: {stages} stages of {vpp} chunks need {stages * vpp} pipeline units "
+                          f"but the model has {num_units}; use --vpp {max(1, num_units // stages)} or fewer")
+
+
 def tp_choices(cluster: Cluster, pool: int, pins: Pins) -> list[int]:
     """Tensor-parallel degrees allowed on a pool: powers of two dividing the node (tp stays within a node)."""
     per_node = cluster.groups[pool].node.devices_per_node
@@ -133,13 +173,17 @@ def tp_choices(cluster: Cluster, pool: int, pins: Pins) -> list[int]:
 
 
 def enumerate_settings(cluster: Cluster, global_batch: int, pins: Pins, max_micro_batch: int = 64,
-                       ) -> Iterator[Settings]:
-    """Every combination of the global choices that divides the batch, deterministic order."""
+                       num_units: int = 1, interleave: bool = True) -> Iterator[Settings]:
+    """Every combination of the global choices that divides the batch, deterministic order; interleaved
+    settings (vpp > 1, :mod:`planner.search.interleave`) for models of ``num_units`` pipeline units when
+    ``interleave`` or a pin asks for them."""
     n = cluster.num_devices
     dps = [pins.dp] if pins.dp else [d for d in divisors(global_batch) if d <= n]
     zeros = [pins.zero] if pins.zero is not None else list(ZERO_STAGES)
     recomputes = [pins.recompute] if pins.recompute else list(RECOMPUTE_CHOICES)
     sps = [pins.sequence_parallel] if pins.sequence_parallel is not None else [False, True]
+    asked = interleave or pins.vpp is not None or pins.schedule == INTERLEAVED
+    vpps = vpp_choices(pins.vpp, pins.schedule, num_units) if asked else [1]
     for dp in dps:
         per_dp = global_batch // dp if global_batch % dp == 0 else 0
         if not per_dp:
@@ -152,8 +196,20 @@ def enumerate_settings(cluster: Cluster, global_batch: int, pins: Pins, max_micr
             for zero in zeros:
                 for rc in recomputes:
                     for sp in sps:
-                        yield Settings(micro_batch=b, dp=dp, zero=zero, recompute=rc, sequence_parallel=sp,
-                                       optimizer=pins.optimizer, dtype=pins.dtype)
+                        for vpp in vpps:
+                            if vpp > 1 and (zero > MAX_PIPELINE_ZERO or not _may_interleave(
+                                    per_dp // b, vpp, num_units, n // (dp * max(pins.tp, 1)), pins.pp)):
+                                continue
+                            yield Settings(micro_batch=b, dp=dp, zero=zero, recompute=rc, sequence_parallel=sp,
+                                           schedule=schedule_for(vpp), vpp=vpp, optimizer=pins.optimizer,
+                                           dtype=pins.dtype)
+
+
+def _may_interleave(num_micro_batches: int, vpp: int, num_units: int, most_stages: int, pinned_pp: int) -> bool:
+    """Whether some stage count may interleave ``vpp`` chunks (:func:`planner.search.interleave.pipeline_allowed`)
+    with at most ``most_stages`` stages of dp replicas: ZeRO <= 1 is checked by the caller."""
+    counts = [pinned_pp] if pinned_pp else range(2, most_stages + 1)
+    return any(pipeline_allowed(P, num_micro_batches, vpp, num_units) for P in counts if P <= most_stages)
 
 
 MAX_PIPELINE_ZERO = 1  # ZeRO-2/3 shard gradients/weights per micro-batch: DeepSpeed refuses them with pp > 1

@@ -1,0 +1,134 @@
+"""The pruning bounds against brute force: every block bound, corner bound and settings bound is at most the
+least iteration time of the plans it covers (every order of the pools, every layer partition), on seeded
+random instances whose small first and last layers exercise the core-layer count; and the work budget."""
+
+import dataclasses
+import itertools
+
+import numpy as np
+import pytest
+
+from planner.search import engine
+from planner.search.bounds import Profiles, lower_bounds
+from planner.search.partition import score
+from planner.search.space import Pins, Settings, StageOption, ordered_layouts
+from search_synthetic import SyntheticBackend
+from tests.search_fixtures import cluster, random_model
+
+
+def model_with_small_ends(seed: int, layers: int, scale: float):
+    """A random model whose first and last layers are small (an embedding and a head)."""
+    model = random_model(seed, layers, scale=scale)
+    small = [dataclasses.replace(model.layers[i], params=model.layers[i].params // 20,
+                                 flops_forward=model.layers[i].flops_forward / 20) for i in (0, layers - 1)]
+    return dataclasses.replace(model, layers=(small[0], *model.layers[1:-1], small[1]))
+
+
+def best_time(backend, settings: Settings, options, counts, layers: int, global_batch: int) -> float:
+    """The least bound-model time (sum S + max G + max R, what the synthetic backend times) over every order
+    of the blocks and every partition: inf when none fits."""
+    best = np.inf
+    blocks = [(o.pool, o.tp, c) for o, c in zip(options, counts)]
+    P = sum(counts)
+    for layout in ordered_layouts(blocks):
+        S, G, R = backend.stage_matrices(layout, settings, global_batch)
+        for cuts in itertools.combinations(range(layers - 1), P - 1):
+            best = min(best, score(S, G, R, (*cuts, layers - 1))[0])
+    return best
+
+
+def instance(seed: int):
+    rng = np.random.default_rng(seed)
+    layers = int(rng.integers(4, 8))
+    model = model_with_small_ends(seed, layers, scale=float(rng.choice([0.3, 1.0, 3.0])))
+    c = cluster(("fast", 2, 2), ("slow", 2, 2))
+    settings = Settings(micro_batch=1, dp=int(rng.choice([1, 2])), zero=int(rng.integers(0, 2)),
+                        recompute=str(rng.choice(["none", "full"])), sequence_parallel=False)
+    global_batch = int(rng.choice([4, 8, 16])) * settings.dp
+    return model, c, settings, global_batch, layers
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_block_and_corner_bounds_never_exceed_the_optimum(seed):
+    model, c, settings, global_batch, layers = instance(seed)
+    backend = SyntheticBackend(model, c)
+    profiles = Profiles(backend)
+    options = [StageOption(0, 1), StageOption(1, 2)]
+    caps = [min(layers, c.groups[o.pool].num_devices // (o.tp * settings.dp)) for o in options]
+    m = settings.num_micro_batches(global_batch)
+    plist = [profiles.get(o, settings) for o in options]
+    corner = lower_bounds(plist, np.array([caps]), m, corners=True)[0]
+    checked = 0
+    for counts in itertools.product(*[range(0, cap + 1) for cap in caps]):
+        if not 0 < sum(counts) <= layers:
+            continue
+        used = [i for i, n in enumerate(counts) if n]
+        truth = best_time(backend, settings, [options[i] for i in used], [counts[i] for i in used], layers,
+                          global_batch)
+        bound = lower_bounds(plist, np.array([counts]), m)[0]
+        assert bound <= truth * (1 + 1e-9), (counts, bound, truth)
+        if all(counts):  # the corner covers the counts of its own choice (both options)
+            assert corner <= truth * (1 + 1e-9), (counts, corner, truth)
+        checked += np.isfinite(truth)
+    assert checked  # some plan fits, so the check above compared numbers
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_settings_bound_never_exceeds_the_optimum(seed):
+    model, c, settings, global_batch, layers = instance(seed)
+    backend = SyntheticBackend(model, c)
+    profiles = Profiles(backend)
+    bound = engine.settings_bound(profiles, c, settings, layers, global_batch, Pins(), 0.0, layers)
+    truth = np.inf
+    options = [StageOption(p, tp) for p in (0, 1) for tp in (1, 2) if tp * settings.dp <= c.groups[p].num_devices]
+    for a, b in itertools.product([None, *[o for o in options if o.pool == 0]], [None, *[o for o in options
+                                                                                           if o.pool == 1]]):
+        chosen = [o for o in (a, b) if o is not None]
+        if not chosen:
+            continue
+        for counts in itertools.product(*[range(1, min(layers, c.groups[o.pool].num_devices // (o.tp * settings.dp))
+                                                + 1) for o in chosen]):
+            if sum(counts) <= layers:
+                truth = min(truth, best_time(backend, settings, chosen, counts, layers, global_batch))
+    assert bound <= truth * (1 + 1e-9)
+
+
+def test_budget_is_deterministic_and_never_ends_without_a_plan():
+    model = random_model(5, 8)
+    c = cluster(("fast", 2, 2), ("mid", 2, 2), ("slow", 4, 2))
+    backend = SyntheticBackend(model, c)
+    full = engine.run(backend, c, 8, 16, Pins())
+    for budget in (1, 200, 2000):
+        first = engine.run(SyntheticBackend(model, c), c, 8, 16, Pins(), budget=budget)
+        again = engine.run(SyntheticBackend(model, c), c, 8, 16, Pins(), budget=budget)
+        assert first.candidates  # a plan exists, so a limit never ends the search without one
+        assert [x.time_s for x in first.candidates] == [x.time_s for x in again.candidates]
+        assert (first.work, first.lower_bound_s, first.proven_optimal) == \
+            (again.work, again.lower_bound_s, again.proven_optimal)
+        assert first.candidates[0].time_s >= full.candidates[0].time_s
+        assert first.lower_bound_s <= full.candidates[0].time_s * (1 + 1e-9)
+        if first.timed_out:
+            assert not first.proven_optimal
+    assert engine.run(backend, c, 8, 16, Pins(), time_limit_s=1e-9).candidates
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_one_row_layer_count_equals_the_vectorised_one(seed):
+    """The scalar path of one row (settings bounds) gives the vectorised path's value."""
+    from planner.search.bounds import count_tables, layer_count_bound
+
+    rng = np.random.default_rng(seed)
+    O, L = int(rng.integers(1, 5)), int(rng.integers(2, 12))
+    fwd, bwd = rng.uniform(0.1, 1, (O, L)), rng.uniform(0.2, 2, (O, L))
+    static, act, peak = rng.uniform(0, 0.3, (O, L)), rng.uniform(0, 0.1, (O, L)), rng.uniform(0, 0.2, (O, L))
+    counts = rng.integers(0, 5, (1, O))
+    counts[0, 0] = max(1, counts[0, 0])
+    pools = rng.integers(0, 2, O)
+    m = int(rng.integers(1, 20))
+    tables = count_tables(fwd, bwd, static, act, peak, np.ones(L, dtype=bool), counts.max(axis=0), m)
+    total = np.array([int(counts.sum())])
+    floor = np.array([float(rng.uniform(0, 5))])
+    one = layer_count_bound(tables, np.arange(O), counts, pools, total, m, floor)
+    two = layer_count_bound(tables, np.arange(O), np.repeat(counts, 2, axis=0), pools, np.repeat(total, 2), m,
+                            np.repeat(floor, 2))
+    assert one[0] == two[0] == two[1]
