@@ -25,6 +25,11 @@ def test_dlrm_plan_has_sharded_tables(tmp_path):
     assert {p.table for p in best.embeddings} == {t.name for t in tables}
     assert best.breakdown["embedding_s"] > 0
     assert 0 < best.search.embedding_lower_bound_s <= best.breakdown["embedding_s"]
+    # the bottleneck sentence weighs the joined iteration: here the embeddings are its largest overhead
+    overheads = {k: v for k, v in best.breakdown.items() if k != "compute_s"}
+    assert max(overheads, key=overheads.get) == "embedding_s"
+    share = best.breakdown["embedding_s"] / best.iteration_time_s
+    assert f"the largest overhead is embeddings ({share:.0%} of the iteration)" in best.bottleneck
     # each device: dense memory + embedding memory recomputed from the shards (Adam: weights + 2 states)
     state = {"adam": 2.0, "adagrad": 1.0, "sgd": 0.0}.get(best.optimizer, 1.0)
     dims = {t.name: t for t in tables}

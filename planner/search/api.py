@@ -99,6 +99,10 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
         from planner import embeddings  # placement of sparse tables (imported only for models that have them)
         built = [embeddings.attach(dataclasses.replace(p, model=_model_summary(p, full_model)), full_model, cluster,
                                    sparse) for p in built]
+        # the bottleneck sentence weighs the embeddings' share of the joined iteration
+        built = [dataclasses.replace(p, bottleneck=bottleneck(c.estimate, c.settings.num_micro_batches(global_batch),
+                                                              float(p.breakdown.get("embedding_s", 0.0))))
+                 for p, c in zip(built, outcome.candidates)]
     return SearchResult(plans=tuple(built), proven_optimal=outcome.proven_optimal, lower_bound_s=info.lower_bound_s,
                         time_s=outcome.time_s, candidates_evaluated=info.candidates_evaluated)
 

@@ -2,24 +2,25 @@
 
 from __future__ import annotations
 
-from planner.types import Estimate
-
-GIB = 1024 ** 3
-_PARTS = (("compute_s", "compute"), ("tp_comm_s", "tensor-parallel communication"),
-          ("pp_comm_s", "pipeline send/receive"), ("dp_comm_s", "data-parallel gradient sync"),
-          ("bubble_s", "pipeline bubble"), ("optimizer_s", "optimizer step"), ("embedding_s", "embeddings"))
+from planner.report.units import seconds
+from planner.types import BREAKDOWN_PARTS, Estimate
+from planner.units import GIB
 
 
-def bottleneck(estimate: Estimate, num_micro_batches: int) -> str:
-    """One sentence: which stage sets the pace, and which non-compute part costs most and why."""
+def bottleneck(estimate: Estimate, num_micro_batches: int, embedding_s: float = 0.0) -> str:
+    """One sentence: which stage sets the pace, and which non-compute part costs most and why.
+    ``embedding_s``: the sparse tables' time joined to the dense ``estimate`` (a DLRM's plan); shares are of
+    the whole iteration, embeddings included."""
     if not estimate.stages:
         return ""
     per_mb = [s.forward_s + s.backward_s for s in estimate.stages]
     slow = max(range(len(per_mb)), key=lambda k: (per_mb[k], -k))
     stage = estimate.stages[slow]
-    total = estimate.iteration_time_s or 1.0
     parts = estimate.breakdown.to_dict()
-    overhead = max((p for p in _PARTS if p[0] != "compute_s"), key=lambda p: (parts.get(p[0], 0.0), p[0]))
+    parts["embedding_s"] = float(parts.get("embedding_s", 0.0) or 0.0) + embedding_s
+    total = (estimate.iteration_time_s + embedding_s) or 1.0
+    overhead = max((p for p in BREAKDOWN_PARTS if p[0] != "compute_s"),
+                   key=lambda p: (parts.get(p[0], 0.0), p[0]))
     share = parts.get(overhead[0], 0.0) / total
     memory = max(estimate.stages, key=lambda s: s.memory.total_bytes / max(s.memory_capacity_bytes, 1.0))
     why = {
@@ -31,10 +32,12 @@ def bottleneck(estimate: Estimate, num_micro_batches: int) -> str:
         "embedding_s": "embedding lookups and their all-to-all run outside the dense pipeline",
     }.get(overhead[0], "")
     sentence = (f"Stage {slow} (layers {stage.first_layer}-{stage.last_layer} on {stage.device_type}, "
-                f"tp={stage.tp}) is the slowest at {per_mb[slow] * 1e3:.1f} ms per micro-batch and sets the "
+                f"tp={stage.tp}) is the slowest at {seconds(per_mb[slow])} per micro-batch and sets the "
                 f"pipeline's pace")
-    if share > 0.0:
+    if share >= 0.005:
         sentence += f"; the largest overhead is {overhead[1]} ({share:.0%} of the iteration): {why}"
+    elif share > 0.0:
+        sentence += f"; compute is nearly all of it (the largest overhead, {overhead[1]}, is under 1%)"
     fill = memory.memory.total_bytes / max(memory.memory_capacity_bytes, 1.0)
     sentence += (f"; memory is tightest on stage {memory.index} ({memory.memory.total_bytes / GIB:.1f} of "
                  f"{memory.memory_capacity_bytes / GIB:.1f} GiB, {fill:.0%}).")
