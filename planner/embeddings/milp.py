@@ -29,6 +29,11 @@ Constraints
   (f3) (class and node bins, models up to PIGEONHOLE_MAX_VARIABLES) T >= base + G + latency + k c
       + a2a_s_per_byte (A + 2 P) for the device that holds k >= U / n_b of the U units of width >= w in bin b,
       k integer in the MILP (pigeonhole; valid cut)
+  (f4) (class and node bins, models up to PIGEONHOLE_MAX_VARIABLES)
+      n T >= sum_d (base + C_d + a2a_s_per_byte_d (IS + 2 PR))
+      + min a2a_s_per_byte x sum of each device-scope unit's own excess, (ids it receives - IS)^+ and
+      2 (pooled bytes it sends - PR)^+ (superadditive per device; the products z x IS are bounded by
+      w <= IS, w <= IS_max z, exact for integral z; valid cut)
   (g) (MILP) nodes of one class are interchangeable: their loads are ordered (symmetry breaking)
   (h) y[k] >= z or v for every table using fused collective k (data-parallel all-reduce, row-wise RS/AG,
       a node's table-row-wise RS/AG); its latency, y[k] x latency, joins C[b] of the devices it spans
@@ -56,7 +61,8 @@ log = logging.getLogger(__name__)
 _US = 1e6
 _MB = 1e-6
 _GB = 1e-9
-# The pigeonhole cuts (f3) go into models of up to this many integer variables: past it they slow HiGHS's root
+# The pigeonhole cuts (f3) and the excess cut (f4) go into models of up to this many integer variables: past it
+# they slow HiGHS's root
 # node more than they lift the bound (1,000 tables on 128 GPUs: 0.6 -> 11 s of CPU for the same 20 checks).
 PIGEONHOLE_MAX_VARIABLES = 3000
 
@@ -233,6 +239,8 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, work_limit: int | None
             lp += pulp.LpAffineExpression(list(hbm[b].items())) <= hbm_cap[b] * _GB, f"eH_{b}"
         if host[b]:
             lp += pulp.LpAffineExpression(list(host[b].items())) <= host_cap[b] * _GB, f"eU_{b}"
+    if bins.aggregated and len(integral) <= PIGEONHOLE_MAX_VARIABLES:
+        _add_excess_cut(lp, problem, bins, T, IS, PR, choice, compute)
     if integer:
         _break_node_symmetry(lp, problem, bins, compute)
 
@@ -445,6 +453,72 @@ def _add_pigeonhole_cuts(lp: pulp.LpProblem, problem: Problem, bins: Bins, T: pu
             lp += pulp.LpAffineExpression([(T, 1.0), (G, -1.0), (k, -work * _US), (A, -coef), (P, -2.0 * coef)]
                                           + [(y, -c) for y, c in latency]) >= base, f"f3_{b}_{width}"
     return counts
+
+
+def _add_excess_cut(lp: pulp.LpProblem, problem: Problem, bins: Bins, T: pulp.LpVariable, IS: pulp.LpVariable,
+                    PR: pulp.LpVariable, choice: dict, compute: list[dict]) -> None:
+    """(f4) the mean device time with the all-to-all excess of whole units (valid cut).
+
+    Device d's all-to-all bytes are ``max(IR_d, IS) + 2 max(PS_d, PR) = IS + 2 PR + (IR_d - IS)^+ + 2 (PS_d -
+    PR)^+``. The bins' constraints (d) average IR and PS over a bin, which loses both excess terms; but
+    ``(sum_u r_u - IS)^+ >= sum_u (r_u - IS)^+`` over the units u on one device (IS >= 0), so the devices
+    together carry at least the excess of each device-scope unit on its own: a table-wise shard of a
+    pooling-200 table receives 105 MB of ids where every device sends 60 MB. Summing every device's time:
+
+        n T >= sum_d (base_d + C_d + a2a_d (IS + 2 PR)) + a2a_min sum_(t,o) units(o) (e_to + 2 f_to)
+        e_to >= r_o z_to - w_to,  w_to <= IS,  w_to <= IS_max(t,o) z_to,  e_to >= 0   (and f, v, PR alike)
+
+    w_to stands for the product z_to x IS (exact when z_to is 0 or 1: w <= IS z, the true value, is allowed),
+    IS_max(t,o) the most ids any plan with option o sends. Options whose unit never exceeds the least IS (PR)
+    any plan with them has are left out."""
+    dev = problem.dev
+    most_ids = sum(max(o.ids_send_bytes for o in options) for options in problem.options)
+    least_ids = sum(min(o.ids_send_bytes for o in options) for options in problem.options)
+    most_pool = sum(max(o.pool_recv_bytes for o in options) for options in problem.options)
+    least_pool = sum(min(o.pool_recv_bytes for o in options) for options in problem.options)
+    excess: list[tuple[pulp.LpVariable, float]] = []
+    for t, options in enumerate(problem.options):
+        own_most_ids = max(o.ids_send_bytes for o in options)
+        own_least_ids = min(o.ids_send_bytes for o in options)
+        own_most_pool = max(o.pool_recv_bytes for o in options)
+        own_least_pool = min(o.pool_recv_bytes for o in options)
+        for o, option in enumerate(options):
+            if option.scope != "device":
+                continue
+            z = choice[t, o]
+            for kind, unit_bytes, shared, most, least, weight in (
+                    ("e", option.ids_recv_bytes, IS, most_ids - own_most_ids + option.ids_send_bytes,
+                     least_ids - own_least_ids + option.ids_send_bytes, 1.0),
+                    ("f", option.pool_send_bytes, PR, most_pool - own_most_pool + option.pool_recv_bytes,
+                     least_pool - own_least_pool + option.pool_recv_bytes, 2.0)):
+                if unit_bytes <= least * (1 + 1e-9):
+                    continue  # never above what every device sends (receives) anyway
+                w = _var(lp, f"w{kind}_{t}_{o}", 0, None)
+                e = _var(lp, f"{kind}_{t}_{o}", 0, None)
+                lp += pulp.LpAffineExpression([(w, 1.0), (shared, -1.0)]) <= 0, f"f4_{kind}w_{t}_{o}"
+                lp += pulp.LpAffineExpression([(w, 1.0), (z, -most * _MB)]) <= 0, f"f4_{kind}z_{t}_{o}"
+                lp += pulp.LpAffineExpression([(e, 1.0), (z, -unit_bytes * _MB), (w, 1.0)]) >= 0, \
+                    f"f4_{kind}_{t}_{o}"
+                excess.append((e, weight * option.units))
+    if not excess:
+        return
+    coef = dev.a2a_s_per_byte * _US / _MB
+    base = problem.base_time_s() * _US
+    terms: dict = defaultdict(float)
+    rhs = 0.0
+    for b, members in enumerate(bins.members):
+        n_b = float(len(members))
+        r = int(members[0])
+        terms[T] += n_b
+        for v, c in compute[b].items():
+            terms[v] -= c
+        terms[IS] -= n_b * coef[r]
+        terms[PR] -= 2.0 * n_b * coef[r]
+        rhs += n_b * base[r]
+    least_coef = float(coef.min())
+    for e, c in excess:
+        terms[e] -= least_coef * c
+    lp += pulp.LpAffineExpression(list(terms.items())) >= rhs, "f4"
 
 
 def have_highs() -> bool:
