@@ -29,11 +29,9 @@ Constraints
   (f3) (class and node bins, models up to PIGEONHOLE_MAX_VARIABLES) T >= base + G + latency + k c
       + a2a_s_per_byte (A + 2 P) for the device that holds k >= U / n_b of the U units of width >= w in bin b,
       k integer in the MILP (pigeonhole; valid cut)
-  (f4) (class and node bins, models up to PIGEONHOLE_MAX_VARIABLES, one all-to-all seconds-per-byte)
-      n T >= sum_d (base + C_d + a2a_s_per_byte_d (IS + 2 PR))
-      + min a2a_s_per_byte x sum of each device-scope unit's own excess, (ids it receives - IS)^+ and
-      2 (pooled bytes it sends - PR)^+ (superadditive per device; the products z x IS are bounded by
-      w <= IS, w <= IS_max z, exact for integral z; valid cut)
+  (f4) (class and node bins, models up to PIGEONHOLE_MAX_VARIABLES) A[b] >= n_b IS + the excess of each
+      device-scope unit in b over IS, (ids it receives - IS)^+; P[b] alike with PR (superadditive per device;
+      the products z x IS are bounded by w <= IS, w <= IS_max z; valid cut)
   (g) (MILP) nodes of one class are interchangeable: their loads are ordered (symmetry breaking)
   (h) y[k] >= z or v for every table using fused collective k (data-parallel all-reduce, row-wise RS/AG,
       a node's table-row-wise RS/AG); its latency, y[k] x latency, joins C[b] of the devices it spans
@@ -222,12 +220,23 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, work_limit: int | None
     if bins.aggregated and len(integral) <= PIGEONHOLE_MAX_VARIABLES:
         integral.extend(_add_pigeonhole_cuts(lp, problem, bins, T, G, IS, PR, latency, placed, integer))
 
+    ids_excess: list[list] = [[] for _ in range(nb)]
+    pool_excess: list[list] = [[] for _ in range(nb)]
+    if bins.aggregated and len(integral) <= PIGEONHOLE_MAX_VARIABLES:
+        ids_excess, pool_excess = _excess_terms(lp, problem, nb, IS, PR, choice, placed)
+
     base = problem.base_time_s() * _US
     coef = dev.a2a_s_per_byte * _US / _MB
     for b in range(nb):
         r = int(rep[b])
         A = _var(lp, f"A_{b}", 0, None)
         P = _var(lp, f"P_{b}", 0, None)
+        if ids_excess[b]:  # (f4)
+            lp += pulp.LpAffineExpression([(A, 1.0), (IS, -size[b])] + [(e, -1.0) for e in ids_excess[b]]) >= 0, \
+                f"f4_A_{b}"
+        if pool_excess[b]:
+            lp += pulp.LpAffineExpression([(P, 1.0), (PR, -size[b])] + [(e, -1.0) for e in pool_excess[b]]) >= 0, \
+                f"f4_P_{b}"
         lp += pulp.LpAffineExpression([(A, 1.0)] + [(z, -size[b] * c) for z, c in ids_send]) >= 0, f"cIS_{b}"
         lp += pulp.LpAffineExpression([(A, 1.0)] + [(v, -c) for v, c in ids_recv[b].items()]) >= 0, f"cIR_{b}"
         lp += pulp.LpAffineExpression([(P, 1.0)] + [(z, -size[b] * c) for z, c in pool_recv]) >= 0, f"cPR_{b}"
@@ -239,8 +248,6 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, work_limit: int | None
             lp += pulp.LpAffineExpression(list(hbm[b].items())) <= hbm_cap[b] * _GB, f"eH_{b}"
         if host[b]:
             lp += pulp.LpAffineExpression(list(host[b].items())) <= host_cap[b] * _GB, f"eU_{b}"
-    if bins.aggregated and len(integral) <= PIGEONHOLE_MAX_VARIABLES:
-        _add_excess_cut(lp, problem, bins, T, IS, PR, choice, compute)
     if integer:
         _break_node_symmetry(lp, problem, bins, compute)
 
@@ -455,74 +462,53 @@ def _add_pigeonhole_cuts(lp: pulp.LpProblem, problem: Problem, bins: Bins, T: pu
     return counts
 
 
-def _add_excess_cut(lp: pulp.LpProblem, problem: Problem, bins: Bins, T: pulp.LpVariable, IS: pulp.LpVariable,
-                    PR: pulp.LpVariable, choice: dict, compute: list[dict]) -> None:
-    """(f4) the mean device time with the all-to-all excess of whole units (valid cut).
+def _excess_terms(lp: pulp.LpProblem, problem: Problem, nb: int, IS: pulp.LpVariable, PR: pulp.LpVariable,
+                  choice: dict, placed: dict) -> tuple[list[list], list[list]]:
+    """(f4) the all-to-all excess of whole units, per bin (valid cut): per bin, the variables whose sum the
+    bin's ids (pooled) all-to-all bytes exceed ``n_b IS`` (``n_b PR``) by at least.
 
     Device d's all-to-all bytes are ``max(IR_d, IS) + 2 max(PS_d, PR) = IS + 2 PR + (IR_d - IS)^+ + 2 (PS_d -
-    PR)^+``. The bins' constraints (d) average IR and PS over a bin, which loses both excess terms; but
-    ``(sum_u r_u - IS)^+ >= sum_u (r_u - IS)^+`` over the units u on one device (IS >= 0), so the devices
-    together carry at least the excess of each device-scope unit on its own: a table-wise shard of a
-    pooling-200 table receives 105 MB of ids where every device sends 60 MB. Summing every device's time:
+    PR)^+``. The bin constraints (c) average IR and PS over a bin, which loses both excess terms; but
+    ``(sum_u r_u - IS)^+ >= sum_u (r_u - IS)^+`` over the units u on one device (IS >= 0), so the devices of a
+    bin carry at least the excess of each of its device-scope units on its own (a table-wise shard of a
+    pooling-200 table receives 105 MB of ids where every device sends 60 MB):
 
-        n T >= sum_d (base_d + C_d + a2a_d (IS + 2 PR)) + a2a_min sum_(t,o) units(o) (e_to + 2 f_to)
-        e_to >= r_o z_to - w_to,  w_to <= IS,  w_to <= IS_max(t,o) z_to,  e_to >= 0   (and f, v, PR alike)
+        A_b >= n_b IS + sum_(t,o) e_tob,   e_tob >= r_o x_tob - units(o) w_to,   e_tob >= 0,
+        w_to <= IS,   w_to <= IS_max(t,o) z_to                                 (P_b, PR, f, v alike)
 
-    w_to stands for the product z_to x IS (exact when z_to is 0 or 1: w <= IS z, the true value, is allowed),
-    IS_max(t,o) the most ids any plan with option o sends. Options whose unit never exceeds the least IS (PR)
-    any plan with them has are left out. Only where every device has the same all-to-all seconds-per-byte: on
-    mixed clusters the excess would be weighed by the slowest links' share, which lifted no reference bound
-    and slowed the class MILP (Criteo on 64 A100 + 64 V100: its bound after the same work 0.793 -> 0.790 ms)."""
-    dev = problem.dev
-    if float(np.ptp(dev.a2a_s_per_byte)) > 1e-9 * float(dev.a2a_s_per_byte.max()):
-        return  # weighed by the least seconds-per-byte it is weak, and it slows the class MILP's search
+    where x_tob counts o's units in bin b and w_to stands for z_to x IS: with z_to = 1 the LP may take w = IS,
+    so e >= r x - units IS, below the truth when one unit is in the bin and weaker when more are (valid; exact
+    for table-wise units); with z_to = 0 both x and the bound vanish. IS_max(t,o) is the most ids any plan with
+    option o sends. Options whose unit never exceeds the least IS (PR) of any plan with them are left out."""
     most_ids = sum(max(o.ids_send_bytes for o in options) for options in problem.options)
     least_ids = sum(min(o.ids_send_bytes for o in options) for options in problem.options)
     most_pool = sum(max(o.pool_recv_bytes for o in options) for options in problem.options)
     least_pool = sum(min(o.pool_recv_bytes for o in options) for options in problem.options)
-    excess: list[tuple[pulp.LpVariable, float]] = []
+    ids_excess: list[list] = [[] for _ in range(nb)]
+    pool_excess: list[list] = [[] for _ in range(nb)]
     for t, options in enumerate(problem.options):
-        own_most_ids = max(o.ids_send_bytes for o in options)
-        own_least_ids = min(o.ids_send_bytes for o in options)
-        own_most_pool = max(o.pool_recv_bytes for o in options)
-        own_least_pool = min(o.pool_recv_bytes for o in options)
+        own_ids = (max(o.ids_send_bytes for o in options), min(o.ids_send_bytes for o in options))
+        own_pool = (max(o.pool_recv_bytes for o in options), min(o.pool_recv_bytes for o in options))
         for o, option in enumerate(options):
             if option.scope != "device":
                 continue
             z = choice[t, o]
-            for kind, unit_bytes, shared, most, least, weight in (
-                    ("e", option.ids_recv_bytes, IS, most_ids - own_most_ids + option.ids_send_bytes,
-                     least_ids - own_least_ids + option.ids_send_bytes, 1.0),
-                    ("f", option.pool_send_bytes, PR, most_pool - own_most_pool + option.pool_recv_bytes,
-                     least_pool - own_least_pool + option.pool_recv_bytes, 2.0)):
+            for kind, unit_bytes, shared, most, least, out in (
+                    ("e", option.ids_recv_bytes, IS, most_ids - own_ids[0] + option.ids_send_bytes,
+                     least_ids - own_ids[1] + option.ids_send_bytes, ids_excess),
+                    ("f", option.pool_send_bytes, PR, most_pool - own_pool[0] + option.pool_recv_bytes,
+                     least_pool - own_pool[1] + option.pool_recv_bytes, pool_excess)):
                 if unit_bytes <= least * (1 + 1e-9):
                     continue  # never above what every device sends (receives) anyway
                 w = _var(lp, f"w{kind}_{t}_{o}", 0, None)
-                e = _var(lp, f"{kind}_{t}_{o}", 0, None)
                 lp += pulp.LpAffineExpression([(w, 1.0), (shared, -1.0)]) <= 0, f"f4_{kind}w_{t}_{o}"
                 lp += pulp.LpAffineExpression([(w, 1.0), (z, -most * _MB)]) <= 0, f"f4_{kind}z_{t}_{o}"
-                lp += pulp.LpAffineExpression([(e, 1.0), (z, -unit_bytes * _MB), (w, 1.0)]) >= 0, \
-                    f"f4_{kind}_{t}_{o}"
-                excess.append((e, weight * option.units))
-    if not excess:
-        return
-    coef = dev.a2a_s_per_byte * _US / _MB
-    base = problem.base_time_s() * _US
-    terms: dict = defaultdict(float)
-    rhs = 0.0
-    for b, members in enumerate(bins.members):
-        n_b = float(len(members))
-        r = int(members[0])
-        terms[T] += n_b
-        for v, c in compute[b].items():
-            terms[v] -= c
-        terms[IS] -= n_b * coef[r]
-        terms[PR] -= 2.0 * n_b * coef[r]
-        rhs += n_b * base[r]
-    least_coef = float(coef.min())
-    for e, c in excess:
-        terms[e] -= least_coef * c
-    lp += pulp.LpAffineExpression(list(terms.items())) >= rhs, "f4"
+                for b, x in placed[t, o]:
+                    e = _var(lp, f"{kind}_{t}_{o}_{b}", 0, None)
+                    lp += pulp.LpAffineExpression([(e, 1.0), (x, -unit_bytes * _MB), (w, float(option.units))]) \
+                        >= 0, f"f4_{kind}_{t}_{o}_{b}"
+                    out[b].append(e)
+    return ids_excess, pool_excess
 
 
 def have_highs() -> bool:
