@@ -118,11 +118,12 @@ def node_bins(problem: Problem) -> Bins:
 
 
 def solve(problem: Problem, bins: Bins, *, integer: bool, work_limit: int | None = None,
-          time_limit_s: float | None = None, keep: bool = False) -> SolveResult:
+          time_limit_s: float | None = None, keep: bool = False, excess: bool = True) -> SolveResult:
     """Solve the LP (``integer=False``) or the MILP over ``bins``. ``work_limit`` stops a MILP after that many
     of HiGHS's interrupt checks (deterministic, see :class:`_WorkLimit`; None: to optimality);
     ``time_limit_s`` is a wall-clock limit for callers that want one (benchmarks), off by default because it
-    makes the answer depend on the machine's speed."""
+    makes the answer depend on the machine's speed. ``excess=False`` leaves the cut (f4) out (a guide for the
+    heuristic: the cut moves the LP's option weights, not always toward options whole devices balance)."""
     start = time.perf_counter()
     dev = problem.dev
     nb = len(bins.members)
@@ -222,7 +223,7 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, work_limit: int | None
 
     ids_excess: list[list] = [[] for _ in range(nb)]
     pool_excess: list[list] = [[] for _ in range(nb)]
-    if bins.aggregated and len(integral) <= PIGEONHOLE_MAX_VARIABLES:
+    if excess and bins.aggregated and len(integral) <= PIGEONHOLE_MAX_VARIABLES:
         ids_excess, pool_excess = _excess_terms(lp, problem, nb, IS, PR, choice, placed)
 
     base = problem.base_time_s() * _US
