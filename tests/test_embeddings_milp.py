@@ -101,6 +101,30 @@ def test_pigeonhole_cuts_stay_below_the_brute_force_optimum(seed):
             assert solve(problem, node_bins(problem), integer=True).bound_s <= best * (1 + 1e-7)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_excess_cut_lifts_the_lp_and_stays_below_the_brute_force_optimum(seed, monkeypatch):
+    """(f4): a table-wise shard of a hot table receives more ids than every device sends, which the class LP
+    averages away; the cut charges that excess, lifting the one-class LP, and stays below brute force (on one
+    class and on two, where each class's bin gets the excess of its own units)."""
+    from planner.embeddings import milp
+
+    rng = np.random.default_rng(400 + seed)
+    hot = EmbeddingTable("hot", int(rng.integers(1000, 2_000_000)), 8, float(rng.choice([60, 100, 200])))
+    tables = (hot,) + tuple(EmbeddingTable(f"t{i}", int(rng.integers(1000, 2_000_000)), int(rng.choice([8, 16, 32])),
+                                           1.0) for i in range(2))
+    for c in (cluster((small_node(A100, 3), 1)), cluster((small_node(A100, 2), 1), (small_node(V100, 2), 1))):
+        problem = build_problem(tables, device_arrays(c), 8192, "adagrad")
+        best = brute_force(problem)
+        relaxed = solve(problem, class_bins(problem), integer=False, keep=True)
+        assert relaxed.bound_s <= resolve_integer(problem, relaxed).bound_s * (1 + 1e-9) <= best * (1 + 1e-7)
+        assert solve(problem, node_bins(problem), integer=True).bound_s <= best * (1 + 1e-7)
+        if len(c.groups) == 1:
+            with monkeypatch.context() as m:
+                m.setattr(milp, "_excess_terms", lambda lp, problem, nb, *args: ([[]] * nb, [[]] * nb))
+                without = solve(problem, class_bins(problem), integer=False)
+            assert relaxed.bound_s > without.bound_s * (1 + 1e-4)
+
+
 def test_aggregated_lp_equals_device_lp():
     rng = np.random.default_rng(5)
     c = cluster((small_node(A100, 4), 2), (small_node(V100, 4), 1))

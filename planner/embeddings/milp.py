@@ -29,6 +29,9 @@ Constraints
   (f3) (class and node bins, models up to PIGEONHOLE_MAX_VARIABLES) T >= base + G + latency + k c
       + a2a_s_per_byte (A + 2 P) for the device that holds k >= U / n_b of the U units of width >= w in bin b,
       k integer in the MILP (pigeonhole; valid cut)
+  (f4) (class and node bins, models up to PIGEONHOLE_MAX_VARIABLES) A[b] >= n_b IS + the excess of each
+      device-scope unit in b over IS, (ids it receives - IS)^+; P[b] alike with PR (superadditive per device;
+      the products z x IS are bounded by w <= IS, w <= IS_max z; valid cut)
   (g) (MILP) nodes of one class are interchangeable: their loads are ordered (symmetry breaking)
   (h) y[k] >= z or v for every table using fused collective k (data-parallel all-reduce, row-wise RS/AG,
       a node's table-row-wise RS/AG); its latency, y[k] x latency, joins C[b] of the devices it spans
@@ -56,8 +59,9 @@ log = logging.getLogger(__name__)
 _US = 1e6
 _MB = 1e-6
 _GB = 1e-9
-# The pigeonhole cuts (f3) go into models of up to this many integer variables: past it they slow HiGHS's root
-# node more than they lift the bound (1,000 tables on 128 GPUs: 0.6 -> 11 s of CPU for the same 20 checks).
+# The pigeonhole cuts (f3) and the excess cut (f4) go into models of up to this many integer variables: past it
+# they slow HiGHS's root node more than they lift the bound (1,000 tables on 128 GPUs: 0.6 -> 11 s of CPU for
+# the same 20 checks with f3; f4 alone took the whole case from 3.9 to 14.9 s of CPU).
 PIGEONHOLE_MAX_VARIABLES = 3000
 
 
@@ -114,11 +118,12 @@ def node_bins(problem: Problem) -> Bins:
 
 
 def solve(problem: Problem, bins: Bins, *, integer: bool, work_limit: int | None = None,
-          time_limit_s: float | None = None, keep: bool = False) -> SolveResult:
+          time_limit_s: float | None = None, keep: bool = False, excess: bool = True) -> SolveResult:
     """Solve the LP (``integer=False``) or the MILP over ``bins``. ``work_limit`` stops a MILP after that many
     of HiGHS's interrupt checks (deterministic, see :class:`_WorkLimit`; None: to optimality);
     ``time_limit_s`` is a wall-clock limit for callers that want one (benchmarks), off by default because it
-    makes the answer depend on the machine's speed."""
+    makes the answer depend on the machine's speed. ``excess=False`` leaves the cut (f4) out (a guide for the
+    heuristic: the cut moves the LP's option weights, not always toward options whole devices balance)."""
     start = time.perf_counter()
     dev = problem.dev
     nb = len(bins.members)
@@ -216,12 +221,23 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, work_limit: int | None
     if bins.aggregated and len(integral) <= PIGEONHOLE_MAX_VARIABLES:
         integral.extend(_add_pigeonhole_cuts(lp, problem, bins, T, G, IS, PR, latency, placed, integer))
 
+    ids_excess: list[list] = [[] for _ in range(nb)]
+    pool_excess: list[list] = [[] for _ in range(nb)]
+    if excess and bins.aggregated and len(integral) <= PIGEONHOLE_MAX_VARIABLES:
+        ids_excess, pool_excess = _excess_terms(lp, problem, nb, IS, PR, choice, placed)
+
     base = problem.base_time_s() * _US
     coef = dev.a2a_s_per_byte * _US / _MB
     for b in range(nb):
         r = int(rep[b])
         A = _var(lp, f"A_{b}", 0, None)
         P = _var(lp, f"P_{b}", 0, None)
+        if ids_excess[b]:  # (f4)
+            lp += pulp.LpAffineExpression([(A, 1.0), (IS, -size[b])] + [(e, -1.0) for e in ids_excess[b]]) >= 0, \
+                f"f4_A_{b}"
+        if pool_excess[b]:
+            lp += pulp.LpAffineExpression([(P, 1.0), (PR, -size[b])] + [(e, -1.0) for e in pool_excess[b]]) >= 0, \
+                f"f4_P_{b}"
         lp += pulp.LpAffineExpression([(A, 1.0)] + [(z, -size[b] * c) for z, c in ids_send]) >= 0, f"cIS_{b}"
         lp += pulp.LpAffineExpression([(A, 1.0)] + [(v, -c) for v, c in ids_recv[b].items()]) >= 0, f"cIR_{b}"
         lp += pulp.LpAffineExpression([(P, 1.0)] + [(z, -size[b] * c) for z, c in pool_recv]) >= 0, f"cPR_{b}"
@@ -445,6 +461,55 @@ def _add_pigeonhole_cuts(lp: pulp.LpProblem, problem: Problem, bins: Bins, T: pu
             lp += pulp.LpAffineExpression([(T, 1.0), (G, -1.0), (k, -work * _US), (A, -coef), (P, -2.0 * coef)]
                                           + [(y, -c) for y, c in latency]) >= base, f"f3_{b}_{width}"
     return counts
+
+
+def _excess_terms(lp: pulp.LpProblem, problem: Problem, nb: int, IS: pulp.LpVariable, PR: pulp.LpVariable,
+                  choice: dict, placed: dict) -> tuple[list[list], list[list]]:
+    """(f4) the all-to-all excess of whole units, per bin (valid cut): per bin, the variables whose sum the
+    bin's ids (pooled) all-to-all bytes exceed ``n_b IS`` (``n_b PR``) by at least.
+
+    Device d's all-to-all bytes are ``max(IR_d, IS) + 2 max(PS_d, PR) = IS + 2 PR + (IR_d - IS)^+ + 2 (PS_d -
+    PR)^+``. The bin constraints (c) average IR and PS over a bin, which loses both excess terms; but
+    ``(sum_u r_u - IS)^+ >= sum_u (r_u - IS)^+`` over the units u on one device (IS >= 0), so the devices of a
+    bin carry at least the excess of each of its device-scope units on its own (a table-wise shard of a
+    pooling-200 table receives 105 MB of ids where every device sends 60 MB):
+
+        A_b >= n_b IS + sum_(t,o) e_tob,   e_tob >= r_o x_tob - units(o) w_to,   e_tob >= 0,
+        w_to <= IS,   w_to <= IS_max(t,o) z_to                                 (P_b, PR, f, v alike)
+
+    where x_tob counts o's units in bin b and w_to stands for z_to x IS: with z_to = 1 the LP may take w = IS,
+    so e >= r x - units IS, below the truth when one unit is in the bin and weaker when more are (valid; exact
+    for table-wise units); with z_to = 0 both x and the bound vanish. IS_max(t,o) is the most ids any plan with
+    option o sends. Options whose unit never exceeds the least IS (PR) of any plan with them are left out."""
+    most_ids = sum(max(o.ids_send_bytes for o in options) for options in problem.options)
+    least_ids = sum(min(o.ids_send_bytes for o in options) for options in problem.options)
+    most_pool = sum(max(o.pool_recv_bytes for o in options) for options in problem.options)
+    least_pool = sum(min(o.pool_recv_bytes for o in options) for options in problem.options)
+    ids_excess: list[list] = [[] for _ in range(nb)]
+    pool_excess: list[list] = [[] for _ in range(nb)]
+    for t, options in enumerate(problem.options):
+        own_ids = (max(o.ids_send_bytes for o in options), min(o.ids_send_bytes for o in options))
+        own_pool = (max(o.pool_recv_bytes for o in options), min(o.pool_recv_bytes for o in options))
+        for o, option in enumerate(options):
+            if option.scope != "device":
+                continue
+            z = choice[t, o]
+            for kind, unit_bytes, shared, most, least, out in (
+                    ("e", option.ids_recv_bytes, IS, most_ids - own_ids[0] + option.ids_send_bytes,
+                     least_ids - own_ids[1] + option.ids_send_bytes, ids_excess),
+                    ("f", option.pool_send_bytes, PR, most_pool - own_pool[0] + option.pool_recv_bytes,
+                     least_pool - own_pool[1] + option.pool_recv_bytes, pool_excess)):
+                if unit_bytes <= least * (1 + 1e-9):
+                    continue  # never above what every device sends (receives) anyway
+                w = _var(lp, f"w{kind}_{t}_{o}", 0, None)
+                lp += pulp.LpAffineExpression([(w, 1.0), (shared, -1.0)]) <= 0, f"f4_{kind}w_{t}_{o}"
+                lp += pulp.LpAffineExpression([(w, 1.0), (z, -most * _MB)]) <= 0, f"f4_{kind}z_{t}_{o}"
+                for b, x in placed[t, o]:
+                    e = _var(lp, f"{kind}_{t}_{o}_{b}", 0, None)
+                    lp += pulp.LpAffineExpression([(e, 1.0), (x, -unit_bytes * _MB), (w, float(option.units))]) \
+                        >= 0, f"f4_{kind}_{t}_{o}_{b}"
+                    out[b].append(e)
+    return ids_excess, pool_excess
 
 
 def have_highs() -> bool:
