@@ -132,3 +132,26 @@ def test_one_row_layer_count_equals_the_vectorised_one(seed):
     two = layer_count_bound(tables, np.arange(O), np.repeat(counts, 2, axis=0), pools, np.repeat(total, 2), m,
                             np.repeat(floor, 2))
     assert one[0] == two[0] == two[1]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_closed_form_count_bound_equals_the_bisection(seed):
+    """Without a memory limit, the closed form of the quick settings bound gives the layer-count bound's
+    value exactly (one to three pools, ties in the layer times, interleaved weights)."""
+    from planner.search.bounds import CountTables, compute_count_bound, layer_count_bound
+
+    rng = np.random.default_rng(seed)
+    O, size = int(rng.integers(1, 6)), int(rng.integers(1, 20))
+    bwd, fwd = rng.random((O, size)) * rng.choice([1, 3], size=(O, 1)), rng.random((O, size))
+    if seed % 3 == 0:  # ties
+        bwd, fwd = np.round(bwd, 1), np.round(fwd, 1)
+    sb = np.concatenate([np.zeros((O, 1)), np.cumsum(np.sort(bwd, axis=1), axis=1)], axis=1)
+    sf = np.concatenate([np.zeros((O, 1)), np.cumsum(np.sort(fwd, axis=1), axis=1)], axis=1)
+    caps, pools = rng.integers(0, 6, O), rng.integers(0, int(rng.integers(1, 4)), O)
+    caps[0] = max(1, caps[0])
+    m, vpp, P = int(rng.integers(1, 12)), int(rng.choice([1, 1, 2, 3])), int(rng.integers(1, 12))
+    lo = float(rng.random() * 3)
+    unlimited = CountTables(size, sb, sf, tuple(np.full(int(c), size) for c in caps),
+                            tuple(np.arange(int(c) + 1) * size for c in caps))
+    bisected = layer_count_bound(unlimited, np.arange(O), caps[None, :], pools, np.array([P]), m, np.array([lo]), vpp)
+    assert compute_count_bound(size, sb, sf, caps, pools, P, m, lo, vpp) == float(bisected[0])

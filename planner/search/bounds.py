@@ -102,11 +102,16 @@ class Profiles:
         self.backend = backend
         self._memo: dict[tuple[StageOption, Settings], OptionProfile] = {}
         self._memory: dict[tuple, tuple[float, float, float, float] | None] = {}
-        self.count_memo: dict[tuple, CountTables] = {}  # count_tables of profile lists (shared by vpp twins)
+        self._twins: dict[Settings, Settings] = {}
+        self.count_memo: dict[tuple, object] = {}  # count tables and stacks of profile lists (shared by vpp twins)
 
     def get(self, option: StageOption, settings: Settings) -> OptionProfile:
         # a profile does not depend on the schedule: interleaved settings share their 1F1B twin's
-        key = (option, settings if settings.vpp == 1 else dataclasses.replace(settings, vpp=1, schedule="1f1b"))
+        twin = self._twins.get(settings)
+        if twin is None:
+            twin = self._twins[settings] = settings if settings.vpp == 1 else \
+                dataclasses.replace(settings, vpp=1, schedule="1f1b")
+        key = (option, twin)
         hit = self._memo.get(key)
         if hit is None:
             mkey = (option, settings.dp, settings.zero, settings.optimizer, settings.dtype)
@@ -169,6 +174,15 @@ class CountTables:
     sf: np.ndarray
     kmem: tuple[np.ndarray, ...]
     kmem_sums: tuple[np.ndarray, ...]
+    _lists: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    def lists(self, option: int) -> tuple[list, list]:
+        """Option ``option``'s ``kmem`` reversed (non-decreasing) and ``kmem_sums``, as Python lists
+        (memoised: :func:`_one_row` bisects them in scalars)."""
+        hit = self._lists.get(option)
+        if hit is None:
+            hit = self._lists[option] = (self.kmem[option][::-1].tolist(), self.kmem_sums[option].tolist())
+        return hit
 
 
 def count_tables(fwd: np.ndarray, bwd: np.ndarray, static: np.ndarray, act: np.ndarray, peak: np.ndarray,
@@ -215,12 +229,15 @@ def layer_count_bound(tables: CountTables, options: np.ndarray, counts: np.ndarr
     out = np.asarray(floor, dtype=float).copy()
     if tables.size == 0 or rows == 0:
         return out
+    if rows == 1:  # one row (a settings bound, a choice's corner): a binary search in scalars
+        P = int(totals[0])
+        out[0] = _one_row(tables, options, counts[0], pools, _weights(tables, options, P, m, vpp), float(out[0]))
+        return out
     pool_ids = np.unique(pools)
     for P in np.unique(totals):
         sel = np.flatnonzero(totals == P)
         lo = float(out[sel].min())
-        g = (m - 1) * tables.sb[options] + max(0, m - int(P)) * tables.sf[options] if vpp == 1 else \
-            (m - 1.0 / vpp) * tables.sb[options] + least_delta(int(P), m, vpp) * tables.sf[options]
+        g = _weights(tables, options, int(P), m, vpp)
         if len(sel) == 1:  # one row (a settings bound): a binary search over the thresholds, in scalars
             out[sel] = _one_row(tables, options, counts[sel[0]], pools, g, lo)
             continue
@@ -251,11 +268,19 @@ def layer_count_bound(tables: CountTables, options: np.ndarray, counts: np.ndarr
     return out
 
 
+def _weights(tables: CountTables, options: np.ndarray, P: int, m: int, vpp: int) -> np.ndarray:
+    """G of a stage holding its k smallest layers of U, per option (rows) and k (columns), with P stages."""
+    if vpp == 1:
+        return (m - 1) * tables.sb[options] + max(0, m - P) * tables.sf[options]
+    return (m - 1.0 / vpp) * tables.sb[options] + least_delta(P, m, vpp) * tables.sf[options]
+
+
 def _one_row(tables: CountTables, options: np.ndarray, counts: np.ndarray, pools: np.ndarray, g: np.ndarray,
              lo: float) -> float:
     """:func:`layer_count_bound` of one row: the same coverage, evaluated at O(log) thresholds."""
-    used = [(int(pools[j]), g[j].tolist(), int(counts[j]), tables.kmem[options[j]][::-1].tolist(),
-             tables.kmem_sums[options[j]].tolist()) for j in range(len(options)) if counts[j] > 0]
+    g_rows = g.tolist()
+    used = [(int(pools[j]), g_rows[j], int(counts[j]), *tables.lists(int(options[j])))
+            for j in range(len(options)) if counts[j] > 0]
 
     def cover(t: float) -> int:
         best: dict[int, int] = {}
@@ -270,8 +295,8 @@ def _one_row(tables: CountTables, options: np.ndarray, counts: np.ndarray, pools
 
     if cover(lo) >= tables.size:
         return lo
-    cands = np.unique(g[:, 1:])
-    cands = cands[cands > lo].tolist()
+    above = g[:, 1:].ravel()
+    cands = np.sort(above[above > lo]).tolist()  # repeated values do not change the first that covers
     a, b = 0, len(cands)  # the first threshold that covers, by bisection (coverage grows with t)
     while a < b:
         mid = (a + b) // 2
@@ -282,11 +307,94 @@ def _one_row(tables: CountTables, options: np.ndarray, counts: np.ndarray, pools
     return cands[a] * (1 - 1e-9) if a < len(cands) else np.inf
 
 
+def compute_count_bound(size: int, sb: np.ndarray, sf: np.ndarray, caps: np.ndarray, pools: np.ndarray, P: int,
+                        m: int, lo: float, vpp: int = 1) -> float:
+    """:func:`layer_count_bound` of one row when memory does not limit a stage (``caps[o]`` stages of option
+    o, each able to hold every layer of U; ``sb``, ``sf`` as in :class:`CountTables`), in closed form.
+
+    The c_o stages of o then hold c_o k_o(t) layers of U at threshold t (k_o(t): the most layers whose G
+    stays within t), a pool the best of its options. Pool p covers a layers from T_p(a) = min_o
+    G_o(ceil(a / c_o)) on (G non-decreasing in k), so the least covering t is the min over the splits of U
+    among the pools of the max of their T_p: the same threshold the bisection of :func:`_one_row` finds."""
+    if size == 0:
+        return lo
+    caps = np.asarray(caps, dtype=int)
+    options = np.flatnonzero(caps > 0)
+    tables = CountTables(size, sb, sf, (), ())
+    g = _weights(tables, options, P, m, vpp)  # (used options, size + 1)
+    amount = np.arange(size + 1)
+    best: np.ndarray | None = None  # least threshold at which the pools so far cover a layers, per a
+    pool_ids = np.unique(pools[options])
+    for n, pool in enumerate(pool_ids):
+        T = np.full(size + 1, np.inf)
+        for row in np.flatnonzero(pools[options] == pool):
+            T = np.minimum(T, g[row, np.minimum(-(-amount // caps[options[row]]), size)])
+        if best is None:
+            best = T
+        elif n + 1 == len(pool_ids):  # the last pool: only the split of all of U matters
+            return _covering(float(np.maximum(best, T[::-1]).min()), lo)
+        else:  # min-max convolution: a layers split between the pools so far and this one
+            best = np.array([np.maximum(best[:a + 1], T[a::-1]).min() for a in range(size + 1)])
+    return _covering(float(best[size]) if best is not None else np.inf, lo)
+
+
+def _covering(t: float, lo: float) -> float:
+    """The bound from the least covering threshold ``t`` and the floor ``lo`` (as :func:`_one_row`)."""
+    if t <= lo:
+        return lo
+    return t * (1 - 1e-9) if np.isfinite(t) else np.inf
+
+
 def _layer_sets(work: np.ndarray) -> list[np.ndarray]:
     """The layer subsets the layer-count bound covers: every layer, and the core layers when they differ."""
     every = np.ones(work.shape[1], dtype=bool)
     core = core_layers(work)
     return [every] if core.all() else [every, core]
+
+
+@dataclass(frozen=True, eq=False)
+class _Stack:
+    """The per-layer vectors of a list of option profiles stacked (options x layers), and what the bounds
+    derive from them alone; memoised per profile list (:func:`_stack`), since the settings bound, the choices'
+    corners and the stage-count grids of a settings and of its interleaved twins reuse it."""
+
+    fwd: np.ndarray
+    bwd: np.ndarray
+    static: np.ndarray
+    act: np.ndarray
+    peak: np.ndarray
+    pools: np.ndarray
+    tps: np.ndarray
+    layer_sets: list[np.ndarray]
+    inverse: np.ndarray  # 1 / rho[ref, o] (inf where rho = 0), rho as in lower_bounds
+    max_in_flight: np.ndarray  # (O, L): micro-batches a layer alone can hold in flight on o (-1: none)
+
+
+def _stack(profiles: list[OptionProfile], memo: dict | None) -> _Stack:
+    key = ("stack", tuple(id(p) for p in profiles))
+    hit = memo.get(key) if memo is not None else None
+    if hit is not None:
+        return hit
+    fwd = np.stack([p.forward_s for p in profiles])
+    bwd = np.stack([p.backward_s for p in profiles])
+    static = np.stack([p.static_unit for p in profiles])
+    act = np.stack([p.act_unit for p in profiles])
+    peak = np.stack([p.peak_unit for p in profiles])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        spare = 1.0 - static - peak
+        max_in_flight = np.where(spare < 0, -1.0, np.where(act > 0, np.floor(spare / np.where(act > 0, act, 1.0)),
+                                                            np.inf))
+    # rho[ref, o]: q_l(o) >= rho * q_l(ref) for q = (m - 1) b + x f with any x >= 0
+    rho = np.stack([np.minimum(speed_ratio(bwd, ref), speed_ratio(fwd, ref)) for ref in range(len(profiles))])
+    with np.errstate(divide="ignore"):
+        inverse = np.where(rho > 0, 1.0 / rho, np.inf)
+    hit = _Stack(fwd=fwd, bwd=bwd, static=static, act=act, peak=peak,
+                 pools=np.array([p.option.pool for p in profiles]),
+                 tps=np.array([p.option.tp for p in profiles], dtype=float), layer_sets=_layer_sets(fwd + bwd),
+                 inverse=inverse, max_in_flight=max_in_flight)
+    if memo is not None:
+        memo[key] = hit
+    return hit
 
 
 def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_batches: int,
@@ -302,29 +410,17 @@ def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_ba
     if len(counts) == 0:
         return out
     m = num_micro_batches
-    fwd = np.stack([p.forward_s for p in profiles])  # (O, L)
-    bwd = np.stack([p.backward_s for p in profiles])
-    both = fwd + bwd
-    work = both if vpp == 1 else fwd + bwd / vpp
+    st = _stack(profiles, memo)
+    fwd, bwd, static, act, peak = st.fwd, st.bwd, st.static, st.act, st.peak  # (O, L)
+    work = fwd + bwd if vpp == 1 else fwd + bwd / vpp
     gamma = (m - 1) if vpp == 1 else m - 1.0 / vpp
-    static = np.stack([p.static_unit for p in profiles])
-    act = np.stack([p.act_unit for p in profiles])
-    peak = np.stack([p.peak_unit for p in profiles])
     alone = static + act + peak
     O, L = fwd.shape
-    with np.errstate(divide="ignore", invalid="ignore"):
-        spare = 1.0 - static - peak
-        max_in_flight = np.where(spare < 0, -1.0, np.where(act > 0, np.floor(spare / np.where(act > 0, act, 1.0)),
-                                                            np.inf))
-    # rho[ref, o]: q_l(o) >= rho * q_l(ref) for q = (m - 1) b + x f with any x >= 0
-    rho = np.stack([np.minimum(speed_ratio(bwd, ref), speed_ratio(fwd, ref)) for ref in range(O)])
-    with np.errstate(divide="ignore"):
-        inverse = np.where(rho > 0, 1.0 / rho, np.inf)
+    max_in_flight, inverse, pools = st.max_in_flight, st.inverse, st.pools
     sums_b, sums_f = bwd.sum(axis=1), fwd.sum(axis=1)
-    pools = np.array([p.option.pool for p in profiles])
     most = counts.max(axis=0)
     count_sets = [_count_tables_memo(memo, profiles, fwd, bwd, static, act, peak, layers, most, m)
-                  for layers in _layer_sets(both)]
+                  for layers in st.layer_sets]
     members = counts > 0
     keys, group = np.unique(members, axis=0, return_inverse=True)
     for g, key in enumerate(keys):
@@ -379,15 +475,10 @@ def settings_lower_bound(profiles: list[OptionProfile], caps: np.ndarray, m: int
     one unit of (c1 ppr + act) / room, so sum_l min_o tp_o dp (c1 ppr_l + act_l)(o) / room_o <= devices)."""
     if not profiles:
         return np.inf
-    tps = np.array([p.option.tp for p in profiles], dtype=float)
-    static = np.stack([p.static_unit for p in profiles])
-    act = np.stack([p.act_unit for p in profiles])
-    if float(((static + act) * tps[:, None] * dp).min(axis=0).sum()) > num_devices * (1 + 1e-12):
+    st = _stack(profiles, memo)
+    fwd, bwd, static, act, peak, pools = st.fwd, st.bwd, st.static, st.act, st.peak, st.pools
+    if float(((static + act) * st.tps[:, None] * dp).min(axis=0).sum()) > num_devices * (1 + 1e-12):
         return np.inf
-    pools = np.array([p.option.pool for p in profiles])
-    peak = np.stack([p.peak_unit for p in profiles])
-    fwd = np.stack([p.forward_s for p in profiles])
-    bwd = np.stack([p.backward_s for p in profiles])
     sum_min = float((fwd + bwd).min(axis=0).sum()) if vpp == 1 else float((fwd + bwd / vpp).min(axis=0).sum())
     best = floor_s - sum_min
     caps = np.minimum(np.asarray(caps, dtype=int), min(num_layers, max_stages))
@@ -396,7 +487,7 @@ def settings_lower_bound(profiles: list[OptionProfile], caps: np.ndarray, m: int
     most = sum(int(caps[pools == p].max()) for p in np.unique(pools))
     total = np.array([min(num_layers, max_stages, most)])
     options = np.arange(len(profiles))
-    for layers in _layer_sets(fwd + bwd):
+    for layers in st.layer_sets:
         tables = _count_tables_memo(memo, profiles, fwd, bwd, static, act, peak, layers, caps, m)
         best = float(layer_count_bound(tables, options, caps[None, :], pools, total, m, np.array([best]), vpp)[0])
         if not np.isfinite(best):
@@ -482,9 +573,6 @@ class QuickSettingsBound:
             total = np.array([min(self.num_layers, max_stages, most)])
             hit = best
             for size, sb, sf in self._sorted(options, settings, fwd, bwd):
-                kmem = tuple(np.full(int(c), size) for c in caps)  # no memory limit
-                tables = CountTables(size, sb, sf, kmem, tuple(np.arange(int(c) + 1) * size for c in caps))
-                hit = float(layer_count_bound(tables, np.arange(len(options)), caps[None, :], option_pools, total, m,
-                                              np.array([hit]), settings.vpp)[0])
+                hit = compute_count_bound(size, sb, sf, caps, option_pools, int(total[0]), m, hit, settings.vpp)
             self._counts[key] = hit
         return sum_min + hit

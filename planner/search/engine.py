@@ -316,12 +316,20 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
     profiles = Profiles(backend)
     state = _Search(backend, cluster, global_batch, top_k, limits, start, units)
     masks: dict[int, np.ndarray | None] = {}
+    per_dp: dict[int, tuple[StageOption, ...]] = {}  # every pool's options, by dp (nothing else changes them)
+
+    def options_of(s: Settings) -> tuple[StageOption, ...]:
+        hit = per_dp.get(s.dp)
+        if hit is None:
+            hit = per_dp[s.dp] = tuple(o for opts in pool_options(cluster, s, pins) for o in opts)
+        return hit
+
     # settings in increasing bound order: first a quick compute-only bound, then, when a settings comes up,
     # its strong bound (memory, layer counts); its blocks are bounded only when that can still win
     quick = QuickSettingsBound(backend, np.array([g.num_devices for g in cluster.groups], dtype=float), num_layers)
     queue: list[tuple[float, int, int]] = []
     for i, s in enumerate(settings_list):
-        options = tuple(o for opts in pool_options(cluster, s, pins) for o in opts)
+        options = options_of(s)
         queue.append((quick.bound(options, s, s.num_micro_batches(global_batch)), i, _QUICK))
         if len(cluster.groups) > 1 and hetero.hetero_allowed(s, pins):  # its heterogeneous stages, when due
             queue.append((hetero.settings_floor(backend.layer_table, cluster, s, global_batch, pins), i, _HETERO))
@@ -343,7 +351,7 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
             quick_s, index, kind = heapq.heappop(queue)
             if kind == _QUICK:  # the layer-count bound on compute alone (shared by the ZeRO stages) next
                 s = settings_list[index]
-                options = tuple(o for opts in pool_options(cluster, s, pins) for o in opts)
+                options = options_of(s)
                 caps = np.array([cluster.groups[o.pool].num_devices // (o.tp * s.dp) for o in options], dtype=int)
                 bound = quick.bound(options, s, s.num_micro_batches(global_batch), caps, max_stages(s, num_layers))
                 heapq.heappush(queue, (max(bound, quick_s), index, _COUNTED))
