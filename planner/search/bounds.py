@@ -30,6 +30,7 @@ so fragmentation margins and reserves tighten the bounds as they tighten the pla
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from dataclasses import dataclass
 
@@ -213,9 +214,11 @@ def _count_tables_memo(memo: dict | None, profiles: list[OptionProfile], fwd: np
 
 
 def layer_count_bound(tables: CountTables, options: np.ndarray, counts: np.ndarray, pools: np.ndarray,
-                      totals: np.ndarray, m: int, floor: np.ndarray, vpp: int = 1) -> np.ndarray:
+                      totals: np.ndarray, m: int, floor: np.ndarray, vpp: int = 1, stop: float = np.inf
+                      ) -> np.ndarray:
     """A lower bound on max_k G_k per row, at least ``floor[r]`` (inf: the stages cannot hold the layers),
-    from stage capacities.
+    from stage capacities. A single row whose bound exceeds ``stop`` may get any value from ``stop`` up to
+    its bound (the caller prunes it either way; the search passes what is left of its cutoff).
 
     Row r has ``counts[r, j]`` stages of option ``options[j]`` (an index into ``tables``), of which only the
     largest count per pool is used (``pools[j]``: a pool serves one option per plan, so the coverage of a
@@ -231,7 +234,8 @@ def layer_count_bound(tables: CountTables, options: np.ndarray, counts: np.ndarr
         return out
     if rows == 1:  # one row (a settings bound, a choice's corner): a binary search in scalars
         P = int(totals[0])
-        out[0] = _one_row(tables, options, counts[0], pools, _weights(tables, options, P, m, vpp), float(out[0]))
+        out[0] = _one_row(tables, options, counts[0], pools, _weights(tables, options, P, m, vpp), float(out[0]),
+                          stop)
         return out
     pool_ids = np.unique(pools)
     for P in np.unique(totals):
@@ -276,8 +280,9 @@ def _weights(tables: CountTables, options: np.ndarray, P: int, m: int, vpp: int)
 
 
 def _one_row(tables: CountTables, options: np.ndarray, counts: np.ndarray, pools: np.ndarray, g: np.ndarray,
-             lo: float) -> float:
-    """:func:`layer_count_bound` of one row: the same coverage, evaluated at O(log) thresholds."""
+             lo: float, stop: float = np.inf) -> float:
+    """:func:`layer_count_bound` of one row: the same coverage, evaluated at O(log) thresholds; at least
+    ``stop`` without searching further when the thresholds up to ``stop`` do not cover."""
     g_rows = g.tolist()
     used = [(int(pools[j]), g_rows[j], int(counts[j]), *tables.lists(int(options[j])))
             for j in range(len(options)) if counts[j] > 0]
@@ -295,6 +300,10 @@ def _one_row(tables: CountTables, options: np.ndarray, counts: np.ndarray, pools
 
     if cover(lo) >= tables.size:
         return lo
+    if lo >= stop:  # the bound exceeds lo >= stop
+        return lo
+    if np.isfinite(stop) and cover(stop / (1 - 1e-9) if stop > 0 else stop) < tables.size:
+        return stop  # the first covering threshold t exceeds stop / (1 - 1e-9): the bound t (1 - 1e-9) > stop
     above = g[:, 1:].ravel()
     cands = np.sort(above[above > lo]).tolist()  # repeated values do not change the first that covers
     a, b = 0, len(cands)  # the first threshold that covers, by bisection (coverage grows with t)
@@ -352,48 +361,50 @@ def _layer_sets(work: np.ndarray) -> list[np.ndarray]:
     return [every] if core.all() else [every, core]
 
 
-@dataclass(frozen=True, eq=False)
 class _Stack:
     """The per-layer vectors of a list of option profiles stacked (options x layers), and what the bounds
-    derive from them alone; memoised per profile list (:func:`_stack`), since the settings bound, the choices'
-    corners and the stage-count grids of a settings and of its interleaved twins reuse it."""
+    derive from them alone (computed when first asked); memoised per profile list (:func:`_stack`), since the
+    settings bound, the choices' corners and the stage-count grids of a settings and of its interleaved twins
+    reuse it."""
 
-    fwd: np.ndarray
-    bwd: np.ndarray
-    static: np.ndarray
-    act: np.ndarray
-    peak: np.ndarray
-    pools: np.ndarray
-    tps: np.ndarray
-    layer_sets: list[np.ndarray]
-    inverse: np.ndarray  # 1 / rho[ref, o] (inf where rho = 0), rho as in lower_bounds
-    max_in_flight: np.ndarray  # (O, L): micro-batches a layer alone can hold in flight on o (-1: none)
+    def __init__(self, profiles: list[OptionProfile]) -> None:
+        self.fwd = np.stack([p.forward_s for p in profiles])
+        self.bwd = np.stack([p.backward_s for p in profiles])
+        self.static = np.stack([p.static_unit for p in profiles])
+        self.act = np.stack([p.act_unit for p in profiles])
+        self.peak = np.stack([p.peak_unit for p in profiles])
+        self.pools = np.array([p.option.pool for p in profiles])
+        self.tps = np.array([p.option.tp for p in profiles], dtype=float)
+
+    @functools.cached_property
+    def layer_sets(self) -> list[np.ndarray]:
+        return _layer_sets(self.fwd + self.bwd)
+
+    @functools.cached_property
+    def inverse(self) -> np.ndarray:
+        """1 / rho[ref, o] (inf where rho = 0): q_l(o) >= rho * q_l(ref) for q = (m - 1) b + x f, any x >= 0."""
+        rho = np.stack([np.minimum(speed_ratio(self.bwd, ref), speed_ratio(self.fwd, ref))
+                        for ref in range(len(self.fwd))])
+        with np.errstate(divide="ignore"):
+            return np.where(rho > 0, 1.0 / rho, np.inf)
+
+    @functools.cached_property
+    def max_in_flight(self) -> np.ndarray:
+        """(O, L): the micro-batches a layer alone can hold in flight on each option (-1: none)."""
+        act = self.act
+        with np.errstate(divide="ignore", invalid="ignore"):
+            spare = 1.0 - self.static - self.peak
+            return np.where(spare < 0, -1.0, np.where(act > 0, np.floor(spare / np.where(act > 0, act, 1.0)),
+                                                       np.inf))
 
 
 def _stack(profiles: list[OptionProfile], memo: dict | None) -> _Stack:
     key = ("stack", tuple(id(p) for p in profiles))
     hit = memo.get(key) if memo is not None else None
-    if hit is not None:
-        return hit
-    fwd = np.stack([p.forward_s for p in profiles])
-    bwd = np.stack([p.backward_s for p in profiles])
-    static = np.stack([p.static_unit for p in profiles])
-    act = np.stack([p.act_unit for p in profiles])
-    peak = np.stack([p.peak_unit for p in profiles])
-    with np.errstate(divide="ignore", invalid="ignore"):
-        spare = 1.0 - static - peak
-        max_in_flight = np.where(spare < 0, -1.0, np.where(act > 0, np.floor(spare / np.where(act > 0, act, 1.0)),
-                                                            np.inf))
-    # rho[ref, o]: q_l(o) >= rho * q_l(ref) for q = (m - 1) b + x f with any x >= 0
-    rho = np.stack([np.minimum(speed_ratio(bwd, ref), speed_ratio(fwd, ref)) for ref in range(len(profiles))])
-    with np.errstate(divide="ignore"):
-        inverse = np.where(rho > 0, 1.0 / rho, np.inf)
-    hit = _Stack(fwd=fwd, bwd=bwd, static=static, act=act, peak=peak,
-                 pools=np.array([p.option.pool for p in profiles]),
-                 tps=np.array([p.option.tp for p in profiles], dtype=float), layer_sets=_layer_sets(fwd + bwd),
-                 inverse=inverse, max_in_flight=max_in_flight)
-    if memo is not None:
-        memo[key] = hit
+    if hit is None:
+        hit = _Stack(profiles)
+        if memo is not None:
+            memo[key] = hit
     return hit
 
 
@@ -467,12 +478,14 @@ def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_ba
 
 
 def settings_lower_bound(profiles: list[OptionProfile], caps: np.ndarray, m: int, num_layers: int, max_stages: int,
-                         num_devices: int, dp: int, floor_s: float, vpp: int = 1, memo: dict | None = None) -> float:
+                         num_devices: int, dp: int, floor_s: float, vpp: int = 1, memo: dict | None = None,
+                         cutoff_s: float = np.inf) -> float:
     """A lower bound for every plan of one settings (any pools, tp, stage counts and partition), at least
     ``floor_s`` (:class:`QuickSettingsBound`), from the options of every pool (``caps[o]``: the most stages
     option o can have): the layer-count bound with each pool at its best option's largest count and at most
     one stage per layer; inf when the model cannot fit (then also: a stage of tp x dp devices holds at most
-    one unit of (c1 ppr + act) / room, so sum_l min_o tp_o dp (c1 ppr_l + act_l)(o) / room_o <= devices)."""
+    one unit of (c1 ppr + act) / room, so sum_l min_o tp_o dp (c1 ppr_l + act_l)(o) / room_o <= devices).
+    Once the bound is known to reach ``cutoff_s`` it stops refining it (a value of at least ``cutoff_s``)."""
     if not profiles:
         return np.inf
     st = _stack(profiles, memo)
@@ -487,11 +500,16 @@ def settings_lower_bound(profiles: list[OptionProfile], caps: np.ndarray, m: int
     most = sum(int(caps[pools == p].max()) for p in np.unique(pools))
     total = np.array([min(num_layers, max_stages, most)])
     options = np.arange(len(profiles))
+    # max G at or above stop puts the bound at or above the cutoff (the margin covers the rounding)
+    stop = cutoff_s - sum_min + 1e-9 * abs(cutoff_s) if np.isfinite(cutoff_s) else np.inf
     for layers in st.layer_sets:
         tables = _count_tables_memo(memo, profiles, fwd, bwd, static, act, peak, layers, caps, m)
-        best = float(layer_count_bound(tables, options, caps[None, :], pools, total, m, np.array([best]), vpp)[0])
+        best = float(layer_count_bound(tables, options, caps[None, :], pools, total, m, np.array([best]), vpp,
+                                       stop)[0])
         if not np.isfinite(best):
             return np.inf
+        if best >= stop:
+            break
     return sum_min + best
 
 

@@ -34,7 +34,7 @@ from planner.search import hetero
 from planner.search.backend import Backend
 from planner.search.interleave import chunk_mask, partition_allowed, pipeline_allowed
 from planner.search.bounds import Profiles, QuickSettingsBound, lower_bounds, settings_lower_bound
-from planner.search.partition import solve_partition, stage_bounds
+from planner.search.partition import score, solve_partition, stage_bounds
 from planner.search.space import Layout, Pins, Settings, StageOption, enumerate_settings, max_stages, options_allowed, \
     ordered_layouts, pool_options, settings_allowed
 from planner.search.tables import allocate
@@ -179,6 +179,7 @@ class _Search:
         self.limits, self.start = limits, start
         self.best: list[Candidate] = []
         self.timed = self.violations = self.work = 0
+        self.skipped = 0  # refinement moves not timed: their bound exceeds the time to beat
         self.least_layout_bound = np.inf
 
     def out_of_limits(self) -> bool:
@@ -247,6 +248,9 @@ class _Search:
         optimum or a limit."""
         current = cand
         L = current.last_layers[-1] + 1
+        # the layout's bound matrices: a move whose partition's bound exceeds the current time cannot time
+        # below it, so only the others are timed
+        S, G, R = self.backend.stage_matrices(cand.layout, cand.settings, self.global_batch)
         improved = True
         while improved and current.time_s > cand.bound_s * (1 + _REL_TOL):
             improved = False
@@ -262,6 +266,9 @@ class _Search:
                     hi = moved[k + 1] - 1 if k + 1 < len(moved) else L - 2
                     if not lo <= moved[k] <= hi or not partition_allowed(self.units, (*moved, L - 1), V):
                         continue
+                    if score(S, G, R, (*moved, L - 1))[0] * (1 - 1e-6) > current.time_s:
+                        self.skipped += 1
+                        continue
                     trial = self.time(current.settings, current.layout, (*moved, L - 1), cand.bound_s,
                                       check=False)
                     if trial is not None and trial < current:
@@ -273,7 +280,7 @@ class _Search:
 
 
 def settings_bound(profiles: Profiles, cluster: Cluster, settings: Settings, num_layers: int, global_batch: int,
-                   pins: Pins, floor_s: float, num_units: int | None = None) -> float:
+                   pins: Pins, floor_s: float, num_units: int | None = None, cutoff_s: float = np.inf) -> float:
     """A lower bound for every plan with these settings (:func:`planner.search.bounds.settings_lower_bound`);
     inf for interleaved settings that no stage count may interleave."""
     m = settings.num_micro_batches(global_batch)
@@ -284,7 +291,8 @@ def settings_bound(profiles: Profiles, cluster: Cluster, settings: Settings, num
     caps = np.array([cluster.groups[o.pool].num_devices // (o.tp * settings.dp) for o in options], dtype=int)
     return settings_lower_bound([profiles.get(o, settings) for o in options], caps,
                                 settings.num_micro_batches(global_batch), num_layers, max_stages(settings, num_layers),
-                                cluster.num_devices, settings.dp, floor_s, settings.vpp, profiles.count_memo)
+                                cluster.num_devices, settings.dp, floor_s, settings.vpp, profiles.count_memo,
+                                cutoff_s)
 
 
 @dataclass(frozen=True)
@@ -358,7 +366,7 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
                 continue
             if kind == _COUNTED:
                 bound = settings_bound(profiles, cluster, settings_list[index], num_layers, global_batch, pins,
-                                       quick_s, num_units)
+                                       quick_s, num_units, state.cutoff())
                 if np.isfinite(bound):
                     heapq.heappush(queue, (bound, index, _STRONG))
                 continue
