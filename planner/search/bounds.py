@@ -524,6 +524,7 @@ class QuickSettingsBound:
         self._memo: dict[tuple, tuple] = {}
         self._counts: dict[tuple, float] = {}
         self._prefix: dict[tuple, list] = {}
+        self._fluid: dict[tuple, float] = {}
 
     def _tables(self, options: tuple[StageOption, ...], settings: Settings) -> tuple:
         key = (options, settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype,
@@ -574,10 +575,15 @@ class QuickSettingsBound:
         if not options:
             return np.inf
         sum_min, widest, sums_b, per_pool, longest, usable, pools, fwd, bwd = self._tables(options, settings)
-        capacity = np.minimum(per_pool @ self.pool_devices[pools] / settings.dp, self.num_layers * longest)
-        fluid = float(np.max(np.where(usable & (capacity > 0), sums_b / np.where(capacity > 0, capacity, 1.0), 0.0)))
-        gamma = (m - 1) if settings.vpp == 1 else m - 1.0 / settings.vpp  # G_k >= gamma b_k
-        best = gamma * max(widest, fluid)
+        fluid_key = (options, settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype,
+                     settings.vpp, settings.dp, m)  # the ZeRO stages share it
+        best = self._fluid.get(fluid_key)
+        if best is None:
+            capacity = np.minimum(per_pool @ self.pool_devices[pools] / settings.dp, self.num_layers * longest)
+            fluid = float(np.max(np.where(usable & (capacity > 0), sums_b / np.where(capacity > 0, capacity, 1.0),
+                                          0.0)))
+            gamma = (m - 1) if settings.vpp == 1 else m - 1.0 / settings.vpp  # G_k >= gamma b_k
+            best = self._fluid[fluid_key] = gamma * max(widest, fluid)
         if caps is None or max_stages is None:
             return sum_min + best
         key = (options, settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype,

@@ -336,11 +336,13 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
     # its strong bound (memory, layer counts); its blocks are bounded only when that can still win
     quick = QuickSettingsBound(backend, np.array([g.num_devices for g in cluster.groups], dtype=float), num_layers)
     queue: list[tuple[float, int, int]] = []
+    floors: dict = {}  # heterogeneous stages' compute floors, per layer-table settings
     for i, s in enumerate(settings_list):
         options = options_of(s)
         queue.append((quick.bound(options, s, s.num_micro_batches(global_batch)), i, _QUICK))
         if len(cluster.groups) > 1 and hetero.hetero_allowed(s, pins):  # its heterogeneous stages, when due
-            queue.append((hetero.settings_floor(backend.layer_table, cluster, s, global_batch, pins), i, _HETERO))
+            queue.append((hetero.settings_floor(backend.layer_table, cluster, s, global_batch, pins, floors), i,
+                          _HETERO))
     heapq.heapify(queue)
     heap: list[_Entry] = []
     expanded = bounded = solved = 0
