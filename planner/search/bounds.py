@@ -217,8 +217,9 @@ def layer_count_bound(tables: CountTables, options: np.ndarray, counts: np.ndarr
                       totals: np.ndarray, m: int, floor: np.ndarray, vpp: int = 1, stop: float = np.inf
                       ) -> np.ndarray:
     """A lower bound on max_k G_k per row, at least ``floor[r]`` (inf: the stages cannot hold the layers),
-    from stage capacities. A single row whose bound exceeds ``stop`` may get any value from ``stop`` up to
-    its bound (the caller prunes it either way; the search passes what is left of its cutoff).
+    from stage capacities. A row searched alone (the only one with its stage count) whose bound exceeds
+    ``stop`` may get any value from ``stop`` up to its bound (the caller prunes it either way; the search
+    passes what is left of its cutoff).
 
     Row r has ``counts[r, j]`` stages of option ``options[j]`` (an index into ``tables``), of which only the
     largest count per pool is used (``pools[j]``: a pool serves one option per plan, so the coverage of a
@@ -243,7 +244,7 @@ def layer_count_bound(tables: CountTables, options: np.ndarray, counts: np.ndarr
         lo = float(out[sel].min())
         g = _weights(tables, options, int(P), m, vpp)
         if len(sel) == 1:  # one row (a settings bound): a binary search over the thresholds, in scalars
-            out[sel] = _one_row(tables, options, counts[sel[0]], pools, g, lo)
+            out[sel] = _one_row(tables, options, counts[sel[0]], pools, g, lo, stop)
             continue
         # g is non-decreasing in k; interleaved: (m - 1/vpp) SB + stage 0's forward weight SF (its in-flight
         # micro-batches are at least 1F1B's, so the memory counts stay valid)
@@ -409,13 +410,15 @@ def _stack(profiles: list[OptionProfile], memo: dict | None) -> _Stack:
 
 
 def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_batches: int,
-                 corners: bool = False, vpp: int = 1, memo: dict | None = None) -> np.ndarray:
+                 corners: bool = False, vpp: int = 1, memo: dict | None = None, cutoff_s: float = np.inf
+                 ) -> np.ndarray:
     """Bounds for every row of ``counts`` (stages per option, shape (n, len(profiles)); 0 = option unused);
     inf = infeasible. Rows are grouped by their set of options. ``corners``: only the parts that do not
     increase with any stage count (compute, layer counts, a layer alone in memory), so that each row
     bounds every smaller count of its options too. ``vpp > 1``: the interleaved schedule's weights (b_l / vpp
     in the sum, (m - 1/vpp) b_l and stage 0's forward weight in q, both non-increasing in the stage count);
-    its stages hold at least the 1F1B micro-batches in flight, so the memory bounds stay valid."""
+    its stages hold at least the 1F1B micro-batches in flight, so the memory bounds stay valid. A row whose
+    bound reaches ``cutoff_s`` may get any value from ``cutoff_s`` up to its bound (the caller drops it)."""
     counts = np.asarray(counts, dtype=int).reshape(-1, len(profiles))
     out = np.full(len(counts), np.inf)
     if len(counts) == 0:
@@ -452,8 +455,9 @@ def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_ba
             fluid = np.where((capacity > 0) & np.isfinite(capacity), totals / capacity, 0.0)
         max_g = np.maximum(max_g, fluid.max(axis=1))
         P_rows = total.astype(int)
+        stop = cutoff_s - sum_min + 1e-9 * abs(cutoff_s) if np.isfinite(cutoff_s) else np.inf
         for tables in count_sets:
-            max_g = layer_count_bound(tables, M, c[:, M], pools[M], P_rows, m, max_g, vpp)
+            max_g = layer_count_bound(tables, M, c[:, M], pools[M], P_rows, m, max_g, vpp, stop)
         worst = float(alone[M].min(axis=0).max())
         if corners:
             out[rows] = np.where(worst <= 1.0, sum_min + max_g, np.inf)

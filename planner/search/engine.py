@@ -148,7 +148,7 @@ def _choices(profiles: Profiles, cluster: Cluster, settings: Settings, index: in
     for r, (chosen, caps) in enumerate(choices):
         corners[r, [column[o] for o in chosen]] = caps
     bounds = lower_bounds([profiles.get(o, settings) for o in options], corners, m, corners=True, vpp=settings.vpp,
-                          memo=profiles.count_memo)
+                          memo=profiles.count_memo, cutoff_s=cutoff)
     return [_Entry(float(b), index, chosen, caps, True) for (chosen, caps), b in zip(choices, bounds) if b < cutoff]
 
 
@@ -164,7 +164,7 @@ def _blocks(profiles: Profiles, cluster: Cluster, settings: Settings, choice: _E
     if not len(counts):
         return [], full
     bounds = lower_bounds([profiles.get(o, settings) for o in choice.options], counts, m, vpp=settings.vpp,
-                          memo=profiles.count_memo)
+                          memo=profiles.count_memo, cutoff_s=cutoff)
     return [_Entry(float(bounds[r]), choice.settings_index, choice.options, tuple(int(c) for c in counts[r]))
             for r in np.flatnonzero(bounds < cutoff)], full
 
@@ -337,9 +337,26 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
     quick = QuickSettingsBound(backend, np.array([g.num_devices for g in cluster.groups], dtype=float), num_layers)
     queue: list[tuple[float, int, int]] = []
     floors: dict = {}  # heterogeneous stages' compute floors, per layer-table settings
+    # the quick bounds depend on compute alone: the ZeRO stages (and optimizers) share them
+    quick_memo: dict[tuple, float] = {}
+
+    def quick_bound(s: Settings, counted: bool) -> float:
+        stages = max_stages(s, num_layers)
+        key = (s.dp, s.micro_batch, s.recompute, s.sequence_parallel, s.dtype, s.vpp, counted and stages)
+        hit = quick_memo.get(key)
+        if hit is None:
+            options = options_of(s)
+            m = s.num_micro_batches(global_batch)
+            if counted:
+                caps = np.array([cluster.groups[o.pool].num_devices // (o.tp * s.dp) for o in options], dtype=int)
+                hit = quick.bound(options, s, m, caps, stages)
+            else:
+                hit = quick.bound(options, s, m)
+            quick_memo[key] = hit
+        return hit
+
     for i, s in enumerate(settings_list):
-        options = options_of(s)
-        queue.append((quick.bound(options, s, s.num_micro_batches(global_batch)), i, _QUICK))
+        queue.append((quick_bound(s, False), i, _QUICK))
         if len(cluster.groups) > 1 and hetero.hetero_allowed(s, pins):  # its heterogeneous stages, when due
             queue.append((hetero.settings_floor(backend.layer_table, cluster, s, global_batch, pins, floors), i,
                           _HETERO))
@@ -360,11 +377,7 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
         if upcoming <= top:
             quick_s, index, kind = heapq.heappop(queue)
             if kind == _QUICK:  # the layer-count bound on compute alone (shared by the ZeRO stages) next
-                s = settings_list[index]
-                options = options_of(s)
-                caps = np.array([cluster.groups[o.pool].num_devices // (o.tp * s.dp) for o in options], dtype=int)
-                bound = quick.bound(options, s, s.num_micro_batches(global_batch), caps, max_stages(s, num_layers))
-                heapq.heappush(queue, (max(bound, quick_s), index, _COUNTED))
+                heapq.heappush(queue, (max(quick_bound(settings_list[index], True), quick_s), index, _COUNTED))
                 continue
             if kind == _COUNTED:
                 bound = settings_bound(profiles, cluster, settings_list[index], num_layers, global_batch, pins,
