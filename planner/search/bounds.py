@@ -528,7 +528,6 @@ class QuickSettingsBound:
         self._memo: dict[tuple, tuple] = {}
         self._counts: dict[tuple, float] = {}
         self._prefix: dict[tuple, list] = {}
-        self._fluid: dict[tuple, float] = {}
 
     def _tables(self, options: tuple[StageOption, ...], settings: Settings) -> tuple:
         key = (options, settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype,
@@ -553,7 +552,12 @@ class QuickSettingsBound:
                     for o, r in zip(options, rho):
                         j = pools.index(o.pool)
                         per_pool[ref, j] = max(per_pool[ref, j], 1.0 / (r * o.tp))
-            hit = (sum_min, widest, bwd.sum(axis=1), per_pool, longest, usable, np.array(pools), fwd, bwd)
+            # per reference option (Python scalars: a settings then divides by its dp): the devices'
+            # capacity, the layer-count cap on it, backward sum; the reference options that bound
+            devices = per_pool @ self.pool_devices[np.array(pools)]
+            refs = [(float(d), float(self.num_layers * lg), float(sb)) for d, lg, sb, ok
+                    in zip(devices, longest, bwd.sum(axis=1), usable) if ok]
+            hit = (sum_min, widest, refs, fwd, bwd)
             self._memo[key] = hit
         return hit
 
@@ -578,16 +582,14 @@ class QuickSettingsBound:
         bound on compute alone (no memory limit), shared by the settings that differ only in ZeRO."""
         if not options:
             return np.inf
-        sum_min, widest, sums_b, per_pool, longest, usable, pools, fwd, bwd = self._tables(options, settings)
-        fluid_key = (options, settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype,
-                     settings.vpp, settings.dp, m)  # the ZeRO stages share it
-        best = self._fluid.get(fluid_key)
-        if best is None:
-            capacity = np.minimum(per_pool @ self.pool_devices[pools] / settings.dp, self.num_layers * longest)
-            fluid = float(np.max(np.where(usable & (capacity > 0), sums_b / np.where(capacity > 0, capacity, 1.0),
-                                          0.0)))
-            gamma = (m - 1) if settings.vpp == 1 else m - 1.0 / settings.vpp  # G_k >= gamma b_k
-            best = self._fluid[fluid_key] = gamma * max(widest, fluid)
+        sum_min, widest, refs, fwd, bwd = self._tables(options, settings)
+        fluid = 0.0
+        for devices, most_layers, sum_b in refs:
+            capacity = min(devices / settings.dp, most_layers)
+            if capacity > 0:
+                fluid = max(fluid, sum_b / capacity)
+        gamma = (m - 1) if settings.vpp == 1 else m - 1.0 / settings.vpp  # G_k >= gamma b_k
+        best = gamma * max(widest, fluid)
         if caps is None or max_stages is None:
             return sum_min + best
         key = (options, settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype,

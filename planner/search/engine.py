@@ -21,6 +21,7 @@ is found.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import logging
@@ -280,19 +281,28 @@ class _Search:
 
 
 def settings_bound(profiles: Profiles, cluster: Cluster, settings: Settings, num_layers: int, global_batch: int,
-                   pins: Pins, floor_s: float, num_units: int | None = None, cutoff_s: float = np.inf) -> float:
+                   pins: Pins, floor_s: float, num_units: int | None = None, cutoff_s: float = np.inf,
+                   options: tuple[StageOption, ...] | None = None) -> float:
     """A lower bound for every plan with these settings (:func:`planner.search.bounds.settings_lower_bound`);
-    inf for interleaved settings that no stage count may interleave."""
+    inf for interleaved settings that no stage count may interleave. ``options``: every pool's options under
+    these settings when the caller has them."""
     m = settings.num_micro_batches(global_batch)
     num_units = num_layers if num_units is None else num_units
-    if settings.vpp > 1 and not any(pipeline_allowed(P, m, settings.vpp, num_units) for P in range(2, num_layers + 1)):
+    if settings.vpp > 1 and not _interleavable(m, settings.vpp, num_units, num_layers):
         return np.inf
-    options = [o for opts in pool_options(cluster, settings, pins) for o in opts]
+    if options is None:
+        options = tuple(o for opts in pool_options(cluster, settings, pins) for o in opts)
     caps = np.array([cluster.groups[o.pool].num_devices // (o.tp * settings.dp) for o in options], dtype=int)
     return settings_lower_bound([profiles.get(o, settings) for o in options], caps,
                                 settings.num_micro_batches(global_batch), num_layers, max_stages(settings, num_layers),
                                 cluster.num_devices, settings.dp, floor_s, settings.vpp, profiles.count_memo,
                                 cutoff_s)
+
+
+@functools.lru_cache(maxsize=4096)
+def _interleavable(num_micro_batches: int, vpp: int, num_units: int, num_layers: int) -> bool:
+    """Whether some stage count may interleave ``vpp`` chunks (a pure function of its arguments)."""
+    return any(pipeline_allowed(P, num_micro_batches, vpp, num_units) for P in range(2, num_layers + 1))
 
 
 @dataclass(frozen=True)
@@ -381,7 +391,7 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
                 continue
             if kind == _COUNTED:
                 bound = settings_bound(profiles, cluster, settings_list[index], num_layers, global_batch, pins,
-                                       quick_s, num_units, state.cutoff())
+                                       quick_s, num_units, state.cutoff(), options_of(settings_list[index]))
                 if np.isfinite(bound):
                     heapq.heappush(queue, (bound, index, _STRONG))
                 continue
