@@ -234,6 +234,8 @@ def layer_count_bound(tables: CountTables, options: np.ndarray, counts: np.ndarr
     if tables.size == 0 or rows == 0:
         return out
     if rows == 1:  # one row (a settings bound, a choice's corner): a binary search in scalars
+        if out[0] >= stop:
+            return out
         P = int(totals[0])
         out[0] = _one_row(tables, options, counts[0], pools, _weights(tables, options, P, m, vpp), float(out[0]),
                           stop)
@@ -456,9 +458,14 @@ def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_ba
         max_g = np.maximum(max_g, fluid.max(axis=1))
         P_rows = total.astype(int)
         stop = cutoff_s - sum_min + 1e-9 * abs(cutoff_s) if np.isfinite(cutoff_s) else np.inf
-        for tables in count_sets:
-            max_g = layer_count_bound(tables, M, c[:, M], pools[M], P_rows, m, max_g, vpp, stop)
         worst = float(alone[M].min(axis=0).max())
+        if worst > 1.0:  # some layer fits on none of the options: infeasible, whatever the counts
+            out[rows] = np.inf
+            continue
+        for tables in count_sets:
+            if (max_g >= stop).all():  # every row already reaches the cutoff
+                break
+            max_g = layer_count_bound(tables, M, c[:, M], pools[M], P_rows, m, max_g, vpp, stop)
         if corners:
             out[rows] = np.where(worst <= 1.0, sum_min + max_g, np.inf)
             continue
