@@ -155,3 +155,26 @@ def test_closed_form_count_bound_equals_the_bisection(seed):
                             tuple(np.arange(int(c) + 1) * size for c in caps))
     bisected = layer_count_bound(unlimited, np.arange(O), caps[None, :], pools, np.array([P]), m, np.array([lo]), vpp)
     assert compute_count_bound(size, sb, sf, caps, pools, P, m, lo, vpp) == float(bisected[0])
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_layer_count_stop_keeps_values_below_it(seed):
+    """With a stop value, a row's bound is unchanged when it is below the stop, and otherwise between the
+    stop and the full bound (still a lower bound, still pruned by a cutoff at the stop)."""
+    from planner.search.bounds import count_tables, layer_count_bound
+
+    rng = np.random.default_rng(100 + seed)
+    O, L = int(rng.integers(1, 5)), int(rng.integers(2, 12))
+    fwd, bwd = rng.uniform(0.1, 1, (O, L)), rng.uniform(0.2, 2, (O, L))
+    static, act, peak = rng.uniform(0, 0.3, (O, L)), rng.uniform(0, 0.1, (O, L)), rng.uniform(0, 0.2, (O, L))
+    counts = rng.integers(0, 5, (1, O))
+    counts[0, 0] = max(1, counts[0, 0])
+    pools, m = rng.integers(0, 2, O), int(rng.integers(1, 20))
+    tables = count_tables(fwd, bwd, static, act, peak, np.ones(L, dtype=bool), counts.max(axis=0), m)
+    args = (tables, np.arange(O), counts, pools, np.array([int(counts.sum())]), m, np.array([0.0]))
+    full = float(layer_count_bound(*args)[0])
+    stops = (0.0, 0.5 * full, full * (1 - 1e-9), full, 2 * full, float(rng.uniform(0, 3 * full))) \
+        if np.isfinite(full) else (0.0, 1.0, 1e6)  # inf: the stages cannot hold the layers
+    for stop in stops:
+        value = float(layer_count_bound(*args, 1, stop)[0])
+        assert value == full if full < stop else stop <= value <= full
