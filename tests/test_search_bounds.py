@@ -132,3 +132,49 @@ def test_one_row_layer_count_equals_the_vectorised_one(seed):
     two = layer_count_bound(tables, np.arange(O), np.repeat(counts, 2, axis=0), pools, np.repeat(total, 2), m,
                             np.repeat(floor, 2))
     assert one[0] == two[0] == two[1]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_closed_form_count_bound_equals_the_bisection(seed):
+    """Without a memory limit, the closed form of the quick settings bound gives the layer-count bound's
+    value exactly (one to three pools, ties in the layer times, interleaved weights)."""
+    from planner.search.bounds import CountTables, compute_count_bound, layer_count_bound
+
+    rng = np.random.default_rng(seed)
+    O, size = int(rng.integers(1, 6)), int(rng.integers(1, 20))
+    bwd, fwd = rng.random((O, size)) * rng.choice([1, 3], size=(O, 1)), rng.random((O, size))
+    if seed % 3 == 0:  # ties
+        bwd, fwd = np.round(bwd, 1), np.round(fwd, 1)
+    sb = np.concatenate([np.zeros((O, 1)), np.cumsum(np.sort(bwd, axis=1), axis=1)], axis=1)
+    sf = np.concatenate([np.zeros((O, 1)), np.cumsum(np.sort(fwd, axis=1), axis=1)], axis=1)
+    caps, pools = rng.integers(0, 6, O), rng.integers(0, int(rng.integers(1, 4)), O)
+    caps[0] = max(1, caps[0])
+    m, vpp, P = int(rng.integers(1, 12)), int(rng.choice([1, 1, 2, 3])), int(rng.integers(1, 12))
+    lo = float(rng.random() * 3)
+    unlimited = CountTables(size, sb, sf, tuple(np.full(int(c), size) for c in caps),
+                            tuple(np.arange(int(c) + 1) * size for c in caps))
+    bisected = layer_count_bound(unlimited, np.arange(O), caps[None, :], pools, np.array([P]), m, np.array([lo]), vpp)
+    assert compute_count_bound(size, sb, sf, caps, pools, P, m, lo, vpp) == float(bisected[0])
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_layer_count_stop_keeps_values_below_it(seed):
+    """With a stop value, a row's bound is unchanged when it is below the stop, and otherwise between the
+    stop and the full bound (still a lower bound, still pruned by a cutoff at the stop)."""
+    from planner.search.bounds import count_tables, layer_count_bound
+
+    rng = np.random.default_rng(100 + seed)
+    O, L = int(rng.integers(1, 5)), int(rng.integers(2, 12))
+    fwd, bwd = rng.uniform(0.1, 1, (O, L)), rng.uniform(0.2, 2, (O, L))
+    static, act, peak = rng.uniform(0, 0.3, (O, L)), rng.uniform(0, 0.1, (O, L)), rng.uniform(0, 0.2, (O, L))
+    counts = rng.integers(0, 5, (1, O))
+    counts[0, 0] = max(1, counts[0, 0])
+    pools, m = rng.integers(0, 2, O), int(rng.integers(1, 20))
+    tables = count_tables(fwd, bwd, static, act, peak, np.ones(L, dtype=bool), counts.max(axis=0), m)
+    args = (tables, np.arange(O), counts, pools, np.array([int(counts.sum())]), m, np.array([0.0]))
+    full = float(layer_count_bound(*args)[0])
+    stops = (0.0, 0.5 * full, full * (1 - 1e-9), full, 2 * full, float(rng.uniform(0, 3 * full))) \
+        if np.isfinite(full) else (0.0, 1.0, 1e6)  # inf: the stages cannot hold the layers
+    for stop in stops:
+        value = float(layer_count_bound(*args, 1, stop)[0])
+        assert value == full if full < stop else stop <= value <= full

@@ -30,6 +30,7 @@ so fragmentation margins and reserves tighten the bounds as they tighten the pla
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from dataclasses import dataclass
 
@@ -102,11 +103,16 @@ class Profiles:
         self.backend = backend
         self._memo: dict[tuple[StageOption, Settings], OptionProfile] = {}
         self._memory: dict[tuple, tuple[float, float, float, float] | None] = {}
-        self.count_memo: dict[tuple, CountTables] = {}  # count_tables of profile lists (shared by vpp twins)
+        self._twins: dict[Settings, Settings] = {}
+        self.count_memo: dict[tuple, object] = {}  # count tables and stacks of profile lists (shared by vpp twins)
 
     def get(self, option: StageOption, settings: Settings) -> OptionProfile:
         # a profile does not depend on the schedule: interleaved settings share their 1F1B twin's
-        key = (option, settings if settings.vpp == 1 else dataclasses.replace(settings, vpp=1, schedule="1f1b"))
+        twin = self._twins.get(settings)
+        if twin is None:
+            twin = self._twins[settings] = settings if settings.vpp == 1 else \
+                dataclasses.replace(settings, vpp=1, schedule="1f1b")
+        key = (option, twin)
         hit = self._memo.get(key)
         if hit is None:
             mkey = (option, settings.dp, settings.zero, settings.optimizer, settings.dtype)
@@ -169,6 +175,15 @@ class CountTables:
     sf: np.ndarray
     kmem: tuple[np.ndarray, ...]
     kmem_sums: tuple[np.ndarray, ...]
+    _lists: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    def lists(self, option: int) -> tuple[list, list]:
+        """Option ``option``'s ``kmem`` reversed (non-decreasing) and ``kmem_sums``, as Python lists
+        (memoised: :func:`_one_row` bisects them in scalars)."""
+        hit = self._lists.get(option)
+        if hit is None:
+            hit = self._lists[option] = (self.kmem[option][::-1].tolist(), self.kmem_sums[option].tolist())
+        return hit
 
 
 def count_tables(fwd: np.ndarray, bwd: np.ndarray, static: np.ndarray, act: np.ndarray, peak: np.ndarray,
@@ -199,9 +214,12 @@ def _count_tables_memo(memo: dict | None, profiles: list[OptionProfile], fwd: np
 
 
 def layer_count_bound(tables: CountTables, options: np.ndarray, counts: np.ndarray, pools: np.ndarray,
-                      totals: np.ndarray, m: int, floor: np.ndarray, vpp: int = 1) -> np.ndarray:
+                      totals: np.ndarray, m: int, floor: np.ndarray, vpp: int = 1, stop: float = np.inf
+                      ) -> np.ndarray:
     """A lower bound on max_k G_k per row, at least ``floor[r]`` (inf: the stages cannot hold the layers),
-    from stage capacities.
+    from stage capacities. A row searched alone (the only one with its stage count) whose bound exceeds
+    ``stop`` may get any value from ``stop`` up to its bound (the caller prunes it either way; the search
+    passes what is left of its cutoff).
 
     Row r has ``counts[r, j]`` stages of option ``options[j]`` (an index into ``tables``), of which only the
     largest count per pool is used (``pools[j]``: a pool serves one option per plan, so the coverage of a
@@ -215,14 +233,20 @@ def layer_count_bound(tables: CountTables, options: np.ndarray, counts: np.ndarr
     out = np.asarray(floor, dtype=float).copy()
     if tables.size == 0 or rows == 0:
         return out
+    if rows == 1:  # one row (a settings bound, a choice's corner): a binary search in scalars
+        if out[0] >= stop:
+            return out
+        P = int(totals[0])
+        out[0] = _one_row(tables, options, counts[0], pools, _weights(tables, options, P, m, vpp), float(out[0]),
+                          stop)
+        return out
     pool_ids = np.unique(pools)
     for P in np.unique(totals):
         sel = np.flatnonzero(totals == P)
         lo = float(out[sel].min())
-        g = (m - 1) * tables.sb[options] + max(0, m - int(P)) * tables.sf[options] if vpp == 1 else \
-            (m - 1.0 / vpp) * tables.sb[options] + least_delta(int(P), m, vpp) * tables.sf[options]
+        g = _weights(tables, options, int(P), m, vpp)
         if len(sel) == 1:  # one row (a settings bound): a binary search over the thresholds, in scalars
-            out[sel] = _one_row(tables, options, counts[sel[0]], pools, g, lo)
+            out[sel] = _one_row(tables, options, counts[sel[0]], pools, g, lo, stop)
             continue
         # g is non-decreasing in k; interleaved: (m - 1/vpp) SB + stage 0's forward weight SF (its in-flight
         # micro-batches are at least 1F1B's, so the memory counts stay valid)
@@ -251,11 +275,20 @@ def layer_count_bound(tables: CountTables, options: np.ndarray, counts: np.ndarr
     return out
 
 
+def _weights(tables: CountTables, options: np.ndarray, P: int, m: int, vpp: int) -> np.ndarray:
+    """G of a stage holding its k smallest layers of U, per option (rows) and k (columns), with P stages."""
+    if vpp == 1:
+        return (m - 1) * tables.sb[options] + max(0, m - P) * tables.sf[options]
+    return (m - 1.0 / vpp) * tables.sb[options] + least_delta(P, m, vpp) * tables.sf[options]
+
+
 def _one_row(tables: CountTables, options: np.ndarray, counts: np.ndarray, pools: np.ndarray, g: np.ndarray,
-             lo: float) -> float:
-    """:func:`layer_count_bound` of one row: the same coverage, evaluated at O(log) thresholds."""
-    used = [(int(pools[j]), g[j].tolist(), int(counts[j]), tables.kmem[options[j]][::-1].tolist(),
-             tables.kmem_sums[options[j]].tolist()) for j in range(len(options)) if counts[j] > 0]
+             lo: float, stop: float = np.inf) -> float:
+    """:func:`layer_count_bound` of one row: the same coverage, evaluated at O(log) thresholds; at least
+    ``stop`` without searching further when the thresholds up to ``stop`` do not cover."""
+    g_rows = g.tolist()
+    used = [(int(pools[j]), g_rows[j], int(counts[j]), *tables.lists(int(options[j])))
+            for j in range(len(options)) if counts[j] > 0]
 
     def cover(t: float) -> int:
         best: dict[int, int] = {}
@@ -270,8 +303,12 @@ def _one_row(tables: CountTables, options: np.ndarray, counts: np.ndarray, pools
 
     if cover(lo) >= tables.size:
         return lo
-    cands = np.unique(g[:, 1:])
-    cands = cands[cands > lo].tolist()
+    if lo >= stop:  # the bound exceeds lo >= stop
+        return lo
+    if np.isfinite(stop) and cover(stop / (1 - 1e-9) if stop > 0 else stop) < tables.size:
+        return stop  # the first covering threshold t exceeds stop / (1 - 1e-9): the bound t (1 - 1e-9) > stop
+    above = g[:, 1:].ravel()
+    cands = np.sort(above[above > lo]).tolist()  # repeated values do not change the first that covers
     a, b = 0, len(cands)  # the first threshold that covers, by bisection (coverage grows with t)
     while a < b:
         mid = (a + b) // 2
@@ -282,6 +319,44 @@ def _one_row(tables: CountTables, options: np.ndarray, counts: np.ndarray, pools
     return cands[a] * (1 - 1e-9) if a < len(cands) else np.inf
 
 
+def compute_count_bound(size: int, sb: np.ndarray, sf: np.ndarray, caps: np.ndarray, pools: np.ndarray, P: int,
+                        m: int, lo: float, vpp: int = 1) -> float:
+    """:func:`layer_count_bound` of one row when memory does not limit a stage (``caps[o]`` stages of option
+    o, each able to hold every layer of U; ``sb``, ``sf`` as in :class:`CountTables`), in closed form.
+
+    The c_o stages of o then hold c_o k_o(t) layers of U at threshold t (k_o(t): the most layers whose G
+    stays within t), a pool the best of its options. Pool p covers a layers from T_p(a) = min_o
+    G_o(ceil(a / c_o)) on (G non-decreasing in k), so the least covering t is the min over the splits of U
+    among the pools of the max of their T_p: the same threshold the bisection of :func:`_one_row` finds."""
+    if size == 0:
+        return lo
+    caps = np.asarray(caps, dtype=int)
+    options = np.flatnonzero(caps > 0)
+    tables = CountTables(size, sb, sf, (), ())
+    g = _weights(tables, options, P, m, vpp)  # (used options, size + 1)
+    amount = np.arange(size + 1)
+    best: np.ndarray | None = None  # least threshold at which the pools so far cover a layers, per a
+    pool_ids = np.unique(pools[options])
+    for n, pool in enumerate(pool_ids):
+        T = np.full(size + 1, np.inf)
+        for row in np.flatnonzero(pools[options] == pool):
+            T = np.minimum(T, g[row, np.minimum(-(-amount // caps[options[row]]), size)])
+        if best is None:
+            best = T
+        elif n + 1 == len(pool_ids):  # the last pool: only the split of all of U matters
+            return _covering(float(np.maximum(best, T[::-1]).min()), lo)
+        else:  # min-max convolution: a layers split between the pools so far and this one
+            best = np.array([np.maximum(best[:a + 1], T[a::-1]).min() for a in range(size + 1)])
+    return _covering(float(best[size]) if best is not None else np.inf, lo)
+
+
+def _covering(t: float, lo: float) -> float:
+    """The bound from the least covering threshold ``t`` and the floor ``lo`` (as :func:`_one_row`)."""
+    if t <= lo:
+        return lo
+    return t * (1 - 1e-9) if np.isfinite(t) else np.inf
+
+
 def _layer_sets(work: np.ndarray) -> list[np.ndarray]:
     """The layer subsets the layer-count bound covers: every layer, and the core layers when they differ."""
     every = np.ones(work.shape[1], dtype=bool)
@@ -289,42 +364,79 @@ def _layer_sets(work: np.ndarray) -> list[np.ndarray]:
     return [every] if core.all() else [every, core]
 
 
+class _Stack:
+    """The per-layer vectors of a list of option profiles stacked (options x layers), and what the bounds
+    derive from them alone (computed when first asked); memoised per profile list (:func:`_stack`), since the
+    settings bound, the choices' corners and the stage-count grids of a settings and of its interleaved twins
+    reuse it."""
+
+    def __init__(self, profiles: list[OptionProfile]) -> None:
+        self.fwd = np.stack([p.forward_s for p in profiles])
+        self.bwd = np.stack([p.backward_s for p in profiles])
+        self.static = np.stack([p.static_unit for p in profiles])
+        self.act = np.stack([p.act_unit for p in profiles])
+        self.peak = np.stack([p.peak_unit for p in profiles])
+        self.pools = np.array([p.option.pool for p in profiles])
+        self.tps = np.array([p.option.tp for p in profiles], dtype=float)
+
+    @functools.cached_property
+    def layer_sets(self) -> list[np.ndarray]:
+        return _layer_sets(self.fwd + self.bwd)
+
+    @functools.cached_property
+    def inverse(self) -> np.ndarray:
+        """1 / rho[ref, o] (inf where rho = 0): q_l(o) >= rho * q_l(ref) for q = (m - 1) b + x f, any x >= 0."""
+        rho = np.stack([np.minimum(speed_ratio(self.bwd, ref), speed_ratio(self.fwd, ref))
+                        for ref in range(len(self.fwd))])
+        with np.errstate(divide="ignore"):
+            return np.where(rho > 0, 1.0 / rho, np.inf)
+
+    @functools.cached_property
+    def max_in_flight(self) -> np.ndarray:
+        """(O, L): the micro-batches a layer alone can hold in flight on each option (-1: none)."""
+        act = self.act
+        with np.errstate(divide="ignore", invalid="ignore"):
+            spare = 1.0 - self.static - self.peak
+            return np.where(spare < 0, -1.0, np.where(act > 0, np.floor(spare / np.where(act > 0, act, 1.0)),
+                                                       np.inf))
+
+
+def _stack(profiles: list[OptionProfile], memo: dict | None) -> _Stack:
+    key = ("stack", tuple(id(p) for p in profiles))
+    hit = memo.get(key) if memo is not None else None
+    if hit is None:
+        hit = _Stack(profiles)
+        if memo is not None:
+            memo[key] = hit
+    return hit
+
+
 def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_batches: int,
-                 corners: bool = False, vpp: int = 1, memo: dict | None = None) -> np.ndarray:
+                 corners: bool = False, vpp: int = 1, memo: dict | None = None, cutoff_s: float = np.inf
+                 ) -> np.ndarray:
     """Bounds for every row of ``counts`` (stages per option, shape (n, len(profiles)); 0 = option unused);
     inf = infeasible. Rows are grouped by their set of options. ``corners``: only the parts that do not
     increase with any stage count (compute, layer counts, a layer alone in memory), so that each row
     bounds every smaller count of its options too. ``vpp > 1``: the interleaved schedule's weights (b_l / vpp
     in the sum, (m - 1/vpp) b_l and stage 0's forward weight in q, both non-increasing in the stage count);
-    its stages hold at least the 1F1B micro-batches in flight, so the memory bounds stay valid."""
+    its stages hold at least the 1F1B micro-batches in flight, so the memory bounds stay valid. A row whose
+    bound reaches ``cutoff_s`` may get any value from ``cutoff_s`` up to its bound (the caller drops it)."""
     counts = np.asarray(counts, dtype=int).reshape(-1, len(profiles))
     out = np.full(len(counts), np.inf)
     if len(counts) == 0:
         return out
     m = num_micro_batches
-    fwd = np.stack([p.forward_s for p in profiles])  # (O, L)
-    bwd = np.stack([p.backward_s for p in profiles])
-    both = fwd + bwd
-    work = both if vpp == 1 else fwd + bwd / vpp
+    st = _stack(profiles, memo)
+    fwd, bwd, static, act, peak = st.fwd, st.bwd, st.static, st.act, st.peak  # (O, L)
+    work = fwd + bwd if vpp == 1 else fwd + bwd / vpp
     gamma = (m - 1) if vpp == 1 else m - 1.0 / vpp
-    static = np.stack([p.static_unit for p in profiles])
-    act = np.stack([p.act_unit for p in profiles])
-    peak = np.stack([p.peak_unit for p in profiles])
     alone = static + act + peak
     O, L = fwd.shape
-    with np.errstate(divide="ignore", invalid="ignore"):
-        spare = 1.0 - static - peak
-        max_in_flight = np.where(spare < 0, -1.0, np.where(act > 0, np.floor(spare / np.where(act > 0, act, 1.0)),
-                                                            np.inf))
-    # rho[ref, o]: q_l(o) >= rho * q_l(ref) for q = (m - 1) b + x f with any x >= 0
-    rho = np.stack([np.minimum(speed_ratio(bwd, ref), speed_ratio(fwd, ref)) for ref in range(O)])
-    with np.errstate(divide="ignore"):
-        inverse = np.where(rho > 0, 1.0 / rho, np.inf)
+    max_in_flight, inverse, pools = st.max_in_flight, st.inverse, st.pools
     sums_b, sums_f = bwd.sum(axis=1), fwd.sum(axis=1)
-    pools = np.array([p.option.pool for p in profiles])
     most = counts.max(axis=0)
     count_sets = [_count_tables_memo(memo, profiles, fwd, bwd, static, act, peak, layers, most, m)
-                  for layers in _layer_sets(both)]
+                  for layers in st.layer_sets]
     members = counts > 0
     keys, group = np.unique(members, axis=0, return_inverse=True)
     for g, key in enumerate(keys):
@@ -345,9 +457,15 @@ def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_ba
             fluid = np.where((capacity > 0) & np.isfinite(capacity), totals / capacity, 0.0)
         max_g = np.maximum(max_g, fluid.max(axis=1))
         P_rows = total.astype(int)
-        for tables in count_sets:
-            max_g = layer_count_bound(tables, M, c[:, M], pools[M], P_rows, m, max_g, vpp)
+        stop = cutoff_s - sum_min + 1e-9 * abs(cutoff_s) if np.isfinite(cutoff_s) else np.inf
         worst = float(alone[M].min(axis=0).max())
+        if worst > 1.0:  # some layer fits on none of the options: infeasible, whatever the counts
+            out[rows] = np.inf
+            continue
+        for tables in count_sets:
+            if (max_g >= stop).all():  # every row already reaches the cutoff
+                break
+            max_g = layer_count_bound(tables, M, c[:, M], pools[M], P_rows, m, max_g, vpp, stop)
         if corners:
             out[rows] = np.where(worst <= 1.0, sum_min + max_g, np.inf)
             continue
@@ -371,23 +489,20 @@ def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_ba
 
 
 def settings_lower_bound(profiles: list[OptionProfile], caps: np.ndarray, m: int, num_layers: int, max_stages: int,
-                         num_devices: int, dp: int, floor_s: float, vpp: int = 1, memo: dict | None = None) -> float:
+                         num_devices: int, dp: int, floor_s: float, vpp: int = 1, memo: dict | None = None,
+                         cutoff_s: float = np.inf) -> float:
     """A lower bound for every plan of one settings (any pools, tp, stage counts and partition), at least
     ``floor_s`` (:class:`QuickSettingsBound`), from the options of every pool (``caps[o]``: the most stages
     option o can have): the layer-count bound with each pool at its best option's largest count and at most
     one stage per layer; inf when the model cannot fit (then also: a stage of tp x dp devices holds at most
-    one unit of (c1 ppr + act) / room, so sum_l min_o tp_o dp (c1 ppr_l + act_l)(o) / room_o <= devices)."""
+    one unit of (c1 ppr + act) / room, so sum_l min_o tp_o dp (c1 ppr_l + act_l)(o) / room_o <= devices).
+    Once the bound is known to reach ``cutoff_s`` it stops refining it (a value of at least ``cutoff_s``)."""
     if not profiles:
         return np.inf
-    tps = np.array([p.option.tp for p in profiles], dtype=float)
-    static = np.stack([p.static_unit for p in profiles])
-    act = np.stack([p.act_unit for p in profiles])
-    if float(((static + act) * tps[:, None] * dp).min(axis=0).sum()) > num_devices * (1 + 1e-12):
+    st = _stack(profiles, memo)
+    fwd, bwd, static, act, peak, pools = st.fwd, st.bwd, st.static, st.act, st.peak, st.pools
+    if float(((static + act) * st.tps[:, None] * dp).min(axis=0).sum()) > num_devices * (1 + 1e-12):
         return np.inf
-    pools = np.array([p.option.pool for p in profiles])
-    peak = np.stack([p.peak_unit for p in profiles])
-    fwd = np.stack([p.forward_s for p in profiles])
-    bwd = np.stack([p.backward_s for p in profiles])
     sum_min = float((fwd + bwd).min(axis=0).sum()) if vpp == 1 else float((fwd + bwd / vpp).min(axis=0).sum())
     best = floor_s - sum_min
     caps = np.minimum(np.asarray(caps, dtype=int), min(num_layers, max_stages))
@@ -396,11 +511,16 @@ def settings_lower_bound(profiles: list[OptionProfile], caps: np.ndarray, m: int
     most = sum(int(caps[pools == p].max()) for p in np.unique(pools))
     total = np.array([min(num_layers, max_stages, most)])
     options = np.arange(len(profiles))
-    for layers in _layer_sets(fwd + bwd):
+    # max G at or above stop puts the bound at or above the cutoff (the margin covers the rounding)
+    stop = cutoff_s - sum_min + 1e-9 * abs(cutoff_s) if np.isfinite(cutoff_s) else np.inf
+    for layers in st.layer_sets:
         tables = _count_tables_memo(memo, profiles, fwd, bwd, static, act, peak, layers, caps, m)
-        best = float(layer_count_bound(tables, options, caps[None, :], pools, total, m, np.array([best]), vpp)[0])
+        best = float(layer_count_bound(tables, options, caps[None, :], pools, total, m, np.array([best]), vpp,
+                                       stop)[0])
         if not np.isfinite(best):
             return np.inf
+        if best >= stop:
+            break
     return sum_min + best
 
 
@@ -439,7 +559,12 @@ class QuickSettingsBound:
                     for o, r in zip(options, rho):
                         j = pools.index(o.pool)
                         per_pool[ref, j] = max(per_pool[ref, j], 1.0 / (r * o.tp))
-            hit = (sum_min, widest, bwd.sum(axis=1), per_pool, longest, usable, np.array(pools), fwd, bwd)
+            # per reference option (Python scalars: a settings then divides by its dp): the devices'
+            # capacity, the layer-count cap on it, backward sum; the reference options that bound
+            devices = per_pool @ self.pool_devices[np.array(pools)]
+            refs = [(float(d), float(self.num_layers * lg), float(sb)) for d, lg, sb, ok
+                    in zip(devices, longest, bwd.sum(axis=1), usable) if ok]
+            hit = (sum_min, widest, refs, fwd, bwd)
             self._memo[key] = hit
         return hit
 
@@ -464,9 +589,12 @@ class QuickSettingsBound:
         bound on compute alone (no memory limit), shared by the settings that differ only in ZeRO."""
         if not options:
             return np.inf
-        sum_min, widest, sums_b, per_pool, longest, usable, pools, fwd, bwd = self._tables(options, settings)
-        capacity = np.minimum(per_pool @ self.pool_devices[pools] / settings.dp, self.num_layers * longest)
-        fluid = float(np.max(np.where(usable & (capacity > 0), sums_b / np.where(capacity > 0, capacity, 1.0), 0.0)))
+        sum_min, widest, refs, fwd, bwd = self._tables(options, settings)
+        fluid = 0.0
+        for devices, most_layers, sum_b in refs:
+            capacity = min(devices / settings.dp, most_layers)
+            if capacity > 0:
+                fluid = max(fluid, sum_b / capacity)
         gamma = (m - 1) if settings.vpp == 1 else m - 1.0 / settings.vpp  # G_k >= gamma b_k
         best = gamma * max(widest, fluid)
         if caps is None or max_stages is None:
@@ -482,9 +610,6 @@ class QuickSettingsBound:
             total = np.array([min(self.num_layers, max_stages, most)])
             hit = best
             for size, sb, sf in self._sorted(options, settings, fwd, bwd):
-                kmem = tuple(np.full(int(c), size) for c in caps)  # no memory limit
-                tables = CountTables(size, sb, sf, kmem, tuple(np.arange(int(c) + 1) * size for c in caps))
-                hit = float(layer_count_bound(tables, np.arange(len(options)), caps[None, :], option_pools, total, m,
-                                              np.array([hit]), settings.vpp)[0])
+                hit = compute_count_bound(size, sb, sf, caps, option_pools, int(total[0]), m, hit, settings.vpp)
             self._counts[key] = hit
         return sum_min + hit

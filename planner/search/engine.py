@@ -21,6 +21,7 @@ is found.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import logging
@@ -34,7 +35,7 @@ from planner.search import hetero
 from planner.search.backend import Backend
 from planner.search.interleave import chunk_mask, partition_allowed, pipeline_allowed
 from planner.search.bounds import Profiles, QuickSettingsBound, lower_bounds, settings_lower_bound
-from planner.search.partition import solve_partition, stage_bounds
+from planner.search.partition import score, solve_partition, stage_bounds
 from planner.search.space import Layout, Pins, Settings, StageOption, enumerate_settings, max_stages, options_allowed, \
     ordered_layouts, pool_options, settings_allowed
 from planner.search.tables import allocate
@@ -148,7 +149,7 @@ def _choices(profiles: Profiles, cluster: Cluster, settings: Settings, index: in
     for r, (chosen, caps) in enumerate(choices):
         corners[r, [column[o] for o in chosen]] = caps
     bounds = lower_bounds([profiles.get(o, settings) for o in options], corners, m, corners=True, vpp=settings.vpp,
-                          memo=profiles.count_memo)
+                          memo=profiles.count_memo, cutoff_s=cutoff)
     return [_Entry(float(b), index, chosen, caps, True) for (chosen, caps), b in zip(choices, bounds) if b < cutoff]
 
 
@@ -164,7 +165,7 @@ def _blocks(profiles: Profiles, cluster: Cluster, settings: Settings, choice: _E
     if not len(counts):
         return [], full
     bounds = lower_bounds([profiles.get(o, settings) for o in choice.options], counts, m, vpp=settings.vpp,
-                          memo=profiles.count_memo)
+                          memo=profiles.count_memo, cutoff_s=cutoff)
     return [_Entry(float(bounds[r]), choice.settings_index, choice.options, tuple(int(c) for c in counts[r]))
             for r in np.flatnonzero(bounds < cutoff)], full
 
@@ -179,6 +180,7 @@ class _Search:
         self.limits, self.start = limits, start
         self.best: list[Candidate] = []
         self.timed = self.violations = self.work = 0
+        self.skipped = 0  # refinement moves not timed: their bound exceeds the time to beat
         self.least_layout_bound = np.inf
 
     def out_of_limits(self) -> bool:
@@ -247,6 +249,9 @@ class _Search:
         optimum or a limit."""
         current = cand
         L = current.last_layers[-1] + 1
+        # the layout's bound matrices: a move whose partition's bound exceeds the current time cannot time
+        # below it, so only the others are timed
+        S, G, R = self.backend.stage_matrices(cand.layout, cand.settings, self.global_batch)
         improved = True
         while improved and current.time_s > cand.bound_s * (1 + _REL_TOL):
             improved = False
@@ -262,6 +267,9 @@ class _Search:
                     hi = moved[k + 1] - 1 if k + 1 < len(moved) else L - 2
                     if not lo <= moved[k] <= hi or not partition_allowed(self.units, (*moved, L - 1), V):
                         continue
+                    if score(S, G, R, (*moved, L - 1))[0] * (1 - 1e-6) > current.time_s:
+                        self.skipped += 1
+                        continue
                     trial = self.time(current.settings, current.layout, (*moved, L - 1), cand.bound_s,
                                       check=False)
                     if trial is not None and trial < current:
@@ -273,18 +281,28 @@ class _Search:
 
 
 def settings_bound(profiles: Profiles, cluster: Cluster, settings: Settings, num_layers: int, global_batch: int,
-                   pins: Pins, floor_s: float, num_units: int | None = None) -> float:
+                   pins: Pins, floor_s: float, num_units: int | None = None, cutoff_s: float = np.inf,
+                   options: tuple[StageOption, ...] | None = None) -> float:
     """A lower bound for every plan with these settings (:func:`planner.search.bounds.settings_lower_bound`);
-    inf for interleaved settings that no stage count may interleave."""
+    inf for interleaved settings that no stage count may interleave. ``options``: every pool's options under
+    these settings when the caller has them."""
     m = settings.num_micro_batches(global_batch)
     num_units = num_layers if num_units is None else num_units
-    if settings.vpp > 1 and not any(pipeline_allowed(P, m, settings.vpp, num_units) for P in range(2, num_layers + 1)):
+    if settings.vpp > 1 and not _interleavable(m, settings.vpp, num_units, num_layers):
         return np.inf
-    options = [o for opts in pool_options(cluster, settings, pins) for o in opts]
+    if options is None:
+        options = tuple(o for opts in pool_options(cluster, settings, pins) for o in opts)
     caps = np.array([cluster.groups[o.pool].num_devices // (o.tp * settings.dp) for o in options], dtype=int)
     return settings_lower_bound([profiles.get(o, settings) for o in options], caps,
                                 settings.num_micro_batches(global_batch), num_layers, max_stages(settings, num_layers),
-                                cluster.num_devices, settings.dp, floor_s, settings.vpp, profiles.count_memo)
+                                cluster.num_devices, settings.dp, floor_s, settings.vpp, profiles.count_memo,
+                                cutoff_s)
+
+
+@functools.lru_cache(maxsize=4096)
+def _interleavable(num_micro_batches: int, vpp: int, num_units: int, num_layers: int) -> bool:
+    """Whether some stage count may interleave ``vpp`` chunks (a pure function of its arguments)."""
+    return any(pipeline_allowed(P, num_micro_batches, vpp, num_units) for P in range(2, num_layers + 1))
 
 
 @dataclass(frozen=True)
@@ -316,15 +334,42 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
     profiles = Profiles(backend)
     state = _Search(backend, cluster, global_batch, top_k, limits, start, units)
     masks: dict[int, np.ndarray | None] = {}
+    per_dp: dict[int, tuple[StageOption, ...]] = {}  # every pool's options, by dp (nothing else changes them)
+
+    def options_of(s: Settings) -> tuple[StageOption, ...]:
+        hit = per_dp.get(s.dp)
+        if hit is None:
+            hit = per_dp[s.dp] = tuple(o for opts in pool_options(cluster, s, pins) for o in opts)
+        return hit
+
     # settings in increasing bound order: first a quick compute-only bound, then, when a settings comes up,
     # its strong bound (memory, layer counts); its blocks are bounded only when that can still win
     quick = QuickSettingsBound(backend, np.array([g.num_devices for g in cluster.groups], dtype=float), num_layers)
     queue: list[tuple[float, int, int]] = []
+    floors: dict = {}  # heterogeneous stages' compute floors, per layer-table settings
+    # the quick bounds depend on compute alone: the ZeRO stages (and optimizers) share them
+    quick_memo: dict[tuple, float] = {}
+
+    def quick_bound(s: Settings, counted: bool) -> float:
+        stages = max_stages(s, num_layers)
+        key = (s.dp, s.micro_batch, s.recompute, s.sequence_parallel, s.dtype, s.vpp, counted and stages)
+        hit = quick_memo.get(key)
+        if hit is None:
+            options = options_of(s)
+            m = s.num_micro_batches(global_batch)
+            if counted:
+                caps = np.array([cluster.groups[o.pool].num_devices // (o.tp * s.dp) for o in options], dtype=int)
+                hit = quick.bound(options, s, m, caps, stages)
+            else:
+                hit = quick.bound(options, s, m)
+            quick_memo[key] = hit
+        return hit
+
     for i, s in enumerate(settings_list):
-        options = tuple(o for opts in pool_options(cluster, s, pins) for o in opts)
-        queue.append((quick.bound(options, s, s.num_micro_batches(global_batch)), i, _QUICK))
+        queue.append((quick_bound(s, False), i, _QUICK))
         if len(cluster.groups) > 1 and hetero.hetero_allowed(s, pins):  # its heterogeneous stages, when due
-            queue.append((hetero.settings_floor(backend.layer_table, cluster, s, global_batch, pins), i, _HETERO))
+            queue.append((hetero.settings_floor(backend.layer_table, cluster, s, global_batch, pins, floors), i,
+                          _HETERO))
     heapq.heapify(queue)
     heap: list[_Entry] = []
     expanded = bounded = solved = 0
@@ -342,15 +387,11 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
         if upcoming <= top:
             quick_s, index, kind = heapq.heappop(queue)
             if kind == _QUICK:  # the layer-count bound on compute alone (shared by the ZeRO stages) next
-                s = settings_list[index]
-                options = tuple(o for opts in pool_options(cluster, s, pins) for o in opts)
-                caps = np.array([cluster.groups[o.pool].num_devices // (o.tp * s.dp) for o in options], dtype=int)
-                bound = quick.bound(options, s, s.num_micro_batches(global_batch), caps, max_stages(s, num_layers))
-                heapq.heappush(queue, (max(bound, quick_s), index, _COUNTED))
+                heapq.heappush(queue, (max(quick_bound(settings_list[index], True), quick_s), index, _COUNTED))
                 continue
             if kind == _COUNTED:
                 bound = settings_bound(profiles, cluster, settings_list[index], num_layers, global_batch, pins,
-                                       quick_s, num_units)
+                                       quick_s, num_units, state.cutoff(), options_of(settings_list[index]))
                 if np.isfinite(bound):
                     heapq.heappush(queue, (bound, index, _STRONG))
                 continue

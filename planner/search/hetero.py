@@ -62,22 +62,31 @@ def hetero_allowed(settings: Settings, pins: Pins) -> bool:
 
 
 def settings_floor(layer_table: Callable[[StageOption, Settings], object], cluster: Cluster, settings: Settings,
-                   global_batch: int, pins: Pins) -> float:
+                   global_batch: int, pins: Pins, memo: dict | None = None) -> float:
     """A quick lower bound on every heterogeneous stage of these settings, from compute alone (the search
     queues it first; :func:`balanced_floor` adds memory). The groups' micro-batch counts average
     m = G / (b D) (weighted by dp), so some group runs m_r >= m of them: T >= m min_o t_o. And T >= m_r t_r
     for every group, with dp_r tp_r devices of its pool, so D m = sum_r dp_r m_r <= T sum_pools
-    max_o devices / (tp_o t_o). ``layer_table(option, settings)`` gives per-layer forward_s and backward_s."""
-    per_pool = []
-    for pool in range(len(cluster.groups)):
-        options = [StageOption(pool, tp) for tp in tp_choices(cluster, pool, pins)]
-        per_pool.append([(o, _whole_model_s(layer_table(o, settings))) for o in options])
-    usable = [opts for opts in per_pool if opts]
-    if len(usable) < 2:
+    max_o devices / (tp_o t_o). ``layer_table(option, settings)`` gives per-layer forward_s and backward_s,
+    which depend on the settings' micro-batch, recompute, sequence parallelism and dtype (``memo`` keeps the
+    fastest time and the rate per those)."""
+    key = (settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype)
+    hit = memo.get(key) if memo is not None else None
+    if hit is None:
+        per_pool = []
+        for pool in range(len(cluster.groups)):
+            options = [StageOption(pool, tp) for tp in tp_choices(cluster, pool, pins)]
+            per_pool.append([(o, _whole_model_s(layer_table(o, settings))) for o in options])
+        usable = [opts for opts in per_pool if opts]
+        hit = (np.inf, 0.0) if len(usable) < 2 else \
+            (min(t for opts in usable for _, t in opts),
+             sum(max(cluster.groups[o.pool].num_devices / (o.tp * t) for o, t in opts) for opts in usable))
+        if memo is not None:
+            memo[key] = hit
+    fastest, rate = hit
+    if not np.isfinite(fastest):
         return np.inf
     m = settings.num_micro_batches(global_batch)
-    fastest = min(t for opts in usable for _, t in opts)
-    rate = sum(max(cluster.groups[o.pool].num_devices / (o.tp * t) for o, t in opts) for opts in usable)
     return m * max(fastest, settings.dp / rate) * (1 - 1e-9)
 
 

@@ -61,8 +61,11 @@ def _min_sum(S: np.ndarray, G: np.ndarray, R: np.ndarray, t_g: np.ndarray, t_r: 
     f = np.full((B, L + 1), np.inf)
     f[:, 0] = 0.0
     back = []
+    r_free = bool(np.isposinf(t_r).all())  # every R admitted: only G constrains (the common case)
     for k in range(P):
-        allowed = (G[k][None, :, :] <= t_g[:, None, None]) & (R[k][None, :, :] <= t_r[:, None, None])
+        allowed = G[k][None, :, :] <= t_g[:, None, None]
+        if not r_free:
+            allowed &= R[k][None, :, :] <= t_r[:, None, None]
         cand = f[:, :L, None] + np.where(allowed, S[k][None, :, :], np.inf)  # (B, i, j)
         if pointers:
             arg = np.argmin(cand, axis=1)  # (B, j)
@@ -82,7 +85,7 @@ def _min_max(S: np.ndarray, G: np.ndarray, R: np.ndarray, t_r: float) -> float:
     h = np.full(L + 1, np.inf)
     h[0] = -np.inf
     for k in range(P):
-        Gk = np.where(np.isfinite(S[k]) & (R[k] <= t_r), G[k], np.inf)
+        Gk = np.where(np.isfinite(S[k]) & (R[k] <= t_r) if np.isfinite(t_r) else np.isfinite(S[k]), G[k], np.inf)
         cand = np.maximum(h[:L, None], Gk)
         h = np.concatenate(([np.inf], cand.min(axis=0)))
     return float(h[L])
