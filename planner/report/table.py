@@ -13,7 +13,7 @@ def _grid(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *rows]]
 
 
-def _stage_rows(stage: StagePlan) -> list[list[str]]:
+def _stage_rows(stage: StagePlan, plan: Plan) -> list[list[str]]:
     layers = f"{stage.first_layer}-{stage.last_layer} ({stage.last_layer - stage.first_layer + 1})"
     if len(stage.replicas) <= 1:
         return [[str(stage.index), layers, stage.device_type, id_ranges(stage.devices), str(stage.tp), str(stage.dp),
@@ -21,7 +21,9 @@ def _stage_rows(stage: StagePlan) -> list[list[str]]:
     rows = [[str(stage.index), layers, "mixed", id_ranges(stage.devices), "", "", stage.recompute,
              size(stage.memory_bytes_per_device), seconds(stage.time_s)]]
     for replica in stage.replicas:
-        rows.append(["", f"  {replica.batch_share:.0%} of batch", replica.device_type, id_ranges(replica.devices),
+        per_replica = replica.batch_share * plan.global_batch / (replica.dp * plan.micro_batch)
+        rows.append(["", f"  {replica.batch_share:.0%} of batch, {per_replica:g} mb each", replica.device_type,
+                     id_ranges(replica.devices),
                      str(replica.tp), str(replica.dp), "", size(replica.memory_bytes_per_device),
                      seconds(replica.time_s)])
     return rows
@@ -32,17 +34,19 @@ def render_table(plan: Plan) -> str:
     peak_bytes = max([plan.memory_per_device_bytes] + [s.memory_bytes_per_device for s in plan.stages])
     replicas = plan.global_batch / (plan.micro_batch * plan.num_micro_batches)
     cluster = plan.cluster.get("name", "cluster")
+    # a stage with replica groups on several device types gives each group its own micro-batch count
+    mixed = " (on average: see the replica groups)" if any(len(s.replicas) > 1 for s in plan.stages) else ""
     lines = [
         f"Plan for {model} on {cluster} ({plan.num_devices} of {plan.cluster.get('num_devices', '?')} devices)",
         f"  global batch {plan.global_batch} = micro-batch {plan.micro_batch} x {plan.num_micro_batches} "
-        f"micro-batches x {replicas:g} replicas; schedule {plan.schedule}, vpp {plan.vpp}, ZeRO-{plan.zero}, "
+        f"micro-batches x {replicas:g} replicas{mixed}; schedule {plan.schedule}, vpp {plan.vpp}, ZeRO-{plan.zero}, "
         f"{plan.dtype}, sequence parallel {'on' if plan.sequence_parallel else 'off'}",
         f"  iteration {seconds(plan.iteration_time_s)}, {plan.throughput_samples_per_s:.4g} samples/s, "
         f"peak memory {size(peak_bytes)} per device",
         "",
     ]
     header = ["stage", "layers", "device", "devices", "tp", "dp", "recompute", "memory/device", "time/micro-batch"]
-    rows = [row for stage in plan.stages for row in _stage_rows(stage)]
+    rows = [row for stage in plan.stages for row in _stage_rows(stage, plan)]
     lines += _grid(header, rows)
     total = sum(plan.breakdown.get(key, 0.0) for key, _ in BREAKDOWN_PARTS)
     width = max(len(label) for _, label in BREAKDOWN_PARTS)
