@@ -161,3 +161,23 @@ def test_cbc_fallback_agrees_with_highs(monkeypatch):
     assert with_cbc.objective_s == pytest.approx(with_highs.objective_s, rel=1e-5)
     result = shard_tables(problem.tables, c, None, 4096, time_limit_s=5)  # the whole path without HiGHS
     check_result(result, problem.tables, c)
+
+
+def test_solves_after_another_highs_model_ran_in_the_process():
+    """HiGHS keeps one thread scheduler per process. A solve with the default threads first (as the search's
+    partition ILP does, or a user's own HiGHS model) made every later threads=1 solve of ours 'Not Solved'
+    (a DLRM planned after a dense model in one process failed)."""
+    pulp = pytest.importorskip("pulp")
+    if "HiGHS" not in pulp.listSolvers(onlyAvailable=True):
+        pytest.skip("HiGHS is not installed")
+    other = pulp.LpProblem("other", pulp.LpMinimize)
+    add = getattr(other, "add_variable", None)  # pulp >= 3.3; LpVariable(...) is deprecated there
+    x = add("x", 0, 10, cat="Integer") if add is not None else pulp.LpVariable("x", 0, 10, cat="Integer")
+    other += x
+    other += x >= 3
+    other.solve(pulp.HiGHS(msg=False))
+    assert pulp.LpStatus[other.status] == "Optimal"
+    c = cluster((small_node(A100, 2), 1), (small_node(V100, 2), 1))
+    problem = build_problem(random_tables(np.random.default_rng(0), 2), device_arrays(c), 4096, "adagrad")
+    assert solve(problem, class_bins(problem), integer=False).status == "optimal"
+    assert solve(problem, device_bins(problem), integer=True).status == "optimal"

@@ -569,6 +569,12 @@ class _QuietHiGHS(pulp.HiGHS):
         self.work = work
 
     def createAndConfigureSolver(self, lp: pulp.LpProblem) -> None:  # noqa: N802 (pulp's name)
+        import highspy
+
+        # HiGHS keeps one thread scheduler per process: once another solve in this process (the search's ILP, a
+        # user's own HiGHS model) has started it with more threads, a model asking for threads=1 refuses to run
+        # ("Not Solved"). Dropping the scheduler lets this solve start its own with the threads it asks for.
+        highspy.Highs.resetGlobalScheduler(True)
         self._create_quietly(lp)
         if self.work is not None:
             self.work.attach(lp.solverModel)
