@@ -252,10 +252,6 @@ class Problem:
                         mem if option.host else zero)
 
     # ------------------------------------------------------------------------------ evaluation
-    def empty_loads(self) -> Loads:
-        n = self.dev.count
-        return Loads(np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), 0.0, 0.0, np.zeros(n))
-
     def evaluate(self, assignment: Sequence[tuple[int, Sequence[int]]]) -> Loads:
         """Per-device loads of a full assignment: per table (option index, positions of its units)."""
         n = self.dev.count

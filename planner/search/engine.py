@@ -99,10 +99,7 @@ def pipeline_spec(cluster: Cluster, global_batch: int, settings: Settings, layou
                              replicas=(ReplicaSpec(devices=devices, tp=option.tp, dp=settings.dp),))
                    for option, devices, (first, last) in zip(layout.options, allocate(cluster, layout, settings),
                                                              stage_bounds(last_layers)))
-    return PipelineSpec(stages=stages, global_batch=global_batch, micro_batch=settings.micro_batch,
-                        vpp=settings.vpp, zero=settings.zero, recompute=settings.recompute,
-                        sequence_parallel=settings.sequence_parallel, schedule=settings.schedule,
-                        optimizer=settings.optimizer, dtype=settings.dtype)
+    return settings.pipeline(stages, global_batch)
 
 
 def _count_grid(caps: list[int], num_layers: int, pinned_pp: int, max_stages: int) -> tuple[np.ndarray, bool]:
@@ -200,21 +197,30 @@ class _Search:
         layout's only partition, so its time is the bound); ``check``: the DP chose this partition, so the
         cost model must accept it and time it at or above the bound."""
         spec = pipeline_spec(self.cluster, self.global_batch, settings, layout, last)
+        timed = self._evaluate(spec, bound, "a plan" if bound is not None and check else None, violation=True)
+        if timed is None:
+            return None
+        time_s, estimate = timed
+        return Candidate(time_s, settings, layout, last, time_s if bound is None else bound, spec, estimate)
+
+    def _evaluate(self, spec: PipelineSpec, bound: float | None, admitted: str | None, violation: bool = False
+                  ) -> tuple[float, Estimate] | None:
+        """The cost model's time and estimate of ``spec`` (None when it does not fit), counted as work.
+        ``admitted`` names what a bound admitted: its rejection is logged (and counted as a bound violation
+        when ``violation``); a time below ``bound`` is always one."""
         estimate = self.backend.evaluate(spec)
         self.timed += 1
         self.work += 1
         if not estimate.feasible:
-            if bound is not None and check:
-                log.info("search: the cost model rejects a plan the bound admitted (%s)", estimate.reason)
-                self.violations += 1
+            if admitted is not None:
+                log.info("search: the cost model rejects %s the bound admitted (%s)", admitted, estimate.reason)
+                self.violations += violation
             return None
         time_s = float(estimate.iteration_time_s)
-        if bound is None:
-            bound = time_s
-        elif time_s < bound * (1 - 1e-6):
+        if bound is not None and time_s < bound * (1 - 1e-6):
             log.warning("search: the cost model times a plan at %.6g s, below its bound %.6g s", time_s, bound)
             self.violations += 1
-        return Candidate(time_s, settings, layout, last, bound, spec, estimate)
+        return time_s, estimate
 
     def offer(self, cand: Candidate) -> None:
         if any(c.settings == cand.settings and c.layout == cand.layout and c.last_layers == cand.last_layers
@@ -228,17 +234,10 @@ class _Search:
                     num_layers: int) -> Candidate | None:
         """Time a heterogeneous single-stage plan; ``bound`` is its lower bound."""
         spec = hetero.hetero_spec(self.cluster, self.global_batch, settings, stage, num_layers)
-        estimate = self.backend.evaluate(spec)
-        self.timed += 1
-        self.work += 1
-        if not estimate.feasible:
-            log.info("search: the cost model rejects a heterogeneous stage the bound admitted (%s)",
-                     estimate.reason)
+        timed = self._evaluate(spec, bound, "a heterogeneous stage")
+        if timed is None:
             return None
-        time_s = float(estimate.iteration_time_s)
-        if time_s < bound * (1 - 1e-6):
-            log.warning("search: the cost model times a plan at %.6g s, below its bound %.6g s", time_s, bound)
-            self.violations += 1
+        time_s, estimate = timed
         first = stage.groups[0]
         return Candidate(time_s, settings, Layout((StageOption(first.pool, first.tp),)), (num_layers - 1,), time_s,
                          spec, estimate, stage.groups)

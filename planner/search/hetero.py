@@ -33,7 +33,6 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from planner.search.backend import Backend
 from planner.search.bounds import OptionProfile
 from planner.search.space import Pins, Settings, StageOption, tp_choices
 from planner.search.tables import pool_offsets
@@ -192,7 +191,4 @@ def hetero_spec(cluster: Cluster, global_batch: int, settings: Settings, stage: 
     total = sum(g.dp * g.micro_batches for g in stage.groups)
     replicas = tuple(ReplicaSpec(devices=tuple(range(offsets[g.pool], offsets[g.pool] + g.tp * g.dp)), tp=g.tp,
                                  dp=g.dp, batch_share=g.dp * g.micro_batches / total) for g in stage.groups)
-    return PipelineSpec(stages=(StageSpec(0, num_layers - 1, replicas),), global_batch=global_batch,
-                        micro_batch=settings.micro_batch, vpp=1, zero=settings.zero, recompute=settings.recompute,
-                        sequence_parallel=settings.sequence_parallel, schedule="1f1b", optimizer=settings.optimizer,
-                        dtype=settings.dtype)
+    return settings.pipeline((StageSpec(0, num_layers - 1, replicas),), global_batch)  # vpp 1: hetero_allowed

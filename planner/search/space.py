@@ -26,7 +26,7 @@ from planner.cost.memory import RECOMPUTE_CHOICES
 from planner.cost.schedule import SCHEDULES
 from planner.errors import ConfigError
 from planner.search.interleave import INTERLEAVED, pipeline_allowed, schedule_for, vpp_choices
-from planner.types import Cluster, ParallelConfig
+from planner.types import Cluster, ParallelConfig, PipelineSpec, StageSpec
 
 ZERO_STAGES = (0, 1, 2, 3)
 
@@ -55,6 +55,12 @@ class Settings:
 
     def num_micro_batches(self, global_batch: int) -> int:
         return global_batch // (self.micro_batch * self.dp)
+
+    def pipeline(self, stages: tuple[StageSpec, ...], global_batch: int) -> PipelineSpec:
+        """The PipelineSpec of ``stages`` under these settings."""
+        return PipelineSpec(stages=stages, global_batch=global_batch, micro_batch=self.micro_batch, vpp=self.vpp,
+                            zero=self.zero, recompute=self.recompute, sequence_parallel=self.sequence_parallel,
+                            schedule=self.schedule, optimizer=self.optimizer, dtype=self.dtype)
 
 
 @dataclass(frozen=True, order=True)
