@@ -181,3 +181,49 @@ def test_solves_after_another_highs_model_ran_in_the_process():
     problem = build_problem(random_tables(np.random.default_rng(0), 2), device_arrays(c), 4096, "adagrad")
     assert solve(problem, class_bins(problem), integer=False).status == "optimal"
     assert solve(problem, device_bins(problem), integer=True).status == "optimal"
+
+
+def test_the_exact_milp_starts_from_a_given_plan():
+    """A plan handed to the per-device MILP is its first incumbent (relabelled to satisfy the node-order
+    constraints (g)): with almost no work allowed, the MILP still returns a plan at least as good."""
+    rng = np.random.default_rng(7)
+    # 3 identical A100 nodes (so (g) orders them) + 1 V100 node
+    c = cluster((small_node(A100, 2), 3), (small_node(V100, 2), 1))
+    tables = random_tables(rng, 10)
+    problem = build_problem(tables, device_arrays(c), 16384, "adagrad")
+    # a deliberately lopsided plan: every table whole on the last A100 node's second device, else data-parallel
+    start = []
+    for t, options in enumerate(problem.options):
+        o = next(o for o, option in enumerate(options) if option.sharding == "data_parallel")
+        start.append((o, (0,)))
+    start[0] = (next(o for o, option in enumerate(problem.options[0]) if option.sharding == "table_wise"), (5,))
+    start = tuple(start)
+    loads = problem.evaluate(start)
+    assert problem.fits(loads)
+    value = float(problem.device_time_s(loads).max())
+    cold = solve(problem, device_bins(problem), integer=True, work_limit=1)
+    warm = solve(problem, device_bins(problem), integer=True, work_limit=1, incumbent=start)
+    assert warm.assignment is not None and warm.objective_s <= value * (1 + 1e-6)
+    assert cold.assignment is None or cold.objective_s >= warm.objective_s * (1 - 1e-9)
+
+
+def test_symmetric_order_only_relabels_identical_nodes():
+    from planner.embeddings.milp import _symmetric_order
+
+    rng = np.random.default_rng(8)
+    c = cluster((small_node(A100, 2), 3), (small_node(V100, 2), 1))
+    tables = random_tables(rng, 8)
+    problem = build_problem(tables, device_arrays(c), 16384, "adagrad")
+    # table-wise on the last A100 node where it fits, table-row-wise where offered
+    assignment = []
+    for t, options in enumerate(problem.options):
+        o = next(o for o, option in enumerate(options) if option.sharding == "table_wise")
+        assignment.append((o, (4 + t % 2,)))
+    before = problem.evaluate(assignment)
+    after_plan = _symmetric_order(problem, assignment)
+    after = problem.evaluate(after_plan)
+    # the heaviest A100 node (the third) becomes the first; the V100 node (6, 7) keeps its devices
+    assert sorted(problem.device_time_s(before)) == pytest.approx(sorted(problem.device_time_s(after)))
+    assert after.compute_s[:2].sum() >= after.compute_s[2:4].sum() >= after.compute_s[4:6].sum()
+    assert after.compute_s[6:] == pytest.approx(before.compute_s[6:])
+    assert problem.fits(after) == problem.fits(before)

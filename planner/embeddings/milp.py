@@ -118,12 +118,15 @@ def node_bins(problem: Problem) -> Bins:
 
 
 def solve(problem: Problem, bins: Bins, *, integer: bool, work_limit: int | None = None,
-          time_limit_s: float | None = None, keep: bool = False, excess: bool = True) -> SolveResult:
+          time_limit_s: float | None = None, keep: bool = False, excess: bool = True,
+          incumbent: Sequence[tuple[int, Sequence[int]]] | None = None) -> SolveResult:
     """Solve the LP (``integer=False``) or the MILP over ``bins``. ``work_limit`` stops a MILP after that many
     of HiGHS's interrupt checks (deterministic, see :class:`_WorkLimit`; None: to optimality);
     ``time_limit_s`` is a wall-clock limit for callers that want one (benchmarks), off by default because it
     makes the answer depend on the machine's speed. ``excess=False`` leaves the cut (f4) out (a guide for the
-    heuristic: the cut moves the LP's option weights, not always toward options whole devices balance)."""
+    heuristic: the cut moves the LP's option weights, not always toward options whole devices balance).
+    ``incumbent`` (per-device bins only) is a plan handed to HiGHS as its first incumbent: its integer variables
+    are fixed from it and HiGHS completes the rest, so the search prunes against it from the start."""
     start = time.perf_counter()
     dev = problem.dev
     nb = len(bins.members)
@@ -249,14 +252,17 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, work_limit: int | None
             lp += pulp.LpAffineExpression(list(hbm[b].items())) <= hbm_cap[b] * _GB, f"eH_{b}"
         if host[b]:
             lp += pulp.LpAffineExpression(list(host[b].items())) <= host_cap[b] * _GB, f"eU_{b}"
+    start_values: dict[pulp.LpVariable, float] = {}
     if integer:
+        if incumbent is not None and not bins.aggregated:
+            start_values = _start_values(problem, _symmetric_order(problem, incumbent), choice, placed, fused)
         _break_node_symmetry(lp, problem, bins, compute)
 
     highs = have_highs()
     if highs:
         limit = _WorkLimit(work_limit) if integer and work_limit is not None else None
         solver = _QuietHiGHS(mip=integer, msg=False, timeLimit=time_limit_s, threads=1,
-                             gapRel=1e-6 if integer else None, work=limit)
+                             gapRel=1e-6 if integer else None, work=limit, start=start_values)
     else:  # pulp's bundled CBC (slower; no dual bound is read back from it); its node limit stands in for work
         solver = pulp.PULP_CBC_CMD(mip=integer, msg=False, timeLimit=time_limit_s, threads=1,
                                    gapRel=1e-6 if integer else None,
@@ -564,9 +570,10 @@ class _QuietHiGHS(pulp.HiGHS):
     silent, which would corrupt ``--json`` output, so stdout is pointed at /dev/null while it is created. A
     ``work`` limit (:class:`_WorkLimit`) is attached to the model it creates."""
 
-    def __init__(self, *args, work: _WorkLimit | None = None, **kwargs) -> None:
+    def __init__(self, *args, work: _WorkLimit | None = None, start: dict | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.work = work
+        self.start = start or {}
 
     def createAndConfigureSolver(self, lp: pulp.LpProblem) -> None:  # noqa: N802 (pulp's name)
         import highspy
@@ -578,6 +585,13 @@ class _QuietHiGHS(pulp.HiGHS):
         self._create_quietly(lp)
         if self.work is not None:
             self.work.attach(lp.solverModel)
+
+    def callSolver(self, lp: pulp.LpProblem) -> None:  # noqa: N802 (pulp's name)
+        if self.start:  # a partial solution (the integer variables): HiGHS completes it as its first incumbent
+            index = np.array([var.index for var in self.start], dtype=np.int32)
+            value = np.array(list(self.start.values()), dtype=np.float64)
+            lp.solverModel.setSolution(len(index), index, value)
+        super().callSolver(lp)
 
     def _create_quietly(self, lp: pulp.LpProblem) -> None:
         sys.stdout.flush()
@@ -605,12 +619,7 @@ def _break_node_symmetry(lp: pulp.LpProblem, problem: Problem, bins: Bins, compu
     """(g) Identical nodes (same bins pattern) carry non-increasing compute: swapping whole identical nodes
     maps a solution to one of equal value, so this keeps at least one optimum."""
     dev = problem.dev
-    by_pattern: dict[tuple, list[int]] = {}
-    for k, members in enumerate(dev.nodes):
-        key = tuple((int(dev.class_of[i]), float(dev.hbm_capacity_bytes[i]), float(dev.host_capacity_bytes[i]))
-                    for i in members)
-        by_pattern.setdefault(key, []).append(k)
-    for nodes in by_pattern.values():
+    for nodes in _identical_nodes(problem):
         for k1, k2 in zip(nodes, nodes[1:]):
             terms: dict = defaultdict(float)
             for i in dev.nodes[k1]:
@@ -620,6 +629,60 @@ def _break_node_symmetry(lp: pulp.LpProblem, problem: Problem, bins: Bins, compu
                 for v, c in compute[bins.bin_of[i]].items():
                     terms[v] -= c
             lp += pulp.LpAffineExpression(list(terms.items())) >= 0, f"g_{k1}_{k2}"
+
+
+def _identical_nodes(problem: Problem) -> list[list[int]]:
+    """Nodes that can trade places (the same device classes and capacities, in order), grouped."""
+    dev = problem.dev
+    by_pattern: dict[tuple, list[int]] = {}
+    for k, members in enumerate(dev.nodes):
+        key = tuple((int(dev.class_of[i]), float(dev.hbm_capacity_bytes[i]), float(dev.host_capacity_bytes[i]))
+                    for i in members)
+        by_pattern.setdefault(key, []).append(k)
+    return list(by_pattern.values())
+
+
+def _symmetric_order(problem: Problem, assignment: Sequence[tuple[int, Sequence[int]]]):
+    """The same plan with identical nodes relabelled so that their compute is non-increasing, as (g) requires
+    (a relabelling of interchangeable nodes leaves every device's time and memory as they were)."""
+    dev = problem.dev
+    compute = problem.evaluate(assignment).compute_s
+    device_map: dict[int, int] = {}
+    node_map: dict[int, int] = {}
+    for nodes in _identical_nodes(problem):
+        order = sorted(nodes, key=lambda k: (-float(compute[list(dev.nodes[k])].sum()), k))
+        for old, new in zip(order, nodes):
+            node_map[old] = new
+            device_map.update({int(a): int(b) for a, b in zip(dev.nodes[old], dev.nodes[new])})
+    relabelled = []
+    for t, (o, positions) in enumerate(assignment):
+        scope = problem.options[t][o].scope
+        mapping = device_map if scope == "device" else node_map if scope == "node" else {}
+        relabelled.append((o, tuple(mapping.get(p, p) for p in positions)))
+    return tuple(relabelled)
+
+
+def _start_values(problem: Problem, assignment, choice, placed, fused) -> dict[pulp.LpVariable, float]:
+    """Values of the per-device MILP's integer variables for ``assignment``."""
+    values: dict[pulp.LpVariable, float] = {var: 0.0 for var in choice.values()}
+    values.update({var: 0.0 for var in fused.values()})
+    for (t, o), pos_vars in placed.items():
+        for _, var in pos_vars:
+            values.setdefault(var, 0.0)
+    for t, (o, positions) in enumerate(assignment):
+        option = problem.options[t][o]
+        values[choice[t, o]] = 1.0
+        counts: dict[int, int] = defaultdict(int)
+        for p in positions:
+            counts[p] += 1
+            key = problem.fused_key(option, p)
+            if key is not None:
+                values[fused[key]] = 1.0
+        if option.scope == "global":
+            continue
+        for p, var in placed[t, o]:
+            values[var] = float(counts.get(p, 0))
+    return values
 
 
 def _extract(problem: Problem, bins: Bins, choice, placed) -> tuple[tuple[int, tuple[int, ...]], ...]:
