@@ -64,9 +64,10 @@ def check_memory(result, cluster: Cluster, tables: dict[str, EmbeddingTable]) ->
     return max(used[d] / capacity[d] for d in used)
 
 
-def run_case(name: str, tables: tuple[EmbeddingTable, ...], label: str, cluster: Cluster, prove_s: float) -> dict:
+def run_case(name: str, tables: tuple[EmbeddingTable, ...], label: str, cluster: Cluster, prove_s: float,
+             time_limit_s: float = TIME_LIMIT_S) -> dict:
     start, cpu = time.perf_counter(), time.process_time()
-    result = shard_tables(tables, cluster, None, GLOBAL_BATCH, optimizer=OPTIMIZER, time_limit_s=TIME_LIMIT_S)
+    result = shard_tables(tables, cluster, None, GLOBAL_BATCH, optimizer=OPTIMIZER, time_limit_s=time_limit_s)
     elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     problem = build_problem(tables, device_arrays(cluster), GLOBAL_BATCH, OPTIMIZER)
     baseline = torchrec_greedy(problem)
@@ -83,7 +84,7 @@ def run_case(name: str, tables: tuple[EmbeddingTable, ...], label: str, cluster:
         proof = {"proof_time_s": prove_s, "proof_bound_ms": exact.bound_s * 1e3,
                  "proof_incumbent_ms": exact.objective_s * 1e3,
                  "gap_vs_proof_pct": (result.embedding_time_s / exact.bound_s - 1) * 100}
-    return {**proof, "workload": name, "cluster": label, "gpus": cluster.num_devices,
+    return {**proof, "workload": name, "cluster": label, "gpus": cluster.num_devices, "time_limit_s": time_limit_s,
             "embedding_ms": result.embedding_time_s * 1e3, "lower_bound_ms": result.lower_bound_s * 1e3,
             "gap_pct": result.gap * 100, "method": result.method, "proven_optimal": result.proven_optimal,
             "solve_s": elapsed, "cpu_s": cpu, "torchrec_greedy_ms": base_s * 1e3,
@@ -117,6 +118,8 @@ def main() -> int:
     parser.add_argument("--prove", type=float, default=0.0, metavar="S",
                         help="on <= 16 GPUs where the gap exceeds 3%%, run the exact MILP for S seconds for a "
                              "tighter bound on the optimum")
+    parser.add_argument("--more", type=float, default=60.0, metavar="S",
+                        help="re-run the cases whose gap exceeds 3%% with time_limit_s=S (0: do not)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     reference = json.loads(REFERENCE.read_text())
@@ -131,6 +134,10 @@ def main() -> int:
                 row = run_case(workload["name"], tables, label, cluster, args.prove)
                 rows.append(row)
                 print(json.dumps(row, sort_keys=True), flush=True)
+                if args.more > 0 and row["gap_pct"] > 3.0:
+                    again = run_case(workload["name"], tables, label, cluster, 0.0, args.more)
+                    row["more"] = again
+                    print(json.dumps(again, sort_keys=True), flush=True)
     synthetic = synthetic_tables(1000)
     big = load_cluster("dgx-a100-80gb*16")
     start, cpu = time.perf_counter(), time.process_time()
@@ -189,6 +196,23 @@ def write_markdown(path: Path, rows: list[dict], synthetic: dict, reference: dic
             lines.append(f"| {r['workload']} | {r['gpus']} | {r['cluster']} | {r['embedding_ms']:.3f} | "
                          f"{r['lower_bound_ms']:.3f} | {r['proof_bound_ms']:.3f} | {r['proof_incumbent_ms']:.3f} | "
                          f"{r['gap_vs_proof_pct']:.2f} |")
+    more = [r for r in rows if "more" in r]
+    if more:
+        limit = more[0]["more"]["time_limit_s"]
+        within_more = within + sum(1 for r in more if r["more"]["gap_pct"] <= 3.0)
+        lines += ["", f"The cases above 3% again with `time_limit_s={limit:g}` ({limit / TIME_LIMIT_S:g} times the work of "
+                  f"every step; the exact per-device MILP is then tried up to {limit / TIME_LIMIT_S:g} times the "
+                  f"variables): gap <= 3% in "
+                  f"{within_more} of {len(rows)} cases with this budget.", "",
+                  "| workload | GPUs | cluster | ours (ms) | lower bound (ms) | gap % | method | wall (s) | CPU (s) | improvement over greedy % | max mem used/cap |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in more:
+            m = r["more"]
+            improvement = "n/a" if m["improvement_pct"] is None else f"{m['improvement_pct']:.1f}"
+            lines.append(f"| {m['workload']} | {m['gpus']} | {m['cluster']} | {m['embedding_ms']:.3f} | "
+                         f"{m['lower_bound_ms']:.3f} | {m['gap_pct']:.2f} | {m['method']}"
+                         f"{' (optimal)' if m['proven_optimal'] else ''} | {m['solve_s']:.1f} | {m['cpu_s']:.1f} | "
+                         f"{improvement} | {m['max_memory_fraction']:.2f} |")
     lines += ["", f"Synthetic: {synthetic['tables']} tables (seeded; rows log-uniform 1e3-1e7, dims 32-256, "
               f"pooling 1-100) on {synthetic['gpus']} A100s: planned in {synthetic['wall_s']:.1f} s "
               f"({synthetic['cpu_s']:.1f} s of CPU), "
