@@ -183,14 +183,16 @@ def test_solves_after_another_highs_model_ran_in_the_process():
     assert solve(problem, device_bins(problem), integer=True).status == "optimal"
 
 
+def three_identical_nodes_and_one_more(seed: int, count: int):
+    """``count`` random tables on 3 identical 2-A100 nodes (which (g) orders) and one 2-V100 node."""
+    c = cluster((small_node(A100, 2), 3), (small_node(V100, 2), 1))
+    return build_problem(random_tables(np.random.default_rng(seed), count), device_arrays(c), 16384, "adagrad")
+
+
 def test_the_exact_milp_starts_from_a_given_plan():
     """A plan handed to the per-device MILP is its first incumbent (relabelled to satisfy the node-order
     constraints (g)): with almost no work allowed, the MILP still returns a plan at least as good."""
-    rng = np.random.default_rng(7)
-    # 3 identical A100 nodes (so (g) orders them) + 1 V100 node
-    c = cluster((small_node(A100, 2), 3), (small_node(V100, 2), 1))
-    tables = random_tables(rng, 10)
-    problem = build_problem(tables, device_arrays(c), 16384, "adagrad")
+    problem = three_identical_nodes_and_one_more(7, 10)
     # a deliberately lopsided plan: every table whole on the last A100 node's second device, else data-parallel
     start = []
     for t, options in enumerate(problem.options):
@@ -210,11 +212,8 @@ def test_the_exact_milp_starts_from_a_given_plan():
 def test_symmetric_order_only_relabels_identical_nodes():
     from planner.embeddings.milp import _symmetric_order
 
-    rng = np.random.default_rng(8)
-    c = cluster((small_node(A100, 2), 3), (small_node(V100, 2), 1))
-    tables = random_tables(rng, 8)
-    problem = build_problem(tables, device_arrays(c), 16384, "adagrad")
-    # table-wise on the last A100 node where it fits, table-row-wise where offered
+    problem = three_identical_nodes_and_one_more(8, 8)
+    # every table whole on a device of the third A100 node
     assignment = []
     for t, options in enumerate(problem.options):
         o = next(o for o, option in enumerate(options) if option.sharding == "table_wise")
