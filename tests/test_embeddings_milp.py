@@ -125,6 +125,36 @@ def test_excess_cut_lifts_the_lp_and_stays_below_the_brute_force_optimum(seed, m
             assert relaxed.bound_s > without.bound_s * (1 + 1e-4)
 
 
+@pytest.mark.parametrize("seed", [5, 6, 8])
+def test_memory_pigeonhole_cut_lifts_and_stays_below_the_brute_force_optimum(seed, monkeypatch):
+    """(f5): three tables of 51-60% of a device's memory each on 2 devices fit the class's memory (2 x 100%)
+    but not table-wise on whole devices; the cut (at most one unit of more than half the memory per device)
+    lifts the class MILP to the brute-force optimum here and never past it. Claiming one unit per device for
+    units of more than a quarter of the memory (slack 3: invalid) overshoots the optimum."""
+    from planner.embeddings import milp
+    from planner.embeddings.problem import shard_memory_bytes
+
+    rng = np.random.default_rng(500 + seed)
+    tables = tuple(EmbeddingTable(f"t{i}", int(rng.integers(1_000_000, 1_200_000)), 8,
+                                  float(rng.choice([1, 20, 60]))) for i in range(3))
+    memory = [shard_memory_bytes(t.rows, t.dim, t.dtype_bytes, "adagrad") for t in tables]
+    capacity = min(memory) / float(rng.uniform(0.51, 0.6))
+    devices = device_arrays(cluster((small_node(A100, 2), 1)), None, {0: capacity, 1: capacity}, allow_host=False)
+    problem = build_problem(tables, devices, 8192, "adagrad")
+    best = brute_force(problem)
+    bound = solve(problem, class_bins(problem), integer=True).bound_s
+    assert bound <= best * (1 + 1e-7)
+    assert bound == pytest.approx(best, rel=1e-6)
+    relaxed = solve(problem, class_bins(problem), integer=False, keep=True)
+    assert relaxed.bound_s <= resolve_integer(problem, relaxed).bound_s * (1 + 1e-9) <= best * (1 + 1e-7)
+    original = milp._add_memory_pigeonhole_cuts
+    with monkeypatch.context() as m:
+        m.setattr(milp, "_add_memory_pigeonhole_cuts", lambda *args: None)
+        assert solve(problem, class_bins(problem), integer=True).bound_s < best * (1 - 1e-4)
+        m.setattr(milp, "_add_memory_pigeonhole_cuts", lambda *args: original(*args, slack=3))
+        assert solve(problem, class_bins(problem), integer=True).bound_s > best * (1 + 1e-4)
+
+
 def test_aggregated_lp_equals_device_lp():
     rng = np.random.default_rng(5)
     c = cluster((small_node(A100, 4), 2), (small_node(V100, 4), 1))

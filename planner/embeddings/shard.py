@@ -52,10 +52,18 @@ MILP_WORK_LARGE = 20
 EXACT_MILP_WORK = 3000
 EXACT_MILP_WORK_LARGE = 40
 LARGE_MILP_VARIABLES = 2000
-# The class MILP of step (2) keeps the full count up to the size that still carries the cuts (f3), (f4)
-# (milp.PIGEONHOLE_MAX_VARIABLES): there the extra checks lift the bound (HugeCTR on 128 A100s: 13.196 ->
-# 13.249 ms for 0.6 s more CPU; on 64 A100s 24.208 -> 24.236 ms for 2.8 s), past it they cost seconds for nothing.
-CLASS_LARGE_MILP_VARIABLES = PIGEONHOLE_MAX_VARIABLES
+# The class MILP of step (2) keeps the full count up to CLASS_LARGE_MILP_VARIABLES: there the extra checks lift
+# the bound (HugeCTR on 128 A100s: 13.196 -> 13.249 ms for 0.6 s more CPU; on 64 A100s 24.208 -> 24.236 ms for
+# 2.8 s; on 4 A100 + 4 V100, 4,243 variables, where the memory cut (f5) binds: 267.26 -> 274.96 ms for 5.4 s),
+# past it they cost seconds for nothing (the 1,000-table instance). The guides without the cut (f4) are built
+# only up to the size that still carries the cuts (f3), (f4) (milp.PIGEONHOLE_MAX_VARIABLES).
+CLASS_LARGE_MILP_VARIABLES = 5000
+# Small class MILPs (up to CLASS_SMALL_MILP_VARIABLES) get CLASS_MILP_WORK_SMALL checks: there each check is cheap
+# and 200 stop short of optimality (Criteo on 64 A100 + 64 V100: bound 0.7939 ms at 200 checks, 1.1 s of CPU;
+# 0.8035 ms, proven, at 5,000, 2.1 s; Criteo on 32 + 32: 1.2283 -> 1.2298 ms for 3 s more; every other
+# reference workload closes it within 200).
+CLASS_SMALL_MILP_VARIABLES = 1000
+CLASS_MILP_WORK_SMALL = 5000
 HEURISTIC_WORK = 8000
 REBUILD_WORK = 8000
 
@@ -114,13 +122,15 @@ def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Se
     # (2) the same with one option per table and whole units per class: still a relaxation of the per-device
     # problem (any plan aggregates to a solution of it), but it cannot mix options within a table
     guides = []
-    chosen = resolve_integer(problem, relaxed, work_limit=scaled(
-        _milp_work(problem, class_bins(problem), threshold=CLASS_LARGE_MILP_VARIABLES)))
+    class_work = _milp_work(problem, class_bins(problem), threshold=CLASS_LARGE_MILP_VARIABLES)
+    if _milp_size(problem, class_bins(problem)) <= CLASS_SMALL_MILP_VARIABLES:
+        class_work = CLASS_MILP_WORK_SMALL
+    chosen = resolve_integer(problem, relaxed, work_limit=scaled(class_work))
     bound = max(bound, chosen.bound_s if chosen.status != "infeasible" else bound)
     if chosen.weights:
         guides.append(chosen.weights)
     guides.append(relaxed.weights)
-    if _milp_size(problem, class_bins(problem)) <= CLASS_LARGE_MILP_VARIABLES:
+    if _milp_size(problem, class_bins(problem)) <= PIGEONHOLE_MAX_VARIABLES:
         # guides from the class LP and MILP without the excess cut (f4), which moves the option weights, not
         # always toward options whole devices can balance (Criteo on 64 A100 + 64 V100: 0.889 ms from the
         # guides with it, 0.840 ms with these too); only a guide, so the MILP gets the smaller work count
@@ -141,8 +151,9 @@ def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Se
         best = _makespan(problem, assignment)
     method, proven = "heuristic", False
     # (4) nodes as bins: which node carries which table is exact, devices inside a node are pooled
-    if best > bound * (1 + 1e-6) and 1 < len(problem.dev.nodes) <= NODE_MILP_MAX_NODES:
-        nodes = node_bins(problem)
+    nodes = node_bins(problem)
+    if best > bound * (1 + 1e-6) and 1 < len(problem.dev.nodes) <= NODE_MILP_MAX_NODES \
+            and not _same_bins(nodes, class_bins(problem)):  # one class per node: step (2) solved this model
         by_node = solve(problem, nodes, integer=True, work_limit=scaled(_milp_work(problem, nodes)))
         bound = max(bound, by_node.bound_s if by_node.status != "infeasible" else bound)
         if by_node.weights:
@@ -194,6 +205,11 @@ def _makespan(problem: Problem, assignment) -> float:
     if not problem.fits(loads):
         return np.inf
     return float(problem.device_time_s(loads).max())
+
+
+def _same_bins(a: Bins, b: Bins) -> bool:
+    """Whether two binnings group the devices alike (then their MILPs are the same model)."""
+    return sorted(tuple(m) for m in a.members) == sorted(tuple(m) for m in b.members)
 
 
 def _milp_size(problem: Problem, bins: Bins | None = None) -> int:
