@@ -101,11 +101,12 @@ def improve(problem: Problem, assignment: Assignment, settings: LnsSettings = Ln
         return assignment
     times = problem.device_time_s(loads)
     rng = np.random.default_rng(settings.seed)
-    fails = kept = 0
+    fails = kept = done = 0
     budget = Work(settings.work)
     for round_ in range(settings.rounds):
         if float(times.max()) <= target_s * (1 + 1e-6) or fails >= settings.patience or budget.done:
             break
+        done += 1
         hood = choose_neighbourhood(problem, current, times, rng, round_, fails, settings)
         candidate = solve_neighbourhood(problem, current, hood, settings.checks, budget)
         if candidate is None:
@@ -118,8 +119,7 @@ def improve(problem: Problem, assignment: Assignment, settings: LnsSettings = Ln
             kept += 1
         else:
             fails += 1
-    log.debug("neighbourhood search: %d rounds, %d kept, slowest device %.6f s", round_ + 1, kept,
-              float(times.max()))
+    log.debug("neighbourhood search: %d rounds, %d kept, slowest device %.6f s", done, kept, float(times.max()))
     return current
 
 
