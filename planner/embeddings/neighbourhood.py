@@ -80,7 +80,7 @@ class LnsSettings:
     work: float = 30_000.0
     checks: int = 60
     rounds: int = 200
-    patience: int = 4
+    patience: int = 3
     flexible: int = 6
     devices: int = 12
     units: int = 1000
