@@ -42,13 +42,14 @@ Constraints
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 import pulp
@@ -623,17 +624,37 @@ class _QuietHiGHS(pulp.HiGHS):
         super().callSolver(lp)
 
     def _create_quietly(self, lp: pulp.LpProblem) -> None:
-        sys.stdout.flush()
-        saved = os.dup(1)
-        try:
-            with open(os.devnull, "w") as sink:
-                os.dup2(sink.fileno(), 1)
-                try:
-                    super().createAndConfigureSolver(lp)
-                finally:
-                    os.dup2(saved, 1)
-        finally:
-            os.close(saved)
+        with _stdout_silenced():
+            super().createAndConfigureSolver(lp)
+
+
+@contextlib.contextmanager
+def _stdout_silenced() -> Iterator[None]:
+    """Point the C-level stdout at /dev/null (HiGHS prints its banner there when a model is created)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as sink:
+            os.dup2(sink.fileno(), 1)
+            try:
+                yield
+            finally:
+                os.dup2(saved, 1)
+    finally:
+        os.close(saved)
+
+
+def quiet_highs():
+    """A new, silent, one-thread ``highspy.Highs`` for a model built directly (planner.embeddings.neighbourhood),
+    deterministic like every solve here (see :class:`_QuietHiGHS` for the scheduler reset)."""
+    import highspy
+
+    highspy.Highs.resetGlobalScheduler(True)
+    with _stdout_silenced():
+        highs = highspy.Highs()
+    highs.setOptionValue("output_flag", False)
+    highs.setOptionValue("threads", 1)
+    return highs
 
 
 def _dual_bound(lp: pulp.LpProblem, integer: bool, fallback: float) -> float:
