@@ -256,3 +256,37 @@ def test_symmetric_order_only_relabels_identical_nodes():
     assert after.compute_s[:2].sum() >= after.compute_s[2:4].sum() >= after.compute_s[4:6].sum()
     assert after.compute_s[6:] == pytest.approx(before.compute_s[6:])
     assert problem.fits(after) == problem.fits(before)
+
+
+def test_an_exact_milp_whose_plan_is_slower_than_its_objective_is_not_trusted(monkeypatch):
+    """If HiGHS hands back a plan slower than its own objective, its bound and 'optimal' status are ignored:
+    the result equals one where the exact MILP found nothing."""
+    import dataclasses
+
+    import planner.embeddings.shard as shard
+
+    problem = three_identical_nodes_and_one_more(9, 6)
+    tables = problem.tables
+    c = cluster((small_node(A100, 2), 3), (small_node(V100, 2), 1))
+    real = shard.solve
+
+    def broken(problem, bins, **kwargs):
+        result = real(problem, bins, **kwargs)
+        if bins.aggregated or not kwargs.get("integer"):
+            return result
+        fake = result.objective_s * 0.5
+        return dataclasses.replace(result, status="optimal", objective_s=fake, bound_s=fake)
+
+    def nothing(problem, bins, **kwargs):
+        if bins.aggregated or not kwargs.get("integer"):
+            return real(problem, bins, **kwargs)
+        return dataclasses.replace(real(problem, bins, **kwargs), status="not_solved", objective_s=float("inf"),
+                                   bound_s=0.0, assignment=None)
+
+    monkeypatch.setattr(shard, "solve", broken)
+    distrusted = shard_tables(tables, c, None, 16384, time_limit_s=1)
+    monkeypatch.setattr(shard, "solve", nothing)
+    without = shard_tables(tables, c, None, 16384, time_limit_s=1)
+    assert distrusted.lower_bound_s == without.lower_bound_s
+    assert distrusted.embedding_time_s == without.embedding_time_s
+    assert distrusted.proven_optimal == without.proven_optimal
