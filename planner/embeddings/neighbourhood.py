@@ -30,9 +30,9 @@ the others still get lighter. T covers S, plus the devices outside S when the op
 A round's plan is kept when it is better in the leximax order (its device times sorted slowest first,
 compared in order), which lowers the slowest device or, where it cannot, the next one: many devices often
 share the maximum. Every plan kept fits in memory (Problem.fits). Each sub-MILP starts from the current plan
-(a feasible solution of it), so HiGHS always has an incumbent. The work is bounded by HiGHS interrupt checks
-(milp._WorkLimit) weighted by the sub-MILP's size, and by rounds, never by the clock: the same input gives
-the same plan.
+(a feasible solution of it), so HiGHS always has an incumbent. The work is bounded by HiGHS simplex
+iterations summed over the rounds, by interrupt checks per round (milp._WorkLimit) and by rounds, never by the
+clock: the same input gives the same plan.
 """
 
 from __future__ import annotations
