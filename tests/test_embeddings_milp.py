@@ -290,3 +290,24 @@ def test_an_exact_milp_whose_plan_is_slower_than_its_objective_is_not_trusted(mo
     assert distrusted.lower_bound_s == without.lower_bound_s
     assert distrusted.embedding_time_s == without.embedding_time_s
     assert distrusted.proven_optimal == without.proven_optimal
+
+
+def test_the_guide_without_node_options_chooses_one_other_option_per_table():
+    """The extra guide (the class MILP with table-row-wise forbidden) puts no weight on node-wide options and
+    one whole option per table, and plans built from it are real plans of the full problem."""
+    from planner.embeddings.heuristic import Work, heuristic
+    from planner.embeddings.shard import _guide_without_node_options, _makespan, _uses_node_options
+
+    c = cluster((small_node(A100, 2), 2), (small_node(V100, 2), 2))
+    problem = build_problem(random_tables(np.random.default_rng(11), 6), device_arrays(c), 16384, "adagrad")
+    assert any(option.scope == "node" for options in problem.options for option in options)
+    guide = _guide_without_node_options(problem, 200)
+    assert not _uses_node_options(problem, guide)
+    for t, row in enumerate(guide):
+        assert sum(row) == pytest.approx(1.0)
+        assert all(w == 0.0 for o, w in enumerate(row) if problem.options[t][o].scope == "node")
+    plan = heuristic(problem, guide, Work(2000))
+    assert plan is not None and np.isfinite(_makespan(problem, plan))
+    node_weights = tuple(tuple(1.0 if o == next(j for j, x in enumerate(options) if x.scope == "node") else 0.0
+                               for o in range(len(options))) for options in problem.options)
+    assert _uses_node_options(problem, node_weights)
