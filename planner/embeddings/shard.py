@@ -1,9 +1,11 @@
 """``shard_tables``: place embedding tables on (possibly mixed) devices, with a proven bound.
 
 The order of work: (1) the LP relaxation over classes of identical devices; (2) the same with integral option
-choices (a stronger bound that is still a relaxation, and a plan sketch); (3) greedy + local search guided by
-each, then ruin-and-recreate on the best plan; (4) on clusters of a few nodes, the MILP with nodes as bins (a
-stronger bound still); (5) the exact per-device MILP on small instances. Every step is bounded by a count of
+choices (a stronger bound that is still a relaxation, and a plan sketch; where it chose node-wide options, also
+its choice without them); (3) greedy + local search guided by each, then ruin-and-recreate on the best plan,
+then (3c) a large-neighbourhood search of exact sub-MILPs on up to 32 devices; (4) on clusters of a few nodes,
+the MILP with nodes as bins (a stronger bound still); (5) the exact per-device MILP on small instances,
+started from the best plan so far. Every step is bounded by a count of
 work, not by the clock, so the answer does not depend on the machine's speed. The result reports the slowest
 device's time, the best proven lower bound, and the gap between them.
 """
