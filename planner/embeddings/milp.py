@@ -696,7 +696,8 @@ def _symmetric_order(problem: Problem, assignment: Sequence[tuple[int, Sequence[
     """The same plan with identical nodes relabelled so that their compute is non-increasing, as (g) requires
     (a relabelling of interchangeable nodes leaves every device's time and memory as they were)."""
     dev = problem.dev
-    compute = problem.evaluate(assignment).compute_s
+    loads = problem.evaluate(assignment)
+    compute = loads.compute_s + loads.latency_s  # as the MILP counts it: fused collectives' latency included
     device_map: dict[int, int] = {}
     node_map: dict[int, int] = {}
     for nodes in _identical_nodes(problem):
