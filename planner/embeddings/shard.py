@@ -128,31 +128,33 @@ def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Se
     def scaled(work: float) -> int:
         return max(int(round(work * effort)), 1)
 
+    classes = class_bins(problem)
+    class_size = _milp_size(problem, classes)
     # (1) the LP relaxation over classes of identical devices: a bound, and each table's preferred options
-    relaxed = solve(problem, class_bins(problem), integer=False, keep=True)
+    relaxed = solve(problem, classes, integer=False, keep=True)
     if relaxed.status == "infeasible":
         raise _too_big_in_total(problem)
     bound = relaxed.bound_s if relaxed.status in ("optimal", "feasible") else 0.0
     # (2) the same with one option per table and whole units per class: still a relaxation of the per-device
     # problem (any plan aggregates to a solution of it), but it cannot mix options within a table
     guides = []
-    class_work = _milp_work(problem, class_bins(problem), threshold=CLASS_LARGE_MILP_VARIABLES)
-    if _milp_size(problem, class_bins(problem)) <= CLASS_SMALL_MILP_VARIABLES:
-        class_work = CLASS_MILP_WORK_SMALL
+    class_work = (CLASS_MILP_WORK_SMALL if class_size <= CLASS_SMALL_MILP_VARIABLES
+                  else _milp_work(class_size, threshold=CLASS_LARGE_MILP_VARIABLES))
+    guide_work = scaled(_milp_work(class_size))  # the MILPs that only make guides get the plain count
     chosen = resolve_integer(problem, relaxed, work_limit=scaled(class_work))
     bound = max(bound, chosen.bound_s if chosen.status != "infeasible" else bound)
     if chosen.weights:
         guides.append(chosen.weights)
     guides.append(relaxed.weights)
-    if _milp_size(problem, class_bins(problem)) <= PIGEONHOLE_MAX_VARIABLES:
+    if class_size <= PIGEONHOLE_MAX_VARIABLES:
         # guides from the class LP and MILP without the excess cut (f4), which moves the option weights, not
         # always toward options whole devices can balance (Criteo on 64 A100 + 64 V100: 0.889 ms from the
         # guides with it, 0.840 ms with these too); only a guide, so the MILP gets the smaller work count
-        plain = solve(problem, class_bins(problem), integer=False, keep=True, excess=False)
-        plain_chosen = resolve_integer(problem, plain, work_limit=scaled(_milp_work(problem, class_bins(problem))))
+        plain = solve(problem, classes, integer=False, keep=True, excess=False)
+        plain_chosen = resolve_integer(problem, plain, work_limit=guide_work)
         guides.extend(g for g in (plain_chosen.weights, plain.weights) if g)
     if chosen.weights and _uses_node_options(problem, chosen.weights):
-        guides.append(_guide_without_node_options(problem, scaled(_milp_work(problem, class_bins(problem)))))
+        guides.append(_guide_without_node_options(problem, guide_work))
     guides.append(least_work_guide(problem))
     # (3) greedy + local search from each guide
     assignment, best = None, np.inf
@@ -174,8 +176,8 @@ def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Se
     # (4) nodes as bins: which node carries which table is exact, devices inside a node are pooled
     nodes = node_bins(problem)
     if best > bound * (1 + 1e-6) and 1 < len(problem.dev.nodes) <= NODE_MILP_MAX_NODES \
-            and not _same_bins(nodes, class_bins(problem)):  # one class per node: step (2) solved this model
-        by_node = solve(problem, nodes, integer=True, work_limit=scaled(_milp_work(problem, nodes)))
+            and not _same_bins(nodes, classes):  # one class per node: step (2) solved this model
+        by_node = solve(problem, nodes, integer=True, work_limit=scaled(_milp_work(_milp_size(problem, nodes))))
         bound = max(bound, by_node.bound_s if by_node.status != "infeasible" else bound)
         if by_node.weights:
             candidate = heuristic(problem, by_node.weights, Work(scaled(HEURISTIC_WORK)))
@@ -183,8 +185,9 @@ def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Se
             if value < best:
                 assignment, best = candidate, value
     # (5) the exact per-device MILP on small instances
-    if _milp_size(problem) <= MILP_MAX_VARIABLES * max(effort, 1.0) and best > bound * (1 + 1e-6):
-        exact_work = EXACT_MILP_WORK if _milp_size(problem) <= LARGE_MILP_VARIABLES else EXACT_MILP_WORK_LARGE
+    exact_size = _milp_size(problem)
+    if exact_size <= MILP_MAX_VARIABLES * max(effort, 1.0) and best > bound * (1 + 1e-6):
+        exact_work = _milp_work(exact_size, EXACT_MILP_WORK, EXACT_MILP_WORK_LARGE)
         exact: SolveResult = solve(problem, device_bins(problem), integer=True, work_limit=scaled(exact_work),
                                   incumbent=assignment)
         value = _makespan(problem, exact.assignment) if exact.assignment is not None else np.inf
@@ -281,10 +284,10 @@ def _milp_size(problem: Problem, bins: Bins | None = None) -> int:
     return size
 
 
-def _milp_work(problem: Problem, bins: Bins, large: int = MILP_WORK_LARGE,
+def _milp_work(size: int, small: int = MILP_WORK, large: int = MILP_WORK_LARGE,
                threshold: int = LARGE_MILP_VARIABLES) -> int:
-    """The work limit (HiGHS interrupt checks, before scaling) of the MILP over ``bins``."""
-    return MILP_WORK if _milp_size(problem, bins) <= threshold else large
+    """The work limit (HiGHS interrupt checks, before scaling) of a MILP of ``size`` variables."""
+    return small if size <= threshold else large
 
 
 def _too_big_in_total(problem: Problem) -> InfeasibleError:
