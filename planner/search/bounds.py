@@ -444,6 +444,10 @@ def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_ba
         M = np.flatnonzero(key)
         if len(M) == 0:
             continue
+        worst = float(alone[M].min(axis=0).max())
+        if worst > 1.0:  # some layer fits on none of the options: infeasible, whatever the counts
+            out[rows] = np.inf
+            continue
         c = counts[rows].astype(float)
         total = c.sum(axis=1)
         extra = np.maximum(0.0, m - total) if vpp == 1 else np.array([least_delta(int(p), m, vpp) for p in total])
@@ -458,16 +462,12 @@ def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_ba
         max_g = np.maximum(max_g, fluid.max(axis=1))
         P_rows = total.astype(int)
         stop = cutoff_s - sum_min + 1e-9 * abs(cutoff_s) if np.isfinite(cutoff_s) else np.inf
-        worst = float(alone[M].min(axis=0).max())
-        if worst > 1.0:  # some layer fits on none of the options: infeasible, whatever the counts
-            out[rows] = np.inf
-            continue
         for tables in count_sets:
             if (max_g >= stop).all():  # every row already reaches the cutoff
                 break
             max_g = layer_count_bound(tables, M, c[:, M], pools[M], P_rows, m, max_g, vpp, stop)
         if corners:
-            out[rows] = np.where(worst <= 1.0, sum_min + max_g, np.inf)
+            out[rows] = sum_min + max_g  # worst <= 1: the group was skipped otherwise
             continue
         # memory
         base_use = float((static[M] + act[M]).min(axis=0).sum())
@@ -483,7 +483,7 @@ def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_ba
         ok = np.stack([_hall_table(carry[t].max(axis=0), m) for t in subsets])  # (subsets, L + 1)
         need = (c[:, M] @ subsets.T.astype(float)).astype(int)  # (rows, subsets): stages on each subset
         hall = ok[np.arange(len(subsets))[None, :], np.minimum(need, L + 1 - 1)].all(axis=1) & (need <= L).all(axis=1)
-        feasible = (worst <= 1.0) & hall & (base_use + pairing[P_rows] <= P_rows * (1 + 1e-12))
+        feasible = hall & (base_use + pairing[P_rows] <= P_rows * (1 + 1e-12))
         out[rows] = np.where(feasible, sum_min + max_g, np.inf)
     return out
 
@@ -533,7 +533,6 @@ class QuickSettingsBound:
     def __init__(self, backend: Backend, pool_devices: np.ndarray, num_layers: int) -> None:
         self.backend, self.pool_devices, self.num_layers = backend, pool_devices, num_layers
         self._memo: dict[tuple, tuple] = {}
-        self._counts: dict[tuple, float] = {}
         self._prefix: dict[tuple, list] = {}
 
     def _tables(self, options: tuple[StageOption, ...], settings: Settings) -> tuple:
@@ -599,17 +598,11 @@ class QuickSettingsBound:
         best = gamma * max(widest, fluid)
         if caps is None or max_stages is None:
             return sum_min + best
-        key = (options, settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype,
-               settings.vpp, settings.dp, m, max_stages)
-        hit = self._counts.get(key)
-        if hit is None:
-            caps = np.minimum(np.asarray(caps, dtype=int), min(self.num_layers, max_stages))
-            option_pools = np.zeros(len(options), dtype=int) if max_stages == 1 else \
-                np.array([o.pool for o in options])
-            most = sum(int(caps[option_pools == p].max()) for p in np.unique(option_pools))
-            total = np.array([min(self.num_layers, max_stages, most)])
-            hit = best
-            for size, sb, sf in self._sorted(options, settings, fwd, bwd):
-                hit = compute_count_bound(size, sb, sf, caps, option_pools, int(total[0]), m, hit, settings.vpp)
-            self._counts[key] = hit
-        return sum_min + hit
+        # (not cached here: the search caches this bound per settings, which determines every argument)
+        caps = np.minimum(np.asarray(caps, dtype=int), min(self.num_layers, max_stages))
+        option_pools = np.zeros(len(options), dtype=int) if max_stages == 1 else np.array([o.pool for o in options])
+        most = sum(int(caps[option_pools == p].max()) for p in np.unique(option_pools))
+        total = min(self.num_layers, max_stages, most)
+        for size, sb, sf in self._sorted(options, settings, fwd, bwd):
+            best = compute_count_bound(size, sb, sf, caps, option_pools, total, m, best, settings.vpp)
+        return sum_min + best

@@ -114,10 +114,13 @@ class CostModelBackend:
             bwd.append(b)
             # the last stage sends back to stage 0 only between interleaved chunks
             to = k + 1 if k + 1 < P else (0 if settings.vpp > 1 else None)
-            output_bytes = self.layer_table(option, settings).output_bytes
-            if k + 1 == P:  # the wrap-around carries a chunk boundary: the cost model's figure (estimator._work)
-                output_bytes = np.full_like(output_bytes, output_bytes[:-1].max(initial=0.0))
-            sends.append(None if to is None else self._send_s(devices[k][0], devices[to][0], output_bytes, option))
+            if to is None:
+                sends.append(None)
+            else:
+                output_bytes = self.layer_table(option, settings).output_bytes
+                if k + 1 == P:  # the wrap-around carries a chunk boundary: the cost model's figure (estimator._work)
+                    output_bytes = np.full_like(output_bytes, output_bytes[:-1].max(initial=0.0))
+                sends.append(self._send_s(devices[k][0], devices[to][0], output_bytes, option))
             in_flight = micro_batches_in_flight(k, P, m, settings.schedule, settings.vpp)
             empty, per_micro_batch = self._memory_of(option, settings)
             fits.append(empty + in_flight * per_micro_batch <= self.capacity_bytes(option))

@@ -177,7 +177,6 @@ class _Search:
         self.limits, self.start = limits, start
         self.best: list[Candidate] = []
         self.timed = self.violations = self.work = 0
-        self.skipped = 0  # refinement moves not timed: their bound exceeds the time to beat
         self.least_layout_bound = np.inf
 
     def out_of_limits(self) -> bool:
@@ -267,8 +266,7 @@ class _Search:
                     if not lo <= moved[k] <= hi or not partition_allowed(self.units, (*moved, L - 1), V):
                         continue
                     if score(S, G, R, (*moved, L - 1))[0] * (1 - 1e-6) > current.time_s:
-                        self.skipped += 1
-                        continue
+                        continue  # its bound already exceeds the time to beat: not timed
                     trial = self.time(current.settings, current.layout, (*moved, L - 1), cand.bound_s,
                                       check=False)
                     if trial is not None and trial < current:
