@@ -135,8 +135,7 @@ def _choices(profiles: Profiles, cluster: Cluster, settings: Settings, index: in
         chosen = tuple(o for o in choice if o is not None)
         if not options_allowed(settings, chosen) or (stages_cap == 1 and len(chosen) > 1):
             continue
-        caps = tuple(min(num_layers, stages_cap, cluster.groups[o.pool].num_devices // (o.tp * settings.dp))
-                     for o in chosen)
+        caps = tuple(min(num_layers, stages_cap, o.most_stages(cluster, settings.dp)) for o in chosen)
         if (pins.pp and sum(caps) < pins.pp) or (settings.vpp > 1 and sum(caps) < 2):
             continue
         choices.append((chosen, caps))
@@ -289,7 +288,7 @@ def settings_bound(profiles: Profiles, cluster: Cluster, settings: Settings, num
         return np.inf
     if options is None:
         options = tuple(o for opts in pool_options(cluster, settings, pins) for o in opts)
-    caps = np.array([cluster.groups[o.pool].num_devices // (o.tp * settings.dp) for o in options], dtype=int)
+    caps = np.array([o.most_stages(cluster, settings.dp) for o in options], dtype=int)
     return settings_lower_bound([profiles.get(o, settings) for o in options], caps,
                                 settings.num_micro_batches(global_batch), num_layers, max_stages(settings, num_layers),
                                 cluster.num_devices, settings.dp, floor_s, settings.vpp, profiles.count_memo,
@@ -355,7 +354,7 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
             options = options_of(s)
             m = s.num_micro_batches(global_batch)
             if counted:
-                caps = np.array([cluster.groups[o.pool].num_devices // (o.tp * s.dp) for o in options], dtype=int)
+                caps = np.array([o.most_stages(cluster, s.dp) for o in options], dtype=int)
                 hit = quick.bound(options, s, m, caps, stages)
             else:
                 hit = quick.bound(options, s, m)

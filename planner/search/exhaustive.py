@@ -41,7 +41,7 @@ def plans(cluster: Cluster, num_layers: int, global_batch: int, pins: Pins, unit
             options = tuple(o for o in choice if o is not None)
             if not options_allowed(settings, options):
                 continue
-            ranges = [range(1, cluster.groups[o.pool].num_devices // (o.tp * settings.dp) + 1) for o in options]
+            ranges = [range(1, o.most_stages(cluster, settings.dp) + 1) for o in options]
             for counts in itertools.product(*ranges):
                 P = sum(counts)
                 if P > min(cap, num_layers) or (pins.pp and P != pins.pp) \

@@ -38,6 +38,10 @@ class StageOption:
     pool: int
     tp: int
 
+    def most_stages(self, cluster: Cluster, dp: int) -> int:
+        """The most pipeline stages this option can take: its pool's devices over tp x dp."""
+        return cluster.groups[self.pool].num_devices // (self.tp * dp)
+
 
 @dataclass(frozen=True, order=True)
 class Settings:
