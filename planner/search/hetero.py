@@ -112,29 +112,35 @@ def balanced_floor(profile_of: Callable[[StageOption, Settings], OptionProfile],
     total = settings.num_micro_batches(global_batch) * D
     best = np.inf
     per_option: dict[StageOption, tuple[float, bool]] = {}
+    for oa, ob, lo, hi in _pairs(cluster, D, pins):
+        for option in (oa, ob):
+            if option not in per_option:
+                per_option[option] = _time_and_fit(profile_of(option, settings))
+        (t_a, fa), (t_b, fb) = per_option[oa], per_option[ob]
+        if not (fa and fb) or t_a <= 0 or t_b <= 0:
+            continue
+        rate = max(da / t_a + (D - da) / t_b for da in (lo, hi))
+        best = min(best, total / rate * (1 - 1e-9))
+    return best
+
+
+def _pairs(cluster: Cluster, D: int, pins: Pins) -> Iterator[tuple[StageOption, StageOption, int, int]]:
+    """Every (option on pool A, option on pool B), A < B, with the range lo..hi of replicas dp_A on A for
+    which both pools' devices suffice for D replicas (pairs with an empty range are left out)."""
     for a, b in itertools.combinations(range(len(cluster.groups)), 2):
         for ta, tb in itertools.product(tp_choices(cluster, a, pins), tp_choices(cluster, b, pins)):
             lo = max(1, D - cluster.groups[b].num_devices // tb)
             hi = min(D - 1, cluster.groups[a].num_devices // ta)
-            if lo > hi:
-                continue
-            for option in (StageOption(a, ta), StageOption(b, tb)):
-                if option not in per_option:
-                    per_option[option] = _time_and_fit(profile_of(option, settings))
-            (t_a, fa), (t_b, fb) = per_option[StageOption(a, ta)], per_option[StageOption(b, tb)]
-            if not (fa and fb) or t_a <= 0 or t_b <= 0:
-                continue
-            rate = max(da / t_a + (D - da) / t_b for da in (lo, hi))
-            best = min(best, total / rate * (1 - 1e-9))
-    return best
+            if lo <= hi:
+                yield StageOption(a, ta), StageOption(b, tb), lo, hi
 
 
 def splits(times: tuple[float, float], dps: tuple[int, int], total: int) -> list[tuple[int, int]]:
     """The feasible whole-micro-batch splits ``(m_A, m_B)`` (``dp_A m_A + dp_B m_B = total``, both >= 1)
     next to the balance point ``m_A t_A = m_B t_B``: the last one with ``m_A t_A <= m_B t_B`` and the first
     one past it (one of them minimises ``max(m_A t_A, m_B t_B)``)."""
-    (ta, tb), (da, db) = times, dps
-    feasible = [(ma, (total - da * ma) // db) for ma in range(1, (total - db) // da + 1) if (total - da * ma) % db == 0]
+    ta, tb = times
+    feasible = all_splits(dps, total)
     if not feasible:
         return []
     below = [s for s in feasible if s[0] * ta <= s[1] * tb]
@@ -150,12 +156,9 @@ def all_splits(dps: tuple[int, int], total: int) -> list[tuple[int, int]]:
 
 def stage_shapes(cluster: Cluster, settings: Settings, pins: Pins) -> Iterator[tuple[StageOption, StageOption, int]]:
     """Every (option on pool A, option on pool B, dp_A) of two pools, A < B, whose devices suffice."""
-    D = settings.dp
-    for a, b in itertools.combinations(range(len(cluster.groups)), 2):
-        for ta, tb in itertools.product(tp_choices(cluster, a, pins), tp_choices(cluster, b, pins)):
-            for da in range(1, D):
-                if ta * da <= cluster.groups[a].num_devices and tb * (D - da) <= cluster.groups[b].num_devices:
-                    yield StageOption(a, ta), StageOption(b, tb), da
+    for oa, ob, lo, hi in _pairs(cluster, settings.dp, pins):
+        for da in range(lo, hi + 1):
+            yield oa, ob, da
 
 
 def candidates(profile_of: Callable[[StageOption, Settings], OptionProfile], cluster: Cluster, settings: Settings,
