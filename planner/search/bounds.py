@@ -186,13 +186,17 @@ class CountTables:
         return hit
 
 
+def _sorted_prefix(x: np.ndarray, layers: np.ndarray) -> np.ndarray:
+    """Per option (row): 0 and the prefix sums of its times on ``layers``, smallest first."""
+    return np.concatenate([np.zeros((len(x), 1)), np.cumsum(np.sort(x[:, layers], axis=1), axis=1)], axis=1)
+
+
 def count_tables(fwd: np.ndarray, bwd: np.ndarray, static: np.ndarray, act: np.ndarray, peak: np.ndarray,
                  layers: np.ndarray, most_stages: np.ndarray, m: int) -> CountTables:
     """:class:`CountTables` for options with at most ``most_stages[o]`` stages each."""
     O = len(fwd)
     size = int(layers.sum())
-    sb = np.concatenate([np.zeros((O, 1)), np.cumsum(np.sort(bwd[:, layers], axis=1), axis=1)], axis=1)
-    sf = np.concatenate([np.zeros((O, 1)), np.cumsum(np.sort(fwd[:, layers], axis=1), axis=1)], axis=1)
+    sb, sf = _sorted_prefix(bwd, layers), _sorted_prefix(fwd, layers)
     kmem = tuple(_memory_counts(static[o, layers], act[o, layers], peak[o, layers], int(most_stages[o]), m)
                  for o in range(O))
     sums = tuple(np.concatenate(([0], np.cumsum(k))) for k in kmem)
@@ -237,14 +241,14 @@ def layer_count_bound(tables: CountTables, options: np.ndarray, counts: np.ndarr
         if out[0] >= stop:
             return out
         P = int(totals[0])
-        out[0] = _one_row(tables, options, counts[0], pools, _weights(tables, options, P, m, vpp), float(out[0]),
+        out[0] = _one_row(tables, options, counts[0], pools, _weights(tables.sb, tables.sf, options, P, m, vpp), float(out[0]),
                           stop)
         return out
     pool_ids = np.unique(pools)
     for P in np.unique(totals):
         sel = np.flatnonzero(totals == P)
         lo = float(out[sel].min())
-        g = _weights(tables, options, int(P), m, vpp)
+        g = _weights(tables.sb, tables.sf, options, int(P), m, vpp)
         if len(sel) == 1:  # one row (a settings bound): a binary search over the thresholds, in scalars
             out[sel] = _one_row(tables, options, counts[sel[0]], pools, g, lo, stop)
             continue
@@ -275,11 +279,12 @@ def layer_count_bound(tables: CountTables, options: np.ndarray, counts: np.ndarr
     return out
 
 
-def _weights(tables: CountTables, options: np.ndarray, P: int, m: int, vpp: int) -> np.ndarray:
-    """G of a stage holding its k smallest layers of U, per option (rows) and k (columns), with P stages."""
+def _weights(sb: np.ndarray, sf: np.ndarray, options: np.ndarray, P: int, m: int, vpp: int) -> np.ndarray:
+    """G of a stage holding its k smallest layers of U, per option (rows) and k (columns), with P stages
+    (``sb``, ``sf`` as in :class:`CountTables`)."""
     if vpp == 1:
-        return (m - 1) * tables.sb[options] + max(0, m - P) * tables.sf[options]
-    return (m - 1.0 / vpp) * tables.sb[options] + least_delta(P, m, vpp) * tables.sf[options]
+        return (m - 1) * sb[options] + max(0, m - P) * sf[options]
+    return (m - 1.0 / vpp) * sb[options] + least_delta(P, m, vpp) * sf[options]
 
 
 def _one_row(tables: CountTables, options: np.ndarray, counts: np.ndarray, pools: np.ndarray, g: np.ndarray,
@@ -332,8 +337,7 @@ def compute_count_bound(size: int, sb: np.ndarray, sf: np.ndarray, caps: np.ndar
         return lo
     caps = np.asarray(caps, dtype=int)
     options = np.flatnonzero(caps > 0)
-    tables = CountTables(size, sb, sf, (), ())
-    g = _weights(tables, options, P, m, vpp)  # (used options, size + 1)
+    g = _weights(sb, sf, options, P, m, vpp)  # (used options, size + 1)
     amount = np.arange(size + 1)
     best: np.ndarray | None = None  # least threshold at which the pools so far cover a layers, per a
     pool_ids = np.unique(pools[options])
@@ -488,6 +492,17 @@ def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_ba
     return out
 
 
+def _stage_caps(caps: np.ndarray, pools: np.ndarray, num_layers: int, max_stages: int
+                ) -> tuple[np.ndarray, np.ndarray, int]:
+    """Each option's most stages capped by the layers and ``max_stages``; the pools (all one when a plan has
+    one stage: one option in all); the most stages a plan can have (a pool serves one option per plan)."""
+    caps = np.minimum(np.asarray(caps, dtype=int), min(num_layers, max_stages))
+    if max_stages == 1:
+        pools = np.zeros_like(pools)
+    most = sum(int(caps[pools == p].max()) for p in np.unique(pools))
+    return caps, pools, min(num_layers, max_stages, most)
+
+
 def settings_lower_bound(profiles: list[OptionProfile], caps: np.ndarray, m: int, num_layers: int, max_stages: int,
                          num_devices: int, dp: int, floor_s: float, vpp: int = 1, memo: dict | None = None,
                          cutoff_s: float = np.inf) -> float:
@@ -505,11 +520,8 @@ def settings_lower_bound(profiles: list[OptionProfile], caps: np.ndarray, m: int
         return np.inf
     sum_min = float((fwd + bwd).min(axis=0).sum()) if vpp == 1 else float((fwd + bwd / vpp).min(axis=0).sum())
     best = floor_s - sum_min
-    caps = np.minimum(np.asarray(caps, dtype=int), min(num_layers, max_stages))
-    if max_stages == 1:
-        pools = np.zeros_like(pools)  # one stage: one option in all
-    most = sum(int(caps[pools == p].max()) for p in np.unique(pools))
-    total = np.array([min(num_layers, max_stages, most)])
+    caps, pools, most = _stage_caps(caps, pools, num_layers, max_stages)
+    total = np.array([most])
     options = np.arange(len(profiles))
     # max G at or above stop puts the bound at or above the cutoff (the margin covers the rounding)
     stop = cutoff_s - sum_min + 1e-9 * abs(cutoff_s) if np.isfinite(cutoff_s) else np.inf
@@ -574,10 +586,7 @@ class QuickSettingsBound:
         key = (options, settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype)
         hit = self._prefix.get(key)
         if hit is None:
-            O = len(fwd)
-            hit = [(int(layers.sum()),
-                    np.concatenate([np.zeros((O, 1)), np.cumsum(np.sort(bwd[:, layers], axis=1), axis=1)], axis=1),
-                    np.concatenate([np.zeros((O, 1)), np.cumsum(np.sort(fwd[:, layers], axis=1), axis=1)], axis=1))
+            hit = [(int(layers.sum()), _sorted_prefix(bwd, layers), _sorted_prefix(fwd, layers))
                    for layers in _layer_sets(fwd + bwd)]
             self._prefix[key] = hit
         return hit
@@ -599,10 +608,8 @@ class QuickSettingsBound:
         if caps is None or max_stages is None:
             return sum_min + best
         # (not cached here: the search caches this bound per settings, which determines every argument)
-        caps = np.minimum(np.asarray(caps, dtype=int), min(self.num_layers, max_stages))
-        option_pools = np.zeros(len(options), dtype=int) if max_stages == 1 else np.array([o.pool for o in options])
-        most = sum(int(caps[option_pools == p].max()) for p in np.unique(option_pools))
-        total = min(self.num_layers, max_stages, most)
+        caps, option_pools, total = _stage_caps(caps, np.array([o.pool for o in options]), self.num_layers,
+                                                max_stages)
         for size, sb, sf in self._sorted(options, settings, fwd, bwd):
             best = compute_count_bound(size, sb, sf, caps, option_pools, total, m, best, settings.vpp)
         return sum_min + best
