@@ -56,7 +56,7 @@ def estimate(model: LayerGraph, cluster: Cluster, config: ParallelConfig, calibr
 
 def _with_tables(dense: Estimate, sparse: Sequence[EmbeddingTable], cluster: Cluster, global_batch: int) -> Estimate:
     from planner.embeddings import shard_tables  # noqa: PLC0415
-    from planner.embeddings.problem import OPTIMIZERS  # noqa: PLC0415
+    from planner.embeddings.problem import table_optimizer  # noqa: PLC0415
 
     used: dict[int, float] = {}
     capacity: dict[int, float] = {}
@@ -66,7 +66,7 @@ def _with_tables(dense: Estimate, sparse: Sequence[EmbeddingTable], cluster: Clu
                 used[device] = max(used.get(device, 0.0), replica.memory.total_bytes)
                 capacity[device] = replica.memory_capacity_bytes
     budget = {device: max(0.0, capacity[device] - used[device]) for device in used}
-    optimizer = dense.config.optimizer if dense.config.optimizer in OPTIMIZERS else "adagrad"
+    optimizer = table_optimizer(dense.config.optimizer)
     try:
         result = shard_tables(sparse, cluster, sorted(used), global_batch, optimizer=optimizer,
                               memory_budget_bytes=budget, time_limit_s=EMBEDDING_TIME_LIMIT_S)

@@ -16,7 +16,7 @@ import dataclasses
 from os import PathLike
 from typing import Mapping, Sequence
 
-from planner.embeddings.problem import OPTIMIZERS
+from planner.embeddings.problem import table_optimizer
 from planner.embeddings.shard import EmbeddingResult, shard_tables
 from planner.embeddings.tables import load_tables
 from planner.plan import Plan
@@ -81,6 +81,6 @@ def attach(plan: Plan, model: LayerGraph, cluster: Cluster, tables=None, *, time
         for group in groups:
             for device in group.devices:
                 used[device] = max(used.get(device, 0.0), float(group.memory_bytes_per_device))
-    optimizer = plan.optimizer if plan.optimizer in OPTIMIZERS else "adagrad"
+    optimizer = table_optimizer(plan.optimizer)
     return attach_embeddings(plan, chosen, cluster, plan.global_batch, used, optimizer=optimizer,
                              time_limit_s=time_limit_s)

@@ -45,6 +45,12 @@ OPTIMIZERS = ("sgd", "adam", "adagrad", "rowwise_adagrad")
 SHARDING_TYPES = ("data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise")
 
 
+def table_optimizer(dense_optimizer: str) -> str:
+    """The tables' optimizer for a model trained with ``dense_optimizer``: the same where it is one of
+    OPTIMIZERS, else Adagrad (DLRM's and MLPerf DLRM-DCNv2's)."""
+    return dense_optimizer if dense_optimizer in OPTIMIZERS else "adagrad"
+
+
 def state_elements(optimizer: str, width: int) -> float:
     """Optimizer-state elements per weight element of a shard ``width`` columns wide."""
     if optimizer == "adam":
