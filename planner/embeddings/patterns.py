@@ -1,0 +1,511 @@
+"""Kind-aware placement by device configurations (cutting-stock style), for a fixed option per table.
+
+Large workloads repeat a few kinds of tables (HugeCTR's 177 tables are 14 kinds: same rows, dim, pooling), and
+large clusters repeat a few kinds of nodes and devices. Units of one kind (same option, same loads) are
+interchangeable, and so are the devices of one node class. So a placement is a choice, per node class, of how
+many nodes take each *node pattern* (a multiset of node-wide, table-row-wise, unit kinds) and, per pattern,
+how many of those nodes' devices take each *device configuration* (a multiset of device-scope unit kinds).
+A device's time then depends only on its node class, its node's pattern and its own configuration, and is
+computed exactly (the per-device all-to-all maxima included, which the class models average away).
+
+For a target time T, the configurations and patterns whose device time is at most T (within memory) are
+enumerated, and a small MILP asks for integers
+
+  u[g,q] >= 0   nodes of class g with pattern q          sum_q u[g,q] = nodes of class g
+  x[g,q,c] >= 0 devices of those nodes with configuration c   sum_c x[g,q,c] = devices per node x u[g,q]
+  every node kind k:   sum u[g,q] (units of k in q) >= count of k
+  every device kind j: sum x[g,q,c] (units of j in c) >= count of j
+
+(covering, not equality: removing a unit never makes a device slower, so surplus slots are left empty).
+Bisection over the distinct configuration times finds the least T that HiGHS shows feasible within its work
+limit; the plan is read off that solution. Loads of a node-wide unit on a node are taken as their largest over
+the node's devices and the global (data-parallel, row-wise) loads as their largest over the node class, so the
+plan's true time is at most T. Applies to clusters whose nodes each hold identical devices; the enumeration and
+the solves are bounded by counts (configurations, HiGHS interrupt checks), never by the clock.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from planner.embeddings.heuristic import Assignment, Work
+from planner.embeddings.milp import _WorkLimit, have_highs, quiet_highs
+from planner.embeddings.problem import Problem
+
+log = logging.getLogger(__name__)
+
+# What one HiGHS simplex iteration and one HiGHS interrupt check count in the work of this search, against one
+# configuration enumerated or one MILP column (a column costs ~2 us to build; a check, about one branch-and-
+# bound node of these models, 1-10 ms on HugeCTR on 128 GPUs).
+_SIMPLEX_ITERATION_WORK = 1.0
+_CHECK_WORK = 2000.0
+
+
+@dataclass(frozen=True)
+class PatternSettings:
+    """Work of one pattern placement: at most ``configurations`` enumerated (over all node classes and
+    patterns; past it the method gives up), ``checks`` HiGHS interrupt checks per feasibility MILP (not shown
+    feasible within them counts as infeasible), at most ``steps`` bisection steps after the first test, which
+    asks for a plan at least ``min_gain`` (relative) faster than the bound to beat."""
+
+    configurations: int = 20_000
+    checks: int = 50
+    steps: int = 4
+    min_gain: float = 1e-3
+
+
+@dataclass
+class _Loads:
+    """A device's loads (seconds of compute, bytes of ids received and pooled outputs sent, memory)."""
+
+    compute_s: float = 0.0
+    ids_recv: float = 0.0
+    pool_send: float = 0.0
+    hbm: float = 0.0
+    host: float = 0.0
+
+    def plus(self, other: "_Loads", times: int = 1) -> "_Loads":
+        return _Loads(self.compute_s + times * other.compute_s, self.ids_recv + times * other.ids_recv,
+                      self.pool_send + times * other.pool_send, self.hbm + times * other.hbm,
+                      self.host + times * other.host)
+
+
+@dataclass
+class _NodeClass:
+    """Nodes alike in every device (class, capacities, links) and in what the global units load on them."""
+
+    nodes: list[int]
+    size: int  # devices per node
+    rep: int  # a representative node
+    can_hold_node_units: bool
+    base: _Loads = field(default_factory=_Loads)  # global units' loads (largest over the class's devices)
+    fixed_s: float = 0.0  # all-to-all latency + global fused collectives' latency
+    node_latency_s: float = 0.0  # the node's table-row-wise fused collective, paid once any node unit is there
+    s_per_byte: float = 0.0
+    hbm_cap: float = 0.0
+    host_cap: float = 0.0
+
+
+def pattern_place(problem: Problem, choice: Sequence[int], lower_s: float, upper_s: float,
+                  settings: PatternSettings = PatternSettings(), work: Work | None = None) -> Assignment | None:
+    """A plan with option ``choice[t]`` for table t, placed by device configurations, whose slowest device is
+    below ``upper_s``; None when the cluster does not suit the method (nodes of mixed devices), the work runs
+    out, or no such plan was found. ``lower_s``: a lower bound (where the bisection starts). ``work`` is charged
+    one unit per configuration enumerated and per MILP column, and HiGHS's simplex iterations and interrupt
+    checks (see _CHECK_WORK)."""
+    if not have_highs():
+        return None
+    work = work if work is not None else Work(np.inf)
+    model = _Model.build(problem, choice)
+    if model is None:
+        return None
+    enumerated = model.enumerate(upper_s, settings.configurations)
+    work.spend(settings.configurations if enumerated is None else
+               sum(len(times) for per_class in enumerated for _, _, times in per_class))
+    if enumerated is None:
+        log.debug("pattern placement: over %d configurations, skipped", settings.configurations)
+        return None
+    times = sorted({t for cls in enumerated for q in cls for t in q[2] if t < upper_s * (1 - settings.min_gain)})
+    lo = int(np.searchsorted(times, lower_s * (1 - 1e-9)))
+    hi = len(times) - 1
+    if not times:
+        return None
+    best = model.feasible(enumerated, times[-1], settings.checks, work)  # no plan below upper_s: one MILP says so
+    if best is None:
+        return None
+    hi -= 1
+    for _ in range(settings.steps):
+        if lo > hi:
+            break
+        mid = (lo + hi) // 2
+        solution = model.feasible(enumerated, times[mid], settings.checks, work)
+        if solution is not None:
+            best, hi = solution, mid - 1
+        else:
+            lo = mid + 1
+    plan = model.realize(best)
+    loads = problem.evaluate(plan)
+    if not problem.fits(loads) or float(problem.device_time_s(loads).max()) >= upper_s * (1 - 1e-9):
+        return None
+    return plan
+
+
+@dataclass
+class _Model:
+    problem: Problem
+    choice: list[int]
+    classes: list[_NodeClass]
+    node_kinds: list[list[int]]  # per node kind: its tables
+    node_loads: list[list[_Loads]]  # per node class, per node kind: per-device loads
+    device_kinds: list[list[tuple[int, int]]]  # per device kind: its units (table, option), one per unit
+    device_loads: list[list[_Loads]]  # per node class, per device kind
+    ids_send: float
+    pool_recv: float
+
+    @classmethod
+    def build(cls, problem: Problem, choice: Sequence[int]) -> "_Model | None":
+        dev = problem.dev
+        choice = [int(o) for o in choice]
+        # global units: their loads on every device
+        g_compute, g_ids, g_pool = np.zeros(dev.count), np.zeros(dev.count), np.zeros(dev.count)
+        g_hbm, g_host = np.zeros(dev.count), np.zeros(dev.count)
+        g_keys: set = set()
+        node_kind_of: dict[tuple, int] = {}
+        device_kind_of: dict[tuple, int] = {}
+        node_kinds: list[list[int]] = []
+        device_kinds: list[list[tuple[int, int]]] = []
+        for t, o in enumerate(choice):
+            option, table = problem.options[t][o], problem.tables[t]
+            if option.scope == "global":
+                u = problem.unit(t, o, 0)
+                g_compute[u.devices] += u.compute_s
+                g_ids[u.devices] += u.ids_recv_bytes
+                g_pool[u.devices] += u.pool_send_bytes
+                g_hbm[u.devices] += u.hbm_bytes
+                g_host[u.devices] += u.host_bytes
+                key = problem.fused_key(option, 0)
+                if key is not None:
+                    g_keys.add(key)
+            elif option.scope == "node":
+                key = (table.rows, table.dim, table.pooling_factor, table.dtype_bytes, option.sharding, option.host)
+                if key not in node_kind_of:
+                    node_kind_of[key] = len(node_kinds)
+                    node_kinds.append([])
+                node_kinds[node_kind_of[key]].append(t)
+            else:
+                key = (option.lookup_bytes, option.ids_recv_bytes, option.pool_send_bytes, option.memory_bytes,
+                       option.host)
+                if key not in device_kind_of:
+                    device_kind_of[key] = len(device_kinds)
+                    device_kinds.append([])
+                device_kinds[device_kind_of[key]].extend([(t, o)] * option.units)
+        g_latency = np.zeros(dev.count)
+        for key in sorted(g_keys):
+            members, seconds = problem.fused_latency(key)
+            g_latency[members] += seconds
+        positions = set(problem.node_positions)
+        groups: dict[tuple, list[int]] = {}
+        for k, members in enumerate(dev.nodes):
+            first = members[0]
+            for i in members:
+                if (dev.class_of[i], dev.hbm_capacity_bytes[i], dev.host_capacity_bytes[i], dev.lookup_Bps[i],
+                        dev.host_Bps[i]) != (dev.class_of[first], dev.hbm_capacity_bytes[first],
+                                             dev.host_capacity_bytes[first], dev.lookup_Bps[first],
+                                             dev.host_Bps[first]):
+                    return None  # a node of mixed devices: configurations would differ inside it
+            key = (int(dev.class_of[first]), float(dev.hbm_capacity_bytes[first]),
+                   float(dev.host_capacity_bytes[first]), len(members), k in positions)
+            groups.setdefault(key, []).append(k)
+        classes = []
+        for key in sorted(groups, key=lambda g: groups[g][0]):
+            nodes = groups[key]
+            members = np.array([i for k in nodes for i in dev.nodes[k]])
+            node_class = _NodeClass(nodes, key[3], nodes[0], key[4])
+            node_class.base = _Loads(float(g_compute[members].max()), float(g_ids[members].max()),
+                                     float(g_pool[members].max()), float(g_hbm[members].max()),
+                                     float(g_host[members].max()))
+            node_class.fixed_s = float((problem.base_time_s()[members] + g_latency[members]).max())
+            node_class.s_per_byte = float(dev.a2a_s_per_byte[members].max())
+            node_class.hbm_cap = float(dev.hbm_capacity_bytes[members].min())
+            node_class.host_cap = float(dev.host_capacity_bytes[members].min())
+            if node_class.can_hold_node_units:
+                node_class.node_latency_s = max(
+                    problem.fused_latency(("table_row_wise", k))[1] for k in nodes)
+            classes.append(node_class)
+        node_loads, device_loads = [], []
+        for node_class in classes:
+            per_kind = []
+            for tables in node_kinds:
+                t = tables[0]
+                worst = _Loads()
+                if node_class.can_hold_node_units:
+                    for k in node_class.nodes:
+                        u = problem.unit(t, choice[t], k)
+                        worst = _Loads(max(worst.compute_s, float(u.compute_s.max())),
+                                       max(worst.ids_recv, float(u.ids_recv_bytes.max())),
+                                       max(worst.pool_send, float(u.pool_send_bytes.max())),
+                                       max(worst.hbm, float(u.hbm_bytes.max())),
+                                       max(worst.host, float(u.host_bytes.max())))
+                per_kind.append(worst)
+            node_loads.append(per_kind)
+            device = dev.nodes[node_class.rep][0]
+            per_device_kind = []
+            for units in device_kinds:
+                t, o = units[0]
+                u = problem.unit(t, o, device)
+                per_device_kind.append(_Loads(float(u.compute_s[0]), float(u.ids_recv_bytes[0]),
+                                              float(u.pool_send_bytes[0]), float(u.hbm_bytes[0]),
+                                              float(u.host_bytes[0])))
+            device_loads.append(per_device_kind)
+        ids_send = sum(problem.options[t][o].ids_send_bytes for t, o in enumerate(choice))
+        pool_recv = sum(problem.options[t][o].pool_recv_bytes for t, o in enumerate(choice))
+        return cls(problem, choice, classes, node_kinds, node_loads, device_kinds, device_loads, ids_send, pool_recv)
+
+    # ------------------------------------------------------------------------------ enumeration
+    def time_s(self, node_class: _NodeClass, loads: _Loads, has_node_units: bool) -> float:
+        a2a = max(loads.ids_recv, self.ids_send) + 2.0 * max(loads.pool_send, self.pool_recv)
+        latency = node_class.node_latency_s if has_node_units else 0.0
+        return node_class.fixed_s + latency + loads.compute_s + node_class.s_per_byte * a2a
+
+    def fits(self, node_class: _NodeClass, loads: _Loads) -> bool:
+        return loads.hbm <= node_class.hbm_cap * (1 + 1e-12) and loads.host <= node_class.host_cap * (1 + 1e-12)
+
+    def enumerate(self, limit_s: float, budget: int):
+        """Per node class: a list of (pattern counts, [configuration counts], [configuration times]) of every
+        pattern and configuration whose device time is at most ``limit_s`` within memory; None past ``budget``
+        configurations."""
+        left = [budget]
+        out = []
+        for g, node_class in enumerate(self.classes):
+            patterns = [((), node_class.base)]
+            if node_class.can_hold_node_units and self.node_kinds:
+                patterns = []
+                caps = [len(tables) for tables in self.node_kinds]
+                self._multisets(node_class, self.node_loads[g], caps, node_class.base, limit_s, False, True,
+                                patterns, left)
+                if left[0] < 0:
+                    return None
+            per_class = []
+            caps = [len(units) for units in self.device_kinds]
+            for counts, loads in patterns:
+                has_node_units = any(counts)
+                configs: list = []
+                self._multisets(node_class, self.device_loads[g], caps, loads, limit_s, has_node_units, False,
+                                configs, left)
+                if left[0] < 0:
+                    return None
+                if configs:
+                    per_class.append((counts, np.array([c for c, _ in configs], dtype=float).reshape(
+                        len(configs), len(caps)), np.array([self.time_s(node_class, l, has_node_units)
+                                                            for _, l in configs])))
+            out.append(per_class)
+        return out
+
+    def _multisets(self, node_class: _NodeClass, kinds: Sequence[_Loads], caps: Sequence[int], start: _Loads,
+                   limit_s: float, has_node_units: bool, node_level: bool, out: list, left: list[int]) -> None:
+        """Every multiset of ``kinds`` (at most caps[j] of kind j) whose device time on top of ``start`` is at
+        most ``limit_s`` within memory, as (counts, loads). Node patterns when ``kinds`` are node kinds (then
+        the node's fused latency counts once any is there)."""
+        count = len(kinds)
+
+        def ok(loads: _Loads, any_node: bool) -> bool:
+            return self.fits(node_class, loads) and self.time_s(node_class, loads, any_node) <= limit_s
+
+        counts = [0] * count
+        if not ok(start, has_node_units):
+            return
+        out.append((tuple(counts), start))
+        left[0] -= 1
+
+        def walk(first: int, loads: _Loads) -> None:
+            for j in range(first, count):
+                if counts[j] >= caps[j] or left[0] < 0:
+                    continue
+                nxt = loads.plus(kinds[j])
+                if not ok(nxt, has_node_units or node_level):
+                    continue
+                counts[j] += 1
+                out.append((tuple(counts), nxt))
+                left[0] -= 1
+                walk(j, nxt)
+                counts[j] -= 1
+
+        walk(0, start)
+
+    # --------------------------------------------------------------------------------- the MILP
+    def feasible(self, enumerated, limit_s: float, checks: int, work: Work):
+        """Integers u, x covering every kind with configurations of time <= ``limit_s``; None when HiGHS finds
+        none within ``checks`` interrupt checks. Rows: per node class its node count, per (class, pattern) the
+        link of devices to nodes, per node kind and per device kind its count (covering). Built by columns."""
+        import highspy
+
+        n_classes, n_node_kinds, n_device_kinds = len(self.classes), len(self.node_kinds), len(self.device_kinds)
+        links = [(g, q) for g, per_class in enumerate(enumerated) for q in range(len(per_class))]
+        link_row = {key: n_classes + i for i, key in enumerate(links)}
+        node_row0 = n_classes + len(links)
+        device_row0 = node_row0 + n_node_kinds
+        n_rows = device_row0 + n_device_kinds
+        starts, index, value, upper, columns = [], [], [], [], []
+        for g, per_class in enumerate(enumerated):
+            node_class = self.classes[g]
+            for q, (pattern, counts, times) in enumerate(per_class):
+                usable = np.flatnonzero(times <= limit_s)
+                if times[0] > limit_s or not len(usable):
+                    continue
+                starts.append(len(index))
+                rows = [g, link_row[g, q]] + [node_row0 + k for k, n in enumerate(pattern) if n]
+                index.extend(rows)
+                value.extend([1.0, -float(node_class.size)] + [float(n) for n in pattern if n])
+                upper.append(float(len(node_class.nodes)))
+                columns.append(("u", g, q))
+                sub = counts[usable]
+                nz_rows, nz_cols = np.nonzero(sub)
+                per_column = np.bincount(nz_rows, minlength=len(usable)) + 1
+                col_starts = len(index) + np.concatenate(([0], np.cumsum(per_column)[:-1]))
+                # each column: its link row, then its device kinds
+                block_index = np.empty(int(per_column.sum()), dtype=np.int64)
+                block_value = np.empty(int(per_column.sum()))
+                first = col_starts - len(index)
+                block_index[first] = link_row[g, q]
+                block_value[first] = 1.0
+                offsets = np.arange(len(nz_rows)) - np.concatenate(([0], np.cumsum(per_column - 1)[:-1]))[nz_rows]
+                where = first[nz_rows] + 1 + offsets
+                block_index[where] = device_row0 + nz_cols
+                block_value[where] = sub[nz_rows, nz_cols]
+                starts.extend(col_starts.tolist())
+                index.extend(block_index.tolist())
+                value.extend(block_value.tolist())
+                upper.extend([float(node_class.size * len(node_class.nodes))] * len(usable))
+                columns.extend(("x", g, q, int(c)) for c in usable)
+        n = len(columns)
+        work.spend(n)
+        if not n:
+            return None
+        inf = highspy.kHighsInf
+        lows = np.zeros(n_rows)
+        highs_ = np.zeros(n_rows)
+        for g, node_class in enumerate(self.classes):
+            lows[g] = highs_[g] = float(len(node_class.nodes))
+        for k, tables in enumerate(self.node_kinds):
+            lows[node_row0 + k], highs_[node_row0 + k] = float(len(tables)), inf
+        for j, units in enumerate(self.device_kinds):
+            lows[device_row0 + j], highs_[device_row0 + j] = float(len(units)), inf
+        highs = quiet_highs()
+        highs.addRows(n_rows, lows, highs_, 0, np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int32),
+                      np.zeros(0))
+        highs.addCols(n, np.zeros(n), np.zeros(n), np.array(upper), len(index), np.array(starts, dtype=np.int32),
+                      np.array(index, dtype=np.int32), np.array(value))
+        highs.changeColsIntegrality(n, np.arange(n, dtype=np.int32),
+                                    np.array([highspy.HighsVarType.kInteger] * n))
+        limit = _WorkLimit(checks)
+        limit.attach(highs)
+        highs.run()
+        info = highs.getInfo()
+        work.spend(_SIMPLEX_ITERATION_WORK * float(info.simplex_iteration_count) + _CHECK_WORK * limit.seen)
+        log.debug("pattern MILP: %d columns, %d simplex iterations, %d nodes", n, info.simplex_iteration_count,
+                  info.mip_node_count)
+        if info.primal_solution_status != highspy.kSolutionStatusFeasible:
+            return None
+        values = np.rint(np.array(highs.getSolution().col_value)).astype(int)
+        return [(columns[i], int(values[i])) for i in range(n) if values[i] > 0], enumerated
+
+    # ------------------------------------------------------------------------------ the plan
+    def realize(self, solution) -> Assignment:
+        """Nodes take patterns and devices configurations in index order; kinds hand out their tables and
+        units in table order (surplus slots stay empty)."""
+        chosen, enumerated = solution
+        problem, dev = self.problem, self.problem.dev
+        positions: list[list[int]] = [[] for _ in self.choice]
+        for t, o in enumerate(self.choice):
+            if problem.options[t][o].scope == "global":
+                positions[t] = [0]
+        node_pool = [list(tables) for tables in self.node_kinds]
+        device_pool = [list(units) for units in self.device_kinds]
+        patterns = {(g, q): n for (kind, g, q, *_), n in chosen if kind == "u"}
+        configs: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        for (kind, g, q, *rest), n in chosen:
+            if kind == "x":
+                configs.setdefault((g, q), []).append((rest[0], n))
+        for g, node_class in enumerate(self.classes):
+            free_nodes = list(node_class.nodes)
+            for (gg, q), n in sorted(patterns.items()):
+                if gg != g:
+                    continue
+                pattern, config_counts, _ = enumerated[g][q]
+                slots = [c for c, m in configs.get((g, q), []) for _ in range(m)]
+                for _ in range(n):
+                    k = free_nodes.pop(0)
+                    for kind, m in enumerate(pattern):
+                        for _ in range(m):
+                            if node_pool[kind]:
+                                positions[node_pool[kind].pop(0)].append(k)
+                    for i in dev.nodes[k]:
+                        c = slots.pop(0)
+                        for kind, m in enumerate(config_counts[c]):
+                            for _ in range(int(m)):
+                                if device_pool[kind]:
+                                    t, _o = device_pool[kind].pop(0)
+                                    positions[t].append(int(i))
+        return tuple((int(o), tuple(positions[t])) for t, o in enumerate(self.choice))
+
+
+@dataclass(frozen=True)
+class ChoiceSettings:
+    """Work of the search over option choices: ``work`` in configurations enumerated plus MILP columns solved
+    (about 2 us of CPU each on the reference workloads, 2-core x86), and ``pattern`` for each placement."""
+
+    work: float = 1_000_000.0
+    pattern: PatternSettings = PatternSettings()
+
+
+def improve_choice(problem: Problem, assignment: Assignment, lower_s: float, starts: Sequence[Sequence[int]] = (),
+                   settings: ChoiceSettings = ChoiceSettings()) -> Assignment:
+    """The configuration placement of ``assignment``'s option choice and of each choice in ``starts`` (e.g. the
+    class MILP's), then compound option changes by table kind (tables with the same rows, dim, pooling and
+    options are interchangeable), each judged by its exact configuration placement (:func:`pattern_place`):
+    move 1, half or all of a kind's tables that share an option to another option; keep the first change whose
+    placement beats the best plan so far and start over, until the work is spent or no change helps (``settings.work`` spent). Returns a plan no slower than ``assignment`` (the same one when nothing helped)."""
+    if not have_highs():
+        return assignment
+    loads = problem.evaluate(assignment)
+    if not problem.fits(loads):
+        return assignment
+    best_s = float(problem.device_time_s(loads).max())
+    choice = [int(o) for o, _ in assignment]
+    current = assignment
+    work = Work(settings.work)
+    for start in [choice] + [list(s) for s in starts]:
+        if work.done:
+            break
+        plan = pattern_place(problem, start, lower_s, best_s, settings.pattern, work)
+        if plan is not None:
+            current, best_s, choice = plan, _slowest_s(problem, plan), [int(o) for o in start]
+    kinds = _table_kinds(problem)
+    improved = True
+    while improved and not work.done and best_s > lower_s * (1 + 1e-6):
+        improved = False
+        for trial in _kind_moves(problem, kinds, choice):
+            if work.done:
+                break
+            plan = pattern_place(problem, trial, lower_s, best_s, settings.pattern, work)
+            if plan is not None:
+                current, best_s, choice, improved = plan, _slowest_s(problem, plan), trial, True
+                log.debug("option search: %.6f s", best_s)
+                break
+    return current
+
+
+def _slowest_s(problem: Problem, assignment: Assignment) -> float:
+    return float(problem.device_time_s(problem.evaluate(assignment)).max())
+
+
+def _table_kinds(problem: Problem) -> list[list[int]]:
+    """Tables alike in everything the cost model reads (rows, dim, pooling, dtype) and so in their options,
+    largest (by rows x dim x pooling) first."""
+    groups: dict[tuple, list[int]] = {}
+    for t, table in enumerate(problem.tables):
+        shape = tuple((o.sharding, o.host, o.units) for o in problem.options[t])
+        groups.setdefault((table.rows, table.dim, table.pooling_factor, table.dtype_bytes, shape), []).append(t)
+    return sorted(groups.values(), key=lambda ts: (-problem.tables[ts[0]].rows * problem.tables[ts[0]].dim
+                                                   * problem.tables[ts[0]].pooling_factor, ts[0]))
+
+
+def _kind_moves(problem: Problem, kinds: list[list[int]], choice: list[int]):
+    """Trial choices: for each kind and each option its tables hold, 1, half or all of those tables (the last
+    ones first) to each other option."""
+    for tables in kinds:
+        held = sorted({choice[t] for t in tables})
+        for a in held:
+            holders = [t for t in tables if choice[t] == a]
+            for b in range(len(problem.options[tables[0]])):
+                if b == a:
+                    continue
+                for r in sorted({1, len(holders) // 2, len(holders)} - {0}):
+                    trial = list(choice)
+                    for t in holders[len(holders) - r:]:
+                        trial[t] = b
+                    yield trial
