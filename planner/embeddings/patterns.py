@@ -53,7 +53,9 @@ class PatternSettings:
     asks for a plan at least ``min_gain`` (relative) faster than the bound to beat."""
 
     configurations: int = 20_000
-    checks: int = 50
+    # past about 20 checks a single check can take seconds on models at the edge of feasibility (HiGHS's root
+    # separation: 3 s between checks 20 and 25 on one HugeCTR model on 128 A100s), so the count stays small
+    checks: int = 20
     steps: int = 4
     min_gain: float = 1e-3
 
@@ -436,10 +438,14 @@ class _Model:
 @dataclass(frozen=True)
 class ChoiceSettings:
     """Work of the search over option choices: ``work`` in configurations enumerated plus MILP columns solved
-    (about 2 us of CPU each on the reference workloads, 2-core x86), and ``pattern`` for each placement."""
+    (about 2 us of CPU each on the reference workloads, 2-core x86), and the settings of each placement: ``start``
+    for the starting choices, ``pattern`` for the trial changes."""
 
     work: float = 1_000_000.0
     pattern: PatternSettings = PatternSettings()
+    # the few starting choices get more checks per MILP (HugeCTR on 64 A100 + 64 V100: the class MILP's choice
+    # placed at 30.197 ms needs 21-30 of them)
+    start: PatternSettings = PatternSettings(checks=30)
 
 
 def improve_choice(problem: Problem, assignment: Assignment, lower_s: float, starts: Sequence[Sequence[int]] = (),
@@ -461,22 +467,43 @@ def improve_choice(problem: Problem, assignment: Assignment, lower_s: float, sta
     for start in [choice] + [list(s) for s in starts]:
         if work.done:
             break
-        plan = pattern_place(problem, start, lower_s, best_s, settings.pattern, work)
+        plan = pattern_place(problem, start, lower_s, best_s, settings.start, work)
         if plan is not None:
             current, best_s, choice = plan, _slowest_s(problem, plan), [int(o) for o in start]
-    kinds = _table_kinds(problem)
+    kinds = _bottleneck_first(problem, current, _table_kinds(problem))
     improved = True
     while improved and not work.done and best_s > lower_s * (1 + 1e-6):
         improved = False
-        for trial in _kind_moves(problem, kinds, choice):
-            if work.done:
-                break
-            plan = pattern_place(problem, trial, lower_s, best_s, settings.pattern, work)
-            if plan is not None:
-                current, best_s, choice, improved = plan, _slowest_s(problem, plan), trial, True
-                log.debug("option search: %.6f s", best_s)
+        for i, tables in enumerate(kinds):
+            for trial in _kind_moves(problem, tables, choice):
+                if work.done:
+                    break
+                plan = pattern_place(problem, trial, lower_s, best_s, settings.pattern, work)
+                if plan is not None:
+                    current, best_s, choice, improved = plan, _slowest_s(problem, plan), trial, True
+                    log.debug("option search: %.6f s", best_s)
+                    break
+            if improved:
+                kinds = _bottleneck_first(problem, current, kinds)
                 break
     return current
+
+
+def _bottleneck_first(problem: Problem, assignment: Assignment, kinds: list[list[int]]) -> list[list[int]]:
+    """``kinds`` with those that have a unit on a device within 0.5% of the slowest first (each part in its
+    order): changing what the slowest devices hold is what can lower them."""
+    dev = problem.dev
+    times = problem.device_time_s(problem.evaluate(assignment))
+    slow = set(np.flatnonzero(times >= float(times.max()) * (1 - 5e-3)).tolist())
+    slow_nodes = {int(dev.node_of[i]) for i in slow}
+    on_slow = set()
+    for t, (o, positions) in enumerate(assignment):
+        scope = problem.options[t][o].scope
+        if (scope == "device" and slow.intersection(positions)) or (scope == "node" and slow_nodes.intersection(
+                positions)):
+            on_slow.add(t)
+    first = [tables for tables in kinds if on_slow.intersection(tables)]
+    return first + [tables for tables in kinds if not on_slow.intersection(tables)]
 
 
 def _slowest_s(problem: Problem, assignment: Assignment) -> float:
@@ -494,18 +521,16 @@ def _table_kinds(problem: Problem) -> list[list[int]]:
                                                    * problem.tables[ts[0]].pooling_factor, ts[0]))
 
 
-def _kind_moves(problem: Problem, kinds: list[list[int]], choice: list[int]):
-    """Trial choices: for each kind and each option its tables hold, 1, half or all of those tables (the last
+def _kind_moves(problem: Problem, tables: list[int], choice: list[int]):
+    """Trial choices for one kind: for each option its tables hold, 1, half or all of those tables (the last
     ones first) to each other option."""
-    for tables in kinds:
-        held = sorted({choice[t] for t in tables})
-        for a in held:
-            holders = [t for t in tables if choice[t] == a]
-            for b in range(len(problem.options[tables[0]])):
-                if b == a:
-                    continue
-                for r in sorted({1, len(holders) // 2, len(holders)} - {0}):
-                    trial = list(choice)
-                    for t in holders[len(holders) - r:]:
-                        trial[t] = b
-                    yield trial
+    for a in sorted({choice[t] for t in tables}):
+        holders = [t for t in tables if choice[t] == a]
+        for b in range(len(problem.options[tables[0]])):
+            if b == a:
+                continue
+            for r in sorted({1, len(holders) // 2, len(holders)} - {0}):
+                trial = list(choice)
+                for t in holders[len(holders) - r:]:
+                    trial[t] = b
+                yield trial

@@ -84,8 +84,9 @@ LNS_MIN_GAP = 0.03
 LNS_MAX_DEVICES = 32
 # The search over option choices by table kind (step 3d, planner/embeddings/patterns.py): each choice is placed
 # exactly by device configurations; its work counts configurations, MILP columns, simplex iterations and HiGHS
-# interrupt checks (patterns.ChoiceSettings). Runs on plans more than LNS_MIN_GAP above the bound. At this work
-# it takes 1.2-2.0 s of CPU on HugeCTR on 64 and 128 GPUs (2-core x86).
+# interrupt checks (patterns.ChoiceSettings). Runs on plans more than LNS_MIN_GAP above the bound, past
+# LNS_MAX_DEVICES devices (below it the neighbourhood search and the exact MILP take that role; on DCNv2 on 8
+# A100s it found nothing better there for 4 s of CPU).
 CHOICE_WORK = 300_000
 
 
@@ -181,7 +182,7 @@ def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Se
         best = _makespan(problem, assignment)
     # (3d) option changes by table kind, each placed exactly by device configurations, from the best plan's
     # option choice and the guides'
-    if assignment is not None and best > bound * (1 + LNS_MIN_GAP):
+    if assignment is not None and best > bound * (1 + LNS_MIN_GAP) and problem.dev.count > LNS_MAX_DEVICES:
         starts = [[max(range(len(row)), key=lambda o: (row[o], -o)) for row in guide] for guide in guides]
         assignment = improve_choice(problem, assignment, bound, starts, ChoiceSettings(work=scaled(CHOICE_WORK)))
         best = _makespan(problem, assignment)
