@@ -10,12 +10,12 @@ import pytest
 
 from embedding_fixtures import GiB, cluster, node, small_node
 from planner.embeddings.devices import device_arrays
-from planner.embeddings.heuristic import Work, greedy
 from planner.embeddings import patterns
 from planner.embeddings.patterns import ChoiceSettings, PatternSettings, improve_choice, pattern_place
-from planner.embeddings.problem import build_problem
+from planner.embeddings.problem import Problem, build_problem
 from planner.types import EmbeddingTable
 from test_embeddings_milp import brute_force
+from test_embeddings_neighbourhood import _greedy_start
 
 A100 = node("dgx-a100-80gb")
 V100 = node("hgx-v100-32gb")
@@ -28,17 +28,8 @@ def _slowest(problem, assignment) -> float:
 
 def _brute_force_at(problem, choice) -> float:
     """The best makespan over every placement of the units of the options in ``choice``."""
-    per_table = []
-    for t, o in enumerate(choice):
-        option = problem.options[t][o]
-        per_table.append([(o, combo) for combo in
-                          itertools.combinations_with_replacement(list(problem.positions(option)), option.units)])
-    best = np.inf
-    for assignment in itertools.product(*per_table):
-        loads = problem.evaluate(assignment)
-        if problem.fits(loads):
-            best = min(best, float(problem.device_time_s(loads).max()))
-    return best
+    return brute_force(Problem(problem.tables, problem.dev, problem.global_batch, problem.optimizer,
+                               tuple((problem.options[t][o],) for t, o in enumerate(choice))))
 
 
 def _small(seed: int, count: int, memory_bytes: int | None = None):
@@ -148,20 +139,10 @@ def _kinds(seed: int, memory_bytes: int | None = None):
     return build_problem(tables, device_arrays(c), 16384, "adagrad")
 
 
-def _start(problem, seed: int):
-    rng = np.random.default_rng(seed)
-    for _ in range(50):
-        choice = [int(rng.integers(len(options))) for options in problem.options]
-        state = greedy(problem, choice, Work(np.inf))
-        if state is not None:
-            return state.assignment()
-    return None
-
-
 @pytest.mark.parametrize("seed", range(4))
 def test_option_search_never_returns_a_worse_plan_fits_memory_and_is_deterministic(seed):
     problem = _kinds(seed, memory_bytes=2 * GiB)
-    start = _start(problem, seed)
+    start = _greedy_start(problem, seed)
     assert start is not None
     plan = improve_choice(problem, start, 0.0, settings=ChoiceSettings(work=200_000))
     loads = problem.evaluate(plan)
