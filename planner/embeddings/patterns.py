@@ -124,7 +124,7 @@ def pattern_place(problem: Problem, choice: Sequence[int], lower_s: float, upper
         return None
     hi -= 1
     for _ in range(settings.steps):
-        if lo > hi:
+        if lo > hi or work.done:
             break
         mid = (lo + hi) // 2
         solution = model.feasible(enumerated, times[mid], settings.checks, work)
@@ -461,6 +461,9 @@ class ChoiceSettings:
     # the few starting choices get more checks per MILP (HugeCTR on 64 A100 + 64 V100: the class MILP's choice
     # placed at 30.197 ms needs 21-30 of them)
     start: PatternSettings = PatternSettings(checks=30)
+    # the best choice at the end: bisection down to the least configuration time HiGHS shows feasible
+    final: PatternSettings = PatternSettings(steps=16, min_gain=0.0)
+    final_work: float = 100_000.0
 
 
 def improve_choice(problem: Problem, assignment: Assignment, lower_s: float, starts: Sequence[Sequence[int]] = (),
@@ -503,7 +506,10 @@ def improve_choice(problem: Problem, assignment: Assignment, lower_s: float, sta
             if improved:
                 kinds = _bottleneck_first(problem, current, kinds)
                 break
-    return current
+    # the changes were judged with a few bisection steps; the kept choice gets more, with work of its own
+    # (HugeCTR on 128 A100s: 14.304 -> 14.195 ms for about 0.7 s of CPU)
+    plan = pattern_place(problem, choice, lower_s, best_s, settings.final, Work(settings.final_work))
+    return plan if plan is not None else current
 
 
 def _bottleneck_first(problem: Problem, assignment: Assignment, kinds: list[list[int]]) -> list[list[int]]:
