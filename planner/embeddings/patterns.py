@@ -18,12 +18,13 @@ enumerated, and a small MILP asks for integers
 
 (covering, not equality: removing a unit never makes a device slower, so surplus slots are left empty).
 A first MILP at the largest configuration time below the plan to beat says whether any better plan exists
-(its LP relaxation first, which rejects most trials at a fraction of the cost); if one does, a few bisection
-steps over the distinct configuration times lower T (with enough steps and checks, the least T: exact for the
-option choice, tested against brute force). The plan is read off the last feasible solution. Loads of a node-wide unit on a node are taken as their largest over
-the node's devices and the global (data-parallel, row-wise) loads as their largest over the node class, so the
-plan's true time is at most T. Applies to clusters whose nodes each hold identical devices; the enumeration and
-the solves are bounded by counts (configurations, HiGHS interrupt checks), never by the clock.
+(its LP relaxation is solved first; on HugeCTR on 128 A100s that alone rejects most trial choices); if one
+does, a few bisection steps over the distinct configuration times lower T (with enough steps and checks, the
+least T: exact for the option choice, tested against brute force). The plan is read off the last feasible
+solution. Loads of a node-wide unit on a node are taken as their largest over the node's devices and the
+global (data-parallel, row-wise) loads as their largest over the node class, so the plan's true time is at most
+T. Applies to clusters whose nodes each hold identical devices; the enumeration and the solves are bounded by
+counts (configurations, HiGHS interrupt checks), never by the clock.
 
 At a fixed option choice this placement is rarely better than the greedy + local search (on HugeCTR on 128
 A100s it proves, in 0.02 s, that no placement of the heuristic's choice is 0.5% faster); what it adds is an
@@ -389,8 +390,7 @@ class _Model:
                       np.zeros(0))
         highs.addCols(n, np.zeros(n), np.zeros(n), np.array(upper), len(index), np.array(starts, dtype=np.int32),
                       np.array(index, dtype=np.int32), np.array(value))
-        # the LP relaxation first: where it is infeasible (most trial changes) the MILP is, at a fraction of
-        # the cost
+        # the LP relaxation first: where it is infeasible (most trial changes) so is the MILP
         highs.run()
         lp = highs.getInfo()
         work.spend(_SIMPLEX_ITERATION_WORK * float(lp.simplex_iteration_count))
@@ -452,9 +452,10 @@ class _Model:
 
 @dataclass(frozen=True)
 class ChoiceSettings:
-    """Work of the search over option choices: ``work`` in configurations enumerated plus MILP columns solved
-    (about 2 us of CPU each on the reference workloads, 2-core x86), and the settings of each placement: ``start``
-    for the starting choices, ``pattern`` for the trial changes."""
+    """Work of the search over option choices: ``work`` in the units :func:`pattern_place` charges
+    (configurations, MILP columns, simplex iterations, interrupt checks x _CHECK_WORK; 500,000 took 1.6-3 s of
+    CPU on HugeCTR on 64 and 128 GPUs, 2-core x86), and the settings of each placement: ``start`` for the
+    starting choices, ``pattern`` for the trial changes, ``final`` (with ``final_work``) for the choice kept."""
 
     work: float = 1_000_000.0
     pattern: PatternSettings = PatternSettings()
@@ -472,7 +473,9 @@ def improve_choice(problem: Problem, assignment: Assignment, lower_s: float, sta
     class MILP's), then compound option changes by table kind (tables with the same rows, dim, pooling and
     options are interchangeable), each judged by its exact configuration placement (:func:`pattern_place`):
     move 1, half or all of a kind's tables that share an option to another option; keep the first change whose
-    placement beats the best plan so far and start over, until the work is spent or no change helps (``settings.work`` spent). Returns a plan no slower than ``assignment`` (the same one when nothing helped)."""
+    placement beats the best plan so far and start over (kinds on the slowest devices first), until the work is
+    spent or no change helps. Returns a plan no slower than ``assignment``, within memory whenever it is (the
+    same plan when nothing helped)."""
     if not have_highs():
         return assignment
     loads = problem.evaluate(assignment)
