@@ -6,7 +6,8 @@ its choice without them); (3) greedy + local search guided by each, then ruin-an
 then (3c) a large-neighbourhood search of exact sub-MILPs on up to 32 devices, (3d) option changes by table
 kind, each placed exactly by device configurations (planner/embeddings/patterns.py); (4) on clusters of a few nodes,
 the MILP with nodes as bins (a stronger bound still); (5) the exact per-device MILP on small instances,
-started from the best plan so far. Every step is bounded by a count of
+started from the best plan so far; (6) with a large budget, the bound of the configuration LP over device
+patterns (planner/embeddings/pattern_bound.py). Every step is bounded by a count of
 work, not by the clock, so the answer does not depend on the machine's speed. The result reports the slowest
 device's time, the best proven lower bound, and the gap between them.
 """
@@ -25,6 +26,7 @@ from planner.embeddings.heuristic import Work, heuristic, least_work_guide, rebu
 from planner.embeddings.milp import (PIGEONHOLE_MAX_VARIABLES, Bins, SolveResult, class_bins, device_bins, node_bins,
                                     resolve_integer, solve)
 from planner.embeddings.neighbourhood import LnsSettings, improve
+from planner.embeddings.pattern_bound import PatternBound, PatternBoundSettings
 from planner.embeddings.patterns import ChoiceSettings, improve_choice
 from planner.embeddings.problem import Problem, build_problem, even_split
 from planner.errors import ConfigError, InfeasibleError
@@ -89,6 +91,14 @@ LNS_MAX_DEVICES = 32
 # A100s it found nothing better there for 4 s of CPU). At this work it takes 1.6-3.0 s of CPU on HugeCTR on 64
 # and 128 GPUs; 2x the work takes HugeCTR on 128 A100s from 14.304 to 14.216 ms, 6x to 14.107 ms.
 CHOICE_WORK = 500_000
+# The bound from device patterns (step 6, planner/embeddings/pattern_bound.py): a configuration LP by column
+# generation whose pricing problems are small MILPs of ~0.05-0.3 s each on HugeCTR on 128 A100s, so it gets work
+# only past PATTERN_BOUND_FREE_S of time_limit_s, PATTERN_BOUND_PRICING_PER_S pricing solves per second beyond
+# (about what a 2-core x86 machine solves per second there); it runs where the plan is still more than
+# LNS_MIN_GAP above the bound. On HugeCTR on 128 A100s it certifies 13.381 ms (class bound 13.249) with ~560
+# pricing solves, 40 s of CPU; 13.56 ms with ~2,700, 640 s.
+PATTERN_BOUND_FREE_S = 60.0
+PATTERN_BOUND_PRICING_PER_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -220,6 +230,10 @@ def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Se
                 proven = exact.status == "optimal"
                 if proven:
                     bound = max(bound, min(best, exact.objective_s))
+    # (6) the bound from device patterns, with a large budget
+    pricing = int(PATTERN_BOUND_PRICING_PER_S * (time_limit_s - PATTERN_BOUND_FREE_S))
+    if assignment is not None and pricing > 0 and best > bound * (1 + LNS_MIN_GAP) and not proven:
+        bound = max(bound, PatternBound(problem, PatternBoundSettings(pricing_solves=pricing)).bound_s(bound, best))
     if assignment is None:
         raise InfeasibleError(
             f"no placement of the {len(tables)} embedding tables fits the devices' memory within the "

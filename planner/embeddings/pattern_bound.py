@@ -1,0 +1,500 @@
+"""A lower bound from device patterns: the configuration LP of the per-device problem, by column generation.
+
+The class LP and MILP (milp.py) pool the devices of a class: a class's all-to-all excess (a device receiving
+more ids than every device sends, or sending more pooled outputs than every device receives) is charged on the
+class's sums, while the excess is a convex function of each device's own loads. Here every device is a
+*pattern*: how many units of each (table kind, option) it carries -- device-scope shards, its share of the
+node-wide (table-row-wise) tables of its node, and the data-parallel and row-wise tables every device carries.
+Tables of one kind (same rows, dim, pooling factor, element size) are interchangeable, so the LP is over kinds.
+
+For a target time T and a box of the two quantities every device shares -- the ids each device sends (IS) and
+the pooled bytes each device receives (PR), both linear in the option choices -- the LP asks for option counts
+per kind and devices per pattern (at most the devices of each class) that place every unit, using only
+patterns whose device time, with IS and PR at the box's low corner, is at most T. Every plan with slowest
+device below T gives a solution of the LP of the box that holds its IS and PR (its devices' patterns, its
+option counts), so T is a valid lower bound when the LP of every box is infeasible. The boxes are split in
+two until each is infeasible or small (then T is not certified). Targets rise from the best bound known in
+steps of 0.5% while they are certified.
+
+Cost: on HugeCTR on 128 A100s (14 kinds, 115 (kind, option) pairs) a pricing MILP takes 0.05-0.3 s and a
+target needs ~150 boxes near the LP's value, so certifying 13.381 ms (1% above the class bound) takes 40 s of
+CPU and 13.56 ms (the LP's value within the box tolerance, +2.35%) 640 s; shard_tables runs it only with a
+large budget (shard.PATTERN_BOUND_FREE_S).
+
+Relaxations, each valid: global (data-parallel, row-wise) units are counted per class, not per device (some
+devices may carry more, others fewer); node-wide shares are not tied to one node; the fused collectives'
+latency is paid by a device that carries a unit of the kind; per-device terms take the least over the class.
+
+Column generation: the master's phase-one LP (least uncovered units) gives duals; the pricing problem per class
+is a small MILP (the pattern within T and memory that the duals value most). A box is infeasible when the
+master still leaves units uncovered and the pricing's dual bound proves that no pattern can help (the
+Lagrangian bound of the phase-one LP is positive). Work is counted in pricing solves and HiGHS interrupt
+checks, never the clock.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.embeddings.milp import _GB, _MB, _US, _WorkLimit, class_bins, quiet_highs
+from planner.embeddings.problem import Problem
+
+log = logging.getLogger(__name__)
+
+_FEASIBLE = 1e-6  # uncovered units below this: the box's LP is feasible
+
+
+@dataclass(frozen=True)
+class PatternBoundSettings:
+    pricing_solves: int = 3000  # over all targets
+    pricing_checks: int = 2000  # HiGHS interrupt checks per pricing MILP that must prove its value
+    quick_checks: int = 20  # per pricing MILP that only looks for a pattern
+    step: float = 0.005  # targets rise from the known bound in steps of this share of it
+    box_tolerance: float = 0.002  # a box is small when IS and PR spread move a device's time by this share of T
+    max_boxes: int = 400  # per target
+
+
+@dataclass(frozen=True)
+class _Unit:
+    row: int  # coverage row (kind, option)
+    scope: str  # device | node | global
+    per_table: float  # coverage coefficient: units per table (device), 1/node size (node), 1 (global)
+    upper: int  # most a device can carry
+    latency: int  # fused collective it uses: -1 none, else index into _Class.latency_us
+    compute_us: float
+    ids_mb: float
+    pooled_mb: float
+    hbm_gb: float
+    host_gb: float
+
+
+@dataclass(frozen=True)
+class _Class:
+    devices: int
+    base_us: float
+    s_per_mb: float
+    hbm_gb: float
+    host_gb: float
+    latency_us: tuple[float, ...]
+    units: tuple[_Unit, ...]
+
+
+class _Model:
+    """Kinds, options and classes of a problem in pattern form."""
+
+    def __init__(self, problem: Problem) -> None:
+        self.problem = problem
+        kinds: dict[tuple, list[int]] = defaultdict(list)
+        for t, table in enumerate(problem.tables):
+            key = (table.rows, table.dim, table.pooling_factor, table.dtype_bytes,
+                   tuple((o.sharding, o.host, o.units) for o in problem.options[t]))
+            kinds[key].append(t)
+        self.kinds = [len(ts) for ts in kinds.values()]
+        self.first = [ts[0] for ts in kinds.values()]
+        self.rows: list[tuple[int, int]] = []  # (kind, option index)
+        for k, t in enumerate(self.first):
+            self.rows.extend((k, o) for o in range(len(problem.options[t])))
+        self.ids_mb = np.array([problem.options[self.first[k]][o].ids_send_bytes * _MB for k, o in self.rows])
+        self.pooled_mb = np.array([problem.options[self.first[k]][o].pool_recv_bytes * _MB for k, o in self.rows])
+        self.classes = self._classes()
+
+    def _classes(self) -> list[_Class] | None:
+        problem, dev = self.problem, self.problem.dev
+        bins = class_bins(problem)
+        classes = []
+        base = problem.base_time_s()
+        for members in bins.members:
+            member_set = {int(i) for i in members}
+            nodes = [k for k in problem.node_positions if member_set & set(dev.nodes[k])]
+            if any(not set(dev.nodes[k]) <= member_set for k in nodes) or len({len(dev.nodes[k]) for k in nodes}) > 1:
+                return None  # a node-wide unit would load devices of two classes
+            latency: dict[tuple[str, int], int] = {}
+            latency_us: list[float] = []
+
+            def latency_index(key) -> int:
+                if key is None:
+                    return -1
+                if key[0] == "table_row_wise":
+                    key = ("table_row_wise", -1)
+                    seconds = problem.fused_latency(("table_row_wise", nodes[0]))[1]
+                else:
+                    seconds = problem.fused_latency(key)[1]
+                if key not in latency:
+                    latency[key] = len(latency_us)
+                    latency_us.append(seconds * _US)
+                return latency[key]
+
+            units = []
+            for row, (k, o) in enumerate(self.rows):
+                t = self.first[k]
+                option = problem.options[t][o]
+                if option.scope == "device":
+                    loads = [problem.unit(t, o, int(i)) for i in members]
+                    per_table, upper = float(option.units), self.kinds[k] * option.units
+                    key = None
+                elif option.scope == "node":
+                    if not nodes:
+                        continue
+                    loads = [problem.unit(t, o, k_) for k_ in nodes[:1]]
+                    per_table, upper = 1.0 / len(dev.nodes[nodes[0]]), self.kinds[k]
+                    key = problem.fused_key(option, nodes[0])
+                else:
+                    loads = [problem.unit(t, o, 0)]
+                    per_table, upper = 1.0, self.kinds[k]
+                    key = problem.fused_key(option, 0)
+                compute, ids, pooled, hbm, host = (
+                    min(float(np.min(getattr(u, name)[np.isin(u.devices, members)])) for u in loads)
+                    for name in ("compute_s", "ids_recv_bytes", "pool_send_bytes", "hbm_bytes", "host_bytes"))
+                units.append(_Unit(row, option.scope, per_table, int(upper), latency_index(key), compute * _US,
+                                   ids * _MB, pooled * _MB, hbm * _GB, host * _GB))
+            classes.append(_Class(
+                len(members), float(base[members].min()) * _US, float(dev.a2a_s_per_byte[members].min()) * _US / _MB,
+                float(dev.hbm_capacity_bytes[members].max()) * _GB, float(dev.host_capacity_bytes[members].max()) * _GB,
+                tuple(latency_us), tuple(units)))
+        return classes
+
+    def range_mb(self, values: np.ndarray) -> tuple[float, float]:
+        """Least and most of a per-option quantity summed over the tables' choices."""
+        low = high = 0.0
+        for k, count in enumerate(self.kinds):
+            chosen = [values[r] for r, (kk, _) in enumerate(self.rows) if kk == k]
+            low += count * min(chosen)
+            high += count * max(chosen)
+        return low, high
+
+
+@dataclass(frozen=True)
+class _Pattern:
+    cls: int
+    counts: tuple[int, ...]  # per unit of the class
+    compute_us: float
+    ids_mb: float
+    pooled_mb: float
+    latency_us: float
+
+    @classmethod
+    def of(cls, ci: int, c: _Class, counts: tuple[int, ...]) -> "_Pattern":
+        n = np.array(counts, dtype=float)
+        used = {u.latency for k, u in zip(counts, c.units) if k and u.latency >= 0}
+        return cls(ci, counts, float(n @ np.array([u.compute_us for u in c.units])),
+                   float(n @ np.array([u.ids_mb for u in c.units])), float(n @ np.array([u.pooled_mb for u in c.units])),
+                   sum(c.latency_us[j] for j in sorted(used)))
+
+    def time_us(self, c: _Class, ids_floor_mb: float, pooled_floor_mb: float) -> float:
+        return (c.base_us + self.latency_us + self.compute_us
+                + c.s_per_mb * (max(ids_floor_mb, self.ids_mb) + 2.0 * max(pooled_floor_mb, self.pooled_mb)))
+
+
+class _Pricing:
+    """The pricing MILP of one class, built once: per call its objective, time limit and floors change."""
+
+    def __init__(self, c: _Class, checks: int) -> None:
+        import highspy
+
+        self.c = c
+        self.checks = checks
+        self.last: np.ndarray | None = None
+        inf = highspy.kHighsInf
+        nu, nl = len(c.units), len(c.latency_us)
+        self.nu = nu
+        self.ncol = ncol = nu + 2 + nl  # counts, A (ids MB), P (pooled MB), latency indicators
+        self.upper = np.array([float(u.upper) for u in c.units] + [inf, inf] + [1.0] * nl)
+        highs = self.highs = quiet_highs()
+        highs.setOptionValue("mip_rel_gap", 1e-6)
+        highs.addVars(ncol, np.zeros(ncol), self.upper)
+        ints = list(range(nu)) + list(range(nu + 2, ncol))
+        highs.changeColsIntegrality(len(ints), np.array(ints, dtype=np.int32),
+                                    np.array([highspy.HighsVarType.kInteger] * len(ints)))
+        rows = []
+        time_row = np.zeros(ncol)
+        time_row[:nu] = [u.compute_us for u in c.units]
+        time_row[nu] = c.s_per_mb
+        time_row[nu + 1] = 2.0 * c.s_per_mb
+        time_row[nu + 2:] = c.latency_us
+        rows.append((time_row, -inf, inf))  # row 0: its upper bound is T - base, set per call
+        ids = np.zeros(ncol)
+        ids[:nu] = [-u.ids_mb for u in c.units]
+        ids[nu] = 1.0
+        rows.append((ids, 0.0, inf))
+        pooled = np.zeros(ncol)
+        pooled[:nu] = [-u.pooled_mb for u in c.units]
+        pooled[nu + 1] = 1.0
+        rows.append((pooled, 0.0, inf))
+        hbm = np.zeros(ncol)
+        hbm[:nu] = [u.hbm_gb for u in c.units]
+        rows.append((hbm, -inf, c.hbm_gb))
+        if any(u.host_gb for u in c.units):
+            host = np.zeros(ncol)
+            host[:nu] = [u.host_gb for u in c.units]
+            rows.append((host, -inf, c.host_gb))
+        for j, u in enumerate(c.units):
+            if u.latency >= 0:
+                link = np.zeros(ncol)
+                link[j] = 1.0
+                link[nu + 2 + u.latency] = -float(u.upper)
+                rows.append((link, -inf, 0.0))
+        _add_rows(highs, rows)
+
+    def best(self, value: np.ndarray, target_us: float, ids_floor_mb: float, pooled_floor_mb: float,
+             checks: int | None = None):
+        """(the pattern the values ``value`` (per unit) favour most within target and memory, a proven upper
+        bound on its value); the pattern is None where none was found."""
+        import highspy
+
+        highs, nu = self.highs, self.nu
+        if not np.any(value > 1e-12):
+            return (0,) * nu, 0.0  # the empty pattern
+        cost = np.zeros(self.ncol)
+        cost[:nu] = -value
+        highs.changeColsCost(self.ncol, np.arange(self.ncol, dtype=np.int32), cost)
+        highs.changeRowBounds(0, -highspy.kHighsInf, target_us - self.c.base_us)
+        lower = np.zeros(self.ncol)
+        lower[nu] = ids_floor_mb
+        lower[nu + 1] = pooled_floor_mb
+        upper = self.upper.copy()
+        upper[:nu][value <= 1e-12] = 0.0  # a unit nobody pays for only adds time and memory
+        highs.changeColsBounds(self.ncol, np.arange(self.ncol, dtype=np.int32), lower, upper)
+        highs.clearSolver()
+        if self.last is not None:
+            start = np.zeros(self.ncol)
+            start[:nu] = np.where(upper[:nu] > 0, self.last, 0)
+            highs.setSolution(highspy.HighsSolution())  # forget the previous one
+            solution = highspy.HighsSolution()
+            solution.col_value = list(start)
+            solution.value_valid = True
+            highs.setSolution(solution)
+        _WorkLimit(checks or self.checks).attach(highs)
+        highs.run()
+        info = highs.getInfo()
+        if highs.getModelStatus() == highspy.HighsModelStatus.kInfeasible:
+            return None, -np.inf
+        dual = float(info.mip_dual_bound)
+        proven = -dual if np.isfinite(dual) else float(value[value > 0] @ upper[:nu][value > 0])
+        if info.primal_solution_status != highspy.kSolutionStatusFeasible:
+            return None, proven
+        counts = tuple(int(x) for x in np.round(np.array(highs.getSolution().col_value[:nu])))
+        self.last = np.array(counts, dtype=float)
+        return counts, proven
+
+
+def _add_rows(highs, rows) -> None:
+    starts, index, values = [], [], []
+    for coefficients, _, _ in rows:
+        starts.append(len(index))
+        if isinstance(coefficients, dict):
+            for j in sorted(coefficients):
+                if coefficients[j]:
+                    index.append(j)
+                    values.append(coefficients[j])
+        else:
+            nonzero = np.flatnonzero(coefficients)
+            index.extend(int(j) for j in nonzero)
+            values.extend(float(coefficients[j]) for j in nonzero)
+    highs.addRows(len(rows), np.array([r[1] for r in rows], dtype=float), np.array([r[2] for r in rows], dtype=float),
+                  len(index), np.array(starts, dtype=np.int32), np.array(index, dtype=np.int32),
+                  np.array(values, dtype=float))
+
+
+class PatternBound:
+    """The master LP, built once; patterns are added as columns, and each (target, box) sets the bounds of the
+    IS and PR rows and which patterns are usable (column upper bound 0 or infinity)."""
+
+    def __init__(self, problem: Problem, settings: PatternBoundSettings = PatternBoundSettings()) -> None:
+        self.model = _Model(problem)
+        self.settings = settings
+        self.pricing_left = settings.pricing_solves
+        self.exhausted = False
+        self.patterns: list[_Pattern] = []
+        self._seen: set[tuple[int, tuple[int, ...]]] = set()
+        if self.model.classes is None:
+            return
+        self._pricing = [_Pricing(c, settings.pricing_checks) for c in self.model.classes]
+        self._build_master()
+        for ci, c in enumerate(self.model.classes):
+            self._add(ci, (0,) * len(c.units))
+
+    @property
+    def usable(self) -> bool:
+        return self.model.classes is not None
+
+    def _build_master(self) -> None:
+        import highspy
+
+        inf = highspy.kHighsInf
+        model = self.model
+        nr = len(model.rows)
+        # columns: z per (kind, option) row, then uncovered per row; patterns are appended
+        upper = np.array([float(model.kinds[k]) for k, _ in model.rows] + [inf] * nr)
+        highs = self.master = quiet_highs()
+        highs.addVars(2 * nr, np.zeros(2 * nr), upper)
+        cost = np.concatenate([np.zeros(nr), np.ones(nr)])
+        highs.changeColsCost(2 * nr, np.arange(2 * nr, dtype=np.int32), cost)
+        rows = []
+        self.cover_row: dict[int, int] = {}  # (kind, option) row -> master row (device and node scope)
+        self.global_row: dict[tuple[int, int], int] = {}  # ((kind, option) row, class) -> master row
+        for r, (k, o) in enumerate(model.rows):
+            option = model.problem.options[model.first[k]][o]
+            if option.scope != "global":
+                self.cover_row[r] = len(rows)
+                needed = float(option.units) if option.scope == "device" else 1.0
+                rows.append(({r: -needed, nr + r: 1.0}, 0.0, inf))
+        for ci, c in enumerate(model.classes):
+            for u in c.units:
+                if u.scope == "global":
+                    self.global_row[(u.row, ci)] = len(rows)
+                    rows.append(({u.row: -float(c.devices), nr + u.row: float(c.devices)}, 0.0, inf))
+        for k, count in enumerate(model.kinds):
+            rows.append(({r: 1.0 for r, (kk, _) in enumerate(model.rows) if kk == k}, float(count), float(count)))
+        self.is_row = len(rows)
+        rows.append(({r: float(v) for r, v in enumerate(model.ids_mb)}, -inf, inf))
+        self.pr_row = len(rows)
+        rows.append(({r: float(v) for r, v in enumerate(model.pooled_mb)}, -inf, inf))
+        self.device_row = len(rows)
+        for c in model.classes:
+            rows.append(({}, -inf, float(c.devices)))
+        _add_rows(highs, rows)
+        self.first_pattern = 2 * nr
+        self._pattern_arrays = {"cls": [], "compute": [], "ids": [], "pooled": [], "latency": []}
+
+    def _add(self, ci: int, counts) -> bool:
+        key = (ci, tuple(int(x) for x in counts))
+        if key in self._seen:
+            return False
+        self._seen.add(key)
+        c = self.model.classes[ci]
+        pattern = _Pattern.of(ci, c, key[1])
+        self.patterns.append(pattern)
+        arrays = self._pattern_arrays
+        for name, v in (("cls", ci), ("compute", pattern.compute_us), ("ids", pattern.ids_mb),
+                        ("pooled", pattern.pooled_mb), ("latency", pattern.latency_us)):
+            arrays[name].append(v)
+        entries: dict[int, float] = {self.device_row + ci: 1.0}
+        for n, u in zip(key[1], c.units):
+            if not n:
+                continue
+            if u.scope == "global":
+                entries[self.global_row[(u.row, ci)]] = float(n)
+            else:
+                entries[self.cover_row[u.row]] = n * (1.0 if u.scope == "device" else u.per_table)
+        index = np.array(sorted(entries), dtype=np.int32)
+        self.master.addCol(0.0, 0.0, 0.0, len(index), index, np.array([entries[i] for i in index]))
+        return True
+
+    def _times_us(self, ids_floor_mb: float, pooled_floor_mb: float) -> np.ndarray:
+        a = self._pattern_arrays
+        classes = self.model.classes
+        cls = np.array(a["cls"])
+        base = np.array([c.base_us for c in classes])[cls]
+        s = np.array([c.s_per_mb for c in classes])[cls]
+        return (base + np.array(a["latency"]) + np.array(a["compute"])
+                + s * (np.maximum(ids_floor_mb, np.array(a["ids"])) + 2.0 * np.maximum(pooled_floor_mb, np.array(a["pooled"]))))
+
+    def _set_box(self, target_us: float, box) -> None:
+        import highspy
+
+        is_lo, is_hi, pr_lo, pr_hi = box
+        self.master.changeRowBounds(self.is_row, is_lo, is_hi)
+        self.master.changeRowBounds(self.pr_row, pr_lo, pr_hi)
+        usable = self._times_us(is_lo, pr_lo) <= target_us
+        n = len(self.patterns)
+        index = np.arange(self.first_pattern, self.first_pattern + n, dtype=np.int32)
+        self.master.changeColsBounds(n, index, np.zeros(n), np.where(usable, highspy.kHighsInf, 0.0))
+
+    def box_feasible(self, target_us: float, box) -> bool:
+        """False when the pattern LP of ``box`` is proven infeasible at ``target_us``."""
+        import highspy
+
+        model = self.model
+        is_lo, _, pr_lo, _ = box
+        self._set_box(target_us, box)
+        while True:
+            self.master.run()
+            if self.master.getModelStatus() == highspy.HighsModelStatus.kInfeasible:
+                return False  # the option counts cannot meet the box at all
+            uncovered = float(self.master.getInfo().objective_function_value)
+            if uncovered <= _FEASIBLE:
+                return True
+            duals = np.array(self.master.getSolution().row_dual)
+            lagrangian = uncovered  # a lower bound on the least uncovered units over all patterns
+            added = False
+            for ci, c in enumerate(model.classes):
+                if self.pricing_left <= 0:
+                    self.exhausted = True
+                    return True
+                self.pricing_left -= 1
+                value = np.array([duals[self.global_row[(u.row, ci)]] if u.scope == "global" else
+                                  duals[self.cover_row[u.row]] * (1.0 if u.scope == "device" else u.per_table)
+                                  for u in c.units])
+                pricing = self._pricing[ci]
+                counts, proven = pricing.best(value, target_us, is_lo, pr_lo, self.settings.quick_checks)
+                found = counts is not None and float(value @ np.array(counts)) + duals[self.device_row + ci] > 1e-9
+                if not found and proven + duals[self.device_row + ci] > 1e-9:  # prove there is none
+                    counts, proven = pricing.best(value, target_us, is_lo, pr_lo)
+                gain = proven + duals[self.device_row + ci]
+                if gain > 1e-9:
+                    lagrangian -= c.devices * gain
+                    if counts is not None and self._add(ci, counts):
+                        added = True
+                        self.master.changeColBounds(len(self.patterns) - 1 + self.first_pattern, 0.0,
+                                                    highspy.kHighsInf)
+            if lagrangian > _FEASIBLE:
+                return False
+            if not added:
+                return True  # cannot prove it either way: count it as feasible (the bound stays valid)
+
+    def certify(self, target_us: float) -> bool:
+        """True when no plan has its slowest device below ``target_us`` (every box infeasible)."""
+        model = self.model
+        is_range = model.range_mb(model.ids_mb)
+        pr_range = model.range_mb(model.pooled_mb)
+        s = max(c.s_per_mb for c in model.classes)
+        # every device waits for at least what it sends (ids) and twice what it receives (pooled outputs)
+        room = max((target_us - c.base_us) / c.s_per_mb for c in model.classes)
+        if room < is_range[0] + 2.0 * pr_range[0]:
+            return True
+        is_range = (is_range[0], min(is_range[1], room - 2.0 * pr_range[0]))
+        pr_range = (pr_range[0], min(pr_range[1], 0.5 * (room - is_range[0])))
+        stack = [(is_range[0], is_range[1], pr_range[0], pr_range[1])]
+        boxes = 0
+        while stack:
+            box = stack.pop()
+            boxes += 1
+            if boxes > self.settings.max_boxes:
+                return False
+            if not self.box_feasible(target_us, box):
+                continue
+            if self.exhausted:
+                return False
+            is_lo, is_hi, pr_lo, pr_hi = box
+            spread_is, spread_pr = s * (is_hi - is_lo), 2.0 * s * (pr_hi - pr_lo)
+            if spread_is + spread_pr <= self.settings.box_tolerance * target_us:
+                return False
+            if spread_is >= spread_pr:
+                middle = 0.5 * (is_lo + is_hi)
+                stack.extend([(middle, is_hi, pr_lo, pr_hi), (is_lo, middle, pr_lo, pr_hi)])
+            else:
+                middle = 0.5 * (pr_lo + pr_hi)
+                stack.extend([(is_lo, is_hi, middle, pr_hi), (is_lo, is_hi, pr_lo, middle)])
+        return True
+
+    def bound_s(self, low_s: float, high_s: float) -> float:
+        """The largest of the targets ``low_s x (1 + step k)``, k = 1, 2, ... (below ``high_s``) certified in
+        turn; ``low_s`` (a known bound) where none is. Each certified target is a valid bound, so the answer
+        is valid wherever the work runs out."""
+        if not self.usable:
+            return low_s
+        certified = low_s
+        k = 1
+        while not self.exhausted:
+            target = low_s * (1.0 + self.settings.step * k)
+            if target >= high_s or not self.certify(target * _US):
+                break
+            certified = target
+            log.debug("pattern bound: %.6f s certified, %d patterns, %d pricing solves left", target,
+                      len(self.patterns), self.pricing_left)
+            k += 1
+        return certified
