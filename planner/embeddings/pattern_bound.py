@@ -35,7 +35,6 @@ checks, never the clock.
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
@@ -88,13 +87,8 @@ class _Model:
 
     def __init__(self, problem: Problem) -> None:
         self.problem = problem
-        kinds: dict[tuple, list[int]] = defaultdict(list)
-        for t, table in enumerate(problem.tables):
-            key = (table.rows, table.dim, table.pooling_factor, table.dtype_bytes,
-                   tuple((o.sharding, o.host, o.units) for o in problem.options[t]))
-            kinds[key].append(t)
-        self.kinds = [len(ts) for ts in kinds.values()]
-        self.first = [ts[0] for ts in kinds.values()]
+        self.kinds = [len(ts) for ts in problem.table_kinds]
+        self.first = [ts[0] for ts in problem.table_kinds]
         self.rows: list[tuple[int, int]] = []  # (kind, option index)
         for k, t in enumerate(self.first):
             self.rows.extend((k, o) for o in range(len(problem.options[t])))

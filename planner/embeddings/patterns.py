@@ -541,12 +541,11 @@ def _slowest_s(problem: Problem, assignment: Assignment) -> float:
 def _table_kinds(problem: Problem) -> list[list[int]]:
     """Tables alike in everything the cost model reads (rows, dim, pooling, dtype) and so in their options,
     largest (by rows x dim x pooling) first."""
-    groups: dict[tuple, list[int]] = {}
-    for t, table in enumerate(problem.tables):
-        shape = tuple((o.sharding, o.host, o.units) for o in problem.options[t])
-        groups.setdefault((table.rows, table.dim, table.pooling_factor, table.dtype_bytes, shape), []).append(t)
-    return sorted(groups.values(), key=lambda ts: (-problem.tables[ts[0]].rows * problem.tables[ts[0]].dim
-                                                   * problem.tables[ts[0]].pooling_factor, ts[0]))
+    def size(ts) -> tuple[float, int]:
+        table = problem.tables[ts[0]]
+        return -table.rows * table.dim * table.pooling_factor, ts[0]
+
+    return sorted((list(ts) for ts in problem.table_kinds), key=size)
 
 
 def _kind_moves(problem: Problem, tables: list[int], choice: list[int]):

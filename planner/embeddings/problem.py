@@ -153,6 +153,16 @@ class Problem:
         """Nodes with at least two participating devices (where table-row-wise makes sense)."""
         return tuple(k for k, members in enumerate(self.dev.nodes) if len(members) >= 2)
 
+    @cached_property
+    def table_kinds(self) -> tuple[tuple[int, ...], ...]:
+        """Tables alike in everything the cost model reads (rows, dim, pooling, element size) and so in their
+        options, grouped; groups in order of their first table."""
+        groups: dict[tuple, list[int]] = {}
+        for t, table in enumerate(self.tables):
+            shape = tuple((o.sharding, o.host, o.units) for o in self.options[t])
+            groups.setdefault((table.rows, table.dim, table.pooling_factor, table.dtype_bytes, shape), []).append(t)
+        return tuple(tuple(ts) for ts in groups.values())
+
     def positions(self, option: Option) -> Sequence[int]:
         if option.scope == "device":
             return range(self.dev.count)
