@@ -17,9 +17,9 @@ two until each is infeasible or small (then T is not certified). Targets rise fr
 steps of 0.5% while they are certified.
 
 Cost: on HugeCTR on 128 A100s (14 kinds, 115 (kind, option) pairs) a pricing MILP takes 0.05-0.3 s and a
-target needs ~150 boxes near the LP's value, so certifying 13.381 ms (1% above the class bound) takes 27 s of
-CPU and 13.56 ms (the LP's value within the box tolerance, +2.35%) 640 s (with presolve on, since off); shard_tables runs it only with a
-large budget (shard.PATTERN_BOUND_FREE_S).
+target needs ~150 boxes near the LP's value, so certifying 13.381 ms (1% above the class bound) takes 27 s
+of CPU and 13.56 ms (the LP's value within the box tolerance, +2.35%) 640 s (with presolve on, since off);
+shard_tables runs it only with a large budget (shard.PATTERN_BOUND_FREE_S).
 
 Relaxations, each valid: global (data-parallel, row-wise) units are counted per class, not per device (some
 devices may carry more, others fewer); node-wide shares are not tied to one node; the fused collectives'
@@ -175,7 +175,8 @@ class _Pattern:
         n = np.array(counts, dtype=float)
         used = {u.latency for k, u in zip(counts, c.units) if k and u.latency >= 0}
         return cls(ci, counts, float(n @ np.array([u.compute_us for u in c.units])),
-                   float(n @ np.array([u.ids_mb for u in c.units])), float(n @ np.array([u.pooled_mb for u in c.units])),
+                   float(n @ np.array([u.ids_mb for u in c.units])),
+                   float(n @ np.array([u.pooled_mb for u in c.units])),
                    sum(c.latency_us[j] for j in sorted(used)))
 
     def time_us(self, c: _Class, ids_floor_mb: float, pooled_floor_mb: float) -> float:
@@ -387,8 +388,9 @@ class PatternBound:
         cls = np.array(a["cls"])
         base = np.array([c.base_us for c in classes])[cls]
         s = np.array([c.s_per_mb for c in classes])[cls]
-        return (base + np.array(a["latency"]) + np.array(a["compute"])
-                + s * (np.maximum(ids_floor_mb, np.array(a["ids"])) + 2.0 * np.maximum(pooled_floor_mb, np.array(a["pooled"]))))
+        ids = np.maximum(ids_floor_mb, np.array(a["ids"]))
+        pooled = np.maximum(pooled_floor_mb, np.array(a["pooled"]))
+        return base + np.array(a["latency"]) + np.array(a["compute"]) + s * (ids + 2.0 * pooled)
 
     def _set_box(self, target_us: float, box) -> None:
         import highspy
