@@ -296,7 +296,7 @@ def test_the_guide_without_node_options_chooses_one_other_option_per_table():
     """The extra guide (the class MILP with table-row-wise forbidden) puts no weight on node-wide options and
     one whole option per table, and plans built from it are real plans of the full problem."""
     from planner.embeddings.heuristic import Work, heuristic
-    from planner.embeddings.shard import _guide_without_node_options, _makespan, _uses_node_options
+    from planner.embeddings.shard import _guide_without_node_options, _uses_node_options
 
     c = cluster((small_node(A100, 2), 2), (small_node(V100, 2), 2))
     problem = build_problem(random_tables(np.random.default_rng(11), 6), device_arrays(c), 16384, "adagrad")
@@ -307,7 +307,7 @@ def test_the_guide_without_node_options_chooses_one_other_option_per_table():
         assert sum(row) == pytest.approx(1.0)
         assert all(w == 0.0 for o, w in enumerate(row) if problem.options[t][o].scope == "node")
     plan = heuristic(problem, guide, Work(2000))
-    assert plan is not None and np.isfinite(_makespan(problem, plan))
+    assert plan is not None and np.isfinite(problem.makespan_s(plan))
     node_weights = tuple(tuple(1.0 if o == next(j for j, x in enumerate(options) if x.scope == "node") else 0.0
                                for o in range(len(options))) for options in problem.options)
     assert _uses_node_options(problem, node_weights)

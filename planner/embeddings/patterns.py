@@ -134,8 +134,7 @@ def pattern_place(problem: Problem, choice: Sequence[int], lower_s: float, upper
         else:
             lo = mid + 1
     plan = model.realize(best)
-    loads = problem.evaluate(plan)
-    if not problem.fits(loads) or float(problem.device_time_s(loads).max()) >= upper_s * (1 - 1e-9):
+    if problem.makespan_s(plan) >= upper_s * (1 - 1e-9):  # inf when out of memory
         return None
     return plan
 
@@ -478,10 +477,9 @@ def improve_choice(problem: Problem, assignment: Assignment, lower_s: float, sta
     same plan when nothing helped)."""
     if not have_highs():
         return assignment
-    loads = problem.evaluate(assignment)
-    if not problem.fits(loads):
+    best_s = problem.makespan_s(assignment)
+    if not np.isfinite(best_s):  # out of memory
         return assignment
-    best_s = float(problem.device_time_s(loads).max())
     choice = [int(o) for o, _ in assignment]
     current = assignment
     work = Work(settings.work)
@@ -490,7 +488,7 @@ def improve_choice(problem: Problem, assignment: Assignment, lower_s: float, sta
             break
         plan = pattern_place(problem, start, lower_s, best_s, settings.start, work)
         if plan is not None:
-            current, best_s, choice = plan, _slowest_s(problem, plan), [int(o) for o in start]
+            current, best_s, choice = plan, problem.makespan_s(plan), [int(o) for o in start]
     kinds = _bottleneck_first(problem, current, _table_kinds(problem))
     improved = True
     while improved and not work.done and best_s > lower_s * (1 + 1e-6):
@@ -502,7 +500,7 @@ def improve_choice(problem: Problem, assignment: Assignment, lower_s: float, sta
                 plan = pattern_place(problem, trial, lower_s, best_s, settings.pattern, work)
                 if plan is not None:
                     changed = [t for t in tables if trial[t] != choice[t]]
-                    current, best_s, choice, improved = plan, _slowest_s(problem, plan), trial, True
+                    current, best_s, choice, improved = plan, problem.makespan_s(plan), trial, True
                     log.debug("option search: %.6f s, %d tables of kind %s to %s", best_s, len(changed),
                               problem.tables[changed[0]].name, problem.options[changed[0]][trial[changed[0]]])
                     break
@@ -532,10 +530,6 @@ def _bottleneck_first(problem: Problem, assignment: Assignment, kinds: list[list
             on_slow.add(t)
     first = [tables for tables in kinds if on_slow.intersection(tables)]
     return first + [tables for tables in kinds if not on_slow.intersection(tables)]
-
-
-def _slowest_s(problem: Problem, assignment: Assignment) -> float:
-    return float(problem.device_time_s(problem.evaluate(assignment)).max())
 
 
 def _table_kinds(problem: Problem) -> list[list[int]]:

@@ -296,6 +296,13 @@ class Problem:
             latency[members] += seconds
         return Loads(compute, ids_recv, pool_send, hbm, host, ids_send, pool_recv, latency)
 
+    def makespan_s(self, assignment: Sequence[tuple[int, Sequence[int]]]) -> float:
+        """The slowest device's time of a full assignment; inf when it does not fit in memory."""
+        loads = self.evaluate(assignment)
+        if not self.fits(loads):
+            return float("inf")
+        return float(self.device_time_s(loads).max())
+
     def fits(self, loads: Loads, slack: float = 1e-9) -> bool:
         return bool(np.all(loads.hbm_bytes <= self.dev.hbm_capacity_bytes * (1 + slack))
                     and np.all(loads.host_bytes <= self.dev.host_capacity_bytes * (1 + slack)))

@@ -180,24 +180,24 @@ def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Se
     assignment, best = None, np.inf
     for guide in guides:
         candidate = heuristic(problem, guide, Work(scaled(HEURISTIC_WORK)))
-        value = _makespan(problem, candidate) if candidate is not None else np.inf
+        value = problem.makespan_s(candidate) if candidate is not None else np.inf
         if value < best:
             assignment, best = candidate, value
     # (3b) ruin and recreate on the best plan so far
     if assignment is not None and best > bound * (1 + 1e-6):
         assignment = rebuild(problem, assignment, Work(scaled(REBUILD_WORK)))
-        best = _makespan(problem, assignment)
+        best = problem.makespan_s(assignment)
     # (3c) large-neighbourhood search: re-place (and re-shard) the units of a few devices at once, exactly
     if assignment is not None and best > bound * (1 + LNS_MIN_GAP) and problem.dev.count <= LNS_MAX_DEVICES:
         share = min(1.0, LNS_FULL_WORK_TABLES / len(problem.tables))
         assignment = improve(problem, assignment, LnsSettings(work=scaled(LNS_WORK * share)), target_s=bound)
-        best = _makespan(problem, assignment)
+        best = problem.makespan_s(assignment)
     # (3d) option changes by table kind, each placed exactly by device configurations, from the best plan's
     # option choice and the guides'
     if assignment is not None and best > bound * (1 + LNS_MIN_GAP) and problem.dev.count > LNS_MAX_DEVICES:
         starts = [[max(range(len(row)), key=lambda o: (row[o], -o)) for row in guide] for guide in guides]
         assignment = improve_choice(problem, assignment, bound, starts, ChoiceSettings(work=scaled(CHOICE_WORK)))
-        best = _makespan(problem, assignment)
+        best = problem.makespan_s(assignment)
     method, proven = "heuristic", False
     # (4) nodes as bins: which node carries which table is exact, devices inside a node are pooled
     nodes = node_bins(problem)
@@ -207,7 +207,7 @@ def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Se
         bound = max(bound, by_node.bound_s if by_node.status != "infeasible" else bound)
         if by_node.weights:
             candidate = heuristic(problem, by_node.weights, Work(scaled(HEURISTIC_WORK)))
-            value = _makespan(problem, candidate) if candidate is not None else np.inf
+            value = problem.makespan_s(candidate) if candidate is not None else np.inf
             if value < best:
                 assignment, best = candidate, value
     # (5) the exact per-device MILP on small instances
@@ -216,7 +216,7 @@ def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Se
         exact_work = _milp_work(exact_size, EXACT_MILP_WORK, EXACT_MILP_WORK_LARGE)
         exact: SolveResult = solve(problem, device_bins(problem), integer=True, work_limit=scaled(exact_work),
                                   incumbent=assignment)
-        value = _makespan(problem, exact.assignment) if exact.assignment is not None else np.inf
+        value = problem.makespan_s(exact.assignment) if exact.assignment is not None else np.inf
         if exact.assignment is not None and value > exact.objective_s * (1 + 1e-6):
             # the MILP's own slowest-device time bounds its plan's time under the cost model; if HiGHS hands
             # back a plan slower than its objective (seen in HiGHS 1.16 with a start solution and
@@ -289,13 +289,6 @@ def _guide_without_node_options(problem: Problem, work_limit: int) -> tuple[tupl
             row[o] = weights[t][j]
         guide.append(tuple(row))
     return tuple(guide)
-
-
-def _makespan(problem: Problem, assignment) -> float:
-    loads = problem.evaluate(assignment)
-    if not problem.fits(loads):
-        return np.inf
-    return float(problem.device_time_s(loads).max())
 
 
 def _same_bins(a: Bins, b: Bins) -> bool:
