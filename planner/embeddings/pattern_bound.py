@@ -192,7 +192,6 @@ class _Pricing:
 
         self.c = c
         self.checks = checks
-        self.last: np.ndarray | None = None
         inf = highspy.kHighsInf
         nu, nl = len(c.units), len(c.latency_us)
         self.nu = nu
@@ -257,14 +256,6 @@ class _Pricing:
         upper[:nu][value <= 1e-12] = 0.0  # a unit nobody pays for only adds time and memory
         highs.changeColsBounds(self.ncol, np.arange(self.ncol, dtype=np.int32), lower, upper)
         highs.clearSolver()
-        if self.last is not None:
-            start = np.zeros(self.ncol)
-            start[:nu] = np.where(upper[:nu] > 0, self.last, 0)
-            highs.setSolution(highspy.HighsSolution())  # forget the previous one
-            solution = highspy.HighsSolution()
-            solution.col_value = list(start)
-            solution.value_valid = True
-            highs.setSolution(solution)
         _WorkLimit(checks or self.checks).attach(highs)
         highs.run()
         info = highs.getInfo()
@@ -275,7 +266,6 @@ class _Pricing:
         if info.primal_solution_status != highspy.kSolutionStatusFeasible:
             return None, proven
         counts = tuple(int(x) for x in np.round(np.array(highs.getSolution().col_value[:nu])))
-        self.last = np.array(counts, dtype=float)
         return counts, proven
 
 
