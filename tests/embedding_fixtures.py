@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
+from planner.embeddings.devices import device_arrays
+from planner.embeddings.problem import Problem, build_problem
 from planner.hardware import load_cluster
-from planner.types import Cluster, DeviceGroup, NodeProfile
+from planner.types import Cluster, DeviceGroup, EmbeddingTable, NodeProfile
 
 GiB = 1024 ** 3
 
@@ -28,3 +32,14 @@ def small_node(profile: NodeProfile, devices: int, memory_bytes: int | None = No
     """``profile`` with fewer devices (and optionally less memory per device)."""
     device = profile.device if memory_bytes is None else dataclasses.replace(profile.device, memory_bytes=memory_bytes)
     return dataclasses.replace(profile, devices_per_node=devices, device=device)
+
+
+def small_problem(seed: int, count: int, memory_bytes: int | None = None,
+                  second: str = "hgx-v100-32gb") -> Problem:
+    """2 nodes x 2 devices (a dgx-a100-80gb node and a ``second`` node) and ``count`` seeded tables, small
+    enough to brute-force; rows a multiple of 4 so that row splits are even."""
+    rng = np.random.default_rng(seed)
+    c = cluster((small_node(node("dgx-a100-80gb"), 2, memory_bytes), 1), (small_node(node(second), 2, memory_bytes), 1))
+    tables = tuple(EmbeddingTable(f"t{i}", 4 * int(rng.integers(10, 500_000)), int(rng.choice([8, 16])),
+                                  float(rng.choice([1, 4, 20, 80]))) for i in range(count))
+    return build_problem(tables, device_arrays(c), 4096, "adagrad")

@@ -9,12 +9,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from embedding_fixtures import cluster, node, small_node
+from embedding_fixtures import cluster, node, small_node, small_problem
 from planner.embeddings import pattern_bound, shard
-from planner.embeddings.devices import device_arrays
 from planner.embeddings.milp import class_bins, solve
 from planner.embeddings.pattern_bound import PatternBound, PatternBoundSettings
-from planner.embeddings.problem import build_problem
 from planner.types import EmbeddingTable
 from test_embeddings_milp import brute_force
 
@@ -25,11 +23,7 @@ EXACT = PatternBoundSettings(pricing_solves=100_000, step=0.002)
 
 def _small(seed: int, mixed: bool = True):
     """2 nodes x 2 devices (A100 + V100, or two A100 nodes), 3 tables: every option, brute force in < 1 s."""
-    rng = np.random.default_rng(seed)
-    c = cluster((small_node(A100, 2), 1), (small_node(V100 if mixed else A100, 2), 1))
-    tables = tuple(EmbeddingTable(f"t{i}", 4 * int(rng.integers(10, 500_000)), int(rng.choice([8, 16])),
-                                  float(rng.choice([1, 4, 20, 80]))) for i in range(3))
-    return build_problem(tables, device_arrays(c), 4096, "adagrad")
+    return small_problem(seed, 3, second="hgx-v100-32gb" if mixed else "dgx-a100-80gb")
 
 
 def _class_lp_s(problem) -> float:

@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from embedding_fixtures import GiB, cluster, node, small_node
+from embedding_fixtures import GiB, cluster, node, small_node, small_problem
 from planner.embeddings.devices import device_arrays
 from planner.embeddings import patterns
 from planner.embeddings.patterns import ChoiceSettings, PatternSettings, improve_choice, pattern_place
@@ -33,13 +33,9 @@ def _brute_force_at(problem, choice) -> float:
 
 
 def _small(seed: int, count: int, memory_bytes: int | None = None):
-    """2 nodes x 2 devices (an A100 node and a V100 node: two node classes); rows a multiple of 4 so that row
-    splits are even (the configuration model takes a node-wide unit's largest per-device load)."""
-    rng = np.random.default_rng(seed)
-    c = cluster((small_node(A100, 2, memory_bytes), 1), (small_node(V100, 2, memory_bytes), 1))
-    tables = tuple(EmbeddingTable(f"t{i}", 4 * int(rng.integers(10, 500_000)), int(rng.choice([8, 16])),
-                                  float(rng.choice([1, 4, 20, 80]))) for i in range(count))
-    return build_problem(tables, device_arrays(c), 4096, "adagrad")
+    """An A100 node and a V100 node of 2 devices each: two node classes (the configuration model takes a
+    node-wide unit's largest per-device load; the rows are multiples of 4, so row splits are even)."""
+    return small_problem(seed, count, memory_bytes)
 
 
 @pytest.mark.parametrize("seed", range(6))
