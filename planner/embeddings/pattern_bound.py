@@ -7,23 +7,27 @@ class's sums, while the excess is a convex function of each device's own loads. 
 node-wide (table-row-wise) tables of its node, and the data-parallel and row-wise tables every device carries.
 Tables of one kind (same rows, dim, pooling factor, element size) are interchangeable, so the LP is over kinds.
 
-For a target time T and a box of the two quantities every device shares -- the ids each device sends (IS) and
-the pooled bytes each device receives (PR), both linear in the option choices -- the LP asks for option counts
-per kind and devices per pattern (at most the devices of each class) that place every unit, using only
-patterns whose device time, with IS and PR at the box's low corner, is at most T. Every plan with slowest
-device below T gives a solution of the LP of the box that holds its IS and PR (its devices' patterns, its
-option counts), so T is a valid lower bound when the LP of every box is infeasible. The boxes are split in
-two until each is infeasible or small (then T is not certified). Targets rise from the best bound known in
-steps of 0.5% while they are certified.
+For a target time T and a box of the quantities every device shares -- the ids each device sends (IS), the
+pooled bytes each device receives (PR) and the time of the global (data-parallel, row-wise) units every device
+carries (G, on the first class; on another class at least its least ratio to it), all linear in the option
+choices -- and a *mode* (which global sharding types are chosen at all: each then costs every device its fused
+collective's latency), the LP asks for option counts per kind and devices per pattern (at most the devices of
+each class) that place every unit, using only patterns whose device time, with IS, PR and G at the box's low
+corner, is at most T. Every plan with slowest device below T gives a solution of the LP of the box that holds
+its IS, PR, G and mode (its devices' patterns, its option counts), so T is a valid lower bound when the LP of
+every box is infeasible. The boxes are split in two until each is infeasible or small (then T is not
+certified). Targets rise from the best bound known in steps of 0.5% while they are certified. Four aggregate
+rows bound the option counts directly: summed over devices, time = base + latency + compute + G + s x (max(IS,
+ids received) + 2 max(PR, pooled sent)) <= T, each max taken as its first term on every device or as the summed
+second terms; they let the master reject most boxes before any pricing.
 
-Cost: on HugeCTR on 128 A100s (14 kinds, 115 (kind, option) pairs) a pricing MILP takes 0.05-0.3 s and a
-target needs ~150 boxes near the LP's value, so certifying 13.381 ms (1% above the class bound) takes 40 s
-of CPU and 13.56 ms (the LP's value within the box tolerance, +2.35%) 640 s; shard_tables runs it only with a
-large budget (shard.PATTERN_BOUND_FREE_S).
+Cost: on HugeCTR on 128 A100s (14 kinds, 115 (kind, option) pairs) a pricing MILP takes 0.05-0.3 s; 3,000
+pricing solves (250 s of CPU) certify 13.514 ms (+2.0% over the class bound), on DCNv2 on 64 A100s ~5,000
+(200 s) certify 2.1885 ms (+1.0%); shard_tables runs it only with a large budget (shard.PATTERN_BOUND_FREE_S).
 
-Relaxations, each valid: global (data-parallel, row-wise) units are counted per class, not per device (some
-devices may carry more, others fewer); node-wide shares are not tied to one node; the fused collectives'
-latency is paid by a device that carries a unit of the kind; per-device terms take the least over the class.
+Relaxations, each valid: global units are counted per class for memory and ids, not per device (their time is
+G, on every device); node-wide shares are not tied to one node; a table-row-wise fused collective's latency is
+paid by a device that carries a unit of the kind; per-device terms take the least over the class.
 
 Column generation: the master's phase-one LP (least uncovered units) gives duals; the pricing problem per class
 is a small MILP (the pattern within T and memory that the duals value most). A box is infeasible when the
@@ -80,6 +84,7 @@ class _Class:
     host_gb: float
     latency_us: tuple[float, ...]
     units: tuple[_Unit, ...]
+    shared_us: tuple[float, ...]  # per (kind, option) row: compute of a global unit on every device, else 0
 
 
 class _Model:
@@ -94,7 +99,11 @@ class _Model:
             self.rows.extend((k, o) for o in range(len(problem.options[t])))
         self.ids_mb = np.array([problem.options[self.first[k]][o].ids_send_bytes * _MB for k, o in self.rows])
         self.pooled_mb = np.array([problem.options[self.first[k]][o].pool_recv_bytes * _MB for k, o in self.rows])
+        self.global_latency_us: dict[str, float] = {}  # per global sharding type: its fused collective's latency
         self.classes = self._classes()
+        self.global_types = tuple(sorted(self.global_latency_us))
+        self.global_rows = {g: [r for r, (k, o) in enumerate(self.rows)
+                                if problem.options[self.first[k]][o].sharding == g] for g in self.global_types}
 
     def _classes(self) -> list[_Class] | None:
         problem, dev = self.problem, self.problem.dev
@@ -108,6 +117,7 @@ class _Model:
                 return None  # a node-wide unit would load devices of two classes
             latency: dict[tuple[str, int], int] = {}
             latency_us: list[float] = []
+            shared_us = [0.0] * len(self.rows)
 
             def latency_index(key) -> int:
                 if key is None:
@@ -143,12 +153,18 @@ class _Model:
                 compute, ids, pooled, hbm, host = (
                     min(float(np.min(getattr(u, name)[np.isin(u.devices, members)])) for u in loads)
                     for name in ("compute_s", "ids_recv_bytes", "pool_send_bytes", "hbm_bytes", "host_bytes"))
+                if option.scope == "global":  # every device carries it: its time is shared, not a pattern's
+                    shared_us[row] = compute * _US
+                    self.global_latency_us[option.sharding] = problem.fused_latency(key)[1] * _US
+                    units.append(_Unit(row, option.scope, per_table, int(upper), -1, 0.0, ids * _MB, pooled * _MB,
+                                       hbm * _GB, host * _GB))
+                    continue
                 units.append(_Unit(row, option.scope, per_table, int(upper), latency_index(key), compute * _US,
                                    ids * _MB, pooled * _MB, hbm * _GB, host * _GB))
             classes.append(_Class(
                 len(members), float(base[members].min()) * _US, float(dev.a2a_s_per_byte[members].min()) * _US / _MB,
                 float(dev.hbm_capacity_bytes[members].max()) * _GB, float(dev.host_capacity_bytes[members].max()) * _GB,
-                tuple(latency_us), tuple(units)))
+                tuple(latency_us), tuple(units), tuple(shared_us)))
         return classes
 
     def range_mb(self, values: np.ndarray) -> tuple[float, float]:
@@ -341,12 +357,44 @@ class PatternBound:
         rows.append(({r: float(v) for r, v in enumerate(model.ids_mb)}, -inf, inf))
         self.pr_row = len(rows)
         rows.append(({r: float(v) for r, v in enumerate(model.pooled_mb)}, -inf, inf))
+        self.shared_row = len(rows)  # the global units' time on every device of the first class
+        rows.append(({r: v for r, v in enumerate(model.classes[0].shared_us) if v}, -inf, inf))
+        self.type_row = {}  # per global sharding type: how many tables take it (0, or at least 1)
+        for g in model.global_types:
+            self.type_row[g] = len(rows)
+            rows.append(({r: 1.0 for r in model.global_rows[g]}, -inf, inf))
+        self.aggregate_rows = len(rows)
+        rows.extend(({r: float(v) for r, v in enumerate(coefficients) if v}, -inf, inf)
+                    for coefficients in self._aggregate())
         self.device_row = len(rows)
         for c in model.classes:
             rows.append(({}, -inf, float(c.devices)))
         _add_rows(highs, rows)
         self.first_pattern = 2 * nr
         self._pattern_arrays = {"cls": [], "compute": [], "ids": [], "pooled": [], "latency": []}
+
+    def _aggregate(self) -> list[np.ndarray]:
+        """Per (kind, option) row: its share of the devices' summed time, four ways. Every device waits at least
+        base + latency + its compute + global units + s x (max(IS, ids received) + 2 max(PR, pooled sent)); summed
+        over devices, each max is at least its first term on every device, or the summed second terms (total ids
+        received, total pooled sent, wherever the units go). The sums are linear in the option counts, so each
+        of the four ways is a row of the master, at most sum over devices of (target - base - latency)."""
+        model, classes = self.model, self.model.classes
+        nr = len(model.rows)
+        compute, ids, pooled = (np.full((nr, len(classes)), np.inf) for _ in range(3))
+        for ci, c in enumerate(classes):
+            for u in c.units:
+                copies = {"device": u.per_table, "node": 1.0 / u.per_table, "global": float(c.devices)}[u.scope]
+                compute[u.row, ci], ids[u.row, ci], pooled[u.row, ci] = (copies * u.compute_us, copies * u.ids_mb,
+                                                                         copies * u.pooled_mb)
+        n = np.array([float(c.devices) for c in classes])
+        s = np.array([c.s_per_mb for c in classes])
+        shared = np.array([c.shared_us for c in classes]).T @ n
+        least = compute.min(axis=1) + shared
+        every_ids, every_pooled = model.ids_mb * float(n @ s), 2.0 * model.pooled_mb * float(n @ s)
+        total_ids, total_pooled = s.min() * ids.min(axis=1), 2.0 * s.min() * pooled.min(axis=1)
+        out = [least + a + b for a in (every_ids, total_ids) for b in (every_pooled, total_pooled)]
+        return [np.where(np.isfinite(v), v, 0.0) for v in out]
 
     def _add(self, ci: int, counts) -> bool:
         key = (ci, tuple(int(x) for x in counts))
@@ -382,13 +430,39 @@ class PatternBound:
         pooled = np.maximum(pooled_floor_mb, np.array(a["pooled"]))
         return base + np.array(a["latency"]) + np.array(a["compute"]) + s * (ids + 2.0 * pooled)
 
+    def _shared_us(self, shared_lo_us: float, mode: int) -> np.ndarray:
+        """Per class: the least time every device spends on global units when the first class spends at least
+        ``shared_lo_us`` (each global unit's time on a class is at least its ratio to the first class's) and
+        the global sharding types of bit mask ``mode`` are chosen (each pays its fused collective's latency)."""
+        model = self.model
+        latency = sum(model.global_latency_us[g] for j, g in enumerate(model.global_types) if mode >> j & 1)
+        if shared_lo_us <= 0.0:
+            return np.full(len(model.classes), latency)
+        first = np.array(model.classes[0].shared_us)
+        out = []
+        for c in model.classes:
+            mine = np.array(c.shared_us)
+            ratio = float(np.min(mine[first > 0] / first[first > 0]))
+            out.append(shared_lo_us * ratio + latency)
+        return np.array(out)
+
     def _set_box(self, target_us: float, box) -> None:
         import highspy
 
-        is_lo, is_hi, pr_lo, pr_hi = box
+        is_lo, is_hi, pr_lo, pr_hi, g_lo, g_hi, mode = box
         self.master.changeRowBounds(self.is_row, is_lo, is_hi)
         self.master.changeRowBounds(self.pr_row, pr_lo, pr_hi)
-        usable = self._times_us(is_lo, pr_lo) <= target_us
+        self.master.changeRowBounds(self.shared_row, g_lo, g_hi)
+        for j, g in enumerate(self.model.global_types):
+            self.master.changeRowBounds(self.type_row[g], 1.0 if mode >> j & 1 else 0.0,
+                                        highspy.kHighsInf if mode >> j & 1 else 0.0)
+        shared = self._shared_us(g_lo, mode)
+        classes = self.model.classes
+        latency = shared[0] if g_lo <= 0.0 else self._shared_us(0.0, mode)[0]
+        room = sum(c.devices * (target_us - c.base_us - latency) for c in classes)
+        for j in range(4):
+            self.master.changeRowBounds(self.aggregate_rows + j, -highspy.kHighsInf, room)
+        usable = self._times_us(is_lo, pr_lo) + shared[np.array(self._pattern_arrays["cls"], dtype=int)] <= target_us
         n = len(self.patterns)
         index = np.arange(self.first_pattern, self.first_pattern + n, dtype=np.int32)
         self.master.changeColsBounds(n, index, np.zeros(n), np.where(usable, highspy.kHighsInf, 0.0))
@@ -398,8 +472,9 @@ class PatternBound:
         import highspy
 
         model = self.model
-        is_lo, _, pr_lo, _ = box
+        is_lo, _, pr_lo, _, g_lo, _, mode = box
         self._set_box(target_us, box)
+        shared = self._shared_us(g_lo, mode)
         while True:
             self.master.run()
             if self.master.getModelStatus() == highspy.HighsModelStatus.kInfeasible:
@@ -419,10 +494,11 @@ class PatternBound:
                                   duals[self.cover_row[u.row]] * (1.0 if u.scope == "device" else u.per_table)
                                   for u in c.units])
                 pricing = self._pricing[ci]
-                counts, proven = pricing.best(value, target_us, is_lo, pr_lo, self.settings.quick_checks)
+                room_us = target_us - shared[ci]
+                counts, proven = pricing.best(value, room_us, is_lo, pr_lo, self.settings.quick_checks)
                 found = counts is not None and float(value @ np.array(counts)) + duals[self.device_row + ci] > 1e-9
                 if not found and proven + duals[self.device_row + ci] > 1e-9:  # prove there is none
-                    counts, proven = pricing.best(value, target_us, is_lo, pr_lo)
+                    counts, proven = pricing.best(value, room_us, is_lo, pr_lo)
                 gain = proven + duals[self.device_row + ci]
                 if gain > 1e-9:
                     lagrangian -= c.devices * gain
@@ -435,22 +511,40 @@ class PatternBound:
             if not added:
                 return True  # cannot prove it either way: count it as feasible (the bound stays valid)
 
+    def _trim(self, target_us: float, box):
+        """``box`` narrowed to what a plan within ``target_us`` can have -- every device of every class waits at
+        least base + global units + what it sends (IS) + twice what it receives (PR) -- or None when empty."""
+        is_lo, is_hi, pr_lo, pr_hi, g_lo, g_hi, mode = box
+        classes = self.model.classes
+        shared = self._shared_us(g_lo, mode)
+        base = np.array([c.base_us for c in classes]) + shared
+        s = np.array([c.s_per_mb for c in classes])
+        is_hi = min(is_hi, float(np.min((target_us - base - 2.0 * s * pr_lo) / s)))
+        pr_hi = min(pr_hi, float(np.min((target_us - base - s * is_lo) / (2.0 * s))))
+        if mode:
+            g_hi = min(g_hi, g_lo + target_us - base[0] - s[0] * (is_lo + 2.0 * pr_lo))
+        if is_hi < is_lo or pr_hi < pr_lo or g_hi < g_lo:
+            return None
+        return (is_lo, is_hi, pr_lo, pr_hi, g_lo, g_hi, mode)
+
     def certify(self, target_us: float) -> bool:
         """True when no plan has its slowest device below ``target_us`` (every box infeasible)."""
         model = self.model
         is_range = model.range_mb(model.ids_mb)
         pr_range = model.range_mb(model.pooled_mb)
+        shared = np.array(model.classes[0].shared_us)
+        g_high = model.range_mb(shared)[1]
         s = max(c.s_per_mb for c in model.classes)
-        # every device waits for at least what it sends (ids) and twice what it receives (pooled outputs)
-        room = max((target_us - c.base_us) / c.s_per_mb for c in model.classes)
-        if room < is_range[0] + 2.0 * pr_range[0]:
-            return True
-        is_range = (is_range[0], min(is_range[1], room - 2.0 * pr_range[0]))
-        pr_range = (pr_range[0], min(pr_range[1], 0.5 * (room - is_range[0])))
-        stack = [(is_range[0], is_range[1], pr_range[0], pr_range[1])]
+        stack = []
+        for mode in range(1 << len(model.global_types)):  # which global sharding types the tables take
+            g_low = sum(float(shared[model.global_rows[g]].min()) for j, g in enumerate(model.global_types)
+                        if mode >> j & 1)
+            stack.append((is_range[0], is_range[1], pr_range[0], pr_range[1], g_low, g_high if mode else 0.0, mode))
         boxes = 0
         while stack:
-            box = stack.pop()
+            box = self._trim(target_us, stack.pop())
+            if box is None:
+                continue
             boxes += 1
             if boxes > self.settings.max_boxes:
                 return False
@@ -458,16 +552,14 @@ class PatternBound:
                 continue
             if self.exhausted:
                 return False
-            is_lo, is_hi, pr_lo, pr_hi = box
-            spread_is, spread_pr = s * (is_hi - is_lo), 2.0 * s * (pr_hi - pr_lo)
-            if spread_is + spread_pr <= self.settings.box_tolerance * target_us:
+            spreads = (s * (box[1] - box[0]), 2.0 * s * (box[3] - box[2]), box[5] - box[4])  # in us
+            if sum(spreads) <= self.settings.box_tolerance * target_us:
                 return False
-            if spread_is >= spread_pr:
-                middle = 0.5 * (is_lo + is_hi)
-                stack.extend([(middle, is_hi, pr_lo, pr_hi), (is_lo, middle, pr_lo, pr_hi)])
-            else:
-                middle = 0.5 * (pr_lo + pr_hi)
-                stack.extend([(is_lo, is_hi, middle, pr_hi), (is_lo, is_hi, pr_lo, middle)])
+            j = 2 * int(np.argmax(spreads))  # halve the widest side
+            middle = 0.5 * (box[j] + box[j + 1])
+            upper, lower = list(box), list(box)
+            upper[j], lower[j + 1] = middle, middle
+            stack.extend([tuple(upper), tuple(lower)])
         return True
 
     def bound_s(self, low_s: float, high_s: float) -> float:
