@@ -562,16 +562,26 @@ class PatternBound:
             stack.extend([tuple(upper), tuple(lower)])
         return True
 
-    def bound_s(self, low_s: float, high_s: float) -> float:
-        """The largest of the targets ``low_s x (1 + step k)``, k = 1, 2, ... (below ``high_s``) certified in
-        turn; ``low_s`` (a known bound) where none is. Each certified target is a valid bound, so the answer
-        is valid wherever the work runs out."""
+    def bound_s(self, low_s: float, high_s: float, goal_s: float | None = None) -> float:
+        """The largest of the targets ``start x (1 + step k)``, k = 1, 2, ... (below ``high_s``) certified in
+        turn; ``low_s`` (a known bound) where none is. ``start`` is ``goal_s`` where that is certified first (a
+        target worth reaching, such as the plan within 3%: one pass instead of a pass per step; it gets at most half
+        the pricing solves), else ``low_s``.
+        Each certified target is a valid bound, so the answer is valid wherever the work runs out."""
         if not self.usable:
             return low_s
-        certified = low_s
+        certified = start = low_s
+        if goal_s is not None and low_s < goal_s < high_s:
+            kept = self.pricing_left // 2  # a goal above the LP's value must not take the steps' work
+            self.pricing_left -= kept
+            if self.certify(goal_s * _US):
+                certified = start = goal_s
+                log.debug("pattern bound: goal %.6f s certified, %d pricing solves left", goal_s, self.pricing_left)
+            self.pricing_left += kept
+            self.exhausted = self.pricing_left <= 0
         k = 1
         while not self.exhausted:
-            target = low_s * (1.0 + self.settings.step * k)
+            target = start * (1.0 + self.settings.step * k)
             if target >= high_s or not self.certify(target * _US):
                 break
             certified = target

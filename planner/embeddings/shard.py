@@ -234,7 +234,8 @@ def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Se
     # (6) the bound from device patterns, with a large budget
     pricing = int(PATTERN_BOUND_PRICING_PER_S * (time_limit_s - PATTERN_BOUND_FREE_S))
     if assignment is not None and pricing > 0 and best > bound * (1 + LNS_MIN_GAP) and not proven:
-        bound = max(bound, PatternBound(problem, PatternBoundSettings(pricing_solves=pricing)).bound_s(bound, best))
+        patterns = PatternBound(problem, PatternBoundSettings(pricing_solves=pricing))
+        bound = max(bound, patterns.bound_s(bound, best, goal_s=best / (1 + LNS_MIN_GAP)))
     if assignment is None:
         raise InfeasibleError(
             f"no placement of the {len(tables)} embedding tables fits the devices' memory within the "
