@@ -121,3 +121,35 @@ def test_bad_inputs_are_planner_errors(tmp_path):
     bad.write_text(json.dumps({"tables": [{"name": "x", "rows": -3, "dim": 8}]}))
     with pytest.raises(PlannerError, match="rows"):
         load_tables(bad)
+
+
+def test_a_larger_budget_starts_from_the_default_budgets_plan(monkeypatch):
+    # time_limit_s past the default first runs the search at the default budget and hands its plan to the
+    # larger search as a start; the answer is never slower than the default's, even where the larger search
+    # alone ends worse (here made so: the larger search ignores its start and returns a slower plan)
+    from planner.embeddings import shard as shard_module
+
+    tables = tuple(EmbeddingTable(f"t{i}", 10_000 * (i + 1), 64, 10.0 + 5 * i) for i in range(6))
+    c = cluster((small_node(A100, 4), 2))
+    default = shard_tables(tables, c, None, 16384, time_limit_s=10)
+    search = shard_module._search
+    calls = []
+
+    def spy(problem, effort, seed):
+        calls.append((effort, seed))
+        out = search(problem, effort, seed)
+        if effort > 1:  # the larger search ends worse: every table data-parallel, nothing proven
+            slower = tuple((next(o for o, x in enumerate(problem.options[t]) if x.sharding == "data_parallel"),
+                            (0,)) for t in range(len(problem.tables)))
+            assert problem.makespan_s(slower) > default.embedding_time_s * 1.01
+            return slower, out[1], problem.makespan_s(slower), "heuristic", False
+        return out
+
+    monkeypatch.setattr(shard_module, "_search", spy)
+    larger = shard_tables(tables, c, None, 16384, time_limit_s=30)
+    check_result(larger, tables, c)
+    assert not default.proven_optimal  # else the larger budget would stop at the default's plan
+    assert [effort for effort, _ in calls] == [1.0, 3.0]
+    assert calls[1][1] is not None  # the default's plan is the larger search's start
+    assert larger.embedding_time_s == pytest.approx(default.embedding_time_s, rel=1e-12)
+    assert larger.placements == default.placements
