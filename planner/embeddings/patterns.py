@@ -37,11 +37,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
-from planner.embeddings.heuristic import Assignment, Work
+from planner.embeddings.heuristic import Assignment, Work, greedy, local_search
 from planner.embeddings.milp import _WorkLimit, have_highs, quiet_highs
 from planner.embeddings.problem import Problem
 
@@ -52,6 +52,9 @@ log = logging.getLogger(__name__)
 # bound node of these models, 1-10 ms on HugeCTR on 128 GPUs).
 _SIMPLEX_ITERATION_WORK = 1.0
 _CHECK_WORK = 2000.0
+# What one device-time evaluation of the greedy + local search (heuristic.Work's unit; ~30 us of CPU on HugeCTR
+# on 64 GPUs) counts, against the ~7 us a unit of this search's work takes there
+_EVALUATION_WORK = 5.0
 
 
 @dataclass(frozen=True)
@@ -97,12 +100,15 @@ class _NodeClass:
 
 
 def pattern_place(problem: Problem, choice: Sequence[int], lower_s: float, upper_s: float,
-                  settings: PatternSettings = PatternSettings(), work: Work | None = None) -> Assignment | None:
+                  settings: PatternSettings = PatternSettings(), work: Work | None = None,
+                  fallback: Callable[[Sequence[int], float, Work], Assignment | None] | None = None
+                  ) -> Assignment | None:
     """A plan with option ``choice[t]`` for table t, placed by device configurations, whose slowest device is
     below ``upper_s``; None when the cluster does not suit the method (nodes of mixed devices), the work runs
     out, or no such plan was found. ``lower_s``: a lower bound (where the bisection starts). ``work`` is charged
     one unit per configuration enumerated and per MILP column, and HiGHS's simplex iterations and interrupt
-    checks (see _CHECK_WORK)."""
+    checks (see _CHECK_WORK). Where the configurations are too many, ``fallback(choice, upper_s, work)`` (when
+    given) places the choice instead."""
     if not have_highs():
         return None
     work = work if work is not None else Work(np.inf)
@@ -113,8 +119,9 @@ def pattern_place(problem: Problem, choice: Sequence[int], lower_s: float, upper
     work.spend(settings.configurations if enumerated is None else
                sum(len(times) for per_class in enumerated for _, _, times in per_class))
     if enumerated is None:
-        log.debug("pattern placement: over %d configurations, skipped", settings.configurations)
-        return None
+        log.debug("pattern placement: over %d configurations, %s", settings.configurations,
+                  "skipped" if fallback is None else "the fallback places it")
+        return fallback(choice, upper_s, work) if fallback is not None else None
     times = sorted({t for cls in enumerated for q in cls for t in q[2] if t < upper_s * (1 - settings.min_gain)})
     lo = int(np.searchsorted(times, lower_s * (1 - 1e-9)))
     hi = len(times) - 1
@@ -464,6 +471,10 @@ class ChoiceSettings:
     # the best choice at the end: bisection down to the least configuration time HiGHS shows feasible
     final: PatternSettings = PatternSettings(steps=16, min_gain=0.0)
     final_work: float = 100_000.0
+    # where a trial choice has too many configurations to enumerate, the greedy + ``greedy_rounds`` rounds of
+    # local search (at most ``greedy_evaluations`` device-time evaluations) place it instead
+    greedy_rounds: int = 300
+    greedy_evaluations: int = 20_000
 
 
 def improve_choice(problem: Problem, assignment: Assignment, lower_s: float, starts: Sequence[Sequence[int]] = (),
@@ -490,6 +501,7 @@ def improve_choice(problem: Problem, assignment: Assignment, lower_s: float, sta
         if plan is not None:
             current, best_s, choice = plan, problem.makespan_s(plan), [int(o) for o in start]
     kinds = _bottleneck_first(problem, current, _table_kinds(problem))
+    fallback = _greedy_placement(problem, settings)
     improved = True
     while improved and not work.done and best_s > lower_s * (1 + 1e-6):
         improved = False
@@ -497,7 +509,7 @@ def improve_choice(problem: Problem, assignment: Assignment, lower_s: float, sta
             for trial in _kind_moves(problem, tables, choice):
                 if work.done:
                     break
-                plan = pattern_place(problem, trial, lower_s, best_s, settings.pattern, work)
+                plan = pattern_place(problem, trial, lower_s, best_s, settings.pattern, work, fallback)
                 if plan is not None:
                     changed = [t for t in tables if trial[t] != choice[t]]
                     current, best_s, choice, improved = plan, problem.makespan_s(plan), trial, True
@@ -513,6 +525,27 @@ def improve_choice(problem: Problem, assignment: Assignment, lower_s: float, sta
         return current
     plan = pattern_place(problem, choice, lower_s, best_s, settings.final, Work(settings.final_work))
     return plan if plan is not None else current
+
+
+def _greedy_placement(problem: Problem, settings: ChoiceSettings
+                      ) -> Callable[[Sequence[int], float, Work], Assignment | None]:
+    """The judge of trial choices whose configurations are too many to enumerate (HugeCTR on 32 A100 + 32 V100:
+    hundreds of thousands of configurations per choice): the greedy placement and a short local search, a plan
+    when it beats the bound to beat by ``settings.pattern.min_gain``; its evaluations are charged to the search's
+    work (_EVALUATION_WORK each)."""
+
+    def place(choice: Sequence[int], upper_s: float, work: Work) -> Assignment | None:
+        own = Work(settings.greedy_evaluations)
+        state = greedy(problem, list(choice), own)
+        if state is not None:
+            state = local_search(state, max_rounds=settings.greedy_rounds)
+        work.spend(_EVALUATION_WORK * (settings.greedy_evaluations - own.left))
+        if state is None:
+            return None
+        plan = state.assignment()
+        return plan if problem.makespan_s(plan) < upper_s * (1 - settings.pattern.min_gain) else None
+
+    return place
 
 
 def _bottleneck_first(problem: Problem, assignment: Assignment, kinds: list[list[int]]) -> list[list[int]]:
