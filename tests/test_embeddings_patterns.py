@@ -166,6 +166,20 @@ def test_option_search_reaches_the_brute_force_optimum_of_one_kind(seed):
     assert _slowest(problem, plan) == pytest.approx(brute_force(problem), rel=1e-6)
 
 
+@pytest.mark.parametrize("seed", [4, 8])
+def test_iterated_local_search_goes_past_where_the_descent_stops(seed):
+    # on these instances (measured) the first descent stops at a choice that no single change improves; the
+    # seeded random changes and descents from them (the work is left for them) find a lower plan, which is
+    # within memory, deterministic, and never slower than the descent's
+    problem = _kinds(seed, memory_bytes=2 * GiB)
+    start = _greedy_start(problem, seed)
+    descent = improve_choice(problem, start, 0.0, settings=ChoiceSettings(work=400_000, kicks=0))
+    plan = improve_choice(problem, start, 0.0, settings=ChoiceSettings(work=400_000))
+    assert problem.fits(problem.evaluate(plan))
+    assert _slowest(problem, plan) < _slowest(problem, descent) * (1 - 1e-3)
+    assert improve_choice(problem, start, 0.0, settings=ChoiceSettings(work=400_000)) == plan
+
+
 def test_pattern_place_hands_a_choice_with_too_many_configurations_to_its_fallback():
     problem = _kinds(0)
     start = _greedy_start(problem, 0)

@@ -475,6 +475,10 @@ class ChoiceSettings:
     # local search (at most ``greedy_evaluations`` device-time evaluations) place it instead
     greedy_rounds: int = 300
     greedy_evaluations: int = 20_000
+    # iterated local search once the first descent ends with work left: at most ``kicks`` random changes, each
+    # placed within ``kick`` (relative) of the best plan
+    kicks: int = 1000
+    kick: float = 0.01
 
 
 def improve_choice(problem: Problem, assignment: Assignment, lower_s: float, starts: Sequence[Sequence[int]] = (),
@@ -484,8 +488,10 @@ def improve_choice(problem: Problem, assignment: Assignment, lower_s: float, sta
     options are interchangeable), each judged by its exact configuration placement (:func:`pattern_place`):
     move 1, half or all of a kind's tables that share an option to another option; keep the first change whose
     placement beats the best plan so far and start over (kinds on the slowest devices first), until the work is
-    spent or no change helps. Returns a plan no slower than ``assignment``, within memory whenever it is (the
-    same plan when nothing helped)."""
+    spent or no change helps. Then, while work is left, iterated local search: a seeded random change of one
+    kind, placed within ``settings.kick`` of the best plan, and the same descent from there; a better end is
+    the new best. Every new best choice gets a deeper bisection (``settings.final``). Returns a plan no slower
+    than ``assignment``, within memory whenever it is (the same plan when nothing helped)."""
     if not have_highs():
         return assignment
     best_s = problem.makespan_s(assignment)
@@ -500,31 +506,67 @@ def improve_choice(problem: Problem, assignment: Assignment, lower_s: float, sta
         plan = pattern_place(problem, start, lower_s, best_s, settings.start, work)
         if plan is not None:
             current, best_s, choice = plan, problem.makespan_s(plan), [int(o) for o in start]
-    kinds = _bottleneck_first(problem, current, _table_kinds(problem))
+    kinds = _table_kinds(problem)
     fallback = _greedy_placement(problem, settings)
+    current, best_s, choice = _descend(problem, current, best_s, choice, kinds, lower_s, settings, work, fallback)
+    if current is assignment:  # nothing kept: the first test already found no better placement of it
+        best = current
+    else:
+        best, best_s = _polish(problem, current, best_s, choice, lower_s, settings)
+    rng = np.random.default_rng(0)
+    for kick in range(settings.kicks):
+        if work.done or best_s <= lower_s * (1 + 1e-6):
+            break
+        work.spend(1.0)
+        moves = list(_kind_moves(problem, kinds[int(rng.integers(len(kinds)))], choice))
+        if not moves:
+            continue
+        trial = moves[int(rng.integers(len(moves)))]
+        plan = pattern_place(problem, trial, lower_s, best_s * (1 + settings.kick), settings.pattern, work, fallback)
+        if plan is None:
+            continue
+        current, current_s, trial = _descend(problem, plan, problem.makespan_s(plan), trial, kinds, lower_s,
+                                             settings, work, fallback)
+        if current_s < best_s * (1 - 1e-9):
+            log.debug("option search: kick %d ends at %.6f s", kick, current_s)
+            best, best_s = _polish(problem, current, current_s, trial, lower_s, settings)
+            choice = trial
+    return best
+
+
+def _descend(problem: Problem, current: Assignment, current_s: float, choice: list[int], kinds: list[list[int]],
+             lower_s: float, settings: ChoiceSettings, work: Work, fallback
+             ) -> tuple[Assignment, float, list[int]]:
+    """First-improvement descent over :func:`_kind_moves` from ``current`` (option ``choice``, slowest device
+    ``current_s``), kinds on the slowest devices first: keep the first change whose placement beats the plan so
+    far and start over, until no change helps or the work is spent."""
+    kinds = _bottleneck_first(problem, current, kinds)
     improved = True
-    while improved and not work.done and best_s > lower_s * (1 + 1e-6):
+    while improved and not work.done and current_s > lower_s * (1 + 1e-6):
         improved = False
-        for i, tables in enumerate(kinds):
+        for tables in kinds:
             for trial in _kind_moves(problem, tables, choice):
                 if work.done:
                     break
-                plan = pattern_place(problem, trial, lower_s, best_s, settings.pattern, work, fallback)
+                plan = pattern_place(problem, trial, lower_s, current_s, settings.pattern, work, fallback)
                 if plan is not None:
                     changed = [t for t in tables if trial[t] != choice[t]]
-                    current, best_s, choice, improved = plan, problem.makespan_s(plan), trial, True
-                    log.debug("option search: %.6f s, %d tables of kind %s to %s", best_s, len(changed),
+                    current, current_s, choice, improved = plan, problem.makespan_s(plan), trial, True
+                    log.debug("option search: %.6f s, %d tables of kind %s to %s", current_s, len(changed),
                               problem.tables[changed[0]].name, problem.options[changed[0]][trial[changed[0]]])
                     break
             if improved:
                 kinds = _bottleneck_first(problem, current, kinds)
                 break
-    # the changes were judged with a few bisection steps; the kept choice gets more, with work of its own
-    # (HugeCTR on 128 A100s: 14.304 -> 14.195 ms for about 0.7 s of CPU)
-    if current is assignment:  # nothing kept: the first test already found no better placement of it
-        return current
-    plan = pattern_place(problem, choice, lower_s, best_s, settings.final, Work(settings.final_work))
-    return plan if plan is not None else current
+    return current, current_s, choice
+
+
+def _polish(problem: Problem, current: Assignment, current_s: float, choice: list[int], lower_s: float,
+            settings: ChoiceSettings) -> tuple[Assignment, float]:
+    """The changes were judged with a few bisection steps; a new best choice gets more, with work of its own
+    (HugeCTR on 128 A100s: 14.304 -> 14.195 ms for about 0.7 s of CPU)."""
+    plan = pattern_place(problem, choice, lower_s, current_s, settings.final, Work(settings.final_work))
+    return (plan, problem.makespan_s(plan)) if plan is not None else (current, current_s)
 
 
 def _greedy_placement(problem: Problem, settings: ChoiceSettings
