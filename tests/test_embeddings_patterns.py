@@ -166,18 +166,18 @@ def test_option_search_reaches_the_brute_force_optimum_of_one_kind(seed):
     assert _slowest(problem, plan) == pytest.approx(brute_force(problem), rel=1e-6)
 
 
-@pytest.mark.parametrize("seed", [4, 8])
-def test_iterated_local_search_goes_past_where_the_descent_stops(seed):
-    # on these instances (measured) the first descent stops at a choice that no single change improves; the
-    # seeded random changes and descents from them (the work is left for them) find a lower plan, which is
-    # within memory, deterministic, and never slower than the descent's
+@pytest.mark.parametrize("seed, work", [(4, 250_000)])
+def test_iterated_local_search_goes_past_where_the_descent_stops(seed, work):
+    # on this instance (measured; seed 8 with 400,000 too) the first descent stops at a choice that no single
+    # change improves; the seeded random changes and descents from them (the work is left for them) find a
+    # lower plan, which is within memory and deterministic
     problem = _kinds(seed, memory_bytes=2 * GiB)
     start = _greedy_start(problem, seed)
-    descent = improve_choice(problem, start, 0.0, settings=ChoiceSettings(work=400_000, kicks=0))
-    plan = improve_choice(problem, start, 0.0, settings=ChoiceSettings(work=400_000))
+    descent = improve_choice(problem, start, 0.0, settings=ChoiceSettings(work=work, kicks=0))
+    plan = improve_choice(problem, start, 0.0, settings=ChoiceSettings(work=work))
     assert problem.fits(problem.evaluate(plan))
     assert _slowest(problem, plan) < _slowest(problem, descent) * (1 - 1e-3)
-    assert improve_choice(problem, start, 0.0, settings=ChoiceSettings(work=400_000)) == plan
+    assert improve_choice(problem, start, 0.0, settings=ChoiceSettings(work=work)) == plan
 
 
 def test_pattern_place_hands_a_choice_with_too_many_configurations_to_its_fallback():
@@ -205,7 +205,7 @@ def test_option_search_judges_by_the_greedy_where_configurations_are_too_many(se
     # on these seeds; without the fallback every trial is skipped and the start comes back)
     problem = _kinds(seed, memory_bytes=2 * GiB)
     start = _greedy_start(problem, seed)
-    settings = ChoiceSettings(work=200_000, pattern=PatternSettings(configurations=1))
+    settings = ChoiceSettings(work=50_000, pattern=PatternSettings(configurations=1))
     calls = []
     greedy = patterns.greedy
 
