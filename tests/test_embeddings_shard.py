@@ -139,13 +139,13 @@ def test_a_larger_budget_starts_from_the_default_budgets_plan(monkeypatch):
     def spy(problem, effort, seed):
         if effort == 1.0:
             assert seed is None and "default" not in seen
-            seen["default"] = search(problem, effort, seed)[:4] + (False,)
+            seen["default"] = search(problem, effort, seed)._replace(proven=False)
             return seen["default"]
         seen["problem"], seen["effort"], seen["seed"] = problem, effort, seed
         slower = tuple((next(o for o, x in enumerate(problem.options[t]) if x.sharding == "data_parallel"), (0,))
                        for t in range(len(problem.tables)))
         seen["slower_s"] = problem.makespan_s(slower)
-        return slower, 0.0, seen["slower_s"], "heuristic", False
+        return shard_module._Found(slower, 0.0, seen["slower_s"], "heuristic", False)
 
     monkeypatch.setattr(shard_module, "_search", spy)
     larger = shard_tables(tables, c, None, 16384, time_limit_s=30)

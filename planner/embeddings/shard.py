@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -152,14 +152,15 @@ def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Se
         # is better, so more time never gives a slower plan than the default (each step's search depends on its
         # start: on HugeCTR on 128 A100s 6x the work of every step alone gave 14.394 ms, the default 14.195 ms)
         default = _search(problem, 1.0, None)
-    if default is not None and default[4]:  # proven optimal at the default budget
-        assignment, bound, best, method, proven = default
+    if default is not None and default.proven:
+        found = default
     else:
-        assignment, bound, best, method, proven = _search(problem, effort, default[0] if default else None)
+        found = _search(problem, effort, default.assignment if default is not None else None)
         if default is not None:
-            bound = max(bound, default[1])
-            if default[0] is not None and best >= default[2]:  # nothing better: the default's plan and verdict
-                assignment, best, method, proven = default[0], default[2], default[3], proven or default[4]
+            found = found._replace(bound_s=max(found.bound_s, default.bound_s))
+            if default.assignment is not None and found.best_s >= default.best_s:  # nothing better
+                found = default._replace(bound_s=found.bound_s, proven=found.proven or default.proven)
+    assignment, bound, best, method, proven = found
     # (6) the bound from device patterns, with a large budget
     pricing = int(PATTERN_BOUND_PRICING_PER_S * (time_limit_s - PATTERN_BOUND_FREE_S))
     if assignment is not None and pricing > 0 and best > bound * (1 + LNS_MIN_GAP) and not proven:
@@ -190,10 +191,20 @@ def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Se
     )
 
 
-def _search(problem: Problem, effort: float, seed: Assignment | None
-            ) -> tuple[Assignment | None, float, float, str, bool]:
+class _Found(NamedTuple):
+    """What steps (1)-(5) found: the plan (None when none fits), the best proven bound, the plan's slowest
+    device, how it was found ("heuristic" | "milp") and whether it is proven optimal."""
+
+    assignment: Assignment | None
+    bound_s: float
+    best_s: float
+    method: str
+    proven: bool
+
+
+def _search(problem: Problem, effort: float, seed: Assignment | None) -> _Found:
     """Steps (1)-(5) with every work limit scaled by ``effort``, from the best of the heuristic's plans and
-    ``seed``: (plan or None, bound, plan's slowest device, method, proven optimal)."""
+    ``seed``."""
 
     def scaled(work: float) -> int:
         return max(int(round(work * effort)), 1)
@@ -283,7 +294,7 @@ def _search(problem: Problem, effort: float, seed: Assignment | None
                 proven = exact.status == "optimal"
                 if proven:
                     bound = max(bound, min(best, exact.objective_s))
-    return assignment, bound, best, method, proven
+    return _Found(assignment, bound, best, method, proven)
 
 
 def _uses_node_options(problem: Problem, weights) -> bool:
