@@ -56,6 +56,9 @@ _CHECK_WORK = 2000.0
 # on 64 GPUs) counts, against the ~7 us a unit of this search's work takes there
 _EVALUATION_WORK = 5.0
 
+# places an option choice below a bound, charging a work count: (choice, upper_s, work) -> plan or None
+Placer = Callable[[Sequence[int], float, Work], "Assignment | None"]
+
 
 @dataclass(frozen=True)
 class PatternSettings:
@@ -101,8 +104,7 @@ class _NodeClass:
 
 def pattern_place(problem: Problem, choice: Sequence[int], lower_s: float, upper_s: float,
                   settings: PatternSettings = PatternSettings(), work: Work | None = None,
-                  fallback: Callable[[Sequence[int], float, Work], Assignment | None] | None = None
-                  ) -> Assignment | None:
+                  fallback: Placer | None = None) -> Assignment | None:
     """A plan with option ``choice[t]`` for table t, placed by device configurations, whose slowest device is
     below ``upper_s``; None when the cluster does not suit the method (nodes of mixed devices), the work runs
     out, or no such plan was found. ``lower_s``: a lower bound (where the bisection starts). ``work`` is charged
@@ -535,7 +537,7 @@ def improve_choice(problem: Problem, assignment: Assignment, lower_s: float, sta
 
 
 def _descend(problem: Problem, current: Assignment, current_s: float, choice: list[int], kinds: list[list[int]],
-             lower_s: float, settings: ChoiceSettings, work: Work, fallback
+             lower_s: float, settings: ChoiceSettings, work: Work, fallback: Placer
              ) -> tuple[Assignment, float, list[int]]:
     """First-improvement descent over :func:`_kind_moves` from ``current`` (option ``choice``, slowest device
     ``current_s``), kinds on the slowest devices first: keep the first change whose placement beats the plan so
@@ -569,8 +571,7 @@ def _polish(problem: Problem, current: Assignment, current_s: float, choice: lis
     return (plan, problem.makespan_s(plan)) if plan is not None else (current, current_s)
 
 
-def _greedy_placement(problem: Problem, settings: ChoiceSettings
-                      ) -> Callable[[Sequence[int], float, Work], Assignment | None]:
+def _greedy_placement(problem: Problem, settings: ChoiceSettings) -> Placer:
     """The judge of trial choices whose configurations are too many to enumerate (HugeCTR on 32 A100 + 32 V100:
     hundreds of thousands of configurations per choice): the greedy placement and a short local search, a plan
     when it beats the bound to beat by ``settings.pattern.min_gain``; its evaluations are charged to the search's
