@@ -121,3 +121,38 @@ def test_bad_inputs_are_planner_errors(tmp_path):
     bad.write_text(json.dumps({"tables": [{"name": "x", "rows": -3, "dim": 8}]}))
     with pytest.raises(PlannerError, match="rows"):
         load_tables(bad)
+
+
+def test_a_larger_budget_starts_from_the_default_budgets_plan(monkeypatch):
+    # time_limit_s past the default first runs the search at the default budget and hands its plan to the
+    # larger search as a start; the answer is never slower than the default's, even where the larger search
+    # ends worse (here made so: the larger search is replaced by one that returns every table data-parallel;
+    # the default's plan, optimal on this small instance, is reported as not proven so that the larger search
+    # runs at all)
+    from planner.embeddings import shard as shard_module
+
+    tables = tuple(EmbeddingTable(f"t{i}", 10_000 * (i + 1), 64, 10.0 + 5 * i) for i in range(8))
+    c = cluster((small_node(A100, 2), 2))
+    search = shard_module._search
+    seen = {}
+
+    def spy(problem, effort, seed):
+        if effort == 1.0:
+            assert seed is None and "default" not in seen
+            seen["default"] = search(problem, effort, seed)._replace(proven=False)
+            return seen["default"]
+        seen["problem"], seen["effort"], seen["seed"] = problem, effort, seed
+        slower = tuple((next(o for o, x in enumerate(problem.options[t]) if x.sharding == "data_parallel"), (0,))
+                       for t in range(len(problem.tables)))
+        seen["slower_s"] = problem.makespan_s(slower)
+        return shard_module._Found(slower, 0.0, seen["slower_s"], "heuristic", False)
+
+    monkeypatch.setattr(shard_module, "_search", spy)
+    larger = shard_tables(tables, c, None, 16384, time_limit_s=30)
+    check_result(larger, tables, c)
+    plan, bound_s, best_s, method, _ = seen["default"]
+    assert seen["effort"] == 3.0 and seen["seed"] == plan  # the default's plan is the larger search's start
+    assert seen["slower_s"] > best_s * 1.01
+    assert larger.embedding_time_s == pytest.approx(best_s, rel=1e-12)
+    assert larger.placements == shard_module.placements(seen["problem"], plan)
+    assert larger.lower_bound_s == pytest.approx(bound_s, rel=1e-12) and larger.method == method

@@ -37,11 +37,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
-from planner.embeddings.heuristic import Assignment, Work
+from planner.embeddings.heuristic import Assignment, Work, greedy, local_search
 from planner.embeddings.milp import _WorkLimit, have_highs, quiet_highs
 from planner.embeddings.problem import Problem
 
@@ -52,6 +52,12 @@ log = logging.getLogger(__name__)
 # bound node of these models, 1-10 ms on HugeCTR on 128 GPUs).
 _SIMPLEX_ITERATION_WORK = 1.0
 _CHECK_WORK = 2000.0
+# What one device-time evaluation of the greedy + local search (heuristic.Work's unit; ~30 us of CPU on HugeCTR
+# on 64 GPUs) counts, against the ~7 us a unit of this search's work takes there
+_EVALUATION_WORK = 5.0
+
+# places an option choice below a bound, charging a work count: (choice, upper_s, work) -> plan or None
+Placer = Callable[[Sequence[int], float, Work], "Assignment | None"]
 
 
 @dataclass(frozen=True)
@@ -97,12 +103,14 @@ class _NodeClass:
 
 
 def pattern_place(problem: Problem, choice: Sequence[int], lower_s: float, upper_s: float,
-                  settings: PatternSettings = PatternSettings(), work: Work | None = None) -> Assignment | None:
+                  settings: PatternSettings = PatternSettings(), work: Work | None = None,
+                  fallback: Placer | None = None) -> Assignment | None:
     """A plan with option ``choice[t]`` for table t, placed by device configurations, whose slowest device is
     below ``upper_s``; None when the cluster does not suit the method (nodes of mixed devices), the work runs
     out, or no such plan was found. ``lower_s``: a lower bound (where the bisection starts). ``work`` is charged
     one unit per configuration enumerated and per MILP column, and HiGHS's simplex iterations and interrupt
-    checks (see _CHECK_WORK)."""
+    checks (see _CHECK_WORK). Where the configurations are too many, ``fallback(choice, upper_s, work)`` (when
+    given) places the choice instead."""
     if not have_highs():
         return None
     work = work if work is not None else Work(np.inf)
@@ -113,8 +121,9 @@ def pattern_place(problem: Problem, choice: Sequence[int], lower_s: float, upper
     work.spend(settings.configurations if enumerated is None else
                sum(len(times) for per_class in enumerated for _, _, times in per_class))
     if enumerated is None:
-        log.debug("pattern placement: over %d configurations, skipped", settings.configurations)
-        return None
+        log.debug("pattern placement: over %d configurations, %s", settings.configurations,
+                  "skipped" if fallback is None else "the fallback places it")
+        return fallback(choice, upper_s, work) if fallback is not None else None
     times = sorted({t for cls in enumerated for q in cls for t in q[2] if t < upper_s * (1 - settings.min_gain)})
     lo = int(np.searchsorted(times, lower_s * (1 - 1e-9)))
     hi = len(times) - 1
@@ -464,6 +473,14 @@ class ChoiceSettings:
     # the best choice at the end: bisection down to the least configuration time HiGHS shows feasible
     final: PatternSettings = PatternSettings(steps=16, min_gain=0.0)
     final_work: float = 100_000.0
+    # where a trial choice has too many configurations to enumerate, the greedy + ``greedy_rounds`` rounds of
+    # local search (at most ``greedy_evaluations`` device-time evaluations) place it instead
+    greedy_rounds: int = 300
+    greedy_evaluations: int = 20_000
+    # iterated local search once the first descent ends with work left: at most ``kicks`` random changes, each
+    # placed within ``kick`` (relative) of the best plan
+    kicks: int = 1000
+    kick: float = 0.01
 
 
 def improve_choice(problem: Problem, assignment: Assignment, lower_s: float, starts: Sequence[Sequence[int]] = (),
@@ -473,8 +490,10 @@ def improve_choice(problem: Problem, assignment: Assignment, lower_s: float, sta
     options are interchangeable), each judged by its exact configuration placement (:func:`pattern_place`):
     move 1, half or all of a kind's tables that share an option to another option; keep the first change whose
     placement beats the best plan so far and start over (kinds on the slowest devices first), until the work is
-    spent or no change helps. Returns a plan no slower than ``assignment``, within memory whenever it is (the
-    same plan when nothing helped)."""
+    spent or no change helps. Then, while work is left, iterated local search: a seeded random change of one
+    kind, placed within ``settings.kick`` of the best plan, and the same descent from there; a better end is
+    the new best. Every new best choice gets a deeper bisection (``settings.final``). Returns a plan no slower
+    than ``assignment``, within memory whenever it is (the same plan when nothing helped)."""
     if not have_highs():
         return assignment
     best_s = problem.makespan_s(assignment)
@@ -489,30 +508,87 @@ def improve_choice(problem: Problem, assignment: Assignment, lower_s: float, sta
         plan = pattern_place(problem, start, lower_s, best_s, settings.start, work)
         if plan is not None:
             current, best_s, choice = plan, problem.makespan_s(plan), [int(o) for o in start]
-    kinds = _bottleneck_first(problem, current, _table_kinds(problem))
+    kinds = _table_kinds(problem)
+    fallback = _greedy_placement(problem, settings)
+    current, best_s, choice = _descend(problem, current, best_s, choice, kinds, lower_s, settings, work, fallback)
+    if current is assignment:  # nothing kept: the first test already found no better placement of it
+        best = current
+    else:
+        best, best_s = _polish(problem, current, best_s, choice, lower_s, settings)
+    rng = np.random.default_rng(0)
+    for kick in range(settings.kicks):
+        if work.done or best_s <= lower_s * (1 + 1e-6):
+            break
+        work.spend(1.0)
+        moves = list(_kind_moves(problem, kinds[int(rng.integers(len(kinds)))], choice))
+        if not moves:
+            continue
+        trial = moves[int(rng.integers(len(moves)))]
+        plan = pattern_place(problem, trial, lower_s, best_s * (1 + settings.kick), settings.pattern, work, fallback)
+        if plan is None:
+            continue
+        current, current_s, trial = _descend(problem, plan, problem.makespan_s(plan), trial, kinds, lower_s,
+                                             settings, work, fallback)
+        if current_s < best_s * (1 - 1e-9):
+            log.debug("option search: kick %d ends at %.6f s", kick, current_s)
+            best, best_s = _polish(problem, current, current_s, trial, lower_s, settings)
+            choice = trial
+    return best
+
+
+def _descend(problem: Problem, current: Assignment, current_s: float, choice: list[int], kinds: list[list[int]],
+             lower_s: float, settings: ChoiceSettings, work: Work, fallback: Placer
+             ) -> tuple[Assignment, float, list[int]]:
+    """First-improvement descent over :func:`_kind_moves` from ``current`` (option ``choice``, slowest device
+    ``current_s``), kinds on the slowest devices first: keep the first change whose placement beats the plan so
+    far and start over, until no change helps or the work is spent."""
+    kinds = _bottleneck_first(problem, current, kinds)
     improved = True
-    while improved and not work.done and best_s > lower_s * (1 + 1e-6):
+    while improved and not work.done and current_s > lower_s * (1 + 1e-6):
         improved = False
-        for i, tables in enumerate(kinds):
+        for tables in kinds:
             for trial in _kind_moves(problem, tables, choice):
                 if work.done:
                     break
-                plan = pattern_place(problem, trial, lower_s, best_s, settings.pattern, work)
+                plan = pattern_place(problem, trial, lower_s, current_s, settings.pattern, work, fallback)
                 if plan is not None:
                     changed = [t for t in tables if trial[t] != choice[t]]
-                    current, best_s, choice, improved = plan, problem.makespan_s(plan), trial, True
-                    log.debug("option search: %.6f s, %d tables of kind %s to %s", best_s, len(changed),
+                    current, current_s, choice, improved = plan, problem.makespan_s(plan), trial, True
+                    log.debug("option search: %.6f s, %d tables of kind %s to %s", current_s, len(changed),
                               problem.tables[changed[0]].name, problem.options[changed[0]][trial[changed[0]]])
                     break
             if improved:
                 kinds = _bottleneck_first(problem, current, kinds)
                 break
-    # the changes were judged with a few bisection steps; the kept choice gets more, with work of its own
-    # (HugeCTR on 128 A100s: 14.304 -> 14.195 ms for about 0.7 s of CPU)
-    if current is assignment:  # nothing kept: the first test already found no better placement of it
-        return current
-    plan = pattern_place(problem, choice, lower_s, best_s, settings.final, Work(settings.final_work))
-    return plan if plan is not None else current
+    return current, current_s, choice
+
+
+def _polish(problem: Problem, current: Assignment, current_s: float, choice: list[int], lower_s: float,
+            settings: ChoiceSettings) -> tuple[Assignment, float]:
+    """The changes were judged with a few bisection steps; a new best choice gets more, with work of its own
+    (HugeCTR on 128 A100s: 14.304 -> 14.195 ms for about 0.7 s of CPU)."""
+    plan = pattern_place(problem, choice, lower_s, current_s, settings.final, Work(settings.final_work))
+    return (plan, problem.makespan_s(plan)) if plan is not None else (current, current_s)
+
+
+def _greedy_placement(problem: Problem, settings: ChoiceSettings) -> Placer:
+    """The judge of trial choices whose configurations are too many to enumerate (HugeCTR on 32 A100 + 32 V100:
+    hundreds of thousands of configurations per choice): the greedy placement and a short local search, a plan
+    when it beats the bound to beat by ``settings.pattern.min_gain``; its evaluations are charged to the search's
+    work (_EVALUATION_WORK each)."""
+
+    def place(choice: Sequence[int], upper_s: float, work: Work) -> Assignment | None:
+        own = Work(settings.greedy_evaluations)
+        state = greedy(problem, list(choice), own)
+        if state is not None:
+            state = local_search(state, max_rounds=settings.greedy_rounds)
+        work.spend(_EVALUATION_WORK * (settings.greedy_evaluations - own.left))
+        if state is None:
+            return None
+        plan = state.assignment()
+        return plan if problem.makespan_s(plan) < upper_s * (1 - settings.pattern.min_gain) else None
+
+    return place
 
 
 def _bottleneck_first(problem: Problem, assignment: Assignment, kinds: list[list[int]]) -> list[list[int]]:

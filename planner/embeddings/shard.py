@@ -7,9 +7,11 @@ then (3c) a large-neighbourhood search of exact sub-MILPs on up to 32 devices, (
 kind, each placed exactly by device configurations (planner/embeddings/patterns.py); (4) on clusters of a few nodes,
 the MILP with nodes as bins (a stronger bound still); (5) the exact per-device MILP on small instances,
 started from the best plan so far; (6) with a large budget, the bound of the configuration LP over device
-patterns (planner/embeddings/pattern_bound.py). Every step is bounded by a count of
-work, not by the clock, so the answer does not depend on the machine's speed. The result reports the slowest
-device's time, the best proven lower bound, and the gap between them.
+patterns (planner/embeddings/pattern_bound.py). A budget past the default first runs steps (1)-(5) at the
+default budget and starts its own steps from that plan where it is better, so it is never slower than the
+default's. Every step is bounded by a count of work, not by the clock, so the answer does not depend on the
+machine's speed. The result reports the slowest device's time, the best proven lower bound, and the gap between
+them.
 """
 
 from __future__ import annotations
@@ -17,12 +19,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
 
 from planner.embeddings.devices import device_arrays
-from planner.embeddings.heuristic import Work, heuristic, least_work_guide, rebuild
+from planner.embeddings.heuristic import Assignment, Work, heuristic, least_work_guide, rebuild
 from planner.embeddings.milp import (PIGEONHOLE_MAX_VARIABLES, Bins, SolveResult, class_bins, device_bins, node_bins,
                                     resolve_integer, solve)
 from planner.embeddings.neighbourhood import LnsSettings, improve
@@ -144,6 +146,66 @@ def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Se
     dev = device_arrays(cluster, devices, memory_budget_bytes, allow_host)
     problem = build_problem(tables, dev, global_batch, optimizer)
     effort = time_limit_s / 10.0
+    default = None
+    if effort > 1.0:
+        # a larger budget first finds the default budget's plan and starts its own search from it where that
+        # is better, so more time never gives a slower plan than the default (each step's search depends on its
+        # start: on HugeCTR on 128 A100s 6x the work of every step alone gave 14.394 ms, the default 14.195 ms)
+        default = _search(problem, 1.0, None)
+    if default is not None and default.proven:
+        found = default
+    else:
+        found = _search(problem, effort, default.assignment if default is not None else None)
+        if default is not None:
+            found = found._replace(bound_s=max(found.bound_s, default.bound_s))
+            if default.assignment is not None and found.best_s >= default.best_s:  # nothing better
+                found = default._replace(bound_s=found.bound_s, proven=found.proven or default.proven)
+    assignment, bound, best, method, proven = found
+    # (6) the bound from device patterns, with a large budget
+    pricing = int(PATTERN_BOUND_PRICING_PER_S * (time_limit_s - PATTERN_BOUND_FREE_S))
+    if assignment is not None and pricing > 0 and best > bound * (1 + LNS_MIN_GAP) and not proven:
+        patterns = PatternBound(problem, PatternBoundSettings(pricing_solves=pricing))
+        bound = max(bound, patterns.bound_s(bound, best, goal_s=best / (1 + LNS_MIN_GAP)))
+    if assignment is None:
+        raise InfeasibleError(
+            f"no placement of the {len(tables)} embedding tables fits the devices' memory within the "
+            f"work limit of --time-limit {time_limit_s:g}; add devices, raise --time-limit, or use a smaller optimizer")
+    bound = min(bound, best)  # HiGHS's tolerances can put a proven bound a hair above the plan it proves
+    proven = proven or best <= bound * (1 + 1e-9)
+    gap = (best - bound) / bound if bound > 0 else 0.0
+    loads = problem.evaluate(assignment)
+    times = problem.device_time_s(loads)
+    log.info("embeddings: %d tables on %d devices, %.6f s (bound %.6f s, gap %.2f%%, %s) in %.2f s",
+             len(tables), dev.count, best, bound, 100 * gap, method, time.perf_counter() - start)
+    return EmbeddingResult(
+        placements=placements(problem, assignment),
+        embedding_time_s=float(best),
+        lower_bound_s=float(bound),
+        per_device_time_s={d: float(times[i]) for i, d in enumerate(dev.ids)},
+        per_device_memory_bytes={d: float(loads.hbm_bytes[i]) for i, d in enumerate(dev.ids)},
+        proven_optimal=bool(proven),
+        method=method,
+        gap=float(max(gap, 0.0)),
+        per_device_host_memory_bytes={d: float(loads.host_bytes[i]) for i, d in enumerate(dev.ids)},
+        solve_time_s=time.perf_counter() - start,
+        optimizer=optimizer,
+    )
+
+
+class _Found(NamedTuple):
+    """What steps (1)-(5) found: the plan (None when none fits), the best proven bound, the plan's slowest
+    device, how it was found ("heuristic" | "milp") and whether it is proven optimal."""
+
+    assignment: Assignment | None
+    bound_s: float
+    best_s: float
+    method: str
+    proven: bool
+
+
+def _search(problem: Problem, effort: float, seed: Assignment | None) -> _Found:
+    """Steps (1)-(5) with every work limit scaled by ``effort``, from the best of the heuristic's plans and
+    ``seed``."""
 
     def scaled(work: float) -> int:
         return max(int(round(work * effort)), 1)
@@ -183,6 +245,8 @@ def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Se
         value = problem.makespan_s(candidate) if candidate is not None else np.inf
         if value < best:
             assignment, best = candidate, value
+    if seed is not None and problem.makespan_s(seed) < best:
+        assignment, best = seed, problem.makespan_s(seed)
     # (3b) ruin and recreate on the best plan so far
     if assignment is not None and best > bound * (1 + 1e-6):
         assignment = rebuild(problem, assignment, Work(scaled(REBUILD_WORK)))
@@ -231,35 +295,7 @@ def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Se
                 proven = exact.status == "optimal"
                 if proven:
                     bound = max(bound, min(best, exact.objective_s))
-    # (6) the bound from device patterns, with a large budget
-    pricing = int(PATTERN_BOUND_PRICING_PER_S * (time_limit_s - PATTERN_BOUND_FREE_S))
-    if assignment is not None and pricing > 0 and best > bound * (1 + LNS_MIN_GAP) and not proven:
-        patterns = PatternBound(problem, PatternBoundSettings(pricing_solves=pricing))
-        bound = max(bound, patterns.bound_s(bound, best, goal_s=best / (1 + LNS_MIN_GAP)))
-    if assignment is None:
-        raise InfeasibleError(
-            f"no placement of the {len(tables)} embedding tables fits the devices' memory within the "
-            f"work limit of --time-limit {time_limit_s:g}; add devices, raise --time-limit, or use a smaller optimizer")
-    bound = min(bound, best)  # HiGHS's tolerances can put a proven bound a hair above the plan it proves
-    proven = proven or best <= bound * (1 + 1e-9)
-    gap = (best - bound) / bound if bound > 0 else 0.0
-    loads = problem.evaluate(assignment)
-    times = problem.device_time_s(loads)
-    log.info("embeddings: %d tables on %d devices, %.6f s (bound %.6f s, gap %.2f%%, %s) in %.2f s",
-             len(tables), dev.count, best, bound, 100 * gap, method, time.perf_counter() - start)
-    return EmbeddingResult(
-        placements=placements(problem, assignment),
-        embedding_time_s=float(best),
-        lower_bound_s=float(bound),
-        per_device_time_s={d: float(times[i]) for i, d in enumerate(dev.ids)},
-        per_device_memory_bytes={d: float(loads.hbm_bytes[i]) for i, d in enumerate(dev.ids)},
-        proven_optimal=bool(proven),
-        method=method,
-        gap=float(max(gap, 0.0)),
-        per_device_host_memory_bytes={d: float(loads.host_bytes[i]) for i, d in enumerate(dev.ids)},
-        solve_time_s=time.perf_counter() - start,
-        optimizer=optimizer,
-    )
+    return _Found(assignment, bound, best, method, proven)
 
 
 def _uses_node_options(problem: Problem, weights) -> bool:
