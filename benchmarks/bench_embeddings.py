@@ -96,13 +96,13 @@ def run_case(name: str, tables: tuple[EmbeddingTable, ...], label: str, cluster:
 
 def pattern_case(tables, cluster: Cluster, row: dict, again: dict, pricing_solves: int) -> dict:
     """The bound from device patterns (shard_tables' step 6) with ``pricing_solves``, from the better of the two
-    runs' bounds, against the better of their plans."""
+    runs' bounds, against the better of their plans; like step 6 it first tries the plan within 3%."""
     problem = build_problem(tables, device_arrays(cluster), GLOBAL_BATCH, OPTIMIZER)
     low_ms = max(row["lower_bound_ms"], again["lower_bound_ms"])
     best_ms = min(row["embedding_ms"], again["embedding_ms"])
     start, cpu = time.perf_counter(), time.process_time()
     bound = PatternBound(problem, PatternBoundSettings(pricing_solves=pricing_solves))
-    bound_ms = bound.bound_s(low_ms * 1e-3, best_ms * 1e-3) * 1e3
+    bound_ms = bound.bound_s(low_ms * 1e-3, best_ms * 1e-3, goal_s=best_ms * 1e-3 / 1.03) * 1e3  # as step 6
     return {"pricing_solves": pricing_solves, "pricing_used": pricing_solves - bound.pricing_left,
             "from_ms": low_ms, "pattern_bound_ms": bound_ms, "best_ms": best_ms,
             "gap_pct": (best_ms / bound_ms - 1) * 100, "wall_s": time.perf_counter() - start,
