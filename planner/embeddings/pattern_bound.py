@@ -21,9 +21,10 @@ rows bound the option counts directly: summed over devices, time = base + latenc
 ids received) + 2 max(PR, pooled sent)) <= T, each max taken as its first term on every device or as the summed
 second terms; they let the master reject most boxes before any pricing.
 
-Cost: on HugeCTR on 128 A100s (14 kinds, 115 (kind, option) pairs) a pricing MILP takes 0.05-0.3 s; 3,000
-pricing solves (250 s of CPU) certify 13.514 ms (+2.0% over the class bound), on DCNv2 on 64 A100s ~5,000
-(200 s) certify 2.1885 ms (+1.0%); shard_tables runs it only with a large budget (shard.PATTERN_BOUND_FREE_S).
+Cost: a pricing MILP takes 0.03-0.3 s. On HugeCTR on 128 A100s (14 kinds, 115 (kind, option) pairs) 3,000
+pricing solves (250 s of CPU) certify 13.514 ms (+2.0% over the class bound); on DCNv2 on 64 A100s 2,842
+solves (150 s) certify 2.1885 ms (+1.0%). shard_tables runs it only with a large budget
+(shard.PATTERN_BOUND_FREE_S).
 
 Relaxations, each valid: global units are counted per class for memory and ids, not per device (their time is
 G, on every device); node-wide shares are not tied to one node; a table-row-wise fused collective's latency is
