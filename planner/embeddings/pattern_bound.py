@@ -522,8 +522,7 @@ class PatternBound:
         s = np.array([c.s_per_mb for c in classes])
         is_hi = min(is_hi, float(np.min((target_us - base - 2.0 * s * pr_lo) / s)))
         pr_hi = min(pr_hi, float(np.min((target_us - base - s * is_lo) / (2.0 * s))))
-        if mode:
-            g_hi = min(g_hi, g_lo + target_us - base[0] - s[0] * (is_lo + 2.0 * pr_lo))
+        g_hi = min(g_hi, g_lo + target_us - base[0] - s[0] * (is_lo + 2.0 * pr_lo))
         if is_hi < is_lo or pr_hi < pr_lo or g_hi < g_lo:
             return None
         return (is_lo, is_hi, pr_lo, pr_hi, g_lo, g_hi, mode)

@@ -244,8 +244,9 @@ def _search(problem: Problem, effort: float, seed: Assignment | None) -> _Found:
         value = problem.makespan_s(candidate) if candidate is not None else np.inf
         if value < best:
             assignment, best = candidate, value
-    if seed is not None and problem.makespan_s(seed) < best:
-        assignment, best = seed, problem.makespan_s(seed)
+    seed_s = problem.makespan_s(seed) if seed is not None else np.inf
+    if seed_s < best:
+        assignment, best = seed, seed_s
     # (3b) ruin and recreate on the best plan so far
     if assignment is not None and best > bound * (1 + 1e-6):
         assignment = rebuild(problem, assignment, Work(scaled(REBUILD_WORK)))
