@@ -27,6 +27,11 @@ def random_tables(rng: np.random.Generator, count: int) -> tuple[EmbeddingTable,
 
 def brute_force(problem) -> float:
     """The best makespan over every option and every placement of its units."""
+    return brute_force_plan(problem)[0]
+
+
+def brute_force_plan(problem):
+    """(the best makespan over every option and every placement of its units, a plan that has it)."""
     per_table = []
     for t, options in enumerate(problem.options):
         choices = []
@@ -35,12 +40,14 @@ def brute_force(problem) -> float:
             for combo in itertools.combinations_with_replacement(positions, option.units):
                 choices.append((o, combo))
         per_table.append(choices)
-    best = np.inf
+    best, plan = np.inf, None
     for assignment in itertools.product(*per_table):
         loads = problem.evaluate(assignment)
         if problem.fits(loads):
-            best = min(best, float(problem.device_time_s(loads).max()))
-    return best
+            value = float(problem.device_time_s(loads).max())
+            if value < best:
+                best, plan = value, assignment
+    return best, plan
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

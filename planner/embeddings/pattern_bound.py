@@ -8,18 +8,24 @@ node-wide (table-row-wise) tables of its node, and the data-parallel and row-wis
 Tables of one kind (same rows, dim, pooling factor, element size) are interchangeable, so the LP is over kinds.
 
 For a target time T and a box of the quantities every device shares -- the ids each device sends (IS), the
-pooled bytes each device receives (PR) and the time of the global (data-parallel, row-wise) units every device
-carries (G, on the first class; on another class at least its least ratio to it), all linear in the option
-choices -- and a *mode* (which global sharding types are chosen at all: each then costs every device its fused
+pooled bytes each device receives (PR) and, per class, the time of the global (data-parallel, row-wise) units
+every device of the class carries (G_c), all linear in the option choices -- and a *mode* (which global sharding types are chosen at all: each then costs every device its fused
 collective's latency), the LP asks for option counts per kind and devices per pattern (at most the devices of
 each class) that place every unit, using only patterns whose device time, with IS, PR and G at the box's low
 corner, is at most T. Every plan with slowest device below T gives a solution of the LP of the box that holds
-its IS, PR, G and mode (its devices' patterns, its option counts), so T is a valid lower bound when the LP of
+its IS, PR, G_c and mode (its devices' patterns, its option counts), so T is a valid lower bound when the LP of
 every box is infeasible. The boxes are split in two until each is infeasible or small (then T is not
-certified). Targets rise from the best bound known in steps of 0.5% while they are certified. Four aggregate
+certified); the half that holds the LP's solution is tried first, so that where T is not certified a small
+feasible box (and its option counts, which pattern_primal.py turns into plans) is found sooner. Targets rise
+from the best bound known in steps of 0.5% while they are certified. Four aggregate
 rows bound the option counts directly: summed over devices, time = base + latency + compute + G + s x (max(IS,
 ids received) + 2 max(PR, pooled sent)) <= T, each max taken as its first term on every device or as the summed
-second terms; they let the master reject most boxes before any pricing.
+second terms; they let the master reject most boxes before any pricing. Four rows per class do the same over the
+class's devices with each pattern's own compute, latency, ids and pooled bytes (the pricing MILPs pay their duals
+too). Session 6: G was one side (the first class's; another class's floor its least ratio to it), but on mixed
+clusters that floor is far below what a slower class pays for small data-parallel tables (HugeCTR on 32 A100 + 32
+V100: least ratio 1.03, the plans' 2.1), and the LP put V100s on patterns 8% over T; with a side per class and the
+class rows, 53.25 ms is certified there (52.463 before; 3,668 pricing solves).
 
 Cost: a pricing MILP takes 0.03-0.3 s. On HugeCTR on 128 A100s (14 kinds, 115 (kind, option) pairs) 3,000
 pricing solves (250 s of CPU) certify 13.514 ms (+2.0% over the class bound); on DCNv2 on 64 A100s 2,842
@@ -253,9 +259,16 @@ class _Pricing:
                 rows.append((link, -inf, 0.0))
         _add_rows(highs, rows)
 
-    def best(self, value: np.ndarray, target_us: float, ids_floor_mb: float, pooled_floor_mb: float,
-             checks: int | None = None):
-        """(the pattern the values ``value`` (per unit) favour most within target and memory, a proven upper
+    def worth(self, counts, value: np.ndarray, latency_value: np.ndarray) -> float:
+        """What ``value`` (per unit) and ``latency_value`` (per fused collective the pattern pays) give
+        ``counts``."""
+        used = sorted({u.latency for n, u in zip(counts, self.c.units) if n and u.latency >= 0})
+        return float(value @ np.array(counts, dtype=float)) + float(sum(latency_value[j] for j in used))
+
+    def best(self, value: np.ndarray, latency_value: np.ndarray, target_us: float, ids_floor_mb: float,
+             pooled_floor_mb: float, checks: int | None = None, hbm_gb: float | None = None):
+        """(the pattern the values ``value`` (per unit) and ``latency_value`` (per fused collective it pays, at
+        most 0) favour most within target and memory (``hbm_gb`` where given, else the class's), a proven upper
         bound on its value); the pattern is None where none was found."""
         import highspy
 
@@ -264,6 +277,7 @@ class _Pricing:
             return (0,) * nu, 0.0  # the empty pattern
         cost = np.zeros(self.ncol)
         cost[:nu] = -value
+        cost[nu + 2:] = -latency_value
         highs.changeColsCost(self.ncol, np.arange(self.ncol, dtype=np.int32), cost)
         highs.changeRowBounds(0, -highspy.kHighsInf, target_us - self.c.base_us)
         lower = np.zeros(self.ncol)
@@ -273,6 +287,7 @@ class _Pricing:
         upper[:nu][value <= 1e-12] = 0.0  # a unit nobody pays for only adds time and memory
         highs.changeColsBounds(self.ncol, np.arange(self.ncol, dtype=np.int32), lower, upper)
         highs.clearSolver()
+        highs.changeRowBounds(3, -highspy.kHighsInf, self.c.hbm_gb if hbm_gb is None else hbm_gb)
         _WorkLimit(checks or self.checks).attach(highs)
         highs.run()
         info = highs.getInfo()
@@ -284,6 +299,11 @@ class _Pricing:
             return None, proven
         counts = tuple(int(x) for x in np.round(np.array(highs.getSolution().col_value[:nu])))
         return counts, proven
+
+
+def _g_sides(box) -> list[tuple[float, float]]:
+    """A box's G sides, one per class: (least, most) global units' time of a device of the class."""
+    return [(box[j], box[j + 1]) for j in range(4, len(box) - 1, 2)]
 
 
 def _add_rows(highs, rows) -> None:
@@ -313,6 +333,9 @@ class PatternBound:
         self.settings = settings
         self.pricing_left = settings.pricing_solves
         self.exhausted = False
+        self.feasible_counts: np.ndarray | None = None  # option counts of the last box whose LP was feasible
+        self.feasible_target_us = 0.0  # and the target it was feasible at
+        self._feasible_here = False  # whether the last box_feasible call found its LP feasible
         self.patterns: list[_Pattern] = []
         self._seen: set[tuple[int, tuple[int, ...]]] = set()
         if self.model.classes is None:
@@ -325,6 +348,10 @@ class PatternBound:
     @property
     def usable(self) -> bool:
         return self.model.classes is not None
+
+    def pricing(self, ci: int) -> _Pricing:
+        """The pricing MILP of class ``ci`` (pattern_primal.py prices with it too)."""
+        return self._pricing[ci]
 
     def _build_master(self) -> None:
         import highspy
@@ -358,8 +385,8 @@ class PatternBound:
         rows.append(({r: float(v) for r, v in enumerate(model.ids_mb)}, -inf, inf))
         self.pr_row = len(rows)
         rows.append(({r: float(v) for r, v in enumerate(model.pooled_mb)}, -inf, inf))
-        self.shared_row = len(rows)  # the global units' time on every device of the first class
-        rows.append(({r: v for r, v in enumerate(model.classes[0].shared_us) if v}, -inf, inf))
+        self.shared_row = len(rows)  # per class: the global units' time on every device of the class
+        rows.extend(({r: v for r, v in enumerate(c.shared_us) if v}, -inf, inf) for c in model.classes)
         self.type_row = {}  # per global sharding type: how many tables take it (0, or at least 1)
         for g in model.global_types:
             self.type_row[g] = len(rows)
@@ -367,6 +394,9 @@ class PatternBound:
         self.aggregate_rows = len(rows)
         rows.extend(({r: float(v) for r, v in enumerate(coefficients) if v}, -inf, inf)
                     for coefficients in self._aggregate())
+        self.class_rows = len(rows)  # per class, four rows: see _class_rows
+        rows.extend(({r: float(v) for r, v in enumerate(coefficients) if v}, -inf, inf)
+                    for coefficients in self._class_rows())
         self.device_row = len(rows)
         for c in model.classes:
             rows.append(({}, -inf, float(c.devices)))
@@ -397,6 +427,31 @@ class PatternBound:
         out = [least + a + b for a in (every_ids, total_ids) for b in (every_pooled, total_pooled)]
         return [np.where(np.isfinite(v), v, 0.0) for v in out]
 
+    def _class_rows(self) -> list[np.ndarray]:
+        """Per class and (kind, option) row: the option's share of the class's summed device time, four ways (the
+        option count's coefficient; the patterns' are :meth:`_class_coefficients`). Every device of class c waits
+        at least base + latency + its pattern's compute + its class's global units' time G_c + s x (max(IS, its
+        ids received) + 2 max(PR, its pooled sent)); summed over the class's devices, each max is at least its
+        first term on every device (IS and PR are linear in the option counts), or its second term summed over the
+        devices' patterns. G_c is linear in the option counts, so each way is a row, at most the class's devices x
+        (target - base - the mode's latency). Unlike the box, which checks each pattern at its low corner, the
+        rows charge the class's devices their exact global units' time and shared traffic on average."""
+        model = self.model
+        out = []
+        for c in model.classes:
+            shared = np.array(c.shared_us) * c.devices
+            for j in range(4):
+                out.append(shared + (c.devices * c.s_per_mb * model.ids_mb if j & 1 else 0.0)
+                           + (2.0 * c.devices * c.s_per_mb * model.pooled_mb if j & 2 else 0.0))
+        return out
+
+    @staticmethod
+    def _class_coefficients(c: _Class, pattern: "_Pattern") -> list[float]:
+        """A pattern's coefficients in its class's four rows of :meth:`_class_rows`."""
+        fixed = pattern.compute_us + pattern.latency_us
+        return [fixed + (0.0 if j & 1 else c.s_per_mb * pattern.ids_mb)
+                + (0.0 if j & 2 else 2.0 * c.s_per_mb * pattern.pooled_mb) for j in range(4)]
+
     def _add(self, ci: int, counts) -> bool:
         key = (ci, tuple(int(x) for x in counts))
         if key in self._seen:
@@ -410,6 +465,9 @@ class PatternBound:
                         ("pooled", pattern.pooled_mb), ("latency", pattern.latency_us)):
             arrays[name].append(v)
         entries: dict[int, float] = {self.device_row + ci: 1.0}
+        for j, v in enumerate(self._class_coefficients(c, pattern)):
+            if v:
+                entries[self.class_rows + 4 * ci + j] = v
         for n, u in zip(key[1], c.units):
             if not n:
                 continue
@@ -431,38 +489,36 @@ class PatternBound:
         pooled = np.maximum(pooled_floor_mb, np.array(a["pooled"]))
         return base + np.array(a["latency"]) + np.array(a["compute"]) + s * (ids + 2.0 * pooled)
 
-    def _shared_us(self, shared_lo_us: float, mode: int) -> np.ndarray:
-        """Per class: the least time every device spends on global units when the first class spends at least
-        ``shared_lo_us`` (each global unit's time on a class is at least its ratio to the first class's) and
-        the global sharding types of bit mask ``mode`` are chosen (each pays its fused collective's latency)."""
+    def _shared_us(self, box) -> np.ndarray:
+        """Per class: the least time every device spends on global units in ``box`` (its G side's low end, and
+        the fused collectives' latency of the global sharding types its mode chooses)."""
+        return np.array([low for low, _ in _g_sides(box)]) + self._mode_latency_us(box[-1])
+
+    def _mode_latency_us(self, mode: int) -> float:
         model = self.model
-        latency = sum(model.global_latency_us[g] for j, g in enumerate(model.global_types) if mode >> j & 1)
-        if shared_lo_us <= 0.0:
-            return np.full(len(model.classes), latency)
-        first = np.array(model.classes[0].shared_us)
-        out = []
-        for c in model.classes:
-            mine = np.array(c.shared_us)
-            ratio = float(np.min(mine[first > 0] / first[first > 0]))
-            out.append(shared_lo_us * ratio + latency)
-        return np.array(out)
+        return float(sum(model.global_latency_us[g] for j, g in enumerate(model.global_types) if mode >> j & 1))
 
     def _set_box(self, target_us: float, box) -> None:
         import highspy
 
-        is_lo, is_hi, pr_lo, pr_hi, g_lo, g_hi, mode = box
+        is_lo, is_hi, pr_lo, pr_hi, mode = box[0], box[1], box[2], box[3], box[-1]
         self.master.changeRowBounds(self.is_row, is_lo, is_hi)
         self.master.changeRowBounds(self.pr_row, pr_lo, pr_hi)
-        self.master.changeRowBounds(self.shared_row, g_lo, g_hi)
+        for ci, (g_lo, g_hi) in enumerate(_g_sides(box)):
+            self.master.changeRowBounds(self.shared_row + ci, g_lo, g_hi)
         for j, g in enumerate(self.model.global_types):
             self.master.changeRowBounds(self.type_row[g], 1.0 if mode >> j & 1 else 0.0,
                                         highspy.kHighsInf if mode >> j & 1 else 0.0)
-        shared = self._shared_us(g_lo, mode)
+        shared = self._shared_us(box)
         classes = self.model.classes
-        latency = shared[0] if g_lo <= 0.0 else self._shared_us(0.0, mode)[0]
+        latency = self._mode_latency_us(mode)
         room = sum(c.devices * (target_us - c.base_us - latency) for c in classes)
         for j in range(4):
             self.master.changeRowBounds(self.aggregate_rows + j, -highspy.kHighsInf, room)
+        for ci, c in enumerate(classes):
+            for j in range(4):
+                self.master.changeRowBounds(self.class_rows + 4 * ci + j, -highspy.kHighsInf,
+                                            c.devices * (target_us - c.base_us - latency))
         usable = self._times_us(is_lo, pr_lo) + shared[np.array(self._pattern_arrays["cls"], dtype=int)] <= target_us
         n = len(self.patterns)
         index = np.arange(self.first_pattern, self.first_pattern + n, dtype=np.int32)
@@ -473,15 +529,19 @@ class PatternBound:
         import highspy
 
         model = self.model
-        is_lo, _, pr_lo, _, g_lo, _, mode = box
+        is_lo, pr_lo = box[0], box[2]
         self._set_box(target_us, box)
-        shared = self._shared_us(g_lo, mode)
+        shared = self._shared_us(box)
+        self._feasible_here = False
         while True:
             self.master.run()
             if self.master.getModelStatus() == highspy.HighsModelStatus.kInfeasible:
                 return False  # the option counts cannot meet the box at all
             uncovered = float(self.master.getInfo().objective_function_value)
             if uncovered <= _FEASIBLE:
+                self.feasible_counts = np.array(self.master.getSolution().col_value[:len(model.rows)])
+                self.feasible_target_us = target_us
+                self._feasible_here = True
                 return True
             duals = np.array(self.master.getSolution().row_dual)
             lagrangian = uncovered  # a lower bound on the least uncovered units over all patterns
@@ -491,15 +551,14 @@ class PatternBound:
                     self.exhausted = True
                     return True
                 self.pricing_left -= 1
-                value = np.array([duals[self.global_row[(u.row, ci)]] if u.scope == "global" else
-                                  duals[self.cover_row[u.row]] * (1.0 if u.scope == "device" else u.per_table)
-                                  for u in c.units])
+                value, latency_value = self._values(ci, duals)
                 pricing = self._pricing[ci]
                 room_us = target_us - shared[ci]
-                counts, proven = pricing.best(value, room_us, is_lo, pr_lo, self.settings.quick_checks)
-                found = counts is not None and float(value @ np.array(counts)) + duals[self.device_row + ci] > 1e-9
+                counts, proven = pricing.best(value, latency_value, room_us, is_lo, pr_lo, self.settings.quick_checks)
+                found = (counts is not None
+                         and pricing.worth(counts, value, latency_value) + duals[self.device_row + ci] > 1e-9)
                 if not found and proven + duals[self.device_row + ci] > 1e-9:  # prove there is none
-                    counts, proven = pricing.best(value, room_us, is_lo, pr_lo)
+                    counts, proven = pricing.best(value, latency_value, room_us, is_lo, pr_lo)
                 gain = proven + duals[self.device_row + ci]
                 if gain > 1e-9:
                     lagrangian -= c.devices * gain
@@ -512,34 +571,51 @@ class PatternBound:
             if not added:
                 return True  # cannot prove it either way: count it as feasible (the bound stays valid)
 
+    def _values(self, ci: int, duals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """What the master's duals give a unit of class ``ci`` in a pattern (its coverage rows' duals and its
+        share of the class rows'), and each of the class's fused collectives (its latency in the class rows)."""
+        c = self.model.classes[ci]
+        d = duals[self.class_rows + 4 * ci: self.class_rows + 4 * ci + 4]
+        value = np.array([duals[self.global_row[(u.row, ci)]] if u.scope == "global" else
+                          duals[self.cover_row[u.row]] * (1.0 if u.scope == "device" else u.per_table)
+                          for u in c.units])
+        compute = np.array([u.compute_us for u in c.units])
+        ids = np.array([c.s_per_mb * u.ids_mb for u in c.units])
+        pooled = np.array([2.0 * c.s_per_mb * u.pooled_mb for u in c.units])
+        value += sum(d[j] * (compute + (0.0 if j & 1 else ids) + (0.0 if j & 2 else pooled)) for j in range(4))
+        return value, float(d.sum()) * np.array(c.latency_us)
+
     def _trim(self, target_us: float, box):
         """``box`` narrowed to what a plan within ``target_us`` can have -- every device of every class waits at
         least base + global units + what it sends (IS) + twice what it receives (PR) -- or None when empty."""
-        is_lo, is_hi, pr_lo, pr_hi, g_lo, g_hi, mode = box
+        is_lo, is_hi, pr_lo, pr_hi = box[:4]
         classes = self.model.classes
-        shared = self._shared_us(g_lo, mode)
+        shared = self._shared_us(box)
         base = np.array([c.base_us for c in classes]) + shared
         s = np.array([c.s_per_mb for c in classes])
         is_hi = min(is_hi, float(np.min((target_us - base - 2.0 * s * pr_lo) / s)))
         pr_hi = min(pr_hi, float(np.min((target_us - base - s * is_lo) / (2.0 * s))))
-        g_hi = min(g_hi, g_lo + target_us - base[0] - s[0] * (is_lo + 2.0 * pr_lo))
-        if is_hi < is_lo or pr_hi < pr_lo or g_hi < g_lo:
+        g = [(g_lo, min(g_hi, g_lo + target_us - base[ci] - s[ci] * (is_lo + 2.0 * pr_lo)))
+             for ci, (g_lo, g_hi) in enumerate(_g_sides(box))]
+        if is_hi < is_lo or pr_hi < pr_lo or any(hi < lo for lo, hi in g):
             return None
-        return (is_lo, is_hi, pr_lo, pr_hi, g_lo, g_hi, mode)
+        return (is_lo, is_hi, pr_lo, pr_hi) + tuple(v for side in g for v in side) + (box[-1],)
 
     def certify(self, target_us: float) -> bool:
         """True when no plan has its slowest device below ``target_us`` (every box infeasible)."""
         model = self.model
         is_range = model.range_mb(model.ids_mb)
         pr_range = model.range_mb(model.pooled_mb)
-        shared = np.array(model.classes[0].shared_us)
-        g_high = model.range_mb(shared)[1]
         s = max(c.s_per_mb for c in model.classes)
         stack = []
         for mode in range(1 << len(model.global_types)):  # which global sharding types the tables take
-            g_low = sum(float(shared[model.global_rows[g]].min()) for j, g in enumerate(model.global_types)
-                        if mode >> j & 1)
-            stack.append((is_range[0], is_range[1], pr_range[0], pr_range[1], g_low, g_high if mode else 0.0, mode))
+            g = []
+            for c in model.classes:
+                shared = np.array(c.shared_us)
+                g.append(sum(float(shared[model.global_rows[t]].min()) for j, t in enumerate(model.global_types)
+                             if mode >> j & 1))
+                g.append(model.range_mb(shared)[1] if mode else 0.0)
+            stack.append((is_range[0], is_range[1], pr_range[0], pr_range[1]) + tuple(g) + (mode,))
         boxes = 0
         while stack:
             box = self._trim(target_us, stack.pop())
@@ -552,36 +628,64 @@ class PatternBound:
                 continue
             if self.exhausted:
                 return False
-            spreads = (s * (box[1] - box[0]), 2.0 * s * (box[3] - box[2]), box[5] - box[4])  # in us
+            spreads = (s * (box[1] - box[0]), 2.0 * s * (box[3] - box[2])) + tuple(
+                hi - lo for lo, hi in _g_sides(box))  # in us
             if sum(spreads) <= self.settings.box_tolerance * target_us:
                 return False
             j = 2 * int(np.argmax(spreads))  # halve the widest side
             middle = 0.5 * (box[j] + box[j + 1])
             upper, lower = list(box), list(box)
             upper[j], lower[j + 1] = middle, middle
-            stack.extend([tuple(upper), tuple(lower)])
+            # the half that holds the LP's solution first: where the target is not certified, a small feasible
+            # box is found sooner (the order changes nothing else: every box is shown infeasible either way)
+            halves = [tuple(upper), tuple(lower)]
+            if self._feasible_here and self._side_value(j // 2, self.feasible_counts) >= middle:
+                halves.reverse()
+            stack.extend(halves)
         return True
+
+    def _side_value(self, side: int, counts: np.ndarray) -> float:
+        """Box side ``side`` (IS, PR, then G per class) of option counts ``counts``."""
+        model = self.model
+        if side == 0:
+            return float(model.ids_mb @ counts)
+        if side == 1:
+            return float(model.pooled_mb @ counts)
+        return float(np.array(model.classes[side - 2].shared_us) @ counts)
 
     def bound_s(self, low_s: float, high_s: float, goal_s: float | None = None) -> float:
         """The largest of the targets ``start x (1 + step k)``, k = 1, 2, ... (below ``high_s``) certified in
-        turn; ``low_s`` (a known bound) where none is. ``start`` is ``goal_s`` where that is certified first (a
-        target worth reaching, such as the plan within 3%: one pass instead of a pass per step; it gets at most half
-        the pricing solves), else ``low_s``.
-        Each certified target is a valid bound, so the answer is valid wherever the work runs out."""
+        turn; ``low_s`` (a known bound) where none is. ``start`` is ``goal_s`` where :meth:`goal` certifies it
+        first, else ``low_s``. Each certified target is a valid bound, so the answer is valid wherever the work
+        runs out."""
         if not self.usable:
             return low_s
-        certified = start = low_s
-        if goal_s is not None and low_s < goal_s < high_s:
-            kept = self.pricing_left // 2  # a goal above the LP's value must not take the steps' work
-            self.pricing_left -= kept
-            if self.certify(goal_s * _US):
-                certified = start = goal_s
-                log.debug("pattern bound: goal %.6f s certified, %d pricing solves left", goal_s, self.pricing_left)
-            self.pricing_left += kept
-            self.exhausted = self.pricing_left <= 0
+        start = goal_s if goal_s is not None and low_s < goal_s < high_s and self.goal(goal_s) else low_s
+        return self.steps(start, high_s)
+
+    def goal(self, goal_s: float) -> bool:
+        """Whether ``goal_s`` is certified, with at most two thirds of the pricing solves left: a target worth
+        reaching, such as the plan within 3%, in one pass instead of a pass per step; a goal above the LP's value
+        must not take all the steps' work. Where it is not certified, :attr:`feasible_counts` holds the option
+        counts of the feasible box it ended on."""
+        if not self.usable:
+            return False
+        kept = self.pricing_left // 3
+        self.pricing_left -= kept
+        certified = self.certify(goal_s * _US)
+        if certified:
+            log.debug("pattern bound: goal %.6f s certified, %d pricing solves left", goal_s, self.pricing_left)
+        self.pricing_left += kept
+        self.exhausted = self.pricing_left <= 0
+        return certified
+
+    def steps(self, start_s: float, high_s: float) -> float:
+        """The largest of the targets ``start_s x (1 + step k)``, k = 1, 2, ... (below ``high_s``) certified in
+        turn; ``start_s`` (a known bound) where none is."""
+        certified = start_s
         k = 1
-        while not self.exhausted:
-            target = start * (1.0 + self.settings.step * k)
+        while self.usable and not self.exhausted:
+            target = start_s * (1.0 + self.settings.step * k)
             if target >= high_s or not self.certify(target * _US):
                 break
             certified = target

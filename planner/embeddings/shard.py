@@ -7,7 +7,9 @@ then (3c) a large-neighbourhood search of exact sub-MILPs on up to 32 devices, (
 kind, each placed exactly by device configurations (planner/embeddings/patterns.py); (4) on clusters of a few nodes,
 the MILP with nodes as bins (a stronger bound still); (5) the exact per-device MILP on small instances,
 started from the best plan so far; (6) with a large budget, the bound of the configuration LP over device
-patterns (planner/embeddings/pattern_bound.py). A budget past the default first runs steps (1)-(5) at the
+patterns (planner/embeddings/pattern_bound.py), first at the plan within 3%; where that fails, (7) option
+choices from that LP's last feasible box (planner/embeddings/pattern_primal.py), placed by the heuristics, and
+the bound's steps from the better plan. A budget past the default first runs steps (1)-(5) at the
 default budget and starts its own steps from that plan where it is better, so it is never slower than the
 default's. Every step is bounded by a count of work, not by the clock, so the answer does not depend on the
 machine's speed. The result reports the slowest device's time, the best proven lower bound, and the gap between
@@ -24,11 +26,13 @@ from typing import Mapping, NamedTuple, Sequence
 import numpy as np
 
 from planner.embeddings.devices import device_arrays
-from planner.embeddings.heuristic import Assignment, Work, heuristic, least_work_guide, rebuild
+from planner.embeddings.heuristic import (Assignment, Work, greedy, heuristic, least_work_guide, local_search,
+                                          rebuild)
 from planner.embeddings.milp import (PIGEONHOLE_MAX_VARIABLES, Bins, SolveResult, class_bins, device_bins, node_bins,
                                     resolve_integer, solve)
 from planner.embeddings.neighbourhood import LnsSettings, improve
 from planner.embeddings.pattern_bound import PatternBound, PatternBoundSettings
+from planner.embeddings.pattern_primal import choices as pattern_choices
 from planner.embeddings.patterns import ChoiceSettings, improve_choice
 from planner.embeddings.problem import Problem, build_problem, even_split
 from planner.errors import ConfigError, InfeasibleError
@@ -160,11 +164,13 @@ def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Se
             if default.assignment is not None and found.best_s >= default.best_s:  # nothing better
                 found = default._replace(bound_s=found.bound_s, proven=found.proven or default.proven)
     assignment, bound, best, method, proven = found
-    # (6) the bound from device patterns, with a large budget
+    # (6)-(7) the bound from device patterns, and option choices from its LP, with a large budget
     pricing = int(PATTERN_BOUND_PRICING_PER_S * (time_limit_s - PATTERN_BOUND_FREE_S))
     if assignment is not None and pricing > 0 and best > bound * (1 + LNS_MIN_GAP) and not proven:
-        patterns = PatternBound(problem, PatternBoundSettings(pricing_solves=pricing))
-        bound = max(bound, patterns.bound_s(bound, best, goal_s=best / (1 + LNS_MIN_GAP)))
+        stepped = pattern_steps(problem, best, bound, pricing)
+        bound = max(bound, stepped.bound_s)
+        if stepped.assignment is not None:
+            assignment, best, method = stepped.assignment, stepped.best_s, "heuristic"
     if assignment is None:
         raise InfeasibleError(
             f"no placement of the {len(tables)} embedding tables fits the devices' memory within the "
@@ -296,6 +302,50 @@ def _search(problem: Problem, effort: float, seed: Assignment | None) -> _Found:
                 if proven:
                     bound = max(bound, min(best, exact.objective_s))
     return _Found(assignment, bound, best, method, proven)
+
+
+class PatternSteps(NamedTuple):
+    """What steps (6)-(7) found: a faster plan (None when none) and its slowest device, the bound certified, the
+    pricing solves used."""
+
+    assignment: Assignment | None
+    best_s: float
+    bound_s: float
+    pricing_used: int
+
+
+def pattern_steps(problem: Problem, best_s: float, bound_s: float, pricing: int) -> PatternSteps:
+    """(6) The bound from device patterns with ``pricing`` pricing solves, first at the plan within LNS_MIN_GAP
+    (``best_s``); where that fails, (7) option choices from the pattern LP's box it failed on (pattern_primal.py:
+    the LP with exact per-device global units, its option counts fixed by diving), each placed by the greedy, local
+    search, ruin and recreate and the option search by kind, at the default budget's work); if one is faster, the
+    bound tries the new plan within LNS_MIN_GAP first; then the bound's steps with what is left."""
+    patterns = PatternBound(problem, PatternBoundSettings(pricing_solves=pricing))
+    goal_s = _goal_s(best_s)
+    if bound_s < goal_s and patterns.goal(goal_s):
+        return PatternSteps(None, best_s, patterns.steps(goal_s, best_s), pricing - patterns.pricing_left)
+    found, found_s = None, best_s
+    for choice in pattern_choices(patterns):
+        state = greedy(problem, choice, Work(HEURISTIC_WORK))
+        if state is None:
+            continue
+        candidate = rebuild(problem, local_search(state).assignment(), Work(REBUILD_WORK))
+        candidate = improve_choice(problem, candidate, bound_s, [choice], ChoiceSettings(work=CHOICE_WORK))
+        value = problem.makespan_s(candidate)
+        log.debug("pattern choice placed at %.6f s (best %.6f s)", value, found_s)
+        if value < found_s * (1 - 1e-9):
+            found, found_s = candidate, value
+    start_s = bound_s
+    goal_s = _goal_s(found_s)
+    if found is not None and bound_s < goal_s and patterns.goal(goal_s):
+        start_s = goal_s
+    return PatternSteps(found, found_s, patterns.steps(start_s, found_s), pricing - patterns.pricing_left)
+
+
+def _goal_s(best_s: float) -> float:
+    """The bound that puts ``best_s`` within LNS_MIN_GAP of it, a hair above (so the gap is below, not at it
+    up to rounding)."""
+    return best_s / (1 + LNS_MIN_GAP) * (1 + 1e-9)
 
 
 def _uses_node_options(problem: Problem, weights) -> bool:

@@ -1,0 +1,83 @@
+"""Option choices from device patterns (planner/embeddings/pattern_primal.py): the primal LP holds the optimal plan
+at its own corner (so its times are not too dear), has no solution below the certified pattern bound (so they are
+not too cheap), dives to whole option counts, and shard_tables' step (7) keeps only faster plans."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+from planner.embeddings import shard
+from planner.embeddings.pattern_bound import PatternBound, PatternBoundSettings
+from planner.embeddings.pattern_primal import PrimalLP, choices
+from test_embeddings_milp import brute_force_plan
+from test_embeddings_pattern_bound import CASES, EXACT, _class_lp_s, _small, _with_a_tiny_table
+
+
+def _counts(bound: PatternBound, plan) -> np.ndarray:
+    """Option counts per (kind, option) row of ``plan``."""
+    model = bound.model
+    row_of = {key: r for r, key in enumerate(model.rows)}
+    counts = np.zeros(len(model.rows))
+    for k, tables in enumerate(model.problem.table_kinds):
+        for t in tables:
+            counts[row_of[(k, plan[t][0])]] += 1
+    return counts
+
+
+PROBLEMS = [_small(seed, mixed) for seed, mixed in CASES] + [_with_a_tiny_table(120)]
+
+
+@functools.lru_cache(maxsize=None)
+def _optimal(index: int):
+    return brute_force_plan(PROBLEMS[index])
+
+
+@pytest.mark.parametrize("index", range(len(PROBLEMS)))
+def test_the_primal_lp_holds_the_optimal_plan_and_nothing_below_the_bound(index):
+    problem = PROBLEMS[index]
+    optimum, plan = _optimal(index)
+    bound = PatternBound(problem, EXACT)
+    certified = bound.bound_s(_class_lp_s(problem), 1.5 * optimum)
+    primal = PrimalLP(bound)
+    counts = _counts(bound, plan)
+    corner = primal.corner(counts)
+    fixed = {r: int(v) for r, v in enumerate(counts)}
+    assert primal.solve(optimum * 1e6 * (1 + 1e-6), corner, fixed) is not None
+    assert primal.solve(optimum * 1e6 * (1 + 1e-6), corner, {}) is not None
+    assert primal.solve(certified * 1e6 * 0.99, corner, {}) is None
+
+
+def test_a_dive_gives_whole_option_counts_within_the_corner():
+    problem = PROBLEMS[-1]  # A100 + V100 and a tiny table
+    optimum, plan = _optimal(len(PROBLEMS) - 1)
+    bound = PatternBound(problem, EXACT)
+    primal = PrimalLP(bound)
+    corner = primal.corner(_counts(bound, plan))
+    counts = primal.dive(optimum * 1e6 * 1.01, corner)
+    assert counts is not None and np.array_equal(counts, np.round(counts))
+    assert [sum(counts[r] for r in rows) for rows in primal.rows_of_kind] == bound.model.kinds
+    assert primal.solve(optimum * 1e6 * 1.01, corner, {r: int(v) for r, v in enumerate(counts)}) is not None
+
+
+def test_choices_follow_the_last_feasible_box():
+    problem = _small(0)
+    optimum, _ = brute_force_plan(problem)
+    bound = PatternBound(problem, PatternBoundSettings(pricing_solves=2000))
+    assert choices(bound) == []  # no box found feasible yet
+    assert not bound.certify(1.05 * optimum * 1e6)  # above the optimum: a feasible box
+    found = choices(bound)
+    assert found and all(0 <= o < len(problem.options[t]) for choice in found for t, o in enumerate(choice))
+
+
+def test_step_7_keeps_only_a_faster_plan():
+    problem = _small(3)
+    optimum, plan = brute_force_plan(problem)
+    stepped = shard.pattern_steps(problem, optimum * 1.1, _class_lp_s(problem), 2000)
+    assert stepped.bound_s <= optimum * (1 + 1e-9)
+    if stepped.assignment is None:
+        assert stepped.best_s == optimum * 1.1
+    else:
+        assert stepped.best_s == pytest.approx(problem.makespan_s(stepped.assignment)) and stepped.best_s < optimum * 1.1
