@@ -170,7 +170,7 @@ def test_shard_tables_uses_the_pattern_bound_only_past_its_free_budget(monkeypat
     assert plain.lower_bound_s * 1.005 <= with_patterns.lower_bound_s <= with_patterns.embedding_time_s
 
 
-def _one_unit_away(pricing, counts, value, device_dual, target_us, ids_floor_mb, pooled_floor_mb):
+def _one_unit_away(pricing, counts, value, latency_value, device_dual, target_us, ids_floor_mb, pooled_floor_mb):
     """Brute force: every pattern one unit away from ``counts`` with positive reduced cost, and what excludes
     the others (time, and within it a fused collective's latency or the IS, PR floors; memory), each recomputed
     from the class's units and pattern_bound._Pattern."""
@@ -188,7 +188,8 @@ def _one_unit_away(pricing, counts, value, device_dual, target_us, ids_floor_mb,
             time_us = pattern.time_us(c, ids_floor_mb, pooled_floor_mb)
             hbm = sum(k * u.hbm_gb for k, u in zip(m, c.units))
             host = sum(k * u.host_gb for k, u in zip(m, c.units))
-            reduced = float(np.dot(value, m)) + device_dual
+            paid = {u.latency for k, u in zip(m, c.units) if k and u.latency >= 0}
+            reduced = float(np.dot(value, m)) + sum(latency_value[j] for j in paid) + device_dual
             if reduced <= 1e-9:
                 continue
             if time_us > target_us * (1 + 1e-12):
@@ -206,8 +207,9 @@ def _one_unit_away(pricing, counts, value, device_dual, target_us, ids_floor_mb,
 
 def test_neighbours_are_exactly_the_fitting_patterns_one_unit_away():
     # the columns PatternBound._columns adds besides the pricing's own: each must fit time (latency of the fused
-    # collectives and the IS, PR floors included) and memory, and have a positive reduced cost; checked against
-    # brute force on seeded duals, on a class whose memory is cut so that memory, not only time, excludes some
+    # collectives and the IS, PR floors included) and memory, and have a positive reduced cost (with a value per
+    # fused collective paid, or none); checked against brute force on seeded duals, on a class whose memory is
+    # cut so that memory, not only time, excludes some
     c = PatternBound(_eight_devices()).model.classes[0]
     reasons = set()
     for seed in range(4):
@@ -223,12 +225,13 @@ def test_neighbours_are_exactly_the_fitting_patterns_one_unit_away():
             pricing = pattern_bound._Pricing(dataclasses.replace(c, hbm_gb=hbm + 0.8), 2000)
             device_dual = -0.9 * float(np.dot(value, start))
             tight_us = pattern_bound._Pattern.of(0, c, start).time_us(c, *floors) + 8.0  # < one latency (11.4 us)
-            fits, why = _one_unit_away(pricing, start, value, device_dual, tight_us, *floors)
-            reasons |= why
-            found = pricing.neighbours(start, value, device_dual, tight_us, *floors, 10_000)
-            assert set(found) == set(fits) and len(found) == len(fits)
-            best = pricing.neighbours(start, value, device_dual, tight_us, *floors, 3)
-            assert [fits[p] for p in best] == sorted(fits.values(), reverse=True)[:3]
+            for latency_value in (np.zeros(len(c.latency_us)), np.full(len(c.latency_us), -0.6)):
+                fits, why = _one_unit_away(pricing, start, value, latency_value, device_dual, tight_us, *floors)
+                reasons |= why
+                found = pricing.neighbours(start, value, device_dual, tight_us, *floors, 10_000, latency_value)
+                assert set(found) == set(fits) and len(found) == len(fits)
+                best = pricing.neighbours(start, value, device_dual, tight_us, *floors, 3, latency_value)
+                assert [fits[p] for p in best] == sorted(fits.values(), reverse=True)[:3]
     assert reasons == {"time", "latency", "floor", "memory"}
 
 

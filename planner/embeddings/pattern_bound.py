@@ -308,11 +308,13 @@ class _Pricing:
 
 
     def neighbours(self, counts, value: np.ndarray, device_dual: float, target_us: float, ids_floor_mb: float,
-                   pooled_floor_mb: float, limit: int) -> list[tuple[int, ...]]:
+                   pooled_floor_mb: float, limit: int,
+                   latency_value: np.ndarray | None = None) -> list[tuple[int, ...]]:
         """Up to ``limit`` patterns one unit away from ``counts`` (one more unit j, or one unit i given up for a
         unit j) that fit ``target_us`` (with the floors) and memory, as the pricing MILP's constraints say, and
-        whose reduced cost under ``value`` and ``device_dual`` is positive, best first. They cost no solve: a
-        pricing's pattern is one vertex of a flat face, and its neighbours are columns the master takes next."""
+        whose reduced cost -- ``value`` per unit, ``latency_value`` per fused collective the pattern pays (none:
+        0), plus ``device_dual`` -- is positive, best first. They cost no solve: a pricing's pattern is one vertex
+        of a flat face, and its neighbours are columns the master takes next."""
         c, n = self.c, np.array(counts, dtype=float)
         units = self.upper[:self.nu]
         gain = np.flatnonzero((value > 1e-12) & (n < units))  # units j worth one more
@@ -329,12 +331,13 @@ class _Pricing:
             used = (n @ self.uses)[None, None, :] + self.uses[gain][None, :, :] \
                 - np.where(given[:, None], self.uses[at], 0.0)[:, None, :]
             latency_us = (used > 0.5) @ np.array(c.latency_us)
+            paid = 0.0 if latency_value is None else (used > 0.5) @ latency_value
         else:
-            latency_us = 0.0
+            latency_us = paid = 0.0
         time_us = (c.base_us + latency_us + after(self.compute_us)
                    + c.s_per_mb * (np.maximum(ids_floor_mb, after(self.ids_mb))
                                    + 2.0 * np.maximum(pooled_floor_mb, after(self.pooled_mb))))
-        reduced = after(value) + device_dual
+        reduced = after(value) + paid + device_dual
         fits = ((time_us <= target_us) & (after(self.hbm_gb) <= c.hbm_gb) & (after(self.host_gb) <= c.host_gb)
                 & (reduced > 1e-9) & (drop[:, None] != gain[None, :]))
         i, j = np.nonzero(fits)
