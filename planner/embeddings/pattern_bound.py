@@ -27,7 +27,7 @@ clusters that floor is far below what a slower class pays for small data-paralle
 V100: least ratio 1.03, the plans' 2.1), and the LP put V100s on patterns 8% over T; with a side per class and the
 class rows, 53.25 ms is certified there (52.463 before; 3,668 pricing solves).
 
-Cost: a pricing MILP takes 0.03-0.3 s. On HugeCTR on 128 A100s (14 kinds, 115 (kind, option) pairs) 3,000
+Cost: a pricing MILP takes 0.03-0.3 s. With one column per pricing solve, on HugeCTR on 128 A100s (14 kinds, 115 (kind, option) pairs) 3,000
 pricing solves (250 s of CPU) certify 13.514 ms (+2.0% over the class bound); on DCNv2 on 64 A100s 2,842
 solves (150 s) certify 2.1885 ms (+1.0%). shard_tables runs it only with a large budget
 (shard.PATTERN_BOUND_FREE_S).
@@ -40,7 +40,13 @@ Column generation: the master's phase-one LP (least uncovered units) gives duals
 is a small MILP (the pattern within T and memory that the duals value most). A box is infeasible when the
 master still leaves units uncovered and the pricing's dual bound proves that no pattern can help (the
 Lagrangian bound of the phase-one LP is positive). Work is counted in pricing solves and HiGHS interrupt
-checks, never the clock.
+checks, never the clock. Column generation tails off (the master is degenerate: many pricing solves leave its
+value unchanged), so each pricing solve adds several columns of positive reduced cost, each within T and memory:
+its pattern, the other patterns HiGHS found on the way, and the patterns one unit away (one unit more, or one
+given up for another) from its pattern and from the master's most used patterns of the class; a longer solve,
+to prove that no pattern helps, runs only where none of them is new. On DCNv2 on 64 A100s certifying 2.18116 ms
+took 1,724 pricing solves (29.5 s of CPU) with one column per solve, and takes 524 (15.8 s); 24.636 ms on
+HugeCTR on 64 A100s 1,895 (192 s), now 1,085 (88 s).
 """
 
 from __future__ import annotations
@@ -66,6 +72,9 @@ class PatternBoundSettings:
     step: float = 0.005  # targets rise from the known bound in steps of this share of it
     box_tolerance: float = 0.002  # a box is small when IS and PR spread move a device's time by this share of T
     max_boxes: int = 400  # per target
+    neighbours: int = 10  # per pricing: columns one unit away from its pattern (see PatternBound._neighbours)
+    used_patterns: int = 10  # per pricing: the master's most used patterns of the class whose neighbours are tried
+    used_neighbours: int = 2  # columns per such pattern
 
 
 @dataclass(frozen=True)
@@ -220,8 +229,16 @@ class _Pricing:
         self.nu = nu
         self.ncol = ncol = nu + 2 + nl  # counts, A (ids MB), P (pooled MB), latency indicators
         self.upper = np.array([float(u.upper) for u in c.units] + [inf, inf] + [1.0] * nl)
+        self.compute_us, self.ids_mb, self.pooled_mb, self.hbm_gb, self.host_gb = (
+            np.array([getattr(u, name) for u in c.units], dtype=float)
+            for name in ("compute_us", "ids_mb", "pooled_mb", "hbm_gb", "host_gb"))
+        self.uses = np.zeros((nu, nl))  # unit -> the fused collective whose latency it costs
+        for j, u in enumerate(c.units):
+            if u.latency >= 0:
+                self.uses[j, u.latency] = 1.0
         highs = self.highs = quiet_highs()
         highs.setOptionValue("mip_rel_gap", 1e-6)
+        highs.setOptionValue("mip_improving_solution_save", True)  # more columns per solve (best's ``found``)
         # presolve stays on: off, a target takes 2/3 of the CPU (HugeCTR on 128 A100s, 13.381 ms certified in 27 s
         # instead of 40 s), but the patterns found differ, and within the same count of pricing solves HugeCTR on
         # 64 A100s then certifies 24.599 ms instead of 24.721 (1,000 solves)
@@ -269,10 +286,12 @@ class _Pricing:
              pooled_floor_mb: float, checks: int | None = None, hbm_gb: float | None = None):
         """(the pattern the values ``value`` (per unit) and ``latency_value`` (per fused collective it pays, at
         most 0) favour most within target and memory (``hbm_gb`` where given, else the class's), a proven upper
-        bound on its value); the pattern is None where none was found."""
+        bound on its value); the pattern is None where none was found. ``self.found`` holds every pattern the
+        solve found on the way (its improving incumbents, the last one included): each fits target and memory."""
         import highspy
 
         highs, nu = self.highs, self.nu
+        self.found: list[tuple[int, ...]] = []
         if not np.any(value > 1e-12):
             return (0,) * nu, 0.0  # the empty pattern
         cost = np.zeros(self.ncol)
@@ -297,8 +316,54 @@ class _Pricing:
         proven = -dual if np.isfinite(dual) else float(value[value > 0] @ upper[:nu][value > 0])
         if info.primal_solution_status != highspy.kSolutionStatusFeasible:
             return None, proven
+        self.found = [tuple(int(x) for x in np.round(np.array(solution.col_value[:nu])))
+                      for solution in highs.getSavedMipSolutions()]
         counts = tuple(int(x) for x in np.round(np.array(highs.getSolution().col_value[:nu])))
         return counts, proven
+
+
+    def neighbours(self, counts, value: np.ndarray, device_dual: float, target_us: float, ids_floor_mb: float,
+                   pooled_floor_mb: float, limit: int,
+                   latency_value: np.ndarray | None = None) -> list[tuple[int, ...]]:
+        """Up to ``limit`` patterns one unit away from ``counts`` (one more unit j, or one unit i given up for a
+        unit j) that fit ``target_us`` (with the floors) and memory, as the pricing MILP's constraints say, and
+        whose reduced cost -- ``value`` per unit, ``latency_value`` per fused collective the pattern pays (none:
+        0), plus ``device_dual`` -- is positive, best first. They cost no solve: a pricing's pattern is one vertex
+        of a flat face, and its neighbours are columns the master takes next."""
+        c, n = self.c, np.array(counts, dtype=float)
+        units = self.upper[:self.nu]
+        gain = np.flatnonzero((value > 1e-12) & (n < units))  # units j worth one more
+        if limit <= 0 or not len(gain):
+            return []
+        drop = np.concatenate([[-1], np.flatnonzero(n)])  # units i given up, -1: none
+        given = drop >= 0
+        at = np.maximum(drop, 0)
+
+        def after(per_unit: np.ndarray) -> np.ndarray:  # (drop, gain) -> the neighbour's sum
+            return float(n @ per_unit) + per_unit[gain][None, :] - np.where(given, per_unit[at], 0.0)[:, None]
+
+        if self.uses.shape[1]:
+            used = (n @ self.uses)[None, None, :] + self.uses[gain][None, :, :] \
+                - np.where(given[:, None], self.uses[at], 0.0)[:, None, :]
+            latency_us = (used > 0.5) @ np.array(c.latency_us)
+            paid = 0.0 if latency_value is None else (used > 0.5) @ latency_value
+        else:
+            latency_us = paid = 0.0
+        time_us = (c.base_us + latency_us + after(self.compute_us)
+                   + c.s_per_mb * (np.maximum(ids_floor_mb, after(self.ids_mb))
+                                   + 2.0 * np.maximum(pooled_floor_mb, after(self.pooled_mb))))
+        reduced = after(value) + paid + device_dual
+        fits = ((time_us <= target_us) & (after(self.hbm_gb) <= c.hbm_gb) & (after(self.host_gb) <= c.host_gb)
+                & (reduced > 1e-9) & (drop[:, None] != gain[None, :]))
+        i, j = np.nonzero(fits)
+        out = []
+        for k in np.argsort(-reduced[i, j], kind="stable")[:limit]:
+            m = np.array(counts)
+            if given[i[k]]:
+                m[drop[i[k]]] -= 1
+            m[gain[j[k]]] += 1
+            out.append(tuple(int(x) for x in m))
+        return out
 
 
 def _g_sides(box) -> list[tuple[float, float]]:
@@ -479,6 +544,31 @@ class PatternBound:
         self.master.addCol(0.0, 0.0, 0.0, len(index), index, np.array([entries[i] for i in index]))
         return True
 
+    def _columns(self, ci: int, counts, value: np.ndarray, latency_value: np.ndarray, device_dual: float,
+                 target_us: float, ids_floor_mb: float, pooled_floor_mb: float,
+                 used: np.ndarray) -> list[tuple[int, ...]]:
+        """The new columns of positive reduced cost a pricing of class ``ci`` gives: its pattern, the other
+        patterns its solve found, the pattern's neighbours, and those of the master's most used patterns of the
+        class (settings ``neighbours``, ``used_patterns``, ``used_neighbours``). More columns per pricing solve:
+        column generation tails off less. Any column is safe -- a pattern that did not fit would only weaken the
+        Lagrangian bound, never make it wrong -- but every one here fits, as the pricing MILP's do."""
+        settings, pricing = self.settings, self._pricing[ci]
+        found = [] if counts is None else [counts, *pricing.found]
+        out = [p for p in found if pricing.worth(p, value, latency_value) + device_dual > 1e-9]
+        if counts is not None:
+            out += pricing.neighbours(counts, value, device_dual, target_us, ids_floor_mb, pooled_floor_mb,
+                                      settings.neighbours, latency_value)
+        active = np.flatnonzero(used > 1e-9)
+        most = [int(j) for j in active[np.argsort(-used[active], kind="stable")] if self.patterns[j].cls == ci]
+        for j in most[:settings.used_patterns]:
+            out += pricing.neighbours(self.patterns[j].counts, value, device_dual, target_us, ids_floor_mb,
+                                      pooled_floor_mb, settings.used_neighbours, latency_value)
+        new = []
+        for p in out:
+            if (ci, p) not in self._seen and p not in new:
+                new.append(p)
+        return new
+
     def _times_us(self, ids_floor_mb: float, pooled_floor_mb: float) -> np.ndarray:
         a = self._pattern_arrays
         classes = self.model.classes
@@ -544,8 +634,13 @@ class PatternBound:
                 self._feasible_here = True
                 return True
             duals = np.array(self.master.getSolution().row_dual)
-            lagrangian = uncovered  # a lower bound on the least uncovered units over all patterns
+            # a lower bound on the least uncovered units over all patterns: with the master's duals y, every
+            # solution of the box's full LP (patterns of class c at most devices_c) uncovers at least the master's
+            # value minus, per class, devices_c x its best reduced cost max(0, proven_c + device dual_c); the
+            # master's own columns only enter through its value and duals, so any column added is safe for it
+            lagrangian = uncovered
             added = False
+            used = np.array(self.master.getSolution().col_value[self.first_pattern:])
             for ci, c in enumerate(model.classes):
                 if self.pricing_left <= 0:
                     self.exhausted = True
@@ -554,18 +649,19 @@ class PatternBound:
                 value, latency_value = self._values(ci, duals)
                 pricing = self._pricing[ci]
                 room_us = target_us - shared[ci]
+                device_dual = duals[self.device_row + ci]
                 counts, proven = pricing.best(value, latency_value, room_us, is_lo, pr_lo, self.settings.quick_checks)
-                found = (counts is not None
-                         and pricing.worth(counts, value, latency_value) + duals[self.device_row + ci] > 1e-9)
-                if not found and proven + duals[self.device_row + ci] > 1e-9:  # prove there is none
+                new = self._columns(ci, counts, value, latency_value, device_dual, room_us, is_lo, pr_lo, used)
+                if not new and proven + device_dual > 1e-9:  # prove there is none
                     counts, proven = pricing.best(value, latency_value, room_us, is_lo, pr_lo)
-                gain = proven + duals[self.device_row + ci]
+                    new = self._columns(ci, counts, value, latency_value, device_dual, room_us, is_lo, pr_lo, used)
+                gain = proven + device_dual
                 if gain > 1e-9:
                     lagrangian -= c.devices * gain
-                    if counts is not None and self._add(ci, counts):
-                        added = True
-                        self.master.changeColBounds(len(self.patterns) - 1 + self.first_pattern, 0.0,
-                                                    highspy.kHighsInf)
+                for pattern in new:
+                    self._add(ci, pattern)
+                    self.master.changeColBounds(len(self.patterns) - 1 + self.first_pattern, 0.0, highspy.kHighsInf)
+                    added = True
             if lagrangian > _FEASIBLE:
                 return False
             if not added:
