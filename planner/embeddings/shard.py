@@ -101,8 +101,9 @@ CHOICE_WORK = 500_000
 # generation whose pricing problems are small MILPs of ~0.03-0.3 s each, so it gets work only past
 # PATTERN_BOUND_FREE_S of time_limit_s, PATTERN_BOUND_PRICING_PER_S pricing solves per second beyond (about what
 # a 2-core x86 machine solves per second on HugeCTR on 64-128 GPUs); it runs where the plan is still more than
-# LNS_MIN_GAP above the bound, and tries the plan within LNS_MIN_GAP first. On DCNv2 on 64 A100s it certifies
-# that target (2.1812 ms; class bound 2.1668) with 1,443 pricing solves (its whole 3,000-solve run: 68.5 s of CPU).
+# LNS_MIN_GAP above the bound, and tries the plan within LNS_MIN_GAP first (with step 7, pattern_steps). With 3,000
+# pricing solves (time_limit_s=360) DCNv2 on 64 A100s certifies 2.192 ms (class bound 2.167, plan 2.247; 319 s of
+# CPU), HugeCTR on 32 A100 + 32 V100 gets a plan of 54.787 ms and a bound of 53.192 (173 s; BENCHMARKS.md).
 PATTERN_BOUND_FREE_S = 60.0
 PATTERN_BOUND_PRICING_PER_S = 10.0
 
