@@ -80,4 +80,5 @@ def test_step_7_keeps_only_a_faster_plan():
     if stepped.assignment is None:
         assert stepped.best_s == optimum * 1.1
     else:
-        assert stepped.best_s == pytest.approx(problem.makespan_s(stepped.assignment)) and stepped.best_s < optimum * 1.1
+        assert stepped.best_s == pytest.approx(problem.makespan_s(stepped.assignment))
+        assert stepped.best_s < optimum * 1.1

@@ -7,29 +7,29 @@ class's sums, while the excess is a convex function of each device's own loads. 
 node-wide (table-row-wise) tables of its node, and the data-parallel and row-wise tables every device carries.
 Tables of one kind (same rows, dim, pooling factor, element size) are interchangeable, so the LP is over kinds.
 
-For a target time T and a box of the quantities every device shares -- the ids each device sends (IS), the
-pooled bytes each device receives (PR) and, per class, the time of the global (data-parallel, row-wise) units
-every device of the class carries (G_c), all linear in the option choices -- and a *mode* (which global sharding types are chosen at all: each then costs every device its fused
-collective's latency), the LP asks for option counts per kind and devices per pattern (at most the devices of
-each class) that place every unit, using only patterns whose device time, with IS, PR and G at the box's low
-corner, is at most T. Every plan with slowest device below T gives a solution of the LP of the box that holds
-its IS, PR, G_c and mode (its devices' patterns, its option counts), so T is a valid lower bound when the LP of
-every box is infeasible. The boxes are split in two until each is infeasible or small (then T is not
-certified); the half that holds the LP's solution is tried first, so that where T is not certified a small
-feasible box (and its option counts, which pattern_primal.py turns into plans) is found sooner. Targets rise
-from the best bound known in steps of 0.5% while they are certified. Four aggregate
-rows bound the option counts directly: summed over devices, time = base + latency + compute + G + s x (max(IS,
-ids received) + 2 max(PR, pooled sent)) <= T, each max taken as its first term on every device or as the summed
-second terms; they let the master reject most boxes before any pricing. Four rows per class do the same over the
-class's devices with each pattern's own compute, latency, ids and pooled bytes (the pricing MILPs pay their duals
-too). Session 6: G was one side (the first class's; another class's floor its least ratio to it), but on mixed
-clusters that floor is far below what a slower class pays for small data-parallel tables (HugeCTR on 32 A100 + 32
-V100: least ratio 1.03, the plans' 2.1), and the LP put V100s on patterns 8% over T; with a side per class and the
-class rows, 53.25 ms is certified there (52.463 before; 3,668 pricing solves).
+For a target time T and a box of the quantities every device shares -- the ids each device sends (IS), the pooled
+bytes each device receives (PR) and, per class, the time of the global (data-parallel, row-wise) units every device
+of the class carries (G_c), all linear in the option choices -- and a *mode* (which global sharding types are chosen
+at all: each then costs every device its fused collective's latency), the LP asks for option counts per kind and
+devices per pattern (at most the devices of each class) that place every unit, using only patterns whose device
+time, with IS, PR and G at the box's low corner, is at most T. Every plan with slowest device below T gives a
+solution of the LP of the box that holds its IS, PR, G_c and mode (its devices' patterns, its option counts), so T
+is a valid lower bound when the LP of every box is infeasible. The boxes are split in two until each is infeasible
+or small (then T is not certified); the half that holds the LP's solution is tried first, so that where T is not
+certified a small feasible box (and its option counts, which pattern_primal.py turns into plans) is found sooner.
+Targets rise from the best bound known in steps of 0.5% while they are certified. Four aggregate rows bound the
+option counts directly: summed over devices, time = base + latency + compute + G + s x (max(IS, ids received) + 2
+max(PR, pooled sent)) <= T, each max taken as its first term on every device or as the summed second terms; they let
+the master reject most boxes before any pricing. Four rows per class do the same over the class's devices with each
+pattern's own compute, latency, ids and pooled bytes (the pricing MILPs pay their duals too). Session 6: G was one
+side (the first class's; another class's floor its least ratio to it), but on mixed clusters that floor is far below
+what a slower class pays for small data-parallel tables (HugeCTR on 32 A100 + 32 V100: least ratio 1.03, the plans'
+2.1), and the LP put V100s on patterns 8% over T; with a side per class and the class rows, 53.25 ms is certified
+there (52.463 before; 3,668 pricing solves).
 
-Cost: a pricing MILP takes 0.03-0.3 s. With one column per pricing solve, on HugeCTR on 128 A100s (14 kinds, 115 (kind, option) pairs) 3,000
-pricing solves (250 s of CPU) certify 13.514 ms (+2.0% over the class bound); on DCNv2 on 64 A100s 2,842
-solves (150 s) certify 2.1885 ms (+1.0%). shard_tables runs it only with a large budget
+Cost: a pricing MILP takes 0.03-0.3 s. With one column per pricing solve, on HugeCTR on 128 A100s (14 kinds, 115
+(kind, option) pairs) 3,000 pricing solves (250 s of CPU) certify 13.514 ms (+2.0% over the class bound); on DCNv2
+on 64 A100s 2,842 solves (150 s) certify 2.1885 ms (+1.0%). shard_tables runs it only with a large budget
 (shard.PATTERN_BOUND_FREE_S).
 
 Relaxations, each valid: global units are counted per class for memory and ids, not per device (their time is

@@ -16,9 +16,9 @@ turns such counts into option choices for the placement heuristics:
   up, else the next ones), solving the LP again after each; a kind that cannot be fixed is rounded at the end.
 
 The choices are only guides: the caller places each (greedy, local search, ruin and recreate, option search) and
-keeps a plan only if it is faster. On HugeCTR on 32 A100 + 32 V100 the bound's option counts (the class models
-pool the V100s' global units' time) leave the plans at 55.9 ms; a dive at 2.9% above the certified bound gives a
-choice placed at 54.56 ms. Work is counted in pricing solves, never the clock.
+keeps a plan only if it is faster. On HugeCTR on 32 A100 + 32 V100 the searches of steps 1-5 end at 55.864 ms;
+four dives (targets 1.00-1.03 times the box's) give choices placed at 54.787-55.5 ms (benchmark, 3,000 pricing
+solves for steps 6-7). Work is counted in column generation rounds, never the clock.
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ _FEASIBLE = 1e-6  # uncovered units below this: the LP is feasible
 
 @dataclass(frozen=True)
 class PrimalSettings:
-    """``targets``: the dives' targets, relative to the target the bound's last feasible box had; ``rounds``: column generation rounds (a
-    pricing MILP per class each) per LP solve; ``roundings``: how many roundings of a kind a dive tries before
-    leaving it to the end."""
+    """``targets``: the dives' targets, relative to the target the bound's last feasible box had; ``rounds``:
+    column generation rounds (a pricing MILP per class each) per LP solve; ``roundings``: how many roundings of a
+    kind a dive tries before leaving it to the end."""
 
     targets: tuple[float, ...] = (1.0, 1.01, 1.02, 1.03)
     rounds: int = 200
@@ -52,7 +52,8 @@ class PrimalSettings:
 class _Corner:
     ids_mb: float  # IS
     pooled_mb: float  # PR
-    per_class: tuple[tuple[float, float, float, float, float], ...]  # global (time us, HBM GB, host GB, ids MB, pooled MB)
+    # per class, the global units' (time us, HBM GB, host GB, ids MB received, pooled MB sent) on each device
+    per_class: tuple[tuple[float, float, float, float, float], ...]
     mode: int  # global sharding types chosen (bit mask over model.global_types)
 
 
@@ -64,7 +65,8 @@ class PrimalLP:
         self.model = bound.model
         self.settings = settings
         model = self.model
-        self.rows_of_kind = [[r for r, (k, _) in enumerate(model.rows) if k == kind] for kind in range(len(model.kinds))]
+        self.rows_of_kind = [[r for r, (k, _) in enumerate(model.rows) if k == kind]
+                             for kind in range(len(model.kinds))]
         self.local: list[tuple[int, tuple[int, ...]]] = []
         self._seen: set[tuple[int, tuple[int, ...]]] = set()
         for pattern in bound.patterns:
@@ -91,7 +93,8 @@ class PrimalLP:
             for name in ("hbm_gb", "host_gb", "ids_mb", "pooled_mb"):
                 totals.append(sum(counts[u.row] * getattr(u, name) for u in c.units if u.scope == "global"))
             per_class.append(tuple(v * grow for v in totals))
-        mode = sum(1 << j for j, g in enumerate(model.global_types) if sum(counts[r] for r in model.global_rows[g]) > 0.5)
+        mode = sum(1 << j for j, g in enumerate(model.global_types)
+                   if sum(counts[r] for r in model.global_rows[g]) > 0.5)
         return _Corner(float(model.ids_mb @ counts) * grow, float(model.pooled_mb @ counts) * grow, tuple(per_class),
                        mode)
 
@@ -209,7 +212,8 @@ class PrimalLP:
                           if k not in skipped and any(r not in fixed for r in kind_rows)]
             if not open_kinds:
                 break
-            k = max(open_kinds, key=lambda k: (sum(abs(counts[r] - round(counts[r])) for r in self.rows_of_kind[k]), -k))
+            k = max(open_kinds,
+                    key=lambda k: (sum(abs(counts[r] - round(counts[r])) for r in self.rows_of_kind[k]), -k))
             for rounding in _roundings(counts, self.rows_of_kind[k], self.model.kinds[k], self.settings.roundings):
                 trial = {**fixed, **rounding}
                 solved = self.solve(target_us, corner, trial)
