@@ -183,6 +183,10 @@ class _Model:
                 tuple(latency_us), tuple(units), tuple(shared_us)))
         return classes
 
+    def mode_latency_us(self, mode: int) -> float:
+        """The fused collectives' latency every device pays for the global sharding types of bit mask ``mode``."""
+        return float(sum(self.global_latency_us[g] for j, g in enumerate(self.global_types) if mode >> j & 1))
+
     def range_mb(self, values: np.ndarray) -> tuple[float, float]:
         """Least and most of a per-option quantity summed over the tables' choices."""
         low = high = 0.0
@@ -582,11 +586,7 @@ class PatternBound:
     def _shared_us(self, box) -> np.ndarray:
         """Per class: the least time every device spends on global units in ``box`` (its G side's low end, and
         the fused collectives' latency of the global sharding types its mode chooses)."""
-        return np.array([low for low, _ in _g_sides(box)]) + self._mode_latency_us(box[-1])
-
-    def _mode_latency_us(self, mode: int) -> float:
-        model = self.model
-        return float(sum(model.global_latency_us[g] for j, g in enumerate(model.global_types) if mode >> j & 1))
+        return np.array([low for low, _ in _g_sides(box)]) + self.model.mode_latency_us(box[-1])
 
     def _set_box(self, target_us: float, box) -> None:
         import highspy
@@ -601,7 +601,7 @@ class PatternBound:
                                         highspy.kHighsInf if mode >> j & 1 else 0.0)
         shared = self._shared_us(box)
         classes = self.model.classes
-        latency = self._mode_latency_us(mode)
+        latency = self.model.mode_latency_us(mode)
         room = sum(c.devices * (target_us - c.base_us - latency) for c in classes)
         for j in range(4):
             self.master.changeRowBounds(self.aggregate_rows + j, -highspy.kHighsInf, room)
@@ -675,9 +675,8 @@ class PatternBound:
         value = np.array([duals[self.global_row[(u.row, ci)]] if u.scope == "global" else
                           duals[self.cover_row[u.row]] * (1.0 if u.scope == "device" else u.per_table)
                           for u in c.units])
-        compute = np.array([u.compute_us for u in c.units])
-        ids = np.array([c.s_per_mb * u.ids_mb for u in c.units])
-        pooled = np.array([2.0 * c.s_per_mb * u.pooled_mb for u in c.units])
+        pricing = self._pricing[ci]  # the class's per-unit loads, as arrays
+        compute, ids, pooled = pricing.compute_us, c.s_per_mb * pricing.ids_mb, 2.0 * c.s_per_mb * pricing.pooled_mb
         value += sum(d[j] * (compute + (0.0 if j & 1 else ids) + (0.0 if j & 2 else pooled)) for j in range(4))
         return value, float(d.sum()) * np.array(c.latency_us)
 

@@ -30,7 +30,7 @@ from typing import Sequence
 import numpy as np
 
 from planner.embeddings.milp import quiet_highs
-from planner.embeddings.pattern_bound import PatternBound, _add_rows
+from planner.embeddings.pattern_bound import PatternBound, _add_rows, _Pattern
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,8 @@ class PrimalLP:
         self.rows_of_kind = [[r for r, (k, _) in enumerate(model.rows) if k == kind]
                              for kind in range(len(model.kinds))]
         self.local: list[tuple[int, tuple[int, ...]]] = []
-        self._seen: set[tuple[int, tuple[int, ...]]] = set()
+        # per local pattern: its loads (time terms, HBM GB, host GB), computed once
+        self._loads: dict[tuple[int, tuple[int, ...]], tuple[_Pattern, float, float]] = {}
         for pattern in bound.patterns:
             self._add(pattern.cls, pattern.counts)
 
@@ -77,8 +78,11 @@ class PrimalLP:
         added = False
         for keep in (("device", "node"), ("node",)):  # the pattern's local part, and its node-wide part alone
             key = (ci, tuple(int(n) if u.scope in keep else 0 for n, u in zip(counts, units)))
-            if key not in self._seen:
-                self._seen.add(key)
+            if key not in self._loads:
+                n = np.array(key[1], dtype=float)
+                self._loads[key] = (_Pattern.of(ci, self.model.classes[ci], key[1]),
+                                    float(n @ np.array([u.hbm_gb for u in units])),
+                                    float(n @ np.array([u.host_gb for u in units])))
                 self.local.append(key)
                 added = True
         return added
@@ -98,25 +102,17 @@ class PrimalLP:
         return _Corner(float(model.ids_mb @ counts) * grow, float(model.pooled_mb @ counts) * grow, tuple(per_class),
                        mode)
 
-    def _latency_us(self, mode: int) -> float:
-        model = self.model
-        return float(sum(model.global_latency_us[g] for j, g in enumerate(model.global_types) if mode >> j & 1))
-
     def time_us(self, ci: int, local: Sequence[int], corner: _Corner) -> float:
         """A device of class ``ci`` carrying ``local`` and every global unit, each shared quantity at its corner;
         inf when out of memory."""
         c = self.model.classes[ci]
         g_time, g_hbm, g_host, g_ids, g_pooled = corner.per_class[ci]
-        n = np.array(local, dtype=float)
-        if (n @ np.array([u.hbm_gb for u in c.units]) + g_hbm > c.hbm_gb * (1 + 1e-9)
-                or n @ np.array([u.host_gb for u in c.units]) + g_host > c.host_gb * (1 + 1e-9)):
+        pattern, hbm_gb, host_gb = self._loads[(ci, tuple(local))]
+        if hbm_gb + g_hbm > c.hbm_gb * (1 + 1e-9) or host_gb + g_host > c.host_gb * (1 + 1e-9):
             return np.inf
-        used = {u.latency for k, u in zip(local, c.units) if k and u.latency >= 0}
-        ids = float(n @ np.array([u.ids_mb for u in c.units])) + g_ids
-        pooled = float(n @ np.array([u.pooled_mb for u in c.units])) + g_pooled
-        return (c.base_us + sum(c.latency_us[j] for j in used) + self._latency_us(corner.mode) + g_time
-                + float(n @ np.array([u.compute_us for u in c.units]))
-                + c.s_per_mb * (max(corner.ids_mb, ids) + 2.0 * max(corner.pooled_mb, pooled)))
+        # max(IS, ids + g_ids) = g_ids + max(IS - g_ids, ids), and alike for the pooled bytes
+        return (pattern.time_us(c, corner.ids_mb - g_ids, corner.pooled_mb - g_pooled)
+                + c.s_per_mb * (g_ids + 2.0 * g_pooled) + self.model.mode_latency_us(corner.mode) + g_time)
 
     def solve(self, target_us: float, corner: _Corner, fixed: dict[int, int]) -> np.ndarray | None:
         """The option counts of a solution of the primal LP at ``target_us`` within ``corner`` (rows in ``fixed``
@@ -140,7 +136,7 @@ class PrimalLP:
                 g_time, g_hbm, _, g_ids, g_pooled = corner.per_class[ci]
                 value = np.array([0.0 if u.scope == "global" else
                                   duals[cover[u.row]] * (1.0 if u.scope == "device" else u.per_table) for u in c.units])
-                room = target_us - self._latency_us(corner.mode) - g_time - c.s_per_mb * (g_ids + 2.0 * g_pooled)
+                room = target_us - self.model.mode_latency_us(corner.mode) - g_time - c.s_per_mb * (g_ids + 2.0 * g_pooled)
                 found = self.bound.pricing(ci).best(value, np.zeros(len(c.latency_us)), room, corner.ids_mb - g_ids,
                                                     corner.pooled_mb - g_pooled, hbm_gb=c.hbm_gb - g_hbm)[0]
                 if found is not None and float(value @ np.array(found)) + duals[device_row + ci] > 1e-9:
