@@ -11,7 +11,7 @@ import pytest
 
 from planner.embeddings import shard
 from planner.embeddings.pattern_bound import PatternBound, PatternBoundSettings
-from planner.embeddings.pattern_primal import PrimalLP, choices
+from planner.embeddings.pattern_primal import PrimalLP, choices, without_node_units
 from test_embeddings_milp import brute_force_plan
 from test_embeddings_pattern_bound import CASES, EXACT, _class_lp_s, _small, _with_a_tiny_table
 
@@ -82,3 +82,39 @@ def test_step_7_keeps_only_a_faster_plan():
     else:
         assert stepped.best_s == pytest.approx(problem.makespan_s(stepped.assignment))
         assert stepped.best_s < optimum * 1.1
+
+
+def test_step_7_places_each_choice_by_device_configurations_too(monkeypatch):
+    # without the heuristics' placements, step 7 still finds a faster plan: the exact placement of a choice by
+    # device configurations (patterns.pattern_place), which it tries below the best plan so far
+    problem = _small(3)
+    optimum, _ = brute_force_plan(problem)
+    placed = []
+    original = shard.pattern_place
+
+    def spy(*args, **kwargs):
+        plan = original(*args, **kwargs)
+        placed.append(plan)
+        return plan
+
+    monkeypatch.setattr(shard, "_place_heuristically", lambda *args: None)
+    monkeypatch.setattr(shard, "pattern_place", spy)
+    stepped = shard.pattern_steps(problem, optimum * 1.1, _class_lp_s(problem), 2000)
+    assert placed and stepped.assignment is not None and stepped.assignment in placed
+    assert stepped.best_s == pytest.approx(problem.makespan_s(stepped.assignment))
+    assert optimum * (1 - 1e-9) <= stepped.best_s < optimum * 1.1
+    assert problem.fits(problem.evaluate(stepped.assignment))
+
+
+def test_variants_without_node_units_move_only_a_kinds_node_wide_tables():
+    problem = _small(0, mixed=False)  # two A100 nodes: table-row-wise is an option
+    node_option = {t: next(o for o, option in enumerate(problem.options[t]) if option.scope == "node")
+                   for t in range(len(problem.tables))}
+    choice = [node_option[0]] + [0] * (len(problem.tables) - 1)
+    variants = without_node_units(problem, choice)
+    shardings = sorted(problem.options[0][v[0]].sharding for v in variants)
+    assert shardings == ["data_parallel", "table_wise"]
+    assert all(v[1:] == choice[1:] and not problem.options[0][v[0]].host for v in variants)
+    device_wide = [next(o for o, option in enumerate(problem.options[t]) if option.scope == "device")
+                   for t in range(len(problem.tables))]
+    assert without_node_units(problem, device_wide) == []

@@ -33,7 +33,8 @@ from planner.embeddings.milp import (PIGEONHOLE_MAX_VARIABLES, Bins, SolveResult
 from planner.embeddings.neighbourhood import LnsSettings, improve
 from planner.embeddings.pattern_bound import PatternBound, PatternBoundSettings
 from planner.embeddings.pattern_primal import choices as pattern_choices
-from planner.embeddings.patterns import ChoiceSettings, improve_choice
+from planner.embeddings.pattern_primal import without_node_units
+from planner.embeddings.patterns import ChoiceSettings, PatternSettings, improve_choice, pattern_place
 from planner.embeddings.problem import Problem, build_problem, even_split
 from planner.errors import ConfigError, InfeasibleError
 from planner.plan import EmbeddingPlacement, EmbeddingShard
@@ -106,6 +107,19 @@ CHOICE_WORK = 500_000
 # CPU), HugeCTR on 32 A100 + 32 V100 gets a plan of 54.787 ms and a bound of 53.192 (173 s; BENCHMARKS.md).
 PATTERN_BOUND_FREE_S = 60.0
 PATTERN_BOUND_PRICING_PER_S = 10.0
+# Step 7 also places each choice, and its variants without node-wide tables (pattern_primal.without_node_units),
+# exactly by device configurations (patterns.pattern_place), until one beats the best plan so far, with more
+# configurations and HiGHS checks than step 3d's (it places a few choices, not thousands of trial changes): on
+# HugeCTR on 128 A100s the LP's choices need 30,000-40,000 configurations, and the first MILP of the one that
+# places is not shown feasible within step 3d's 20 checks (30 do). More checks are not safe: the checks come
+# ever further apart on some of these MILPs (another variant there: 34 s of CPU at 20 checks, over 4 minutes at
+# 30 after a better plan was found -- hence the stop at the first success). The plan found then gets the option
+# search by kind (step 3d's descent, no kicks) with 60 checks per trial. There, from the 60 s budget's plan of
+# 14.153 ms: the LP's first choice with its 10-row tables data-parallel places at 13.968 ms, and the search
+# takes it to 13.907 ms (about 260 s of CPU).
+STEP7_PATTERNS = PatternSettings(configurations=100_000, checks=30, steps=4)
+STEP7_CHOICE = ChoiceSettings(work=3_000_000, start=PatternSettings(configurations=100_000, checks=30, steps=4),
+                              pattern=PatternSettings(configurations=100_000, checks=60), kicks=0)
 
 
 @dataclass(frozen=True)
@@ -319,28 +333,49 @@ def pattern_steps(problem: Problem, best_s: float, bound_s: float, pricing: int)
     """(6) The bound from device patterns with ``pricing`` pricing solves, first at the plan within LNS_MIN_GAP
     (``best_s``); where that fails, (7) option choices from the pattern LP's box it failed on (pattern_primal.py:
     the LP with exact per-device global units, its option counts fixed by diving), each placed by the greedy, local
-    search, ruin and recreate and the option search by kind, at the default budget's work); if one is faster, the
+    search, ruin and recreate and the option search by kind, at the default budget's work; then each, and its
+    variants without node-wide tables, placed exactly by device configurations until one beats the best plan so
+    far (STEP7_PATTERNS); the best plan found gets the option search by kind (STEP7_CHOICE). If one is faster, the
     bound tries the new plan within LNS_MIN_GAP first; then the bound's steps with what is left."""
     patterns = PatternBound(problem, PatternBoundSettings(pricing_solves=pricing))
     goal_s = _goal_s(best_s)
     if bound_s < goal_s and patterns.goal(goal_s):
         return PatternSteps(None, best_s, patterns.steps(goal_s, best_s), pricing - patterns.pricing_left)
     found, found_s = None, best_s
-    for choice in pattern_choices(patterns):
-        state = greedy(problem, choice, Work(HEURISTIC_WORK))
-        if state is None:
-            continue
-        candidate = rebuild(problem, local_search(state).assignment(), Work(REBUILD_WORK))
-        candidate = improve_choice(problem, candidate, bound_s, [choice], ChoiceSettings(work=CHOICE_WORK))
-        value = problem.makespan_s(candidate)
+
+    def keep(candidate: Assignment | None) -> bool:
+        nonlocal found, found_s
+        value = problem.makespan_s(candidate) if candidate is not None else np.inf
         log.debug("pattern choice placed at %.6f s (best %.6f s)", value, found_s)
         if value < found_s * (1 - 1e-9):
             found, found_s = candidate, value
+            return True
+        return False
+
+    starts = []
+    for choice in pattern_choices(patterns):
+        keep(_place_heuristically(problem, choice, bound_s))
+        starts += [choice] + without_node_units(problem, choice)
+    for start in starts:  # until one places below the best plan so far
+        if keep(pattern_place(problem, start, bound_s, found_s, STEP7_PATTERNS)):
+            break
+    if found is not None:
+        keep(improve_choice(problem, found, bound_s, (), STEP7_CHOICE))
     start_s = bound_s
     goal_s = _goal_s(found_s)
     if found is not None and bound_s < goal_s and patterns.goal(goal_s):
         start_s = goal_s
     return PatternSteps(found, found_s, patterns.steps(start_s, found_s), pricing - patterns.pricing_left)
+
+
+def _place_heuristically(problem: Problem, choice: Sequence[int], bound_s: float) -> Assignment | None:
+    """Option ``choice`` placed by the greedy, local search, ruin and recreate and the option search by kind, at
+    the default budget's work; None when the greedy finds no placement within memory."""
+    state = greedy(problem, choice, Work(HEURISTIC_WORK))
+    if state is None:
+        return None
+    candidate = rebuild(problem, local_search(state).assignment(), Work(REBUILD_WORK))
+    return improve_choice(problem, candidate, bound_s, [choice], ChoiceSettings(work=CHOICE_WORK))
 
 
 def _goal_s(best_s: float) -> float:
