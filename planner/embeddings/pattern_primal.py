@@ -15,10 +15,13 @@ turns such counts into option choices for the placement heuristics:
 - A *dive* fixes the option counts kind by kind (the most fractional kind first; the largest remainders rounded
   up, else the next ones), solving the LP again after each; a kind that cannot be fixed is rounded at the end.
 
-The choices are only guides: the caller places each (greedy, local search, ruin and recreate, option search) and
-keeps a plan only if it is faster. On HugeCTR on 32 A100 + 32 V100 the searches of steps 1-5 end at 55.864 ms;
-four dives (targets 1.00-1.03 times the box's) give choices placed at 54.787-55.5 ms (benchmark, 3,000 pricing
-solves for steps 6-7). Work is counted in column generation rounds, never the clock.
+The choices are only guides: the caller places each (greedy, local search, ruin and recreate, option search), and
+each and its variants without node-wide tables (:func:`without_node_units`) exactly by device configurations,
+and keeps a plan only if it is faster. On HugeCTR on 32 A100 + 32 V100 the searches of steps 1-5 end at 55.864
+ms; four dives (targets 1.00-1.03 times the box's) give choices the heuristics place at 54.787-55.5 ms, and the
+exact placement at 54.683 ms. On 128 A100s no choice places below the 60 s budget's 14.153 ms, while a variant
+with the 10-row tables data-parallel places at 13.968 ms (3,000 pricing solves for steps 6-7). Work is counted
+in column generation rounds, never the clock.
 """
 
 from __future__ import annotations

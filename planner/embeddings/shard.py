@@ -8,8 +8,9 @@ kind, each placed exactly by device configurations (planner/embeddings/patterns.
 the MILP with nodes as bins (a stronger bound still); (5) the exact per-device MILP on small instances,
 started from the best plan so far; (6) with a large budget, the bound of the configuration LP over device
 patterns (planner/embeddings/pattern_bound.py), first at the plan within 3%; where that fails, (7) option
-choices from that LP's last feasible box (planner/embeddings/pattern_primal.py), placed by the heuristics, and
-the bound's steps from the better plan. A budget past the default first runs steps (1)-(5) at the
+choices from that LP's last feasible box (planner/embeddings/pattern_primal.py), placed by the heuristics and,
+with their variants without node-wide tables, exactly by device configurations, the best then improved by the
+option search, and the bound's steps from the better plan. A budget past the default first runs steps (1)-(5) at the
 default budget and starts its own steps from that plan where it is better, so it is never slower than the
 default's. Every step is bounded by a count of work, not by the clock, so the answer does not depend on the
 machine's speed. The result reports the slowest device's time, the best proven lower bound, and the gap between
@@ -103,8 +104,8 @@ CHOICE_WORK = 500_000
 # PATTERN_BOUND_FREE_S of time_limit_s, PATTERN_BOUND_PRICING_PER_S pricing solves per second beyond (about what
 # a 2-core x86 machine solves per second on HugeCTR on 64-128 GPUs); it runs where the plan is still more than
 # LNS_MIN_GAP above the bound, and tries the plan within LNS_MIN_GAP first (with step 7, pattern_steps). With 3,000
-# pricing solves (time_limit_s=360) DCNv2 on 64 A100s certifies 2.192 ms (class bound 2.167, plan 2.247; 319 s of
-# CPU), HugeCTR on 32 A100 + 32 V100 gets a plan of 54.787 ms and a bound of 53.192 (173 s; BENCHMARKS.md).
+# pricing solves (time_limit_s=360) DCNv2 on 64 A100s certifies 2.192 ms (class bound 2.167, plan 2.247; 333 s of
+# CPU), HugeCTR on 32 A100 + 32 V100 gets a plan of 54.683 ms and a bound of 53.090 (215 s; BENCHMARKS.md).
 PATTERN_BOUND_FREE_S = 60.0
 PATTERN_BOUND_PRICING_PER_S = 10.0
 # Step 7 also places each choice, and its variants without node-wide tables (pattern_primal.without_node_units),
@@ -116,7 +117,7 @@ PATTERN_BOUND_PRICING_PER_S = 10.0
 # 30 after a better plan was found -- hence the stop at the first success). The plan found then gets the option
 # search by kind (step 3d's descent, no kicks) with 60 checks per trial. There, from the 60 s budget's plan of
 # 14.153 ms: the LP's first choice with its 10-row tables data-parallel places at 13.968 ms, and the search
-# takes it to 13.907 ms (about 260 s of CPU).
+# takes it to 13.907 ms (about 250 s of CPU for the search).
 STEP7_PATTERNS = PatternSettings(configurations=100_000, checks=30, steps=4)
 STEP7_CHOICE = ChoiceSettings(work=3_000_000, start=PatternSettings(configurations=100_000, checks=30, steps=4),
                               pattern=PatternSettings(configurations=100_000, checks=60), kicks=0)
@@ -145,8 +146,9 @@ def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Se
 
     ``memory_budget_bytes`` gives the bytes per device left for embeddings (default: the device's memory).
     ``time_limit_s`` sets how much work the search may do (the work limits above, scaled by time_limit_s / 10);
-    the search never reads the clock, so the same input gives the same plan whatever the machine's speed, and
-    the wall time is about ``time_limit_s`` or less on the reference workloads (2-core x86).
+    the search never reads the clock, so the same input gives the same plan whatever the machine's speed. The
+    wall time is about ``time_limit_s`` or less on the reference workloads (2-core x86) up to 60, but not past
+    it: at 360, HugeCTR on 128 GPUs ran over 25 minutes (steps 1-5 at 36 times the default work, then 6-7).
     ``seed`` is accepted for API symmetry; the search is deterministic (ties broken by index).
     """
     del seed
