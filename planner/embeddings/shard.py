@@ -113,7 +113,7 @@ PATTERN_BOUND_PRICING_PER_S = 10.0
 # configurations and HiGHS checks than step 3d's (it places a few choices, not thousands of trial changes): on
 # HugeCTR on 128 A100s the LP's choices need 30,000-40,000 configurations, and the first MILP of the one that
 # places is not shown feasible within step 3d's 20 checks (30 do). More checks are not safe: the checks come
-# ever further apart on some of these MILPs (another variant there: 34 s of CPU at 20 checks, over 4 minutes at
+# ever further apart on some of these MILPs (another variant there: 34 s of CPU at 20 checks, over 3 minutes at
 # 30 after a better plan was found -- hence the stop at the first success). The plan found then gets the option
 # search by kind (step 3d's descent, no kicks) with 60 checks per trial. There, from the 60 s budget's plan of
 # 14.153 ms: the LP's first choice with its 10-row tables data-parallel places at 13.968 ms, and the search
