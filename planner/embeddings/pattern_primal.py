@@ -278,11 +278,8 @@ def without_node_units(problem: Problem, choice: Sequence[int]) -> list[list[int
         if not node_wide:
             continue
         for sharding in ("data_parallel", "table_wise"):
-            options = [o for o, option in enumerate(problem.options[node_wide[0]])
-                       if option.sharding == sharding and not option.host]
-            if options:
-                variant = list(choice)
-                for t in node_wide:
-                    variant[t] = options[0]
-                variants.append(variant)
+            other = next((o for o, option in enumerate(problem.options[node_wide[0]])
+                          if option.sharding == sharding and not option.host), None)
+            if other is not None:
+                variants.append([other if t in node_wide else o for t, o in enumerate(choice)])
     return variants

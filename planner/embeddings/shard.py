@@ -119,7 +119,7 @@ PATTERN_BOUND_PRICING_PER_S = 10.0
 # 14.153 ms: the LP's first choice with its 10-row tables data-parallel places at 13.968 ms, and the search
 # takes it to 13.907 ms (about 250 s of CPU for the search).
 STEP7_PATTERNS = PatternSettings(configurations=100_000, checks=30, steps=4)
-STEP7_CHOICE = ChoiceSettings(work=3_000_000, start=PatternSettings(configurations=100_000, checks=30, steps=4),
+STEP7_CHOICE = ChoiceSettings(work=3_000_000, start=STEP7_PATTERNS,
                               pattern=PatternSettings(configurations=100_000, checks=60), kicks=0)
 
 
