@@ -45,6 +45,32 @@ def test_dlrm_plan_has_sharded_tables(tmp_path):
         assert bytes_used + dense.get(device, 0.0) <= capacities(cluster)[device]
 
 
+def test_time_limit_reaches_the_table_sharder(tmp_path, monkeypatch):
+    """``plan(..., time_limit_s=S)`` (``planner plan --time-limit S``) gives the sharder S of work; no limit
+    gives it the default budget."""
+    import importlib
+
+    attach_module = importlib.import_module("planner.embeddings.attach")
+    from planner.embeddings.shard import DEFAULT_TIME_LIMIT_S
+
+    path = tmp_path / "dlrm.onnx"
+    save(build("dlrm", {"tables": REFERENCE, "workload": "criteo-kaggle-dlrm"}), str(path))
+    model = load_model(str(path), dims={"batch": 1})
+    cluster = load_cluster("dgx-a100-80gb*2")
+    tables = load_tables(REFERENCE, "criteo-kaggle-dlrm")
+    budgets: list[float] = []
+    real = attach_module.shard_tables
+
+    def spy(*args, **kwargs):
+        budgets.append(kwargs["time_limit_s"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(attach_module, "shard_tables", spy)
+    plan(model, cluster, 65536, time_limit_s=3, tables=tables)
+    plan(model, cluster, 65536, tables=tables)
+    assert budgets == [3, DEFAULT_TIME_LIMIT_S]
+
+
 def test_cli_table_that_fits_nowhere_exits_2(tmp_path, capsys):
     import json
 

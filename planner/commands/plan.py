@@ -21,7 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top", type=positive_int, default=1, metavar="K", help="also list the K-1 next best plans")
     parser.add_argument("--time-limit", type=positive_seconds, metavar="S",
                         help="stop searching after S seconds, once a plan is found (the plan then says whether it "
-                             "is proven optimal, and its lower bound)")
+                             "is proven optimal, and its lower bound); for a model with embedding tables, also the "
+                             "table sharder's work budget per plan (default 10; 60 gets closer to its bound)")
     parser.add_argument("--budget", type=positive_int, metavar="N",
                         help="stop searching after N work units (layouts partitioned plus plans timed), "
                              "once a plan is found: like --time-limit, but the same result on any machine")

@@ -17,7 +17,7 @@ from os import PathLike
 from typing import Mapping, Sequence
 
 from planner.embeddings.problem import table_optimizer
-from planner.embeddings.shard import EmbeddingResult, shard_tables
+from planner.embeddings.shard import DEFAULT_TIME_LIMIT_S, EmbeddingResult, shard_tables
 from planner.embeddings.tables import load_tables
 from planner.plan import Plan
 from planner.types import Cluster, EmbeddingTable, LayerGraph
@@ -25,7 +25,7 @@ from planner.types import Cluster, EmbeddingTable, LayerGraph
 
 def attach_embeddings(plan: Plan, model_tables: Sequence[EmbeddingTable], cluster: Cluster, global_batch: int,
                       memory_used_per_device: Mapping[int, float], *, devices: Sequence[int] | None = None,
-                      optimizer: str = "adagrad", time_limit_s: float = 10.0, seed: int = 0,
+                      optimizer: str = "adagrad", time_limit_s: float = DEFAULT_TIME_LIMIT_S, seed: int = 0,
                       allow_host: bool = True) -> Plan:
     """A copy of ``plan`` with the tables sharded, ``breakdown["embedding_s"]`` set, the iteration time and
     throughput including the embedding time, and ``search.embedding_lower_bound_s`` filled."""
@@ -65,10 +65,12 @@ def _budget(cluster: Cluster, used: Mapping[int, float], devices: Sequence[int] 
     return {d: float(dev.hbm_capacity_bytes[i]) - float(used.get(d, 0.0)) for i, d in enumerate(dev.ids)}
 
 
-def attach(plan: Plan, model: LayerGraph, cluster: Cluster, tables=None, *, time_limit_s: float = 10.0) -> Plan:
+def attach(plan: Plan, model: LayerGraph, cluster: Cluster, tables=None, *,
+           time_limit_s: float | None = None) -> Plan:
     """The search's hook (planner.search.api): shard ``tables`` (EmbeddingTables, a table-file path, or None
     for the model's own tables) on the plan's devices, with the memory each device's stage leaves free and
-    the plan's optimizer (sgd, adam, adagrad or rowwise_adagrad)."""
+    the plan's optimizer (sgd, adam, adagrad or rowwise_adagrad). ``time_limit_s`` is the sharder's work
+    budget (shard_tables); None gives the default, DEFAULT_TIME_LIMIT_S."""
     if tables is None:
         chosen = tuple(model.embedding_tables)
     elif isinstance(tables, (str, PathLike)):
@@ -83,4 +85,4 @@ def attach(plan: Plan, model: LayerGraph, cluster: Cluster, tables=None, *, time
                 used[device] = max(used.get(device, 0.0), float(group.memory_bytes_per_device))
     optimizer = table_optimizer(plan.optimizer)
     return attach_embeddings(plan, chosen, cluster, plan.global_batch, used, optimizer=optimizer,
-                             time_limit_s=time_limit_s)
+                             time_limit_s=DEFAULT_TIME_LIMIT_S if time_limit_s is None else time_limit_s)

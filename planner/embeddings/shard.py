@@ -138,9 +138,12 @@ class EmbeddingResult:
     optimizer: str = "adagrad"
 
 
+DEFAULT_TIME_LIMIT_S = 10.0  # the work budget when none is given (planner plan without --time-limit)
+
+
 def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Sequence[int] | None,
                  global_batch: int, *, optimizer: str = "adagrad",
-                 memory_budget_bytes: Mapping[int, float] | None = None, time_limit_s: float = 10.0,
+                 memory_budget_bytes: Mapping[int, float] | None = None, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
                  seed: int = 0, allow_host: bool = True) -> EmbeddingResult:
     """Shard ``tables`` over ``devices`` of ``cluster`` (all when None) for ``global_batch`` samples.
 

@@ -56,7 +56,9 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
 
     ``time_limit_s`` (wall clock) and ``budget`` (work units: layouts whose partition is solved plus plans
     timed by the cost model; the same on any machine) stop the search early, but only once it holds a
-    plan; the result then says whether it is still proven optimal and its lower bound. With no time limit
+    plan; the result then says whether it is still proven optimal and its lower bound. For a model with
+    sparse embedding tables, ``time_limit_s`` is also the embedding sharder's work budget per plan
+    (planner.embeddings.shard_tables; default 10 s of work, deterministic). With no time limit
     the search is deterministic (``seed`` is accepted for API stability; nothing is random)."""
     del seed
     if global_batch <= 0:
@@ -97,8 +99,9 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
         built.append(to_plan(model, cluster, cand.spec, cand.estimate, info, bottleneck(cand.estimate, m)))
     if sparse:
         from planner import embeddings  # placement of sparse tables (imported only for models that have them)
+        # --time-limit also sets the sharder's work budget (deterministic: work limits, not the clock)
         built = [embeddings.attach(dataclasses.replace(p, model=_model_summary(p, full_model)), full_model, cluster,
-                                   sparse) for p in built]
+                                   sparse, time_limit_s=time_limit_s) for p in built]
         # the bottleneck sentence weighs the embeddings' share of the joined iteration
         built = [dataclasses.replace(p, bottleneck=bottleneck(c.estimate, c.settings.num_micro_batches(global_batch),
                                                               float(p.breakdown.get("embedding_s", 0.0))))
