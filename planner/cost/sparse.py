@@ -20,8 +20,6 @@ from planner.cost.estimator import estimate as dense_estimate
 from planner.errors import InfeasibleError
 from planner.types import Cluster, EmbeddingTable, Estimate, LayerGraph, ParallelConfig
 
-EMBEDDING_TIME_LIMIT_S = 10.0  # the table placement's own search limit, as a plan's attach uses
-
 
 def tables_are_sparse(model: LayerGraph) -> bool:
     """Whether the model's own tables are sparse (placed model-parallel) rather than a pipeline layer's."""
@@ -56,6 +54,7 @@ def estimate(model: LayerGraph, cluster: Cluster, config: ParallelConfig, calibr
 
 def _with_tables(dense: Estimate, sparse: Sequence[EmbeddingTable], cluster: Cluster, global_batch: int) -> Estimate:
     from planner.embeddings import shard_tables  # noqa: PLC0415
+    from planner.embeddings.shard import DEFAULT_TIME_LIMIT_S  # noqa: PLC0415 - a plan's default budget, too
     from planner.embeddings.problem import table_optimizer  # noqa: PLC0415
 
     used: dict[int, float] = {}
@@ -69,7 +68,7 @@ def _with_tables(dense: Estimate, sparse: Sequence[EmbeddingTable], cluster: Clu
     optimizer = table_optimizer(dense.config.optimizer)
     try:
         result = shard_tables(sparse, cluster, sorted(used), global_batch, optimizer=optimizer,
-                              memory_budget_bytes=budget, time_limit_s=EMBEDDING_TIME_LIMIT_S)
+                              memory_budget_bytes=budget, time_limit_s=DEFAULT_TIME_LIMIT_S)
     except InfeasibleError as exc:  # reported as the estimate's verdict, like a stage that does not fit
         return dataclasses.replace(dense, feasible=False, reason=dense.reason or f"embedding tables: {exc}")
     iteration = dense.iteration_time_s + result.embedding_time_s
