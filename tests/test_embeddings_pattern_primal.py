@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from planner.embeddings import shard
+from planner.embeddings.heuristic import Work, greedy
 from planner.embeddings.pattern_bound import PatternBound, PatternBoundSettings
 from planner.embeddings.pattern_primal import PrimalLP, choices, without_node_units
 from test_embeddings_milp import brute_force_plan
@@ -72,16 +73,43 @@ def test_choices_follow_the_last_feasible_box():
     assert found and all(0 <= o < len(problem.options[t]) for choice in found for t, o in enumerate(choice))
 
 
+def _first_option_plan(problem):
+    """A plan to start steps 6-7 from: every table's first option, placed by the greedy alone."""
+    state = greedy(problem, [0] * len(problem.tables), Work(np.inf))
+    assert state is not None
+    return state.assignment(), state.makespan()
+
+
 def test_step_7_keeps_only_a_faster_plan():
     problem = _small(3)
-    optimum, plan = brute_force_plan(problem)
-    stepped = shard.pattern_steps(problem, optimum * 1.1, _class_lp_s(problem), 2000)
+    optimum, _ = brute_force_plan(problem)
+    start, start_s = _first_option_plan(problem)
+    stepped = shard.pattern_steps(problem, start, start_s, _class_lp_s(problem), 2000)
     assert stepped.bound_s <= optimum * (1 + 1e-9)
     if stepped.assignment is None:
-        assert stepped.best_s == optimum * 1.1
+        assert stepped.best_s == start_s
     else:
         assert stepped.best_s == pytest.approx(problem.makespan_s(stepped.assignment))
-        assert stepped.best_s < optimum * 1.1
+        assert optimum * (1 - 1e-9) <= stepped.best_s < start_s
+        assert problem.fits(problem.evaluate(stepped.assignment))
+
+
+def test_steps_6_7_start_with_the_option_search_from_the_plan(monkeypatch):
+    # the option search by kind (STEP7_CHOICE) runs first, from the plan given; what it finds is kept
+    problem = _small(3)
+    start, start_s = _first_option_plan(problem)
+    calls = []
+    original = shard.improve_choice
+
+    def spy(problem_, assignment, *args, **kwargs):
+        calls.append(assignment)
+        return original(problem_, assignment, *args, **kwargs)
+
+    monkeypatch.setattr(shard, "improve_choice", spy)
+    stepped = shard.pattern_steps(problem, start, start_s, _class_lp_s(problem), 2000)
+    assert calls and calls[0] == start
+    searched = original(problem, start, _class_lp_s(problem), (), shard.STEP7_CHOICE)
+    assert stepped.best_s <= problem.makespan_s(searched) * (1 + 1e-9)
 
 
 def test_step_7_places_each_choice_by_device_configurations_too(monkeypatch):
@@ -97,12 +125,14 @@ def test_step_7_places_each_choice_by_device_configurations_too(monkeypatch):
         placed.append(plan)
         return plan
 
+    start, start_s = _first_option_plan(problem)
     monkeypatch.setattr(shard, "_place_heuristically", lambda *args: None)
+    monkeypatch.setattr(shard, "improve_choice", lambda problem_, assignment, *args: assignment)
     monkeypatch.setattr(shard, "pattern_place", spy)
-    stepped = shard.pattern_steps(problem, optimum * 1.1, _class_lp_s(problem), 2000)
+    stepped = shard.pattern_steps(problem, start, start_s, _class_lp_s(problem), 2000)
     assert placed and stepped.assignment is not None and stepped.assignment in placed
     assert stepped.best_s == pytest.approx(problem.makespan_s(stepped.assignment))
-    assert optimum * (1 - 1e-9) <= stepped.best_s < optimum * 1.1
+    assert optimum * (1 - 1e-9) <= stepped.best_s < start_s
     assert problem.fits(problem.evaluate(stepped.assignment))
 
 

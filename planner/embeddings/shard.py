@@ -6,8 +6,9 @@ its choice without them); (3) greedy + local search guided by each, then ruin-an
 then (3c) a large-neighbourhood search of exact sub-MILPs on up to 32 devices, (3d) option changes by table
 kind, each placed exactly by device configurations (planner/embeddings/patterns.py); (4) on clusters of a few nodes,
 the MILP with nodes as bins (a stronger bound still); (5) the exact per-device MILP on small instances,
-started from the best plan so far; (6) with a large budget, the bound of the configuration LP over device
-patterns (planner/embeddings/pattern_bound.py), first at the plan within 3%; where that fails, (7) option
+started from the best plan so far; (6) with a large budget, the option search by kind again with more work
+and configurations, then the bound of the configuration LP over device patterns
+(planner/embeddings/pattern_bound.py), first at the plan within 3%; where that fails, (7) option
 choices from that LP's last feasible box (planner/embeddings/pattern_primal.py), placed by the heuristics and,
 with their variants without node-wide tables, exactly by device configurations, the best then improved by the
 option search, and the bound's steps from the better plan. A budget past the default first runs steps (1)-(5) at the
@@ -168,26 +169,12 @@ def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Se
         raise ConfigError(f"embedding table {dup!r} appears twice; table names must be unique")
     dev = device_arrays(cluster, devices, memory_budget_bytes, allow_host)
     problem = build_problem(tables, dev, global_batch, optimizer)
-    effort = time_limit_s / 10.0
-    default = None
-    if effort > 1.0:
-        # a larger budget first finds the default budget's plan and starts its own search from it where that
-        # is better, so more time never gives a slower plan than the default (each step's search depends on its
-        # start: on HugeCTR on 128 A100s 6x the work of every step alone gave 14.394 ms, the default 14.195 ms)
-        default = _search(problem, 1.0, None)
-    if default is not None and default.proven:
-        found = default
-    else:
-        found = _search(problem, effort, default.assignment if default is not None else None)
-        if default is not None:
-            found = found._replace(bound_s=max(found.bound_s, default.bound_s))
-            if default.assignment is not None and found.best_s >= default.best_s:  # nothing better
-                found = default._replace(bound_s=found.bound_s, proven=found.proven or default.proven)
+    found = search_steps(problem, time_limit_s)
     assignment, bound, best, method, proven = found
     # (6)-(7) the bound from device patterns, and option choices from its LP, with a large budget
     pricing = int(PATTERN_BOUND_PRICING_PER_S * (time_limit_s - PATTERN_BOUND_FREE_S))
     if assignment is not None and pricing > 0 and best > bound * (1 + LNS_MIN_GAP) and not proven:
-        stepped = pattern_steps(problem, best, bound, pricing)
+        stepped = pattern_steps(problem, assignment, best, bound, pricing)
         bound = max(bound, stepped.bound_s)
         if stepped.assignment is not None:
             assignment, best, method = stepped.assignment, stepped.best_s, "heuristic"
@@ -215,6 +202,27 @@ def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Se
         solve_time_s=time.perf_counter() - start,
         optimizer=optimizer,
     )
+
+
+def search_steps(problem: Problem, time_limit_s: float) -> "_Found":
+    """Steps (1)-(5) at the work of ``time_limit_s`` (see shard_tables); past the default budget, from the
+    default budget's plan."""
+    effort = time_limit_s / 10.0
+    default = None
+    if effort > 1.0:
+        # a larger budget first finds the default budget's plan and starts its own search from it where that
+        # is better, so more time never gives a slower plan than the default (each step's search depends on its
+        # start: on HugeCTR on 128 A100s 6x the work of every step alone gave 14.394 ms, the default 14.195 ms)
+        default = _search(problem, 1.0, None)
+    if default is not None and default.proven:
+        found = default
+    else:
+        found = _search(problem, effort, default.assignment if default is not None else None)
+        if default is not None:
+            found = found._replace(bound_s=max(found.bound_s, default.bound_s))
+            if default.assignment is not None and found.best_s >= default.best_s:  # nothing better
+                found = default._replace(bound_s=found.bound_s, proven=found.proven or default.proven)
+    return found
 
 
 class _Found(NamedTuple):
@@ -334,18 +342,16 @@ class PatternSteps(NamedTuple):
     pricing_used: int
 
 
-def pattern_steps(problem: Problem, best_s: float, bound_s: float, pricing: int) -> PatternSteps:
-    """(6) The bound from device patterns with ``pricing`` pricing solves, first at the plan within LNS_MIN_GAP
-    (``best_s``); where that fails, (7) option choices from the pattern LP's box it failed on (pattern_primal.py:
+def pattern_steps(problem: Problem, assignment: Assignment, best_s: float, bound_s: float,
+                  pricing: int) -> PatternSteps:
+    """First the option search by kind (STEP7_CHOICE) from ``assignment``, the plan of steps 1-5 (``best_s``).
+    (6) The bound from device patterns with ``pricing`` pricing solves, first at the best plan within
+    LNS_MIN_GAP; where that fails, (7) option choices from the pattern LP's box it failed on (pattern_primal.py:
     the LP with exact per-device global units, its option counts fixed by diving), each placed by the greedy, local
     search, ruin and recreate and the option search by kind, at the default budget's work; then each, and its
     variants without node-wide tables, placed exactly by device configurations until one beats the best plan so
-    far (STEP7_PATTERNS); the best plan found gets the option search by kind (STEP7_CHOICE). If one is faster, the
+    far (STEP7_PATTERNS); a plan found there gets the option search by kind (STEP7_CHOICE). If one is faster, the
     bound tries the new plan within LNS_MIN_GAP first; then the bound's steps with what is left."""
-    patterns = PatternBound(problem, PatternBoundSettings(pricing_solves=pricing))
-    goal_s = _goal_s(best_s)
-    if bound_s < goal_s and patterns.goal(goal_s):
-        return PatternSteps(None, best_s, patterns.steps(goal_s, best_s), pricing - patterns.pricing_left)
     found, found_s = None, best_s
 
     def keep(candidate: Assignment | None) -> bool:
@@ -357,6 +363,12 @@ def pattern_steps(problem: Problem, best_s: float, bound_s: float, pricing: int)
             return True
         return False
 
+    keep(improve_choice(problem, assignment, bound_s, (), STEP7_CHOICE))
+    searched = found
+    patterns = PatternBound(problem, PatternBoundSettings(pricing_solves=pricing))
+    tried_s = _goal_s(found_s)
+    if bound_s < tried_s and patterns.goal(tried_s):
+        return PatternSteps(found, found_s, patterns.steps(tried_s, found_s), pricing - patterns.pricing_left)
     starts = []
     for choice in pattern_choices(patterns):
         keep(_place_heuristically(problem, choice, bound_s))
@@ -364,11 +376,11 @@ def pattern_steps(problem: Problem, best_s: float, bound_s: float, pricing: int)
     for start in starts:  # until one places below the best plan so far
         if keep(pattern_place(problem, start, bound_s, found_s, STEP7_PATTERNS)):
             break
-    if found is not None:
+    if found is not searched:
         keep(improve_choice(problem, found, bound_s, (), STEP7_CHOICE))
     start_s = bound_s
     goal_s = _goal_s(found_s)
-    if found is not None and bound_s < goal_s and patterns.goal(goal_s):
+    if goal_s < tried_s and bound_s < goal_s and patterns.goal(goal_s):
         start_s = goal_s
     return PatternSteps(found, found_s, patterns.steps(start_s, found_s), pricing - patterns.pricing_left)
 
