@@ -156,3 +156,31 @@ def test_a_larger_budget_starts_from_the_default_budgets_plan(monkeypatch):
     assert larger.embedding_time_s == pytest.approx(best_s, rel=1e-12)
     assert larger.placements == shard_module.placements(seen["problem"], plan)
     assert larger.lower_bound_s == pytest.approx(bound_s, rel=1e-12) and larger.method == method
+
+
+def test_past_60_s_the_extra_budget_goes_to_steps_6_7(monkeypatch):
+    # steps 1-5 get at most 60 s worth of work (6x the default's); the rest becomes pricing solves of the
+    # pattern bound and option choices (steps 6-7), 10 per second past 60
+    from planner.embeddings import shard as shard_module
+
+    tables = tuple(EmbeddingTable(f"t{i}", 10_000 * (i + 1), 64, 10.0 + 5 * i) for i in range(8))
+    c = cluster((small_node(A100, 2), 2))
+    search = shard_module._search
+    efforts, pricing = [], []
+
+    def not_proven(problem, effort, seed):
+        efforts.append(effort)
+        found = search(problem, effort, seed)
+        # reported 5% above its bound and not proven, so that steps 6-7 run
+        return found._replace(bound_s=found.best_s / 1.05, proven=False)
+
+    def steps(problem, assignment, best_s, bound_s, solves):
+        pricing.append(solves)
+        return shard_module.PatternSteps(None, best_s, bound_s, 0)
+
+    monkeypatch.setattr(shard_module, "_search", not_proven)
+    monkeypatch.setattr(shard_module, "pattern_steps", steps)
+    result = shard_tables(tables, c, None, 16384, time_limit_s=360)
+    check_result(result, tables, c)
+    assert efforts == [1.0, 6.0]
+    assert pricing == [3000]

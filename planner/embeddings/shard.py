@@ -149,10 +149,11 @@ def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Se
     """Shard ``tables`` over ``devices`` of ``cluster`` (all when None) for ``global_batch`` samples.
 
     ``memory_budget_bytes`` gives the bytes per device left for embeddings (default: the device's memory).
-    ``time_limit_s`` sets how much work the search may do (the work limits above, scaled by time_limit_s / 10);
-    the search never reads the clock, so the same input gives the same plan whatever the machine's speed. The
-    wall time is about ``time_limit_s`` or less on the reference workloads (2-core x86) up to 60, but not past
-    it: at 360, HugeCTR on 128 GPUs ran over 25 minutes (steps 1-5 at 36 times the default work, then 6-7).
+    ``time_limit_s`` sets how much work the search may do (the work limits above, scaled by time_limit_s / 10,
+    up to 60; past 60 the rest goes to steps 6-7, PATTERN_BOUND_PRICING_PER_S pricing solves per second); the
+    search never reads the clock, so the same input gives the same plan whatever the machine's speed. The wall
+    time is about ``time_limit_s`` or less on the reference workloads (2-core x86) up to 60; past it, steps 6-7
+    take what the bound needs (see benchmarks/results/embeddings.md).
     ``seed`` is accepted for API symmetry; the search is deterministic (ties broken by index).
     """
     del seed
@@ -205,9 +206,9 @@ def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Se
 
 
 def search_steps(problem: Problem, time_limit_s: float) -> "_Found":
-    """Steps (1)-(5) at the work of ``time_limit_s`` (see shard_tables); past the default budget, from the
-    default budget's plan."""
-    effort = time_limit_s / 10.0
+    """Steps (1)-(5) at the work of ``time_limit_s`` (see shard_tables), at most PATTERN_BOUND_FREE_S's (the rest
+    of a larger budget goes to steps 6-7); past the default budget, from the default budget's plan."""
+    effort = min(time_limit_s, PATTERN_BOUND_FREE_S) / 10.0
     default = None
     if effort > 1.0:
         # a larger budget first finds the default budget's plan and starts its own search from it where that
