@@ -51,3 +51,17 @@ def check_result(result, tables, cluster: Cluster, optimizer: str = "adagrad",
     assert result.lower_bound_s <= result.embedding_time_s * (1 + 1e-9)
     assert result.gap >= 0
     assert max(result.per_device_time_s.values()) == __import__("pytest").approx(result.embedding_time_s)
+
+
+def check_plan_memory(problem, assignment) -> None:
+    """An internal plan (Problem, assignment) within every device's memory, recomputed here from its shards (rows x
+    cols x dtype bytes x optimizer factor), not from the planner's own loads."""
+    from types import SimpleNamespace
+
+    from planner.embeddings.shard import placements
+
+    placed = SimpleNamespace(placements=placements(problem, assignment))  # what recomputed_memory reads
+    used = recomputed_memory(placed, {t.name: t for t in problem.tables}, problem.optimizer)
+    capacity = {int(d): float(problem.dev.hbm_capacity_bytes[i]) for i, d in enumerate(problem.dev.ids)}
+    for device, bytes_used in used.items():
+        assert bytes_used <= capacity[device] * (1 + 1e-9), (device, bytes_used, capacity[device])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from embedding_checks import check_plan_memory
 from embedding_fixtures import GiB, cluster, node, small_node
 from planner.embeddings.devices import device_arrays
 from planner.embeddings.heuristic import Work, greedy
@@ -54,7 +55,7 @@ def test_whole_cluster_neighbourhood_reaches_the_brute_force_optimum(seed, monke
     plan = solve_neighbourhood(problem, start, hood, checks=100_000)
     assert plan is not None
     best = brute_force(problem)
-    assert problem.fits(problem.evaluate(plan))
+    check_plan_memory(problem, plan)
     assert float(_times(problem, plan).max()) == pytest.approx(best, rel=1e-6)
     assert seen[0] == pytest.approx(best, rel=1e-6)
 
@@ -93,7 +94,7 @@ def test_search_never_returns_a_worse_plan_and_fits_memory(seed):
     problem = _instance(seed, memory_bytes=2 * GiB)
     start = _greedy_start(problem, seed)
     assert start is not None
-    assert problem.fits(problem.evaluate(start))
+    check_plan_memory(problem, start)
     plan = improve(problem, start, LnsSettings(work=300_000, checks=30))
     loads = problem.evaluate(plan)
     assert problem.fits(loads)
@@ -108,7 +109,7 @@ def test_search_improves_a_deliberately_bad_start():
     problem = _instance(7)
     start = _bad_start(problem)  # every table-wise table on device 0
     plan = improve(problem, start, LnsSettings(work=300_000, checks=30))
-    assert problem.fits(problem.evaluate(plan))
+    check_plan_memory(problem, plan)
     assert float(_times(problem, plan).max()) < 0.8 * float(_times(problem, start).max())
 
 

@@ -9,6 +9,7 @@ import functools
 import numpy as np
 import pytest
 
+from embedding_checks import check_plan_memory
 from planner.embeddings import shard
 from planner.embeddings.heuristic import Work, greedy
 from planner.embeddings.pattern_bound import PatternBound, PatternBoundSettings
@@ -91,7 +92,7 @@ def test_step_7_keeps_only_a_faster_plan():
     else:
         assert stepped.best_s == pytest.approx(problem.makespan_s(stepped.assignment))
         assert optimum * (1 - 1e-9) <= stepped.best_s < start_s
-        assert problem.fits(problem.evaluate(stepped.assignment))
+        check_plan_memory(problem, stepped.assignment)
 
 
 def test_steps_6_7_start_with_the_option_search_from_the_plan(monkeypatch):
@@ -133,7 +134,7 @@ def test_step_7_places_each_choice_by_device_configurations_too(monkeypatch):
     assert placed and stepped.assignment is not None and stepped.assignment in placed
     assert stepped.best_s == pytest.approx(problem.makespan_s(stepped.assignment))
     assert optimum * (1 - 1e-9) <= stepped.best_s < start_s
-    assert problem.fits(problem.evaluate(stepped.assignment))
+    check_plan_memory(problem, stepped.assignment)
 
 
 def test_variants_without_node_units_move_only_a_kinds_node_wide_tables():

@@ -8,6 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
+from embedding_checks import check_plan_memory
 from embedding_fixtures import GiB, cluster, node, small_node, small_problem
 from planner.embeddings.devices import device_arrays
 from planner.embeddings import patterns
@@ -60,7 +61,7 @@ def test_configuration_placement_reaches_the_brute_force_optimum_at_a_fixed_choi
     plan = pattern_place(problem, choice, 0.0, best * 1.05, EXACT)
     assert plan is not None
     assert [o for o, _ in plan] == choice
-    assert problem.fits(problem.evaluate(plan))
+    check_plan_memory(problem, plan)
     assert _slowest(problem, plan) == pytest.approx(best, rel=1e-9)
     assert min(met) == pytest.approx(best, rel=1e-9)
     # nothing beats the optimum: asked for a plan below it, the placement says there is none
@@ -162,7 +163,7 @@ def test_option_search_reaches_the_brute_force_optimum_of_one_kind(seed):
                     and not option.host)
     start = tuple((row_wise, (0,)) for _ in tables)
     plan = improve_choice(problem, start, 0.0, settings=ChoiceSettings(work=10 ** 7, pattern=EXACT))
-    assert problem.fits(problem.evaluate(plan))
+    check_plan_memory(problem, plan)
     assert _slowest(problem, plan) == pytest.approx(brute_force(problem), rel=1e-6)
 
 
@@ -175,7 +176,7 @@ def test_iterated_local_search_goes_past_where_the_descent_stops(seed, work):
     start = _greedy_start(problem, seed)
     descent = improve_choice(problem, start, 0.0, settings=ChoiceSettings(work=work, kicks=0))
     plan = improve_choice(problem, start, 0.0, settings=ChoiceSettings(work=work))
-    assert problem.fits(problem.evaluate(plan))
+    check_plan_memory(problem, plan)
     assert _slowest(problem, plan) < _slowest(problem, descent) * (1 - 1e-3)
     assert improve_choice(problem, start, 0.0, settings=ChoiceSettings(work=work)) == plan
 
@@ -216,7 +217,7 @@ def test_option_search_judges_by_the_greedy_where_configurations_are_too_many(se
     monkeypatch.setattr(patterns, "greedy", spy)
     plan = improve_choice(problem, start, 0.0, settings=settings)
     assert calls
-    assert problem.fits(problem.evaluate(plan))
+    check_plan_memory(problem, plan)
     assert _slowest(problem, plan) < _slowest(problem, start) * 0.9
     assert improve_choice(problem, start, 0.0, settings=settings) == plan
 
