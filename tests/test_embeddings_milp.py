@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from embedding_checks import check_result
+from embedding_checks import check_plan_memory, check_result
 from embedding_fixtures import cluster, node, small_node
 from planner.embeddings import shard_tables
 from planner.embeddings.devices import device_arrays
@@ -243,6 +243,7 @@ def test_the_exact_milp_starts_from_a_given_plan():
     cold = solve(problem, device_bins(problem), integer=True, work_limit=1)
     warm = solve(problem, device_bins(problem), integer=True, work_limit=1, incumbent=start)
     assert warm.assignment is not None and warm.objective_s <= value * (1 + 1e-6)
+    check_plan_memory(problem, warm.assignment)
     assert cold.assignment is None or cold.objective_s >= warm.objective_s * (1 - 1e-9)
 
 
