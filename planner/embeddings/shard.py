@@ -208,7 +208,7 @@ def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Se
     )
 
 
-def search_steps(problem: Problem, time_limit_s: float) -> "_Found":
+def search_steps(problem: Problem, time_limit_s: float) -> _Found:
     """Steps (1)-(5) at the work of ``time_limit_s`` (see shard_tables), at most PATTERN_BOUND_FREE_S's (the rest
     of a larger budget goes to steps 6-7); past the default budget, from the default budget's plan."""
     effort = min(time_limit_s, PATTERN_BOUND_FREE_S) / 10.0
