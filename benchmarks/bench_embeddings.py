@@ -41,7 +41,7 @@ from planner.types import Cluster, DeviceGroup, EmbeddingTable  # noqa: E402
 from embedding_checks import capacities, recomputed_memory  # noqa: E402
 from torchrec_greedy import torchrec_greedy  # noqa: E402
 
-REFERENCE = ROOT.parent / "shared" / "reference" / "embedding_workloads.json"
+REFERENCE = ROOT / "benchmarks" / "data" / "embedding_workloads.json"
 GLOBAL_BATCH = 65536
 OPTIMIZER = "adagrad"
 TIME_LIMIT_S = 10.0

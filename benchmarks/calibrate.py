@@ -3,7 +3,7 @@
     python benchmarks/calibrate.py            # table of predicted vs measured, in-sample and leave-one-out
     python benchmarks/calibrate.py --fit      # also rewrite planner/data/calibration.yaml with the full fit
 
-Runs: ../shared/reference/calibration_runs.json (Megatron-LM on A100, SC'21 Table 1; Megatron-Core on H100).
+Runs: benchmarks/data/calibration_runs.json (Megatron-LM on A100, SC'21 Table 1; Megatron-Core on H100).
 Each run's model is built with ``planner.builders`` (GPT family) and imported with ``planner.graph``; the
 estimate uses the run's tp, pp, dp, global batch and recompute; what the source leaves open (micro-batch,
 recompute "unknown", sequence parallelism, ZeRO) resolves to the best feasible choice, as ``planner
@@ -40,7 +40,7 @@ from planner.graph import import_model_proto  # noqa: E402
 from planner.hardware import catalog, load_cluster  # noqa: E402
 from planner.types import ParallelConfig  # noqa: E402
 
-RUNS_PATH = ROOT.parent / "shared" / "reference" / "calibration_runs.json"
+RUNS_PATH = ROOT / "benchmarks" / "data" / "calibration_runs.json"
 # fitted parameter: (lower bound, upper bound)
 FITTED = {
     "gemm_scale": (0.3, 1.5),
@@ -113,7 +113,7 @@ def write_calibration(fits: dict[str, DeviceCalibration], runs_by_device: dict[s
     lines = [
         "# Per-device-type efficiency parameters of the cost model (planner/cost/calibration.py).",
         f"# Fitted by `python benchmarks/calibrate.py --fit` on {time.strftime('%Y-%m-%d', time.gmtime())} to the",
-        "# measured iteration times of ../shared/reference/calibration_runs.json:",
+        "# measured iteration times of benchmarks/data/calibration_runs.json:",
     ]
     for device, ids in sorted(runs_by_device.items()):
         lines.append(f"#   {device}: {', '.join(ids)}")

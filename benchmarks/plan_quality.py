@@ -4,7 +4,7 @@
     python benchmarks/plan_quality.py mixed [--time-limit S]       # mixed clusters vs baselines
     ... --markdown FILE appends the tables to FILE
 
-published: for each run of ../shared/reference/calibration_runs.json, the published configuration (tp, pp, dp,
+published: for each run of benchmarks/data/calibration_runs.json, the published configuration (tp, pp, dp,
 global batch, recompute, ZeRO as stated; the rest resolved to the best choice by ``planner.cost.estimate``) is
 timed by the cost model, and so is the plan the search returns for the same model, cluster and batch.
 Two times for the published configuration: with the 1F1B schedule, and with the best schedule ``estimate``
@@ -43,7 +43,7 @@ from planner.hardware import load_cluster  # noqa: E402
 from planner.search import search  # noqa: E402
 from planner.types import ParallelConfig, PipelineSpec, ReplicaSpec, StageSpec  # noqa: E402
 
-REFERENCE = ROOT.parent / "shared" / "reference" / "calibration_runs.json"
+REFERENCE = ROOT / "benchmarks" / "data" / "calibration_runs.json"
 
 
 def gpt(layers: int, hidden: int, heads: int, seq: int = 2048, vocab: int = 51200, ffn: int | None = None):

@@ -10,7 +10,7 @@ planner models build llama --out llama2-7b.onnx
 planner models build bert --out bert-base.onnx
 python - <<'PY'
 import json
-ref = json.load(open("../../shared/reference/embedding_workloads.json"))
+ref = json.load(open("../benchmarks/data/embedding_workloads.json"))
 crit = next(w for w in ref["workloads"] if w["name"] == "criteo-kaggle-dlrm")
 json.dump({"tables": crit["tables"]}, open("criteo-tables.json", "w"), indent=1)
 PY

@@ -1,6 +1,6 @@
 """planner: a parallelism-strategy planner and cost-model optimizer for deep-learning training.
 
-Python API (see ../shared/CONTRACT.md)::
+Python API (documented in docs/api.md)::
 
     import planner
     model = planner.load_model("gpt.onnx", dims={"batch": 1, "seq": 2048})

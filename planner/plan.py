@@ -1,6 +1,6 @@
 """The Plan: what the search returns and what every exporter reads (Plan JSON, schema_version 1).
 
-Field names follow ../shared/CONTRACT.md; extra fields are allowed. ``Plan.to_json`` is deterministic
+Field names follow the user-facing contract (docs/api.md); extra fields are allowed. ``Plan.to_json`` is deterministic
 (sorted keys, fixed float formatting through ``json``) and ``Plan.from_json`` round-trips it.
 
 The JSON Schema ships in the package as ``planner/schemas/plan.schema.json`` (``planner schema`` prints it).

@@ -16,7 +16,7 @@ from onnx import helper, numpy_helper
 from planner.builders import FAMILIES, build, resolve_settings, save
 from planner.errors import ConfigError
 
-REFERENCE = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "reference", "embedding_workloads.json")
+REFERENCE = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "data", "embedding_workloads.json")
 TINY = {"layers": 2, "hidden": 64, "heads": 4, "vocab": 100, "seq_len": 16, "dropout": 0}
 
 

@@ -14,7 +14,7 @@ from planner.embeddings import attach_embeddings, load_tables, shard_tables
 from planner.export.torchrec import torchrec_plan
 from planner.plan import Plan, validate
 
-REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "embedding_workloads.json"
+REFERENCE = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "embedding_workloads.json"
 
 
 def dense_only() -> Plan:

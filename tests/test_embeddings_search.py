@@ -11,7 +11,7 @@ from planner.graph import load_model
 from planner.hardware import load_cluster
 from planner.search import plan
 
-REFERENCE = str(Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "embedding_workloads.json")
+REFERENCE = str(Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "embedding_workloads.json")
 
 
 def test_dlrm_plan_has_sharded_tables(tmp_path):

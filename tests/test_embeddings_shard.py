@@ -15,7 +15,7 @@ from planner.embeddings import load_tables, shard_tables
 from planner.errors import InfeasibleError, PlannerError
 from planner.types import EmbeddingTable
 
-REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "embedding_workloads.json"
+REFERENCE = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "embedding_workloads.json"
 A100 = node("dgx-a100-80gb")
 V100 = node("hgx-v100-32gb")
 

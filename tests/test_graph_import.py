@@ -233,7 +233,7 @@ def test_builder_dlrm_layers(interaction):
 
     from planner.builders import build
 
-    tables = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "reference", "embedding_workloads.json")
+    tables = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "data", "embedding_workloads.json")
     model = build("dlrm", {"tables": tables, "workload": "mlperf-dlrm-dcnv2", "interaction": interaction})
     graph = import_model_proto(model)
     kinds = [(layer.name, layer.kind) for layer in graph.layers]
