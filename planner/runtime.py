@@ -1,0 +1,115 @@
+"""Training runtimes: the software stack a plan runs on, as an input beside the cluster.
+
+A device profile says what the hardware can do; a :class:`Runtime` says what the training framework does
+with it: which communication it overlaps with which computation, which attention kernel it runs, how its
+optimizer lays out state, and which parallel configurations it can run at all. The cost model reads the
+runtime for every one of these facts; nothing about the software stack lives in a device file or in the
+calibration.
+
+``RUNTIMES`` holds the built-in ones; ``get_runtime(name)`` looks one up (unknown names raise
+``ConfigError`` naming the choices). ``DEFAULT_RUNTIME`` is what a user of today would run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.errors import ConfigError, suggest
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What a training framework overlaps, which kernels it runs, how it keeps optimizer state, and what it
+    can run. Every field states a behaviour of the framework (its documentation or code is in ``source``)."""
+
+    name: str
+    description: str
+    source: str
+    # --- what overlaps with what
+    # bucketed gradient reduction runs during the backward pass of the last micro-batch (Megatron-Core
+    # --overlap-grad-reduce, DeepSpeed overlap_comm, FSDP's per-layer reduce-scatter); False: after it
+    overlap_grad_reduce: bool
+    # the parameter all-gather of a sharded optimizer (ZeRO-1/2) overlaps the next iteration's forward
+    # (Megatron-Core --overlap-param-gather); False: it runs exposed after the optimizer step
+    overlap_param_gather: bool
+    # tensor-parallel collectives overlapped with the GEMMs they feed (Transformer Engine userbuffers,
+    # Megatron-Core --tp-comm-overlap); False: they run between the GEMMs
+    tp_comm_overlap: bool
+    # gradient-reduction bucket size in parameters (the last bucket cannot overlap the backward)
+    grad_bucket_params: int
+    # ZeRO-3 / FSDP: how many layers ahead a rank gathers parameters (1 = the next layer)
+    zero3_prefetch_layers: int
+    # --- kernels
+    # "flash": FlashAttention (no seq^2 tensor in memory, nothing for selective recompute to save);
+    # "fused-softmax": the attention scores in memory, scale-mask-softmax fused in one kernel;
+    # "unfused": every attention operation a separate kernel, as the ONNX graph is written
+    attention: str
+    # --- optimizer state layout
+    # bytes per parameter of the gradient buffer the optimizer reads: fp32 "main grads" (4) or the
+    # training dtype's width (0 = same as the weights)
+    main_grad_bytes: int
+    # --- what it can run
+    zero_stages: tuple[int, ...]
+    max_pipeline_zero: int  # the highest ZeRO stage combined with pp > 1
+    interleaved: bool  # Megatron's interleaved (virtual-pipeline) 1F1B schedule
+    tensor_parallel: bool
+    pipeline_parallel: bool
+
+
+RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
+    Runtime(
+        name="megatron-lm-2021",
+        description="Megatron-LM as in Narayanan et al. SC'21: local DDP, gradients all-reduced after the "
+                    "backward pass, fused scale-mask-softmax, no distributed optimizer",
+        source="Narayanan et al., SC'21, Sections 3-4 (gradient all-reduce after the pipeline flush); "
+               "Megatron-LM v2.5 megatron/model/fused_softmax.py, megatron/model/distributed.py",
+        overlap_grad_reduce=False, overlap_param_gather=False, tp_comm_overlap=False,
+        grad_bucket_params=40_000_000, zero3_prefetch_layers=1, attention="fused-softmax", main_grad_bytes=4,
+        zero_stages=(0,), max_pipeline_zero=0, interleaved=True, tensor_parallel=True, pipeline_parallel=True),
+    Runtime(
+        name="megatron-core",
+        description="Megatron-Core with Transformer Engine: distributed optimizer (ZeRO-1), overlapped "
+                    "gradient reduce-scatter and parameter all-gather, tp-comm overlap, FlashAttention",
+        source="Megatron-Core docs, distributed optimizer (bf16 params, fp32 main grads: 6 + 12/d bytes per "
+               "parameter) and DistributedDataParallelConfig (bucket_size max(40M, 1M x dp)); Megatron-LM "
+               "README performance table (overlap-grad-reduce, overlap-param-gather, tp-comm-overlap)",
+        overlap_grad_reduce=True, overlap_param_gather=True, tp_comm_overlap=True,
+        grad_bucket_params=40_000_000, zero3_prefetch_layers=1, attention="flash", main_grad_bytes=4,
+        zero_stages=(0, 1), max_pipeline_zero=1, interleaved=True, tensor_parallel=True, pipeline_parallel=True),
+    Runtime(
+        name="deepspeed",
+        description="DeepSpeed ZeRO 0-3 with overlap_comm; pipeline only with ZeRO 0-1, no interleaved "
+                    "schedule, no tensor parallelism of its own",
+        source="DeepSpeed config docs (zero_optimization: reduce_bucket_size 5e8, overlap_comm, "
+               "stage3_prefetch_bucket_size); deepspeed/runtime/pipe/engine.py (ZeRO-2/3 not supported with "
+               "pipeline parallelism); DeepSpeed has no virtual-pipeline schedule",
+        overlap_grad_reduce=True, overlap_param_gather=False, tp_comm_overlap=False,
+        grad_bucket_params=500_000_000, zero3_prefetch_layers=1, attention="flash", main_grad_bytes=4,
+        zero_stages=(0, 1, 2, 3), max_pipeline_zero=1, interleaved=False, tensor_parallel=False,
+        pipeline_parallel=True),
+    Runtime(
+        name="pytorch-fsdp2",
+        description="PyTorch FSDP2 (fully_shard, as torchtitan runs it): per-layer all-gather with one layer "
+                    "prefetched and per-layer reduce-scatter, DTensor tensor parallelism, "
+                    "torch.distributed.pipelining schedules including interleaved 1F1B",
+        source="PyTorch docs torch.distributed.fsdp.fully_shard (reshard_after_forward, implicit prefetch); "
+               "torchtitan docs (FSDP2 + TP + PP, Interleaved1F1B); ZeRO-2 = reshard_after_forward=False",
+        overlap_grad_reduce=True, overlap_param_gather=True, tp_comm_overlap=False,
+        grad_bucket_params=0, zero3_prefetch_layers=1, attention="flash", main_grad_bytes=0,
+        zero_stages=(0, 2, 3), max_pipeline_zero=3, interleaved=True, tensor_parallel=True,
+        pipeline_parallel=True),
+)}
+
+DEFAULT_RUNTIME = "megatron-core"
+ATTENTION_KERNELS = ("flash", "fused-softmax", "unfused")
+
+
+def get_runtime(name: str | Runtime | None = None) -> Runtime:
+    """The runtime called ``name`` (``None``: the default); a Runtime passes through."""
+    if isinstance(name, Runtime):
+        return name
+    key = DEFAULT_RUNTIME if name is None else str(name).strip().lower()
+    runtime = RUNTIMES.get(key)
+    if runtime is None:
+        raise ConfigError(f"runtime {name!r} is not one of {', '.join(RUNTIMES)}{suggest(key, RUNTIMES)}")
+    return runtime
