@@ -20,6 +20,7 @@ from importlib import resources
 from typing import Any
 
 from planner.errors import PlannerError
+from planner.runtime import DEFAULT_RUNTIME
 from planner.types import Cluster
 
 SCHEMA_VERSION = 1
@@ -109,6 +110,7 @@ class Plan:
     sequence_parallel: bool = False
     optimizer: str = "adam"
     dtype: str = "bf16"
+    runtime: str = DEFAULT_RUNTIME
     memory_per_device_bytes: float = 0.0
     bottleneck: str = ""  # one sentence: what limits this plan and why
     physical_bound_s: float = 0.0  # total FLOPs / summed peak FLOP/s of the devices used

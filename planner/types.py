@@ -24,6 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from planner.runtime import DEFAULT_RUNTIME
+
 # ----------------------------------------------------------------------------------------------- graph
 
 
@@ -206,7 +208,8 @@ class ParallelConfig:
     sequence_parallel: bool | None = None
     schedule: str | None = None  # "1f1b" | "interleaved" | "gpipe"
     optimizer: str = "adam"  # "adam" | "sgd" | "adagrad"
-    dtype: str = "bf16"
+    dtype: str | None = None  # "fp32" | "tf32" | "bf16" | "fp16" | "fp8"; None: bf16 (fp16 where bf16 is missing)
+    runtime: str | None = None  # the training stack (planner.runtime.RUNTIMES); None: DEFAULT_RUNTIME
 
 
 @dataclass(frozen=True)
@@ -245,6 +248,7 @@ class PipelineSpec:
     schedule: str = "1f1b"
     optimizer: str = "adam"
     dtype: str = "bf16"
+    runtime: str = DEFAULT_RUNTIME
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,8 @@ from typing import Any
 
 from planner.assignments import split_assignments
 from planner.errors import ConfigError
+from planner.hardware.efficiency import DTYPE_FALLBACK
+from planner.runtime import DEFAULT_RUNTIME, RUNTIMES
 from planner.types import ParallelConfig
 
 RECOMPUTE_CHOICES = ("none", "selective", "full")
@@ -98,10 +100,15 @@ def add_config_flags(parser: argparse.ArgumentParser, required: bool = False) ->
     parser.add_argument("--vpp", type=positive_int, help="virtual pipeline stages per device (interleaved schedule)")
     parser.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage")
     parser.add_argument("--recompute", choices=RECOMPUTE_CHOICES, help="activation recomputation")
-    parser.add_argument("--sequence-parallel", action="store_true", default=None,
-                        help="shard layer-norm/dropout activations across the tensor-parallel group")
+    parser.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None,
+                        help="shard layer-norm/dropout activations across the tensor-parallel group "
+                             "(default: on when tp > 1)")
     parser.add_argument("--schedule", choices=("1f1b", "interleaved", "gpipe"), help="pipeline schedule")
     parser.add_argument("--optimizer", choices=("adam", "sgd", "adagrad"), default="adam")
+    parser.add_argument("--runtime", choices=tuple(RUNTIMES),
+                        help=f"training stack (default: {DEFAULT_RUNTIME})")
+    parser.add_argument("--dtype", choices=tuple(DTYPE_FALLBACK),
+                        help="training dtype (default: bf16, or fp16 on devices without bf16)")
 
 
 def config_from_args(args: argparse.Namespace, defaults_to_one: bool = True) -> ParallelConfig:
@@ -120,4 +127,6 @@ def config_from_args(args: argparse.Namespace, defaults_to_one: bool = True) -> 
         sequence_parallel=args.sequence_parallel,
         schedule=args.schedule,
         optimizer=args.optimizer,
+        dtype=args.dtype,
+        runtime=args.runtime,
     )

@@ -32,6 +32,7 @@ from planner.cost.comm import tp_collective_time_s
 from planner.cost.memory import check_recompute, dtype_bytes, transformer_activation_bytes
 from planner.errors import ConfigError
 from planner.hardware.efficiency import gemm_efficiency, memory_time_s, peak_flops_per_s
+from planner.runtime import Runtime, get_runtime
 from planner.types import DeviceProfile, Layer, LayerGraph, NodeProfile, OpCost
 
 
@@ -232,12 +233,12 @@ def _signatures(model: LayerGraph) -> tuple[int, ...]:
 
 
 def _one_layer(layer: Layer, node: NodeProfile, tp: int, mb: int, recompute: str, sp: bool, dtype: str,
-               cal: DeviceCalibration, signature: int | None = None) -> _OneLayer:
+               cal: DeviceCalibration, runtime: Runtime, signature: int | None = None) -> _OneLayer:
     """One layer's costs, cached by the layer's signature (its numbers, not its name): a model's repeated
     blocks are computed once."""
     if signature is None:
         signature = _SIGNATURE_IDS.setdefault(_layer_signature(layer), len(_SIGNATURE_IDS))
-    args = (signature, tp, mb, recompute, sp, dtype, cal)
+    args = (signature, tp, mb, recompute, sp, dtype, cal, runtime)
     hit = _ONE_LAYER_CACHE.get((node,), args)
     if hit is not None:
         return hit  # type: ignore[return-value]
@@ -250,8 +251,8 @@ def _one_layer(layer: Layer, node: NodeProfile, tp: int, mb: int, recompute: str
 
 
 def _layer_costs(model: LayerGraph, node: NodeProfile, tp: int, micro_batch: int, recompute: str,
-                 sequence_parallel: bool, dtype: str, cal: DeviceCalibration) -> LayerCosts:
-    rows = [_one_layer(layer, node, tp, micro_batch, recompute, sequence_parallel, dtype, cal, signature)
+                 sequence_parallel: bool, dtype: str, cal: DeviceCalibration, runtime: Runtime) -> LayerCosts:
+    rows = [_one_layer(layer, node, tp, micro_batch, recompute, sequence_parallel, dtype, cal, runtime, signature)
             for layer, signature in zip(model.layers, _signatures(model))]
     n = len(rows)
     forward = np.empty(n)
@@ -285,11 +286,12 @@ def _layer_costs(model: LayerGraph, node: NodeProfile, tp: int, micro_batch: int
 
 def layer_costs(model: LayerGraph, node: NodeProfile, tp: int, micro_batch: int, recompute: str,
                 sequence_parallel: bool, dtype: str = "bf16",
-                calibration: DeviceCalibration | None = None) -> LayerCosts:
+                calibration: DeviceCalibration | None = None, runtime: Runtime | str | None = None) -> LayerCosts:
     """Costs of every layer of ``model`` for one micro-batch on one rank of a ``tp``-way group of ``node``.
 
     Cached: the search takes prefix sums of these arrays. ``calibration`` overrides the fitted parameters
-    of the node's device type (``benchmarks/calibrate.py`` uses it while fitting)."""
+    of the node's device type (``benchmarks/calibrate.py`` uses it while fitting); ``runtime`` is the
+    training stack (``planner.runtime``; None: the default)."""
     if tp < 1:
         raise ConfigError(f"tp={tp} must be at least 1")
     check_recompute(recompute)
@@ -297,7 +299,7 @@ def layer_costs(model: LayerGraph, node: NodeProfile, tp: int, micro_batch: int,
         raise ConfigError(f"micro_batch={micro_batch} must be at least 1")
     dtype_bytes(dtype)  # validates the name
     cal = calibration if calibration is not None else calibration_for(node.device.name)
-    args = (tp, micro_batch, recompute, bool(sequence_parallel and tp > 1), dtype, cal)
+    args = (tp, micro_batch, recompute, bool(sequence_parallel and tp > 1), dtype, cal, get_runtime(runtime))
     hit = _LAYER_COSTS_CACHE.get((model, node), args)
     if hit is None:
         hit = _layer_costs(model, node, *args)

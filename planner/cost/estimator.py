@@ -39,8 +39,9 @@ from planner.cost.schedule import SCHEDULES, pipeline_time
 from planner.cost.validate import check_config, divisors, pipeline_units
 from planner.errors import ConfigError
 from planner.hardware.cluster import locate
-from planner.hardware.efficiency import runnable_dtype
+from planner.hardware.efficiency import resolve_dtype
 from planner.hardware.collectives import p2p_time_s
+from planner.runtime import Runtime, get_runtime
 from planner.types import (Breakdown, Cluster, Estimate, LayerGraph, MemoryBreakdown, NodeProfile,
                            ParallelConfig, PipelineSpec, ReplicaEstimate, ReplicaSpec, StageEstimate, StageSpec)
 
@@ -136,10 +137,11 @@ class _Placement:
     zero3_gather_s: np.ndarray
     optimizer: str
     dtype: str
+    runtime: Runtime
 
 
 def _placement(model: LayerGraph, cluster: Cluster, stages: tuple[StageSpec, ...], optimizer: str, dtype: str,
-               calibrations: Calibrations | None) -> _Placement:
+               calibrations: Calibrations | None, runtime: Runtime) -> _Placement:
     rows, nodes, cals, row_stage, groups, stage_dp, row_dp = [], [], [], [], [], [], []
     params, largest = [], []
     for s, stage in enumerate(stages):
@@ -148,7 +150,7 @@ def _placement(model: LayerGraph, cluster: Cluster, stages: tuple[StageSpec, ...
         for r in stage.replicas:
             node = _device_location(cluster, r.devices[0])[0]
             cal = _cal(node, calibrations)
-            lc = layer_costs(model, node, r.tp, 1, "none", False, dtype, cal)
+            lc = layer_costs(model, node, r.tp, 1, "none", False, dtype, cal, runtime)
             rows.append(r)
             nodes.append(node)
             cals.append(cal)
@@ -175,7 +177,7 @@ def _placement(model: LayerGraph, cluster: Cluster, stages: tuple[StageSpec, ...
         capacity=np.array([float(n.device.memory_bytes) for n in nodes]), params=p,
         largest_layer_params=np.array(largest), dp_overlap=np.array([c.dp_overlap for c in cals]),
         reduce_s=tuple(reduce_s), gather_s=tuple(gather_s), optimizer_s=tuple(opt_s), zero3_gather_s=z3,
-        optimizer=optimizer, dtype=dtype)
+        optimizer=optimizer, dtype=dtype, runtime=runtime)
 
 
 @dataclass(frozen=True, eq=False)
@@ -206,7 +208,8 @@ def _work(model: LayerGraph, cluster: Cluster, placement: _Placement, global_bat
     for i, (r, node, cal) in enumerate(zip(placement.rows, placement.nodes, placement.cals)):
         stage = placement.stages[placement.row_stage[i]]
         sl = slice(stage.first_layer, stage.last_layer + 1)
-        lc = layer_costs(model, node, r.tp, micro_batch, recompute, sequence_parallel, placement.dtype, cal)
+        lc = layer_costs(model, node, r.tp, micro_batch, recompute, sequence_parallel, placement.dtype, cal,
+                         placement.runtime)
         f[i] = lc.forward_s[sl].sum()
         b[i] = lc.backward_s[sl].sum()
         tpc[i] = lc.tp_comm_s[sl].sum()
@@ -392,7 +395,8 @@ def _to_estimate(work: _Work, result: _Result) -> Estimate:
     config = ParallelConfig(global_batch=work.global_batch, tp=pl.rows[0].tp, pp=pp, dp=pl.stage_dp[0],
                             micro_batch=work.micro_batch, vpp=result.vpp, zero=result.zero,
                             recompute=work.recompute, sequence_parallel=work.sequence_parallel,
-                            schedule=result.schedule, optimizer=pl.optimizer, dtype=pl.dtype)
+                            schedule=result.schedule, optimizer=pl.optimizer, dtype=pl.dtype,
+                            runtime=pl.runtime.name)
     notes = tuple(sorted({f"{cal_name}: no calibration of its own; the mean of the fitted device types' "
                           "efficiency parameters is used"
                           for cal_name, cal in ((n.device.name, c) for n, c in zip(pl.nodes, pl.cals))
@@ -411,7 +415,8 @@ def estimate_pipeline(model: LayerGraph, cluster: Cluster, spec: PipelineSpec,
     ``exact=False`` replaces the pipeline simulation by the fast bottleneck formula (for screening many
     candidates; exact for uniform stages without transfers)."""
     _check_spec(model, cluster, spec)
-    placement = _placement(model, cluster, spec.stages, spec.optimizer, spec.dtype, calibration)
+    placement = _placement(model, cluster, spec.stages, spec.optimizer, spec.dtype, calibration,
+                           get_runtime(spec.runtime))
     work = _work(model, cluster, placement, spec.global_batch, spec.micro_batch, spec.recompute,
                  bool(spec.sequence_parallel))
     if spec.schedule == "interleaved" and spec.vpp > 1 and work.num_micro_batches % len(spec.stages):
@@ -502,11 +507,13 @@ def estimate(model: LayerGraph, cluster: Cluster, config: ParallelConfig,
     Candidates are ranked with a fast pipeline formula; the best few are then timed exactly (closed form or
     simulation) and the best of those returned.
     """
+    config = replace(config, dtype=resolve_dtype((g.node.device for g in cluster.groups), config.dtype),
+                     runtime=get_runtime(config.runtime).name)
     check_config(model, cluster, config)
-    config = replace(config, dtype=runnable_dtype((g.node.device for g in cluster.groups), config.dtype))
     tp, pp, dp = config.tp, config.pp, config.dp
     stages = _megatron_spec_stages(model, cluster, tp, pp, dp)
-    placement = _placement(model, cluster, stages, config.optimizer, config.dtype, calibration)
+    placement = _placement(model, cluster, stages, config.optimizer, config.dtype, calibration,
+                           get_runtime(config.runtime))
     options = _candidates(model, config)
     ranked: list[tuple[tuple[int, float], int, _Work, str, int, int]] = []
     approximate: dict = {}

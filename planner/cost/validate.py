@@ -124,5 +124,5 @@ def check_config(model: LayerGraph, cluster: Cluster, config: ParallelConfig) ->
                           "or use tp 2 or more")
     if config.optimizer not in ("adam", "sgd", "adagrad"):
         raise ConfigError(f"optimizer {config.optimizer!r} is not one of adam, sgd, adagrad")
-    if config.dtype not in ("bf16", "fp16", "fp32"):
+    if config.dtype is not None and config.dtype not in ("bf16", "fp16", "fp32"):
         raise ConfigError(f"dtype {config.dtype!r} is not one of bf16, fp16, fp32")

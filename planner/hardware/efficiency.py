@@ -19,7 +19,7 @@ from bisect import bisect_right
 from functools import lru_cache
 from typing import Iterable
 
-from planner.errors import ClusterError
+from planner.errors import ClusterError, ConfigError
 from planner.types import DeviceProfile
 
 DTYPE_FALLBACK: dict[str, tuple[str, ...]] = {
@@ -42,6 +42,26 @@ def runnable_dtype(devices: Iterable[DeviceProfile], dtype: str) -> str:
     if other and not all(p.peak_flops_per_s.get(dtype) for p in profiles) \
             and all(p.peak_flops_per_s.get(other) for p in profiles):
         return other
+    return dtype
+
+
+DEFAULT_DTYPE = "bf16"
+
+
+def resolve_dtype(devices: Iterable[DeviceProfile], dtype: str | None) -> str:
+    """The training dtype of a plan. Left out (``None``): bf16, or fp16 where some device lacks bf16
+    (:func:`runnable_dtype`). Asked for: every device must have a peak for it, else ConfigError naming
+    the devices and the dtypes all of them run."""
+    profiles = list(devices)
+    if dtype is None:
+        return runnable_dtype(profiles, DEFAULT_DTYPE)
+    if dtype not in DTYPE_FALLBACK:
+        raise ConfigError(f"dtype {dtype!r} is not one of {', '.join(DTYPE_FALLBACK)}")
+    lacking = sorted({p.name for p in profiles if not p.peak_flops_per_s.get(dtype)})
+    if lacking:
+        common = [d for d in DTYPE_FALLBACK if all(p.peak_flops_per_s.get(d) for p in profiles)]
+        raise ConfigError(f"dtype {dtype}: {', '.join(lacking)} cannot run it; use --dtype "
+                          f"{' or '.join(common) or 'fp32'}")
     return dtype
 
 

@@ -152,7 +152,8 @@ def plan_pipeline_specs(plan: Plan) -> dict[str, PipelineSpec]:
         for s in stages)
     return {mode: PipelineSpec(stages=spec_stages, global_batch=plan.global_batch, micro_batch=plan.micro_batch,
                                vpp=vpp, zero=plan.zero, recompute=mode, sequence_parallel=plan.sequence_parallel,
-                               schedule=plan.schedule, optimizer=plan.optimizer, dtype=plan.dtype)
+                               schedule=plan.schedule, optimizer=plan.optimizer, dtype=plan.dtype,
+                               runtime=plan.runtime)
             for mode in sorted({s.recompute for s in stages})}
 
 

@@ -12,7 +12,8 @@ import numpy as np
 
 from planner.cost.sparse import sparse_tables, tables_are_sparse
 from planner.errors import ConfigError, InfeasibleError
-from planner.hardware.efficiency import runnable_dtype
+from planner.hardware.efficiency import resolve_dtype
+from planner.runtime import get_runtime
 from planner.plan import Plan, SearchInfo
 from planner.search import engine
 from planner.search.backend import Backend
@@ -80,7 +81,9 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
         from planner.embeddings.dense import dense_part  # the tables are placed model-parallel, not in the pipeline
         model = dense_part(model, model.embedding_tables)
     pins = Pins.from_config(pinned)
-    pins = dataclasses.replace(pins, dtype=runnable_dtype((g.node.device for g in cluster.groups), pins.dtype))
+    pins = dataclasses.replace(pins, dtype=resolve_dtype((g.node.device for g in cluster.groups),
+                                                         pinned.dtype if pinned is not None else None))
+    get_runtime(pins.runtime)  # an unknown name fails here, before the search
     kinds = [layer.kind for layer in model.layers]
     units = unit_flags(kinds)
     validate_pins(pins, cluster, global_batch, len(model.layers), sum(units))
@@ -129,7 +132,7 @@ def _why_infeasible(model: LayerGraph, cluster: Cluster, global_batch: int, pins
     frugal = Settings(micro_batch=pins.micro_batch or 1, dp=pins.dp or 1,
                       zero=pins.zero if pins.zero is not None else 0,
                       recompute=pins.recompute or "full", sequence_parallel=bool(pins.sequence_parallel),
-                      optimizer=pins.optimizer, dtype=pins.dtype)
+                      optimizer=pins.optimizer, dtype=pins.dtype, runtime=pins.runtime)
     option = StageOption(0, 1)
     table = backend.layer_table(option, frugal)
     state = float(np.asarray(backend.static_bytes(np.array([table.params_per_rank.sum()]), option, frugal))[0])

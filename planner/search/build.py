@@ -47,5 +47,6 @@ def to_plan(model: LayerGraph, cluster: Cluster, spec: PipelineSpec, estimate: E
         throughput_samples_per_s=float(estimate.throughput_samples_per_s), stages=tuple(stages),
         breakdown={k: float(v) for k, v in estimate.breakdown.to_dict().items()}, search=search,
         vpp=spec.vpp, sequence_parallel=spec.sequence_parallel, optimizer=spec.optimizer, dtype=spec.dtype,
+        runtime=spec.runtime,
         memory_per_device_bytes=float(estimate.memory_per_device_bytes), bottleneck=bottleneck,
         physical_bound_s=physical_bound_s(model, cluster, spec))

@@ -40,12 +40,13 @@ class CostModelBackend:
         return calibration_for(self.cluster.groups[option.pool].node.device.name)
 
     def layer_table(self, option: StageOption, settings: Settings) -> LayerTable:
-        key = (option, settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype)
+        key = (option, settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype,
+               settings.runtime)
         hit = self._tables.get(key)
         if hit is None:
             node = self.cluster.groups[option.pool].node
             lc = layer_costs(self.model, node, option.tp, settings.micro_batch, settings.recompute,
-                             settings.sequence_parallel, settings.dtype, self._cal(option))
+                             settings.sequence_parallel, settings.dtype, self._cal(option), settings.runtime)
             hit = LayerTable(forward_s=lc.forward_s, backward_s=lc.backward_s, params_per_rank=lc.params_per_rank,
                              act_bytes=lc.activation_bytes, peak_bytes=lc.peak_extra_bytes,
                              output_bytes=lc.output_bytes)
@@ -81,7 +82,8 @@ class CostModelBackend:
 
     def _segments_of(self, option: StageOption, settings: Settings) -> tuple[np.ndarray, ...]:
         """(forward, backward, params per rank, activation bytes, transient peak) per segment i..j."""
-        key = (option, settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype)
+        key = (option, settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype,
+               settings.runtime)
         hit = self._segments.get(key)
         if hit is None:
             t = self.layer_table(option, settings)

@@ -348,7 +348,7 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
 
     def quick_bound(s: Settings, counted: bool) -> float:
         stages = max_stages(s, num_layers)
-        key = (s.dp, s.micro_batch, s.recompute, s.sequence_parallel, s.dtype, s.vpp, counted and stages)
+        key = (s.dp, s.micro_batch, s.recompute, s.sequence_parallel, s.dtype, s.runtime, s.vpp, counted and stages)
         hit = quick_memo.get(key)
         if hit is None:
             options = options_of(s)

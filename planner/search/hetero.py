@@ -69,7 +69,7 @@ def settings_floor(layer_table: Callable[[StageOption, Settings], object], clust
     max_o devices / (tp_o t_o). ``layer_table(option, settings)`` gives per-layer forward_s and backward_s,
     which depend on the settings' micro-batch, recompute, sequence parallelism and dtype (``memo`` keeps the
     fastest time and the rate per those)."""
-    key = (settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype)
+    key = (settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype, settings.runtime)
     hit = memo.get(key) if memo is not None else None
     if hit is None:
         per_pool = []

@@ -25,6 +25,7 @@ from typing import Iterator, Sequence
 from planner.cost.memory import RECOMPUTE_CHOICES
 from planner.cost.schedule import SCHEDULES
 from planner.errors import ConfigError
+from planner.runtime import DEFAULT_RUNTIME
 from planner.search.interleave import INTERLEAVED, pipeline_allowed, schedule_for, vpp_choices
 from planner.types import Cluster, ParallelConfig, PipelineSpec, StageSpec
 
@@ -56,6 +57,7 @@ class Settings:
     vpp: int = 1
     optimizer: str = "adam"
     dtype: str = "bf16"
+    runtime: str = DEFAULT_RUNTIME
 
     def num_micro_batches(self, global_batch: int) -> int:
         return global_batch // (self.micro_batch * self.dp)
@@ -64,7 +66,8 @@ class Settings:
         """The PipelineSpec of ``stages`` under these settings."""
         return PipelineSpec(stages=stages, global_batch=global_batch, micro_batch=self.micro_batch, vpp=self.vpp,
                             zero=self.zero, recompute=self.recompute, sequence_parallel=self.sequence_parallel,
-                            schedule=self.schedule, optimizer=self.optimizer, dtype=self.dtype)
+                            schedule=self.schedule, optimizer=self.optimizer, dtype=self.dtype,
+                            runtime=self.runtime)
 
 
 @dataclass(frozen=True, order=True)
@@ -93,6 +96,7 @@ class Pins:
     schedule: str | None = None
     optimizer: str = "adam"
     dtype: str = "bf16"
+    runtime: str = DEFAULT_RUNTIME
 
     @classmethod
     def from_config(cls, config: ParallelConfig | None) -> "Pins":
@@ -101,7 +105,8 @@ class Pins:
         return cls(tp=config.tp or 0, pp=config.pp or 0, dp=config.dp or 0, micro_batch=config.micro_batch,
                    vpp=config.vpp, zero=config.zero, recompute=config.recompute,
                    sequence_parallel=config.sequence_parallel, schedule=config.schedule,
-                   optimizer=config.optimizer, dtype=config.dtype)
+                   optimizer=config.optimizer, dtype=config.dtype or "bf16",
+                   runtime=config.runtime or DEFAULT_RUNTIME)
 
 
 def powers_of_two_upto(limit: int) -> list[int]:
@@ -212,7 +217,7 @@ def enumerate_settings(cluster: Cluster, global_batch: int, pins: Pins, max_micr
                                 continue
                             yield Settings(micro_batch=b, dp=dp, zero=zero, recompute=rc, sequence_parallel=sp,
                                            schedule=schedule_for(vpp), vpp=vpp, optimizer=pins.optimizer,
-                                           dtype=pins.dtype)
+                                           dtype=pins.dtype, runtime=pins.runtime)
 
 
 def _may_interleave(num_micro_batches: int, vpp: int, num_units: int, most_stages: int, pinned_pp: int) -> bool:
