@@ -78,14 +78,15 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
         zero_stages=(0, 1), max_pipeline_zero=1, interleaved=True, tensor_parallel=True, pipeline_parallel=True),
     Runtime(
         name="deepspeed",
-        description="DeepSpeed ZeRO 0-3 with overlap_comm; pipeline only with ZeRO 0-1, no interleaved "
-                    "schedule, no tensor parallelism of its own",
+        description="DeepSpeed ZeRO 0-3 with overlap_comm (tensor parallelism through Megatron-DeepSpeed or "
+                    "AutoTP); pipeline only with ZeRO 0-1, no interleaved schedule",
         source="DeepSpeed config docs (zero_optimization: reduce_bucket_size 5e8, overlap_comm, "
                "stage3_prefetch_bucket_size); deepspeed/runtime/pipe/engine.py (ZeRO-2/3 not supported with "
-               "pipeline parallelism); DeepSpeed has no virtual-pipeline schedule",
+               "pipeline parallelism); DeepSpeed has no virtual-pipeline schedule; Megatron-DeepSpeed README "
+               "(tensor parallelism)",
         overlap_grad_reduce=True, overlap_param_gather=False, tp_comm_overlap=False,
         grad_bucket_params=500_000_000, zero3_prefetch_layers=1, attention="flash", main_grad_bytes=4,
-        zero_stages=(0, 1, 2, 3), max_pipeline_zero=1, interleaved=False, tensor_parallel=False,
+        zero_stages=(0, 1, 2, 3), max_pipeline_zero=1, interleaved=False, tensor_parallel=True,
         pipeline_parallel=True),
     Runtime(
         name="pytorch-fsdp2",
