@@ -157,7 +157,9 @@ def test_calibration_is_used():
     base = estimate(model, cluster, config, {"a100-80gb": DeviceCalibration(gemm_scale=0.5)})
     faster = estimate(model, cluster, config, {"a100-80gb": DeviceCalibration(gemm_scale=1.0)})
     assert faster.iteration_time_s < base.iteration_time_s
-    assert calibration_for("a100-80gb").fitted and calibration_for("h100-sxm").fitted
+    assert calibration_for("a100-80gb", "megatron-lm-2021").fitted
+    assert calibration_for("h100-sxm", "megatron-core").fitted
+    assert not calibration_for("a100-80gb", "deepspeed").fitted
 
 
 def test_deterministic():

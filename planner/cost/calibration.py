@@ -1,7 +1,9 @@
-"""Per-device-type efficiency parameters fitted to published measured runs (``planner/data/calibration.yaml``).
+"""Efficiency parameters fitted to published measured runs, per (runtime, device type)
+(``planner/data/calibration.yaml``).
 
 The cost model is physical (roofline times from the device profile, alpha-beta collectives from the node
-profile); these few factors correct what a datasheet cannot know, per device type and never per run:
+profile, what overlaps from the runtime); these few factors correct what a datasheet cannot know, per
+training runtime and device type and never per run:
 
 * ``gemm_scale`` multiplies the profile's GEMM efficiency curve (framework and kernel-fusion losses on
   top of cuBLAS-level efficiency),
@@ -14,10 +16,11 @@ profile); these few factors correct what a datasheet cannot know, per device typ
 * ``dp_overlap`` is the fraction of the last micro-batch's backward pass during which bucketed
   data-parallel gradient reduction can run hidden.
 
-``benchmarks/calibrate.py --fit`` rewrites the file. A device type without an entry borrows the mean of the
-fitted device types' parameters (most of what they correct is the software stack, which a new device type
-shares: kernel fusion, framework overheads, overlap), marked ``fitted=False``; with no file at all, the
-neutral values below (all 1: the profile and the graph as written, full overlap).
+``benchmarks/calibrate.py --fit`` rewrites the file, laid out as ``runtimes: {RUNTIME: {DEVICE: {parameter:
+value}}}``. A (runtime, device) pair without an entry borrows the mean of the fitted entries of the same
+device type, or where it has none, of every fitted entry (most of what the factors correct is kernel-level
+efficiency that a new pair shares), marked ``fitted=False``; with no file at all, the neutral values below
+(all 1: the profile and the graph as written, full overlap).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any
 import yaml
 
 from planner.errors import ClusterError
+from planner.runtime import DEFAULT_RUNTIME
 
 CALIBRATION_PATH = Path(__file__).resolve().parent.parent / "data" / "calibration.yaml"
 
@@ -66,26 +70,33 @@ def _from_mapping(name: str, values: Any, where: str) -> DeviceCalibration:
 
 
 @lru_cache(maxsize=4)
-def load_calibrations(path: str = str(CALIBRATION_PATH)) -> dict[str, DeviceCalibration]:
+def load_calibrations(path: str = str(CALIBRATION_PATH)) -> dict[tuple[str, str], DeviceCalibration]:
+    """``{(runtime, device): DeviceCalibration}`` from the calibration file (empty when it is missing)."""
     file = Path(path)
     if not file.exists():
         return {}
     document = yaml.safe_load(file.read_text()) or {}
-    devices = document.get("devices", {}) if isinstance(document, dict) else None
-    if not isinstance(devices, dict):
-        raise ClusterError(f"{path}: expected a mapping 'devices: {{NAME: {{parameter: value}}}}'")
-    return {str(name): _from_mapping(str(name), values, path) for name, values in devices.items()}
+    runtimes = document.get("runtimes", {}) if isinstance(document, dict) else None
+    if not isinstance(runtimes, dict) or not all(isinstance(v, dict) for v in runtimes.values()):
+        raise ClusterError(f"{path}: expected a mapping 'runtimes: {{RUNTIME: {{DEVICE: {{parameter: value}}}}}}'")
+    return {(str(runtime), str(device)): _from_mapping(f"{runtime}.{device}", values, path)
+            for runtime, devices in runtimes.items() for device, values in devices.items()}
 
 
-@lru_cache(maxsize=4)
-def _borrowed(path: str = str(CALIBRATION_PATH)) -> DeviceCalibration:
-    fitted = list(load_calibrations(path).values())
+def mean_calibration(fitted: list[DeviceCalibration]) -> DeviceCalibration:
+    """The parameter-wise mean of ``fitted`` (``fitted=False``), or the neutral values when it is empty."""
     if not fitted:
         return DeviceCalibration()
     means = {name: sum(getattr(c, name) for c in fitted) / len(fitted) for name in PARAMETER_NAMES}
     return DeviceCalibration(**means, fitted=False)
 
 
-def calibration_for(device_name: str) -> DeviceCalibration:
-    """The fitted parameters of ``device_name``, or the borrowed mean (``fitted=False``)."""
-    return load_calibrations().get(device_name) or _borrowed()
+@lru_cache(maxsize=256)
+def calibration_for(device_name: str, runtime: str = DEFAULT_RUNTIME) -> DeviceCalibration:
+    """The fitted parameters of ``device_name`` under ``runtime``, or the borrowed mean (``fitted=False``)."""
+    table = load_calibrations()
+    hit = table.get((runtime, device_name))
+    if hit is not None:
+        return hit
+    same_device = [c for (_, device), c in sorted(table.items()) if device == device_name]
+    return mean_calibration(same_device or [c for _, c in sorted(table.items())])

@@ -298,8 +298,9 @@ def layer_costs(model: LayerGraph, node: NodeProfile, tp: int, micro_batch: int,
     if micro_batch < 1:
         raise ConfigError(f"micro_batch={micro_batch} must be at least 1")
     dtype_bytes(dtype)  # validates the name
-    cal = calibration if calibration is not None else calibration_for(node.device.name)
-    args = (tp, micro_batch, recompute, bool(sequence_parallel and tp > 1), dtype, cal, get_runtime(runtime))
+    rt = get_runtime(runtime)
+    cal = calibration if calibration is not None else calibration_for(node.device.name, rt.name)
+    args = (tp, micro_batch, recompute, bool(sequence_parallel and tp > 1), dtype, cal, rt)
     hit = _LAYER_COSTS_CACHE.get((model, node), args)
     if hit is None:
         hit = _layer_costs(model, node, *args)

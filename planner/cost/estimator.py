@@ -64,10 +64,10 @@ def _device_location(cluster: Cluster, device: int) -> tuple[NodeProfile, int]:
     return cluster.groups[group_index].node, node_index
 
 
-def _cal(node: NodeProfile, calibrations: Calibrations | None) -> DeviceCalibration:
+def _cal(node: NodeProfile, calibrations: Calibrations | None, runtime: Runtime) -> DeviceCalibration:
     if calibrations is not None and node.device.name in calibrations:
         return calibrations[node.device.name]
-    return calibration_for(node.device.name)
+    return calibration_for(node.device.name, runtime.name)
 
 
 # ------------------------------------------------------------------------------ placement and work
@@ -149,7 +149,7 @@ def _placement(model: LayerGraph, cluster: Cluster, stages: tuple[StageSpec, ...
         first_row = len(rows)
         for r in stage.replicas:
             node = _device_location(cluster, r.devices[0])[0]
-            cal = _cal(node, calibrations)
+            cal = _cal(node, calibrations, runtime)
             lc = layer_costs(model, node, r.tp, 1, "none", False, dtype, cal, runtime)
             rows.append(r)
             nodes.append(node)
@@ -397,8 +397,8 @@ def _to_estimate(work: _Work, result: _Result) -> Estimate:
                             recompute=work.recompute, sequence_parallel=work.sequence_parallel,
                             schedule=result.schedule, optimizer=pl.optimizer, dtype=pl.dtype,
                             runtime=pl.runtime.name)
-    notes = tuple(sorted({f"{cal_name}: no calibration of its own; the mean of the fitted device types' "
-                          "efficiency parameters is used"
+    notes = tuple(sorted({f"{cal_name}: no calibration of its own under the {pl.runtime.name} runtime; the "
+                          "mean of the fitted (runtime, device) entries' efficiency parameters is used"
                           for cal_name, cal in ((n.device.name, c) for n, c in zip(pl.nodes, pl.cals))
                           if not cal.fitted}))
     iteration = result.iteration_s

@@ -36,8 +36,8 @@ class CostModelBackend:
     _segments: dict = field(default_factory=dict, compare=False, repr=False)
     _tails: dict = field(default_factory=dict, compare=False, repr=False)
 
-    def _cal(self, option: StageOption) -> DeviceCalibration:
-        return calibration_for(self.cluster.groups[option.pool].node.device.name)
+    def _cal(self, option: StageOption, settings: Settings) -> DeviceCalibration:
+        return calibration_for(self.cluster.groups[option.pool].node.device.name, settings.runtime)
 
     def layer_table(self, option: StageOption, settings: Settings) -> LayerTable:
         key = (option, settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype,
@@ -46,7 +46,7 @@ class CostModelBackend:
         if hit is None:
             node = self.cluster.groups[option.pool].node
             lc = layer_costs(self.model, node, option.tp, settings.micro_batch, settings.recompute,
-                             settings.sequence_parallel, settings.dtype, self._cal(option), settings.runtime)
+                             settings.sequence_parallel, settings.dtype, self._cal(option, settings), settings.runtime)
             hit = LayerTable(forward_s=lc.forward_s, backward_s=lc.backward_s, params_per_rank=lc.params_per_rank,
                              act_bytes=lc.activation_bytes, peak_bytes=lc.peak_extra_bytes,
                              output_bytes=lc.output_bytes)
@@ -66,13 +66,14 @@ class CostModelBackend:
     def capacity_bytes(self, option: StageOption) -> float:
         return float(self.cluster.groups[option.pool].node.device.memory_bytes)
 
-    def _send_s(self, src: int, dst: int, output_bytes: np.ndarray, option: StageOption) -> np.ndarray:
+    def _send_s(self, src: int, dst: int, output_bytes: np.ndarray, option: StageOption,
+                settings: Settings) -> np.ndarray:
         """Boundary transfer times after each layer from device ``src`` to ``dst`` (affine in the bytes, so
         two probes per device pair)."""
-        key = (locate(self.cluster, src), locate(self.cluster, dst), option)
+        key = (locate(self.cluster, src), locate(self.cluster, dst), option, settings.runtime)
         coef = self._p2p.get(key)
         if coef is None:
-            scale = self._cal(option).comm_scale
+            scale = self._cal(option, settings).comm_scale
             t1, t2 = (p2p_time_s(self.cluster, src, dst, x) / scale for x in (1e6, 2e6))
             slope = (t2 - t1) / 1e6
             coef = (t1 - slope * 1e6, slope)
@@ -122,7 +123,7 @@ class CostModelBackend:
                 output_bytes = self.layer_table(option, settings).output_bytes
                 if k + 1 == P:  # the wrap-around carries a chunk boundary: the cost model's figure (estimator._work)
                     output_bytes = np.full_like(output_bytes, output_bytes[:-1].max(initial=0.0))
-                sends.append(self._send_s(devices[k][0], devices[to][0], output_bytes, option))
+                sends.append(self._send_s(devices[k][0], devices[to][0], output_bytes, option, settings))
             in_flight = micro_batches_in_flight(k, P, m, settings.schedule, settings.vpp)
             empty, per_micro_batch = self._memory_of(option, settings)
             fits.append(empty + in_flight * per_micro_batch <= self.capacity_bytes(option))
@@ -136,7 +137,7 @@ class CostModelBackend:
         if hit is not None:
             return hit
         t = self.layer_table(option, settings)
-        cal = self._cal(option)
+        cal = self._cal(option, settings)
         group = dp_group(self.cluster, devices[::option.tp], cal)
         device = self.cluster.groups[option.pool].node.device
         params = np.cumsum(t.params_per_rank)
