@@ -4,11 +4,11 @@
     python benchmarks/plan_quality.py mixed [--time-limit S]       # mixed clusters vs baselines
     ... --markdown FILE appends the tables to FILE
 
-published: for each run of benchmarks/data/calibration_runs.json, the published configuration (tp, pp, dp,
-global batch, recompute, ZeRO as stated; the rest resolved to the best choice by ``planner.cost.estimate``) is
-timed by the cost model, and so is the plan the search returns for the same model, cluster and batch.
-Two times for the published configuration: with the 1F1B schedule, and with the best schedule ``estimate``
-can resolve (interleaved included; the search plans both).
+published: for each run of benchmarks/data/calibration_runs.json, under the runtime of its source, the
+published configuration (tp, pp, dp, global batch, recompute, ZeRO as stated; what the source leaves open
+spans the runtime's choices, benchmarks/reference_runs.py) is timed by the cost model at its fastest, and so
+is the plan the search returns for the same model, cluster, batch and runtime. Two times for the published
+configuration: with the 1F1B schedule, and with any schedule the runtime runs (the search plans both).
 
 The plan column names the planner's configuration: ``vpp V`` when it interleaves, and for a stage served by
 several device types (heterogeneous data parallelism) its replica groups.
@@ -35,15 +35,16 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from metis_baseline import metis_plan  # noqa: E402
+from reference_runs import Run, load_runs  # noqa: E402
 from planner.builders import build  # noqa: E402
-from planner.cost import balanced_split, estimate, estimate_pipeline  # noqa: E402
+from planner.cost import balanced_split, estimate_pipeline  # noqa: E402
+from planner.cost.calibration import calibration_for  # noqa: E402
 from planner.errors import PlannerError  # noqa: E402
 from planner.graph import import_model_proto  # noqa: E402
 from planner.hardware import load_cluster  # noqa: E402
 from planner.search import search  # noqa: E402
 from planner.types import ParallelConfig, PipelineSpec, ReplicaSpec, StageSpec  # noqa: E402
 
-REFERENCE = ROOT / "benchmarks" / "data" / "calibration_runs.json"
 
 
 def gpt(layers: int, hidden: int, heads: int, seq: int = 2048, vocab: int = 51200, ffn: int | None = None):
@@ -66,34 +67,33 @@ def spec_of(plan) -> PipelineSpec:
 
 
 def published(time_limit_s: float) -> list[str]:
-    runs = json.loads(REFERENCE.read_text())["runs"]
-    rows = ["| run | GPUs | published (1F1B) s | published (best schedule) s | planner s | speed-up vs 1F1B | "
-            "proven | gap to bound | planner's plan | search s |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for run in runs:
-        m = run["model"]
-        model = gpt(m["layers"], m["hidden"], m["heads"], m.get("seq_len", 2048), m.get("vocab", 51200), m.get("ffn"))
-        per_node = 8
-        cluster = load_cluster(f"{run['node']}*{run['gpus'] // per_node}")
-        rc = run["recompute"] if run["recompute"] in ("none", "selective", "full") else None
-        config = ParallelConfig(global_batch=run["global_batch"], tp=run["tp"], pp=run["pp"], dp=run["dp"],
-                                micro_batch=run["micro_batch"], zero=run.get("zero"), recompute=rc,
-                                sequence_parallel=run.get("sequence_parallel"))
-        pub_1f1b = estimate(model, cluster, replace(config, schedule="1f1b", vpp=1))
-        pub_best = estimate(model, cluster, config)
+    """Each reference run's published configuration against the plan the search finds for the same model,
+    cluster, batch and runtime. The published time is the fastest configuration the source allows (what it
+    leaves open spans the runtime's choices; benchmarks/reference_runs.py), with the 1F1B schedule and with
+    any schedule the runtime runs."""
+    rows = ["| run | runtime | GPUs | published (1F1B) s | published (best schedule) s | planner s | "
+            "speed-up vs best | proven | gap to bound | planner's plan | search s |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for run in (Run(r) for r in load_runs()):
+        cal = calibration_for(run.device, run.runtime)
+        allowed = run.predict(cal)
+        one_f_one_b = [c for c in run.configurations if c.vpp == 1]
+        pub_1f1b = run.predict(cal, tuple(one_f_one_b))
         start = time.perf_counter()
-        result = search(model, cluster, run["global_batch"], time_limit_s=time_limit_s)
+        result = search(run.model, run.cluster, run.run["global_batch"], time_limit_s=time_limit_s,
+                        pinned=ParallelConfig(global_batch=run.run["global_batch"], tp=0, pp=0, dp=0,
+                                              runtime=run.runtime))
         took = time.perf_counter() - start
         best = result.best
-        check = estimate_pipeline(model, cluster, spec_of(best))
+        check = estimate_pipeline(run.model, run.cluster, spec_of(best))
         assert check.feasible and abs(check.iteration_time_s - best.iteration_time_s) <= 1e-9 * best.iteration_time_s
-        t1 = pub_1f1b.iteration_time_s if pub_1f1b.feasible else float("inf")
-        tb = pub_best.iteration_time_s if pub_best.feasible else float("inf")
         plan = (f"tp{best.stages[0].tp} pp{len(best.stages)} dp{best.stages[0].dp} mb{best.micro_batch} "
                 f"ZeRO-{best.zero} {best.stages[0].recompute}{' sp' if best.sequence_parallel else ''}"
                 f"{f' vpp{best.vpp}' if best.vpp > 1 else ''}")
-        line = (f"| {run['id']} | {run['gpus']} | {t1:.3f} | {tb:.3f} | {best.iteration_time_s:.3f} | "
-                f"{t1 / best.iteration_time_s:.3f}x | {result.proven_optimal} | "
-                f"{best.iteration_time_s / result.lower_bound_s - 1:.2%} | {plan} | {took:.1f} |")
+        line = (f"| {run.id} | {run.runtime} | {run.run['gpus']} | {pub_1f1b.low_s:.3f} | {allowed.low_s:.3f} | "
+                f"{best.iteration_time_s:.3f} | {allowed.low_s / best.iteration_time_s:.3f}x | "
+                f"{result.proven_optimal} | {best.iteration_time_s / result.lower_bound_s - 1:.2%} | {plan} | "
+                f"{took:.1f} |")
         print(line, flush=True)
         rows.append(line)
     return rows
