@@ -59,6 +59,17 @@ def test_default_family_passes_the_onnx_checker(family):
     onnx.checker.check_model(checkable(build(family)), full_check=True)
 
 
+def test_dlrm_interaction_defaults_to_cat_when_dims_differ(caplog):
+    with caplog.at_level("WARNING"):
+        model = build("dlrm", {"tables": REFERENCE, "workload": "hugectr-180table"})
+    names = [n.name for n in model.graph.node if n.name.startswith("/interaction/")]
+    assert names and not any("Transpose" in n for n in names)  # no pairwise dots: a concatenation
+    assert "'cat'" in caplog.text
+    dot = build("dlrm", {"tables": REFERENCE, "workload": "criteo-kaggle-dlrm"})
+    cat = build("dlrm", {"tables": REFERENCE, "workload": "criteo-kaggle-dlrm", "interaction": "cat"})
+    assert [n.op_type for n in dot.graph.node] != [n.op_type for n in cat.graph.node]
+
+
 def test_dlrm_passes_the_onnx_checker():
     for settings in ({"workload": "criteo-kaggle-dlrm"}, {"workload": "hugectr-180table", "interaction": "cat"}):
         model = build("dlrm", {"tables": REFERENCE, **settings})
@@ -228,7 +239,7 @@ def test_dlrm_takes_dense_sizes_from_a_workload_entry():
     ("dlrm", {"tables": "/no/such/file.json"}, ["/no/such/file.json", "does not exist"]),
     ("dlrm", {"tables": REFERENCE}, ["--set workload=NAME", "criteo-kaggle-dlrm"]),
     ("dlrm", {"tables": REFERENCE, "workload": "criteo"}, ["no workload 'criteo'"]),
-    ("dlrm", {"tables": REFERENCE, "workload": "hugectr-180table"}, ["interaction=cat"]),
+    ("dlrm", {"tables": REFERENCE, "workload": "hugectr-180table", "interaction": "dot"}, ["interaction=cat"]),
     ("dlrm", {"tables": REFERENCE, "workload": "criteo-kaggle-dlrm", "interaction": "dott"}, ["did you mean dot"]),
     ("dlrm", {"tables": REFERENCE, "workload": "criteo-kaggle-dlrm", "bottom_mlp": "64,x"}, ["'bottom_mlp'"]),
     ("gtp", {}, ["unknown model family 'gtp'", "did you mean gpt"]),

@@ -14,6 +14,7 @@ cross layers over the concatenation, as MLPerf's DLRM-DCNv2; Wang et al. 2021).
 from __future__ import annotations
 
 import json
+import logging
 import re
 from typing import Mapping
 
@@ -25,6 +26,8 @@ from planner.builders._spec import FILE, INT, INT_LIST, STR, Family, Key, Value
 from planner.builders.tables import load_tables
 from planner.errors import ConfigError
 from planner.types import EmbeddingTable
+
+log = logging.getLogger(__name__)
 
 DTYPE = TensorProto.FLOAT
 BATCH = "batch"
@@ -132,6 +135,13 @@ def _check(cfg: dict[str, Value]) -> None:
         if key not in cfg:
             cfg[key] = from_file if from_file is not None else default
     bottom = tuple(cfg["bottom_mlp"])  # type: ignore[arg-type]
+    if "interaction" not in cfg:
+        # pairwise dots need every table's dim equal to the bottom MLP's output; concatenation takes any dims
+        same = all(t.dim == bottom[-1] for t in spec.tables)
+        cfg["interaction"] = "dot" if same else "cat"
+        if not same:
+            log.warning("dlrm: the tables' dims differ from the last bottom_mlp width (%d), so the interaction is "
+                        "'cat' (concatenation); set interaction=dot with equal dims for pairwise dots", bottom[-1])
     if cfg["interaction"] == "dot":
         odd = [t.name for t in spec.tables if t.dim != bottom[-1]]
         if odd:
@@ -153,7 +163,8 @@ FAMILY = Family(
         Key("top_mlp", INT_LIST, "top MLP widths (the last is the output width)",
             default_text="from the tables file, else 512,256,1", minimum=1),
         Key("interaction", STR, "feature interaction: pairwise dots, concatenation, or DCN-v2 cross layers over "
-            "the concatenation", "dot", choices=("dot", "cat", "dcn")),
+            "the concatenation", default_text="dot, or cat when the tables' dims differ from the last bottom_mlp "
+            "width", choices=("dot", "cat", "dcn")),
         Key("dcn_layers", INT, "cross layers (interaction=dcn)", 3, minimum=1),
         Key("dcn_rank", INT, "low rank of each cross layer (interaction=dcn)", 512, minimum=1),
     ),
