@@ -83,14 +83,14 @@ class Prediction:
 class Run:
     """One published run: its model, cluster, runtime, device type and the configurations left open."""
 
-    def __init__(self, run: dict) -> None:
+    def __init__(self, run: dict, runtime: str | None = None, node_name: str | None = None) -> None:
         self.run = run
         self.id: str = run["id"]
-        self.source = source_of(run)
-        self.runtime = runtime_of(run)
-        node = catalog.get_node(run["node"])
+        self.source = source_of(run) if runtime is None else run["source"]
+        self.runtime = runtime_of(run) if runtime is None else runtime
+        node = catalog.get_node(node_name or run["node"])
         self.device: str = node.device.name
-        self.cluster = load_cluster(f"{run['node']}*{run['gpus'] // node.devices_per_node}")
+        self.cluster = load_cluster(f"{node.name}*{-(-run['gpus'] // node.devices_per_node)}")
         self.measured_s = float(run["derived_iteration_time_s"])
 
     @cached_property
@@ -101,12 +101,17 @@ class Run:
         return import_model_proto(build(m["family"], settings), {"batch": 1}, name=self.id)
 
     def published(self) -> ParallelConfig:
-        """What the source states; every other field left to resolve."""
+        """What the source states; every other field left to resolve. Free-text values ("full (uniform, 1
+        layer)", "3 (FSDP FULL_SHARD)") are read by their first word."""
         r = self.run
-        recompute = r["recompute"] if r["recompute"] in RECOMPUTE else None
+        recompute = str(r.get("recompute") or "").split(" ")[0] or None
+        zero = str(r["zero"]).split(" ")[0] if r.get("zero") is not None else None
         return ParallelConfig(global_batch=r["global_batch"], tp=r["tp"], pp=r["pp"], dp=r["dp"],
-                              micro_batch=r["micro_batch"], recompute=recompute,
-                              sequence_parallel=r["sequence_parallel"], zero=r["zero"], runtime=self.runtime)
+                              micro_batch=r["micro_batch"],
+                              recompute=recompute if recompute in RECOMPUTE else None,
+                              sequence_parallel=r.get("sequence_parallel"),
+                              zero=int(zero) if zero is not None and zero.isdigit() else None,
+                              dtype=r.get("dtype"), runtime=self.runtime)
 
     @cached_property
     def configurations(self) -> tuple[ParallelConfig, ...]:
@@ -126,7 +131,7 @@ class Run:
             for vpp in vpp_choices(self.model, base.pp, base.global_batch // (base.dp * mb), runtime):
                 out.append(ParallelConfig(global_batch=base.global_batch, tp=base.tp, pp=base.pp, dp=base.dp,
                                           micro_batch=mb, recompute=rc, sequence_parallel=sp, zero=zero, vpp=vpp,
-                                          runtime=self.runtime))
+                                          dtype=base.dtype, runtime=self.runtime))
         return tuple(out)
 
     def estimate(self, cal: DeviceCalibration, config: ParallelConfig) -> Estimate:
