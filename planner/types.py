@@ -16,7 +16,9 @@ Conventions
 * Per-layer numbers in :class:`Layer` and :class:`OpCost` are for ONE sample (batch dimension = 1) of the
   bound dimensions; they scale linearly with the micro-batch. ``LayerGraph.batch`` records the batch the user
   bound (``--dim batch=N``), which ``inspect`` multiplies back in for its report.
-* Training numerics: bf16/fp16 activations and weights (2 bytes), fp32 master weights and optimizer states.
+* Training numerics: the importer sizes float tensors at 2 bytes (bf16); the cost model rescales them to the
+  training dtype (``ParallelConfig.dtype``) and lays out weights, gradients and optimizer states as the
+  runtime keeps them (``planner.cost.memory``).
 """
 
 from __future__ import annotations
@@ -38,7 +40,12 @@ class OpCost:
     it for size-dependent efficiency. ``tp_split`` says how Megatron-style tensor parallelism splits it:
     ``"column"`` (output features split, no communication), ``"row"`` (input features split; an all-reduce of
     its output follows), ``"sharded"`` (element-wise work on an already-split tensor, divided by tp) or
-    ``"replicated"`` (every tensor-parallel rank does all of it).
+    ``"replicated"`` (every tensor-parallel rank does all of it). ``role`` is what the op does in its
+    transformer block where the importer knows it: ``"attention-core"`` for the two activation-by-activation
+    products of attention (Q·Kᵀ, probabilities·V) and the operations on the score path between them
+    (scale, mask, softmax, dropout): what Megatron-LM's selective recompute re-runs and FlashAttention fuses.
+    Byte counts are at the importer's 2-byte activation width (``planner.graph.ir.ACT_BYTES``); the cost
+    model rescales them to the training dtype.
     """
 
     name: str
@@ -48,18 +55,25 @@ class OpCost:
     bytes_written: float
     gemm: tuple[int, int, int] | None = None
     tp_split: str = "replicated"
+    role: str = ""
 
 
 @dataclass(frozen=True)
 class TransformerDims:
     """Shape of a transformer block, where the importer recognised one (the cost and memory models use it
-    for tensor-parallel divisibility and Korthikanti et al.'s activation formulas)."""
+    for tensor-parallel divisibility and the activation formulas of ``planner.cost.memory``).
+
+    ``gated_mlp``: the MLP multiplies two ``ffn``-wide projections of its input (SwiGLU, GeGLU), so both are
+    saved for backward; ``dropout``: the block has dropout (masks saved for backward). The defaults are the
+    block Korthikanti et al. 2022 count: GELU MLP, dropout."""
 
     hidden: int
     heads: int
     seq_len: int
     ffn: int
     kv_heads: int | None = None
+    gated_mlp: bool = False
+    dropout: bool = True
 
 
 @dataclass(frozen=True)

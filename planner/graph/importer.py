@@ -16,7 +16,7 @@ from planner.graph.loader import check_external_data, check_structure, read_mode
 from planner.graph.ir import ACT_BYTES, FLOAT_TYPES, Node, OpGraph, act_bytes, stored_bytes
 from planner.graph.opgraph import build
 from planner.graph.rules import RULES, VIEW_OPS, View, fused_sources, nan_guards, saved_for_backward
-from planner.graph.transformer import detect_dims, tp_splits
+from planner.graph.transformer import attention_core, detect_dims, tp_splits
 from planner.types import EmbeddingTable, Layer, LayerGraph, OpCost
 
 log = logging.getLogger(__name__)
@@ -232,7 +232,9 @@ def _layers(graph: OpGraph, units: list[layer_detection.Unit], costs: dict[int, 
             transformer = detect_dims(graph, members, handed_on.get(k, (0, None))[1])
             if transformer is not None:
                 split = tp_splits(graph, members, transformer)
-                ops = [_with_split(op, split.get(node.index, "replicated")) for op, node in zip(ops, members)]
+                role = attention_core(graph, members)
+                ops = [_with_split(op, split.get(node.index, "replicated"), role.get(node.index, ""))
+                       for op, node in zip(ops, members)]
         result.append(Layer(index=k, name=unit.name, kind=kind, params=params[k],
                             flops_forward=float(sum(op.flops for op in ops)), activation_bytes=saved_bytes[k],
                             output_bytes=crossing[k + 1], ops=tuple(ops), transformer=transformer,
@@ -240,5 +242,5 @@ def _layers(graph: OpGraph, units: list[layer_detection.Unit], costs: dict[int, 
     return result
 
 
-def _with_split(op: OpCost, split: str) -> OpCost:
-    return OpCost(op.name, op.op_type, op.flops, op.bytes_read, op.bytes_written, op.gemm, split)
+def _with_split(op: OpCost, split: str, role: str = "") -> OpCost:
+    return OpCost(op.name, op.op_type, op.flops, op.bytes_read, op.bytes_written, op.gemm, split, role)

@@ -7,7 +7,15 @@ fed by a MatMul. Then (per sample, from shapes):
 * ``heads`` = the score's head dim (or its leading dim / batch when heads are folded into the batch);
 * ``ffn`` = the input width of the last weighted MatMul that maps back to ``hidden`` from a wider tensor
   (FC2 / down projection);
-* ``kv_heads`` = width of the K projection / head size, where K and V projections are narrower than Q.
+* ``kv_heads`` = width of the K projection / head size, where K and V projections are narrower than Q;
+* ``gated_mlp`` when two weighted MatMuls map ``hidden`` to ``ffn`` (SwiGLU's gate and up projections), or
+  one maps it to ``2 ffn`` (the two fused); ``dropout`` when the block has a Dropout node.
+
+Attention core (:func:`attention_core`): the Q·Kᵀ product feeding the Softmax (a MatMul of two activations),
+the nodes on the score path from it to the Softmax (scale, mask), the Softmax, the nodes between the Softmax
+and the product with V (its dropout), and that product. These are what Korthikanti et al. 2022 (Sec. 5) and
+Megatron-LM's ``--recompute-granularity selective`` re-run (``CoreAttention``), found by structure, never by
+tensor size.
 
 Megatron split: weighted MatMuls that read the full hidden tensor are "column" (QKV, FC1, gate/up); the
 weighted MatMuls that produce hidden from the split tensor are "row" (attention out, FC2); everything computed
@@ -62,7 +70,65 @@ def detect_dims(graph: OpGraph, members: list[Node], output: str | None) -> Tran
     narrow = [n for n in widths if n < hidden and n != ffn]
     if narrow and head_dim:
         kv_heads = min(narrow) // head_dim or heads
-    return TransformerDims(hidden=hidden, heads=heads, seq_len=seq, ffn=ffn, kv_heads=kv_heads)
+    gated = ffn != hidden and (widths.count(ffn) >= 2 or 2 * ffn in widths)
+    dropout = any(node.op_type == "Dropout" for node in members)
+    return TransformerDims(hidden=hidden, heads=heads, seq_len=seq, ffn=ffn, kv_heads=kv_heads, gated_mlp=gated,
+                           dropout=dropout)
+
+
+ATTENTION_CORE = "attention-core"
+_PASS_THROUGH = 6  # nodes followed between the softmax and an attention product (scale, mask, casts, dropout)
+
+
+def _score_path(graph: OpGraph, index: int | None, depth: int = _PASS_THROUGH) -> list[int] | None:
+    """The nodes from an activation-by-activation MatMul up to (and including) node ``index``, following
+    data inputs backwards (scaling, masking, casts), or None if no such product feeds it."""
+    if index is None or depth < 0:
+        return None
+    node = graph.nodes[index]
+    if node.op_type in ("MatMul", "Einsum"):
+        return None if weighted_matmul(graph, node) else [index]
+    for tensor in (t for t in node.inputs if t and t not in graph.const):
+        path = _score_path(graph, graph.producer.get(tensor), depth - 1)
+        if path is not None:
+            return path + [index]
+    return None
+
+
+def _probability_path(graph: OpGraph, tensor: str, members: set[int]) -> list[int] | None:
+    """The nodes from the consumer of the softmax output ``tensor`` down to (and including) the product
+    with V, through single-consumer pass-through nodes (dropout, casts)."""
+    path: list[int] = []
+    for _ in range(_PASS_THROUGH):
+        users = [u for u in graph.consumers.get(tensor, ()) if u in members]
+        if len(users) != 1:
+            return None
+        node = graph.nodes[users[0]]
+        path.append(node.index)
+        if node.op_type in ("MatMul", "Einsum"):
+            return None if weighted_matmul(graph, node) else path
+        outputs = [t for t in node.outputs if t]
+        if not outputs:
+            return None
+        tensor = outputs[0]  # Dropout's first output is the data, the second its mask
+    return None
+
+
+def attention_core(graph: OpGraph, members: list[Node]) -> dict[int, str]:
+    """``{node index: ATTENTION_CORE}`` for the attention core of every softmax over Q·Kᵀ in ``members``."""
+    inside = {node.index for node in members}
+    roles: dict[int, str] = {}
+    for node in members:
+        if node.op_type != "Softmax" or not node.outputs:
+            continue
+        before = _score_path(graph, graph.producer.get(node.inputs[0]))
+        after = _probability_path(graph, node.outputs[0], inside)
+        if before is None or after is None:
+            continue
+        for index in before + [node.index] + after:
+            if index in inside:
+                roles[index] = ATTENTION_CORE
+    return roles
 
 
 def _from_matmul(graph: OpGraph, index: int | None, depth: int = 6) -> bool:
