@@ -54,6 +54,26 @@ class Runtime:
     interleaved: bool  # Megatron's interleaved (virtual-pipeline) 1F1B schedule
     tensor_parallel: bool
     pipeline_parallel: bool
+    # --- fixed memory every rank holds besides the model (planner.cost.memory adds them to other_bytes)
+    # the CUDA context with the framework's kernels loaded lazily (CUDA_MODULE_LOADING=LAZY, the default
+    # since CUDA 12.2 and in PyTorch's wheels): about 0.5 GiB per process as nvidia-smi reports it after
+    # torch.cuda.init() on A100/H100 (CUDA C++ Programming Guide, "Lazy Loading")
+    cuda_context_bytes: int = 512 << 20
+    # GEMM workspaces: Transformer Engine's cuBLASLt workspace (32 MiB on Hopper, 4 MiB before:
+    # transformer_engine/pytorch/module/base.py get_cublas_workspace_size_bytes) plus PyTorch's cuBLAS
+    # workspace (CUBLAS_WORKSPACE_CONFIG default ":4096:8" on Hopper: 8 x 4 MiB; PyTorch "CUDA semantics",
+    # cuBLAS workspaces); the Hopper figures, the larger
+    gemm_workspace_bytes: int = 64 << 20
+    # NCCL's staging buffers: NCCL_BUFFSIZE = 4 MiB per channel and protocol (NCCL docs, environment
+    # variables), two bulk protocols (Simple, LL128) over up to 16 channels on NVLink/InfiniBand = 128 MiB per
+    # communicator, for the four a 3-D parallel Megatron rank holds (tensor, pipeline, data, embedding)
+    nccl_buffer_bytes: int = 4 * 16 * 2 * (4 << 20)
+    # the caching allocator's reserved-but-unallocated memory, as a fraction of what the model allocates: the
+    # PyTorch allocator rounds blocks to 512 B / 2 MiB and keeps freed blocks cached for reuse by requests of
+    # their size or smaller (c10/cuda/CUDACachingAllocator.cpp; PyTorch "CUDA semantics", memory management),
+    # so interleaved lifetimes fragment it; torch.cuda.memory_reserved() exceeds memory_allocated() by about a
+    # tenth in Megatron-LM runs. A modelling assumption, not derived
+    allocator_reserve_fraction: float = 0.10
 
 
 RUNTIMES: dict[str, Runtime] = {r.name: r for r in (

@@ -36,7 +36,8 @@ def test_korthikanti_formulas(t):
 def test_layer_costs_use_korthikanti_for_blocks(tp, sp, recompute, expected):
     model = gpt(2, 768, 12, 1024, 50257)
     node = catalog.get_node("dgx-a100-80gb")
-    costs = layer_costs(model, node, tp, 3, recompute, sp)
+    # Korthikanti's counts keep the attention scores in memory: a runtime with the fused softmax, not FlashAttention
+    costs = layer_costs(model, node, tp, 3, recompute, sp, runtime="megatron-lm-2021")
     blocks = [i for i, layer in enumerate(model.layers) if layer.kind == "block"]
     sbh = 1024 * 3 * 768
     for i in blocks:
@@ -45,15 +46,17 @@ def test_layer_costs_use_korthikanti_for_blocks(tp, sp, recompute, expected):
 
 def test_zero_stages_divide_states_gradients_weights():
     p, dp = 1e9, 8
-    m0 = stage_memory(p, 0.0, 0, 0, dp, "adam", "bf16")
-    assert (m0.weights_bytes, m0.gradients_bytes, m0.optimizer_bytes) == (2e9, 2e9, 12e9)  # 16 bytes/param
-    m1 = stage_memory(p, 0.0, 0, 1, dp, "adam", "bf16")
-    assert m1.optimizer_bytes == pytest.approx(12e9 / dp) and m1.gradients_bytes == 2e9
-    m2 = stage_memory(p, 0.0, 0, 2, dp, "adam", "bf16")
-    assert m2.gradients_bytes == pytest.approx(2e9 / dp) and m2.weights_bytes == 2e9
-    m3 = stage_memory(p, 0.0, 0, 3, dp, "adam", "bf16")
+    # Megatron-Core keeps bf16 weights, fp32 main grads and fp32 master + Adam moments: 2 + 4 + 12 bytes/param
+    m0 = stage_memory(p, 0.0, 0, 0, dp, "adam", "bf16", runtime="megatron-core")
+    assert (m0.weights_bytes, m0.gradients_bytes, m0.optimizer_bytes) == (2e9, 4e9, 12e9)
+    m1 = stage_memory(p, 0.0, 0, 1, dp, "adam", "bf16", runtime="megatron-core")
+    assert m1.optimizer_bytes == pytest.approx(12e9 / dp) and m1.gradients_bytes == 4e9
+    m2 = stage_memory(p, 0.0, 0, 2, dp, "adam", "bf16", runtime="megatron-core")
+    assert m2.gradients_bytes == pytest.approx(4e9 / dp) and m2.weights_bytes == 2e9
+    m3 = stage_memory(p, 0.0, 0, 3, dp, "adam", "bf16", runtime="megatron-core")
     assert m3.weights_bytes == pytest.approx(2e9 / dp)
-    assert stage_memory(p, 0.0, 0, 0, 1, "sgd", "bf16").optimizer_bytes == 8e9
+    # SGD with momentum: fp32 master + one moment
+    assert stage_memory(p, 0.0, 0, 0, 1, "sgd", "bf16", runtime="megatron-core").optimizer_bytes == 8e9
     assert m0.total_bytes > m1.total_bytes > m2.total_bytes > m3.total_bytes
 
 

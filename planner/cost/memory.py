@@ -1,22 +1,58 @@
-"""Memory per device: weights, gradients, optimizer states, activations in flight, and a margin.
+"""Memory per device: weights, gradients, optimizer states, activations in flight, and fixed overheads.
 
-Activation bytes of a transformer block follow Korthikanti et al. 2022 ("Reducing Activation Recomputation
-in Large Transformer Models", Sections 4.1-4.3 and Table 2), with 2-byte activations, 1-byte dropout masks,
-sequence length ``s``, micro-batch ``b``, hidden size ``h``, ``a`` heads and tensor-parallel degree ``t``:
+Activations of a transformer block
+----------------------------------
+Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models", Sec. 4.1) count
+what one block saves for its backward pass, for a GPT block (ffn = 4h, GELU, multi-head attention, dropout,
+2-byte activations, 1-byte dropout masks): ``s b h (34 + 5 a s / h)``. :func:`transformer_activation_bytes`
+counts the same tensors from the block's real dimensions; with sequence length ``s``, micro-batch ``b``,
+hidden ``h``, ``a`` heads, ``h_kv = kv_heads x h / a`` (grouped-query attention: narrower K and V), MLP width
+``f``, activation width ``w`` (the training dtype: 4 bytes for fp32/tf32, 2 for bf16/fp16 and fp8), GEMM-input
+width ``g`` (``w``; 1 under fp8, where Transformer Engine saves the inputs of its fp8 GEMMs as fp8 tensors for
+the weight gradient) and ``d`` = 1 byte of dropout mask per element where the block has dropout (0 without):
 
-==============================  =====================================
-no parallelism                  ``s b h (34 + 5 a s / h)``
-tensor parallel                 ``s b h (10 + 24 / t + 5 a s / (h t))``
-tensor + sequence parallel      ``s b h / t (34 + 5 a s / h)``
-selective recompute (+ seq.)    ``s b h (10 + 24 / t)``  (``34 s b h / t`` with sequence parallelism)
-full recompute                  ``2 s b h`` (the block's input; ``/ t`` with sequence parallelism)
-==============================  =====================================
+Per token, replicated across tensor-parallel ranks (divided by ``t`` only under sequence parallelism)::
 
-Weights, gradients and optimizer states follow the ZeRO paper (Rajbhandari et al. 2020, Section 3.1):
-mixed precision keeps 2-byte weights and gradients and ``K`` bytes of fp32 optimizer state per parameter
-(Adam: master weights, momentum and variance, ``K = 12``; SGD with momentum and Adagrad: master weights and
-one state, ``K = 8``). ZeRO stage 1 divides the optimizer states by ``dp``, stage 2 also the gradients,
-stage 3 also the weights.
+    two norm inputs                      2 w h     (Korthikanti 4 sbh)
+    QKV GEMM input (attention norm out)    g h     (2 sbh)
+    dropout mask after the attention       d h     (sbh)
+    MLP GEMM input (MLP norm out)          g h     (2 sbh)
+    dropout mask after the MLP             d h     (sbh)
+    R = (2w + 2g + 2d) h                           (10 sbh)
+
+Per token, split over the ``t`` tensor-parallel ranks::
+
+    Q, K, V (inputs of Q K^T and of P V)   w (h + 2 h_kv)        (6 sbh)
+    output-projection input                g h                   (2 sbh)
+    MLP activation input                   w f  (gated: 2 w f, the gate and up projections both)  (8 sbh)
+    MLP output-GEMM input                  g f                   (8 sbh)
+    T = w (h + 2 h_kv) + g h + (w (1 + gated) + g) f             (24 sbh)
+
+Per head and (query, key) pair, split over ``t``: the softmax output ``w``, its dropout mask ``d`` and the
+dropout output ``d w`` (the input of P V), ``S = w + d (1 + w)`` (Korthikanti 5 a s^2 b). With FlashAttention
+no score tensor is kept: only the softmax statistics (one fp32 log-sum-exp per head and query, ``4 a s b``;
+Dao 2023, FlashAttention-2, Algorithm 1) and the dropout mask is regenerated from the RNG state.
+
+So per block: ``s b (R + T / t) + a s^2 b S / t`` (no sequence parallelism) or ``(s b (R + T) + a s^2 b S) / t``
+(with it). Selective recompute drops the score term (it re-runs the attention core; Korthikanti Sec. 5; with
+FlashAttention there is nothing to drop). Full recompute keeps only the block input, ``w s b h`` (``/ t``
+under sequence parallelism). For the GPT block at ``w = 2, g = 2, d = 1`` these are exactly Korthikanti's
+Table 2: ``sbh (10 + 24/t + 5as/(ht))``, ``sbh/t (34 + 5as/h)``, ``34 sbh/t``, ``2 sbh``.
+
+Weights, gradients and optimizer states
+---------------------------------------
+As the runtime keeps them (``planner.runtime.Runtime``), per parameter: weights in the training dtype (``w``;
+fp8 training keeps bf16 weights), the gradient buffer at ``runtime.main_grad_bytes`` (4: Megatron's fp32 main
+grads) or the weights' width (0); a mixed-precision optimizer (16-bit weights) adds an fp32 master copy (4),
+the optimizer's moments (Adam: 2 x 4; SGD with momentum, Adagrad: 4) and, where the gradient buffer is
+16-bit, the fp32 copy of the gradient it steps on (4; Megatron's ``main_param.grad``). These reproduce the
+table of Megatron-Core's distributed optimizer (docs, "Distributed Optimizer"): fp16 params and grads 20 and
+``4 + 16/d`` bytes, bf16 params with fp32 main grads 18 and ``6 + 12/d``, fp32 params and grads 16 and
+``8 + 8/d``. ZeRO stage 1 divides the optimizer states by ``dp``, stage 2 also the gradients, stage 3 also
+the weights (Rajbhandari et al. 2020, Sec. 5).
+
+Fixed overheads: the runtime's CUDA context, GEMM workspaces, NCCL buffers and the caching allocator's reserve
+(``Runtime.cuda_context_bytes`` ... ``allocator_reserve_fraction``, each with its source).
 """
 
 from __future__ import annotations
@@ -24,29 +60,39 @@ from __future__ import annotations
 import numpy as np
 
 from planner.errors import ConfigError
+from planner.graph.ir import ACT_BYTES
+from planner.runtime import Runtime, get_runtime
 from planner.types import MemoryBreakdown
 
 RECOMPUTE_CHOICES = ("none", "selective", "full")
 OPTIMIZERS = ("adam", "sgd", "adagrad")
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
-
-# fp32 optimizer-state bytes per parameter beyond the working weights and gradients (ZeRO paper, K).
-# In fp32 training there is no separate master copy, so only the states remain.
-_OPTIMIZER_STATE_BYTES_MIXED = {"adam": 12.0, "sgd": 8.0, "adagrad": 8.0}
-_OPTIMIZER_STATE_BYTES_FP32 = {"adam": 8.0, "sgd": 4.0, "adagrad": 4.0}
-
-# Modelling assumptions, not hardware constants: the PyTorch caching allocator's fragmentation (the
-# allocator's reserved-but-unallocated memory, typically 5-15% in Megatron-LM runs; we take 10%), plus a
-# fixed reserve for the CUDA context, cuBLAS workspaces and NCCL buffers (~1 GiB on recent drivers).
-FRAGMENTATION_FRACTION = 0.10
-FIXED_RESERVE_BYTES = float(1 << 30)
+# bytes per element of weights and activations in each training dtype: tf32 is an fp32 format computed on
+# tensor cores (fp32 storage); fp8 training keeps 16-bit weights and activations and casts GEMM inputs to fp8
+# (Transformer Engine, "Using FP8 with Transformer Engine")
+DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
+_GEMM_INPUT_BYTES = {"fp8": 1}  # what Transformer Engine saves of an fp8 GEMM's input; others: DTYPE_BYTES
+FP32_BYTES = 4
+DROPOUT_MASK_BYTES = 1  # PyTorch's dropout saves a bool mask (Korthikanti: 1 byte per element)
+# optimizer moments per parameter, fp32 (Adam: momentum and variance; SGD momentum; Adagrad's sum of squares)
+_MOMENT_BYTES = {"adam": 2.0 * FP32_BYTES, "sgd": float(FP32_BYTES), "adagrad": float(FP32_BYTES)}
 
 
 def dtype_bytes(dtype: str) -> int:
+    """Bytes per element of weights and activations in training dtype ``dtype``."""
     try:
         return DTYPE_BYTES[dtype]
     except KeyError:
         raise ConfigError(f"dtype {dtype!r} is not one of {', '.join(DTYPE_BYTES)}") from None
+
+
+def gemm_input_bytes(dtype: str) -> int:
+    """Bytes per element of a GEMM's operands (1 under fp8, else the dtype's width)."""
+    return _GEMM_INPUT_BYTES.get(dtype, dtype_bytes(dtype))
+
+
+def activation_scale(dtype: str) -> float:
+    """Factor from the importer's float-tensor bytes (``ACT_BYTES`` per element) to ``dtype``'s."""
+    return dtype_bytes(dtype) / ACT_BYTES
 
 
 def check_optimizer(optimizer: str) -> None:
@@ -60,34 +106,66 @@ def check_recompute(recompute: str) -> None:
 
 
 def transformer_activation_bytes(seq_len: int, micro_batch: int, hidden: int, heads: int, tp: int = 1,
-                                 sequence_parallel: bool = False, recompute: str = "none") -> float:
-    """Bytes one transformer block keeps for its backward pass, per tensor-parallel rank (Korthikanti)."""
+                                 sequence_parallel: bool = False, recompute: str = "none", *,
+                                 ffn: int | None = None, kv_heads: int | None = None, gated_mlp: bool = False,
+                                 dropout: bool = True, dtype: str = "bf16", attention: str = "fused-softmax") -> float:
+    """Bytes one transformer block keeps for its backward pass, per tensor-parallel rank (see the module
+    docstring for the derivation). Defaults: Korthikanti's GPT block (ffn = 4h, MHA, GELU, dropout, bf16)
+    with the scores in memory."""
     check_recompute(recompute)
     s, b, h, a, t = float(seq_len), float(micro_batch), float(hidden), float(heads), float(tp)
-    sbh = s * b * h
+    f = float(ffn if ffn else 4 * hidden)
+    h_kv = h * (kv_heads or heads) / a
+    w, g = float(dtype_bytes(dtype)), float(gemm_input_bytes(dtype))
+    d = float(DROPOUT_MASK_BYTES) if dropout else 0.0
+    split_seq = t if sequence_parallel else 1.0
     if recompute == "full":
-        return 2.0 * sbh / (t if sequence_parallel else 1.0)
-    if recompute == "selective":
-        return 34.0 * sbh / t if sequence_parallel else sbh * (10.0 + 24.0 / t)
-    if sequence_parallel:
-        return sbh / t * (34.0 + 5.0 * a * s / h)
-    return sbh * (10.0 + 24.0 / t + 5.0 * a * s / (h * t))
+        return w * s * b * h / split_seq
+    replicated = (2.0 * w + 2.0 * g + 2.0 * d) * h
+    split = w * (h + 2.0 * h_kv) + g * h + (w * (2.0 if gated_mlp else 1.0) + g) * f
+    if attention == "flash":
+        scores = FP32_BYTES * a * s * b  # the log-sum-exp statistics; selective recompute has nothing to drop
+    elif recompute == "selective":
+        scores = 0.0
+    else:
+        scores = (w + d * (1.0 + w)) * a * s * s * b
+    return s * b * replicated / split_seq + (s * b * split + scores) / t
 
 
-def optimizer_state_bytes_per_param(optimizer: str, dtype: str) -> float:
+def parameter_bytes(optimizer: str, dtype: str, runtime: Runtime | str | None = None) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer states) bytes per parameter, before ZeRO (module docstring)."""
     check_optimizer(optimizer)
-    table = _OPTIMIZER_STATE_BYTES_FP32 if dtype == "fp32" else _OPTIMIZER_STATE_BYTES_MIXED
-    return table[optimizer]
+    rt = get_runtime(runtime)
+    weights = float(dtype_bytes(dtype))
+    gradients = float(rt.main_grad_bytes or weights)
+    mixed = weights < FP32_BYTES
+    states = _MOMENT_BYTES[optimizer]
+    if mixed:
+        states += FP32_BYTES  # the fp32 master weights
+        if gradients < FP32_BYTES:
+            states += FP32_BYTES  # the fp32 copy of the 16-bit gradient the step reads
+    return weights, gradients, states
+
+
+def optimizer_state_bytes_per_param(optimizer: str, dtype: str, runtime: Runtime | str | None = None) -> float:
+    return parameter_bytes(optimizer, dtype, runtime)[2]
+
+
+def fixed_overhead_bytes(runtime: Runtime | str | None = None) -> float:
+    """Memory every rank holds besides the model: CUDA context, GEMM workspaces, NCCL buffers."""
+    rt = get_runtime(runtime)
+    return float(rt.cuda_context_bytes + rt.gemm_workspace_bytes + rt.nccl_buffer_bytes)
 
 
 def memory_terms(params_per_rank, activation_bytes_per_micro_batch, micro_batches_in_flight, zero: int, dp,
-                 optimizer: str, dtype: str, transient_bytes=0.0) -> tuple:
+                 optimizer: str, dtype: str, transient_bytes=0.0, runtime: Runtime | str | None = None) -> tuple:
     """(weights, gradients, optimizer states, activations, other) bytes per device; the arguments may be
     numpy arrays (one entry per stage or replica group). See ``stage_memory``."""
-    width = dtype_bytes(dtype)
-    weights = params_per_rank * width
-    gradients = params_per_rank * width
-    states = params_per_rank * optimizer_state_bytes_per_param(optimizer, dtype)
+    rt = get_runtime(runtime)
+    per_weight, per_gradient, per_state = parameter_bytes(optimizer, dtype, rt)
+    weights = params_per_rank * per_weight
+    gradients = params_per_rank * per_gradient
+    states = params_per_rank * per_state
     if zero >= 1:
         states = states / dp
     if zero >= 2:
@@ -95,26 +173,28 @@ def memory_terms(params_per_rank, activation_bytes_per_micro_batch, micro_batche
     if zero >= 3:
         weights = weights / dp
     activations = activation_bytes_per_micro_batch * micro_batches_in_flight
-    steady = weights + gradients + states + activations + transient_bytes
-    other = transient_bytes + FRAGMENTATION_FRACTION * steady + FIXED_RESERVE_BYTES
+    allocated = weights + gradients + states + activations + transient_bytes
+    other = transient_bytes + rt.allocator_reserve_fraction * allocated + fixed_overhead_bytes(rt)
     return weights, gradients, states, activations, other
 
 
 def stage_memory(params_per_rank, activation_bytes_per_micro_batch, micro_batches_in_flight, zero: int, dp: int,
-                 optimizer: str, dtype: str, transient_bytes=0.0) -> MemoryBreakdown:
+                 optimizer: str, dtype: str, transient_bytes=0.0, runtime: Runtime | str | None = None) -> MemoryBreakdown:
     """Bytes per device of a stage whose ranks each hold ``params_per_rank`` parameters.
 
     ``transient_bytes`` is memory needed only briefly on top of the steady state (the full activations of
-    one layer while it is recomputed, a ZeRO-3 gathered layer); it joins ``other_bytes`` with the margin
-    (``FRAGMENTATION_FRACTION`` of everything, plus ``FIXED_RESERVE_BYTES``). The numeric arguments may be
-    numpy arrays (the search passes a matrix of candidate stages); the fields are then arrays too.
+    one layer while it is recomputed, a ZeRO-3 gathered layer); it joins ``other_bytes`` with the runtime's
+    fixed overheads and allocator reserve. The numeric arguments may be numpy arrays (the search passes a
+    matrix of candidate stages); the fields are then arrays too. ``runtime``: the training stack whose state
+    layout and overheads apply (None: the default runtime).
     """
     if zero not in (0, 1, 2, 3):
         raise ConfigError(f"zero={zero} is not a ZeRO stage; use 0, 1, 2 or 3")
     if np.any(np.asarray(dp) < 1):
         raise ConfigError(f"dp={dp} must be at least 1")
     terms = memory_terms(params_per_rank, activation_bytes_per_micro_batch,
-                         np.maximum(0.0, micro_batches_in_flight), zero, dp, optimizer, dtype, transient_bytes)
+                         np.maximum(0.0, micro_batches_in_flight), zero, dp, optimizer, dtype, transient_bytes,
+                         runtime)
     if all(np.ndim(t) == 0 for t in terms):
         terms = tuple(float(t) for t in terms)
     weights, gradients, states, activations, other = terms

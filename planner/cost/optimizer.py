@@ -1,28 +1,44 @@
 """The optimizer step: memory bound, a fixed number of bytes read and written per parameter.
 
-Mixed precision (bf16/fp16 weights, fp32 master weights and states), per parameter:
-Adam reads the fp32 master weight, momentum and variance and the 2-byte gradient and writes the three fp32
-tensors and the 2-byte working copy: 4*3 + 2 + 4*3 + 2 = 28 bytes. SGD with momentum and Adagrad keep one
-state: 4*2 + 2 + 4*2 + 2 = 20 bytes. In fp32 there is no separate working copy (4-byte gradients and weights).
+The bytes follow the state layout of ``planner.cost.memory.parameter_bytes`` (weights ``w``, gradient buffer
+``g``, fp32 moments, and for 16-bit weights an fp32 master copy), as a fused multi-tensor optimizer
+(Apex/Transformer Engine FusedAdam, ``torch.optim`` foreach) streams them once per step:
+
+* the gradient is read once (``g``); a 16-bit gradient is first copied to fp32 (read ``g``, write 4) and the
+  copy read by the step (4) -- Megatron's ``main_param.grad``;
+* every fp32 moment is read and written (Adam: 2 x (4 + 4); SGD with momentum and Adagrad: 4 + 4);
+* mixed precision: the fp32 master is read and written (4 + 4) and the working weights written (``w``);
+  fp32 training updates the weights in place (read and write ``w``).
+
+Megatron-Core's bf16 weights with fp32 main grads, Adam: 4 + 16 + 8 + 2 = 30 bytes per parameter.
 With ZeRO >= 1 each data-parallel rank updates only its ``1/dp`` share.
 """
 
 from __future__ import annotations
 
 from planner.cost.calibration import DeviceCalibration
-from planner.cost.memory import check_optimizer
+from planner.cost.memory import FP32_BYTES, parameter_bytes
 from planner.hardware.efficiency import memory_time_s
+from planner.runtime import Runtime
 from planner.types import DeviceProfile
 
-_BYTES_PER_PARAM_MIXED = {"adam": 28.0, "sgd": 20.0, "adagrad": 20.0}
-_BYTES_PER_PARAM_FP32 = {"adam": 24.0, "sgd": 16.0, "adagrad": 16.0}
+
+def optimizer_bytes_per_param(optimizer: str, dtype: str, runtime: Runtime | str | None = None) -> float:
+    """Bytes one optimizer step moves through device memory per parameter (module docstring)."""
+    weights, gradient, states = parameter_bytes(optimizer, dtype, runtime)
+    mixed = weights < FP32_BYTES
+    moments = states - (FP32_BYTES if mixed else 0.0) - (FP32_BYTES if mixed and gradient < FP32_BYTES else 0.0)
+    traffic = gradient + 2.0 * moments
+    if mixed and gradient < FP32_BYTES:
+        traffic += 2.0 * FP32_BYTES  # the fp32 gradient copy: written, then read by the step
+    traffic += 2.0 * FP32_BYTES + weights if mixed else 2.0 * weights
+    return traffic
 
 
 def optimizer_time_s(params_per_rank: float, profile: DeviceProfile, optimizer: str, zero: int, dp: int,
-                     dtype: str = "bf16", calibration: DeviceCalibration | None = None) -> float:
+                     dtype: str = "bf16", calibration: DeviceCalibration | None = None,
+                     runtime: Runtime | str | None = None) -> float:
     """Seconds of one optimizer step on one rank holding ``params_per_rank`` parameters."""
-    check_optimizer(optimizer)
-    table = _BYTES_PER_PARAM_FP32 if dtype == "fp32" else _BYTES_PER_PARAM_MIXED
     params = params_per_rank / dp if zero >= 1 and dp > 1 else params_per_rank
     scale = calibration.memory_scale if calibration is not None else 1.0
-    return memory_time_s(profile, params * table[optimizer]) / scale
+    return memory_time_s(profile, params * optimizer_bytes_per_param(optimizer, dtype, runtime)) / scale
