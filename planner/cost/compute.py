@@ -1,24 +1,42 @@
 """Per-layer forward/backward times on one device type, with tensor-parallel-sharded shapes.
 
-For each operation of a layer (numbers per sample, scaled by the micro-batch):
+For each operation of a layer (numbers per sample, scaled by the micro-batch; byte counts rescaled from the
+importer's 2-byte floats to the training dtype's width, ``memory.activation_scale``):
 
 * a GEMM (``OpCost.gemm = (m, n, k)``) is sharded by its ``tp_split`` (column: ``n / t``; row: ``k / t``;
   sharded: ``m / t``, the heads of a batched attention product) and timed as
-  ``max(FLOPs / (peak x efficiency(FLOPs) x gemm_scale), bytes / achieved bandwidth)``; its backward is the
-  two GEMMs ``(m, k, n)`` (input gradient) and ``(k, n, m)`` (weight gradient);
+  ``max(FLOPs / (peak(dtype) x efficiency(m, n, k) x gemm_scale), operand bytes / achieved bandwidth)``:
+  the peak of the training dtype's tensor-core format (tf32, bf16/fp16, fp8), the profile's efficiency curve
+  at the GEMM's FLOPs times its tile quantization (``hardware.efficiency.gemm_shape_efficiency``), operands
+  at the GEMM-input width (1 byte under fp8) and the output at the activation width; its backward is the two
+  GEMMs ``(m, k, n)`` (input gradient) and ``(k, n, m)`` (weight gradient);
 * any other operation is memory bound: ``bytes / (bandwidth x memory efficiency x memory_scale)`` (or FLOP
   bound if that is slower); its backward reads and writes about twice as much (``2x``). Element-wise work
   that tensor parallelism leaves replicated (layer norms, dropout, residual adds) is divided by ``t`` under
   sequence parallelism;
-* each kernel also pays the profile's ``op_overhead_s``.
+* each kernel also pays the profile's ``op_overhead_s`` (the launch floor: a kernel cannot start sooner
+  after the previous one, however small it is).
+
+Attention core (the ops with ``OpCost.role == "attention-core"``: Q·Kᵀ, scale, mask, softmax, its dropout,
+probabilities·V), by the runtime's kernel (``Runtime.attention``):
+
+* ``unfused``: every operation a kernel of its own, as the ONNX graph is written;
+* ``fused-softmax``: scale, mask and softmax one kernel (Megatron-LM's ``FusedScaleMaskSoftmax``) that reads
+  the scores once and writes the probabilities once, with the FLOPs of the three; dropout and the two
+  products stay separate;
+* ``flash``: one kernel (FlashAttention-2) doing the two products' FLOPs at FlashAttention-2's measured
+  fraction of peak, the scores never leaving the chip (its memory term is Q, K, V and the output); its
+  backward does 2.5x the FLOPs at the backward fraction (``hardware.efficiency.FLASH_*``).
 
 Tensor-parallel communication (Megatron-LM): every row-parallel GEMM's output is all-reduced in the forward
 pass and the matching input gradient in the backward pass (with sequence parallelism: a reduce-scatter plus
 an all-gather each, the same bytes); a layer with column-parallel GEMMs but no row-parallel one (the output
-head) all-reduces its input gradient once.
+head) all-reduces its input gradient once. Messages are at the activation width of the training dtype.
 
-Recompute: ``selective`` re-runs the attention core (the operations whose tensors grow with ``seq^2``) before
-the backward pass; ``full`` re-runs the whole forward pass, communication included.
+Recompute: ``selective`` re-runs the attention core before the backward pass (Korthikanti et al. 2022,
+Sec. 5; Megatron-LM ``--recompute-granularity selective``), found by role, never by tensor size; under
+FlashAttention there is nothing left to recompute (no score tensor is kept), so it costs what ``none`` does.
+``full`` re-runs the whole forward pass, communication included.
 """
 
 from __future__ import annotations
@@ -29,9 +47,14 @@ import numpy as np
 
 from planner.cost.calibration import DeviceCalibration, calibration_for
 from planner.cost.comm import tp_collective_time_s
-from planner.cost.memory import check_recompute, dtype_bytes, transformer_activation_bytes
+from planner.cost.memory import (FP32_BYTES, activation_scale, check_recompute, dtype_bytes, gemm_input_bytes,
+                                 transformer_activation_bytes)
 from planner.errors import ConfigError
-from planner.hardware.efficiency import gemm_efficiency, memory_time_s, peak_flops_per_s
+from planner.graph.ir import ACT_BYTES
+from planner.graph.transformer import ATTENTION_CORE
+from planner.hardware.efficiency import (FLASH_BACKWARD_EFFICIENCY, FLASH_BACKWARD_FLOPS_RATIO,
+                                         FLASH_FORWARD_EFFICIENCY, gemm_shape_efficiency, memory_time_s,
+                                         peak_flops_per_s)
 from planner.runtime import Runtime, get_runtime
 from planner.types import DeviceProfile, Layer, LayerGraph, NodeProfile, OpCost
 
@@ -56,33 +79,38 @@ class LayerCosts:
     output_bytes: np.ndarray
 
 
-def _gemm_time_s(profile: DeviceProfile, m: float, n: float, k: float, dtype: str, cal: DeviceCalibration,
-                 traffic_scale: float = 1.0) -> float:
+def _gemm_time_s(profile: DeviceProfile, m: float, n: float, k: float, dtype: str, cal: DeviceCalibration) -> float:
     flops = 2.0 * m * n * k
     if flops <= 0:
         return 0.0
     peak = peak_flops_per_s(profile, dtype)
-    efficiency = min(1.0, gemm_efficiency(profile, flops) * cal.gemm_scale)
-    width = dtype_bytes(dtype)
-    traffic = (m * k + k * n + m * n) * width * traffic_scale
+    efficiency = min(1.0, gemm_shape_efficiency(profile, m, n, k) * cal.gemm_scale)
+    traffic = (m * k + k * n) * gemm_input_bytes(dtype) + m * n * dtype_bytes(dtype)
     return max(flops / (peak * efficiency), memory_time_s(profile, traffic) / cal.memory_scale) \
         + profile.op_overhead_s
 
 
-def _elementwise_time_s(profile: DeviceProfile, flops: float, traffic_bytes: float, dtype: str,
-                        cal: DeviceCalibration) -> float:
+def _elementwise_time_s(profile: DeviceProfile, flops: float, traffic_bytes: float, cal: DeviceCalibration) -> float:
     if traffic_bytes <= 0 and flops <= 0:
         return 0.0
     peak = peak_flops_per_s(profile, "fp32")
     return max(memory_time_s(profile, traffic_bytes) / cal.memory_scale, flops / peak) + profile.op_overhead_s
 
 
-def _is_attention_core(op: OpCost, layer: Layer) -> bool:
-    """Operations whose tensors grow with seq^2 (scores, softmax, its dropout, the two batched products)."""
-    dims = layer.transformer
-    if dims is None:
-        return False
-    return max(op.bytes_read, op.bytes_written) >= dims.heads * dims.seq_len * dims.seq_len
+def attention_core_mask(layer: Layer) -> tuple[bool, ...]:
+    """Which of ``layer.ops`` form the attention core: the ops the importer gave that role; for a block
+    without roles (built by hand), the two batched activation products (tensor-parallel "sharded" GEMMs) and
+    the sharded operations between them."""
+    ops = layer.ops
+    if any(op.role == ATTENTION_CORE for op in ops):
+        return tuple(op.role == ATTENTION_CORE for op in ops)
+    if layer.transformer is None:
+        return (False,) * len(ops)
+    products = [i for i, op in enumerate(ops) if op.gemm is not None and op.tp_split == "sharded"]
+    if len(products) < 2:
+        return (False,) * len(ops)
+    first, last = products[0], products[1]
+    return tuple(first <= i <= last and op.tp_split == "sharded" for i, op in enumerate(ops))
 
 
 @dataclass(frozen=True)
@@ -99,7 +127,7 @@ class _OneLayer:
 
 
 def _op_signature(op: OpCost) -> tuple:
-    return (op.op_type, op.flops, op.bytes_read, op.bytes_written, op.gemm, op.tp_split)
+    return (op.op_type, op.flops, op.bytes_read, op.bytes_written, op.gemm, op.tp_split, op.role)
 
 
 def _layer_signature(layer: Layer) -> tuple:
@@ -107,67 +135,104 @@ def _layer_signature(layer: Layer) -> tuple:
             layer.transformer, tuple(_op_signature(op) for op in layer.ops))
 
 
+def _shard(m: float, n: float, k: float, split: str, tp: int) -> tuple[float, float, float]:
+    if split == "column":
+        return m, n / tp, k
+    if split == "row":
+        return m, n, k / tp
+    if split == "sharded":
+        return m / tp, n, k
+    return m, n, k
+
+
+def _flash_times_s(profile: DeviceProfile, products: list[tuple[float, float, float]], dtype: str,
+                   cal: DeviceCalibration) -> tuple[float, float]:
+    """(forward, backward) seconds of one FlashAttention-2 kernel doing ``products`` (the sharded (m, n, k)
+    of Q·Kᵀ and P·V): FLOPs at FlashAttention-2's fractions of peak, traffic Q, K, V and O (forward) plus dO,
+    dQ, dK, dV (backward), each ``m x k`` of the Q·Kᵀ product at the activation width."""
+    flops = sum(2.0 * m * n * k for m, n, k in products)
+    m, _, k = products[0]
+    tensor = m * k * dtype_bytes(dtype)
+    peak = peak_flops_per_s(profile, dtype)
+    forward = max(flops / (peak * FLASH_FORWARD_EFFICIENCY), memory_time_s(profile, 4.0 * tensor) / cal.memory_scale)
+    backward = max(FLASH_BACKWARD_FLOPS_RATIO * flops / (peak * FLASH_BACKWARD_EFFICIENCY),
+                   memory_time_s(profile, 8.0 * tensor) / cal.memory_scale)
+    return forward + profile.op_overhead_s, backward + profile.op_overhead_s
+
+
 def _costs_of_ops(layer: Layer, node: NodeProfile, tp: int, mb: int, sp: bool, dtype: str,
-                  cal: DeviceCalibration) -> tuple[float, float, float, float, float]:
+                  cal: DeviceCalibration, attention: str) -> tuple[float, float, float, float, float]:
     """(forward compute, backward compute, attention-core forward, tp forward comm, tp backward comm)."""
     profile = node.device
-    fwd = bwd = attention = 0.0
+    fwd = bwd = core_fwd = 0.0
     tp_bytes_fwd = 0.0
     tp_bytes_bwd = 0.0
     kind = "reduce_scatter+all_gather" if sp else "all_reduce"
     has_row = has_column = False
     first_column_input = 0.0
+    scale = activation_scale(dtype)
     width = dtype_bytes(dtype)
     ops = layer.ops
     if not ops:  # no operator detail: one GEMM-like block of the layer's FLOPs
         ops = (OpCost(layer.name, "Layer", layer.flops_forward, 0.0, layer.output_bytes,
                       None, "sharded" if tp > 1 else "replicated"),)
-    for op in ops:
+    core = attention_core_mask(layer) if layer.ops else (False,)
+    flash_products: list[tuple[float, float, float]] = []
+    fused_flops = 0.0  # scale-mask-softmax of the fused kernel, gathered until its softmax
+    for op, in_core in zip(ops, core):
         split = op.tp_split
-        core = _is_attention_core(op, layer)
-        traffic_scale = cal.attention_traffic_scale if core else 1.0
         if layer.kind == "head" and op.gemm is not None and split == "replicated":
             split = "column"  # Megatron-LM's vocabulary-parallel output layer
         if op.gemm is not None:
-            m, n, k = op.gemm
-            m = float(m) * mb
-            n, k = float(n), float(k)
+            m, n, k = _shard(float(op.gemm[0]) * mb, float(op.gemm[1]), float(op.gemm[2]), split, tp)
             if split == "column":
-                n = n / tp
                 has_column = True
                 if not first_column_input:
                     first_column_input = m * k * width
             elif split == "row":
-                k = k / tp
                 has_row = True
-                tp_bytes_fwd += op.bytes_written * mb
-            elif split == "sharded":
-                m = m / tp
-            f = _gemm_time_s(profile, m, n, k, dtype, cal, traffic_scale)
-            b = (_gemm_time_s(profile, m, k, n, dtype, cal, traffic_scale)
-                 + _gemm_time_s(profile, k, n, m, dtype, cal, traffic_scale))
+                tp_bytes_fwd += op.bytes_written * mb * scale
+            if in_core and attention == "flash":
+                flash_products.append((m, n, k))
+                continue
+            f = _gemm_time_s(profile, m, n, k, dtype, cal)
+            b = _gemm_time_s(profile, m, k, n, dtype, cal) + _gemm_time_s(profile, k, n, m, dtype, cal)
         else:
+            if in_core and attention == "flash":
+                continue  # fused into the FlashAttention kernel, scores kept on chip
             shard = tp if split in ("column", "row", "sharded") or (sp and layer.kind == "block") else 1
             if split == "row":
                 has_row = True
-                tp_bytes_fwd += op.bytes_written * mb
-            f = _elementwise_time_s(profile, op.flops * mb / shard,
-                                    (op.bytes_read + op.bytes_written) * mb / shard * traffic_scale, dtype, cal)
+                tp_bytes_fwd += op.bytes_written * mb * scale
+            flops = op.flops * mb / shard
+            traffic = (op.bytes_read + op.bytes_written) * mb / shard * scale
+            if in_core and attention == "fused-softmax":
+                if op.op_type != "Softmax":
+                    fused_flops += flops  # scale and mask: inside the fused softmax kernel
+                    continue
+                flops += fused_flops
+                fused_flops = 0.0
+            f = _elementwise_time_s(profile, flops, traffic, cal)
             b = 2.0 * f
         fwd += f
         bwd += b
-        if core:
-            attention += f
+        if in_core:
+            core_fwd += f
+    if flash_products:
+        f, b = _flash_times_s(profile, flash_products, dtype, cal)
+        fwd += f
+        bwd += b
+        core_fwd += f
     tp_fwd = tp_bwd = 0.0
     if tp > 1 and layer.kind == "embedding" and not has_row:
-        tp_bytes_fwd = layer.output_bytes * mb  # vocabulary-parallel lookup: all-reduce of the embeddings
+        tp_bytes_fwd = layer.output_bytes * mb * scale  # vocabulary-parallel lookup: all-reduce of the embeddings
     if tp > 1:
         tp_bytes_bwd = tp_bytes_fwd if has_row else (first_column_input if has_column else 0.0)
         if layer.kind == "embedding":
             tp_bytes_bwd = 0.0
         tp_fwd = tp_collective_time_s(kind, tp_bytes_fwd, node, tp, cal) if tp_bytes_fwd else 0.0
         tp_bwd = tp_collective_time_s(kind, tp_bytes_bwd, node, tp, cal) if tp_bytes_bwd else 0.0
-    return fwd, bwd, attention, tp_fwd, tp_bwd
+    return fwd, bwd, core_fwd, tp_fwd, tp_bwd
 
 
 def _tp_sharded_params(layer: Layer, tp: int) -> float:
@@ -177,17 +242,26 @@ def _tp_sharded_params(layer: Layer, tp: int) -> float:
     return layer.params / tp if splits else float(layer.params)
 
 
-def _activation_bytes(layer: Layer, tp: int, mb: int, sp: bool, recompute: str) -> tuple[float, float]:
+def _activation_bytes(layer: Layer, tp: int, mb: int, sp: bool, recompute: str, dtype: str,
+                      attention: str) -> tuple[float, float]:
     """(held per micro-batch, held with no recompute) for one layer on one rank."""
     dims = layer.transformer
     if dims is not None and layer.kind == "block":
-        held = transformer_activation_bytes(dims.seq_len, mb, dims.hidden, dims.heads, tp, sp, recompute)
-        full = transformer_activation_bytes(dims.seq_len, mb, dims.hidden, dims.heads, tp, sp, "none")
+        shape = dict(ffn=dims.ffn, kv_heads=dims.kv_heads, gated_mlp=dims.gated_mlp, dropout=dims.dropout,
+                     dtype=dtype, attention=attention)
+        held = transformer_activation_bytes(dims.seq_len, mb, dims.hidden, dims.heads, tp, sp, recompute, **shape)
+        full = transformer_activation_bytes(dims.seq_len, mb, dims.hidden, dims.heads, tp, sp, "none", **shape)
         return held, full
     sharded = any(op.tp_split != "replicated" for op in layer.ops) or layer.kind in ("embedding", "head")
-    full = layer.activation_bytes * mb / (tp if sharded else 1)
+    saved = layer.activation_bytes * activation_scale(dtype)
+    if layer.kind == "head":
+        # the loss keeps its softmax over the logits in fp32 for the backward pass (Megatron-LM's
+        # vocab_parallel_cross_entropy saves exp(logits) of the .float() logits; torch's cross_entropy on
+        # fp32 logits saves the log-softmax): 4 bytes per logit, split over the vocabulary-parallel ranks
+        saved += FP32_BYTES * layer.output_bytes / ACT_BYTES
+    full = saved * mb / (tp if sharded else 1)
     if recompute == "full":
-        boundary = (layer.input_bytes or layer.output_bytes) * mb
+        boundary = (layer.input_bytes or layer.output_bytes) * activation_scale(dtype) * mb
         return min(full, boundary), full
     return full, full
 
@@ -242,10 +316,12 @@ def _one_layer(layer: Layer, node: NodeProfile, tp: int, mb: int, recompute: str
     hit = _ONE_LAYER_CACHE.get((node,), args)
     if hit is not None:
         return hit  # type: ignore[return-value]
-    fwd, bwd, attention, tp_fwd, tp_bwd = _costs_of_ops(layer, node, tp, mb, sp, dtype, cal)
-    held, full = _activation_bytes(layer, tp, mb, sp, recompute)
-    output = layer.output_bytes * mb / tp
-    result = _OneLayer(fwd, bwd, attention, tp_fwd, tp_bwd, held, full, _tp_sharded_params(layer, tp), output)
+    fwd, bwd, core, tp_fwd, tp_bwd = _costs_of_ops(layer, node, tp, mb, sp, dtype, cal, runtime.attention)
+    if runtime.attention == "flash":
+        core = 0.0  # FlashAttention keeps no score tensor: selective recompute has nothing to re-run
+    held, full = _activation_bytes(layer, tp, mb, sp, recompute, dtype, runtime.attention)
+    output = layer.output_bytes * activation_scale(dtype) * mb / tp  # the boundary tensor at the dtype's width
+    result = _OneLayer(fwd, bwd, core, tp_fwd, tp_bwd, held, full, _tp_sharded_params(layer, tp), output)
     _ONE_LAYER_CACHE.put((node,), args, result)
     return result
 

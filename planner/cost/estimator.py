@@ -168,7 +168,8 @@ def _placement(model: LayerGraph, cluster: Cluster, stages: tuple[StageSpec, ...
         pairs = [dp_comm_total_s(p[i], groups[row_stage[i]], zero, dtype) for i in range(len(rows))]
         reduce_s.append(np.array([a for a, _ in pairs]))
         gather_s.append(np.array([b for _, b in pairs]))
-        opt_s.append(np.array([optimizer_time_s(p[i], nodes[i].device, optimizer, zero, row_dp[i], dtype, cals[i])
+        opt_s.append(np.array([optimizer_time_s(p[i], nodes[i].device, optimizer, zero, row_dp[i], dtype, cals[i],
+                                                runtime)
                                for i in range(len(rows))]))
     z3 = np.array([zero3_gather_time_s(p[i], groups[row_stage[i]], dtype) for i in range(len(rows))])
     return _Placement(
@@ -335,7 +336,8 @@ def _evaluate(work: _Work, schedule: str, vpp: int, zero: int, exact: bool,
     transient = work.transient_bytes
     if zero == 3:
         transient = transient + 2.0 * pl.largest_layer_params * dtype_bytes(pl.dtype)  # gathered + prefetched
-    terms = memory_terms(pl.params, work.activation_bytes, flight, zero, pl.row_dp, pl.optimizer, pl.dtype, transient)
+    terms = memory_terms(pl.params, work.activation_bytes, flight, zero, pl.row_dp, pl.optimizer, pl.dtype, transient,
+                         pl.runtime)
     total = sum(terms)
     return _Result(schedule, vpp, zero, iteration, float(pipeline), stage_f, stage_b, stage_tp, stage_z3,
                    stage_sync, stage_opt, critical_sync, critical_opt, f, b, terms, total,
@@ -401,6 +403,9 @@ def _to_estimate(work: _Work, result: _Result) -> Estimate:
                           "mean of the fitted (runtime, device) entries' efficiency parameters is used"
                           for cal_name, cal in ((n.device.name, c) for n, c in zip(pl.nodes, pl.cals))
                           if not cal.fitted}))
+    if work.recompute == "selective" and pl.runtime.attention == "flash":
+        notes += (f"recompute=selective under {pl.runtime.name}'s FlashAttention: no attention scores are kept, "
+                  "so there is nothing to recompute; time and memory are those of recompute=none",)
     iteration = result.iteration_s
     return Estimate(config=config, iteration_time_s=iteration,
                     throughput_samples_per_s=work.global_batch / iteration if iteration > 0 else 0.0,

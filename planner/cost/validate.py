@@ -3,6 +3,7 @@ and the nearest valid values (``ConfigError``; the CLI prints it as one line and
 
 from __future__ import annotations
 
+from planner.cost.memory import DTYPE_BYTES
 from planner.cost.schedule import SCHEDULES
 from planner.errors import ConfigError
 from planner.types import Cluster, LayerGraph, ParallelConfig
@@ -124,5 +125,5 @@ def check_config(model: LayerGraph, cluster: Cluster, config: ParallelConfig) ->
                           "or use tp 2 or more")
     if config.optimizer not in ("adam", "sgd", "adagrad"):
         raise ConfigError(f"optimizer {config.optimizer!r} is not one of adam, sgd, adagrad")
-    if config.dtype is not None and config.dtype not in ("bf16", "fp16", "fp32"):
-        raise ConfigError(f"dtype {config.dtype!r} is not one of bf16, fp16, fp32")
+    if config.dtype is not None and config.dtype not in DTYPE_BYTES:
+        raise ConfigError(f"dtype {config.dtype!r} is not one of {', '.join(DTYPE_BYTES)}")

@@ -4,7 +4,9 @@ The cost model calls these for every op of every candidate, so they are plain ar
 cached per curve (a curve is a tuple, hence hashable; the profile itself holds a dict and is not).
 
 * ``gemm_efficiency(profile, flops)``: achieved fraction of peak for a GEMM of ``flops`` FLOPs,
-  interpolated linearly in log(flops) between the curve's points, clamped at both ends.
+  interpolated linearly in log(flops) between the curve's points, clamped at both ends;
+  ``gemm_shape_efficiency(profile, m, n, k)`` the same for a GEMM of that shape: the curve (measured on square
+  GEMMs, whose sides are multiples of every tile) times the tile quantization of ``m x n``;
 * ``matmul_time_s(profile, m, n, k, dtype)``: roofline of one GEMM, max(compute, memory).
 * ``memory_time_s(profile, bytes)``: time to stream ``bytes`` through device memory.
 
@@ -99,6 +101,35 @@ def peak_flops_per_s(profile: DeviceProfile, dtype: str = "bf16") -> float:
 
 def gemm_efficiency(profile: DeviceProfile, flops: float) -> float:
     return interpolate_log(profile.gemm_efficiency, flops)
+
+
+# The output tile granularity of tensor-core GEMM kernels: cuBLAS and CUTLASS tile the m x n output in
+# thread-block tiles of 256x128, 128x128, 128x64 or 64x64 and pick the one that wastes least (NVIDIA Deep
+# Learning Performance Guide, "Matrix Multiplication Background", Sec. 2.3 and 3.1 "Tile Quantization"); a
+# dimension that is not a multiple of the smallest, 64, leaves part of its last tile idle.
+GEMM_TILE = 64
+
+
+def tile_quantization(m: float, n: float, tile: int = GEMM_TILE) -> float:
+    """Fraction of the issued output tiles' work that is useful: ``m n / (ceil(m/T) T ceil(n/T) T)``."""
+    if m <= 0 or n <= 0:
+        return 1.0
+    return (m * n) / (math.ceil(m / tile) * tile * math.ceil(n / tile) * tile)
+
+
+def gemm_shape_efficiency(profile: DeviceProfile, m: float, n: float, k: float) -> float:
+    """Achieved fraction of peak of an (m x k) @ (k x n) GEMM: the profile's curve at its FLOPs (how well a
+    GEMM of that size fills the device) times its tile quantization."""
+    return gemm_efficiency(profile, 2.0 * m * n * k) * tile_quantization(m, n)
+
+
+# FlashAttention-2's measured fraction of the A100's tensor-core peak (Dao 2023, "FlashAttention-2: Faster
+# Attention with Better Parallelism and Work Partitioning", Sec. 4.1: up to 73% forward and 63% backward, at
+# head dimension 128); taken as device independent. Its backward pass does 2.5x the forward's FLOPs (it
+# recomputes Q K^T and runs four more products: Sec. 4.1's FLOP count, 2.5 x 4 s^2 d per head).
+FLASH_FORWARD_EFFICIENCY = 0.73
+FLASH_BACKWARD_EFFICIENCY = 0.63
+FLASH_BACKWARD_FLOPS_RATIO = 2.5
 
 
 def memory_efficiency(profile: DeviceProfile, nbytes: float) -> float:

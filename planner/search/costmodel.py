@@ -55,13 +55,13 @@ class CostModelBackend:
 
     def static_bytes(self, params_per_rank: np.ndarray, option: StageOption, settings: Settings) -> np.ndarray:
         mem = stage_memory(np.asarray(params_per_rank, dtype=float), 0.0, 0, settings.zero, settings.dp,
-                           settings.optimizer, settings.dtype)
+                           settings.optimizer, settings.dtype, runtime=settings.runtime)
         return mem.weights_bytes + mem.gradients_bytes + mem.optimizer_bytes
 
     def stage_bytes(self, params_per_rank: np.ndarray, act_bytes: np.ndarray, in_flight: float,
                     peak_bytes: np.ndarray, option: StageOption, settings: Settings) -> np.ndarray:
         return stage_memory(params_per_rank, act_bytes, in_flight, settings.zero, settings.dp, settings.optimizer,
-                            settings.dtype, peak_bytes).total_bytes
+                            settings.dtype, peak_bytes, settings.runtime).total_bytes
 
     def capacity_bytes(self, option: StageOption) -> float:
         return float(self.cluster.groups[option.pool].node.device.memory_bytes)
@@ -148,7 +148,7 @@ class CostModelBackend:
             sync = dp_sync_time_s(float(p), group, settings.zero, settings.dtype,
                                   cal.dp_overlap * float(b) / settings.vpp, cal.dp_overlap * float(f) / settings.vpp)
             step = optimizer_time_s(float(p), device, settings.optimizer, settings.zero, settings.dp,
-                                    settings.dtype, cal)
+                                    settings.dtype, cal, settings.runtime)
             out[j] = sync + step
         self._tails[key] = out
         return out
