@@ -1,0 +1,204 @@
+"""Laws the cost model must obey, each checked against a count written out here rather than against the
+model's own numbers: what selective recompute re-runs, FlashAttention, activation bytes by dtype and block
+shape (Korthikanti et al. 2022 for GPT; a hand count for a SwiGLU / grouped-query block), Megatron's
+distributed-optimizer bytes per parameter, and GEMM efficiency against shape."""
+
+import dataclasses
+
+import pytest
+
+from planner.builders import build
+from planner.cost import estimate, layer_costs, stage_memory, transformer_activation_bytes
+from planner.cost.calibration import DeviceCalibration
+from planner.cost.compute import _gemm_time_s
+from planner.graph import import_model_proto
+from planner.graph.transformer import ATTENTION_CORE
+from planner.hardware import catalog, load_cluster
+from planner.runtime import get_runtime
+from planner.types import Layer, LayerGraph, ParallelConfig
+from tests.cost_models import gpt, gpt3_175b
+
+NODE = "dgx-a100-80gb"
+FUSED = "megatron-lm-2021"  # fused scale-mask-softmax: the scores stay in memory
+FLASH = "megatron-core"
+UNFUSED = dataclasses.replace(get_runtime(FUSED), name="unfused-test", attention="unfused")
+
+
+def _blocks(model: LayerGraph) -> list[int]:
+    return [i for i, layer in enumerate(model.layers) if layer.kind == "block"]
+
+
+def _llama(hidden=512, heads=8, kv_heads=2, ffn=1408, seq_len=256):
+    settings = dict(layers=2, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, seq_len=seq_len, vocab=1000)
+    return import_model_proto(build("llama", settings), {"batch": 1}, name="llama-test")
+
+
+# ------------------------------------------------------------------------------------------ recompute
+
+def test_attention_core_is_found_by_structure_not_size():
+    # in GPT-3 175B every weight GEMM's tensors exceed heads x s^2 elements; none of them is the core
+    block = gpt3_175b().layers[1]
+    core = [op for op in block.ops if op.role == ATTENTION_CORE]
+    assert [op.op_type for op in core] == ["MatMul", "Mul", "Where", "Softmax", "Dropout", "MatMul"]
+    assert all(op.tp_split == "sharded" for op in core)
+    weight_gemms = [op for op in block.ops if op.tp_split in ("column", "row") and op.gemm is not None]
+    assert len(weight_gemms) == 4 and not any(op.role for op in weight_gemms)
+
+
+@pytest.mark.parametrize("runtime", [UNFUSED, FUSED])
+@pytest.mark.parametrize("tp", [1, 4])
+def test_selective_recompute_adds_the_attention_core_forward_only(runtime, tp):
+    model = gpt(2, 1024, 16, 2048, 32000)
+    node = catalog.get_node(NODE)
+    none = layer_costs(model, node, tp, 2, "none", False, runtime=runtime)
+    selective = layer_costs(model, node, tp, 2, "selective", False, runtime=runtime)
+    for i in _blocks(model):
+        layer = model.layers[i]
+        # the same ops on their own, as a layer of their own: its forward is the core's forward time
+        core_only = dataclasses.replace(layer, kind="other", transformer=None,
+                                        ops=tuple(op for op in layer.ops if op.role == ATTENTION_CORE))
+        alone = LayerGraph("core", (core_only,))
+        expected = layer_costs(alone, node, tp, 2, "none", False, runtime=runtime).forward_s[0]
+        assert selective.backward_s[i] - none.backward_s[i] == pytest.approx(expected, rel=1e-9)
+        assert selective.forward_s[i] == none.forward_s[i]
+
+
+def test_selective_recompute_under_flash_attention_is_none():
+    model = gpt(2, 1024, 16, 2048, 32000)
+    node = catalog.get_node(NODE)
+    none = layer_costs(model, node, 2, 2, "none", True, runtime=FLASH)
+    selective = layer_costs(model, node, 2, 2, "selective", True, runtime=FLASH)
+    assert list(selective.backward_s) == list(none.backward_s)
+    assert list(selective.activation_bytes) == list(none.activation_bytes)
+    est = estimate(model, load_cluster("dgx-a100-80gb*1"),
+                   ParallelConfig(global_batch=16, tp=2, dp=4, recompute="selective", runtime=FLASH))
+    assert any("nothing to recompute" in note for note in est.notes)
+
+
+def test_flash_attention_keeps_no_score_tensor():
+    s, b, h, a, t = 4096, 1, 4096, 32, 2
+    flash = transformer_activation_bytes(s, b, h, a, t, True, attention="flash")
+    # Korthikanti's 34 sbh / t without the 5 a s^2 b / t of scores, plus the fp32 log-sum-exp per head and query
+    assert flash == pytest.approx(34 * s * b * h / t + 4 * a * s * b / t)
+    model = gpt(2, 1024, 16, 2048, 32000)
+    node = catalog.get_node(NODE)
+    fused = layer_costs(model, node, 1, 1, "none", False, runtime=FUSED)
+    flashed = layer_costs(model, node, 1, 1, "none", False, runtime=FLASH)
+    i = _blocks(model)[0]
+    assert fused.activation_bytes[i] - flashed.activation_bytes[i] == pytest.approx(
+        5 * 16 * 2048 * 2048 - 4 * 16 * 2048)
+
+
+# ------------------------------------------------------------------------------------------ activations
+
+@pytest.mark.parametrize("t", [1, 2, 8])
+def test_korthikanti_numbers_for_an_imported_gpt_block(t):
+    model = gpt(2, 1024, 16, 2048, 32000)
+    node = catalog.get_node(NODE)
+    s, b, h, a = 2048, 3, 1024, 16
+    sbh = s * b * h
+    i = _blocks(model)[0]
+    cases = {
+        ("none", False): sbh * (10 + 24 / t + 5 * a * s / (h * t)),
+        ("none", True): sbh / t * (34 + 5 * a * s / h),
+        ("selective", False): sbh * (10 + 24 / t),
+        ("selective", True): 34 * sbh / t,
+        ("full", False): 2 * sbh,
+    }
+    for (recompute, sp), expected in cases.items():
+        if sp and t == 1:
+            continue
+        got = layer_costs(model, node, t, b, recompute, sp, runtime=FUSED).activation_bytes[i]
+        assert got == pytest.approx(expected), (recompute, sp)
+
+
+@pytest.mark.parametrize("tp,sp", [(1, False), (2, False), (2, True)])
+def test_swiglu_gqa_block_against_a_hand_count(tp, sp):
+    hidden, heads, kv_heads, ffn, s = 512, 8, 2, 1408, 256
+    model = _llama(hidden, heads, kv_heads, ffn, s)
+    i = _blocks(model)[0]
+    assert model.layers[i].transformer.gated_mlp and not model.layers[i].transformer.dropout
+    b = 2
+    kv = hidden // heads * kv_heads
+    # per token, 2-byte (bf16) tensors, no dropout in Llama:
+    replicated = (2 * hidden + 2 * hidden  # the two RMSNorm inputs
+                  + 2 * hidden    # the Q/K/V projections' input (attention norm output)
+                  + 2 * hidden)   # the gate/up projections' input (MLP norm output)
+    split = (2 * hidden           # Q
+             + 2 * kv + 2 * kv    # K and V, kv_heads wide
+             + 2 * hidden         # output projection input
+             + 2 * ffn + 2 * ffn  # gate and up outputs (SiLU and the product need both)
+             + 2 * ffn)           # down projection input
+    scores = 2 * heads * s * s * b  # the softmax output, read by P.V (no dropout)
+    if sp:
+        expected = (s * b * (replicated + split) + scores) / tp
+    else:
+        expected = s * b * replicated + (s * b * split + scores) / tp
+    got = layer_costs(model, catalog.get_node(NODE), tp, b, "none", sp, runtime=FUSED).activation_bytes[i]
+    assert got == pytest.approx(expected)
+
+
+def test_fp32_activations_and_messages_are_twice_bf16():
+    model = _llama()  # no dropout masks, whose 1 byte does not scale with the dtype
+    node = catalog.get_node(NODE)
+    for recompute in ("none", "selective", "full"):
+        bf16 = layer_costs(model, node, 2, 2, recompute, True, "bf16", runtime=FUSED)
+        fp32 = layer_costs(model, node, 2, 2, recompute, True, "fp32", runtime=FUSED)
+        for i in _blocks(model):
+            assert fp32.activation_bytes[i] == pytest.approx(2 * bf16.activation_bytes[i])
+        assert list(fp32.output_bytes) == pytest.approx([2 * x for x in bf16.output_bytes])
+        assert all(f > b for f, b in zip(fp32.tp_comm_s[1:-1], bf16.tp_comm_s[1:-1]))
+
+
+def test_fp8_keeps_16_bit_activations_but_1_byte_gemm_inputs():
+    s, b, h, a = 2048, 1, 4096, 32
+    bf16 = transformer_activation_bytes(s, b, h, a, dtype="bf16")
+    fp8 = transformer_activation_bytes(s, b, h, a, dtype="fp8")
+    # four GEMM inputs go to one byte: QKV in (h), out-proj in (h), FC1 in (h), FC2 in (4h)
+    assert bf16 - fp8 == pytest.approx(s * b * (h + h + h + 4 * h))
+
+
+def test_tf32_and_fp8_are_accepted():
+    model = gpt(2, 1024, 16, 2048, 32000)
+    for cluster, dtype in (("dgx-a100-80gb*1", "tf32"), ("dgx-h100*1", "fp8")):
+        est = estimate(model, load_cluster(cluster), ParallelConfig(global_batch=16, tp=2, dp=4, dtype=dtype))
+        assert est.config.dtype == dtype and est.iteration_time_s > 0
+
+
+# ------------------------------------------------------------------------------------------ optimizer
+
+@pytest.mark.parametrize("d", [1, 2, 8, 64])
+def test_distributed_optimizer_bytes_per_parameter(d):
+    # Megatron-Core docs, distributed optimizer: (params, grads) -> bytes per parameter with ZeRO-1 over d
+    table = {("fp16", 0): 4 + 16 / d, ("bf16", 4): 6 + 12 / d, ("fp32", 4): 8 + 8 / d}
+    for (dtype, main_grad), per_param in table.items():
+        runtime = dataclasses.replace(get_runtime(FLASH), name=f"grads-{main_grad}", main_grad_bytes=main_grad)
+        mem = stage_memory(1e9, 0.0, 0, 1, d, "adam", dtype, runtime=runtime)
+        assert mem.weights_bytes + mem.gradients_bytes + mem.optimizer_bytes == pytest.approx(1e9 * per_param)
+
+
+# ------------------------------------------------------------------------------------------ small models
+
+def test_gemm_at_small_m_is_slower_per_flop():
+    profile = catalog.get_device("a100-80gb")
+    cal = DeviceCalibration()
+    per_flop = {m: _gemm_time_s(profile, m, 4096, 4096, "bf16", cal) / (2 * m * 4096 * 4096) for m in (16, 256, 8192)}
+    assert per_flop[16] > per_flop[256] > per_flop[8192]
+    # tile quantization: one row past a multiple of the 64-wide tile costs a whole extra tile row
+    assert _gemm_time_s(profile, 8193, 4096, 4096, "bf16", cal) > _gemm_time_s(profile, 8192, 4096, 4096, "bf16", cal)
+
+
+def test_every_kernel_pays_the_launch_floor():
+    model = gpt(2, 768, 12, 1024, 50257)
+    node = catalog.get_node(NODE)
+    floor = node.device.op_overhead_s
+    assert floor > 0
+    costs = layer_costs(model, node, 1, 1, "none", False, runtime=UNFUSED)
+    i = _blocks(model)[0]
+    kernels = sum(1 for op in model.layers[i].ops if op.gemm is not None or op.bytes_read + op.bytes_written > 0)
+    assert costs.forward_s[i] >= kernels * floor
+    # a tiny layer takes at least its kernels' launch floors, however little work it does
+    tiny = Layer(0, "tiny", "other", 0, 1.0, 0.0, 2.0, ops=model.layers[i].ops[:1])
+    small = dataclasses.replace(tiny, ops=(dataclasses.replace(tiny.ops[0], flops=1.0, bytes_read=2.0,
+                                                               bytes_written=2.0),))
+    assert layer_costs(LayerGraph("t", (small,)), node, 1, 1, "none", False).forward_s[0] >= floor
