@@ -55,10 +55,9 @@ class Runtime:
     tensor_parallel: bool
     pipeline_parallel: bool
     # --- fixed memory every rank holds besides the model (planner.cost.memory adds them to other_bytes)
-    # the CUDA context with the framework's kernels loaded lazily (CUDA_MODULE_LOADING=LAZY, the default
-    # since CUDA 12.2 and in PyTorch's wheels): about 0.5 GiB per process as nvidia-smi reports it after
-    # torch.cuda.init() on A100/H100 (CUDA C++ Programming Guide, "Lazy Loading")
-    cuda_context_bytes: int = 512 << 20
+    # the CUDA context of a PyTorch process: "~300MB" with CUDA 11.7+ lazy module loading, over 1 GB before
+    # it, when every kernel was loaded into the context (pytorch/pytorch issue #107667, maintainer answer)
+    cuda_context_bytes: int = 300 << 20
     # GEMM workspaces: Transformer Engine's cuBLASLt workspace (32 MiB on Hopper, 4 MiB before:
     # transformer_engine/pytorch/module/base.py get_cublas_workspace_size_bytes) plus PyTorch's cuBLAS
     # workspace (CUBLAS_WORKSPACE_CONFIG default ":4096:8" on Hopper: 8 x 4 MiB; PyTorch "CUDA semantics",

@@ -14,8 +14,10 @@ importer's 2-byte floats to the training dtype's width, ``memory.activation_scal
   bound if that is slower); its backward reads and writes about twice as much (``2x``). Element-wise work
   that tensor parallelism leaves replicated (layer norms, dropout, residual adds) is divided by ``t`` under
   sequence parallelism;
-* each kernel also pays the profile's ``op_overhead_s`` (the launch floor: a kernel cannot start sooner
-  after the previous one, however small it is).
+* each kernel takes at least the profile's ``op_overhead_s``: a GPU runs kernels asynchronously while the
+  host issues the next, so a kernel shorter than the host's launch time leaves the GPU waiting for the next
+  launch (``max(kernel, launch)``); on a device that runs ops synchronously (a CPU profile measured by
+  ``planner profile``) the dispatch adds to every op (``kernel + dispatch``).
 
 Attention core (the ops with ``OpCost.role == "attention-core"``: Q·Kᵀ, scale, mask, softmax, its dropout,
 probabilities·V), by the runtime's kernel (``Runtime.attention``):
@@ -79,6 +81,16 @@ class LayerCosts:
     output_bytes: np.ndarray
 
 
+ASYNC_VENDORS = ("nvidia", "amd")  # devices whose kernels queue on a stream while the host launches more
+
+
+def _kernel_time_s(profile: DeviceProfile, busy_s: float) -> float:
+    """One kernel's time given its roofline time: the launch floor (module docstring)."""
+    if profile.vendor in ASYNC_VENDORS:
+        return max(busy_s, profile.op_overhead_s)
+    return busy_s + profile.op_overhead_s
+
+
 def _gemm_time_s(profile: DeviceProfile, m: float, n: float, k: float, dtype: str, cal: DeviceCalibration) -> float:
     flops = 2.0 * m * n * k
     if flops <= 0:
@@ -86,15 +98,14 @@ def _gemm_time_s(profile: DeviceProfile, m: float, n: float, k: float, dtype: st
     peak = peak_flops_per_s(profile, dtype)
     efficiency = min(1.0, gemm_shape_efficiency(profile, m, n, k) * cal.gemm_scale)
     traffic = (m * k + k * n) * gemm_input_bytes(dtype) + m * n * dtype_bytes(dtype)
-    return max(flops / (peak * efficiency), memory_time_s(profile, traffic) / cal.memory_scale) \
-        + profile.op_overhead_s
+    return _kernel_time_s(profile, max(flops / (peak * efficiency), memory_time_s(profile, traffic) / cal.memory_scale))
 
 
 def _elementwise_time_s(profile: DeviceProfile, flops: float, traffic_bytes: float, cal: DeviceCalibration) -> float:
     if traffic_bytes <= 0 and flops <= 0:
         return 0.0
     peak = peak_flops_per_s(profile, "fp32")
-    return max(memory_time_s(profile, traffic_bytes) / cal.memory_scale, flops / peak) + profile.op_overhead_s
+    return _kernel_time_s(profile, max(memory_time_s(profile, traffic_bytes) / cal.memory_scale, flops / peak))
 
 
 def attention_core_mask(layer: Layer) -> tuple[bool, ...]:
@@ -157,7 +168,7 @@ def _flash_times_s(profile: DeviceProfile, products: list[tuple[float, float, fl
     forward = max(flops / (peak * FLASH_FORWARD_EFFICIENCY), memory_time_s(profile, 4.0 * tensor) / cal.memory_scale)
     backward = max(FLASH_BACKWARD_FLOPS_RATIO * flops / (peak * FLASH_BACKWARD_EFFICIENCY),
                    memory_time_s(profile, 8.0 * tensor) / cal.memory_scale)
-    return forward + profile.op_overhead_s, backward + profile.op_overhead_s
+    return _kernel_time_s(profile, forward), _kernel_time_s(profile, backward)
 
 
 def _costs_of_ops(layer: Layer, node: NodeProfile, tp: int, mb: int, sp: bool, dtype: str,
