@@ -37,7 +37,9 @@ So per block: ``s b (R + T / t) + a s^2 b S / t`` (no sequence parallelism) or `
 (with it). Selective recompute drops the score term (it re-runs the attention core; Korthikanti Sec. 5; with
 FlashAttention there is nothing to drop). Full recompute keeps only the block input, ``w s b h`` (``/ t``
 under sequence parallelism). For the GPT block at ``w = 2, g = 2, d = 1`` these are exactly Korthikanti's
-Table 2: ``sbh (10 + 24/t + 5as/(ht))``, ``sbh/t (34 + 5as/h)``, ``34 sbh/t``, ``2 sbh``.
+Table 2: ``sbh (10 + 24/t + 5as/(ht))``, ``sbh/t (34 + 5as/h)``, ``34 sbh/t``, ``2 sbh``. Kept simple under fp8: the
+fp8 copies of the weights (and their transposes) that Transformer Engine may cache across micro-batches are
+not counted, nor the per-tensor scaling factors.
 
 Weights, gradients and optimizer states
 ---------------------------------------
