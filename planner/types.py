@@ -64,8 +64,9 @@ class TransformerDims:
     for tensor-parallel divisibility and the activation formulas of ``planner.cost.memory``).
 
     ``gated_mlp``: the MLP multiplies two ``ffn``-wide projections of its input (SwiGLU, GeGLU), so both are
-    saved for backward; ``dropout``: the block has dropout (masks saved for backward). The defaults are the
-    block Korthikanti et al. 2022 count: GELU MLP, dropout."""
+    saved for backward; ``dropout``: the block has dropout (masks saved for backward); ``causal``: the scores
+    are masked by a fixed causal mask (FlashAttention skips the masked half). The defaults are the GPT block
+    Korthikanti et al. 2022 count: GELU MLP, dropout, causal."""
 
     hidden: int
     heads: int
@@ -74,6 +75,7 @@ class TransformerDims:
     kv_heads: int | None = None
     gated_mlp: bool = False
     dropout: bool = True
+    causal: bool = True
 
 
 @dataclass(frozen=True)

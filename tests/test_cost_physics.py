@@ -202,3 +202,21 @@ def test_every_kernel_pays_the_launch_floor():
     small = dataclasses.replace(tiny, ops=(dataclasses.replace(tiny.ops[0], flops=1.0, bytes_read=2.0,
                                                                bytes_written=2.0),))
     assert layer_costs(LayerGraph("t", (small,)), node, 1, 1, "none", False).forward_s[0] >= floor
+
+
+def test_causal_flash_attention_computes_the_blocks_on_and_below_the_diagonal():
+    gpt_block = gpt(2, 1024, 16, 2048, 32000).layers[1]
+    bert = import_model_proto(build("bert", dict(layers=2, hidden=256, heads=4, seq_len=128, vocab=1000)),
+                              {"batch": 1}, name="bert-test")
+    assert gpt_block.transformer.causal and not bert.layers[1].transformer.causal  # a padding mask is per sample
+    node = catalog.get_node(NODE)
+    full = dataclasses.replace(gpt_block, transformer=dataclasses.replace(gpt_block.transformer, causal=False))
+    t = {name: layer_costs(LayerGraph(name, (layer,)), node, 1, 4, "none", False, runtime=FLASH).forward_s[0]
+         for name, layer in (("causal", gpt_block), ("full", full))}
+    # Q.K^T and P.V: 2 x (2 s^2 d) per head over 16 heads of d = 64, at FlashAttention-2's forward fraction;
+    # with 128-key blocks, 16 x 17 / 2 of the 16 x 16 blocks are computed under the causal mask
+    s, heads, d, b = 2048, 16, 64, 4
+    flops = 2 * (2 * s * s * d) * heads * b
+    peak = node.device.peak_flops_per_s["bf16"]
+    skipped = flops * (1 - 17 / 32) / (peak * 0.73)
+    assert t["full"] - t["causal"] == pytest.approx(skipped, rel=1e-6)

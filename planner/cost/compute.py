@@ -28,7 +28,8 @@ probabilities·V), by the runtime's kernel (``Runtime.attention``):
   products stay separate;
 * ``flash``: one kernel (FlashAttention-2) doing the two products' FLOPs at FlashAttention-2's measured
   fraction of peak, the scores never leaving the chip (its memory term is Q, K, V and the output); its
-  backward does 2.5x the FLOPs at the backward fraction (``hardware.efficiency.FLASH_*``).
+  backward does 2.5x the FLOPs at the backward fraction; under a causal mask only the score blocks on and
+  below the diagonal are computed (``hardware.efficiency.FLASH_*``, ``flash_causal_fraction``).
 
 Tensor-parallel communication (Megatron-LM): every row-parallel GEMM's output is all-reduced in the forward
 pass and the matching input gradient in the backward pass (with sequence parallelism: a reduce-scatter plus
@@ -55,8 +56,8 @@ from planner.errors import ConfigError
 from planner.graph.ir import ACT_BYTES
 from planner.graph.transformer import ATTENTION_CORE
 from planner.hardware.efficiency import (FLASH_BACKWARD_EFFICIENCY, FLASH_BACKWARD_FLOPS_RATIO,
-                                         FLASH_FORWARD_EFFICIENCY, gemm_shape_efficiency, memory_time_s,
-                                         peak_flops_per_s)
+                                         FLASH_FORWARD_EFFICIENCY, flash_causal_fraction, gemm_shape_efficiency,
+                                         memory_time_s, peak_flops_per_s)
 from planner.runtime import Runtime, get_runtime
 from planner.types import DeviceProfile, Layer, LayerGraph, NodeProfile, OpCost
 
@@ -157,11 +158,14 @@ def _shard(m: float, n: float, k: float, split: str, tp: int) -> tuple[float, fl
 
 
 def _flash_times_s(profile: DeviceProfile, products: list[tuple[float, float, float]], dtype: str,
-                   cal: DeviceCalibration) -> tuple[float, float]:
+                   cal: DeviceCalibration, causal_seq_len: int = 0) -> tuple[float, float]:
     """(forward, backward) seconds of one FlashAttention-2 kernel doing ``products`` (the sharded (m, n, k)
-    of Q·Kᵀ and P·V): FLOPs at FlashAttention-2's fractions of peak, traffic Q, K, V and O (forward) plus dO,
-    dQ, dK, dV (backward), each ``m x k`` of the Q·Kᵀ product at the activation width."""
+    of Q·Kᵀ and P·V): FLOPs at FlashAttention-2's fractions of peak (only the blocks on and below the
+    diagonal under a causal mask over ``causal_seq_len`` keys), traffic Q, K, V and O (forward) plus dO, dQ,
+    dK, dV (backward), each ``m x k`` of the Q·Kᵀ product at the activation width."""
     flops = sum(2.0 * m * n * k for m, n, k in products)
+    if causal_seq_len:
+        flops *= flash_causal_fraction(causal_seq_len)
     m, _, k = products[0]
     tensor = m * k * dtype_bytes(dtype)
     peak = peak_flops_per_s(profile, dtype)
@@ -230,7 +234,9 @@ def _costs_of_ops(layer: Layer, node: NodeProfile, tp: int, mb: int, sp: bool, d
         if in_core:
             core_fwd += f
     if flash_products:
-        f, b = _flash_times_s(profile, flash_products, dtype, cal)
+        dims = layer.transformer
+        f, b = _flash_times_s(profile, flash_products, dtype, cal,
+                              dims.seq_len if dims is not None and dims.causal else 0)
         fwd += f
         bwd += b
         core_fwd += f

@@ -9,7 +9,9 @@ fed by a MatMul. Then (per sample, from shapes):
   (FC2 / down projection);
 * ``kv_heads`` = width of the K projection / head size, where K and V projections are narrower than Q;
 * ``gated_mlp`` when two weighted MatMuls map ``hidden`` to ``ffn`` (SwiGLU's gate and up projections), or
-  one maps it to ``2 ffn`` (the two fused); ``dropout`` when the block has a Dropout node.
+  one maps it to ``2 ffn`` (the two fused); ``dropout`` when the block has a Dropout node;
+* ``causal`` when the scores are masked by a tensor that does not depend on the inputs, a ``[s, s]`` mask the
+  graph fixes (the causal triangle, from ``Trilu`` or a stored buffer), not a padding mask computed per sample.
 
 Attention core (:func:`attention_core`): the Q·Kᵀ product feeding the Softmax (a MatMul of two activations),
 the nodes on the score path from it to the Softmax (scale, mask), the Softmax, the nodes between the Softmax
@@ -34,15 +36,15 @@ def weighted_matmul(graph: OpGraph, node: Node) -> bool:
 
 
 def detect_dims(graph: OpGraph, members: list[Node], output: str | None) -> TransformerDims | None:
-    scores = None
+    scores = softmax = None
     for node in members:
         if node.op_type == "Softmax":
             shape = graph.shapes.get(node.inputs[0])
             src = graph.producer.get(node.inputs[0])
             if shape is not None and len(shape) >= 3 and shape[-1] > 1 and _from_matmul(graph, src):
-                scores = shape
+                scores, softmax = shape, node
                 break
-    if scores is None:
+    if scores is None or softmax is None:
         return None
     out_shape = graph.shapes.get(output) if output else None
     if not out_shape:
@@ -72,8 +74,22 @@ def detect_dims(graph: OpGraph, members: list[Node], output: str | None) -> Tran
         kv_heads = min(narrow) // head_dim or heads
     gated = ffn != hidden and (widths.count(ffn) >= 2 or 2 * ffn in widths)
     dropout = any(node.op_type == "Dropout" for node in members)
+    path = _score_path(graph, graph.producer.get(softmax.inputs[0])) or []
+    causal = any(_static_mask(graph, graph.nodes[i], seq) for i in path)
     return TransformerDims(hidden=hidden, heads=heads, seq_len=seq, ffn=ffn, kv_heads=kv_heads, gated_mlp=gated,
-                           dropout=dropout)
+                           dropout=dropout, causal=causal)
+
+
+def _static_mask(graph: OpGraph, node: Node, seq: int) -> bool:
+    """Does ``node`` (on the score path) mask the scores with a ``[.., s, s]`` tensor fixed by the graph?"""
+    if node.op_type not in ("Where", "Add"):
+        return False
+    for tensor in node.inputs:
+        shape = graph.shapes.get(tensor)
+        if tensor in graph.const and shape is not None and len(shape) >= 2 and shape[-1] == seq \
+                and shape[-2] == seq and seq > 1:
+            return True
+    return False
 
 
 ATTENTION_CORE = "attention-core"

@@ -130,6 +130,16 @@ def gemm_shape_efficiency(profile: DeviceProfile, m: float, n: float, k: float) 
 FLASH_FORWARD_EFFICIENCY = 0.73
 FLASH_BACKWARD_EFFICIENCY = 0.63
 FLASH_BACKWARD_FLOPS_RATIO = 2.5
+# Under a causal mask FlashAttention skips the key blocks wholly above the diagonal (Sec. 3.1.1, "Causal
+# masking"): of n x n blocks it computes n (n + 1) / 2, with n = ceil(s / FLASH_BLOCK) and the kernel's key
+# block of 128 (flash-attn's kBlockN for head dimensions up to 128)
+FLASH_BLOCK = 128
+
+
+def flash_causal_fraction(seq_len: int) -> float:
+    """Fraction of the s x s score blocks FlashAttention computes under a causal mask: (n + 1) / (2 n)."""
+    n = max(1, math.ceil(seq_len / FLASH_BLOCK))
+    return (n + 1) / (2 * n)
 
 
 def memory_efficiency(profile: DeviceProfile, nbytes: float) -> float:
