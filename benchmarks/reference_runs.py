@@ -33,6 +33,12 @@ RUNTIME_OF_SOURCE = {
     "Narayanan et al. SC'21": "megatron-lm-2021",
     "Megatron-LM README (Megatron-Core": "megatron-core",
 }
+# what a source states in its text rather than per run: the Megatron-LM README runs with
+# --overlap-param-gather, which exists only with the distributed optimizer (ZeRO-1), and with --tp-comm-overlap,
+# which Transformer Engine's userbuffers run only with sequence parallelism (so wherever tp > 1)
+STATED_BY_SOURCE = {
+    "Megatron-LM README (Megatron-Core": {"zero": 1, "sequence_parallel_when_tp": True},
+}
 RECOMPUTE = ("none", "selective", "full")
 MAX_OPEN_MICRO_BATCH = 16  # open micro-batches span the divisors of the per-replica batch up to this
 
@@ -104,13 +110,17 @@ class Run:
         """What the source states; every other field left to resolve. Free-text values ("full (uniform, 1
         layer)", "3 (FSDP FULL_SHARD)") are read by their first word."""
         r = self.run
+        stated = STATED_BY_SOURCE.get(self.source, {})
         recompute = str(r.get("recompute") or "").split(" ")[0] or None
         zero = str(r["zero"]).split(" ")[0] if r.get("zero") is not None else None
+        sp = r.get("sequence_parallel")
+        if sp is None and "sequence_parallel_when_tp" in stated:
+            sp = stated["sequence_parallel_when_tp"] and r["tp"] > 1
         return ParallelConfig(global_batch=r["global_batch"], tp=r["tp"], pp=r["pp"], dp=r["dp"],
                               micro_batch=r["micro_batch"],
                               recompute=recompute if recompute in RECOMPUTE else None,
-                              sequence_parallel=r.get("sequence_parallel"),
-                              zero=int(zero) if zero is not None and zero.isdigit() else None,
+                              sequence_parallel=sp,
+                              zero=int(zero) if zero is not None and zero.isdigit() else stated.get("zero"),
                               dtype=r.get("dtype"), runtime=self.runtime)
 
     @cached_property
