@@ -153,6 +153,9 @@ class DeviceProfile:
     conv_efficiency: tuple[tuple[float, float], ...] = ()
     # optional: achieved FLOP/s of non-GEMM arithmetic (normalisation, softmax, activations); 0 = the fp32 peak
     vector_flops_per_s: float = 0.0
+    # optional: (forward, backward) achieved fraction of peak of a FlashAttention kernel on this device;
+    # empty = FlashAttention-2's measured fractions on A100 (planner.hardware.efficiency.FLASH_*)
+    flash_attention_efficiency: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -55,9 +55,8 @@ from planner.cost.memory import (FP32_BYTES, activation_scale, check_recompute, 
 from planner.errors import ConfigError
 from planner.graph.ir import ACT_BYTES
 from planner.graph.transformer import ATTENTION_CORE
-from planner.hardware.efficiency import (FLASH_BACKWARD_EFFICIENCY, FLASH_BACKWARD_FLOPS_RATIO,
-                                         FLASH_FORWARD_EFFICIENCY, flash_causal_fraction, gemm_shape_efficiency,
-                                         memory_time_s, peak_flops_per_s)
+from planner.hardware.efficiency import (FLASH_BACKWARD_FLOPS_RATIO, flash_causal_fraction, flash_efficiency,
+                                         gemm_shape_efficiency, memory_time_s, peak_flops_per_s)
 from planner.runtime import Runtime, get_runtime
 from planner.types import DeviceProfile, Layer, LayerGraph, NodeProfile, OpCost
 
@@ -169,8 +168,9 @@ def _flash_times_s(profile: DeviceProfile, products: list[tuple[float, float, fl
     m, _, k = products[0]
     tensor = m * k * dtype_bytes(dtype)
     peak = peak_flops_per_s(profile, dtype)
-    forward = max(flops / (peak * FLASH_FORWARD_EFFICIENCY), memory_time_s(profile, 4.0 * tensor) / cal.memory_scale)
-    backward = max(FLASH_BACKWARD_FLOPS_RATIO * flops / (peak * FLASH_BACKWARD_EFFICIENCY),
+    efficiency_forward, efficiency_backward = flash_efficiency(profile)
+    forward = max(flops / (peak * efficiency_forward), memory_time_s(profile, 4.0 * tensor) / cal.memory_scale)
+    backward = max(FLASH_BACKWARD_FLOPS_RATIO * flops / (peak * efficiency_backward),
                    memory_time_s(profile, 8.0 * tensor) / cal.memory_scale)
     return _kernel_time_s(profile, forward), _kernel_time_s(profile, backward)
 

@@ -136,6 +136,15 @@ FLASH_BACKWARD_FLOPS_RATIO = 2.5
 FLASH_BLOCK = 128
 
 
+def flash_efficiency(profile: DeviceProfile) -> tuple[float, float]:
+    """(forward, backward) achieved fraction of peak of FlashAttention on ``profile``: its own measured
+    figures where the profile has them, else FlashAttention-2's on A100."""
+    if profile.flash_attention_efficiency:
+        forward, backward = profile.flash_attention_efficiency
+        return forward, backward
+    return FLASH_FORWARD_EFFICIENCY, FLASH_BACKWARD_EFFICIENCY
+
+
 def flash_causal_fraction(seq_len: int) -> float:
     """Fraction of the s x s score blocks FlashAttention computes under a causal mask: (n + 1) / (2 n)."""
     n = max(1, math.ceil(seq_len / FLASH_BLOCK))
