@@ -16,6 +16,10 @@ from google.protobuf.message import DecodeError
 
 from planner.errors import ModelError
 
+# protobuf refuses messages over 2 GiB; a larger file is not one ONNX model (weights beyond that live in
+# external data), and refusing it up front answers at once instead of after reading gigabytes
+MAX_FILE_BYTES = 2 ** 31
+
 
 def read_model(path: str | os.PathLike) -> onnx.ModelProto:
     """Parse ``path`` as an ONNX model without loading external weight data."""
@@ -24,6 +28,10 @@ def read_model(path: str | os.PathLike) -> onnx.ModelProto:
         raise ModelError(f"{file}: no such file; give the path of an .onnx model")
     if file.is_dir():
         raise ModelError(f"{file}: is a directory; give the path of an .onnx model file")
+    if file.stat().st_size > MAX_FILE_BYTES:
+        raise ModelError(f"{file}: {file.stat().st_size / 2**30:.1f} GiB, over the 2 GiB an ONNX file can hold "
+                         f"(protobuf's limit); save the weights as external data (onnx.save_model(..., "
+                         f"save_as_external_data=True)) -- they are never read")
     try:
         model = onnx.load(str(file), load_external_data=False)
     except (DecodeError, UnicodeDecodeError, ValueError, RuntimeError) as exc:
@@ -37,8 +45,8 @@ def check_structure(model: onnx.ModelProto, where: str) -> None:
     """Reject protobuf bytes that parsed but are not an ONNX model (protobuf decoding is lenient)."""
     if model.ir_version <= 0 or not model.HasField("graph") or len(model.graph.node) == 0:
         raise ModelError(f"{where}: not an ONNX model (no ir_version or no graph nodes)")
-    # onnx.checker is not used: it rejects weight-less initializers (our usual input) and stats
-    # external-data files; the importer's own checks (topological order, dangling tensors) follow.
+    # the importer's own checks (dangling tensors, cycles) and then the ONNX checker on a weight-less
+    # skeleton of the model (planner/graph/validate.py) follow
 
 
 def check_external_data(model: onnx.ModelProto, base_dir: Path | None, where: str) -> None:

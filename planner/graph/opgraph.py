@@ -19,6 +19,7 @@ import onnx
 from planner.errors import ModelError
 from planner.graph.inputs import batch_dim_name, bind_dims, classify_inputs, reaches_param_slot
 from planner.graph.ir import FLOAT_TYPES, Node, OpGraph, numel_of
+from planner.graph.validate import check_model
 from planner.graph.shapes import Shapes, Types, fill_shape_gaps, fold_and_reinfer, infer_shapes, prepare
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,7 @@ def build(model: onnx.ModelProto, dims: Mapping[str, int] | None, name: str) -> 
     graph = model.graph
     init_names = {t.name for t in graph.initializer}
     nodes = _topological(graph, init_names, name)
+    check_model(model, nodes, name)
     consumers: dict[str, list[tuple[Node, int]]] = {}
     for node in nodes:
         for slot, t in enumerate(node.inputs):
