@@ -130,3 +130,9 @@ def config_from_args(args: argparse.Namespace, defaults_to_one: bool = True) -> 
         dtype=args.dtype,
         runtime=args.runtime,
     )
+
+
+def add_allow_unknown_ops_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--allow-unknown-ops", action="store_true",
+                        help="import a model even when ops that cannot be costed (no cost rule, unknown shapes) "
+                             "carry over 1%% of its FLOPs; they are costed as zero and a warning gives their share")

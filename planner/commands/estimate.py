@@ -9,6 +9,7 @@ from typing import Any
 
 from planner.commands._common import (add_cluster_flags, add_config_flags, add_json_flag, config_from_args,
                                       emit_json, parse_dims, tables_from_args)
+from planner.commands._common import add_allow_unknown_ops_flag
 from planner.types import Estimate, LayerGraph, MemoryBreakdown
 from planner.units import GIB
 
@@ -18,6 +19,7 @@ HELP = "predict the iteration time, throughput and memory of one parallel config
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL", help="an ONNX file")
     add_cluster_flags(parser)
+    add_allow_unknown_ops_flag(parser)
     add_config_flags(parser, required=True)
     add_json_flag(parser)
 
@@ -91,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = config_from_args(args)
     cluster = load_cluster(args.cluster)
-    model = load_model(args.model, parse_dims(args.dim))
+    model = load_model(args.model, parse_dims(args.dim), allow_unknown_ops=args.allow_unknown_ops)
     result = estimate(model, cluster, config, tables=tables_from_args(args))
     if args.json:
         emit_json(estimate_document(model, result))

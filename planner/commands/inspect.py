@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from planner.commands._common import add_dim_flag, add_json_flag, emit_json, parse_dims
+from planner.commands._common import add_allow_unknown_ops_flag, add_dim_flag, add_json_flag, emit_json, parse_dims
 from planner.report.units import size
 from planner.types import LayerGraph
 
@@ -16,13 +16,14 @@ HELP = "import an ONNX model and report its parameters, FLOPs, activations, laye
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL", help="path to an .onnx file (weight data is never read)")
     add_dim_flag(parser)
+    add_allow_unknown_ops_flag(parser)
     add_json_flag(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from planner.graph import load_model
 
-    graph = load_model(args.model, parse_dims(args.dim))
+    graph = load_model(args.model, parse_dims(args.dim), allow_unknown_ops=args.allow_unknown_ops)
     if args.json:
         emit_json(to_document(graph))
     else:

@@ -7,6 +7,7 @@ import sys
 
 from planner.commands._common import add_cluster_flags, add_config_flags, add_json_flag, config_from_args, \
     emit_json, parse_dims, positive_int, positive_seconds, progress_wanted, tables_from_args
+from planner.commands._common import add_allow_unknown_ops_flag
 from planner.outputs import check_output_file, write_text
 from planner.plan import Plan
 from planner.report import FORMATS, render
@@ -17,6 +18,7 @@ HELP = "search the fastest parallel plan that fits (provably optimal under the c
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL", help="an ONNX model (.onnx)")
     add_cluster_flags(parser)
+    add_allow_unknown_ops_flag(parser)
     add_config_flags(parser, required=False)
     parser.add_argument("--top", type=positive_int, default=1, metavar="K", help="also list the K-1 next best plans")
     parser.add_argument("--time-limit", type=positive_seconds, metavar="S",
@@ -54,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         check_path(args.gantt, "--gantt")
     if args.out:
         check_output_file(args.out, "--out")
-    model = load_model(args.model, parse_dims(args.dim))
+    model = load_model(args.model, parse_dims(args.dim), allow_unknown_ops=args.allow_unknown_ops)
     cluster = load_cluster(args.cluster)
     pinned = config_from_args(args, defaults_to_one=False)
     bar = ProgressBar() if progress_wanted() else None

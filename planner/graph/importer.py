@@ -17,6 +17,8 @@ from planner.graph.ir import ACT_BYTES, FLOAT_TYPES, Node, OpGraph, act_bytes, s
 from planner.graph.opgraph import build
 from planner.graph.rules import RULES, VIEW_OPS, View, fused_sources, nan_guards, saved_for_backward
 from planner.graph.transformer import attention_core, detect_dims, tp_splits
+from planner.graph.unknown import check_unknown_ops
+from planner.graph.validate import check_sizes
 from planner.types import EmbeddingTable, Layer, LayerGraph, OpCost
 
 log = logging.getLogger(__name__)
@@ -25,37 +27,46 @@ log = logging.getLogger(__name__)
 _READS_OUTPUT = frozenset({"Gather", "GatherElements", "GatherND", "EmbeddingBag", "Slice"})
 
 
-def load_model(path: str | os.PathLike, dims: Mapping[str, int] | None = None) -> LayerGraph:
-    """Import an ONNX file (no weight data is read) with symbolic dims bound by ``dims``."""
+def load_model(path: str | os.PathLike, dims: Mapping[str, int] | None = None, *,
+               allow_unknown_ops: bool = False) -> LayerGraph:
+    """Import an ONNX file (no weight data is read) with symbolic dims bound by ``dims``.
+
+    A model the ONNX checker rejects is a ModelError; so is one where ops that could not be costed (no
+    cost rule, unknown shapes) carry over ``UNKNOWN_SHARE_LIMIT`` of the FLOPs, unless
+    ``allow_unknown_ops`` (then they cost zero and a warning gives their share)."""
     model = read_model(path)
-    return _import(model, dims, Path(path).stem, str(path))
+    return _import(model, dims, Path(path).stem, str(path), allow_unknown_ops)
 
 
 def import_model_proto(model: onnx.ModelProto, dims: Mapping[str, int] | None = None, name: str = "model",
-                       base_dir: str | os.PathLike | None = None) -> LayerGraph:
-    """Import an in-memory model; ``base_dir`` is the folder external-data locations must stay inside."""
+                       base_dir: str | os.PathLike | None = None, *, allow_unknown_ops: bool = False) -> LayerGraph:
+    """Import an in-memory model; ``base_dir`` is the folder external-data locations must stay inside;
+    ``allow_unknown_ops`` as for :func:`load_model`."""
     check_structure(model, name)
     check_external_data(model, Path(base_dir).resolve() if base_dir is not None else None, name)
     own = onnx.ModelProto()
     own.CopyFrom(model)  # the import strips weight data and binds dims in place
-    return _import(own, dims, name, name)
+    return _import(own, dims, name, name, allow_unknown_ops)
 
 
-def _import(model: onnx.ModelProto, dims: Mapping[str, int] | None, name: str, where: str) -> LayerGraph:
+def _import(model: onnx.ModelProto, dims: Mapping[str, int] | None, name: str, where: str,
+            allow_unknown_ops: bool) -> LayerGraph:
     # the import allocates a few objects per node and frees nothing until the end: the cyclic garbage
     # collector's full passes over a 100k-node graph cost a quarter of the time and find nothing
     paused = gc.isenabled()
     gc.disable()
     try:
-        return _import_graph(model, dims, name, where)
+        return _import_graph(model, dims, name, where, allow_unknown_ops)
     finally:
         if paused:
             gc.enable()
 
 
-def _import_graph(model: onnx.ModelProto, dims: Mapping[str, int] | None, name: str, where: str) -> LayerGraph:
+def _import_graph(model: onnx.ModelProto, dims: Mapping[str, int] | None, name: str, where: str,
+                  allow_unknown_ops: bool) -> LayerGraph:
     _check_dims(dims, where)
     graph = build(model, dims, where)
+    check_sizes(graph, where)
     compute = [node for node in graph.nodes if graph.is_compute(node)]
     if not compute:
         raise ModelError(f"{where}: no node computes on the model's inputs "
@@ -63,6 +74,7 @@ def _import_graph(model: onnx.ModelProto, dims: Mapping[str, int] | None, name: 
     tables, table_nodes, bag_loops = _tables(graph, compute)
     costs = {node.index: _cost(graph, node, bag_loops.get(node.index)) for node in compute}
     _warn_unknown(graph, [node for node in compute if node.index not in bag_loops])
+    check_unknown_ops(graph, compute, costs, set(bag_loops), allow_unknown_ops, where)
     graph.name = name
     # pieces of the structural cut are anchored at matrix products and table lookups (a normalisation's
     # scale alone does not make a pipeline unit); graphs without any fall back to any parameter use
@@ -71,6 +83,9 @@ def _import_graph(model: onnx.ModelProto, dims: Mapping[str, int] | None, name: 
         anchors = {node.index for node in compute if any(t in graph.param_roots for t in node.inputs)}
     units = layer_detection.detect(graph, compute, {i: c.flops for i, c in costs.items()}, anchors, table_nodes)
     layer_list = _layers(graph, units, costs)
+    # warnings are logged only now: a refused model gets one error line on stderr and nothing before it
+    for msg in graph.warnings:
+        log.warning("%s: %s", where, msg)
     return LayerGraph(name=name, layers=tuple(layer_list), embedding_tables=tuple(tables), batch=graph.batch,
                       dims=tuple(sorted(graph.dims.items())), family=graph.family,
                       warnings=tuple(graph.warnings))
@@ -116,7 +131,6 @@ def _warn_unknown(graph: OpGraph, compute: list[Node]) -> None:
             unknown[key] = unknown.get(key, 0) + 1
     for op_type, count in sorted(unknown.items()):
         msg = f"no cost rule for op type {op_type} ({count} nodes); costed as memory-bound (0 FLOPs)"
-        log.warning("%s: %s", graph.name, msg)
         graph.warnings.append(msg)
 
 

@@ -215,6 +215,16 @@ def _recurrent(gates: int) -> Rule:
     return rule
 
 
+def _fold_over_data(v: View) -> tuple[float, Gemm | None]:
+    """Loop / Scan not recognised as an embedding bag: one FLOP per element of the largest data input they
+    are handed (an exporter's bag sum walks the rows gathered outside once); their bodies are not costed."""
+    data = [i for i, t in enumerate(v.node.inputs) if t and t not in v.graph.const]
+    return float(max((v.in_numel(i) for i in data), default=0)), None
+
+
+# ops whose rule reads only the shapes of their data inputs (their outputs' shapes do not matter)
+INPUT_RULES = frozenset({"Loop", "Scan"})
+
 # ops that move data (bytes) but do no arithmetic
 _MOVE_OPS = ("Transpose", "Concat", "Split", "Slice", "Gather", "GatherElements", "GatherND", "Expand", "Tile",
              "Pad", "Cast", "CastLike", "ScatterND", "ScatterElements", "Scatter", "DepthToSpace", "SpaceToDepth",
@@ -225,6 +235,8 @@ _MOVE_OPS = ("Transpose", "Concat", "Split", "Slice", "Gather", "GatherElements"
              "Upsample", "EmbeddingBag", "TopK", "ArgMax", "ArgMin", "Unique", "GridSample")
 # ops that are views: no data moved
 VIEW_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
+# ops whose FLOPs are zero whatever their shapes (an unknown shape there loses no arithmetic)
+ZERO_FLOP_OPS = frozenset(_MOVE_OPS) | VIEW_OPS
 
 RULES: dict[str, Rule] = {
     "MatMul": _matmul, "Gemm": _gemm, "Conv": _conv, "ConvTranspose": _conv_transpose, "Einsum": _einsum,
@@ -235,7 +247,7 @@ RULES: dict[str, Rule] = {
                      "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp"), _reduce),
     **dict.fromkeys(("MaxPool", "AveragePool", "LpPool"), _pool),
     **dict.fromkeys(("GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"), _global_pool),
-    "LRN": _lrn, "Resize": _resize, "LSTM": _recurrent(4), "GRU": _recurrent(3), "RNN": _recurrent(1),
+    "LRN": _lrn, "Resize": _resize, "Loop": _fold_over_data, "Scan": _fold_over_data, "LSTM": _recurrent(4), "GRU": _recurrent(3), "RNN": _recurrent(1),
     **dict.fromkeys(_MOVE_OPS, _zero),
     **dict.fromkeys(VIEW_OPS, _zero),
 }

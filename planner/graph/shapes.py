@@ -4,8 +4,6 @@ through ops inference does not know."""
 
 from __future__ import annotations
 
-import logging
-
 import onnx
 from onnx import TensorProto, numpy_helper
 
@@ -13,8 +11,6 @@ from planner.errors import ModelError
 from planner.graph import fold
 from planner.graph.inputs import dim_name
 from planner.graph.ir import FLOAT_TYPES, INT_BYTES, Node, OpGraph, numel_of
-
-log = logging.getLogger(__name__)
 
 Shapes = dict[str, "tuple[int, ...] | None"]  # tensor -> its shape for one sample (None: unknown)
 Types = dict[str, int]  # tensor -> ONNX element type
@@ -163,8 +159,7 @@ def fill_shape_gaps(op: OpGraph) -> None:
         which = ", ".join(f"{k} {v}" for k, v in sorted(missing.items()))
         msg = (f"{sum(missing.values())} computed tensors have unknown shapes after shape inference ({which}); "
                f"their ops are costed as zero")
-        log.warning("%s: %s", op.name, msg)
-        op.warnings.append(msg)
+        op.warnings.append(msg)  # logged by the importer once the import succeeds
 
 
 def _broadcast(shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
