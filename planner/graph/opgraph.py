@@ -19,7 +19,7 @@ import onnx
 from planner.errors import ModelError
 from planner.graph.inputs import batch_dim_name, bind_dims, classify_inputs, reaches_param_slot
 from planner.graph.ir import FLOAT_TYPES, Node, OpGraph, numel_of
-from planner.graph.validate import check_model
+from planner.graph.validate import check_input_dims, check_model
 from planner.graph.shapes import Shapes, Types, fill_shape_gaps, fold_and_reinfer, infer_shapes, prepare
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,7 @@ def build(model: onnx.ModelProto, dims: Mapping[str, int] | None, name: str) -> 
     bound, user_batch, static_batch = bind_dims(graph, data_inputs, dims or {}, meta, name)
     batch_dim = batch_dim_name(graph, data_inputs)
     declared = prepare(model, bound, data_inputs)
+    check_input_dims(graph, data_inputs, name)
     shapes, types = infer_shapes(model, declared, name)
     const, param_roots, params = _constants(graph, nodes, init_names, weight_inputs, types, shapes, consumers)
     shapes, types = fold_and_reinfer(model, nodes, const, shapes, types, declared, name)

@@ -30,6 +30,12 @@ MIN_OPSET = 7
 # one tensor with more elements than this is a corrupted dimension, not a model (2**40 bf16 values are 2 TiB)
 MAX_TENSOR_ELEMENTS = 2 ** 40
 
+# the largest dimension of a data input, after binding (a --dim value or a static size): ONNX data
+# propagation materialises index vectors of that length (a Range over the batch feeding a Loop), in time and
+# memory linear in it -- about a second and 400 MB at this size, gigabytes beyond; no training sequence or
+# batch axis per sample comes near it
+MAX_INPUT_DIM = 2 ** 22
+
 DEFAULT_DOMAINS = ("", "ai.onnx")
 
 _ELEM_TYPES = frozenset(v for v in TensorProto.DataType.values() if v != TensorProto.UNDEFINED)
@@ -51,6 +57,8 @@ def check_model(model: onnx.ModelProto, nodes: list[Node], where: str) -> None:
         # taken away again before shape inference, which would read it as a scalar
         vi.type.tensor_type.shape.SetInParent()
     try:
+        # full_check=True is this check followed by strict type and shape inference; done in two steps
+        # so that the stand-in shapes are gone before inference
         onnx.checker.check_model(skeleton, full_check=False)
         for vi in shapeless:
             vi.type.tensor_type.ClearField("shape")
@@ -58,6 +66,10 @@ def check_model(model: onnx.ModelProto, nodes: list[Node], where: str) -> None:
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
         raise ModelError(f"{where}: not a valid ONNX model: {checker_message(exc)}; fix or re-export "
                          f"the model") from None
+    except UnicodeDecodeError:
+        # the checker's complaint quotes a name or string of the model that is not valid UTF-8
+        raise ModelError(f"{where}: not a valid ONNX model, and a name or string in it is not valid UTF-8; "
+                         f"the file is corrupted") from None
 
 
 def default_opset(model: onnx.ModelProto, where: str) -> int:
@@ -77,6 +89,8 @@ def default_opset(model: onnx.ModelProto, where: str) -> int:
 def _check_op_types(graph: onnx.GraphProto, opset: int, where: str) -> None:
     """Every default-domain op must exist at the model's opset (a bit flip turns Relu into relu)."""
     for proto in _all_nodes(graph):
+        if not all(isinstance(text, str) for text in (proto.op_type, proto.domain, proto.name)):
+            raise ModelError(f"{where}: a node's op type, domain or name is not valid UTF-8; the file is corrupted")
         if proto.domain not in DEFAULT_DOMAINS or onnx.defs.has(proto.op_type, opset, ""):
             continue
         name = f"node '{proto.name}' ({proto.op_type})" if proto.name else f"a {proto.op_type!r} node"
@@ -212,3 +226,16 @@ def check_sizes(graph: OpGraph, where: str) -> None:
                              f"with the dims bound to {graph.dims or 'their defaults'}), "
                              f"{'a negative dimension' if any(d < 0 for d in shape) else 'over 2**40 elements'}; "
                              f"check the --dim values, or the file is corrupted")
+
+
+def check_input_dims(graph: onnx.GraphProto, data_inputs: Iterable[str], where: str) -> None:
+    """Once the dims are bound: no data input axis over :data:`MAX_INPUT_DIM`."""
+    wanted = set(data_inputs)
+    for vi in graph.input:
+        if vi.name not in wanted:
+            continue
+        for axis, d in enumerate(vi.type.tensor_type.shape.dim):
+            if d.dim_value > MAX_INPUT_DIM:
+                raise ModelError(f"{where}: input '{vi.name}' has size {d.dim_value:,} on axis {axis}, over the "
+                                 f"{MAX_INPUT_DIM:,} the planner handles on one axis of a data input; pass a "
+                                 f"smaller --dim, or the file is corrupted")
