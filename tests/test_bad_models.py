@@ -29,7 +29,7 @@ from planner.cli import main
 from planner.errors import ModelError
 from planner.graph import loader
 from planner.graph.unknown import UNKNOWN_SHARE_LIMIT
-from planner.graph.validate import MIN_OPSET
+from planner.graph.validate import MAX_INPUT_DIM, MIN_OPSET
 from tests._graph_util import tiny_gpt
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -173,9 +173,17 @@ def test_absurd_dimension(tmp_path):
 
 
 def test_absurd_bound_dimension(tmp_path):
-    path = save(tiny_gpt(1, 32, 2, 8, 50, symbolic_seq=True), tmp_path, "gpt")
-    # at seq = 2**36 the attention scores would be 2**72 elements for one sample
-    refused(path, "would have shape", "--dim", argv=("--dim", f"seq={2 ** 36}"))
+    """--dim values: an input axis over MAX_INPUT_DIM, or a tensor over 2**40 elements once bound."""
+    nodes = [h.make_node("Transpose", ["x"], ["xt"], perm=[0, 2, 1], name="t"),
+             h.make_node("MatMul", ["x", "xt"], ["y"], name="scores")]  # [batch, seq, seq]
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, ["batch", "seq", 4])],
+                         [h.make_tensor_value_info("y", T.FLOAT, ["batch", "seq", "seq"])])
+    path = save(h.make_model(graph, opset_imports=[h.make_opsetid("", 20)]), tmp_path, "scores")
+    assert answer_is_clean(["inspect", str(path), "--dim", "seq=64"]) == (0, "")
+    refused(path, "input 'x'", f"size {MAX_INPUT_DIM * 2:,} on axis 1", "smaller --dim",
+            argv=("--dim", f"seq={MAX_INPUT_DIM * 2}"))
+    refused(path, "tensor 'y' would have shape [1, 2097152, 2097152]", "over 2**40", "--dim",
+            argv=("--dim", f"seq={2 ** 21}"))
 
 
 def test_truncated_and_flipped_files(tmp_path):

@@ -76,7 +76,7 @@ def fold_and_reinfer(model: onnx.ModelProto, nodes: list[Node], const: set[str],
             break
         initial = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
                    if t.data_location != TensorProto.EXTERNAL and 0 < numel_of(t.dims) <= fold.MAX_ELEMENTS
-                   and t.data_type in NUMERIC and has_data(t) and data_size_ok(t)}
+                   and t.data_type in _NUMERIC and has_data(t) and _data_size_ok(t)}
         values = fold.evaluate(nodes, const, shapes, initial)
         if not fold.inject(nodes, values):
             break
@@ -88,10 +88,10 @@ def fold_and_reinfer(model: onnx.ModelProto, nodes: list[Node], const: set[str],
     return shapes, types
 
 
-NUMERIC = FLOAT_TYPES | frozenset(INT_BYTES)
+_NUMERIC = FLOAT_TYPES | frozenset(INT_BYTES)
 
 
-def data_size_ok(t: TensorProto) -> bool:
+def _data_size_ok(t: TensorProto) -> bool:
     """Does the stored data match the dims (a corrupted file may say otherwise)?"""
     n = numel_of(t.dims)
     if t.raw_data:
@@ -101,7 +101,9 @@ def data_size_ok(t: TensorProto) -> bool:
 
 
 def has_data(t: TensorProto) -> bool:
-    return bool(t.raw_data or t.float_data or t.int32_data or t.int64_data or t.double_data or t.uint64_data)
+    """Does ``t`` hold inline data? (HasField and len, so that a large tensor's bytes are not copied.)"""
+    return t.HasField("raw_data") or any(len(field) for field in (t.float_data, t.int32_data, t.int64_data,
+                                                                   t.double_data, t.uint64_data))
 
 
 def _read_shapes(infos: list[onnx.ValueInfoProto], bound: dict[str, int]) -> tuple[Shapes, Types]:

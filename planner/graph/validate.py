@@ -19,7 +19,7 @@ from onnx import TensorProto
 from planner.errors import ModelError, suggest
 from planner.graph import fold
 from planner.graph.ir import Node, OpGraph, numel_of
-from planner.graph.shapes import NUMERIC, data_size_ok, has_data
+from planner.graph.shapes import has_data
 
 
 # The lowest default-domain opset the cost rules and shape propagation are written for: from opset 7 on,
@@ -48,7 +48,7 @@ def check_model(model: onnx.ModelProto, nodes: list[Node], where: str) -> None:
     opset = default_opset(model, where)
     _check_op_types(model.graph, opset, where)
     _check_dims(model.graph, where)
-    skeleton = _skeleton(model, nodes, where)
+    skeleton = _skeleton(model, nodes)
     shapeless = [vi for vi in list(skeleton.graph.input) + list(skeleton.graph.output)
                  if vi.type.HasField("tensor_type") and not vi.type.tensor_type.HasField("shape")]
     for vi in shapeless:
@@ -163,10 +163,10 @@ def _weightless(t: TensorProto) -> bool:
     return t.data_location == TensorProto.EXTERNAL or not has_data(t)
 
 
-def _skeleton(model: onnx.ModelProto, nodes: list[Node], where: str) -> onnx.ModelProto:
+def _skeleton(model: onnx.ModelProto, nodes: list[Node]) -> onnx.ModelProto:
     """A copy of ``model`` for the checker: nodes in topological order; every initializer without inline
-    data (external or none), or with more than ``fold.MAX_ELEMENTS`` elements of it (its size checked
-    here), declared as a graph input instead; every Constant holding external data replaced by a graph
+    data (external or none), or with more than ``fold.MAX_ELEMENTS`` elements of it (data the importer
+    never reads: the checker would copy and size it), declared as a graph input instead; every Constant holding external data replaced by a graph
     input of its type and shape. Small inline data is kept (the checker compares its size with the dims)."""
     src = model.graph
     skeleton = onnx.ModelProto(ir_version=model.ir_version, producer_name=model.producer_name,
@@ -183,11 +183,7 @@ def _skeleton(model: onnx.ModelProto, nodes: list[Node], where: str) -> onnx.Mod
     for t in src.initializer:
         if not _weightless(t) and numel_of(t.dims) <= fold.MAX_ELEMENTS:
             g.initializer.append(t)
-            continue
-        if not _weightless(t) and t.data_type in NUMERIC and not data_size_ok(t):
-            raise ModelError(f"{where}: initializer '{t.name}' holds less or more data than its shape "
-                             f"{list(t.dims)} needs; the file is truncated or corrupted")
-        if t.name not in declared:
+        elif t.name not in declared:
             g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
             declared.add(t.name)
     for node in nodes:
