@@ -338,3 +338,12 @@ def test_corpus_data_input_axis_too_large(tmp_path):
     dim.Clear()
     dim.dim_value = 2 ** 31
     refused(save(model, tmp_path, "dlrm"), "input 't0_indices'", "2,147,483,648 on axis 0", "--dim")
+
+
+def test_corpus_producer_name_not_utf8(tmp_path):
+    # fuzz: a bit flip in the producer name ("pytorch") of the DLRM export; building the checker's
+    # skeleton copied it and raised UnicodeDecodeError
+    model = mlp()
+    model.producer_name = "pytorch"
+    path = _with_bytes_replaced(model, b"pytorch", b"py\xeforch", tmp_path, "producer")
+    assert answer_is_clean(["inspect", str(path)]) == (0, "")  # the producer name is never used

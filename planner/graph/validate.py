@@ -166,11 +166,12 @@ def _weightless(t: TensorProto) -> bool:
 def _skeleton(model: onnx.ModelProto, nodes: list[Node]) -> onnx.ModelProto:
     """A copy of ``model`` for the checker: nodes in topological order; every initializer without inline
     data (external or none), or with more than ``fold.MAX_ELEMENTS`` elements of it (data the importer
-    never reads: the checker would copy and size it), declared as a graph input instead; every Constant holding external data replaced by a graph
-    input of its type and shape. Small inline data is kept (the checker compares its size with the dims)."""
+    never reads: the checker would copy and size it), declared as a graph input instead; every Constant
+    holding external data replaced by a graph input of its type and shape. Small inline data is kept (the
+    checker compares its size with the dims). Only the fields the checker reads are copied (a corrupted
+    producer name is not valid UTF-8 and could not be set)."""
     src = model.graph
-    skeleton = onnx.ModelProto(ir_version=model.ir_version, producer_name=model.producer_name,
-                               domain=model.domain, model_version=model.model_version)
+    skeleton = onnx.ModelProto(ir_version=model.ir_version)
     skeleton.opset_import.extend(model.opset_import)
     skeleton.functions.extend(model.functions)
     g = skeleton.graph
