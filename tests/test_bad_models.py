@@ -199,6 +199,29 @@ def test_file_over_the_size_limit(tmp_path, monkeypatch):
     refused(path, "2 GiB", "external data")
 
 
+def _loop_with_external_weight(location: str) -> onnx.ModelProto:
+    """y = Loop body: x + w, where w is a weight-less initializer of the body, stored as external data."""
+    w = onnx.TensorProto(name="w", data_type=T.FLOAT, dims=[4])
+    w.data_location = T.EXTERNAL
+    w.external_data.add(key="location", value=location)
+    body = h.make_graph([h.make_node("Identity", ["cond"], ["cond_out"]), h.make_node("Add", ["x", "w"], ["s"])],
+                        "body", [h.make_tensor_value_info("i", T.INT64, []), h.make_tensor_value_info("cond", T.BOOL, [])],
+                        [h.make_tensor_value_info("cond_out", T.BOOL, []), h.make_tensor_value_info("s", T.FLOAT, [4])],
+                        [w])
+    nodes = [h.make_node("Relu", ["x0"], ["x"]), h.make_node("Loop", ["n", "c"], ["y"], body=body)]
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x0", T.FLOAT, [4])],
+                         [h.make_tensor_value_info("y", T.FLOAT, [2, 4])],
+                         [numpy_helper.from_array(np.array(2, np.int64), "n"), numpy_helper.from_array(np.array(True), "c")])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+
+
+def test_external_data_inside_a_loop_body(tmp_path):
+    # a body's weight is declared for the checker too (it would stat the file), and its location must stay
+    # inside the model's folder like any other
+    assert answer_is_clean(["inspect", str(save(_loop_with_external_weight("w.bin"), tmp_path, "loop"))]) == (0, "")
+    refused(save(_loop_with_external_weight("../w.bin"), tmp_path, "escape"), "initializer 'w'", "outside")
+
+
 def test_checker_never_opens_external_data(tmp_path, monkeypatch):
     """The checker stats every external-data location; it must only ever see the skeleton."""
     import onnx.checker

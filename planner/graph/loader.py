@@ -80,8 +80,16 @@ def check_external_data(model: onnx.ModelProto, base_dir: Path | None, where: st
 
 
 def _all_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
-    yield from model.graph.initializer
-    for node in model.graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.TENSOR:
-                yield attr.t
+    """Initializers and tensor attributes of the graph and of every graph nested in it (Loop, If bodies)."""
+    graphs = [model.graph]
+    while graphs:
+        graph = graphs.pop()
+        yield from graph.initializer
+        for node in graph.node:
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.TENSOR:
+                    yield attr.t
+                elif attr.type == onnx.AttributeProto.GRAPH:
+                    graphs.append(attr.g)
+                elif attr.type == onnx.AttributeProto.GRAPHS:
+                    graphs.extend(attr.graphs)

@@ -143,11 +143,8 @@ def _tensors(graph: onnx.GraphProto) -> Iterator[TensorProto]:
 
 
 def _all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
-    for proto in graph.node:
-        yield proto
-        for attr in proto.attribute:
-            for body in _bodies(attr):
-                yield from _all_nodes(body)
+    for sub in _graphs(graph):
+        yield from sub.node
 
 
 def _bodies(attr: onnx.AttributeProto) -> Iterable[onnx.GraphProto]:
@@ -188,7 +185,7 @@ def _skeleton(model: onnx.ModelProto, nodes: list[Node]) -> onnx.ModelProto:
             g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
             declared.add(t.name)
     for node in nodes:
-        proto = node.proto
+        proto = _outer_weights(node.proto, g, declared)
         value = next((a.t for a in proto.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR),
                      None)
         if proto.op_type == "Constant" and value is not None and value.data_location == TensorProto.EXTERNAL \
@@ -197,6 +194,40 @@ def _skeleton(model: onnx.ModelProto, nodes: list[Node]) -> onnx.ModelProto:
             continue
         g.node.append(proto)
     return skeleton
+
+
+def _outer_weights(proto: onnx.NodeProto, g: onnx.GraphProto, declared: set[str]) -> onnx.NodeProto:
+    """``proto``, or a copy whose subgraphs' weight-less initializers are declared as inputs of the outer
+    graph ``g`` instead (a body sees the outer scope), so that the checker opens no external data there."""
+    if not any(_weightless(t) for attr in proto.attribute for body in _bodies(attr) for t in _graph_tensors(body)):
+        return proto
+    copy = onnx.NodeProto()
+    copy.CopyFrom(proto)
+    for attr in copy.attribute:
+        for body in _bodies(attr):
+            for graph in _graphs(body):
+                keep = [t for t in graph.initializer if not _weightless(t)]
+                for t in graph.initializer:
+                    if _weightless(t) and t.name not in declared:
+                        g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+                        declared.add(t.name)
+                del graph.initializer[:]
+                graph.initializer.extend(keep)
+    return copy
+
+
+def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """``graph`` and every graph nested in its nodes."""
+    yield graph
+    for proto in graph.node:
+        for attr in proto.attribute:
+            for body in _bodies(attr):
+                yield from _graphs(body)
+
+
+def _graph_tensors(graph: onnx.GraphProto) -> Iterator[TensorProto]:
+    for sub in _graphs(graph):
+        yield from sub.initializer
 
 
 _CONTEXT = re.compile(r"==> Context:.*?Name:\s*(\S*)\s+OpType:\s*(\S+)", re.S)
