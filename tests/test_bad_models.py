@@ -363,10 +363,14 @@ def test_corpus_data_input_axis_too_large(tmp_path):
     refused(save(model, tmp_path, "dlrm"), "input 't0_indices'", "2,147,483,648 on axis 0", "--dim")
 
 
-def test_corpus_producer_name_not_utf8(tmp_path):
-    # fuzz: a bit flip in the producer name ("pytorch") of the DLRM export; building the checker's
-    # skeleton copied it and raised UnicodeDecodeError
+@pytest.mark.parametrize("field", ["producer_name", "graph.name"])
+def test_corpus_model_text_not_utf8(tmp_path, field):
+    # fuzz: a bit flip in the producer name ("pytorch") of the DLRM export, or in the graph's name;
+    # building the checker's skeleton read it into Python and raised UnicodeDecodeError
     model = mlp()
-    model.producer_name = "pytorch"
-    path = _with_bytes_replaced(model, b"pytorch", b"py\xeforch", tmp_path, "producer")
-    assert answer_is_clean(["inspect", str(path)]) == (0, "")  # the producer name is never used
+    if field == "producer_name":
+        model.producer_name = "pytorch"
+    else:
+        model.graph.name = "pytorch"
+    path = _with_bytes_replaced(model, b"pytorch", b"py\xeforch", tmp_path, "text")
+    assert answer_is_clean(["inspect", str(path)]) == (0, "")  # neither is ever used

@@ -165,14 +165,14 @@ def _skeleton(model: onnx.ModelProto, nodes: list[Node]) -> onnx.ModelProto:
     data (external or none), or with more than ``fold.MAX_ELEMENTS`` elements of it (data the importer
     never reads: the checker would copy and size it), declared as a graph input instead; every Constant
     holding external data replaced by a graph input of its type and shape. Small inline data is kept (the
-    checker compares its size with the dims). Only the fields the checker reads are copied (a corrupted
-    producer name is not valid UTF-8 and could not be set)."""
+    checker compares its size with the dims). Only the fields the checker reads are copied, by protobuf
+    itself (a corrupted name or producer is not valid UTF-8: read into Python, it raises)."""
     src = model.graph
     skeleton = onnx.ModelProto(ir_version=model.ir_version)
     skeleton.opset_import.extend(model.opset_import)
     skeleton.functions.extend(model.functions)
     g = skeleton.graph
-    g.name = src.name or "graph"
+    g.name = "skeleton"  # the model's own name may not be valid UTF-8, and the checker only needs one
     declared = {vi.name for vi in src.input}
     g.input.extend(src.input)
     g.output.extend(src.output)
