@@ -205,13 +205,15 @@ def _loop_with_external_weight(location: str) -> onnx.ModelProto:
     w.data_location = T.EXTERNAL
     w.external_data.add(key="location", value=location)
     body = h.make_graph([h.make_node("Identity", ["cond"], ["cond_out"]), h.make_node("Add", ["x", "w"], ["s"])],
-                        "body", [h.make_tensor_value_info("i", T.INT64, []), h.make_tensor_value_info("cond", T.BOOL, [])],
+                        "body",
+                        [h.make_tensor_value_info("i", T.INT64, []), h.make_tensor_value_info("cond", T.BOOL, [])],
                         [h.make_tensor_value_info("cond_out", T.BOOL, []), h.make_tensor_value_info("s", T.FLOAT, [4])],
                         [w])
     nodes = [h.make_node("Relu", ["x0"], ["x"]), h.make_node("Loop", ["n", "c"], ["y"], body=body)]
     graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x0", T.FLOAT, [4])],
                          [h.make_tensor_value_info("y", T.FLOAT, [2, 4])],
-                         [numpy_helper.from_array(np.array(2, np.int64), "n"), numpy_helper.from_array(np.array(True), "c")])
+                         [numpy_helper.from_array(np.array(2, np.int64), "n"),
+                          numpy_helper.from_array(np.array(True), "c")])
     return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
 
 
@@ -334,13 +336,16 @@ def _with_bytes_replaced(model: onnx.ModelProto, old: bytes, new: bytes, tmp_pat
 def test_corpus_op_type_not_utf8_inside_a_loop_body(tmp_path):
     # fuzz: a bit flip in the op type of a node inside a Loop body (outside the main graph's name checks)
     # made onnx.defs.has raise TypeError
-    body = h.make_graph([h.make_node("Identity", ["cond"], ["cond_out"]), h.make_node("Idqntity", ["x"], ["s"])],
-                        "body", [h.make_tensor_value_info("i", T.INT64, []), h.make_tensor_value_info("cond", T.BOOL, [])],
+    body = h.make_graph([h.make_node("Identity", ["cond"], ["cond_out"]),
+                         h.make_node("Idqntity", ["x"], ["s"])],
+                        "body",
+                        [h.make_tensor_value_info("i", T.INT64, []), h.make_tensor_value_info("cond", T.BOOL, [])],
                         [h.make_tensor_value_info("cond_out", T.BOOL, []), h.make_tensor_value_info("s", T.FLOAT, [4])])
     nodes = [h.make_node("Relu", ["x"], ["r"]), h.make_node("Loop", ["n", "c"], ["y"], body=body)]
     graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [4])],
                          [h.make_tensor_value_info("y", T.FLOAT, [2, 4]), h.make_tensor_value_info("r", T.FLOAT, [4])],
-                         [numpy_helper.from_array(np.array(2, np.int64), "n"), numpy_helper.from_array(np.array(True), "c")])
+                         [numpy_helper.from_array(np.array(2, np.int64), "n"),
+                          numpy_helper.from_array(np.array(True), "c")])
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
     refused(_with_bytes_replaced(model, b"Idqntity", b"Id\xe9ntity", tmp_path, "loop"), "not valid UTF-8")
 
@@ -356,7 +361,8 @@ def test_corpus_checker_message_not_utf8(tmp_path):
 def test_corpus_data_input_axis_too_large(tmp_path):
     # fuzz: the DLRM export's sparse indices input given 2**31 rows: ONNX data propagation materialised a
     # 2**31-element Range feeding the bag Loop (out of memory; 3 s and 1.3 GB already at 2**24)
-    model = onnx.load(str(ROOT / "tests" / "fixtures" / "exports" / "dlrm.torchscript.onnx"), load_external_data=False)
+    model = onnx.load(str(ROOT / "tests" / "fixtures" / "exports" / "dlrm.torchscript.onnx"),
+                      load_external_data=False)
     dim = next(vi for vi in model.graph.input if vi.name == "t0_indices").type.tensor_type.shape.dim[0]
     dim.Clear()
     dim.dim_value = 2 ** 31

@@ -22,7 +22,9 @@ from hypothesis import strategies as st
 from tests._graph_util import tiny_gpt
 from tests.test_bad_models import ROOT, answer_is_clean, fancy_model, mlp
 
-EXAMPLES = int(os.environ.get("BAD_MODELS_EXAMPLES", "50"))  # per mutation kind; the whole file runs in well under a minute
+# examples per mutation kind: the whole file runs in well under a minute; set BAD_MODELS_EXAMPLES for a
+# longer search
+EXAMPLES = int(os.environ.get("BAD_MODELS_EXAMPLES", "50"))
 
 SETTINGS = settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -40,8 +42,8 @@ BYTES = {name: model.SerializeToString() for name, (model, _) in BASES.items()}
 _DIR = Path(tempfile.mkdtemp(prefix="bad_models_"))
 
 base_names = st.sampled_from(sorted(BASES))
-OP_TYPES = ["relu", "Relu", "MatMul", "Gemm", "Conv", "LayerNormalization", "Loop", "If", "Reshape", "Constant",
-            "NoSuchOp", "", "Gelu", "Einsum", "com.x", "Softmax", "Split", "Cast"]
+OP_TYPES = ["relu", "Relu", "MatMul", "Gemm", "Conv", "LayerNormalization", "Loop", "If", "Reshape",
+            "Constant", "NoSuchOp", "", "Gelu", "Einsum", "com.x", "Softmax", "Split", "Cast"]
 EXTREME = [-1, -2, -7, -(2 ** 31), -(2 ** 63), 0, 1, 3, 2 ** 31, 2 ** 40, 2 ** 62, 2 ** 63 - 1]
 
 

@@ -247,7 +247,8 @@ RULES: dict[str, Rule] = {
                      "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp"), _reduce),
     **dict.fromkeys(("MaxPool", "AveragePool", "LpPool"), _pool),
     **dict.fromkeys(("GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"), _global_pool),
-    "LRN": _lrn, "Resize": _resize, "Loop": _fold_over_data, "Scan": _fold_over_data, "LSTM": _recurrent(4), "GRU": _recurrent(3), "RNN": _recurrent(1),
+    "LRN": _lrn, "Resize": _resize, "LSTM": _recurrent(4), "GRU": _recurrent(3), "RNN": _recurrent(1),
+    "Loop": _fold_over_data, "Scan": _fold_over_data,
     **dict.fromkeys(_MOVE_OPS, _zero),
     **dict.fromkeys(VIEW_OPS, _zero),
 }

@@ -48,7 +48,7 @@ def check_model(model: onnx.ModelProto, nodes: list[Node], where: str) -> None:
     opset = default_opset(model, where)
     _check_op_types(model.graph, opset, where)
     _check_dims(model.graph, where)
-    skeleton = _skeleton(model, nodes)
+    skeleton = _skeleton(model, nodes, where)
     shapeless = [vi for vi in list(skeleton.graph.input) + list(skeleton.graph.output)
                  if vi.type.HasField("tensor_type") and not vi.type.tensor_type.HasField("shape")]
     for vi in shapeless:
@@ -160,7 +160,7 @@ def _weightless(t: TensorProto) -> bool:
     return t.data_location == TensorProto.EXTERNAL or not has_data(t)
 
 
-def _skeleton(model: onnx.ModelProto, nodes: list[Node]) -> onnx.ModelProto:
+def _skeleton(model: onnx.ModelProto, nodes: list[Node], where: str) -> onnx.ModelProto:
     """A copy of ``model`` for the checker: nodes in topological order; every initializer without inline
     data (external or none), or with more than ``fold.MAX_ELEMENTS`` elements of it (data the importer
     never reads: the checker would copy and size it), declared as a graph input instead; every Constant
@@ -185,7 +185,7 @@ def _skeleton(model: onnx.ModelProto, nodes: list[Node]) -> onnx.ModelProto:
             g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
             declared.add(t.name)
     for node in nodes:
-        proto = _outer_weights(node.proto, g, declared)
+        proto = _outer_weights(node.proto, g, declared, where)
         value = next((a.t for a in proto.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR),
                      None)
         if proto.op_type == "Constant" and value is not None and value.data_location == TensorProto.EXTERNAL \
@@ -196,7 +196,7 @@ def _skeleton(model: onnx.ModelProto, nodes: list[Node]) -> onnx.ModelProto:
     return skeleton
 
 
-def _outer_weights(proto: onnx.NodeProto, g: onnx.GraphProto, declared: set[str]) -> onnx.NodeProto:
+def _outer_weights(proto: onnx.NodeProto, g: onnx.GraphProto, declared: set[str], where: str) -> onnx.NodeProto:
     """``proto``, or a copy whose subgraphs' weight-less initializers are declared as inputs of the outer
     graph ``g`` instead (a body sees the outer scope), so that the checker opens no external data there."""
     if not any(_weightless(t) for attr in proto.attribute for body in _bodies(attr) for t in _graph_tensors(body)):
@@ -208,6 +208,9 @@ def _outer_weights(proto: onnx.NodeProto, g: onnx.GraphProto, declared: set[str]
             for graph in _graphs(body):
                 keep = [t for t in graph.initializer if not _weightless(t)]
                 for t in graph.initializer:
+                    if not isinstance(t.name, str):
+                        raise ModelError(f"{where}: an initializer name inside node '{proto.name}' is not valid "
+                                         f"UTF-8; the file is corrupted")
                     if _weightless(t) and t.name not in declared:
                         g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
                         declared.add(t.name)
