@@ -27,7 +27,7 @@ def breakdown_total(est):
 
 @pytest.mark.parametrize("cluster,config", [
     ("dgx-a100-80gb*2", ParallelConfig(global_batch=64, tp=2, pp=4, dp=2)),
-    ("dgx-a100-80gb*2", ParallelConfig(global_batch=64, tp=4, pp=2, dp=2, micro_batch=2, vpp=2, zero=3,
+    ("dgx-a100-80gb*2", ParallelConfig(global_batch=64, tp=4, pp=2, dp=2, micro_batch=2, vpp=2, zero=1,
                                        recompute="full")),
     ("dgx-h100*1", ParallelConfig(global_batch=32, tp=1, pp=1, dp=8, zero=1, recompute="selective")),
     ("dgx-a100-80gb*1+hgx-v100-32gb*1", ParallelConfig(global_batch=64, tp=2, pp=2, dp=4, schedule="gpipe")),
@@ -176,7 +176,7 @@ def test_interleaved_wraparound_sends_a_chunk_boundary_not_the_logits():
     # stage 1 -> stage 0 (the interleaved schedule's wrap-around) crosses the same node link as stage 0 -> 1
     # and carries a block's output, b*s*h; the head's logits (b*s*V, 25x larger) never travel
     est = estimate(_gpt_1_3b(), load_cluster("dgx-a100-80gb*2"),
-                   ParallelConfig(global_batch=256, tp=2, pp=2, dp=4, micro_batch=2, vpp=12, zero=3,
+                   ParallelConfig(global_batch=256, tp=2, pp=2, dp=4, micro_batch=2, vpp=12, zero=1,
                                   recompute="none", sequence_parallel=True))
     assert est.stages[1].p2p_s == pytest.approx(est.stages[0].p2p_s, rel=1e-6)
 
@@ -184,7 +184,7 @@ def test_interleaved_wraparound_sends_a_chunk_boundary_not_the_logits():
 def test_left_out_vpp_resolves_to_the_fastest():
     # the fast ranking formula favours the largest vpp; the exact timing must decide between the vpps
     model, cluster = _gpt_1_3b(), load_cluster("dgx-a100-80gb*2")
-    fixed = dict(global_batch=256, tp=2, pp=2, dp=4, micro_batch=2, zero=3, recompute="none",
+    fixed = dict(global_batch=256, tp=2, pp=2, dp=4, micro_batch=2, zero=1, recompute="none",
                  sequence_parallel=True)
     resolved = estimate(model, cluster, ParallelConfig(**fixed))
     pinned = [estimate(model, cluster, ParallelConfig(**fixed, vpp=v)).iteration_time_s for v in (1, 2, 3, 4, 6, 12)]

@@ -36,11 +36,12 @@ from planner.cost.compute import layer_costs
 from planner.cost.memory import dtype_bytes, memory_terms, micro_batches_in_flight
 from planner.cost.optimizer import optimizer_time_s
 from planner.cost.schedule import SCHEDULES, pipeline_time
-from planner.cost.validate import check_config, divisors, pipeline_units
 from planner.errors import ConfigError
 from planner.hardware.cluster import locate
 from planner.hardware.efficiency import resolve_dtype
 from planner.hardware.collectives import p2p_time_s
+from planner.rules import (RECOMPUTE_CHOICES, TIE_TOLERANCE, check_config, divisors, pipeline_units, simplicity_key,
+                           vpp_fits, zero_stages)
 from planner.runtime import Runtime, get_runtime
 from planner.types import (Breakdown, Cluster, Estimate, LayerGraph, MemoryBreakdown, NodeProfile,
                            ParallelConfig, PipelineSpec, ReplicaEstimate, ReplicaSpec, StageEstimate, StageSpec)
@@ -433,16 +434,18 @@ def estimate_pipeline(model: LayerGraph, cluster: Cluster, spec: PipelineSpec,
 # --------------------------------------------------------------------------- estimate(ParallelConfig)
 
 
-def balanced_split(model: LayerGraph, pp: int) -> list[tuple[int, int]]:
+def balanced_split(model: LayerGraph, pp: int, vpp: int = 1) -> list[tuple[int, int]]:
     """Megatron-LM's split: the transformer blocks evenly over ``pp`` stages (the first stages of an uneven
-    split take one more), layers before the first block on stage 0, the rest with the block before them."""
+    split take one more), layers before the first block on stage 0, the rest with the block before them.
+    With ``vpp`` > 1 the blocks are dealt out in whole ``vpp``-block chunks, so every stage holds a multiple
+    of vpp (Megatron's pipeline layout where the chunks do not split evenly)."""
     n = len(model.layers)
     blocks = [i for i, layer in enumerate(model.layers) if layer.kind == "block"] or list(range(n))
-    per, extra = divmod(len(blocks), pp)
+    per, extra = divmod(len(blocks) // vpp, pp)
     bounds: list[tuple[int, int]] = []
     start_block = 0
     for s in range(pp):
-        count = per + (1 if s < extra else 0)
+        count = (per + (1 if s < extra else 0)) * vpp
         last_block = blocks[start_block + count - 1]
         first = 0 if s == 0 else bounds[-1][1] + 1
         last = n - 1 if s == pp - 1 else last_block
@@ -451,11 +454,12 @@ def balanced_split(model: LayerGraph, pp: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def _megatron_spec_stages(model: LayerGraph, cluster: Cluster, tp: int, pp: int, dp: int) -> tuple[StageSpec, ...]:
+def _megatron_spec_stages(model: LayerGraph, cluster: Cluster, tp: int, pp: int, dp: int,
+                          vpp: int = 1) -> tuple[StageSpec, ...]:
     """Devices in Megatron-LM's order (tp fastest, then dp, then pp); a stage whose replicas fall on several
     device types gets one replica group per type, each with its share of the batch."""
     stages = []
-    for s, (first, last) in enumerate(balanced_split(model, pp)):
+    for s, (first, last) in enumerate(balanced_split(model, pp, vpp)):
         base = s * tp * dp
         groups: dict[str, list[int]] = {}
         for k in range(dp):
@@ -469,31 +473,36 @@ def _megatron_spec_stages(model: LayerGraph, cluster: Cluster, tp: int, pp: int,
 
 
 def _candidates(model: LayerGraph, config: ParallelConfig) -> dict[str, list]:
+    """Every value of each free field that the rules (planner.rules) allow for this tp, pp, dp and runtime."""
     tp, pp, dp, g = config.tp, config.pp, config.dp, config.global_batch
+    runtime = get_runtime(config.runtime)
     per_replica = g // dp
     mbs = [config.micro_batch] if config.micro_batch else [d for d in divisors(per_replica) if d <= MAX_MICRO_BATCH]
     units = pipeline_units(model)
     if config.vpp is not None:
         vpps = [config.vpp]
-    elif pp == 1 or config.schedule in ("1f1b", "gpipe"):
+    elif pp == 1 or config.schedule in ("1f1b", "gpipe") or not runtime.interleaved:
         vpps = [1]
     else:
-        vpps = [v for v in divisors(units // pp) if units % (pp * v) == 0] if units % pp == 0 else [1]
+        # left free: the splits into pp x vpp equal chunks (a pinned vpp may also split unevenly)
+        vpps = [v for v in divisors(units) if units % (pp * v) == 0 and vpp_fits(units, pp, v)]
         if config.schedule == "interleaved":
             vpps = [v for v in vpps if v > 1]
             if not vpps:
                 raise ConfigError(f"the interleaved schedule needs the {units} layers to split into pp x vpp equal "
                                   f"chunks with vpp > 1, and none does for pp={pp}; use --schedule 1f1b")
+    zeros = zero_stages(runtime, pp)
     return {
         "micro_batch": mbs,
-        "recompute": [config.recompute] if config.recompute else ["none", "selective", "full"],
+        "recompute": [config.recompute] if config.recompute else list(RECOMPUTE_CHOICES),
         # sequence parallelism is taken whenever tp > 1: its reduce-scatter plus all-gather move the bytes of
         # the all-reduce it replaces, and it divides the remaining activations and element-wise work by tp
         # (Korthikanti et al. 2022); pass sequence_parallel=False to estimate without it
         "sequence_parallel": [bool(config.sequence_parallel)] if config.sequence_parallel is not None
         else [tp > 1],
         "vpp": vpps,
-        "zero": [config.zero] if config.zero is not None else ([0, 1, 2, 3] if dp > 1 else [0]),
+        # ZeRO shards over data-parallel ranks: with dp = 1 every stage is the plan of the lowest
+        "zero": [config.zero] if config.zero is not None else (list(zeros) if dp > 1 else [min(zeros)]),
     }
 
 
@@ -503,11 +512,25 @@ def _schedule_for(config: ParallelConfig, vpp: int) -> str:
     return config.schedule if config.schedule in ("1f1b", "gpipe") else "1f1b"
 
 
+def _simpler_first(finalists: list[_Result], works: list[_Work]) -> int:
+    """The finalist to return: the fastest feasible one, or a simpler one (lower ZeRO, less recompute:
+    planner.rules.simplicity_key) within TIE_TOLERANCE of it; with none feasible, the least memory."""
+    best = min(range(len(finalists)), key=lambda i: (_rank_key(finalists[i], works[i].placement.capacity), i))
+    if not finalists[best].feasible:
+        return best
+    limit = finalists[best].iteration_s * (1.0 + TIE_TOLERANCE)
+    near = [i for i, r in enumerate(finalists) if r.feasible and r.iteration_s <= limit]
+    pp = len(works[best].placement.stages)
+    return min(near, key=lambda i: (simplicity_key(finalists[i].zero, works[i].recompute, 1, pp),
+                                    finalists[i].iteration_s, i))
+
+
 def estimate(model: LayerGraph, cluster: Cluster, config: ParallelConfig,
              calibration: Calibrations | None = None) -> Estimate:
     """Predict one configuration. Fields left None (micro_batch, recompute, sequence_parallel, vpp, zero,
     schedule) resolve to the fastest feasible choice (if none fits, the one needing the least memory,
-    with ``feasible=False``); ``Estimate.config`` says what they resolved to.
+    with ``feasible=False``); ``Estimate.config`` says what they resolved to. Within
+    ``planner.rules.TIE_TOLERANCE`` of the fastest, the simpler choice (lower ZeRO, less recompute) wins.
 
     Candidates are ranked with a fast pipeline formula; the best few are then timed exactly (closed form or
     simulation) and the best of those returned.
@@ -516,27 +539,35 @@ def estimate(model: LayerGraph, cluster: Cluster, config: ParallelConfig,
                      runtime=get_runtime(config.runtime).name)
     check_config(model, cluster, config)
     tp, pp, dp = config.tp, config.pp, config.dp
-    stages = _megatron_spec_stages(model, cluster, tp, pp, dp)
-    placement = _placement(model, cluster, stages, config.optimizer, config.dtype, calibration,
-                           get_runtime(config.runtime))
     options = _candidates(model, config)
+    # a pinned vpp whose chunks do not split evenly over the stages places its own layers
+    placements: dict[tuple, tuple[_Placement, list[int]]] = {}
+    for vpp in options["vpp"]:
+        split = tuple(balanced_split(model, pp, vpp))
+        if split not in placements:
+            stages = _megatron_spec_stages(model, cluster, tp, pp, dp, vpp)
+            placements[split] = (_placement(model, cluster, stages, config.optimizer, config.dtype, calibration,
+                                            get_runtime(config.runtime)), [])
+        placements[split][1].append(vpp)
     ranked: list[tuple[tuple[int, float], int, _Work, str, int, int]] = []
     approximate: dict = {}
-    for recompute in options["recompute"]:
-        for sp in options["sequence_parallel"]:
-            for mb in options["micro_batch"]:
-                work = _work(model, cluster, placement, config.global_batch, mb, recompute, sp)
-                any_fits = False
-                for vpp in options["vpp"]:
-                    if vpp > 1 and work.num_micro_batches % pp:
-                        continue
-                    schedule = _schedule_for(config, vpp)
-                    for zero in options["zero"]:
-                        result = _evaluate(work, schedule, vpp, zero, False, approximate)
-                        any_fits = any_fits or result.feasible
-                        ranked.append((_rank_key(result, placement.capacity), len(ranked), work, schedule, vpp, zero))
-                if not any_fits and config.micro_batch is None:
-                    break  # larger micro-batches only need more memory
+    for placement, vpps in placements.values():
+        for recompute in options["recompute"]:
+            for sp in options["sequence_parallel"]:
+                for mb in options["micro_batch"]:
+                    work = _work(model, cluster, placement, config.global_batch, mb, recompute, sp)
+                    any_fits = False
+                    for vpp in vpps:
+                        if vpp > 1 and work.num_micro_batches % pp:
+                            continue
+                        schedule = _schedule_for(config, vpp)
+                        for zero in options["zero"]:
+                            result = _evaluate(work, schedule, vpp, zero, False, approximate)
+                            any_fits = any_fits or result.feasible
+                            ranked.append((_rank_key(result, placement.capacity), len(ranked), work, schedule, vpp,
+                                           zero))
+                    if not any_fits and config.micro_batch is None:
+                        break  # larger micro-batches only need more memory
     if not ranked:
         raise ConfigError(f"no schedule fits: the interleaved schedule needs the number of micro-batches to be "
                           f"a multiple of pp={pp}; use vpp 1 or another micro-batch")
@@ -546,16 +577,26 @@ def estimate(model: LayerGraph, cluster: Cluster, config: ParallelConfig,
     # the best of every other vpp within VPP_MARGIN: the fast formula counts the interleaved schedule's
     # transfers once, while each of its vpp chunks waits on them, so it can rank a large vpp first that the
     # exact timing rejects
-    head = [item for item in ranked[:3] if item[0][0] == ranked[0][0][0]
-            and item[0][1] <= ranked[0][0][1] * (1.0 + FINALIST_MARGIN)]
+    top = ranked[0][0]
+    head = [item for item in ranked[:3] if item[0][0] == top[0] and item[0][1] <= top[1] * (1.0 + FINALIST_MARGIN)]
     seen_vpps = {item[4] for item in head}
     for item in ranked:
-        if item[0][0] == ranked[0][0][0] and item[4] not in seen_vpps \
-                and item[0][1] <= ranked[0][0][1] * (1.0 + VPP_MARGIN):
+        if item[0][0] == top[0] and item[4] not in seen_vpps and item[0][1] <= top[1] * (1.0 + VPP_MARGIN):
             seen_vpps.add(item[4])
             head.append(item)
+    # and the simpler choices (lower ZeRO, less recompute) of the best's shape that may tie with it
+    if top[0] == 0:
+        lead, taken = head[0], {item[1] for item in head}
+        lead_key = simplicity_key(lead[5], lead[2].recompute, tp, pp)
+        simpler: set[tuple] = set()  # the fastest of each simpler (ZeRO, recompute)
+        for item in ranked:
+            key = simplicity_key(item[5], item[2].recompute, tp, pp)
+            if item[0][0] == 0 and item[0][1] <= top[1] * (1.0 + FINALIST_MARGIN) and item[1] not in taken \
+                    and item[4] == lead[4] and key < lead_key and key not in simpler:
+                simpler.add(key)
+                head.append(item)
     pipelines: dict = {}  # the works stay alive in `ranked`, so their ids are stable keys
     finalists = [_evaluate(work, schedule, vpp, zero, True, pipelines) for _, _, work, schedule, vpp, zero in head]
     works = [item[2] for item in head]
-    best = min(range(len(finalists)), key=lambda i: (_rank_key(finalists[i], placement.capacity), i))
+    best = _simpler_first(finalists, works)
     return _to_estimate(works[best], finalists[best])

@@ -64,10 +64,9 @@ import numpy as np
 from planner.errors import ConfigError
 from planner.graph.ir import ACT_BYTES
 from planner.runtime import Runtime, get_runtime
+from planner.rules import OPTIMIZERS, RECOMPUTE_CHOICES
 from planner.types import MemoryBreakdown
 
-RECOMPUTE_CHOICES = ("none", "selective", "full")
-OPTIMIZERS = ("adam", "sgd", "adagrad")
 # bytes per element of weights and activations in each training dtype: tf32 is an fp32 format computed on
 # tensor cores (fp32 storage); fp8 training keeps 16-bit weights and activations and casts GEMM inputs to fp8
 # (Transformer Engine, "Using FP8 with Transformer Engine")

@@ -36,8 +36,7 @@ from typing import Sequence
 import numpy as np
 
 from planner.errors import ConfigError
-
-SCHEDULES = ("1f1b", "interleaved", "gpipe")
+from planner.rules import SCHEDULES
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,13 @@ import numpy as np
 from planner.cost.sparse import sparse_tables, tables_are_sparse
 from planner.errors import ConfigError, InfeasibleError
 from planner.hardware.efficiency import resolve_dtype
-from planner.runtime import get_runtime
 from planner.plan import Plan, SearchInfo
+from planner.rules import TIE_TOLERANCE, ModelShape
+from planner.runtime import get_runtime
 from planner.search import engine
 from planner.search.backend import Backend
 from planner.search.build import to_plan
-from planner.search.explain import bottleneck
+from planner.search.explain import bottleneck, tie_note
 from planner.search.interleave import searched_units, unit_flags
 from planner.search.space import Pins, Settings, StageOption, validate_pins
 from planner.types import Cluster, LayerGraph, ParallelConfig
@@ -81,16 +82,17 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
         from planner.embeddings.dense import dense_part  # the tables are placed model-parallel, not in the pipeline
         model = dense_part(model, model.embedding_tables)
     pins = Pins.from_config(pinned)
+    runtime = get_runtime(pins.runtime)  # an unknown name fails here, before the search
     pins = dataclasses.replace(pins, dtype=resolve_dtype((g.node.device for g in cluster.groups),
-                                                         pinned.dtype if pinned is not None else None))
-    get_runtime(pins.runtime)  # an unknown name fails here, before the search
+                                                         pinned.dtype if pinned is not None else None),
+                               runtime=runtime.name, shape=ModelShape.of(model))
     kinds = [layer.kind for layer in model.layers]
     units = unit_flags(kinds)
     validate_pins(pins, cluster, global_batch, len(model.layers), sum(units))
     backend = backend if backend is not None else default_backend(model, cluster)
     outcome = engine.run(backend, cluster, len(model.layers), global_batch, pins, top_k=top_k,
                          time_limit_s=time_limit_s, progress=progress, budget=budget, units=units,
-                         interleave=searched_units(kinds) > 0)
+                         interleave=searched_units(kinds) > 0, tie_tolerance=TIE_TOLERANCE)
     if not outcome.candidates:  # a limit never ends a search before its first plan
         raise InfeasibleError(_why_infeasible(model, cluster, global_batch, pins, backend))
     info = SearchInfo(time_s=outcome.time_s, candidates_evaluated=outcome.bounded + outcome.solved,
@@ -99,7 +101,11 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
     built = []
     for cand in outcome.candidates:
         m = cand.settings.num_micro_batches(global_batch)
-        built.append(to_plan(model, cluster, cand.spec, cand.estimate, info, bottleneck(cand.estimate, m)))
+        # a simpler plan taken over a faster one is not itself the proven optimum
+        slower = outcome.fastest is not None and cand.time_s > outcome.fastest.time_s
+        built.append(to_plan(model, cluster, cand.spec, cand.estimate,
+                             dataclasses.replace(info, proven_optimal=info.proven_optimal and not slower),
+                             bottleneck(cand.estimate, m)))
     if sparse:
         from planner import embeddings  # placement of sparse tables (imported only for models that have them)
         # --time-limit also sets the sharder's work budget (deterministic: work limits, not the clock)
@@ -109,6 +115,9 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
         built = [dataclasses.replace(p, bottleneck=bottleneck(c.estimate, c.settings.num_micro_batches(global_batch),
                                                               float(p.breakdown.get("embedding_s", 0.0))))
                  for p, c in zip(built, outcome.candidates)]
+    if outcome.fastest is not None:  # the tie rule's choice, said in the explanation
+        note = tie_note(outcome.candidates[0], outcome.fastest, TIE_TOLERANCE)
+        built[0] = dataclasses.replace(built[0], bottleneck=f"{built[0].bottleneck} {note}".strip())
     return SearchResult(plans=tuple(built), proven_optimal=outcome.proven_optimal, lower_bound_s=info.lower_bound_s,
                         time_s=outcome.time_s, candidates_evaluated=info.candidates_evaluated)
 

@@ -26,11 +26,12 @@ import heapq
 import itertools
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
 
+from planner.rules import ModelShape, simplicity_key
 from planner.search import hetero
 from planner.search.backend import Backend
 from planner.search.interleave import chunk_mask, partition_allowed, pipeline_allowed
@@ -77,6 +78,8 @@ class Outcome:
     bound_violations: int  # plans the cost model timed below their bound (a backend inconsistency)
     time_s: float
     work: int = 0  # work units spent (see Limits)
+    # the fastest plan found, where the first candidate is a simpler one within the tie tolerance of it
+    fastest: Candidate | None = None
 
 
 @dataclass(frozen=True, order=True)
@@ -126,7 +129,7 @@ def _choices(profiles: Profiles, cluster: Cluster, settings: Settings, index: in
     outside the warm-up), so the corner bounds every count of the choice; a choice whose corner reaches the
     cutoff is dropped whole (the cutoff only decreases)."""
     m = settings.num_micro_batches(global_batch)
-    stages_cap = max_stages(settings, num_layers)
+    stages_cap = min(num_layers, max_stages(settings, pins.shape.num_units))
     per_pool = pool_options(cluster, settings, pins)
     options = [o for opts in per_pool for o in opts]
     column = {o: c for c, o in enumerate(options)}
@@ -154,7 +157,8 @@ def _blocks(profiles: Profiles, cluster: Cluster, settings: Settings, choice: _E
     """The stage-count grid of one choice, each count bounded (one vectorised call), those below ``cutoff``;
     and whether the grid is complete (not restricted to whole pools). Interleaved settings keep the stage
     counts that may interleave (:func:`planner.search.interleave.pipeline_allowed`)."""
-    counts, full = _count_grid(list(choice.counts), num_layers, pins.pp, max_stages(settings, num_layers))
+    counts, full = _count_grid(list(choice.counts), num_layers, pins.pp,
+                               min(num_layers, max_stages(settings, pins.shape.num_units)))
     m = settings.num_micro_batches(global_batch)
     if settings.vpp > 1:
         counts = counts[[pipeline_allowed(int(t), m, settings.vpp, num_units) for t in counts.sum(axis=1)]]
@@ -170,11 +174,13 @@ class _Search:
     """Mutable state of one branch-and-bound run (kept out of module globals)."""
 
     def __init__(self, backend: Backend, cluster: Cluster, global_batch: int, top_k: int, limits: Limits,
-                 start: float, units: tuple[int, ...]) -> None:
+                 start: float, units: tuple[int, ...], tie_tolerance: float = 0.0) -> None:
         self.backend, self.cluster, self.global_batch, self.top_k = backend, cluster, global_batch, top_k
         self.units = units
         self.limits, self.start = limits, start
+        self.tie_tolerance = tie_tolerance
         self.best: list[Candidate] = []
+        self.near: list[Candidate] = []  # every plan within the tie tolerance of the fastest so far
         self.timed = self.violations = self.work = 0
         self.least_layout_bound = np.inf
 
@@ -187,7 +193,12 @@ class _Search:
         return self.limits.time_s is not None and time.perf_counter() - self.start > self.limits.time_s
 
     def cutoff(self) -> float:
-        return self.best[-1].time_s if len(self.best) >= self.top_k else np.inf
+        """Plans at or above this time cannot enter the result: the K-th best time, or past it the tie
+        tolerance above the fastest (the simpler plans there are still wanted)."""
+        kth = self.best[-1].time_s if len(self.best) >= self.top_k else np.inf
+        if self.tie_tolerance > 0 and self.best:
+            return max(kth, self.best[0].time_s * (1.0 + self.tie_tolerance))
+        return kth
 
     def time(self, settings: Settings, layout: Layout, last: tuple[int, ...], bound: float | None,
              check: bool = True) -> Candidate | None:
@@ -221,12 +232,26 @@ class _Search:
         return time_s, estimate
 
     def offer(self, cand: Candidate) -> None:
-        if any(c.settings == cand.settings and c.layout == cand.layout and c.last_layers == cand.last_layers
-               and c.groups == cand.groups for c in self.best):
+        if any(_same(c, cand) for c in self.best) or any(_same(c, cand) for c in self.near):
             return
         self.best.append(cand)
         self.best.sort()
         del self.best[self.top_k:]
+        if self.tie_tolerance > 0:
+            limit = self.best[0].time_s * (1.0 + self.tie_tolerance)
+            self.near = [c for c in (*self.near, cand) if c.time_s <= limit]
+
+    def chosen(self) -> tuple[list[Candidate], Candidate | None]:
+        """The candidates best first, the simplest plan within the tie tolerance of the fastest first; and the
+        fastest where it is not that plan."""
+        if not self.best or self.tie_tolerance <= 0:
+            return list(self.best), None
+        fastest = self.best[0]
+        limit = fastest.time_s * (1.0 + self.tie_tolerance)
+        pick = min((c for c in (*self.near, fastest) if c.time_s <= limit), key=lambda c: (simplicity(c), c))
+        if pick is fastest:
+            return list(self.best), None
+        return [pick, *[c for c in self.best if not _same(c, pick)]][:self.top_k], fastest
 
     def time_hetero(self, settings: Settings, stage: hetero.HeteroStage, bound: float,
                     num_layers: int) -> Candidate | None:
@@ -276,6 +301,18 @@ class _Search:
         return current
 
 
+def _same(a: Candidate, b: Candidate) -> bool:
+    return a.settings == b.settings and a.layout == b.layout and a.last_layers == b.last_layers \
+        and a.groups == b.groups
+
+
+def simplicity(cand: Candidate) -> tuple[int, int, int, int]:
+    """The tie rule's order of a plan (:func:`planner.rules.simplicity_key`): ZeRO, recompute, its largest
+    tp, its stage count."""
+    tps = [o.tp for o in cand.layout.options] + [g.tp for g in cand.groups]
+    return simplicity_key(cand.settings.zero, cand.settings.recompute, max(tps), cand.layout.num_stages)
+
+
 def settings_bound(profiles: Profiles, cluster: Cluster, settings: Settings, num_layers: int, global_batch: int,
                    pins: Pins, floor_s: float, num_units: int | None = None, cutoff_s: float = np.inf,
                    options: tuple[StageOption, ...] | None = None) -> float:
@@ -289,8 +326,9 @@ def settings_bound(profiles: Profiles, cluster: Cluster, settings: Settings, num
     if options is None:
         options = tuple(o for opts in pool_options(cluster, settings, pins) for o in opts)
     caps = np.array([o.most_stages(cluster, settings.dp) for o in options], dtype=int)
+    stages_cap = min(num_layers, max_stages(settings, num_units))
     return settings_lower_bound([profiles.get(o, settings) for o in options], caps,
-                                settings.num_micro_batches(global_batch), num_layers, max_stages(settings, num_layers),
+                                settings.num_micro_batches(global_batch), num_layers, stages_cap,
                                 cluster.num_devices, settings.dp, floor_s, settings.vpp, profiles.count_memo,
                                 cutoff_s)
 
@@ -314,21 +352,25 @@ class Limits:
 
 def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, pins: Pins, top_k: int = 1,
         time_limit_s: float | None = None, progress: Callable[[float], None] | None = None,
-        budget: int | None = None, units: tuple[int, ...] | None = None, interleave: bool = True) -> Outcome:
+        budget: int | None = None, units: tuple[int, ...] | None = None, interleave: bool = True,
+        tie_tolerance: float = 0.0) -> Outcome:
     """Search the whole space, best bound first (see the module docstring); stop early at ``time_limit_s``
     seconds or ``budget`` work units (:class:`Limits`), whichever comes first, once a plan is found.
     ``units[l]`` is 1 when layer l is a pipeline unit (interleaved chunks split those;
     :func:`planner.search.interleave.unit_flags`), default every layer; ``interleave``: search vpp > 1
-    (unpinned) too."""
+    (unpinned) too. ``tie_tolerance`` > 0: every plan within that fraction of the fastest is searched too, and
+    the simplest of them (:func:`simplicity`) comes first (``Outcome.fastest`` then holds the fastest); the
+    lower bound stays one on every plan."""
     limits = Limits(time_limit_s, budget)
     start = time.perf_counter()
     units = tuple(units) if units is not None else (1,) * num_layers
     num_units = sum(units)
+    pins = replace(pins, shape=ModelShape(pins.shape.heads, num_units))  # the stage cap reads the units
     settings_list = [s for s in enumerate_settings(cluster, global_batch, pins, num_units=num_units,
                                                    interleave=interleave) if settings_allowed(s, pins)]
     log.info("search: %d settings", len(settings_list))
     profiles = Profiles(backend)
-    state = _Search(backend, cluster, global_batch, top_k, limits, start, units)
+    state = _Search(backend, cluster, global_batch, top_k, limits, start, units, tie_tolerance)
     masks: dict[int, np.ndarray | None] = {}
     per_dp: dict[int, tuple[StageOption, ...]] = {}  # every pool's options, by dp (nothing else changes them)
 
@@ -347,7 +389,7 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
     quick_memo: dict[tuple, float] = {}
 
     def quick_bound(s: Settings, counted: bool) -> float:
-        stages = max_stages(s, num_layers)
+        stages = min(num_layers, max_stages(s, num_units))
         key = (s.dp, s.micro_batch, s.recompute, s.sequence_parallel, s.dtype, s.runtime, s.vpp, counted and stages)
         hit = quick_memo.get(key)
         if hit is None:
@@ -457,7 +499,8 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
     lower = min(best_time, state.least_layout_bound, unvisited)
     proven = bool(state.best) and complete and not timed_out and state.violations == 0 \
         and best_time <= lower * (1 + 1e-6)
-    return Outcome(candidates=tuple(state.best), proven_optimal=proven, lower_bound_s=float(lower),
+    candidates, fastest = state.chosen()
+    return Outcome(candidates=tuple(candidates), proven_optimal=proven, lower_bound_s=float(lower),
                    bounded=bounded, solved=solved, timed=state.timed, complete_space=complete,
                    timed_out=timed_out, bound_violations=state.violations, time_s=time.perf_counter() - start,
-                   work=state.work)
+                   work=state.work, fastest=fastest)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from planner.report.units import seconds
 from planner.types import BREAKDOWN_PARTS, Estimate
 from planner.units import GIB
@@ -42,3 +44,19 @@ def bottleneck(estimate: Estimate, num_micro_batches: int, embedding_s: float = 
     sentence += (f"; memory is tightest on stage {memory.index} ({memory.memory.total_bytes / GIB:.1f} of "
                  f"{memory.memory_capacity_bytes / GIB:.1f} GiB, {fill:.0%}).")
     return sentence
+
+
+def tie_note(chosen: Any, fastest: Any, tolerance: float) -> str:
+    """The sentence saying the tie rule took ``chosen`` over the faster ``fastest`` (``engine.Candidate``s,
+    which this module cannot import: the engine's users import it): what is simpler, by how little slower."""
+    def described(cand: Any) -> dict[str, str]:
+        tps = [o.tp for o in cand.layout.options] + [g.tp for g in cand.groups]
+        return {"zero": f"ZeRO-{cand.settings.zero}", "recompute": f"recompute {cand.settings.recompute}",
+                "tp": f"tp={max(tps)}", "pp": f"pp={cand.layout.num_stages}"}
+    mine, theirs = described(chosen), described(fastest)
+    changes = [f"{mine[k]} instead of {theirs[k]}" for k in mine if mine[k] != theirs[k]]
+    what = ", ".join(changes) if changes else "a simpler plan"
+    slower = chosen.time_s / fastest.time_s - 1.0
+    return (f"{what[0].upper()}{what[1:]}: within {tolerance:.1%} of the fastest plan found ({slower:.2%} slower "
+            f"than its {seconds(fastest.time_s)}), the simpler plan is taken (lower ZeRO stage, less recompute, "
+            "smaller tp, then fewer stages).")

@@ -1,9 +1,10 @@
 """Interleaved (virtual) pipeline stages in the search: which plans may interleave, how a stage's layers map
 to its model chunks, and the coefficients of the critical-path bound for either schedule.
 
-Rules (Megatron-LM's, as ``planner.cost`` times them). ``vpp > 1`` needs at least two stages, a number of
-micro-batches ``m`` that is a multiple of the stage count ``P`` (the cost model refuses the interleaved
-schedule otherwise) and ZeRO 0 or 1 (pipelines do not take ZeRO-2/3 at all). Each stage's pipeline units
+Rules (:mod:`planner.rules`, as ``planner.cost`` times them). ``vpp > 1`` needs a runtime with the
+interleaved schedule, at least two stages, a number of micro-batches ``m`` that is a multiple of the stage
+count ``P`` (the cost model refuses the interleaved schedule otherwise) and a ZeRO stage the runtime combines
+with a pipeline (``Runtime.max_pipeline_zero``). Each stage's pipeline units
 (transformer blocks, or every layer of a model without blocks) must be a positive multiple of ``vpp``: the
 stage runs them as ``vpp`` chunks of equal size, chunk ``v`` of stage ``s`` being virtual stage ``v P + s``.
 The cost model gives each chunk ``1/vpp`` of its stage's forward and backward time, which is exactly that
@@ -40,8 +41,9 @@ from typing import Sequence
 
 import numpy as np
 
+from planner.rules import INTERLEAVED, interleave_allowed
+
 MAX_SEARCHED_VPP = 4
-INTERLEAVED = "interleaved"
 
 
 def schedule_for(vpp: int) -> str:
@@ -72,10 +74,9 @@ def warmup(stage: int, num_stages: int, num_micro_batches: int, vpp: int = 1) ->
 
 
 def pipeline_allowed(num_stages: int, num_micro_batches: int, vpp: int, num_units: int) -> bool:
-    """Whether ``num_stages`` stages may interleave ``vpp`` chunks each (always true for vpp = 1)."""
-    if vpp == 1:
-        return True
-    return num_stages >= 2 and num_micro_batches % num_stages == 0 and num_stages * vpp <= num_units
+    """Whether ``num_stages`` stages may interleave ``vpp`` chunks each (always true for vpp = 1):
+    :func:`planner.rules.interleave_allowed`."""
+    return interleave_allowed(num_stages, num_micro_batches, vpp, num_units)
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,7 @@ def searched_units(kinds: Sequence[str]) -> int:
 
 def unit_flags(kinds: Sequence[str]) -> tuple[int, ...]:
     """Per layer, 1 for a pipeline unit: the transformer blocks where there are any, else every layer (as
-    ``planner.cost.validate.pipeline_units`` counts them)."""
+    ``planner.rules.pipeline_units`` counts them)."""
     if any(kind == "block" for kind in kinds):
         return tuple(int(kind == "block") for kind in kinds)
     return (1,) * len(kinds)

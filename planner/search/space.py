@@ -22,14 +22,13 @@ from dataclasses import dataclass
 from itertools import permutations
 from typing import Iterator, Sequence
 
-from planner.cost.memory import RECOMPUTE_CHOICES
-from planner.cost.schedule import SCHEDULES
+from planner import rules
 from planner.errors import ConfigError
-from planner.runtime import DEFAULT_RUNTIME
-from planner.search.interleave import INTERLEAVED, pipeline_allowed, schedule_for, vpp_choices
+from planner.rules import INTERLEAVED, RECOMPUTE_CHOICES, ModelShape
+from planner.runtime import DEFAULT_RUNTIME, get_runtime
+from planner.search.interleave import pipeline_allowed, schedule_for, vpp_choices
 from planner.types import Cluster, ParallelConfig, PipelineSpec, StageSpec
 
-ZERO_STAGES = (0, 1, 2, 3)
 
 
 @dataclass(frozen=True, order=True)
@@ -83,7 +82,8 @@ class Layout:
 
 @dataclass(frozen=True)
 class Pins:
-    """The choices the user fixed (``None`` or 0 = searched)."""
+    """The choices the user fixed (``None`` or 0 = searched), and the model's shape the rules read (its head
+    counts bound tp, its pipeline units pp and vpp; :class:`planner.rules.ModelShape`)."""
 
     tp: int = 0
     pp: int = 0
@@ -97,6 +97,7 @@ class Pins:
     optimizer: str = "adam"
     dtype: str = "bf16"
     runtime: str = DEFAULT_RUNTIME
+    shape: ModelShape = ModelShape()
 
     @classmethod
     def from_config(cls, config: ParallelConfig | None) -> "Pins":
@@ -123,15 +124,22 @@ def divisors(n: int) -> list[int]:
 
 def validate_pins(pins: Pins, cluster: Cluster, global_batch: int, num_layers: int,
                   num_units: int | None = None) -> None:
-    """Reject pins that no plan can satisfy, with a message naming the flag (``num_units``: the model's
-    pipeline units, which interleaved chunks split; default every layer)."""
-    check_schedule_pins(pins, num_units if num_units is not None else num_layers, global_batch)
-    if pins.pp and pins.pp > num_layers:
-        raise ConfigError(f"--pp {pins.pp}: the model has only {num_layers} layers (pipeline units); "
-                          f"use --pp {num_layers} or fewer")
-    if pins.tp and pins.tp > max(g.node.devices_per_node for g in cluster.groups):
-        raise ConfigError(f"--tp {pins.tp}: tensor parallelism stays inside a node and the largest node has "
-                          f"{max(g.node.devices_per_node for g in cluster.groups)} devices")
+    """Reject pins that no plan can satisfy, with a message naming the flag (:mod:`planner.rules`;
+    ``num_units``: the model's pipeline units, default every layer, or the units of ``pins.shape``)."""
+    runtime = get_runtime(pins.runtime)
+    units = num_units if num_units is not None else (pins.shape.num_units or num_layers)
+    shape = ModelShape(pins.shape.heads, units)
+    check_schedule_pins(pins, units, global_batch)
+    if pins.pp:
+        rules.check_pp(pins.pp, shape, runtime, flag="--pp ")
+    if pins.tp:
+        valid = sorted({t for p in range(len(cluster.groups)) for t in tp_choices(cluster, p, pins)})
+        if pins.tp not in valid:  # the pool it breaks least on names the rule
+            pool = max(range(len(cluster.groups)), key=lambda p: cluster.groups[p].node.devices_per_node)
+            rules.check_tp(pins.tp, shape, cluster, runtime, [pool], flag="--tp ")
+    if pins.zero is not None:
+        rules.check_zero(pins.zero, pins.pp or None, runtime, flag="--zero ", pp_flag="--pp ")
+    rules.check_numerics(pins.recompute, pins.optimizer, pins.dtype, pins.sequence_parallel, pins.tp or None)
     used = max(pins.tp, 1) * max(pins.pp, 1) * max(pins.dp, 1)
     if used > cluster.num_devices:
         raise ConfigError(f"--tp/--pp/--dp: the pinned degrees need {used} devices but the cluster has "
@@ -143,45 +151,37 @@ def validate_pins(pins: Pins, cluster: Cluster, global_batch: int, num_layers: i
 
 
 def check_schedule_pins(pins: Pins, num_units: int, global_batch: int = 0) -> None:
-    """--vpp and --schedule: the search plans 1F1B and Megatron-LM's interleaved schedule."""
-    if pins.schedule is not None and pins.schedule not in SCHEDULES:
-        raise ConfigError(f"--schedule {pins.schedule}: not one of {', '.join(SCHEDULES)}")
+    """--vpp and --schedule: the search plans 1F1B and Megatron-LM's interleaved schedule, where the runtime
+    runs it (:func:`planner.rules.check_schedule`)."""
     if pins.schedule == "gpipe":
         raise ConfigError("--schedule gpipe: the search plans the 1f1b and interleaved schedules (GPipe holds "
                           "every micro-batch's activations); use 'planner estimate --schedule gpipe' to time it")
+    runtime = get_runtime(pins.runtime)
+    rules.check_schedule(pins.schedule, pins.vpp, pins.pp or None, runtime, flag="--schedule ", vpp_flag="--vpp ",
+                         pp_flag="--pp ")
     vpp = pins.vpp
     if vpp is None:
         if pins.schedule == INTERLEAVED and num_units < 4:
             raise ConfigError(f"--schedule interleaved: the model has {num_units} pipeline units, too few for "
                               "two stages of two chunks each; use --schedule 1f1b")
         return
-    if vpp < 1:
-        raise ConfigError(f"--vpp {vpp}: must be a positive integer")
-    if vpp > 1 and pins.schedule not in (None, INTERLEAVED):
-        raise ConfigError(f"--vpp {vpp} needs the interleaved schedule, not {pins.schedule}; "
-                          "use --schedule interleaved or --vpp 1")
-    if vpp == 1 and pins.schedule == INTERLEAVED:
-        raise ConfigError("--schedule interleaved needs --vpp 2 or more (or leave --vpp out)")
-    if vpp > 1 and pins.pp == 1:
-        raise ConfigError(f"--vpp {vpp} needs pipeline parallelism; use --pp 2 or more, or --vpp 1")
-    if vpp > 1 and pins.zero is not None and pins.zero > MAX_PIPELINE_ZERO:
-        raise ConfigError(f"--vpp {vpp} needs pipeline stages, which take ZeRO 0 or 1 only, not --zero "
-                          f"{pins.zero}; use --zero 1 or --vpp 1")
-    if vpp > 1 and pins.pp and pins.micro_batch and pins.dp:
-        m = global_batch // (pins.micro_batch * pins.dp) if global_batch else 0
-        if m % pins.pp:
-            raise ConfigError(f"--vpp {vpp}: the interleaved schedule needs the number of micro-batches ({m}) to "
-                              f"be a multiple of --pp {pins.pp}; change --micro-batch or --dp, or use --vpp 1")
-    stages = max(pins.pp, 2)
-    if vpp > 1 and stages * vpp > num_units:
-        raise ConfigError(f"--vpp {vpp}: {stages} stages of {vpp} chunks need {stages * vpp} pipeline units "
-                          f"but the model has {num_units}; use --vpp {max(1, num_units // stages)} or fewer")
+    if vpp > 1 and pins.zero is not None and pins.zero > runtime.max_pipeline_zero:
+        raise ConfigError(f"--vpp {vpp} needs pipeline stages, which the {runtime.name} runtime combines with ZeRO "
+                          f"{runtime.max_pipeline_zero} at most, not --zero {pins.zero}; use --zero "
+                          f"{rules.nearest(pins.zero, rules.zero_stages(runtime, 2))} or --vpp 1")
+    if vpp > 1:
+        m = None
+        if pins.pp and pins.micro_batch and pins.dp and global_batch:
+            m = global_batch // (pins.micro_batch * pins.dp)
+        rules.check_vpp_shape(vpp, max(pins.pp, 2), num_units, m if pins.pp else None, vpp_flag="--vpp ",
+                              pp_flag="--pp ")
 
 
 def tp_choices(cluster: Cluster, pool: int, pins: Pins) -> list[int]:
-    """Tensor-parallel degrees allowed on a pool: powers of two dividing the node (tp stays within a node)."""
+    """Tensor-parallel degrees allowed on a pool (:func:`planner.rules.pool_tps`: dividing the node, so a tp
+    group stays within one, and the model's heads)."""
     per_node = cluster.groups[pool].node.devices_per_node
-    choices = [t for t in powers_of_two_upto(per_node) if per_node % t == 0]
+    choices = rules.pool_tps(pins.shape, per_node, get_runtime(pins.runtime))
     if pins.tp:
         choices = [t for t in choices if t == pins.tp]
     return choices
@@ -193,12 +193,13 @@ def enumerate_settings(cluster: Cluster, global_batch: int, pins: Pins, max_micr
     settings (vpp > 1, :mod:`planner.search.interleave`) for models of ``num_units`` pipeline units when
     ``interleave`` or a pin asks for them."""
     n = cluster.num_devices
+    runtime = get_runtime(pins.runtime)
     dps = [pins.dp] if pins.dp else [d for d in divisors(global_batch) if d <= n]
-    zeros = [pins.zero] if pins.zero is not None else list(ZERO_STAGES)
+    zeros = [pins.zero] if pins.zero is not None else list(rules.zero_stages(runtime, pins.pp or None))
     recomputes = [pins.recompute] if pins.recompute else list(RECOMPUTE_CHOICES)
     sps = [pins.sequence_parallel] if pins.sequence_parallel is not None else [False, True]
     asked = interleave or pins.vpp is not None or pins.schedule == INTERLEAVED
-    vpps = vpp_choices(pins.vpp, pins.schedule, num_units) if asked else [1]
+    vpps = vpp_choices(pins.vpp, pins.schedule, num_units) if asked and runtime.interleaved else [1]
     for dp in dps:
         per_dp = global_batch // dp if global_batch % dp == 0 else 0
         if not per_dp:
@@ -212,7 +213,7 @@ def enumerate_settings(cluster: Cluster, global_batch: int, pins: Pins, max_micr
                 for rc in recomputes:
                     for sp in sps:
                         for vpp in vpps:
-                            if vpp > 1 and (zero > MAX_PIPELINE_ZERO or not _may_interleave(
+                            if vpp > 1 and (zero > runtime.max_pipeline_zero or not _may_interleave(
                                     per_dp // b, vpp, num_units, n // (dp * max(pins.tp, 1)), pins.pp)):
                                 continue
                             yield Settings(micro_batch=b, dp=dp, zero=zero, recompute=rc, sequence_parallel=sp,
@@ -227,17 +228,16 @@ def _may_interleave(num_micro_batches: int, vpp: int, num_units: int, most_stage
     return any(pipeline_allowed(P, num_micro_batches, vpp, num_units) for P in counts if P <= most_stages)
 
 
-MAX_PIPELINE_ZERO = 1  # ZeRO-2/3 shard gradients/weights per micro-batch: DeepSpeed refuses them with pp > 1
-
-
 def settings_allowed(settings: Settings, pins: Pins) -> bool:
     """ZeRO shards over data-parallel ranks: with dp = 1 every stage is the same plan as ZeRO-0."""
     return not (settings.dp == 1 and settings.zero > 0 and pins.zero is None)
 
 
-def max_stages(settings: Settings, num_layers: int) -> int:
-    """Pipeline stages allowed: one per layer at most; one only with ZeRO-2/3."""
-    return 1 if settings.zero > MAX_PIPELINE_ZERO else num_layers
+def max_stages(settings: Settings, num_units: int) -> int:
+    """Pipeline stages allowed (:func:`planner.rules.max_pipeline`): one per pipeline unit at most (0 units:
+    unknown, the caller caps by its layers); one only with a ZeRO stage the runtime does not combine with a
+    pipeline."""
+    return rules.max_pipeline(ModelShape(num_units=num_units), get_runtime(settings.runtime), settings.zero)
 
 
 def options_allowed(settings: Settings, options: Sequence[StageOption]) -> bool:

@@ -1,0 +1,354 @@
+"""The rule book: which parallel configurations exist for a (model, cluster, runtime).
+
+One place for every rule a configuration must satisfy, read by ``planner estimate`` (:func:`check_config`,
+and the free choices it resolves), by the search's enumeration (``planner.search.space``) and by the CLI's
+choices. Each ``check_*`` raises :class:`ConfigError` naming the flag, the constraint and the nearest valid
+values; the matching ``*_values`` / ``*_allowed`` functions say the same thing as sets, for enumeration.
+
+Rules
+-----
+* tp: a tensor-parallel group stays inside one node of its device pool, so tp divides the node's device
+  count, and it divides the model's attention heads and key/value heads (Megatron-LM splits heads);
+  1 only where the runtime has no tensor parallelism.
+* pp: at most one pipeline unit (transformer block, or layer of a model without blocks) per stage; 1 only
+  where the runtime has no pipeline parallelism.
+* devices: tp x pp x dp devices at most; dp divides the global batch, dp x micro-batch too.
+* ZeRO: a stage of ``runtime.zero_stages``; with pp > 1 at most ``runtime.max_pipeline_zero``.
+* vpp > 1 (the interleaved schedule): the runtime interleaves, pp >= 2, each stage holds a positive multiple
+  of vpp units (so vpp divides the units and units / vpp >= pp), the micro-batch count is a multiple of pp,
+  and ZeRO is one the runtime combines with a pipeline.
+* enums: recompute, optimizer, dtype, schedule, runtime, each spelled once here.
+
+This module imports nothing of the cost model or the search (both import it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from planner.errors import ConfigError, suggest
+from planner.hardware.efficiency import DTYPE_FALLBACK
+from planner.runtime import RUNTIMES, Runtime, get_runtime
+from planner.types import Cluster, LayerGraph, ParallelConfig
+
+# ------------------------------------------------------------------------------------------------ enums
+
+RECOMPUTE_CHOICES = ("none", "selective", "full")  # simplest first (the tie rule prefers the earlier)
+OPTIMIZERS = ("adam", "sgd", "adagrad")
+# the training dtypes: those the compute model has peaks and fallbacks for (the memory model sizes each)
+DTYPES = tuple(DTYPE_FALLBACK)
+SCHEDULES = ("1f1b", "interleaved", "gpipe")
+INTERLEAVED = "interleaved"
+SEARCHED_SCHEDULES = ("1f1b", INTERLEAVED)  # GPipe holds every micro-batch's activations: estimate only
+ZERO_STAGES = (0, 1, 2, 3)
+RUNTIME_NAMES = tuple(RUNTIMES)
+
+# the runtimes whose launch files each export format writes, the first the one a plan is made for when the
+# format is asked for without --runtime
+FORMAT_RUNTIMES: dict[str, tuple[str, ...]] = {
+    "megatron": ("megatron-core", "megatron-lm-2021"),
+    "deepspeed": ("deepspeed",),
+}
+
+# among plans within this fraction of the fastest predicted time, the simpler one is taken (simplicity_key)
+TIE_TOLERANCE = 0.005
+
+
+def check_choice(flag: str, value: object, choices: Sequence[object]) -> None:
+    """``value`` is one of ``choices``, else ConfigError naming ``flag`` and the choices."""
+    if value not in choices:
+        hint = suggest(str(value), [str(c) for c in choices])
+        raise ConfigError(f"{flag} {value!r} is not one of {', '.join(str(c) for c in choices)}{hint}")
+
+
+# ------------------------------------------------------------------------------------------- arithmetic
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def nearest(value: int, valid: Iterable[int]) -> str:
+    """The valid values just below and just above ``value`` ("2 or 4", or one of them)."""
+    values = list(valid)
+    below = [v for v in values if v < value]
+    above = [v for v in values if v > value]
+    picks = ([max(below)] if below else []) + ([min(above)] if above else [])
+    return " or ".join(str(v) for v in picks) if picks else "none"
+
+
+# ------------------------------------------------------------------------------------------------ model
+
+
+def pipeline_units(model: LayerGraph) -> int:
+    """How many layers a pipeline can split: the transformer blocks where there are any, else all layers."""
+    blocks = sum(1 for layer in model.layers if layer.kind == "block")
+    return blocks or len(model.layers)
+
+
+def attention_heads(model: LayerGraph) -> tuple[tuple[int, str], ...]:
+    """Head counts that tp must divide: ``(count, "attention heads" | "key/value heads")``."""
+    counts: set[tuple[int, str]] = set()
+    for layer in model.layers:
+        if layer.transformer is not None:
+            counts.add((layer.transformer.heads, "attention heads"))
+            kv = layer.transformer.kv_heads
+            if kv and kv != layer.transformer.heads:
+                counts.add((kv, "key/value heads"))
+    return tuple(sorted(counts))
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the rules read of a model: the head counts tp divides and the pipeline units pp splits
+    (``num_units`` 0: unknown, no limit)."""
+
+    heads: tuple[tuple[int, str], ...] = ()
+    num_units: int = 0
+
+    @classmethod
+    def of(cls, model: LayerGraph) -> "ModelShape":
+        return cls(heads=attention_heads(model), num_units=pipeline_units(model))
+
+
+# ------------------------------------------------------------------------------------------- tensor (tp)
+
+
+def pool_tps(shape: ModelShape, devices_per_node: int, runtime: Runtime) -> list[int]:
+    """The tp degrees a pool of ``devices_per_node``-device nodes runs: divisors of the node that divide every
+    head count (1 alone where the runtime has no tensor parallelism)."""
+    if not runtime.tensor_parallel:
+        return [1]
+    return [t for t in divisors(devices_per_node) if all(h % t == 0 for h, _ in shape.heads)]
+
+
+def pools_touched(cluster: Cluster, num_devices: int) -> list[int]:
+    """The pools (cluster groups) holding devices ``0 .. num_devices - 1``, the devices estimate places."""
+    return [i for i, g in enumerate(cluster.groups) if g.first_device < num_devices] or [0]
+
+
+def check_tp(tp: int, shape: ModelShape, cluster: Cluster, runtime: Runtime, pools: Sequence[int],
+             flag: str = "tp=") -> None:
+    """tp on every pool of ``pools``: inside one node, dividing the node and the heads."""
+    valid = sorted(set.intersection(*(set(pool_tps(shape, cluster.groups[p].node.devices_per_node, runtime))
+                                      for p in pools)))
+    if tp in valid:
+        return
+    if not runtime.tensor_parallel:
+        raise ConfigError(f"{flag}{tp}: the {runtime.name} runtime has no tensor parallelism; use tp 1 or "
+                          f"another --runtime")
+    group = min((cluster.groups[p] for p in pools), key=lambda g: g.node.devices_per_node)
+    per_node = group.node.devices_per_node
+    if tp > per_node:
+        raise ConfigError(f"{flag}{tp} is larger than a node: {group.node.name} has {per_node} devices and tensor "
+                          f"parallelism stays inside a node; nearest valid tp: {nearest(tp, valid)}")
+    for heads, what in shape.heads:
+        if heads % tp:
+            raise ConfigError(f"{flag}{tp} does not divide the model's {heads} {what}; "
+                              f"nearest valid tp: {nearest(tp, valid)}")
+    raise ConfigError(f"{flag}{tp} does not divide the {per_node} devices of a {group.node.name} node, so a "
+                      f"tensor-parallel group would span two nodes; nearest valid tp: {nearest(tp, valid)}")
+
+
+# ----------------------------------------------------------------------------------------- pipeline (pp)
+
+
+def max_pipeline(shape: ModelShape, runtime: Runtime, zero: int | None = None) -> int:
+    """The most pipeline stages: one unit per stage at most (0 units: unknown, no limit); 1 where the runtime
+    has no pipeline, or where ``zero`` is above what it combines with a pipeline."""
+    if not runtime.pipeline_parallel or (zero is not None and zero > runtime.max_pipeline_zero):
+        return 1
+    return shape.num_units if shape.num_units else 1 << 30
+
+
+def check_pp(pp: int, shape: ModelShape, runtime: Runtime, flag: str = "pp=") -> None:
+    if pp > 1 and not runtime.pipeline_parallel:
+        raise ConfigError(f"{flag}{pp}: the {runtime.name} runtime has no pipeline parallelism; use pp 1 or "
+                          "another --runtime")
+    units = shape.num_units
+    if units and pp > units:
+        raise ConfigError(f"{flag}{pp} is larger than the model's {units} layers (one layer per stage at most); "
+                          f"nearest valid pp: {units}")
+
+
+# ------------------------------------------------------------------------------------------------- ZeRO
+
+
+def zero_stages(runtime: Runtime, pp: int | None = None) -> tuple[int, ...]:
+    """The ZeRO stages the runtime runs, with ``pp`` stages (None: any)."""
+    if pp is not None and pp > 1:
+        return tuple(z for z in runtime.zero_stages if z <= runtime.max_pipeline_zero)
+    return runtime.zero_stages
+
+
+def _runtimes_with(zero: int, pp: int) -> str:
+    names = [r.name for r in RUNTIMES.values() if zero in zero_stages(r, pp)]
+    return " or ".join(names) if names else "none"
+
+
+def check_zero(zero: int, pp: int | None, runtime: Runtime, flag: str = "zero=", pp_flag: str = "pp=") -> None:
+    """ZeRO ``zero`` is a stage ``runtime`` runs, also with ``pp`` pipeline stages (None: not fixed)."""
+    check_choice(flag.rstrip("= "), zero, ZERO_STAGES)
+    if zero not in runtime.zero_stages:
+        raise ConfigError(f"{flag}{zero}: the {runtime.name} runtime runs ZeRO "
+                          f"{', '.join(map(str, runtime.zero_stages))}; nearest valid ZeRO: "
+                          f"{nearest(zero, runtime.zero_stages)}, or --runtime {_runtimes_with(zero, 1)}")
+    if pp is not None and pp > 1 and zero > runtime.max_pipeline_zero:
+        raise ConfigError(f"{flag}{zero} with {pp_flag}{pp}: the {runtime.name} runtime combines pipeline stages "
+                          f"with ZeRO {runtime.max_pipeline_zero} at most; use ZeRO "
+                          f"{nearest(zero, zero_stages(runtime, pp))} or pp 1, or --runtime "
+                          f"{_runtimes_with(zero, pp)}")
+
+
+# ------------------------------------------------------------------------------------- interleaved (vpp)
+
+
+def vpp_fits(num_units: int, num_stages: int, vpp: int) -> bool:
+    """Whether ``num_stages`` stages can each hold a positive multiple of ``vpp`` of ``num_units`` units."""
+    if vpp == 1:
+        return True
+    return num_stages >= 2 and num_units % vpp == 0 and num_units // vpp >= num_stages
+
+
+def interleave_allowed(num_stages: int, num_micro_batches: int, vpp: int, num_units: int) -> bool:
+    """Whether ``num_stages`` stages may interleave ``vpp`` chunks each (always true for vpp = 1): the
+    chunks fit and the micro-batches are a multiple of the stages."""
+    return vpp == 1 or (vpp_fits(num_units, num_stages, vpp) and num_micro_batches % num_stages == 0)
+
+
+def valid_vpps(num_units: int, num_stages: int) -> list[int]:
+    return [v for v in range(1, max(num_units, 1) + 1) if vpp_fits(num_units, num_stages, v)]
+
+
+def check_schedule(schedule: str | None, vpp: int | None, pp: int | None, runtime: Runtime,
+                   flag: str = "schedule ", vpp_flag: str = "vpp=", pp_flag: str = "pp=") -> None:
+    """The schedule and vpp against each other and the runtime (``pp`` None: not fixed)."""
+    if schedule is not None:
+        check_choice(flag.rstrip("= "), schedule, SCHEDULES)
+    if vpp is not None and vpp < 1:
+        raise ConfigError(f"{vpp_flag}{vpp} must be a positive integer")
+    interleaved = (vpp is not None and vpp > 1) or schedule == INTERLEAVED
+    if interleaved and not runtime.interleaved:
+        what = f"{vpp_flag}{vpp}" if vpp is not None and vpp > 1 else f"{flag}{schedule}"
+        others = " or ".join(r.name for r in RUNTIMES.values() if r.interleaved)
+        raise ConfigError(f"{what}: the {runtime.name} runtime has no interleaved (virtual-pipeline) schedule; "
+                          f"use vpp 1 (--schedule 1f1b), or --runtime {others}")
+    if vpp is not None and vpp > 1:
+        if pp == 1:
+            raise ConfigError(f"{vpp_flag}{vpp} needs pipeline parallelism (pp > 1); use vpp 1")
+        if schedule not in (None, INTERLEAVED):
+            raise ConfigError(f"{vpp_flag}{vpp} needs the interleaved schedule, not {schedule}; "
+                              f"use --schedule interleaved or vpp 1")
+    if schedule == INTERLEAVED and vpp == 1:
+        raise ConfigError("the interleaved schedule needs vpp > 1; use --vpp 2 or more, or --schedule 1f1b")
+    if schedule == INTERLEAVED and pp == 1:
+        raise ConfigError("the interleaved schedule needs pipeline parallelism (pp > 1); use --schedule 1f1b")
+
+
+def check_vpp_shape(vpp: int, pp: int, num_units: int, num_micro_batches: int | None,
+                    vpp_flag: str = "vpp=", pp_flag: str = "pp=") -> None:
+    """vpp > 1 on ``pp`` stages of a model of ``num_units`` units (``num_micro_batches`` None: not fixed)."""
+    if vpp == 1:
+        return
+    if not vpp_fits(num_units, pp, vpp):
+        raise ConfigError(f"{vpp_flag}{vpp}: {pp} stages of whole {vpp}-layer chunks need the model's {num_units} "
+                          f"pipeline units (layers) to be a multiple of {vpp} and at least {pp * vpp}; nearest "
+                          f"valid vpp: {nearest(vpp, valid_vpps(num_units, pp))}")
+    if num_micro_batches is not None and num_micro_batches % pp:
+        raise ConfigError(f"{vpp_flag}{vpp}: the interleaved schedule needs the number of micro-batches "
+                          f"({num_micro_batches}) to be a multiple of {pp_flag}{pp}; use vpp 1 or change the "
+                          "micro-batch or dp")
+
+
+# ------------------------------------------------------------------------------------ devices and batch
+
+
+def check_devices(tp: int, pp: int, dp: int, cluster: Cluster) -> None:
+    needed = tp * pp * dp
+    if needed > cluster.num_devices:
+        fit = cluster.num_devices // (tp * pp)
+        hint = f"nearest valid dp: {fit}" if fit >= 1 else "use a smaller tp or pp"
+        raise ConfigError(f"tp x pp x dp = {tp} x {pp} x {dp} = {needed} devices, but the cluster has "
+                          f"{cluster.num_devices}; {hint}")
+
+
+def check_batch(global_batch: int, dp: int, micro_batch: int | None) -> None:
+    """dp divides the global batch, and dp x micro-batch too."""
+    gb = global_batch
+    if gb % dp:
+        lo, hi = (gb // dp) * dp, (gb // dp + 1) * dp
+        raise ConfigError(f"global batch {gb} is not divisible by dp={dp}; nearest valid global batch: "
+                          f"{nearest(gb, [v for v in (lo, hi) if v > 0])}")
+    if micro_batch is None:
+        return
+    mb = micro_batch
+    if mb < 1:
+        raise ConfigError(f"micro-batch={mb} must be a positive integer")
+    if gb % (dp * mb):
+        step = dp * mb
+        lo, hi = (gb // step) * step, (gb // step + 1) * step
+        raise ConfigError(f"global batch {gb} is not divisible by dp x micro-batch = {dp} x {mb} = {step}; "
+                          f"nearest valid global batch: {nearest(gb, [v for v in (lo, hi) if v > 0])}, "
+                          f"or nearest valid micro-batch: {nearest(mb, divisors(gb // dp))}")
+
+
+def check_numerics(recompute: str | None, optimizer: str, dtype: str | None, sequence_parallel: bool | None,
+                   tp: int | None) -> None:
+    """The enum fields, and sequence parallelism against tp (``tp`` None: not fixed)."""
+    if recompute is not None:
+        check_choice("recompute", recompute, RECOMPUTE_CHOICES)
+    check_choice("optimizer", optimizer, OPTIMIZERS)
+    if dtype is not None:
+        check_choice("dtype", dtype, DTYPES)
+    if sequence_parallel and tp == 1:
+        raise ConfigError("sequence parallelism needs tensor parallelism (tp > 1); drop --sequence-parallel "
+                          "or use tp 2 or more")
+
+
+# ------------------------------------------------------------------------------------ whole configuration
+
+
+def check_config(model: LayerGraph, cluster: Cluster, config: ParallelConfig) -> None:
+    """Raise ConfigError for the first rule ``config`` breaks (estimate's check: tp, pp, dp given)."""
+    tp, pp, dp, gb = config.tp, config.pp, config.dp, config.global_batch
+    for name, value in (("tp", tp), ("pp", pp), ("dp", dp), ("global batch", gb)):
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name}={value} must be a positive integer")
+    if not model.layers:
+        raise ConfigError(f"model {model.name!r} has no layers to place")
+    runtime = get_runtime(config.runtime)
+    shape = ModelShape.of(model)
+    check_tp(tp, shape, cluster, runtime, pools_touched(cluster, tp * pp * dp))
+    check_pp(pp, shape, runtime)
+    check_devices(tp, pp, dp, cluster)
+    check_batch(gb, dp, config.micro_batch)
+    check_schedule(config.schedule, config.vpp, pp, runtime)
+    if config.vpp is not None:
+        m = gb // (dp * config.micro_batch) if config.micro_batch else None
+        check_vpp_shape(config.vpp, pp, shape.num_units, m)
+    if config.zero is not None:
+        check_zero(config.zero, pp, runtime)
+    check_numerics(config.recompute, config.optimizer, config.dtype, config.sequence_parallel, tp)
+
+
+def simplicity_key(zero: int, recompute: str, tp: int, pp: int) -> tuple[int, int, int, int]:
+    """The tie rule's order: lower ZeRO, no recompute over selective over full, smaller tp, smaller pp."""
+    return zero, RECOMPUTE_CHOICES.index(recompute), tp, pp
+
+
+def runtime_for_format(fmt: str, runtime: str | None) -> str | None:
+    """The runtime a plan printed as ``fmt`` is made for: the asked one, which must be able to produce the
+    format; or, left out, the format's framework (None: the default runtime)."""
+    allowed = FORMAT_RUNTIMES.get(fmt)
+    if allowed is None:
+        return runtime
+    if runtime is None:
+        return allowed[0]
+    name = get_runtime(runtime).name
+    if name not in allowed:
+        raise ConfigError(f"--runtime {name} cannot produce --format {fmt} (it writes launch options for "
+                          f"{' or '.join(allowed)}); use --runtime {allowed[0]}, or leave --runtime out")
+    return name
+

@@ -1,0 +1,117 @@
+"""One rule book (planner.rules): `estimate` accepts a configuration exactly when the search's space holds it.
+
+For random small models (GPT and Llama with 12 or 16 heads, Llama with 4 key/value heads), clusters (catalog
+nodes of 1, 4 and 8 GPUs, a 2-GPU node, mixed ones) and fully pinned configurations (tp, pp, dp, micro-batch,
+ZeRO, vpp, recompute, runtime), estimate raises ConfigError exactly when the search's enumeration
+(validate_pins, enumerate_settings x tp_choices x the stage counts max_stages and pipeline_allowed admit)
+does not contain the configuration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import lru_cache
+
+from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
+
+from planner.builders import build
+from planner.cost import estimate
+from planner.errors import ConfigError
+from planner.graph.importer import import_model_proto
+from planner.hardware import load_cluster
+from planner.hardware.efficiency import resolve_dtype
+from planner.rules import RECOMPUTE_CHOICES, ZERO_STAGES, ModelShape, pools_touched
+from planner.runtime import RUNTIMES
+from planner.search.interleave import pipeline_allowed, unit_flags
+from planner.search.space import Pins, enumerate_settings, max_stages, settings_allowed, tp_choices, validate_pins
+from planner.types import Cluster, DeviceGroup, LayerGraph, ParallelConfig
+
+MODELS = (("gpt", 4, 12, 12), ("gpt", 6, 16, 16), ("llama", 8, 16, 4), ("llama", 5, 12, 4))
+CLUSTERS = ("dgx-a100-80gb*1", "dgx-a100-80gb*2", "a10*4", "mi250x-4*2", "dgx-h100*1+a10*2", "a10*2+dgx-h100*1",
+            "two-gpu*3", "two-gpu*1+dgx-a100-80gb*1")
+
+
+@lru_cache(maxsize=None)
+def model_of(index: int) -> LayerGraph:
+    family, layers, heads, kv_heads = MODELS[index]
+    keys = {"layers": layers, "hidden": 64 * heads, "heads": heads, "vocab": 1024, "seq_len": 128}
+    if family == "llama":
+        keys["kv_heads"] = kv_heads
+    return import_model_proto(build(family, keys), {"batch": 1}, name=f"{family}-{layers}")
+
+
+@lru_cache(maxsize=None)
+def cluster_of(text: str) -> Cluster:
+    """A catalog shorthand; ``two-gpu`` is an A100 node cut to two GPUs (the catalog has none)."""
+    if "two-gpu" not in text:
+        return load_cluster(text)
+    base = load_cluster(text.replace("two-gpu", "dgx-a100-80gb"))
+    groups, first = [], 0
+    for group in base.groups:
+        node = group.node
+        if "two-gpu" in text.split("+")[len(groups)]:
+            node = dataclasses.replace(node, name="two-gpu", devices_per_node=2)
+        groups.append(dataclasses.replace(group, node=node, first_device=first))
+        first += groups[-1].num_devices
+    return dataclasses.replace(base, groups=tuple(groups))
+
+
+def estimate_accepts(model: LayerGraph, cluster: Cluster, config: ParallelConfig) -> bool:
+    try:
+        estimate(model, cluster, config)
+    except ConfigError:
+        return False
+    return True
+
+
+def search_contains(model: LayerGraph, cluster: Cluster, config: ParallelConfig) -> bool:
+    """Whether the search, with every field of ``config`` pinned, enumerates it."""
+    units = unit_flags([layer.kind for layer in model.layers])
+    num_units = sum(units)
+    pins = dataclasses.replace(Pins.from_config(config), shape=ModelShape.of(model),
+                               dtype=resolve_dtype((g.node.device for g in cluster.groups), None))
+    try:
+        validate_pins(pins, cluster, config.global_batch, len(model.layers), num_units)
+    except ConfigError:
+        return False
+    tp, pp, dp = config.tp, config.pp, config.dp
+    if tp * pp * dp > cluster.num_devices:
+        return False
+    pools = pools_touched(cluster, tp * pp * dp)
+    if not all(tp in tp_choices(cluster, p, pins) for p in pools):
+        return False
+    for s in enumerate_settings(cluster, config.global_batch, pins, num_units=num_units):
+        if not settings_allowed(s, pins):
+            continue
+        assert (s.dp, s.micro_batch, s.zero, s.recompute) == (dp, config.micro_batch, config.zero, config.recompute)
+        if pp <= min(len(model.layers), max_stages(s, num_units)) and s.vpp == (config.vpp or 1) \
+                and pipeline_allowed(pp, s.num_micro_batches(config.global_batch), s.vpp, num_units):
+            return True
+    return False
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> tuple[LayerGraph, Cluster, ParallelConfig]:
+    """A model, a cluster and a pinned configuration, drawn so that every rule is broken now and then and some
+    configurations keep them all: tp is often cut to the first pool's node, pp to the model's blocks."""
+    model, cluster = model_of(draw(st.integers(0, len(MODELS) - 1))), cluster_of(draw(st.sampled_from(CLUSTERS)))
+    tp = draw(st.sampled_from((1, 2, 4, 8, 3)))
+    if draw(st.booleans()):
+        tp = min(tp, cluster.groups[0].node.devices_per_node)
+    blocks = sum(1 for layer in model.layers if layer.kind == "block")
+    config = ParallelConfig(
+        global_batch=draw(st.sampled_from((16, 24, 32))), tp=tp, pp=draw(st.integers(1, blocks + 1)),
+        dp=draw(st.sampled_from((1, 2, 4, 3))), micro_batch=draw(st.sampled_from((1, 2, 4))),
+        zero=draw(st.sampled_from(ZERO_STAGES)), vpp=draw(st.sampled_from((1, 1, 2, 3, 4))),
+        recompute=draw(st.sampled_from(RECOMPUTE_CHOICES)), runtime=draw(st.sampled_from(tuple(RUNTIMES))))
+    return model, cluster, config
+
+
+@seed(20)
+@settings(max_examples=300, deadline=None, derandomize=False, suppress_health_check=[HealthCheck.too_slow])
+@given(cases())
+def test_estimate_accepts_exactly_what_the_search_enumerates(case):
+    model, cluster, config = case
+    accepted, contained = estimate_accepts(model, cluster, config), search_contains(model, cluster, config)
+    assert accepted == contained, (config, cluster.name, model.name)
