@@ -194,7 +194,7 @@ def check_zero(zero: int, pp: int | None, runtime: Runtime, flag: str = "zero=",
     if zero not in runtime.zero_stages:
         raise ConfigError(f"{flag}{zero}: the {runtime.name} runtime runs ZeRO "
                           f"{', '.join(map(str, runtime.zero_stages))}; nearest valid ZeRO: "
-                          f"{nearest(zero, runtime.zero_stages)}, or --runtime {_runtimes_with(zero, 1)}")
+                          f"{nearest(zero, runtime.zero_stages)}, or --runtime {_runtimes_with(zero, pp or 1)}")
     if pp is not None and pp > 1 and zero > runtime.max_pipeline_zero:
         raise ConfigError(f"{flag}{zero} with {pp_flag}{pp}: the {runtime.name} runtime combines pipeline stages "
                           f"with ZeRO {runtime.max_pipeline_zero} at most; use ZeRO "
@@ -348,7 +348,7 @@ def runtime_for_format(fmt: str, runtime: str | None) -> str | None:
         return allowed[0]
     name = get_runtime(runtime).name
     if name not in allowed:
-        raise ConfigError(f"--runtime {name} cannot produce --format {fmt} (it writes launch options for "
-                          f"{' or '.join(allowed)}); use --runtime {allowed[0]}, or leave --runtime out")
+        raise ConfigError(f"--runtime {name} cannot produce --format {fmt}, which writes the launch options of "
+                          f"{' or '.join(allowed)}; use --runtime {allowed[0]}, or leave --runtime out")
     return name
 

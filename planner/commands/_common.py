@@ -9,11 +9,14 @@ from typing import Any
 
 from planner.assignments import split_assignments
 from planner.errors import ConfigError
-from planner.hardware.efficiency import DTYPE_FALLBACK
-from planner.runtime import DEFAULT_RUNTIME, RUNTIMES
+from planner.rules import (DTYPES, FORMAT_RUNTIMES, OPTIMIZERS, RECOMPUTE_CHOICES, RUNTIME_NAMES, SCHEDULES,
+                           ZERO_STAGES)
+from planner.runtime import DEFAULT_RUNTIME
 from planner.types import ParallelConfig
 
-RECOMPUTE_CHOICES = ("none", "selective", "full")
+
+# the runtime each export format implies when --runtime is left out
+_IMPLIED = ", ".join(f"{fmt} -> {names[0]}" for fmt, names in FORMAT_RUNTIMES.items())
 
 
 def add_json_flag(parser: argparse.ArgumentParser) -> None:
@@ -98,17 +101,20 @@ def add_config_flags(parser: argparse.ArgumentParser, required: bool = False) ->
     parser.add_argument("--dp", type=positive_int, required=required, help="data-parallel degree")
     parser.add_argument("--micro-batch", type=positive_int, help="micro-batch size (omitted: the best feasible)")
     parser.add_argument("--vpp", type=positive_int, help="virtual pipeline stages per device (interleaved schedule)")
-    parser.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage")
+    parser.add_argument("--zero", type=int, choices=ZERO_STAGES, help="ZeRO stage (the runtime bounds it)")
     parser.add_argument("--recompute", choices=RECOMPUTE_CHOICES, help="activation recomputation")
     parser.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None,
                         help="shard layer-norm/dropout activations across the tensor-parallel group "
-                             "(default: on when tp > 1)")
-    parser.add_argument("--schedule", choices=("1f1b", "interleaved", "gpipe"), help="pipeline schedule")
-    parser.add_argument("--optimizer", choices=("adam", "sgd", "adagrad"), default="adam")
-    parser.add_argument("--runtime", choices=tuple(RUNTIMES),
-                        help=f"training stack (default: {DEFAULT_RUNTIME})")
-    parser.add_argument("--dtype", choices=tuple(DTYPE_FALLBACK),
-                        help="training dtype (default: bf16, or fp16 on devices without bf16)")
+                             "(default: estimate turns it on when tp > 1, plan searches both; "
+                             "--no-sequence-parallel keeps it off)")
+    parser.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule")
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adam")
+    parser.add_argument("--runtime", choices=RUNTIME_NAMES,
+                        help=f"training stack, which bounds ZeRO, interleaving and overlap (default: "
+                             f"{DEFAULT_RUNTIME}; with 'plan --format' the format's framework: {_IMPLIED})")
+    parser.add_argument("--dtype", choices=DTYPES,
+                        help="training dtype; every device must run it (default: bf16, or fp16 on devices "
+                             "without bf16)")
 
 
 def config_from_args(args: argparse.Namespace, defaults_to_one: bool = True) -> ParallelConfig:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from planner.commands._common import add_cluster_flags, add_config_flags, add_json_flag, config_from_args, \
@@ -11,6 +12,7 @@ from planner.commands._common import add_allow_unknown_ops_flag
 from planner.outputs import check_output_file, write_text
 from planner.plan import Plan
 from planner.report import FORMATS, render
+from planner.rules import runtime_for_format
 
 HELP = "search the fastest parallel plan that fits (provably optimal under the cost model where it can say so)"
 
@@ -58,7 +60,9 @@ def run(args: argparse.Namespace) -> int:
         check_output_file(args.out, "--out")
     model = load_model(args.model, parse_dims(args.dim), allow_unknown_ops=args.allow_unknown_ops)
     cluster = load_cluster(args.cluster)
-    pinned = config_from_args(args, defaults_to_one=False)
+    # --format megatron/deepspeed plans for that framework's runtime (an explicit --runtime must produce it)
+    pinned = dataclasses.replace(config_from_args(args, defaults_to_one=False),
+                                 runtime=runtime_for_format(args.format, args.runtime))
     bar = ProgressBar() if progress_wanted() else None
     try:
         result = search(model, cluster, args.global_batch, pinned=pinned, top_k=args.top,
