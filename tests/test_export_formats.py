@@ -15,6 +15,7 @@ from planner.export.deepspeed import deepspeed_config
 from planner.export.megatron import megatron_args
 from planner.export.torchrec import torchrec_plan
 from planner.report import render
+from planner.runtime import get_runtime
 
 # NVIDIA/Megatron-LM @ d98e8a64ddf34856e74b24714e3bedb2f5a39553 (2026-08-22). megatron/training/arguments.py
 # declares some options directly; the rest come from config dataclass fields via
@@ -36,18 +37,22 @@ MEGATRON_OPTIONS = {
     "--recompute-method": ("uniform", "block"), "--recompute-num-layers": "value",
     # megatron/training/config/training_config.py: micro_batch_size, global_batch_size
     "--micro-batch-size": "value", "--global-batch-size": "value",
-    # megatron/core/distributed/distributed_data_parallel_config.py: use_megatron_fsdp
-    "--use-megatron-fsdp": "flag",
+    # megatron/core/distributed/distributed_data_parallel_config.py: use_megatron_fsdp, overlap_grad_reduce,
+    # overlap_param_gather; megatron/core/model_parallel_config.py: tp_comm_overlap
+    "--use-megatron-fsdp": "flag", "--overlap-grad-reduce": "flag", "--overlap-param-gather": "flag",
+    "--tp-comm-overlap": "flag",
 }
 
 # microsoft/DeepSpeed @ 38327e07f6cd39b63418f60cedd1651b0be3e7c3: deepspeed/runtime/constants.py
 # (TRAIN_BATCH_SIZE, TRAIN_MICRO_BATCH_SIZE_PER_GPU, GRADIENT_ACCUMULATION_STEPS, BFLOAT16 / FP16 with
-# "enabled", ZERO_OPTIMIZATION), deepspeed/runtime/zero/config.py ("stage"),
+# "enabled", ZERO_OPTIMIZATION), deepspeed/runtime/zero/config.py ("stage", "overlap_comm", "reduce_bucket_size",
+# "allgather_bucket_size"),
 # deepspeed/runtime/config.py get_pipeline_config ("stages", "partition", "activation_checkpoint_interval",
 # free-form: ours adds "stage_layers"), deepspeed/runtime/tensor_parallel/config.py ("autotp_size").
 DEEPSPEED_KEYS = {
     "train_batch_size": None, "train_micro_batch_size_per_gpu": None, "gradient_accumulation_steps": None,
-    "bf16": {"enabled"}, "fp16": {"enabled"}, "zero_optimization": {"stage"},
+    "bf16": {"enabled"}, "fp16": {"enabled"},
+    "zero_optimization": {"stage", "overlap_comm", "reduce_bucket_size", "allgather_bucket_size"},
     "pipeline": {"stages", "partition", "activation_checkpoint_interval", "stage_layers"},
     "tensor_parallel": {"autotp_size"},
 }
@@ -158,7 +163,10 @@ def test_deepspeed_config():
     assert config["train_batch_size"] == 64 and config["train_micro_batch_size_per_gpu"] == 2
     # DeepSpeed requires train_batch_size = micro x accumulation x data-parallel size
     assert config["train_batch_size"] == 2 * config["gradient_accumulation_steps"] * 2
-    assert config["zero_optimization"] == {"stage": 1}
+    # the plan's ZeRO stage with the deepspeed runtime's overlap and buckets (the plan was made for another)
+    bucket = get_runtime("deepspeed").grad_bucket_params
+    assert config["zero_optimization"] == {"stage": 1, "overlap_comm": True, "reduce_bucket_size": bucket,
+                                           "allgather_bucket_size": bucket}
     assert config["bf16"] == {"enabled": True} and config["fp16"] == {"enabled": False}
     assert config["tensor_parallel"] == {"autotp_size": 4}
     assert config["pipeline"]["stages"] == 3 and config["pipeline"]["partition"] in DEEPSPEED_PARTITION_METHODS

@@ -1,10 +1,20 @@
 """What Megatron-LM and DeepSpeed both require of a plan: every pipeline stage on the same tensor- and
-data-parallel degrees, on one device type, without heterogeneous replica groups."""
+data-parallel degrees, on one device type, without heterogeneous replica groups; and the runtime whose
+options an export writes."""
 
 from __future__ import annotations
 
 from planner.errors import PlannerError
 from planner.plan import Plan
+from planner.rules import FORMAT_RUNTIMES
+from planner.runtime import Runtime, get_runtime
+
+
+def framework_runtime(plan: Plan, fmt: str) -> Runtime:
+    """The runtime whose options the ``fmt`` export of ``plan`` writes: the plan's own where the format's
+    framework is it, else the framework's default (a plan made for another runtime keeps its degrees)."""
+    names = FORMAT_RUNTIMES[fmt]
+    return get_runtime(plan.runtime if plan.runtime in names else names[0])
 
 
 def require_uniform(plan: Plan, framework: str) -> tuple[int, int]:

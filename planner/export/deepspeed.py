@@ -2,7 +2,9 @@
 
 Key names are those of DeepSpeed's ``deepspeed/runtime/constants.py`` (``train_batch_size``,
 ``train_micro_batch_size_per_gpu``, ``gradient_accumulation_steps``, ``bf16``/``fp16`` with ``enabled``,
-``zero_optimization`` with ``stage``), ``deepspeed/runtime/config.py:get_pipeline_config`` (the
+``zero_optimization`` with ``stage``, ``overlap_comm``, ``reduce_bucket_size``, ``allgather_bucket_size``:
+``deepspeed/runtime/zero/config.py``; overlap and bucket size are the deepspeed runtime's),
+``deepspeed/runtime/config.py:get_pipeline_config`` (the
 ``pipeline`` section: ``stages``, ``partition``, ``activation_checkpoint_interval``) and
 ``deepspeed/runtime/tensor_parallel/config.py`` (``tensor_parallel.autotp_size``). The pipeline section is a
 free-form dictionary in DeepSpeed; ours adds ``stage_layers``, the plan's layer range of each stage, for
@@ -15,7 +17,7 @@ import json
 from typing import Any
 
 from planner.errors import PlannerError
-from planner.export._uniform import pipeline_degree, require_uniform
+from planner.export._uniform import framework_runtime, pipeline_degree, require_uniform
 from planner.plan import Plan
 
 
@@ -38,7 +40,7 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
         "train_batch_size": plan.global_batch,
         "train_micro_batch_size_per_gpu": plan.micro_batch,
         "gradient_accumulation_steps": accumulation,
-        "zero_optimization": {"stage": plan.zero},
+        "zero_optimization": _zero_optimization(plan),
         "bf16": {"enabled": plan.dtype == "bf16"},
         "fp16": {"enabled": plan.dtype == "fp16"},
     }
@@ -54,6 +56,20 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
             "stage_layers": [[s.first_layer, s.last_layer] for s in plan.stages],
         }
     return config
+
+
+def _zero_optimization(plan: Plan) -> dict[str, Any]:
+    """The plan's ZeRO stage, with the runtime's overlap and bucket size (a sharded stage reduces its
+    gradients in buckets; stages 1 and 2 also all-gather the updated weights in buckets)."""
+    runtime = framework_runtime(plan, "deepspeed")
+    section: dict[str, Any] = {"stage": plan.zero}
+    if plan.zero >= 1:
+        section["overlap_comm"] = runtime.overlap_grad_reduce
+        if runtime.grad_bucket_params:
+            section["reduce_bucket_size"] = runtime.grad_bucket_params
+            if plan.zero <= 2:
+                section["allgather_bucket_size"] = runtime.grad_bucket_params
+    return section
 
 
 def render_deepspeed(plan: Plan) -> str:

@@ -4,8 +4,13 @@ Option names are those of Megatron-LM's ``megatron/training/arguments.py`` and o
 turns into options (``megatron/training/argument_utils.py``: ``--`` + field name with ``_`` -> ``-``):
 ``ModelParallelConfig`` (tensor/pipeline sizes, sequence parallelism, bf16/fp16), ``TransformerConfig``
 (num_layers, recompute_*), ``TrainingConfig`` (micro/global batch), ``DistributedDataParallelConfig``
-(use_distributed_optimizer, use_megatron_fsdp, data_parallel_sharding_strategy). The test
-``tests/test_export_formats.py`` holds the list with its sources.
+(use_distributed_optimizer, use_megatron_fsdp, data_parallel_sharding_strategy, overlap_grad_reduce,
+overlap_param_gather) and ``ModelParallelConfig.tp_comm_overlap``. The test ``tests/test_export_formats.py``
+holds the list with its sources.
+
+The options follow the plan's runtime (``framework_runtime``): megatron-core's overlaps are switched on
+where its cost was predicted with them; megatron-lm-2021 has none of them, no distributed optimizer, and
+names interleaving by the layers per virtual stage.
 """
 
 from __future__ import annotations
@@ -13,8 +18,10 @@ from __future__ import annotations
 import shlex
 
 from planner.errors import PlannerError
-from planner.export._uniform import pipeline_degree, require_uniform
+from planner.export._uniform import framework_runtime, pipeline_degree, require_uniform
 from planner.plan import Plan, StagePlan
+from planner.rules import RECOMPUTE_CHOICES
+from planner.runtime import Runtime
 
 # ZeRO stage -> Megatron options. ZeRO-1 (optimizer states sharded) is Megatron's distributed optimizer;
 # ZeRO-2/3 are Megatron-FSDP's sharding strategies "optim_grads" and "optim_grads_params".
@@ -25,7 +32,6 @@ _ZERO_ARGS = {
     3: ("--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"),
 }
 _DTYPE_ARGS = {"bf16": ("--bf16",), "fp16": ("--fp16",), "fp32": ()}
-_RECOMPUTE_ORDER = ("none", "selective", "full")
 
 
 def transformer_layers(stage: StagePlan) -> int:
@@ -42,21 +48,42 @@ def megatron_args(plan: Plan) -> list[str]:
     if plan.dtype not in _DTYPE_ARGS:
         raise PlannerError(f"plan: dtype {plan.dtype!r} has no Megatron-LM option; use one of {sorted(_DTYPE_ARGS)}")
     stage_layers = [transformer_layers(s) for s in plan.stages]
+    runtime = framework_runtime(plan, "megatron")
+    if runtime.name == "megatron-lm-2021" and plan.zero not in runtime.zero_stages:  # no sharded optimizer yet
+        raise PlannerError(f"plan: ZeRO-{plan.zero} does not run on {runtime.name} (it runs ZeRO "
+                           f"{', '.join(map(str, runtime.zero_stages))}); re-plan with --runtime megatron-core")
     args = ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp),
             "--num-layers", str(sum(stage_layers))]
-    if plan.vpp > 1:
+    if plan.vpp > 1 and runtime.name == "megatron-lm-2021":  # that release names the chunk size instead
+        args += ["--num-layers-per-virtual-pipeline-stage", str(sum(stage_layers) // (pp * plan.vpp))]
+    elif plan.vpp > 1:
         args += ["--num-virtual-stages-per-pipeline-rank", str(plan.vpp)]
     args += _split_args(stage_layers, plan.vpp)
     args += ["--micro-batch-size", str(plan.micro_batch), "--global-batch-size", str(plan.global_batch)]
     if plan.sequence_parallel and tp > 1:
         args.append("--sequence-parallel")
-    recompute = max((s.recompute for s in plan.stages), key=_RECOMPUTE_ORDER.index)
+    recompute = max((s.recompute for s in plan.stages), key=RECOMPUTE_CHOICES.index)
     if recompute == "selective":
         args += ["--recompute-granularity", "selective"]
     elif recompute == "full":
         args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     args += list(_ZERO_ARGS[plan.zero])
+    args += _overlap_args(runtime, plan, tp, _dp)
     args += list(_DTYPE_ARGS[plan.dtype])
+    return args
+
+
+def _overlap_args(runtime: Runtime, plan: Plan, tp: int, dp: int) -> list[str]:
+    """The overlaps the runtime's cost was predicted with: gradient reduce-scatter in the backward pass
+    (with data parallelism), the distributed optimizer's parameter all-gather in the next forward (ZeRO-1 and
+    up), and tensor-parallel collectives under the GEMMs (Megatron requires sequence parallelism for it)."""
+    args = []
+    if runtime.overlap_grad_reduce and dp > 1:
+        args.append("--overlap-grad-reduce")
+    if runtime.overlap_param_gather and plan.zero >= 1 and dp > 1:
+        args.append("--overlap-param-gather")
+    if runtime.tp_comm_overlap and tp > 1 and plan.sequence_parallel:
+        args.append("--tp-comm-overlap")
     return args
 
 
@@ -91,7 +118,7 @@ def render_megatron(plan: Plan) -> str:
     pp = pipeline_degree(plan)
     tp, dp = plan.stages[0].tp, plan.stages[0].dp
     lines = [f"# Megatron-LM arguments for {plan.model.get('name', 'model')}: "
-             f"{tp * pp * dp} GPUs = tp {tp} x pp {pp} x dp {dp}",
+             f"{tp * pp * dp} GPUs = tp {tp} x pp {pp} x dp {dp}, runtime {framework_runtime(plan, 'megatron').name}",
              "# pass them to pretrain_gpt.py (or your training script) after the model-size arguments"]
     if not plan.stages[0].layer_kinds:
         lines.append("# the plan has no layer kinds: every layer is counted as a transformer layer")

@@ -41,6 +41,7 @@ def render_table(plan: Plan) -> str:
         f"  global batch {plan.global_batch} = micro-batch {plan.micro_batch} x {plan.num_micro_batches} "
         f"micro-batches x {replicas:g} replicas{mixed}; schedule {plan.schedule}, vpp {plan.vpp}, ZeRO-{plan.zero}, "
         f"{plan.dtype}, sequence parallel {'on' if plan.sequence_parallel else 'off'}",
+        f"  runtime {plan.runtime}{_sharding(plan)}",
         f"  iteration {seconds(plan.iteration_time_s)}, {plan.throughput_samples_per_s:.4g} samples/s, "
         f"peak memory {size(peak_bytes)} per device",
         "",
@@ -67,6 +68,23 @@ def render_table(plan: Plan) -> str:
         lines += ["  " + line for line in _grid(["table", "sharding", "shards", "devices", "memory"], rows)]
     lines += ["", _search_line(plan)]
     return "\n".join(lines) + "\n"
+
+
+# how FSDP2 (torch.distributed.fsdp.fully_shard) runs each ZeRO stage of a plan
+_FSDP2_SHARDING = {
+    0: "no fully_shard: parameters replicated (DDP)",
+    2: "fully_shard(reshard_after_forward=False): gradients and optimizer states sharded, parameters kept "
+       "gathered from forward to backward",
+    3: "fully_shard(reshard_after_forward=True): parameters, gradients and optimizer states sharded, "
+       "parameters gathered per layer",
+}
+
+
+def _sharding(plan: Plan) -> str:
+    """What the runtime's sharding is called, where the runtime names it (FSDP2)."""
+    if plan.runtime == "pytorch-fsdp2" and plan.zero in _FSDP2_SHARDING:
+        return f"; {_FSDP2_SHARDING[plan.zero]}"
+    return ""
 
 
 def _search_line(plan: Plan) -> str:
