@@ -8,10 +8,14 @@ import json
 import pytest
 
 from planner.cli import main
+from planner.cost import estimate
+from planner.graph import load_model
+from planner.hardware import load_cluster
 from planner.plan import load_plan
 from planner.rules import TIE_TOLERANCE
 from planner.search import engine
 from planner.search.space import Pins
+from planner.types import ParallelConfig
 from search_synthetic import SyntheticBackend
 from tests.search_fixtures import cluster, random_model
 
@@ -128,6 +132,15 @@ def test_a_tie_with_zero_3_goes_to_the_lower_zero_stage(capsys, tmp_path):
     if zero3.iteration_time_s < plan.iteration_time_s:
         assert f"ZeRO-{plan.zero} instead of ZeRO-3: within 0.5%" in plan.bottleneck
         assert plan.search.lower_bound_s <= zero3.iteration_time_s * (1 + 1e-9)
+
+
+def test_estimate_resolves_a_tie_to_the_lower_zero_stage():
+    model, cluster = load_model(GPT), load_cluster("dgx-a100-80gb*2")
+    fixed = dict(global_batch=256, tp=1, pp=1, dp=16, runtime="deepspeed")
+    zero3 = estimate(model, cluster, ParallelConfig(**fixed, zero=3))
+    resolved = estimate(model, cluster, ParallelConfig(**fixed))
+    assert resolved.config.zero < 3 and resolved.config.recompute == "none"
+    assert resolved.iteration_time_s <= zero3.iteration_time_s * (1 + TIE_TOLERANCE)
 
 
 # two synthetic instances (tests/search_synthetic.py): ZeRO-0's best plan is 0.45% slower than ZeRO-1's in the

@@ -2,9 +2,10 @@
 
 For random small models (GPT and Llama with 12 or 16 heads, Llama with 4 key/value heads), clusters (catalog
 nodes of 1, 4 and 8 GPUs, a 2-GPU node, mixed ones) and fully pinned configurations (tp, pp, dp, micro-batch,
-ZeRO, vpp, recompute, runtime), estimate raises ConfigError exactly when the search's enumeration
-(validate_pins, enumerate_settings x tp_choices x the stage counts max_stages and pipeline_allowed admit)
-does not contain the configuration.
+ZeRO, vpp, recompute, runtime; micro-batch, ZeRO, vpp and recompute sometimes left free), estimate raises
+ConfigError exactly when the search's enumeration (validate_pins, enumerate_settings x tp_choices x the stage
+counts max_stages and pipeline_allowed admit) holds no plan of that shape, and the configuration estimate
+resolves is one the search holds.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from planner.rules import RECOMPUTE_CHOICES, ZERO_STAGES, ModelShape, pools_touc
 from planner.runtime import RUNTIMES
 from planner.search.interleave import pipeline_allowed, unit_flags
 from planner.search.space import Pins, enumerate_settings, max_stages, settings_allowed, tp_choices, validate_pins
-from planner.types import Cluster, DeviceGroup, LayerGraph, ParallelConfig
+from planner.types import Cluster, Estimate, LayerGraph, ParallelConfig
 
 MODELS = (("gpt", 4, 12, 12), ("gpt", 6, 16, 16), ("llama", 8, 16, 4), ("llama", 5, 12, 4))
 CLUSTERS = ("dgx-a100-80gb*1", "dgx-a100-80gb*2", "a10*4", "mi250x-4*2", "dgx-h100*1+a10*2", "a10*2+dgx-h100*1",
@@ -57,16 +58,15 @@ def cluster_of(text: str) -> Cluster:
     return dataclasses.replace(base, groups=tuple(groups))
 
 
-def estimate_accepts(model: LayerGraph, cluster: Cluster, config: ParallelConfig) -> bool:
+def estimate_or_none(model: LayerGraph, cluster: Cluster, config: ParallelConfig) -> Estimate | None:
     try:
-        estimate(model, cluster, config)
+        return estimate(model, cluster, config)
     except ConfigError:
-        return False
-    return True
+        return None
 
 
 def search_contains(model: LayerGraph, cluster: Cluster, config: ParallelConfig) -> bool:
-    """Whether the search, with every field of ``config`` pinned, enumerates it."""
+    """Whether the search, with the fields ``config`` sets pinned, enumerates a plan of that shape."""
     units = unit_flags([layer.kind for layer in model.layers])
     num_units = sum(units)
     pins = dataclasses.replace(Pins.from_config(config), shape=ModelShape.of(model),
@@ -84,8 +84,9 @@ def search_contains(model: LayerGraph, cluster: Cluster, config: ParallelConfig)
     for s in enumerate_settings(cluster, config.global_batch, pins, num_units=num_units):
         if not settings_allowed(s, pins):
             continue
-        assert (s.dp, s.micro_batch, s.zero, s.recompute) == (dp, config.micro_batch, config.zero, config.recompute)
-        if pp <= min(len(model.layers), max_stages(s, num_units)) and s.vpp == (config.vpp or 1) \
+        for name in ("micro_batch", "zero", "recompute"):
+            assert getattr(config, name) in (None, getattr(s, name))
+        if pp <= min(len(model.layers), max_stages(s, num_units)) and config.vpp in (None, s.vpp) \
                 and pipeline_allowed(pp, s.num_micro_batches(config.global_batch), s.vpp, num_units):
             return True
     return False
@@ -102,9 +103,9 @@ def cases(draw: st.DrawFn) -> tuple[LayerGraph, Cluster, ParallelConfig]:
     blocks = sum(1 for layer in model.layers if layer.kind == "block")
     config = ParallelConfig(
         global_batch=draw(st.sampled_from((16, 24, 32))), tp=tp, pp=draw(st.integers(1, blocks + 1)),
-        dp=draw(st.sampled_from((1, 2, 4, 3))), micro_batch=draw(st.sampled_from((1, 2, 4))),
-        zero=draw(st.sampled_from(ZERO_STAGES)), vpp=draw(st.sampled_from((1, 1, 2, 3, 4))),
-        recompute=draw(st.sampled_from(RECOMPUTE_CHOICES)), runtime=draw(st.sampled_from(tuple(RUNTIMES))))
+        dp=draw(st.sampled_from((1, 2, 4, 3))), micro_batch=draw(st.sampled_from((1, 2, 4, None))),
+        zero=draw(st.sampled_from((*ZERO_STAGES, None))), vpp=draw(st.sampled_from((1, 1, 2, 3, 4, None))),
+        recompute=draw(st.sampled_from((*RECOMPUTE_CHOICES, None))), runtime=draw(st.sampled_from(tuple(RUNTIMES))))
     return model, cluster, config
 
 
@@ -113,5 +114,7 @@ def cases(draw: st.DrawFn) -> tuple[LayerGraph, Cluster, ParallelConfig]:
 @given(cases())
 def test_estimate_accepts_exactly_what_the_search_enumerates(case):
     model, cluster, config = case
-    accepted, contained = estimate_accepts(model, cluster, config), search_contains(model, cluster, config)
-    assert accepted == contained, (config, cluster.name, model.name)
+    found = estimate_or_none(model, cluster, config)
+    assert (found is not None) == search_contains(model, cluster, config), (config, cluster.name, model.name)
+    if found is not None:  # the choices estimate resolves are in the search's space too
+        assert search_contains(model, cluster, found.config), (found.config, cluster.name, model.name)

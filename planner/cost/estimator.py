@@ -484,8 +484,8 @@ def _candidates(model: LayerGraph, config: ParallelConfig) -> dict[str, list]:
     elif pp == 1 or config.schedule in ("1f1b", "gpipe") or not runtime.interleaved:
         vpps = [1]
     else:
-        # left free: the splits into pp x vpp equal chunks (a pinned vpp may also split unevenly)
-        vpps = [v for v in divisors(units) if units % (pp * v) == 0 and vpp_fits(units, pp, v)]
+        # left free: 1F1B, and the splits into pp x vpp equal chunks (a pinned vpp may also split unevenly)
+        vpps = [1] + [v for v in divisors(units) if v > 1 and units % (pp * v) == 0 and vpp_fits(units, pp, v)]
         if config.schedule == "interleaved":
             vpps = [v for v in vpps if v > 1]
             if not vpps:
