@@ -13,6 +13,11 @@ One heap of nodes, each with a lower bound on every plan below it (:mod:`planner
 The search stops when the least bound in the heap reaches the K-th best time: every unvisited plan is
 provably no faster. Nodes whose bound already reaches it when they are created are never stored.
 
+With a tie tolerance (``run(tie_tolerance=...)``, which ``planner.plan`` sets to
+``planner.rules.TIE_TOLERANCE``) the cutoff is at least that fraction above the fastest time, so every plan
+within it is timed, and the simplest of those (lower ZeRO, less recompute, smaller tp, fewer stages) is
+returned first.
+
 The best plan is proven optimal under the cost model when its time does not exceed the least bound of any
 layout (visited or not); otherwise the plan's ``lower_bound_s`` says how far from optimal it can be.
 :class:`Limits` (a wall-clock time or a deterministic work budget) may stop it earlier, never before a plan

@@ -13,7 +13,9 @@ A plan in this space is
   * or, on a mixed cluster, a single stage whose ``D`` replicas span two pools with batch shares balanced
     by speed (heterogeneous data parallelism, :mod:`planner.search.hetero`).
 
-Pools that would slow the plan are simply left out of the layout (idle devices).
+Pools that would slow the plan are simply left out of the layout (idle devices). What exists is the rule
+book's (:mod:`planner.rules`) for the model's shape and the runtime in the pins: tp against heads and node
+size, ZeRO against the runtime and the stage count, interleaving where the runtime has it.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from planner.rules import INTERLEAVED, RECOMPUTE_CHOICES, ModelShape
 from planner.runtime import DEFAULT_RUNTIME, get_runtime
 from planner.search.interleave import pipeline_allowed, schedule_for, vpp_choices
 from planner.types import Cluster, ParallelConfig, PipelineSpec, StageSpec
-
 
 
 @dataclass(frozen=True, order=True)
@@ -134,7 +135,7 @@ def validate_pins(pins: Pins, cluster: Cluster, global_batch: int, num_layers: i
         rules.check_pp(pins.pp, shape, runtime, flag="--pp ")
     if pins.tp:
         valid = sorted({t for p in range(len(cluster.groups)) for t in tp_choices(cluster, p, pins)})
-        if pins.tp not in valid:  # the pool it breaks least on names the rule
+        if pins.tp not in valid:  # the largest node names the rule (pools of smaller ones are left out anyway)
             pool = max(range(len(cluster.groups)), key=lambda p: cluster.groups[p].node.devices_per_node)
             rules.check_tp(pins.tp, shape, cluster, runtime, [pool], flag="--tp ")
     if pins.zero is not None:
