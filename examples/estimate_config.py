@@ -35,8 +35,9 @@ def main() -> None:
             planner.ParallelConfig(global_batch=128, tp=4, pp=2, dp=cluster.num_devices // 8),
             planner.ParallelConfig(global_batch=128, tp=2, pp=2, dp=cluster.num_devices // 4, zero=1,
                                    recompute="selective"),
+            # ZeRO-3 runs on DeepSpeed or FSDP2, not on the default runtime (megatron-core: ZeRO 0-1)
             planner.ParallelConfig(global_batch=128, tp=1, pp=1, dp=cluster.num_devices, zero=3,
-                                   recompute="full", micro_batch=1),
+                                   recompute="full", micro_batch=1, runtime="deepspeed"),
         ]
         header = f"{'tp':>3} {'pp':>3} {'dp':>3}  {'time':>10}  {'memory':>9}  fits  " + "  ".join(
             f"{p[:-2]:>9}" for p in PARTS)
@@ -49,7 +50,7 @@ def main() -> None:
                   + "  ".join(f"{parts[p] * 1e3:6.2f} ms" for p in PARTS))
             print(f"      resolved: micro-batch {est.config.micro_batch}, zero {est.config.zero}, "
                   f"recompute {est.config.recompute}, sequence parallel {est.config.sequence_parallel}, "
-                  f"schedule {est.config.schedule}")
+                  f"schedule {est.config.schedule}, runtime {est.config.runtime}")
 
 
 if __name__ == "__main__":
