@@ -17,7 +17,8 @@ Rules
 * vpp > 1 (the interleaved schedule): the runtime interleaves, pp >= 2, each stage holds a positive multiple
   of vpp units (so vpp divides the units and units / vpp >= pp), the micro-batch count is a multiple of pp,
   and ZeRO is one the runtime combines with a pipeline.
-* enums: recompute, optimizer, dtype, schedule, runtime, each spelled once here.
+* enums: recompute, optimizer, dtype, schedule, runtime, each spelled once here (the search plans the 1F1B
+  and interleaved schedules; GPipe, which holds every micro-batch's activations, is estimated only).
 
 This module imports nothing of the cost model or the search (both import it).
 """
@@ -40,7 +41,6 @@ OPTIMIZERS = ("adam", "sgd", "adagrad")
 DTYPES = tuple(DTYPE_FALLBACK)
 SCHEDULES = ("1f1b", "interleaved", "gpipe")
 INTERLEAVED = "interleaved"
-SEARCHED_SCHEDULES = ("1f1b", INTERLEAVED)  # GPipe holds every micro-batch's activations: estimate only
 ZERO_STAGES = (0, 1, 2, 3)
 RUNTIME_NAMES = tuple(RUNTIMES)
 
