@@ -4,6 +4,7 @@ The name lists below were read from the projects' sources (paths and commits giv
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 
@@ -30,6 +31,8 @@ MEGATRON_OPTIONS = {
     # sequence_parallel, fp16, bf16
     "--tensor-model-parallel-size": "value", "--pipeline-model-parallel-size": "value",
     "--sequence-parallel": "flag", "--fp16": "flag", "--bf16": "flag",
+    # megatron/training/arguments.py (_add_transformer_engine_args): --fp8-format, dest fp8
+    "--fp8-format": ("e4m3", "hybrid"),
     # megatron/core/transformer/transformer_config.py: num_layers,
     # recompute_granularity Literal['full', 'selective'], recompute_method Literal['uniform', 'block'],
     # recompute_num_layers
@@ -140,6 +143,12 @@ def test_megatron_zero_and_full_recompute(zero, expected):
     if zero >= 2:
         assert options["--data-parallel-sharding-strategy"] == [["optim_grads", "optim_grads_params"][zero - 2]]
     assert options["--recompute-granularity"] == ["full"] and options["--recompute-method"] == ["uniform"]
+
+
+def test_megatron_fp8_trains_bf16_weights_with_fp8_gemms():
+    plan = dataclasses.replace(plan_samples.gpt_plan(), dtype="fp8")
+    options = parse_megatron(render(plan, "megatron"))
+    assert options["--fp8-format"] == ["hybrid"] and "--bf16" in options
 
 
 def test_megatron_and_deepspeed_refuse_heterogeneous_plans():

@@ -40,7 +40,8 @@ def one_error_line(err: str) -> str:
 
 @pytest.mark.parametrize("argv, needles", [
     (["plan", *README, "--runtime", "megatron"], ["--runtime", "megatron-core", "deepspeed", "pytorch-fsdp2"]),
-    (["plan", *README, "--dtype", "fp8"], ["--dtype", "bf16", "fp16", "fp32"]),
+    (["plan", *README, "--dtype", "fp4"], ["--dtype", "fp32", "tf32", "bf16", "fp16", "fp8"]),
+    (["plan", *README, "--dtype", "fp8"], ["dtype fp8", "a100-80gb cannot run it", "--dtype"]),
     (["plan", GPT, "--cluster", "hgx-v100-32gb*1", "--global-batch", "256", "--dtype", "bf16"],
      ["dtype bf16", "v100-32gb cannot run it", "--dtype fp32 or fp16"]),
     (["plan", *README, "--zero", "3", "--pp", "2"],

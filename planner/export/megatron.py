@@ -31,7 +31,10 @@ _ZERO_ARGS = {
     2: ("--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads"),
     3: ("--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"),
 }
-_DTYPE_ARGS = {"bf16": ("--bf16",), "fp16": ("--fp16",), "fp32": ()}
+# fp8 trains bf16 weights with fp8 GEMMs (Transformer Engine's hybrid format: e4m3 forward, e5m2 backward);
+# tf32 is fp32 training with tensor-core GEMMs, PyTorch's default on Ampere and later
+_DTYPE_ARGS = {"bf16": ("--bf16",), "fp16": ("--fp16",), "fp32": (), "tf32": (),
+               "fp8": ("--bf16", "--fp8-format", "hybrid")}
 
 
 def transformer_layers(stage: StagePlan) -> int:
