@@ -89,13 +89,14 @@ def tp_collective_time_s(kind: str, size_bytes: float, node: NodeProfile, tp: in
 # ------------------------------------------------------------------------------ bucketed passes
 
 
-def bucket_params(runtime: Runtime, dp: int) -> float:
-    """Parameters per gradient bucket: 0 = one bucket per layer (FSDP), ``inf`` = one bucket for all.
+def bucket_params(runtime: Runtime, dp: int, overlap: bool | None = None) -> float:
+    """Parameters per bucket of a pass the runtime overlaps (``overlap``, default its
+    ``overlap_grad_reduce``): 0 = one bucket per layer (FSDP), ``inf`` = one bucket for all.
 
-    Megatron-Core sizes buckets max(40M, 1M x dp) and, without overlap_grad_reduce, reduces the whole
-    buffer in one call (megatron/core/distributed/distributed_data_parallel.py: bucket_size None); so did
-    Megatron-LM's local DDP (one all-reduce of its contiguous buffer)."""
-    if not runtime.overlap_grad_reduce:
+    Megatron-Core sizes buckets max(40M, 1M x dp) and, without overlap, reduces the whole buffer in one
+    call (megatron/core/distributed/distributed_data_parallel.py: bucket_size None); so did Megatron-LM's
+    local DDP (one all-reduce of its contiguous buffer)."""
+    if not (runtime.overlap_grad_reduce if overlap is None else overlap):
         return math.inf
     if runtime.grad_bucket_params <= 0:
         return 0.0
@@ -172,8 +173,9 @@ def dp_sync(zero: int, params: np.ndarray, group: CommGroup, dtype: str, runtime
     if zero == 0:
         none = np.zeros_like(grad.total_s)
         return DpSync(zero, grad, Pass(none, none, none))
-    # ZeRO-1/2 gather the weights in the gradient buckets (Megatron-Core's param all-gather runs per bucket)
-    gather_bucket = bucket if math.isfinite(bucket) or runtime.overlap_param_gather else math.inf
+    # ZeRO-1/2 gather the weights in the same buckets when they overlap the gather (Megatron-Core's
+    # overlap-param-gather runs per bucket), else in one call after the step
+    gather_bucket = 0.0 if zero == 3 else bucket_params(runtime, group.size, runtime.overlap_param_gather)
     return DpSync(zero, grad, bucketed_pass("all_gather", params, group, dtype, gather_bucket, layer_gather_s,
                                             first_gather_s))
 
