@@ -347,9 +347,12 @@ def _evaluate(work: _Work, schedule: str, vpp: int, zero: int, exact: bool,
         if pipelines is not None:
             pipelines[key] = pipeline
     # each stage synchronises and steps once its own last backward is done (earlier stages drain later)
-    # the gradient reduction overlaps the last micro-batch's backward (one chunk), the weights' gather the
-    # next iteration's first forward (one chunk), as far as the runtime overlaps them at all
-    sync_rows = sync_tail_s(sync, rt, work.backward_s / vpp, work.forward_s / vpp)
+    # the gradient reduction overlaps the last micro-batch's backward, the weights' gather the next
+    # iteration's first forward, as far as the runtime overlaps them at all. With vpp chunks the whole of
+    # them: Megatron-Core's interleaved schedule launches each chunk's reduction as soon as that chunk's
+    # last backward ends (grad_sync_func per chunk in the cooldown, param_sync_func per chunk in the warm-up:
+    # megatron/core/pipeline_parallel/schedules.py), so the chunks' reductions follow one another
+    sync_rows = sync_tail_s(sync, rt, work.backward_s, work.forward_s)
     stage_sync = _per_stage_max(sync_rows, pl.row_stage, pp)
     stage_opt = _per_stage_max(pl.optimizer_s[zero], pl.row_stage, pp)
     drained = np.concatenate(([0.0], np.cumsum(stage_b / vpp + p2p)[:-1]))

@@ -192,8 +192,7 @@ class CostModelBackend:
         gather = layer["all_gather"]
         sync = dp_sync(settings.zero, params, group, settings.dtype, runtime, np.cumsum(grad), grad[0],
                        np.cumsum(gather), gather[0])
-        out = sync_tail_s(sync, runtime, np.cumsum(t.backward_s) / settings.vpp,
-                          np.cumsum(t.forward_s) / settings.vpp)
+        out = sync_tail_s(sync, runtime, np.cumsum(t.backward_s), np.cumsum(t.forward_s))
         out = out + np.array([optimizer_time_s(float(p), device, settings.optimizer, settings.zero, settings.dp,
                                                settings.dtype, cal, settings.runtime) for p in params])
         self._tails[key] = out
