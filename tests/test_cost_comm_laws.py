@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from planner.cost import estimate, estimate_pipeline
-from planner.cost.comm import bucket_params, dp_group, dp_sync, exposed_s
+from planner.cost.comm import bucket_params, dp_group, dp_sync, exposed_s, zero3_exposed_s
 from planner.cost.calibration import calibration_for
 from planner.cost.memory import dtype_bytes
 from planner.graph import load_model
@@ -142,3 +142,27 @@ def test_readme_gpt13b_on_16_a100s_prefers_zero1_to_zero3():
         assert est.feasible
         times[zero] = est.iteration_time_s
     assert times[3] > times[1]
+
+
+def test_zero3_recurrence_hides_a_gather_only_behind_the_compute_before_it():
+    rng = np.random.default_rng(7)
+    compute = rng.uniform(1.0, 2.0, size=(3, 12))
+    small = rng.uniform(0.1, 0.9, size=(3, 12))  # every gather shorter than any layer's compute
+    zeros = np.zeros_like(compute)
+    # prefetched one layer ahead, only the first layer's gather shows (the backward's first is the last layer)
+    forward, backward = zero3_exposed_s(compute, compute, small, zeros, 1, True)
+    assert forward == pytest.approx(small[:, 0])
+    assert backward == pytest.approx(small[:, -1])
+    # without prefetch every gather shows; without overlap every reduce-scatter too
+    forward, backward = zero3_exposed_s(compute, compute, small, small, 0, False)
+    assert forward == pytest.approx(small.sum(axis=1))
+    assert backward == pytest.approx(2 * small.sum(axis=1))
+    # gathers longer than the compute: the link is the bound, and prefetching deeper cannot beat it
+    large = small + 3.0
+    for k in (1, 2, 4):
+        forward, backward = zero3_exposed_s(compute, compute, large, large, k, True)
+        assert np.all(forward >= large.sum(axis=1) - compute.sum(axis=1) + compute[:, -1] - 1e-12)
+        assert np.all(backward >= 2 * large.sum(axis=1) - compute.sum(axis=1) - 1e-12)
+    # deeper prefetch never hurts
+    shallow, deep = (zero3_exposed_s(compute, compute, large - 2.0, zeros, k, True)[0] for k in (1, 3))
+    assert np.all(deep <= shallow + 1e-12)

@@ -236,9 +236,10 @@ def zero3_exposed_s(forward_s: np.ndarray, backward_s: np.ndarray, gather_s: np.
     """(forward, backward) seconds that ZeRO-3's per-layer collectives add to one micro-batch.
 
     Arrays are [row, layer] in forward order (rows padded with zero layers at the end). One stream gathers
-    layer after layer, each issued when the layer ``prefetch_layers`` before it starts computing (FSDP2's
+    layer after layer, each issued when the layer ``prefetch_layers`` = k before it starts computing (FSDP2's
     implicit prefetch issues the next layer's all-gather while the current one computes; DeepSpeed's
-    stage3 prefetch likewise), so a layer's gather hides only behind the compute before it:
+    stage3 prefetch likewise; k = 0: on demand, once the previous layer ends), so a layer's gather hides
+    only behind the compute before it:
 
         gather_end[l] = max(gather_end[l-1], start[l-k]) + g_l,   start[l] = max(end[l-1], gather_end[l]),
         end[l] = start[l] + c_l.
@@ -256,7 +257,8 @@ def zero3_exposed_s(forward_s: np.ndarray, backward_s: np.ndarray, gather_s: np.
         end = np.zeros(rows)
         reduce_end = np.zeros(rows)
         for layer in range(layers):
-            issue = starts[:, layer - k] if layer - k >= 0 else 0.0
+            # issued when the layer k before starts; without prefetch, when the previous layer ends
+            issue = end if k == 0 else (starts[:, layer - k] if layer - k >= 0 else 0.0)
             gather_end = np.maximum(gather_end, issue) + gathers[:, layer]
             starts[:, layer] = np.maximum(end, gather_end)
             end = starts[:, layer] + compute[:, layer]
