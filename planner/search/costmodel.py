@@ -164,14 +164,20 @@ class CostModelBackend:
         group, layer = self._dp(option, devices, settings)
         runtime = get_runtime(settings.runtime)
         rs, ag = layer["reduce_scatter"], layer["all_gather"]
+        # the segments' passes depend on the parameters alone: shared by every micro-batch and recompute
+        passes_key = ("passes", option, devices, settings.dtype, settings.runtime)
+        passes = self._collectives.get(passes_key)
+        if passes is None:
+            passes = self._collectives[passes_key] = (
+                dp_sync(2, params, group, settings.dtype, runtime, segment_sums(rs), rs[:, None], segment_sums(ag),
+                        ag[:, None]), segment_sums(ag), segment_sums(rs))
+        sync, gathers, reduces = passes
         if settings.zero == 2:
-            sync = dp_sync(2, params, group, settings.dtype, runtime, segment_sums(rs), rs[:, None],
-                           segment_sums(ag), ag[:, None])
             hit = (0.0, micro_batch_reduce_s(sync, runtime, b))
         else:
             forward = self.layer_table(option, settings).forward_s
-            hit = zero3_exposed_lower_s(f, b, segment_sums(ag), segment_sums(rs), forward[None, :], ag[:, None],
-                                        ag[None, :], rs[:, None])
+            hit = zero3_exposed_lower_s(f, b, gathers, reduces, forward[None, :], ag[:, None], ag[None, :],
+                                        rs[:, None])
         self._segments[key] = hit
         return hit
 
