@@ -93,7 +93,8 @@ def test_zero3_with_pipeline_stages_gathers_per_micro_batch_per_stage():
 @pytest.mark.parametrize("runtime", ["megatron-lm-2021", "megatron-core", "deepspeed", "pytorch-fsdp2"])
 def test_data_parallel_time_grows_with_the_nodes_at_fixed_per_gpu_batch(runtime):
     """Weak scaling: 4 samples per GPU on 1..64 nodes. The synchronisation never gets cheaper with more
-    nodes, and without overlap it grows at least by what the latency terms of one collective alone add."""
+    nodes, and grows at least by what the latency terms of one collective alone add (overlap hides the
+    bandwidth of all but the last bucket, never its latency)."""
     times, latency = [], []
     for nodes in (1, 2, 4, 8, 16, 32, 64):
         cluster = load_cluster(f"dgx-a100-80gb*{nodes}")
@@ -105,9 +106,8 @@ def test_data_parallel_time_grows_with_the_nodes_at_fixed_per_gpu_batch(runtime)
         latency.append(collective_time_s("all_reduce", 1.0, group))  # one byte: the latency terms alone
     assert all(b >= a * (1 - 1e-12) for a, b in zip(times, times[1:])), times
     assert times[-1] > times[0]
-    if not get_runtime(runtime).overlap_grad_reduce:
-        assert all(tb - ta >= (lb - la) * (1 - 1e-9)
-                   for ta, tb, la, lb in zip(times, times[1:], latency, latency[1:])), (times, latency)
+    assert all(tb - ta >= (lb - la) * (1 - 1e-9)
+               for ta, tb, la, lb in zip(times, times[1:], latency, latency[1:])), (times, latency)
 
 
 @pytest.mark.parametrize("zero", [0, 1])
