@@ -43,7 +43,7 @@ from planner.cost.validate import check_config, divisors, pipeline_units
 from planner.errors import ConfigError
 from planner.hardware.cluster import locate
 from planner.hardware.efficiency import resolve_dtype
-from planner.hardware.collectives import p2p_time_s
+from planner.hardware.collectives import CommGroup, p2p_time_s
 from planner.runtime import Runtime, get_runtime
 from planner.types import (Breakdown, Cluster, Estimate, LayerGraph, MemoryBreakdown, NodeProfile,
                            ParallelConfig, PipelineSpec, ReplicaEstimate, ReplicaSpec, StageEstimate, StageSpec)
@@ -167,18 +167,25 @@ def _placement(model: LayerGraph, cluster: Cluster, stages: tuple[StageSpec, ...
         stage_dp.append(len(ranks))
         row_dp.extend([len(ranks)] * len(stage.replicas))
     p = np.array(params)
-    # per layer, each row's collectives over its data-parallel group: [kind][row, layer]
-    width = max(len(x) for x in layer_params)
-    per_layer = {kind: np.zeros((len(rows), width)) for kind in ("all_reduce", "reduce_scatter", "all_gather")}
+    # per layer, each row's collectives over its data-parallel group: [kind][row, layer]; rows whose groups
+    # are alike (every stage of a uniform pipeline) are timed in one call
+    padded = np.zeros((len(rows), max(len(x) for x in layer_params)))
     for i, x in enumerate(layer_params):
+        padded[i, :len(x)] = x
+    alike: dict[CommGroup, list[int]] = {}
+    for i in range(len(rows)):
+        alike.setdefault(groups[row_stage[i]], []).append(i)
+    per_layer = {kind: np.zeros_like(padded) for kind in ("all_reduce", "reduce_scatter", "all_gather")}
+    for group, idx in alike.items():
         for kind, out in per_layer.items():
-            out[i, :len(x)] = layer_collective_s(kind, x, groups[row_stage[i]], dtype)
+            out[idx] = layer_collective_s(kind, padded[idx], group, dtype)
     syncs, opt_s = [], []
     for zero in ZERO_STAGES:
         grad = per_layer["all_reduce" if zero == 0 else "reduce_scatter"]
         gather = per_layer["all_gather"]
-        syncs.append(_stack([dp_sync(zero, p[i], groups[row_stage[i]], dtype, runtime, grad[i].sum(), grad[i, 0],
-                                     gather[i].sum(), gather[i, 0]) for i in range(len(rows))]))
+        parts = [(idx, dp_sync(zero, p[idx], group, dtype, runtime, grad[idx].sum(axis=1), grad[idx, 0],
+                               gather[idx].sum(axis=1), gather[idx, 0])) for group, idx in alike.items()]
+        syncs.append(_gather_rows(zero, len(rows), parts))
         opt_s.append(np.array([optimizer_time_s(p[i], nodes[i].device, optimizer, zero, row_dp[i], dtype, cals[i],
                                                 runtime)
                                for i in range(len(rows))]))
@@ -191,12 +198,17 @@ def _placement(model: LayerGraph, cluster: Cluster, stages: tuple[StageSpec, ...
         optimizer=optimizer, dtype=dtype, runtime=runtime)
 
 
-def _stack(syncs: list[DpSync]) -> DpSync:
-    """One DpSync whose arrays hold the rows' scalars, in order."""
-    def passes(name: str) -> Pass:
-        return Pass(*(np.array([float(getattr(getattr(x, name), f)) for x in syncs])
-                      for f in ("total_s", "edge_s", "sent_bytes")))
-    return DpSync(syncs[0].zero, passes("grad"), passes("gather"))
+def _gather_rows(zero: int, count: int, parts: list[tuple[list[int], DpSync]]) -> DpSync:
+    """One DpSync over ``count`` rows from the DpSyncs of groups of rows (``parts``: row indices, their sync)."""
+    def rows_of(name: str) -> Pass:
+        fields = []
+        for attribute in ("total_s", "edge_s", "sent_bytes"):
+            out = np.zeros(count)
+            for idx, sync in parts:
+                out[idx] = getattr(getattr(sync, name), attribute)
+            fields.append(out)
+        return Pass(*fields)
+    return DpSync(zero, rows_of("grad"), rows_of("gather"))
 
 
 @dataclass(frozen=True, eq=False)
@@ -283,7 +295,6 @@ class _Result:
     critical_optimizer_s: float
     row_forward_s: np.ndarray  # one of the row's own micro-batches, with ZeRO-2/3's collectives
     row_backward_s: np.ndarray
-    row_dp_bytes: np.ndarray  # bytes each data-parallel rank sends per iteration
     memory_terms: tuple[np.ndarray, ...]  # (weights, gradients, states, activations, other) per row
     memory_total: np.ndarray
     feasible: bool
@@ -323,9 +334,11 @@ def _evaluate(work: _Work, schedule: str, vpp: int, zero: int, exact: bool,
             work.memo["zero3"] = zero3_exposed_s(work.layer_forward_s, work.layer_backward_s, pl.zero3_gather_s,
                                                  pl.zero3_reduce_s, rt.zero3_prefetch_layers, rt.overlap_grad_reduce)
         extra_f, extra_b = work.memo["zero3"]
+        f, b = work.forward_s + extra_f, work.backward_s + extra_b
+    elif zero == 2:
+        f, b = work.forward_s, work.backward_s + micro_batch_reduce_s(sync, rt, work.backward_s)
     else:
-        extra_f, extra_b = 0.0, micro_batch_reduce_s(sync, rt, work.backward_s)
-    f, b = work.forward_s + extra_f, work.backward_s + extra_b
+        f, b = work.forward_s, work.backward_s
     load = work.row_micro_batches / m
     slot_f, slot_b = f * load, b * load
     if pl.single:
@@ -374,8 +387,7 @@ def _evaluate(work: _Work, schedule: str, vpp: int, zero: int, exact: bool,
                          pl.runtime)
     total = sum(terms)
     return _Result(schedule, vpp, zero, iteration, float(pipeline), stage_f, stage_b, stage_tp, stage_z3,
-                   stage_sync, stage_opt, critical_sync, critical_opt, f, b,
-                   dp_bytes_per_iteration(sync, np.ceil(work.row_micro_batches - 1e-9)), terms, total,
+                   stage_sync, stage_opt, critical_sync, critical_opt, f, b, terms, total,
                    bool(np.all(total <= pl.capacity)))
 
 
@@ -403,6 +415,7 @@ def _to_estimate(work: _Work, result: _Result) -> Estimate:
                           dp_comm_s=m * float(result.stage_zero_s[c]) + result.critical_sync_s,
                           bubble_s=bubble_all - pp_comm, optimizer_s=result.critical_optimizer_s)
     memories = [MemoryBreakdown(*(float(t[i]) for t in result.memory_terms)) for i in range(len(pl.rows))]
+    dp_bytes = dp_bytes_per_iteration(pl.syncs[result.zero], np.ceil(work.row_micro_batches - 1e-9))
     reason = ""
     stages_out: list[StageEstimate] = []
     for s, stage in enumerate(pl.stages):
@@ -429,7 +442,7 @@ def _to_estimate(work: _Work, result: _Result) -> Estimate:
             memory_capacity_bytes=top.memory_capacity_bytes, replicas=tuple(reps),
             tp_comm_s=float(result.stage_tp_s[s]), p2p_s=float(work.p2p_s[s]),
             dp_sync_s=float(result.stage_sync_s[s]), optimizer_s=float(result.stage_optimizer_s[s]),
-            dp_bytes=float(result.row_dp_bytes[pl.row_stage == s].max())))
+            dp_bytes=float(dp_bytes[pl.row_stage == s].max())))
     config = ParallelConfig(global_batch=work.global_batch, tp=pl.rows[0].tp, pp=pp, dp=pl.stage_dp[0],
                             micro_batch=work.micro_batch, vpp=result.vpp, zero=result.zero,
                             recompute=work.recompute, sequence_parallel=work.sequence_parallel,
