@@ -35,7 +35,8 @@ class Runtime:
     # tensor-parallel collectives overlapped with the GEMMs they feed (Transformer Engine userbuffers,
     # Megatron-Core --tp-comm-overlap); False: they run between the GEMMs
     tp_comm_overlap: bool
-    # gradient-reduction bucket size in parameters (the last bucket cannot overlap the backward)
+    # gradient-reduction bucket size in parameters (the last bucket cannot overlap the backward); 0 = one
+    # bucket per layer (FSDP reduces each wrapped module's gradients on their own)
     grad_bucket_params: int
     # ZeRO-3 / FSDP: how many layers ahead a rank gathers parameters (1 = the next layer)
     zero3_prefetch_layers: int
@@ -73,6 +74,9 @@ class Runtime:
     # so interleaved lifetimes fragment it; torch.cuda.memory_reserved() exceeds memory_allocated() by about a
     # tenth in Megatron-LM runs. A modelling assumption, not derived
     allocator_reserve_fraction: float = 0.10
+    # the bucket grows with the data-parallel group: max(grad_bucket_params, this x dp) parameters
+    # (Megatron-Core's DistributedDataParallel default bucket_size = max(40M, 1M x dp)); 0 = fixed
+    grad_bucket_params_per_rank: int = 0
 
 
 RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
@@ -94,7 +98,8 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
                "README performance table (overlap-grad-reduce, overlap-param-gather, tp-comm-overlap)",
         overlap_grad_reduce=True, overlap_param_gather=True, tp_comm_overlap=True,
         grad_bucket_params=40_000_000, zero3_prefetch_layers=1, attention="flash", main_grad_bytes=4,
-        zero_stages=(0, 1), max_pipeline_zero=1, interleaved=True, tensor_parallel=True, pipeline_parallel=True),
+        zero_stages=(0, 1), max_pipeline_zero=1, interleaved=True, tensor_parallel=True, pipeline_parallel=True,
+        grad_bucket_params_per_rank=1_000_000),
     Runtime(
         name="deepspeed",
         description="DeepSpeed ZeRO 0-3 with overlap_comm (tensor parallelism through Megatron-DeepSpeed or "

@@ -351,8 +351,11 @@ class StageEstimate:
     replicas: tuple[ReplicaEstimate, ...] = ()  # every replica group (one on homogeneous hardware)
     tp_comm_s: float = 0.0  # of forward_s + backward_s, one micro-batch
     p2p_s: float = 0.0  # sending one micro-batch's boundary tensor to the next stage
-    dp_sync_s: float = 0.0  # the stage's data-parallel synchronisation (before overlap)
+    dp_sync_s: float = 0.0  # the once-per-iteration data-parallel sync exposed after the stage's backward
     optimizer_s: float = 0.0
+    # bytes each data-parallel rank of the stage sends per iteration (gradient reductions and weight gathers,
+    # every micro-batch's under ZeRO-2/3)
+    dp_bytes: float = 0.0
 
 
 @dataclass(frozen=True)

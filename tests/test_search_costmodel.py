@@ -39,6 +39,23 @@ def test_bound_never_exceeds_the_cost_model(setup, seed):
     _assert_bound_at_most_the_cost_model(model, cluster, backend, settings, layout, last, 16)
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_bound_with_per_micro_batch_zero_never_exceeds_the_cost_model(setup, seed):
+    """ZeRO-2's reduce-scatter and ZeRO-3's gathers run in every micro-batch of every stage; the bound
+    counts ZeRO-2's exactly and a lower bound of ZeRO-3's."""
+    model, cluster, backend = setup
+    rng = np.random.default_rng(200 + seed)
+    L = len(model.layers)
+    P = int(rng.integers(1, 4))
+    options = tuple(StageOption((k + seed) % 2, int(rng.choice([1, 2]))) for k in range(P))  # <= 8 per pool
+    settings = Settings(micro_batch=int(rng.choice([1, 2])), dp=2, zero=2 + seed % 2,
+                        recompute=str(rng.choice(["none", "selective", "full"])), sequence_parallel=False,
+                        runtime=["pytorch-fsdp2", "deepspeed"][seed // 2 % 2])
+    layout = Layout(tuple(sorted(options)))
+    last = tuple(sorted(rng.choice(np.arange(L - 1), size=P - 1, replace=False))) + (L - 1,)
+    _assert_bound_at_most_the_cost_model(model, cluster, backend, settings, layout, last, 16)
+
+
 @pytest.mark.parametrize("zero", [0, 1, 2])
 @pytest.mark.parametrize("pool", [0, 1])
 def test_bound_is_exact_for_one_stage(setup, zero, pool):

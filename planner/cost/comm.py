@@ -1,18 +1,41 @@
 """Communication of a training iteration: tensor-parallel collectives, data-parallel gradient
-synchronisation (bucketed, overlapped with the backward pass) and ZeRO gathers, on the tier they run on.
+synchronisation and ZeRO gathers, on the tier they run on, as the training runtime issues and overlaps them.
 
-The collective formulas themselves (alpha-beta, ring/hierarchical, slowest link) live in
+The collective formulas themselves (alpha-beta, ring/tree/hierarchical, slowest link) live in
 ``planner.hardware.collectives``; this module decides which collectives an iteration issues, over which
-group of ranks, and how much of them the computation hides.
+group of ranks, how often (per iteration or per micro-batch) and how much of them the computation hides,
+from the runtime's flags (``planner.runtime.Runtime``), with no fitted overlap fraction.
 
 Groups. A tensor-parallel group lies inside one node. A data-parallel group of a stage has one rank per
 replica (``planner.hardware.collectives.comm_group``: when several such groups share a node, one per
 tensor-parallel rank, they share its NICs).
+
+What each ZeRO stage issues, with ``m`` micro-batches per iteration and ``Psi`` the stage's parameters per
+rank (Rajbhandari et al., "ZeRO", SC'20, Sections 5 and 7; the runtimes' code cited at each function):
+
+* ZeRO-0: one bucketed all-reduce of the gradients per iteration, during/after the last micro-batch's
+  backward (Megatron-Core DDP, DeepSpeed stage 0: gradients accumulate locally between micro-batches).
+* ZeRO-1: one bucketed reduce-scatter of the gradients per iteration, one all-gather of the updated weights
+  after the optimizer step (Megatron-Core distributed optimizer; DeepSpeed stage 1).
+* ZeRO-2: the reduce-scatter in EVERY micro-batch's backward (the gradients are kept sharded, so each
+  micro-batch's must be reduced before the next one's arrive: DeepSpeed stage_1_and_2.py reduces the
+  ipg buckets in every backward and waits for them in its epilogue; FSDP2 with
+  reshard_after_forward=False reduce-scatters after every backward), the weights' all-gather once.
+* ZeRO-3 / FSDP FULL_SHARD: per layer, an all-gather of the weights before its forward and again before
+  its backward, and a reduce-scatter of its gradients after its backward, in every micro-batch:
+  ``m (2 + 1) Psi`` sent per iteration, 3 Psi for one micro-batch against ZeRO-1's 2 Psi.
+
+Overlap. A bucketed gradient reduction runs while the backward pass produces the next buckets, so it hides
+behind the backward of the micro-batch that produced it (``overlap_grad_reduce``), never the last bucket;
+without the flag it runs after the backward, whole. The weights' all-gather of ZeRO-1/2 hides behind the
+next forward, bucket by bucket, never the first (``overlap_param_gather``). ZeRO-3's per-layer gathers are
+timed by a layer-pipelined recurrence (:func:`zero3_exposed_s`).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+import math
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -20,12 +43,11 @@ import numpy as np
 from planner.cost.calibration import DeviceCalibration
 from planner.cost.memory import dtype_bytes
 from planner.errors import ConfigError
-from planner.hardware.collectives import CommGroup, collective_time_s, comm_group
+from planner.hardware.collectives import CommGroup, collective_time_s, collective_times_s, comm_group, sent_bytes
+from planner.runtime import Runtime, get_runtime
 from planner.types import Cluster, NodeProfile
 
-# Megatron-Core's DistributedDataParallelConfig: gradient buckets of max(40M, 1M x dp) parameters
-# (megatron/core/distributed/distributed_data_parallel.py); the last bucket cannot overlap the backward.
-BUCKET_PARAMS = 40_000_000
+ZERO_STAGES = (0, 1, 2, 3)
 
 
 def tp_group(node: NodeProfile, tp: int, cal: DeviceCalibration) -> CommGroup:
@@ -64,53 +86,202 @@ def tp_collective_time_s(kind: str, size_bytes: float, node: NodeProfile, tp: in
     raise ValueError(f"unknown tensor-parallel collective {kind!r}")
 
 
-def dp_comm_total_s(params_per_rank: float, group: CommGroup, zero: int, dtype: str) -> tuple[float, float]:
-    """(gradient reduction, parameter gather) seconds of one iteration's data-parallel synchronisation.
+# ------------------------------------------------------------------------------ bucketed passes
 
-    ZeRO 0: all-reduce of the gradients. ZeRO 1-2: reduce-scatter of the gradients, then all-gather of the
-    updated weights. ZeRO 3: reduce-scatter only (weights stay sharded; their per-micro-batch gathers are
-    counted with the stage's forward and backward by the estimator, see ``zero3_gather_time_s``).
-    """
-    if zero not in (0, 1, 2, 3):
+
+def bucket_params(runtime: Runtime, dp: int, overlap: bool | None = None) -> float:
+    """Parameters per bucket of a pass the runtime overlaps (``overlap``, default its
+    ``overlap_grad_reduce``): 0 = one bucket per layer (FSDP), ``inf`` = one bucket for all.
+
+    Megatron-Core sizes buckets max(40M, 1M x dp) and, without overlap, reduces the whole buffer in one
+    call (megatron/core/distributed/distributed_data_parallel.py: bucket_size None); so did Megatron-LM's
+    local DDP (one all-reduce of its contiguous buffer)."""
+    if not (runtime.overlap_grad_reduce if overlap is None else overlap):
+        return math.inf
+    if runtime.grad_bucket_params <= 0:
+        return 0.0
+    return float(max(runtime.grad_bucket_params, runtime.grad_bucket_params_per_rank * dp))
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One pass of a bucketed collective over a stage's parameters: the gradients reduced once, or the
+    weights gathered once (arrays of any shape: per row of the estimator, per segment i..j of the search)."""
+
+    total_s: np.ndarray  # every bucket, one after the other on the link (a latency per bucket)
+    edge_s: np.ndarray  # the one bucket no computation can hide: the last to reduce, the first to gather
+    sent_bytes: np.ndarray  # what each rank sends
+
+
+def layer_collective_s(kind: str, layer_params: np.ndarray, group: CommGroup, dtype: str) -> np.ndarray:
+    """One collective per layer over its own parameters (FSDP's per-module collectives, ZeRO-3)."""
+    return collective_times_s(kind, np.asarray(layer_params, dtype=float) * dtype_bytes(dtype), group)
+
+
+def bucketed_pass(kind: str, params: np.ndarray, group: CommGroup, dtype: str, bucket: float,
+                  layers_s: np.ndarray | float = 0.0, first_layer_s: np.ndarray | float = 0.0) -> Pass:
+    """A pass of ``kind`` over ``params`` parameters per rank in buckets of ``bucket`` parameters (equal
+    buckets, ``ceil(params / bucket)`` of them). ``bucket = 0``: one bucket per layer, whose times the caller
+    gives summed over the pass's layers (``layers_s``) and for the first layer of the stage (the last one
+    the backward reaches, the first one the forward needs: ``first_layer_s``)."""
+    params = np.asarray(params, dtype=float)
+    width = dtype_bytes(dtype)
+    sent = np.asarray(sent_bytes(kind, params * width, group.size), dtype=float)
+    if group.size <= 1:
+        zero = np.zeros_like(params)
+        return Pass(zero, zero, zero)
+    if bucket <= 0:
+        total = np.broadcast_to(np.asarray(layers_s, dtype=float), params.shape)
+        return Pass(total, np.minimum(total, np.broadcast_to(first_layer_s, params.shape)), sent)
+    count = np.maximum(1.0, np.ceil(params / bucket - 1e-9)) if math.isfinite(bucket) else np.ones_like(params)
+    each = collective_times_s(kind, params / count * width, group)
+    return Pass(count * each, each, sent)
+
+
+def exposed_s(total_s: np.ndarray | float, edge_s: np.ndarray | float, window_s: np.ndarray | float,
+              overlap: bool) -> np.ndarray:
+    """What the computation does not hide of a bucketed pass that may run during ``window_s`` of it:
+    without ``overlap`` all of it; with it, what runs past the window, and never less than the edge bucket
+    (nor more than the whole pass)."""
+    total = np.asarray(total_s, dtype=float)
+    if not overlap:
+        return total
+    return np.minimum(total, np.maximum(total - np.maximum(0.0, window_s), edge_s))
+
+
+@dataclass(frozen=True)
+class DpSync:
+    """The data-parallel communication of a stage under one ZeRO stage (see the module docstring)."""
+
+    zero: int
+    grad: Pass  # one reduction of the gradients: all-reduce (ZeRO-0) or reduce-scatter
+    gather: Pass  # one all-gather of the weights (ZeRO-1/2 after the step; ZeRO-3 one layer after another)
+
+
+def dp_sync(zero: int, params: np.ndarray, group: CommGroup, dtype: str, runtime: Runtime,
+            layer_grad_s: np.ndarray | float = 0.0, first_grad_s: np.ndarray | float = 0.0,
+            layer_gather_s: np.ndarray | float = 0.0, first_gather_s: np.ndarray | float = 0.0) -> DpSync:
+    """The passes of ``zero`` over ``params`` per rank. Per-layer buckets (FSDP, and ZeRO-3 always: it
+    gathers and reduces one layer's parameters at a time) take the layers' own collective times:
+    ``layer_grad_s`` (reduce-scatter, or all-reduce for ZeRO-0) and ``layer_gather_s`` (all-gather) summed
+    over the pass's layers, ``first_*`` of the stage's first layer (:func:`layer_collective_s`)."""
+    if zero not in ZERO_STAGES:
         raise ConfigError(f"zero={zero} is not a ZeRO stage; use 0, 1, 2 or 3")
-    if group.size <= 1 or params_per_rank <= 0:
-        return 0.0, 0.0
-    nbytes = params_per_rank * dtype_bytes(dtype)
+    bucket = 0.0 if zero == 3 else bucket_params(runtime, group.size)
+    grad_kind = "all_reduce" if zero == 0 else "reduce_scatter"
+    grad = bucketed_pass(grad_kind, params, group, dtype, bucket, layer_grad_s, first_grad_s)
     if zero == 0:
-        return collective_time_s("all_reduce", nbytes, group), 0.0
-    reduce = collective_time_s("reduce_scatter", nbytes, group)
-    gather = collective_time_s("all_gather", nbytes, group) if zero in (1, 2) else 0.0
-    return reduce, gather
+        none = np.zeros_like(grad.total_s)
+        return DpSync(zero, grad, Pass(none, none, none))
+    # ZeRO-1/2 gather the weights in the same buckets when they overlap the gather (Megatron-Core's
+    # overlap-param-gather runs per bucket), else in one call after the step
+    gather_bucket = 0.0 if zero == 3 else bucket_params(runtime, group.size, runtime.overlap_param_gather)
+    return DpSync(zero, grad, bucketed_pass("all_gather", params, group, dtype, gather_bucket, layer_gather_s,
+                                            first_gather_s))
 
 
-def exposed_sync_s(reduce_s: np.ndarray | float, gather_s: np.ndarray | float, params_per_rank: np.ndarray | float,
-                   overlap_window_s: np.ndarray | float, gather_window_s: np.ndarray | float = 0.0
-                   ) -> np.ndarray | float:
-    """What the computation does not hide of a synchronisation (numpy arrays welcome): the gradient
-    reduction past ``overlap_window_s`` and the weight gather past ``gather_window_s``, each at least one
-    bucket's worth (the last bucket to reduce, the first to gather)."""
-    buckets = np.maximum(1.0, np.asarray(params_per_rank, dtype=float) / BUCKET_PARAMS)
-    reduce = np.maximum(reduce_s - np.maximum(0.0, overlap_window_s), reduce_s / buckets)
-    gather = np.maximum(gather_s - np.maximum(0.0, gather_window_s), gather_s / buckets)
-    return reduce + gather
+def sync_tail_s(sync: DpSync, runtime: Runtime, last_backward_s: np.ndarray | float,
+                first_forward_s: np.ndarray | float) -> np.ndarray:
+    """What the once-per-iteration synchronisation adds after a stage's last backward: the gradient
+    reduction of ZeRO-0/1 past the last micro-batch's backward (``last_backward_s``) and the weights'
+    all-gather of ZeRO-1/2 past the next iteration's first forward (``first_forward_s``). ZeRO-2 reduces in
+    every micro-batch (:func:`micro_batch_reduce_s`) and ZeRO-3 gathers in every micro-batch
+    (:func:`zero3_exposed_s`); neither is part of the tail."""
+    tail = np.zeros_like(sync.grad.total_s)
+    if sync.zero in (0, 1):
+        tail = tail + exposed_s(sync.grad.total_s, sync.grad.edge_s, last_backward_s, runtime.overlap_grad_reduce)
+    if sync.zero in (1, 2):
+        tail = tail + exposed_s(sync.gather.total_s, sync.gather.edge_s, first_forward_s,
+                                runtime.overlap_param_gather)
+    return tail
+
+
+def micro_batch_reduce_s(sync: DpSync, runtime: Runtime, backward_s: np.ndarray | float) -> np.ndarray:
+    """ZeRO-2: what each micro-batch's gradient reduce-scatter adds to its backward (0 for other stages)."""
+    if sync.zero != 2:
+        return np.zeros_like(sync.grad.total_s)
+    return exposed_s(sync.grad.total_s, sync.grad.edge_s, backward_s, runtime.overlap_grad_reduce)
+
+
+def dp_bytes_per_iteration(sync: DpSync, micro_batches: np.ndarray | float) -> np.ndarray:
+    """Bytes each data-parallel rank sends per iteration: ZeRO-0/1 one pass of each kind, ZeRO-2 the
+    reduce-scatter per micro-batch and one gather, ZeRO-3 two gathers and a reduce-scatter per micro-batch."""
+    grad, gather = sync.grad.sent_bytes, sync.gather.sent_bytes
+    if sync.zero == 2:
+        return micro_batches * grad + gather
+    if sync.zero == 3:
+        return micro_batches * (grad + 2.0 * gather)
+    return grad + gather
 
 
 def dp_sync_time_s(params_per_rank: float, group: CommGroup, zero: int, dtype: str, overlap_window_s: float,
-                   gather_window_s: float = 0.0) -> float:
-    """Exposed seconds of the data-parallel synchronisation of one iteration.
+                   gather_window_s: float = 0.0, runtime: Runtime | str | None = None) -> float:
+    """Exposed seconds of the data-parallel synchronisation of an iteration of one micro-batch under ZeRO
+    0-2, in the runtime's buckets: the gradient reduction past ``overlap_window_s`` of backward and the
+    weights' gather past ``gather_window_s`` of forward, as the runtime's flags allow (ZeRO-3's per-layer
+    collectives: :func:`zero3_exposed_s`)."""
+    if zero == 3:
+        raise ConfigError("ZeRO-3 gathers and reduces layer by layer; time it with zero3_exposed_s")
+    rt = get_runtime(runtime)
+    sync = dp_sync(zero, np.asarray(float(params_per_rank)), group, dtype, rt)
+    return float(sync_tail_s(sync, rt, overlap_window_s, gather_window_s)
+                 + micro_batch_reduce_s(sync, rt, overlap_window_s))
 
-    Gradients are reduced in buckets of ``BUCKET_PARAMS`` as the last micro-batch's backward pass produces
-    them, so up to ``overlap_window_s`` of the reduction hides behind it; the last bucket always shows. The
-    weight all-gather of ZeRO 1-2 (after the optimizer step) hides, bucket by bucket, behind up to
-    ``gather_window_s`` of the next iteration's first forward pass (Megatron-Core's overlap-param-gather),
-    its first bucket always showing; ``gather_window_s = 0`` exposes it whole.
+
+# ------------------------------------------------------------------------------------------ ZeRO-3
+
+
+def zero3_exposed_s(forward_s: np.ndarray, backward_s: np.ndarray, gather_s: np.ndarray, reduce_s: np.ndarray,
+                    prefetch_layers: int, overlap_grad_reduce: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) seconds that ZeRO-3's per-layer collectives add to one micro-batch.
+
+    Arrays are [row, layer] in forward order (rows padded with zero layers at the end). One stream gathers
+    layer after layer, each issued when the layer ``prefetch_layers`` = k before it starts computing (FSDP2's
+    implicit prefetch issues the next layer's all-gather while the current one computes; DeepSpeed's
+    stage3 prefetch likewise; k = 0: on demand, once the previous layer ends), so a layer's gather hides
+    only behind the compute before it:
+
+        gather_end[l] = max(gather_end[l-1], start[l-k]) + g_l,   start[l] = max(end[l-1], gather_end[l]),
+        end[l] = start[l] + c_l.
+
+    The backward runs the layers in reverse with the same gathers; each layer's reduce-scatter starts when
+    its backward ends (on its own stream; after the whole backward without ``overlap_grad_reduce``), and
+    the gathers and reduce-scatters share the node's links, so the backward takes at least their sum.
     """
-    reduce, gather = dp_comm_total_s(params_per_rank, group, zero, dtype)
-    return float(exposed_sync_s(reduce, gather, params_per_rank, overlap_window_s, gather_window_s))
+    k = max(0, int(prefetch_layers))
+
+    def run(compute: np.ndarray, gathers: np.ndarray, reduces: np.ndarray | None) -> np.ndarray:
+        rows, layers = compute.shape
+        starts = np.zeros((rows, layers))
+        gather_end = np.zeros(rows)
+        end = np.zeros(rows)
+        reduce_end = np.zeros(rows)
+        for layer in range(layers):
+            # issued when the layer k before starts; without prefetch, when the previous layer ends
+            issue = end if k == 0 else (starts[:, layer - k] if layer - k >= 0 else 0.0)
+            gather_end = np.maximum(gather_end, issue) + gathers[:, layer]
+            starts[:, layer] = np.maximum(end, gather_end)
+            end = starts[:, layer] + compute[:, layer]
+            if reduces is not None and overlap_grad_reduce:
+                reduce_end = np.maximum(reduce_end, end) + reduces[:, layer]
+        if reduces is not None:
+            if not overlap_grad_reduce:
+                reduce_end = end + reduces.sum(axis=1)
+            end = np.maximum.reduce([end, reduce_end, gathers.sum(axis=1) + reduces.sum(axis=1)])
+        return end - compute.sum(axis=1)
+
+    forward = run(forward_s, gather_s, None)
+    backward = run(backward_s[:, ::-1], gather_s[:, ::-1], reduce_s[:, ::-1])
+    return forward, backward
 
 
-def zero3_gather_time_s(params_per_rank: float, group: CommGroup, dtype: str) -> float:
-    """One all-gather of a ZeRO-3 stage's weights (done before each micro-batch's forward and backward)."""
-    if group.size <= 1 or params_per_rank <= 0:
-        return 0.0
-    return collective_time_s("all_gather", params_per_rank * dtype_bytes(dtype), group)
+def zero3_exposed_lower_s(forward_sum_s: np.ndarray, backward_sum_s: np.ndarray, gather_sum_s: np.ndarray,
+                          reduce_sum_s: np.ndarray, last_forward_s: np.ndarray, first_gather_s: np.ndarray,
+                          last_gather_s: np.ndarray, first_reduce_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Lower bounds on :func:`zero3_exposed_s` of a stage from its sums and its first and last layers
+    (element-wise, e.g. per segment i..j): the forward waits for the first layer's gather, and its last
+    layer computes after every gather; the backward waits for the last layer's gather and ends with the
+    first layer's reduce-scatter, and takes at least the link time of all its collectives."""
+    forward = np.maximum(first_gather_s, gather_sum_s + last_forward_s - forward_sum_s)
+    backward = np.maximum(last_gather_s + first_reduce_s, gather_sum_s + reduce_sum_s - backward_sum_s)
+    return np.maximum(0.0, forward), np.maximum(0.0, backward)

@@ -13,9 +13,11 @@ with share 1 this is just its micro-batch time). The data-parallel gradient sync
 all its replicas across device types (``sum dp_r`` ranks, the largest per-rank gradient) over the slowest
 link among them; each replica group's memory holds its own weights, states and in-flight micro-batches.
 
-Iteration time = pipeline (simulated or closed form) + what each stage's data-parallel synchronisation and
-optimizer step add after its last backward (a stage that finishes its backward early hides them in the
-remaining drain of the stages before it). The breakdown charges the busiest stage's work: compute and
+Iteration time = pipeline (simulated or closed form) + what each stage's once-per-iteration data-parallel
+synchronisation and optimizer step add after its last backward (a stage that finishes its backward early
+hides them in the remaining drain of the stages before it). ZeRO-2's gradient reduce-scatter and ZeRO-3's
+per-layer gathers and reduce-scatters run in every micro-batch: what the computation does not hide of them
+is part of each micro-batch's forward and backward (``planner.cost.comm``). The breakdown charges the busiest stage's work: compute and
 tensor-parallel communication of its ``M`` micro-batches, the pipeline transfers and bubble the schedule
 adds, and the synchronisation and optimizer time past the pipeline's end. It sums to the total.
 """
@@ -24,14 +26,15 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Mapping
 
 import numpy as np
 
 from planner.cost.calibration import DeviceCalibration, calibration_for
-from planner.cost.comm import dp_comm_total_s, dp_group, exposed_sync_s, zero3_gather_time_s
+from planner.cost.comm import (ZERO_STAGES, DpSync, Pass, dp_bytes_per_iteration, dp_group, dp_sync,
+                               layer_collective_s, micro_batch_reduce_s, sync_tail_s, zero3_exposed_s)
 from planner.cost.compute import layer_costs
 from planner.cost.memory import dtype_bytes, memory_terms, micro_batches_in_flight
 from planner.cost.optimizer import optimizer_time_s
@@ -39,7 +42,7 @@ from planner.cost.schedule import SCHEDULES, pipeline_time
 from planner.errors import ConfigError
 from planner.hardware.cluster import locate
 from planner.hardware.efficiency import resolve_dtype
-from planner.hardware.collectives import p2p_time_s
+from planner.hardware.collectives import CommGroup, p2p_time_s
 from planner.rules import (RECOMPUTE_CHOICES, TIE_TOLERANCE, check_config, divisors, pipeline_units, simplicity_key,
                            vpp_fits, zero_stages)
 from planner.runtime import Runtime, get_runtime
@@ -117,8 +120,9 @@ def _check_spec(model: LayerGraph, cluster: Cluster, spec: PipelineSpec) -> None
 @dataclass(frozen=True, eq=False)
 class _Placement:
     """What does not depend on the micro-batch, recompute or sequence parallelism: which devices serve which
-    layers, their groups, and per ZeRO stage the synchronisation and optimizer times. Arrays are per replica
-    group ("row"; rows are ordered by stage), or per stage where named so."""
+    layers, their groups, and per ZeRO stage the data-parallel passes and optimizer times. Arrays are per
+    replica group ("row"; rows are ordered by stage), or per stage where named so; [row, layer] arrays hold
+    a row's stage layers in order, padded with zeros to the longest stage."""
 
     stages: tuple[StageSpec, ...]
     rows: tuple[ReplicaSpec, ...]
@@ -131,11 +135,10 @@ class _Placement:
     capacity: np.ndarray
     params: np.ndarray
     largest_layer_params: np.ndarray
-    dp_overlap: np.ndarray
-    reduce_s: tuple[np.ndarray, ...]  # [zero][row]
-    gather_s: tuple[np.ndarray, ...]
-    optimizer_s: tuple[np.ndarray, ...]
-    zero3_gather_s: np.ndarray
+    syncs: tuple[DpSync, ...]  # [zero], arrays per row
+    optimizer_s: tuple[np.ndarray, ...]  # [zero][row]
+    zero3_gather_s: np.ndarray  # [row, layer]: one layer's all-gather
+    zero3_reduce_s: np.ndarray  # [row, layer]: one layer's gradient reduce-scatter
     optimizer: str
     dtype: str
     runtime: Runtime
@@ -144,7 +147,7 @@ class _Placement:
 def _placement(model: LayerGraph, cluster: Cluster, stages: tuple[StageSpec, ...], optimizer: str, dtype: str,
                calibrations: Calibrations | None, runtime: Runtime) -> _Placement:
     rows, nodes, cals, row_stage, groups, stage_dp, row_dp = [], [], [], [], [], [], []
-    params, largest = [], []
+    params, largest, layer_params = [], [], []
     for s, stage in enumerate(stages):
         sl = slice(stage.first_layer, stage.last_layer + 1)
         first_row = len(rows)
@@ -158,28 +161,55 @@ def _placement(model: LayerGraph, cluster: Cluster, stages: tuple[StageSpec, ...
             row_stage.append(s)
             params.append(float(lc.params_per_rank[sl].sum()))
             largest.append(float(lc.params_per_rank[sl].max()))
+            layer_params.append(lc.params_per_rank[sl])
         ranks = [d for r in stage.replicas for d in r.devices[::r.tp]]
         slowest = min(cals[first_row:], key=lambda c: c.comm_scale)
         groups.append(dp_group(cluster, ranks, slowest))
         stage_dp.append(len(ranks))
         row_dp.extend([len(ranks)] * len(stage.replicas))
     p = np.array(params)
-    reduce_s, gather_s, opt_s = [], [], []
-    for zero in range(4):
-        pairs = [dp_comm_total_s(p[i], groups[row_stage[i]], zero, dtype) for i in range(len(rows))]
-        reduce_s.append(np.array([a for a, _ in pairs]))
-        gather_s.append(np.array([b for _, b in pairs]))
+    # per layer, each row's collectives over its data-parallel group: [kind][row, layer]; rows whose groups
+    # are alike (every stage of a uniform pipeline) are timed in one call
+    padded = np.zeros((len(rows), max(len(x) for x in layer_params)))
+    for i, x in enumerate(layer_params):
+        padded[i, :len(x)] = x
+    alike: dict[CommGroup, list[int]] = {}
+    for i in range(len(rows)):
+        alike.setdefault(groups[row_stage[i]], []).append(i)
+    per_layer = {kind: np.zeros_like(padded) for kind in ("all_reduce", "reduce_scatter", "all_gather")}
+    for group, idx in alike.items():
+        for kind, out in per_layer.items():
+            out[idx] = layer_collective_s(kind, padded[idx], group, dtype)
+    syncs, opt_s = [], []
+    for zero in ZERO_STAGES:
+        grad = per_layer["all_reduce" if zero == 0 else "reduce_scatter"]
+        gather = per_layer["all_gather"]
+        parts = [(idx, dp_sync(zero, p[idx], group, dtype, runtime, grad[idx].sum(axis=1), grad[idx, 0],
+                               gather[idx].sum(axis=1), gather[idx, 0])) for group, idx in alike.items()]
+        syncs.append(_gather_rows(zero, len(rows), parts))
         opt_s.append(np.array([optimizer_time_s(p[i], nodes[i].device, optimizer, zero, row_dp[i], dtype, cals[i],
                                                 runtime)
                                for i in range(len(rows))]))
-    z3 = np.array([zero3_gather_time_s(p[i], groups[row_stage[i]], dtype) for i in range(len(rows))])
     return _Placement(
         stages=stages, rows=tuple(rows), nodes=tuple(nodes), cals=tuple(cals), row_stage=np.array(row_stage),
         single=len(rows) == len(stages), stage_dp=tuple(stage_dp), row_dp=np.array(row_dp, dtype=float),
         capacity=np.array([float(n.device.memory_bytes) for n in nodes]), params=p,
-        largest_layer_params=np.array(largest), dp_overlap=np.array([c.dp_overlap for c in cals]),
-        reduce_s=tuple(reduce_s), gather_s=tuple(gather_s), optimizer_s=tuple(opt_s), zero3_gather_s=z3,
+        largest_layer_params=np.array(largest), syncs=tuple(syncs), optimizer_s=tuple(opt_s),
+        zero3_gather_s=per_layer["all_gather"], zero3_reduce_s=per_layer["reduce_scatter"],
         optimizer=optimizer, dtype=dtype, runtime=runtime)
+
+
+def _gather_rows(zero: int, count: int, parts: list[tuple[list[int], DpSync]]) -> DpSync:
+    """One DpSync over ``count`` rows from the DpSyncs of groups of rows (``parts``: row indices, their sync)."""
+    def rows_of(name: str) -> Pass:
+        fields = []
+        for attribute in ("total_s", "edge_s", "sent_bytes"):
+            out = np.zeros(count)
+            for idx, sync in parts:
+                out[idx] = getattr(getattr(sync, name), attribute)
+            fields.append(out)
+        return Pass(*fields)
+    return DpSync(zero, rows_of("grad"), rows_of("gather"))
 
 
 @dataclass(frozen=True, eq=False)
@@ -200,18 +230,24 @@ class _Work:
     row_micro_batches: np.ndarray  # m_r
     num_micro_batches: int  # M
     p2p_s: np.ndarray  # per stage, to stage (s + 1) % pp
+    layer_forward_s: np.ndarray  # [row, layer] as the placement's per-layer arrays
+    layer_backward_s: np.ndarray
+    memo: dict = field(default_factory=dict, compare=False, repr=False)  # ZeRO-3's exposed gathers
 
 
 def _work(model: LayerGraph, cluster: Cluster, placement: _Placement, global_batch: int, micro_batch: int,
           recompute: str, sequence_parallel: bool) -> _Work:
     n = len(placement.rows)
     f, b, tpc, act, extra, m_r = (np.empty(n) for _ in range(6))
+    layer_f, layer_b = np.zeros_like(placement.zero3_gather_s), np.zeros_like(placement.zero3_gather_s)
     out_bytes = np.zeros(len(placement.stages))
     for i, (r, node, cal) in enumerate(zip(placement.rows, placement.nodes, placement.cals)):
         stage = placement.stages[placement.row_stage[i]]
         sl = slice(stage.first_layer, stage.last_layer + 1)
         lc = layer_costs(model, node, r.tp, micro_batch, recompute, sequence_parallel, placement.dtype, cal,
                          placement.runtime)
+        layer_f[i, :sl.stop - sl.start] = lc.forward_s[sl]
+        layer_b[i, :sl.stop - sl.start] = lc.backward_s[sl]
         f[i] = lc.forward_s[sl].sum()
         b[i] = lc.backward_s[sl].sum()
         tpc[i] = lc.tp_comm_s[sl].sum()
@@ -237,7 +273,7 @@ def _work(model: LayerGraph, cluster: Cluster, placement: _Placement, global_bat
             dst = placement.stages[(s + 1) % pp].replicas[0].devices[0]
             p2p[s] = p2p_time_s(cluster, src, dst, out_bytes[s]) / placement.cals[first_row].comm_scale
     return _Work(placement, global_batch, micro_batch, recompute, sequence_parallel, f, b, tpc, act, extra, m_r,
-                 m, p2p)
+                 m, p2p, layer_f, layer_b)
 
 
 # ------------------------------------------------------------------------------------------ timing
@@ -253,12 +289,12 @@ class _Result:
     stage_forward_s: np.ndarray  # per stage, one micro-batch slot (slowest replica group, load-scaled)
     stage_backward_s: np.ndarray
     stage_tp_s: np.ndarray
-    stage_zero3_s: np.ndarray
+    stage_zero_s: np.ndarray  # what ZeRO-2/3's per-micro-batch collectives add to a slot
     stage_sync_s: np.ndarray
     stage_optimizer_s: np.ndarray
     critical_sync_s: float
     critical_optimizer_s: float
-    row_forward_s: np.ndarray  # one of the row's own micro-batches, with ZeRO-3 gathers
+    row_forward_s: np.ndarray  # one of the row's own micro-batches, with ZeRO-2/3's collectives
     row_backward_s: np.ndarray
     memory_terms: tuple[np.ndarray, ...]  # (weights, gradients, states, activations, other) per row
     memory_total: np.ndarray
@@ -288,14 +324,22 @@ def _approximate_pipeline(f: np.ndarray, b: np.ndarray, m: int, vpp: int, p2p: n
 def _evaluate(work: _Work, schedule: str, vpp: int, zero: int, exact: bool,
               pipelines: dict | None = None) -> _Result:
     """Time and memory of ``work`` under one schedule and ZeRO stage. ``pipelines`` memoises the pipeline
-    part, which depends on the ZeRO stage only through ZeRO-3's gathers."""
+    part, which depends on the ZeRO stage only through ZeRO-2/3's per-micro-batch collectives."""
     pl = work.placement
+    rt = pl.runtime
     pp, m = len(pl.stages), work.num_micro_batches
-    f, b = work.forward_s, work.backward_s
+    sync = pl.syncs[zero]
+    # what ZeRO-2's reduce-scatter and ZeRO-3's gathers and reduce-scatters add to every micro-batch
     if zero == 3:
-        gather = pl.zero3_gather_s
-        f = f + np.maximum(0.0, gather - pl.dp_overlap * work.forward_s)
-        b = b + np.maximum(0.0, gather - pl.dp_overlap * work.backward_s)
+        if "zero3" not in work.memo:
+            work.memo["zero3"] = zero3_exposed_s(work.layer_forward_s, work.layer_backward_s, pl.zero3_gather_s,
+                                                 pl.zero3_reduce_s, rt.zero3_prefetch_layers, rt.overlap_grad_reduce)
+        extra_f, extra_b = work.memo["zero3"]
+        f, b = work.forward_s + extra_f, work.backward_s + extra_b
+    elif zero == 2:
+        f, b = work.forward_s, work.backward_s + micro_batch_reduce_s(sync, rt, work.backward_s)
+    else:
+        f, b = work.forward_s, work.backward_s
     load = work.row_micro_batches / m
     slot_f, slot_b = f * load, b * load
     if pl.single:
@@ -307,7 +351,7 @@ def _evaluate(work: _Work, schedule: str, vpp: int, zero: int, exact: bool,
     stage_tp = (work.tp_comm_s * load)[pick]
     stage_z3 = ((f - work.forward_s) + (b - work.backward_s))[pick] * load[pick]
     p2p = work.p2p_s
-    key = (id(work), schedule, vpp, zero == 3, exact)
+    key = (id(work), schedule, vpp, zero if zero >= 2 else 0, exact)
     pipeline = pipelines.get(key) if pipelines is not None else None
     if pipeline is None:
         if exact:
@@ -317,9 +361,12 @@ def _evaluate(work: _Work, schedule: str, vpp: int, zero: int, exact: bool,
         if pipelines is not None:
             pipelines[key] = pipeline
     # each stage synchronises and steps once its own last backward is done (earlier stages drain later)
-    window = pl.dp_overlap * work.backward_s / vpp  # the last micro-batch's backward (one chunk)
-    gather_window = pl.dp_overlap * work.forward_s / vpp  # the next iteration's first forward (one chunk)
-    sync_rows = exposed_sync_s(pl.reduce_s[zero], pl.gather_s[zero], pl.params, window, gather_window)
+    # the gradient reduction overlaps the last micro-batch's backward, the weights' gather the next
+    # iteration's first forward, as far as the runtime overlaps them at all. With vpp chunks the whole of
+    # them: Megatron-Core's interleaved schedule launches each chunk's reduction as soon as that chunk's
+    # last backward ends (grad_sync_func per chunk in the cooldown, param_sync_func per chunk in the warm-up:
+    # megatron/core/pipeline_parallel/schedules.py), so the chunks' reductions follow one another
+    sync_rows = sync_tail_s(sync, rt, work.backward_s, work.forward_s)
     stage_sync = _per_stage_max(sync_rows, pl.row_stage, pp)
     stage_opt = _per_stage_max(pl.optimizer_s[zero], pl.row_stage, pp)
     drained = np.concatenate(([0.0], np.cumsum(stage_b / vpp + p2p)[:-1]))
@@ -335,8 +382,8 @@ def _evaluate(work: _Work, schedule: str, vpp: int, zero: int, exact: bool,
     # memory
     flight = np.minimum(_in_flight(pp, m, schedule, vpp)[pl.row_stage], np.ceil(work.row_micro_batches - 1e-9))
     transient = work.transient_bytes
-    if zero == 3:
-        transient = transient + 2.0 * pl.largest_layer_params * dtype_bytes(pl.dtype)  # gathered + prefetched
+    if zero == 3:  # the layer gathered and the ones prefetched
+        transient = transient + (1.0 + rt.zero3_prefetch_layers) * pl.largest_layer_params * dtype_bytes(pl.dtype)
     terms = memory_terms(pl.params, work.activation_bytes, flight, zero, pl.row_dp, pl.optimizer, pl.dtype, transient,
                          pl.runtime)
     total = sum(terms)
@@ -364,11 +411,12 @@ def _to_estimate(work: _Work, result: _Result) -> Estimate:
     bubble_all = max(0.0, result.pipeline_s - busy)
     hops = float(work.p2p_s.sum() if result.schedule == "interleaved" else work.p2p_s[:-1].sum())
     pp_comm = min(bubble_all, 2.0 * hops)
-    breakdown = Breakdown(compute_s=busy - m * float(result.stage_tp_s[c] + result.stage_zero3_s[c]),
+    breakdown = Breakdown(compute_s=busy - m * float(result.stage_tp_s[c] + result.stage_zero_s[c]),
                           tp_comm_s=m * float(result.stage_tp_s[c]), pp_comm_s=pp_comm,
-                          dp_comm_s=m * float(result.stage_zero3_s[c]) + result.critical_sync_s,
+                          dp_comm_s=m * float(result.stage_zero_s[c]) + result.critical_sync_s,
                           bubble_s=bubble_all - pp_comm, optimizer_s=result.critical_optimizer_s)
     memories = [MemoryBreakdown(*(float(t[i]) for t in result.memory_terms)) for i in range(len(pl.rows))]
+    dp_bytes = dp_bytes_per_iteration(pl.syncs[result.zero], np.ceil(work.row_micro_batches - 1e-9))
     reason = ""
     stages_out: list[StageEstimate] = []
     for s, stage in enumerate(pl.stages):
@@ -394,7 +442,8 @@ def _to_estimate(work: _Work, result: _Result) -> Estimate:
             forward_s=float(f[s]), backward_s=float(b[s]), memory=top.memory,
             memory_capacity_bytes=top.memory_capacity_bytes, replicas=tuple(reps),
             tp_comm_s=float(result.stage_tp_s[s]), p2p_s=float(work.p2p_s[s]),
-            dp_sync_s=float(result.stage_sync_s[s]), optimizer_s=float(result.stage_optimizer_s[s])))
+            dp_sync_s=float(result.stage_sync_s[s]), optimizer_s=float(result.stage_optimizer_s[s]),
+            dp_bytes=float(dp_bytes[pl.row_stage == s].max())))
     config = ParallelConfig(global_batch=work.global_batch, tp=pl.rows[0].tp, pp=pp, dp=pl.stage_dp[0],
                             micro_batch=work.micro_batch, vpp=result.vpp, zero=result.zero,
                             recompute=work.recompute, sequence_parallel=work.sequence_parallel,

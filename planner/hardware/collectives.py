@@ -14,11 +14,18 @@ Algorithms (the fastest applicable one is used), for a buffer of ``S`` bytes:
   ``2(N-1)`` cross nodes.
 * tree (pipelined, NCCL's double binary tree between nodes, a chain inside a node): all-reduce moves
   ``2 S`` over the slowest tier; latency ``2((r-1) a_i + log2(N) a_n)``.
-* hierarchical (intra-node reduce-scatter, inter-node all-reduce of the ``S/r`` shards by all ``r`` ranks at
-  once, intra-node all-gather): crosses the network with ``2(N-1)/N S`` per node and pays the latency of
-  ``N`` nodes rather than ``n`` ranks.
+* hierarchical (intra-node reduce-scatter over NVLink, inter-node all-reduce of the ``S/r`` shards by all
+  ``r`` ranks at once, each over its share ``B_n/r`` of the node's NICs, intra-node all-gather): crosses the
+  network with ``2(N-1)/N S`` per node and pays the latency of ``N`` nodes (ring ``2(N-1)`` steps or tree
+  ``2 log2 N``) rather than ``n`` ranks.
 * all-to-all: direct pairwise exchange; ``S`` is what each rank sends in total, ``(r-1)/n`` of it stays on the
   node and ``(n-r)/n`` leaves it; both tiers run at once.
+
+Every algorithm is affine in ``S`` once the group is fixed, and the group's time is their minimum, so the
+time of one collective grows with the group: the bandwidth term through the busbw factors of nccl-tests'
+doc/PERFORMANCE.md (``2(n-1)/n`` all-reduce, ``(n-1)/n`` reduce-scatter/all-gather, which rise towards 2 and
+1 as the group grows) and the latency term through the step counts (ring ``2(n-1)``, tree ``log2 N``).
+``collective_times_s`` evaluates them for an array of sizes at once (the search's prefix sums).
 
 Closed forms are in the tests (tests/test_hardware_collectives.py).
 """
@@ -29,6 +36,8 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable, Sequence
+
+import numpy as np
 
 from planner.errors import ConfigError
 from planner.hardware.cluster import locate
@@ -52,7 +61,8 @@ class CommGroup:
 
 
 # ------------------------------------------------------------------------------------------- algorithms
-# Each returns the time in seconds, or math.inf where the algorithm does not apply.
+# Each returns the time in seconds, or math.inf where the algorithm does not apply; ``s`` is a float or a
+# numpy array of sizes (the arithmetic broadcasts).
 
 def _bottleneck(g: CommGroup) -> float:
     """Bandwidth bound of a pipelined ring/tree: the slowest tier it crosses."""
@@ -103,7 +113,7 @@ def _hierarchical(kind: str, s: float, g: CommGroup) -> float:
     shard = s / r
     if kind == "all_reduce":
         return (2 * _best("reduce_scatter", s, intra)
-                + min(_ring("all_reduce", shard, inter), _tree("all_reduce", shard, inter)))
+                + np.minimum(_ring("all_reduce", shard, inter), _tree("all_reduce", shard, inter)))
     return _best(kind, s, intra) + _ring(kind, shard, inter)
 
 
@@ -132,8 +142,11 @@ ALGORITHMS: dict[str, Callable[[str, float, CommGroup], float]] = {
 }
 
 
-def _best(kind: str, s: float, g: CommGroup) -> float:
-    return min(f(kind, s, g) for f in ALGORITHMS.values())
+def _best(kind: str, s: float | np.ndarray, g: CommGroup) -> float | np.ndarray:
+    out: float | np.ndarray = math.inf
+    for f in ALGORITHMS.values():
+        out = np.minimum(out, f(kind, s, g))
+    return out
 
 
 def _validate(kind: str, group: CommGroup) -> None:
@@ -162,6 +175,25 @@ def collective_time_s(kind: str, size_bytes: float, group: CommGroup) -> float:
     return collective_algorithm(kind, size_bytes, group)[1]
 
 
+def collective_times_s(kind: str, sizes_bytes: np.ndarray, group: CommGroup) -> np.ndarray:
+    """``collective_time_s`` of every size in an array at once (the same algorithms, the fastest per size)."""
+    _validate(kind, group)
+    sizes = np.asarray(sizes_bytes, dtype=float)
+    if group.size == 1:
+        return np.zeros_like(sizes)
+    return np.where(sizes > 0, np.broadcast_to(_best(kind, np.maximum(sizes, 0.0), group), sizes.shape), 0.0)
+
+
+def sent_bytes(kind: str, size_bytes: float | np.ndarray, group_size: int) -> float | np.ndarray:
+    """Bytes each rank sends in one collective of ``size_bytes`` (the same meaning as for
+    ``collective_time_s``) by a bandwidth-optimal algorithm: nccl-tests doc/PERFORMANCE.md's busbw factors,
+    ``2(n-1)/n S`` for all-reduce, ``(n-1)/n S`` for reduce-scatter and all-gather (so that an all-reduce
+    moves what a reduce-scatter plus an all-gather move: Rajbhandari et al. 2020, Section 7)."""
+    if group_size <= 1:
+        return 0.0 * size_bytes
+    return _busbw_factor(kind, group_size) * size_bytes
+
+
 def algorithm_time_s(algorithm: str, kind: str, size_bytes: float, group: CommGroup) -> float:
     """One named algorithm (``ring``, ``tree``, ``hierarchical``, ...); inf where it does not apply."""
     _validate(kind, group)
@@ -170,13 +202,16 @@ def algorithm_time_s(algorithm: str, kind: str, size_bytes: float, group: CommGr
     return ALGORITHMS[algorithm](kind, float(size_bytes), group)
 
 
+def _busbw_factor(kind: str, n: int) -> float:
+    """nccl-tests doc/PERFORMANCE.md: busbw = algbw x 2(n-1)/n for all-reduce, x (n-1)/n for reduce-scatter,
+    all-gather and all-to-all, x 1 for broadcast."""
+    return {"all_reduce": 2 * (n - 1) / n, "reduce_scatter": (n - 1) / n, "all_gather": (n - 1) / n,
+            "all_to_all": (n - 1) / n}.get(kind, 1.0)
+
+
 def bus_bandwidth_Bps(kind: str, size_bytes: float, group: CommGroup, time_s: float) -> float:
-    """nccl-tests' bus bandwidth (doc/PERFORMANCE.md): algbw x 2(n-1)/n for all-reduce, x (n-1)/n for
-    reduce-scatter/all-gather/all-to-all, x 1 for broadcast."""
-    n = group.size
-    factor = {"all_reduce": 2 * (n - 1) / n, "reduce_scatter": (n - 1) / n, "all_gather": (n - 1) / n,
-              "all_to_all": (n - 1) / n}.get(kind, 1.0)
-    return size_bytes / time_s * factor
+    """nccl-tests' bus bandwidth (doc/PERFORMANCE.md) of a collective that took ``time_s``."""
+    return size_bytes / time_s * _busbw_factor(kind, group.size)
 
 
 # ------------------------------------------------------------------------------------ groups of a cluster

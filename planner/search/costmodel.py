@@ -2,11 +2,14 @@
 DP from the cost model's own per-layer costs, memory formula, transfer and synchronisation times, and
 ``estimate_pipeline`` to time every plan the search keeps.
 
-It mirrors ``planner.cost.estimator`` for a stage served by one replica group: forward/backward/activation
-sums over the stage's layers, the largest transient, the boundary transfer to the next stage's first device,
-and for stage 0 the exposed data-parallel synchronisation (overlapped with the last backward) plus the
-optimizer step. ``tests/test_search_costmodel.py`` checks that the bound it builds never exceeds what
-``estimate_pipeline`` returns, and equals it for identical stages.
+It builds, for a stage served by one replica group, what ``planner.cost.estimator`` computes, from the
+same functions: forward/backward/activation sums over the stage's layers, the largest transient, the
+boundary transfer to the next stage's first device, what ZeRO-2/3's per-micro-batch collectives add to
+each micro-batch (``planner.cost.comm``: exactly for ZeRO-2, the lower bound
+``zero3_exposed_lower_s`` of ZeRO-3's layer recurrence), and for stage 0 the once-per-iteration
+synchronisation (``planner.cost.comm.sync_tail_s``) plus the optimizer step.
+``tests/test_search_costmodel.py`` checks that the bound it builds never exceeds what ``estimate_pipeline``
+returns, and equals it for identical stages.
 """
 
 from __future__ import annotations
@@ -15,12 +18,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from planner.cost import dp_sync_time_s, estimate_pipeline, layer_costs, optimizer_time_s, stage_memory
+from planner.cost import estimate_pipeline, layer_costs, optimizer_time_s, stage_memory
 from planner.cost.calibration import DeviceCalibration, calibration_for
-from planner.cost.comm import dp_group
+from planner.cost.comm import (dp_group, dp_sync, layer_collective_s, micro_batch_reduce_s, sync_tail_s,
+                               zero3_exposed_lower_s)
 from planner.cost.memory import micro_batches_in_flight
 from planner.hardware.cluster import locate
-from planner.hardware.collectives import p2p_time_s
+from planner.hardware.collectives import CommGroup, p2p_time_s
+from planner.runtime import get_runtime
 from planner.search.backend import LayerTable, bound_matrices, segment_max, segment_sums
 from planner.search.space import Layout, Settings, StageOption
 from planner.search.tables import allocate
@@ -35,6 +40,7 @@ class CostModelBackend:
     _p2p: dict = field(default_factory=dict, compare=False, repr=False)
     _segments: dict = field(default_factory=dict, compare=False, repr=False)
     _tails: dict = field(default_factory=dict, compare=False, repr=False)
+    _collectives: dict = field(default_factory=dict, compare=False, repr=False)
 
     def _cal(self, option: StageOption, settings: Settings) -> DeviceCalibration:
         return calibration_for(self.cluster.groups[option.pool].node.device.name, settings.runtime)
@@ -113,8 +119,9 @@ class CostModelBackend:
         fwd, bwd, sends, fits = [], [], [], []
         for k, option in enumerate(layout.options):
             f, b, params, act, peak = self._segments_of(option, settings)
-            fwd.append(f)
-            bwd.append(b)
+            extra_f, extra_b = self._zero_per_micro_batch(option, devices[k], settings)
+            fwd.append(f + extra_f)
+            bwd.append(b + extra_b)
             # the last stage sends back to stage 0 only between interleaved chunks
             to = k + 1 if k + 1 < P else (0 if settings.vpp > 1 else None)
             if to is None:
@@ -130,26 +137,70 @@ class CostModelBackend:
         return bound_matrices(fwd, bwd, sends, fits, self._tail0(layout.options[0], devices[0], settings), m,
                               settings.vpp)
 
+    def _dp(self, option: StageOption, devices: tuple[int, ...], settings: Settings
+            ) -> tuple[CommGroup, dict[str, np.ndarray]]:
+        """The stage's data-parallel group and each layer's collective over it, per kind."""
+        key = (option, devices, settings.dtype, settings.runtime)
+        hit = self._collectives.get(key)
+        if hit is None:
+            group = dp_group(self.cluster, devices[::option.tp], self._cal(option, settings))
+            params = self.layer_table(option, settings).params_per_rank
+            hit = (group, {kind: layer_collective_s(kind, params, group, settings.dtype)
+                           for kind in ("all_reduce", "reduce_scatter", "all_gather")})
+            self._collectives[key] = hit
+        return hit
+
+    def _zero_per_micro_batch(self, option: StageOption, devices: tuple[int, ...], settings: Settings
+                              ) -> tuple[np.ndarray | float, np.ndarray | float]:
+        """What ZeRO-2/3's collectives add to each micro-batch's forward and backward, per segment i..j:
+        ZeRO-2's reduce-scatter as the estimator times it, ZeRO-3's lower bound (first and last layers)."""
+        if settings.zero < 2 or settings.dp <= 1:
+            return 0.0, 0.0
+        key = ("zero", option, devices, settings)
+        hit = self._segments.get(key)
+        if hit is not None:
+            return hit
+        f, b, params, _, _ = self._segments_of(option, settings)
+        group, layer = self._dp(option, devices, settings)
+        runtime = get_runtime(settings.runtime)
+        rs, ag = layer["reduce_scatter"], layer["all_gather"]
+        # the segments' passes depend on the parameters alone: shared by every micro-batch and recompute
+        passes_key = ("passes", option, devices, settings.dtype, settings.runtime)
+        passes = self._collectives.get(passes_key)
+        if passes is None:
+            passes = self._collectives[passes_key] = (
+                dp_sync(2, params, group, settings.dtype, runtime, segment_sums(rs), rs[:, None], segment_sums(ag),
+                        ag[:, None]), segment_sums(ag), segment_sums(rs))
+        sync, gathers, reduces = passes
+        if settings.zero == 2:
+            hit = (0.0, micro_batch_reduce_s(sync, runtime, b))
+        else:
+            forward = self.layer_table(option, settings).forward_s
+            hit = zero3_exposed_lower_s(f, b, gathers, reduces, forward[None, :], ag[:, None], ag[None, :],
+                                        rs[:, None])
+        self._segments[key] = hit
+        return hit
+
     def _tail0(self, option: StageOption, devices: tuple[int, ...], settings: Settings) -> np.ndarray:
-        """Stage 0's exposed synchronisation plus optimizer step when it holds layers 0..j, for every j."""
+        """Stage 0's exposed once-per-iteration synchronisation plus optimizer step when it holds layers
+        0..j, for every j (``planner.cost.comm.sync_tail_s`` of the prefixes)."""
         key = (option, settings, devices)
         hit = self._tails.get(key)
         if hit is not None:
             return hit
         t = self.layer_table(option, settings)
         cal = self._cal(option, settings)
-        group = dp_group(self.cluster, devices[::option.tp], cal)
+        group, layer = self._dp(option, devices, settings)
+        runtime = get_runtime(settings.runtime)
         device = self.cluster.groups[option.pool].node.device
         params = np.cumsum(t.params_per_rank)
-        forward = np.cumsum(t.forward_s)
-        backward = np.cumsum(t.backward_s)
-        out = np.empty(len(params))
-        for j, (p, f, b) in enumerate(zip(params, forward, backward)):
-            sync = dp_sync_time_s(float(p), group, settings.zero, settings.dtype,
-                                  cal.dp_overlap * float(b) / settings.vpp, cal.dp_overlap * float(f) / settings.vpp)
-            step = optimizer_time_s(float(p), device, settings.optimizer, settings.zero, settings.dp,
-                                    settings.dtype, cal, settings.runtime)
-            out[j] = sync + step
+        grad = layer["all_reduce" if settings.zero == 0 else "reduce_scatter"]
+        gather = layer["all_gather"]
+        sync = dp_sync(settings.zero, params, group, settings.dtype, runtime, np.cumsum(grad), grad[0],
+                       np.cumsum(gather), gather[0])
+        out = sync_tail_s(sync, runtime, np.cumsum(t.backward_s), np.cumsum(t.forward_s))
+        out = out + np.array([optimizer_time_s(float(p), device, settings.optimizer, settings.zero, settings.dp,
+                                               settings.dtype, cal, settings.runtime) for p in params])
         self._tails[key] = out
         return out
 
