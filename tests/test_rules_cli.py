@@ -124,10 +124,11 @@ def test_fsdp2_plan_names_its_sharding(capsys, tmp_path):
 
 
 def test_a_tie_with_zero_3_goes_to_the_lower_zero_stage(capsys, tmp_path):
-    # on DeepSpeed, ZeRO-1 and ZeRO-3 of gpt-1.3b on 16 A100s differ by far less than the tolerance
+    # on FSDP2, ZeRO-2 and ZeRO-3 of gpt-1.3b on 16 A100s differ by far less than the tolerance (one
+    # micro-batch: ZeRO-3's per-layer gathers hide behind the layers' compute)
     fast, simple = tmp_path / "zero3.json", tmp_path / "plan.json"
-    assert run(capsys, "plan", *README, "--runtime", "deepspeed", "--zero", "3", "--out", str(fast))[0] == 0
-    assert run(capsys, "plan", *README, "--runtime", "deepspeed", "--out", str(simple))[0] == 0
+    assert run(capsys, "plan", *README, "--runtime", "pytorch-fsdp2", "--zero", "3", "--out", str(fast))[0] == 0
+    assert run(capsys, "plan", *README, "--runtime", "pytorch-fsdp2", "--out", str(simple))[0] == 0
     zero3, plan = load_plan(str(fast)), load_plan(str(simple))
     assert plan.zero < 3 and plan.iteration_time_s <= zero3.iteration_time_s * (1 + TIE_TOLERANCE)
     if zero3.iteration_time_s < plan.iteration_time_s:
@@ -137,7 +138,7 @@ def test_a_tie_with_zero_3_goes_to_the_lower_zero_stage(capsys, tmp_path):
 
 def test_estimate_resolves_a_tie_to_the_lower_zero_stage():
     model, cluster = load_model(GPT), load_cluster("dgx-a100-80gb*2")
-    fixed = dict(global_batch=256, tp=1, pp=1, dp=16, runtime="deepspeed")
+    fixed = dict(global_batch=256, tp=1, pp=1, dp=16, runtime="pytorch-fsdp2")
     zero3 = estimate(model, cluster, ParallelConfig(**fixed, zero=3))
     resolved = estimate(model, cluster, ParallelConfig(**fixed))
     assert resolved.config.zero < 3 and resolved.config.recompute == "none"
