@@ -8,19 +8,16 @@ training runtime and device type and never per run:
 * ``gemm_scale`` multiplies the profile's GEMM efficiency curve (framework and kernel-fusion losses on
   top of cuBLAS-level efficiency),
 * ``memory_scale`` multiplies the achieved memory bandwidth of memory-bound (element-wise) operations,
-* ``comm_scale`` multiplies the achieved bandwidth of collectives and point-to-point transfers,
-* ``attention_traffic_scale`` multiplies the memory traffic of the attention core (the ``seq^2`` score
-  tensors: scale, mask, softmax, dropout and the two batched products): 1 = every operation a separate pass
-  over device memory, as the ONNX graph is written; lower = fused kernels (a fused scale-mask-softmax keeps
-  about a third; FlashAttention keeps the scores on chip, near 0),
-* ``dp_overlap`` is the fraction of the last micro-batch's backward pass during which bucketed
-  data-parallel gradient reduction can run hidden.
+* ``comm_scale`` multiplies the achieved bandwidth of collectives and point-to-point transfers.
+
+What overlaps with what, and which attention kernel runs, are facts of the runtime (``planner.runtime``),
+not fitted here.
 
 ``benchmarks/calibrate.py --fit`` rewrites the file, laid out as ``runtimes: {RUNTIME: {DEVICE: {parameter:
 value}}}``. A (runtime, device) pair without an entry borrows the mean of the fitted entries of the same
 device type, or where it has none, of every fitted entry (most of what the factors correct is kernel-level
 efficiency that a new pair shares), marked ``fitted=False``; with no file at all, the neutral values below
-(all 1: the profile and the graph as written, full overlap).
+(all 1: the profile and the graph as written).
 """
 
 from __future__ import annotations
@@ -43,8 +40,6 @@ class DeviceCalibration:
     gemm_scale: float = 1.0
     memory_scale: float = 1.0
     comm_scale: float = 1.0
-    attention_traffic_scale: float = 1.0
-    dp_overlap: float = 1.0
     fitted: bool = False  # True when read from the calibration file
 
     def as_dict(self) -> dict[str, float]:
