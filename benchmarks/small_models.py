@@ -10,13 +10,15 @@ Each run is estimated under the runtime closest to its framework (``RUNTIME_OF_F
 pinned; what it leaves open spans the runtime's choices (benchmarks/reference_runs.py), so the prediction is a
 range and the error the distance from the measured time to it. Memory is compared where the source measured
 it: PyTorch's ``max_memory_allocated`` (Megatron-Core CI) counts tensors only, so it is compared with the
-estimate's weights + gradients + optimizer states + activations; a used-memory figure (FlagPerf) with the
-whole estimate, context and allocator reserve included.
+estimate's allocated bytes (weights, gradients, optimizer states, activations and transients, without the
+CUDA context, workspaces, NCCL buffers and the allocator's reserve); a used-memory figure (FlagPerf) with the
+whole estimate.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -30,12 +32,15 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from reference_runs import Run  # noqa: E402
 from planner.cost.calibration import calibration_for  # noqa: E402
+from planner.cost.memory import fixed_overhead_bytes  # noqa: E402
 from planner.errors import PlannerError  # noqa: E402
 from planner.hardware import catalog  # noqa: E402
+from planner.runtime import get_runtime, register_runtime  # noqa: E402
 
 RUNS_PATH = ROOT / "benchmarks" / "data" / "small_model_runs.json"
 # (start of the "framework" field, runtime): the training stack that runs what the framework runs
 RUNTIME_OF_FRAMEWORK = (
+    ("Megatron-LM / Megatron-Core (CI", "megatron-core-deterministic"),
     ("Megatron-LM / Megatron-Core", "megatron-core"),
     ("MosaicML Composer + PyTorch FSDP", "pytorch-fsdp2"),
     ("llm.c", "megatron-core"),  # fused CUDA kernels, cuDNN flash attention, ZeRO-1 sharded optimizer
@@ -49,6 +54,11 @@ RUNTIME_OF_FRAMEWORK = (
 RELIABLE = ("mpt-", "llmc-gpt2-124M-8xA100", "llmc-gpt2-350M-8xA100", "llmc-gpt2-124M-8xH100",
             "llmc-gpt2-124M-fp32tf32")
 HARNESS = ("mcore-ci-",)
+# the Megatron-Core CI runs use --deterministic-mode, in which Transformer Engine runs no flash or fused
+# attention kernel (NVTE_FLASH_ATTN=0, NVTE_FUSED_ATTN=0): Megatron's own attention with its fused softmax
+register_runtime(dataclasses.replace(get_runtime("megatron-core"), name="megatron-core-deterministic",
+                                     description="Megatron-Core in --deterministic-mode: no flash attention",
+                                     attention="fused-softmax"))
 
 
 def runtime_for(framework: str) -> str | None:
@@ -100,8 +110,12 @@ def main(argv: list[str] | None = None) -> int:
         mem_cells = ["-", "-", "-"]
         if raw.get("peak_memory_gib"):
             est = run.estimate(cal, prediction.low)
-            m = est.stages[0].memory
-            tensors = m.weights_bytes + m.gradients_bytes + m.optimizer_bytes + m.activations_bytes
+            # the busiest stage's memory (Megatron-Core CI logs one rank's; which one the source leaves open)
+            m = max((s.memory for s in est.stages), key=lambda mem: mem.total_bytes)
+            rt = get_runtime(runtime)
+            # what PyTorch allocates: the estimate less the fixed context/workspace/NCCL memory and the
+            # allocator's reserve (planner.cost.memory.memory_terms), transients included
+            tensors = (m.total_bytes - fixed_overhead_bytes(rt)) / (1.0 + rt.allocator_reserve_fraction)
             allocated = "max_allocated" in json.dumps(raw["measured"])
             predicted = (tensors if allocated else m.total_bytes) / 2 ** 30
             measured_gib = float(raw["peak_memory_gib"])

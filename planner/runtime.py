@@ -129,6 +129,20 @@ DEFAULT_RUNTIME = "megatron-core"
 ATTENTION_KERNELS = ("flash", "fused-softmax", "unfused")
 
 
+def register_runtime(runtime: Runtime) -> Runtime:
+    """Make ``runtime`` (a stack the built-ins do not describe, e.g. ``dataclasses.replace(
+    get_runtime("megatron-core"), name="megatron-core-deterministic", attention="fused-softmax")``) known by
+    its name to ``get_runtime`` and so to ``ParallelConfig(runtime=...)``. A built-in name cannot be
+    replaced."""
+    if runtime.name in RUNTIMES and RUNTIMES[runtime.name] != runtime:
+        raise ConfigError(f"runtime {runtime.name!r} is built in; give yours another name")
+    if runtime.attention not in ATTENTION_KERNELS:
+        raise ConfigError(f"runtime {runtime.name!r}: attention {runtime.attention!r} is not one of "
+                          f"{', '.join(ATTENTION_KERNELS)}")
+    RUNTIMES[runtime.name] = runtime
+    return runtime
+
+
 def get_runtime(name: str | Runtime | None = None) -> Runtime:
     """The runtime called ``name`` (``None``: the default); a Runtime passes through."""
     if isinstance(name, Runtime):
