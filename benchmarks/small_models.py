@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from reference_runs import Run  # noqa: E402
+from reference_runs import Prediction, Run  # noqa: E402
 from planner.cost.calibration import calibration_for  # noqa: E402
 from planner.cost.memory import fixed_overhead_bytes  # noqa: E402
 from planner.errors import PlannerError  # noqa: E402
@@ -110,17 +110,19 @@ def main(argv: list[str] | None = None) -> int:
         mem_cells = ["-", "-", "-"]
         if raw.get("peak_memory_gib"):
             est = run.estimate(cal, prediction.low)
-            # the busiest stage's memory (Megatron-Core CI logs one rank's; which one the source leaves open)
-            m = max((s.memory for s in est.stages), key=lambda mem: mem.total_bytes)
+            # one rank's memory (which pipeline stage the source leaves open): the range over the stages
             rt = get_runtime(runtime)
-            # what PyTorch allocates: the estimate less the fixed context/workspace/NCCL memory and the
-            # allocator's reserve (planner.cost.memory.memory_terms), transients included
-            tensors = (m.total_bytes - fixed_overhead_bytes(rt)) / (1.0 + rt.allocator_reserve_fraction)
             allocated = "max_allocated" in json.dumps(raw["measured"])
-            predicted = (tensors if allocated else m.total_bytes) / 2 ** 30
+            per_stage = [s.memory.total_bytes for s in est.stages]
+            if allocated:  # what PyTorch allocates: the estimate less the fixed context/workspace/NCCL
+                # memory and the allocator's reserve (planner.cost.memory.memory_terms), transients included
+                per_stage = [(t - fixed_overhead_bytes(rt)) / (1.0 + rt.allocator_reserve_fraction)
+                             for t in per_stage]
+            low_gib, high_gib = min(per_stage) / 2 ** 30, max(per_stage) / 2 ** 30
             measured_gib = float(raw["peak_memory_gib"])
-            memory_errors[run.id] = (predicted - measured_gib) / measured_gib
-            mem_cells = [f"{measured_gib:.2f}", f"{predicted:.2f}{'' if allocated else ' (total)'}",
+            memory_errors[run.id] = Prediction(low_gib, high_gib, prediction.low, prediction.low).error(measured_gib)
+            predicted = f"{low_gib:.2f}" + (f"-{high_gib:.2f}" if high_gib > low_gib * 1.0005 else "")
+            mem_cells = [f"{measured_gib:.2f}", f"{predicted}{'' if allocated else ' (total)'}",
                          f"{100 * memory_errors[run.id]:+.1f}"]
         r = raw
         rows.append(f"| {run.id} | {runtime} | {r['gpus']} | {r['tp']}/{r['pp']}/{r['dp']} | "
