@@ -294,17 +294,33 @@ def check_batch(global_batch: int, dp: int, micro_batch: int | None) -> None:
                           f"or nearest valid micro-batch: {nearest(mb, divisors(gb // dp))}")
 
 
+def recompute_choices(runtime: Runtime) -> tuple[str, ...]:
+    """The recompute choices ``runtime`` offers, simplest first."""
+    return tuple(r for r in RECOMPUTE_CHOICES if r in runtime.recompute_choices)
+
+
+def sequence_parallel_choices(runtime: Runtime, tp: int | None) -> tuple[bool, ...]:
+    """Sequence parallelism off, and on where ``runtime`` has it and tp may exceed 1 (``tp`` None: free)."""
+    return (False, True) if runtime.sequence_parallel and tp != 1 else (False,)
+
+
 def check_numerics(recompute: str | None, optimizer: str, dtype: str | None, sequence_parallel: bool | None,
-                   tp: int | None) -> None:
-    """The enum fields, and sequence parallelism against tp (``tp`` None: not fixed)."""
+                   tp: int | None, runtime: Runtime) -> None:
+    """The enum fields, and sequence parallelism against tp (``tp`` None: not fixed) and the runtime."""
     if recompute is not None:
         check_choice("recompute", recompute, RECOMPUTE_CHOICES)
+        if recompute not in runtime.recompute_choices:
+            raise ConfigError(f"recompute {recompute}: the {runtime.name} runtime offers "
+                              f"{', '.join(recompute_choices(runtime))}; use one of them or another --runtime")
     check_choice("optimizer", optimizer, OPTIMIZERS)
     if dtype is not None:
         check_choice("dtype", dtype, DTYPES)
     if sequence_parallel and tp == 1:
         raise ConfigError("sequence parallelism needs tensor parallelism (tp > 1); drop --sequence-parallel "
                           "or use tp 2 or more")
+    if sequence_parallel and not runtime.sequence_parallel:
+        raise ConfigError(f"sequence parallelism: the {runtime.name} runtime has none; drop --sequence-parallel "
+                          "or use another --runtime")
 
 
 # ------------------------------------------------------------------------------------ whole configuration
@@ -330,7 +346,7 @@ def check_config(model: LayerGraph, cluster: Cluster, config: ParallelConfig) ->
         check_vpp_shape(config.vpp, pp, shape.num_units, m)
     if config.zero is not None:
         check_zero(config.zero, pp, runtime)
-    check_numerics(config.recompute, config.optimizer, config.dtype, config.sequence_parallel, tp)
+    check_numerics(config.recompute, config.optimizer, config.dtype, config.sequence_parallel, tp, runtime)
 
 
 def simplicity_key(zero: int, recompute: str, tp: int, pp: int) -> tuple[int, int, int, int]:

@@ -78,6 +78,11 @@ class Runtime:
     # (Megatron-Core's DistributedDataParallel default bucket_size = max(40M, 1M x dp)); 0 = fixed
     grad_bucket_params_per_rank: int = 0
 
+    # the recompute choices and sequence parallelism the framework offers: Megatron-LM before v3.0 (2022) had
+    # only --checkpoint-activations (full recompute); selective recompute and sequence parallelism came with
+    # Korthikanti et al. 2022
+    recompute_choices: tuple[str, ...] = ("none", "selective", "full")
+    sequence_parallel: bool = True
 
 RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
     Runtime(
@@ -88,7 +93,8 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
                "Megatron-LM v2.5 megatron/model/fused_softmax.py, megatron/model/distributed.py",
         overlap_grad_reduce=False, overlap_param_gather=False, tp_comm_overlap=False,
         grad_bucket_params=40_000_000, zero3_prefetch_layers=1, attention="fused-softmax", main_grad_bytes=4,
-        zero_stages=(0,), max_pipeline_zero=0, interleaved=True, tensor_parallel=True, pipeline_parallel=True),
+        zero_stages=(0,), max_pipeline_zero=0, interleaved=True, tensor_parallel=True, pipeline_parallel=True,
+        recompute_choices=("none", "full"), sequence_parallel=False),
     Runtime(
         name="megatron-core",
         description="Megatron-Core with Transformer Engine: distributed optimizer (ZeRO-1), overlapped "

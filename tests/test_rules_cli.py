@@ -165,3 +165,22 @@ def test_the_simpler_plan_wins_within_the_tolerance_only(seed, simpler_wins):
     # the lower bound is one on every plan, the fastest included
     assert tied.lower_bound_s <= plain.candidates[0].time_s * (1 + 1e-9)
     assert tied.lower_bound_s == pytest.approx(plain.lower_bound_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--recompute", "selective"], ["recompute selective", "megatron-lm-2021", "none, full"]),
+    (["--tp", "2", "--sequence-parallel"], ["sequence parallelism", "megatron-lm-2021 runtime has none"]),
+])
+def test_megatron_lm_2021_has_no_selective_recompute_or_sequence_parallelism(capsys, flags, words):
+    code, _, err = run(capsys, "estimate", *README, "--runtime", "megatron-lm-2021", "--tp", "1", "--pp", "1",
+                       "--dp", "16", *flags) if "--tp" not in flags else \
+        run(capsys, "estimate", *README, "--runtime", "megatron-lm-2021", "--pp", "1", "--dp", "8", *flags)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    for word in words:
+        assert word in err
+
+
+def test_the_search_keeps_to_the_2021_choices():
+    model, cluster_ = load_model(GPT), load_cluster("dgx-a100-80gb*2")
+    est = estimate(model, cluster_, ParallelConfig(global_batch=256, tp=2, pp=1, dp=8, runtime="megatron-lm-2021"))
+    assert est.config.recompute in ("none", "full") and not est.config.sequence_parallel

@@ -43,7 +43,7 @@ from planner.errors import ConfigError
 from planner.hardware.cluster import locate
 from planner.hardware.efficiency import resolve_dtype
 from planner.hardware.collectives import CommGroup, p2p_time_s
-from planner.rules import (RECOMPUTE_CHOICES, TIE_TOLERANCE, check_config, divisors, pipeline_units, simplicity_key,
+from planner.rules import (TIE_TOLERANCE, check_config, divisors, pipeline_units, recompute_choices, simplicity_key,
                            vpp_fits, zero_stages)
 from planner.runtime import Runtime, get_runtime
 from planner.types import (Breakdown, Cluster, Estimate, LayerGraph, MemoryBreakdown, NodeProfile,
@@ -543,12 +543,12 @@ def _candidates(model: LayerGraph, config: ParallelConfig) -> dict[str, list]:
     zeros = zero_stages(runtime, pp)
     return {
         "micro_batch": mbs,
-        "recompute": [config.recompute] if config.recompute else list(RECOMPUTE_CHOICES),
+        "recompute": [config.recompute] if config.recompute else list(recompute_choices(runtime)),
         # sequence parallelism is taken whenever tp > 1: its reduce-scatter plus all-gather move the bytes of
         # the all-reduce it replaces, and it divides the remaining activations and element-wise work by tp
         # (Korthikanti et al. 2022); pass sequence_parallel=False to estimate without it
         "sequence_parallel": [bool(config.sequence_parallel)] if config.sequence_parallel is not None
-        else [tp > 1],
+        else [tp > 1 and runtime.sequence_parallel],
         "vpp": vpps,
         # ZeRO shards over data-parallel ranks: with dp = 1 every stage is the plan of the lowest
         "zero": [config.zero] if config.zero is not None else (list(zeros) if dp > 1 else [min(zeros)]),

@@ -26,7 +26,7 @@ from typing import Iterator, Sequence
 
 from planner import rules
 from planner.errors import ConfigError
-from planner.rules import INTERLEAVED, RECOMPUTE_CHOICES, ModelShape
+from planner.rules import INTERLEAVED, ModelShape
 from planner.runtime import DEFAULT_RUNTIME, get_runtime
 from planner.search.interleave import pipeline_allowed, schedule_for, vpp_choices
 from planner.types import Cluster, ParallelConfig, PipelineSpec, StageSpec
@@ -140,7 +140,8 @@ def validate_pins(pins: Pins, cluster: Cluster, global_batch: int, num_layers: i
             rules.check_tp(pins.tp, shape, cluster, runtime, [pool], flag="--tp ")
     if pins.zero is not None:
         rules.check_zero(pins.zero, pins.pp or None, runtime, flag="--zero ", pp_flag="--pp ")
-    rules.check_numerics(pins.recompute, pins.optimizer, pins.dtype, pins.sequence_parallel, pins.tp or None)
+    rules.check_numerics(pins.recompute, pins.optimizer, pins.dtype, pins.sequence_parallel, pins.tp or None,
+                         runtime)
     used = max(pins.tp, 1) * max(pins.pp, 1) * max(pins.dp, 1)
     if used > cluster.num_devices:
         raise ConfigError(f"--tp/--pp/--dp: the pinned degrees need {used} devices but the cluster has "
@@ -197,8 +198,9 @@ def enumerate_settings(cluster: Cluster, global_batch: int, pins: Pins, max_micr
     runtime = get_runtime(pins.runtime)
     dps = [pins.dp] if pins.dp else [d for d in divisors(global_batch) if d <= n]
     zeros = [pins.zero] if pins.zero is not None else list(rules.zero_stages(runtime, pins.pp or None))
-    recomputes = [pins.recompute] if pins.recompute else list(RECOMPUTE_CHOICES)
-    sps = [pins.sequence_parallel] if pins.sequence_parallel is not None else [False, True]
+    recomputes = [pins.recompute] if pins.recompute else list(rules.recompute_choices(runtime))
+    sps = ([pins.sequence_parallel] if pins.sequence_parallel is not None
+           else list(rules.sequence_parallel_choices(runtime, pins.tp or None)))
     asked = interleave or pins.vpp is not None or pins.schedule == INTERLEAVED
     vpps = vpp_choices(pins.vpp, pins.schedule, num_units) if asked and runtime.interleaved else [1]
     for dp in dps:
