@@ -63,7 +63,7 @@ def spec_of(plan) -> PipelineSpec:
                    for s in plan.stages)
     return PipelineSpec(stages=stages, global_batch=plan.global_batch, micro_batch=plan.micro_batch, vpp=plan.vpp,
                         zero=plan.zero, recompute=plan.stages[0].recompute, sequence_parallel=plan.sequence_parallel,
-                        schedule=plan.schedule, optimizer=plan.optimizer, dtype=plan.dtype)
+                        schedule=plan.schedule, optimizer=plan.optimizer, dtype=plan.dtype, runtime=plan.runtime)
 
 
 def published(time_limit_s: float) -> list[str]:
