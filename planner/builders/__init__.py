@@ -1,4 +1,4 @@
-"""Model-family builders: ONNX graphs (weights declared, no weight data) of ``gpt``, ``llama``, ``bert``, ``dlrm``.
+"""Model-family builders: ONNX graphs (weights declared, no weight data) of ``gpt``, ``llama``, ``bert``, ``moe``, ``dlrm``.
 
     model = build("gpt", {"layers": 96, "hidden": 12288, "heads": 96})   # -> onnx.ModelProto
     save(model, "gpt-175b.onnx")
@@ -23,10 +23,11 @@ import onnx
 
 from planner.builders._spec import Family, Key, Value, resolve
 from planner.builders.dlrm import FAMILY as _DLRM
+from planner.builders.moe import FAMILY as _MOE
 from planner.builders.transformer import FAMILIES as _TRANSFORMERS
 from planner.errors import ConfigError, suggest
 
-FAMILIES: dict[str, Family] = {family.name: family for family in (*_TRANSFORMERS, _DLRM)}
+FAMILIES: dict[str, Family] = {family.name: family for family in (*_TRANSFORMERS, _MOE, _DLRM)}
 
 __all__ = ["FAMILIES", "Family", "Key", "build", "resolve_settings", "save", "weights_file_for"]
 
