@@ -79,6 +79,33 @@ class TransformerDims:
 
 
 @dataclass(frozen=True)
+class MoEDims:
+    """A mixture-of-experts MLP, where the importer found one (a router GEMM to ``experts`` scores, a TopK,
+    and expert weights downstream of it).
+
+    ``experts``: routed experts in the layer; ``top_k``: experts each token is sent to; ``shared_experts``:
+    experts every token goes through, as multiples of ``expert_ffn`` (0: none); ``expert_ffn``: inner width
+    of one expert's MLP (elements); ``router``: the scoring before the TopK (``"softmax"``, ``"sigmoid"`` or
+    ``"none"``); ``expert_params``: parameters of all routed experts of the layer (elements; the layer's
+    ``params`` include them); ``tokens``: tokens per sample the router scores (the sequence length of a
+    decoder). The layer's FLOPs and the expert ops' costs are the routed ones: ``tokens * top_k`` rows through
+    one expert's weights, not every token through every expert."""
+
+    experts: int
+    top_k: int
+    shared_experts: int
+    expert_ffn: int
+    router: str
+    expert_params: int
+    tokens: int
+
+    @property
+    def active_expert_params(self) -> int:
+        """Routed-expert parameters one token uses: ``top_k`` of the ``experts``."""
+        return self.expert_params * self.top_k // max(self.experts, 1)
+
+
+@dataclass(frozen=True)
 class Layer:
     """One pipeline unit (an embedding, a transformer block, a head, an MLP layer...). Numbers per sample."""
 
@@ -92,6 +119,14 @@ class Layer:
     ops: tuple[OpCost, ...] = ()
     transformer: TransformerDims | None = None
     input_bytes: float = 0.0  # boundary tensor(s) received from the previous layer
+    moe: MoEDims | None = None  # its mixture-of-experts MLP, where it has one
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token uses: all but the routed experts it is not sent to."""
+        if self.moe is None:
+            return self.params
+        return self.params - self.moe.expert_params + self.moe.active_expert_params
 
 
 @dataclass(frozen=True)
@@ -120,6 +155,11 @@ class LayerGraph:
     @property
     def params(self) -> int:
         return sum(layer.params for layer in self.layers)
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token uses (``params`` less the routed experts it is not sent to)."""
+        return sum(layer.active_params for layer in self.layers)
 
     @property
     def flops_forward(self) -> float:

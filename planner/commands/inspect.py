@@ -8,7 +8,7 @@ from typing import Any
 
 from planner.commands._common import add_allow_unknown_ops_flag, add_dim_flag, add_json_flag, emit_json, parse_dims
 from planner.report.units import size
-from planner.types import LayerGraph
+from planner.types import Layer, LayerGraph
 
 HELP = "import an ONNX model and report its parameters, FLOPs, activations, layers and embedding tables"
 
@@ -40,6 +40,7 @@ def to_document(graph: LayerGraph) -> dict[str, Any]:
         "batch": b,
         "dims": dict(graph.dims),
         "params": graph.params,
+        "active_params": graph.active_params,
         "flops_forward": graph.flops_forward * b,
         "flops_forward_per_sample": graph.flops_forward,
         "activation_bytes": sum(layer.activation_bytes for layer in graph.layers) * b,
@@ -49,6 +50,8 @@ def to_document(graph: LayerGraph) -> dict[str, Any]:
                 "name": layer.name,
                 "kind": layer.kind,
                 "params": layer.params,
+                "active_params": layer.active_params,
+                **_moe_fields(layer),
                 "flops_forward": layer.flops_forward * b,
                 "activation_bytes": layer.activation_bytes * b,
                 "output_bytes": layer.output_bytes * b,
@@ -71,6 +74,15 @@ def to_document(graph: LayerGraph) -> dict[str, Any]:
     }
 
 
+def _moe_fields(layer: Layer) -> dict[str, Any]:
+    """A mixture-of-experts layer's experts (none for a dense layer); its FLOPs are the routed ones."""
+    if layer.moe is None:
+        return {}
+    m = layer.moe
+    return {"experts": m.experts, "top_k": m.top_k, "shared_experts": m.shared_experts, "expert_ffn": m.expert_ffn,
+            "router": m.router}
+
+
 def _si(value: float, unit: str = "") -> str:
     for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(value) >= factor:
@@ -84,7 +96,9 @@ def render_table(graph: LayerGraph) -> str:
     lines = [
         f"model {graph.name}" + (f" (family {graph.family})" if graph.family else ""),
         f"dims: {dims}; numbers below are for batch {b}",
-        f"parameters {graph.params:,}   forward {_si(graph.flops_forward * b, 'FLOP')}   "
+        f"parameters {graph.params:,}"
+        + (f" ({graph.active_params:,} active per token)" if graph.active_params != graph.params else "")
+        + f"   forward {_si(graph.flops_forward * b, 'FLOP')}   "
         f"activations saved for backward {size(sum(l.activation_bytes for l in graph.layers) * b)}",
         "",
     ]
@@ -92,6 +106,10 @@ def render_table(graph: LayerGraph) -> str:
     for layer in graph.layers:
         t = layer.transformer
         shape = f"h={t.hidden} a={t.heads} s={t.seq_len} ffn={t.ffn}" if t else ""
+        if layer.moe is not None:
+            m = layer.moe
+            shape += (f" experts={m.experts} top{m.top_k}" + (f"+{m.shared_experts} shared" if m.shared_experts else "")
+                      + f" expert_ffn={m.expert_ffn}")
         rows.append((str(layer.index), layer.name, layer.kind, f"{layer.params:,}",
                      _si(layer.flops_forward * b), size(layer.activation_bytes * b),
                      size(layer.output_bytes * b), shape))

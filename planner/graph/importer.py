@@ -12,6 +12,7 @@ import onnx
 
 from planner.errors import ModelError
 from planner.graph import layers as layer_detection
+from planner.graph.moe import MoEMatch, detect_moe
 from planner.graph.loader import check_external_data, check_structure, read_model
 from planner.graph.ir import ACT_BYTES, FLOAT_TYPES, Node, OpGraph, act_bytes, stored_bytes
 from planner.graph.opgraph import build
@@ -19,7 +20,7 @@ from planner.graph.rules import RULES, VIEW_OPS, View, fused_sources, nan_guards
 from planner.graph.transformer import attention_core, detect_dims, tp_splits
 from planner.graph.unknown import check_unknown_ops
 from planner.graph.validate import check_sizes
-from planner.types import EmbeddingTable, Layer, LayerGraph, OpCost
+from planner.types import EmbeddingTable, Layer, LayerGraph, OpCost, TransformerDims
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,6 @@ def _import_graph(model: onnx.ModelProto, dims: Mapping[str, int] | None, name: 
     tables, table_nodes, bag_loops = _tables(graph, compute)
     costs = {node.index: _cost(graph, node, bag_loops.get(node.index)) for node in compute}
     _warn_unknown(graph, [node for node in compute if node.index not in bag_loops])
-    check_unknown_ops(graph, compute, costs, set(bag_loops), allow_unknown_ops, where)
     graph.name = name
     # pieces of the structural cut are anchored at matrix products and table lookups (a normalisation's
     # scale alone does not make a pipeline unit); graphs without any fall back to any parameter use
@@ -82,7 +82,17 @@ def _import_graph(model: onnx.ModelProto, dims: Mapping[str, int] | None, name: 
     if not anchors:
         anchors = {node.index for node in compute if any(t in graph.param_roots for t in node.inputs)}
     units = layer_detection.detect(graph, compute, {i: c.flops for i, c in costs.items()}, anchors, table_nodes)
-    layer_list = _layers(graph, units, costs)
+    # mixtures of experts are found per layer before the unknown-op check: their routed token counts are
+    # data-dependent in eager exports, and the routed costs replace the graph's own
+    moe: dict[int, MoEMatch] = {}
+    for k, unit in enumerate(units):
+        match = detect_moe(graph, [graph.nodes[i] for i in sorted(unit.nodes)], costs)
+        if match is not None:
+            moe[k] = match
+            costs.update(match.costs)
+    routed = {i for match in moe.values() for i in match.costs}
+    check_unknown_ops(graph, compute, costs, set(bag_loops) | routed, allow_unknown_ops, where)
+    layer_list = _layers(graph, units, costs, moe)
     # warnings are logged only now: a refused model gets one error line on stderr and nothing before it
     for msg in graph.warnings:
         log.warning("%s: %s", where, msg)
@@ -183,7 +193,8 @@ def _body_nodes(proto: onnx.NodeProto) -> Iterator[onnx.NodeProto]:
                 yield from _body_nodes(inner)
 
 
-def _layers(graph: OpGraph, units: list[layer_detection.Unit], costs: dict[int, OpCost]) -> list[Layer]:
+def _layers(graph: OpGraph, units: list[layer_detection.Unit], costs: dict[int, OpCost],
+            moe: dict[int, MoEMatch]) -> list[Layer]:
     layer_of: dict[int, int] = {}
     for k, unit in enumerate(units):
         for i in unit.nodes:
@@ -242,18 +253,30 @@ def _layers(graph: OpGraph, units: list[layer_detection.Unit], costs: dict[int, 
         ops = [costs[node.index] for node in members]
         transformer = None
         kind = unit.kind
+        match = moe.get(k)
         if kind == "block":
-            transformer = detect_dims(graph, members, handed_on.get(k, (0, None))[1])
+            transformer = _block_dims(graph, members, handed_on.get(k, (0, None))[1], match)
             if transformer is not None:
-                split = tp_splits(graph, members, transformer)
+                split = tp_splits(graph, members, transformer, {match.router} if match else set())
                 role = attention_core(graph, members)
                 ops = [_with_split(op, split.get(node.index, "replicated"), role.get(node.index, ""))
                        for op, node in zip(ops, members)]
         result.append(Layer(index=k, name=unit.name, kind=kind, params=params[k],
                             flops_forward=float(sum(op.flops for op in ops)), activation_bytes=saved_bytes[k],
                             output_bytes=crossing[k + 1], ops=tuple(ops), transformer=transformer,
-                            input_bytes=crossing[k]))
+                            input_bytes=crossing[k], moe=match.dims if match else None))
     return result
+
+
+def _block_dims(graph: OpGraph, members: list[Node], output: str | None,
+                match: MoEMatch | None) -> TransformerDims | None:
+    """A block's transformer dims; in a mixture-of-experts block the router and expert MatMuls are not
+    attention or MLP projections, and the MLP width is the active one: (top_k + shared) experts' width."""
+    if match is None:
+        return detect_dims(graph, members, output)
+    skip = {match.router} | match.experts | match.shared
+    active = (match.dims.top_k + match.dims.shared_experts) * match.dims.expert_ffn
+    return detect_dims(graph, [node for node in members if node.index not in skip], output, mlp_ffn=active)
 
 
 def _with_split(op: OpCost, split: str, role: str = "") -> OpCost:

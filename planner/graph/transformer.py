@@ -35,7 +35,10 @@ def weighted_matmul(graph: OpGraph, node: Node) -> bool:
     return node.op_type in ("MatMul", "Gemm") and len(node.inputs) > 1 and node.inputs[1] in graph.param_roots
 
 
-def detect_dims(graph: OpGraph, members: list[Node], output: str | None) -> TransformerDims | None:
+def detect_dims(graph: OpGraph, members: list[Node], output: str | None,
+                mlp_ffn: int | None = None) -> TransformerDims | None:
+    """The block's dims; ``mlp_ffn``: a known (gated) MLP width (a mixture of experts' active width), in
+    place of the one read from the MLP's projections."""
     scores = softmax = None
     for node in members:
         if node.op_type == "Softmax":
@@ -65,14 +68,18 @@ def detect_dims(graph: OpGraph, members: list[Node], output: str | None) -> Tran
             ffn = k
         if k == hidden:
             widths.append(n)
-    if not ffn:
+    if mlp_ffn:
+        ffn = mlp_ffn
+    elif not ffn:
         ffn = max((n for n in widths if n != hidden and n != 3 * hidden), default=4 * hidden)
     head_dim = hidden // heads if heads else 0
     kv_heads = heads
     narrow = [n for n in widths if n < hidden and n != ffn]
     if narrow and head_dim:
         kv_heads = min(narrow) // head_dim or heads
-    gated = ffn != hidden and (widths.count(ffn) >= 2 or 2 * ffn in widths)
+        if heads % kv_heads:  # a latent projection (multi-head latent attention), not grouped K/V heads
+            kv_heads = heads
+    gated = bool(mlp_ffn) or (ffn != hidden and (widths.count(ffn) >= 2 or 2 * ffn in widths))
     dropout = any(node.op_type == "Dropout" for node in members)
     path = _score_path(graph, graph.producer.get(softmax.inputs[0])) or []
     causal = any(_static_mask(graph, graph.nodes[i], seq) for i in path)
@@ -164,13 +171,19 @@ def _from_matmul(graph: OpGraph, index: int | None, depth: int = 6) -> bool:
     return False
 
 
-def tp_splits(graph: OpGraph, members: list[Node], dims: TransformerDims) -> dict[int, str]:
-    """Megatron split of every member node, by node index."""
+def tp_splits(graph: OpGraph, members: list[Node], dims: TransformerDims,
+              replicated: set[int] | None = None) -> dict[int, str]:
+    """Megatron split of every member node, by node index; ``replicated``: weighted MatMuls every rank
+    computes whole (a mixture of experts' router, whose scores pick the tokens of the split experts)."""
+    keep = replicated or set()
     split: set[str] = set()  # tensors split across tensor-parallel ranks
     out: dict[int, str] = {}
     for node in members:
         data = [t for t in node.inputs if t and t not in graph.const]
         on_split = any(t in split for t in data)
+        if node.index in keep:
+            out[node.index] = "replicated"
+            continue
         if weighted_matmul(graph, node):
             kind = "row" if on_split else "column"
             out[node.index] = kind
