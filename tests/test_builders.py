@@ -398,3 +398,86 @@ def test_dlrm_bottom_mlp_is_its_own_units(tmp_path, interaction):
         workload = next(w for w in json.load(handle)["workloads"] if w["name"] == "mlperf-dlrm-dcnv2")
     assert embedding.params == sum(t["rows"] * t["dim"] for t in workload["tables"])
     assert [layer.name for layer in graph.layers if layer.name.startswith("bottom_mlp")]
+
+
+# ------------------------------------------------------------------------------------ mixture of experts
+MOE_TINY = {"layers": 2, "hidden": 32, "heads": 4, "vocab": 50, "seq_len": 16, "experts": 4, "top_k": 2,
+            "expert_ffn": 24}
+MLA_TINY = {**MOE_TINY, "attention": "mla", "q_lora_rank": 16, "kv_lora_rank": 8, "qk_rope_head_dim": 4,
+            "qk_nope_head_dim": 8, "v_head_dim": 8, "shared_experts": 1, "dense_layers": 1, "router": "sigmoid"}
+
+
+def _active(graph) -> tuple[int, int]:
+    return graph.params, graph.active_params
+
+
+@pytest.mark.parametrize("settings", [MOE_TINY, MLA_TINY], ids=["gqa", "mla"])
+def test_moe_passes_the_checker_and_runs(settings):
+    model = build("moe", settings)
+    onnx.checker.check_model(checkable(model), full_check=True)
+    ids = np.random.default_rng(0).integers(0, 50, (2, 16)).astype(np.int64)
+    out = run(model, {"input_ids": ids})
+    assert out.shape == (2, 16, 50) and np.isfinite(out).all()
+
+
+def test_moe_defaults_are_mixtral_8x7b():
+    """Mixtral 8x7B: 46.7B parameters, 12.9B active per token (Mistral AI, "Mixtral of experts", 2023-12-11;
+    Jiang et al. 2024, arXiv:2401.04088). The build has 46,702,792,704 and 12,879,925,248."""
+    from planner.graph import import_model_proto
+
+    model = build("moe")
+    assert n_params(model) == 46_702_792_704
+    params, active = _active(import_model_proto(model, {"batch": 1}))
+    assert params == pytest.approx(46.7e9, rel=0.01)
+    assert active == pytest.approx(12.9e9, rel=0.01)
+
+
+def test_moe_qwen3_30b_a3b():
+    """Qwen3-30B-A3B model card: 30.5B parameters, 3.3B activated; 48 layers, 32 query / 4 kv heads of 128,
+    128 experts, 8 activated, expert width 768, hidden 2048, vocab 151936. The build lacks Qwen3's per-head
+    q/k RMSNorm scales (2 x 128 per layer)."""
+    from planner.graph import import_model_proto
+
+    cfg = {"layers": 48, "hidden": 2048, "heads": 32, "kv_heads": 4, "head_dim": 128, "experts": 128,
+           "top_k": 8, "expert_ffn": 768, "vocab": 151936}
+    params, active = _active(import_model_proto(build("moe", cfg), {"batch": 1, "seq": 512}))
+    assert params == pytest.approx(30.5e9, rel=0.01)
+    assert active == pytest.approx(3.3e9, rel=0.02)
+
+
+def test_moe_deepseek_v3_like():
+    """DeepSeek-V3 technical report (arXiv:2412.19437): 671B total parameters, 37B activated per token;
+    61 layers, hidden 7168, 128 heads with MLA, 1 shared + 256 routed experts of width 2048, 8 activated,
+    the first 3 layers dense (width 18432), vocab 129280. The build has 671.03B total (the report's 671B
+    leaves out the 14B multi-token-prediction module, as the build does) and 37.55B active, 1.5% above 37B:
+    the build counts the embedding and the LM head (0.93B each) in full; DeepSeek's router
+    correction bias (256 per layer) is left out."""
+    from planner.graph import import_model_proto
+
+    cfg = {"layers": 61, "hidden": 7168, "heads": 128, "attention": "mla", "experts": 256, "shared_experts": 1,
+           "top_k": 8, "expert_ffn": 2048, "dense_layers": 3, "dense_ffn": 18432, "vocab": 129280,
+           "router": "sigmoid"}
+    graph = import_model_proto(build("moe", cfg), {"batch": 1, "seq": 512})
+    params, active = _active(graph)
+    assert params == pytest.approx(671e9, rel=0.01)
+    assert active == pytest.approx(37e9, rel=0.025)
+    moe_layers = [layer for layer in graph.layers if layer.moe is not None]
+    assert len(moe_layers) == 58 and moe_layers[0].moe.shared_experts == 1
+
+
+@pytest.mark.parametrize("settings,words", [
+    ({"experts": 4, "top_k": 5}, ["'top_k' = 5", "from 1 to 'experts' = 4"]),
+    ({"experts": 0}, ["'experts' = 0", ">= 1"]),
+    ({"heads": 32, "kv_heads": 5}, ["'kv_heads' = 5", "divisor of 'heads' = 32", "1, 2, 4, 8, 16, 32"]),
+    ({"attention": "mha", "kv_heads": 8}, ["'kv_heads' = 8", "attention=mha"]),
+    ({"attention": "mla_"}, ["'attention'", "one of mha, gqa, mla"]),
+    ({"dense_layers": 40}, ["'dense_layers' = 40", "0 to 'layers' = 32"]),
+    ({"kv_lora_rank": 64}, ["'kv_lora_rank' applies only to attention=mla"]),
+])
+def test_moe_bad_settings_name_the_key(settings, words):
+    with pytest.raises(ConfigError) as info:
+        build("moe", settings)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("moe: ")
+    for word in words:
+        assert word in message

@@ -8,6 +8,8 @@ fed by a MatMul. Then (per sample, from shapes):
 * ``ffn`` = the input width of the last weighted MatMul that maps back to ``hidden`` from a wider tensor
   (FC2 / down projection);
 * ``kv_heads`` = width of the K projection / head size, where K and V projections are narrower than Q;
+  ``heads`` where keys and values are up-projected per head from a low-rank latent (DeepSeek's multi-head
+  latent attention: a weighted MatMul from a width below ``hidden`` to a wider one that is not ``hidden``);
 * ``gated_mlp`` when two weighted MatMuls map ``hidden`` to ``ffn`` (SwiGLU's gate and up projections), or
   one maps it to ``2 ffn`` (the two fused); ``dropout`` when the block has a Dropout node;
 * ``causal`` when the scores are masked by a tensor that does not depend on the inputs, a ``[s, s]`` mask the
@@ -56,6 +58,7 @@ def detect_dims(graph: OpGraph, members: list[Node], output: str | None,
     seq = scores[-1]
     heads = scores[-3] if len(scores) >= 4 else scores[0] // max(graph.static_batch, 1)
     ffn = 0
+    latent = False
     widths: list[int] = []
     for node in members:
         if not weighted_matmul(graph, node):
@@ -68,6 +71,8 @@ def detect_dims(graph: OpGraph, members: list[Node], output: str | None,
             ffn = k
         if k == hidden:
             widths.append(n)
+        elif k < hidden and n > k and n != hidden:
+            latent = True  # an up-projection from a low-rank latent (multi-head latent attention)
     if mlp_ffn:
         ffn = mlp_ffn
     elif not ffn:
@@ -77,8 +82,8 @@ def detect_dims(graph: OpGraph, members: list[Node], output: str | None,
     narrow = [n for n in widths if n < hidden and n != ffn]
     if narrow and head_dim:
         kv_heads = min(narrow) // head_dim or heads
-        if heads % kv_heads:  # a latent projection (multi-head latent attention), not grouped K/V heads
-            kv_heads = heads
+    if kv_heads and (latent or heads % kv_heads):
+        kv_heads = heads  # keys and values come per head from a shared latent, not from narrow K/V heads
     gated = bool(mlp_ffn) or (ffn != hidden and (widths.count(ffn) >= 2 or 2 * ffn in widths))
     dropout = any(node.op_type == "Dropout" for node in members)
     path = _score_path(graph, graph.producer.get(softmax.inputs[0])) or []
