@@ -34,6 +34,12 @@ def _hand_count(model: str) -> tuple[float, int, int]:
     """(matmul FLOPs per sample, parameters, active parameters) of the fixtures' configs, written out:
     2 layers, hidden h=64, 4 heads, 2 kv heads, vocab V=256, seq s=16, top-2, untied LM head."""
     s, h, a, kv, v, layers, k = 16, 64, 4, 2, 256, 2, 2
+    if model.startswith("moe_modulelist"):  # no attention; a ModuleList of 4 experts of width 96
+        experts, ffn = 4, 96
+        expert_params = experts * 3 * h * ffn
+        flops = layers * (2 * s * h * experts + 3 * 2 * (s * k) * h * ffn) + 2 * s * h * v
+        params = layers * (h * experts + expert_params + h) + 2 * v * h + h
+        return float(flops), params, params - layers * expert_params * (experts - k) // experts
     if model.startswith("mixtral"):
         experts, ffn, d, qk_norms = 4, 128, 16, 0
     else:  # qwen3_moe: head_dim 16 given explicitly, RMSNorm on each query and key head
@@ -61,8 +67,9 @@ def test_real_export_experts_and_routed_flops(stem):
         assert (layer.moe.experts, layer.moe.top_k, layer.moe.expert_ffn, layer.moe.shared_experts) == \
             (cfg["experts"], cfg["top_k"], cfg["expert_ffn"], 0)
         assert layer.moe.router == "softmax" and layer.moe.tokens == 16
-        assert layer.transformer is not None and layer.transformer.kv_heads == cfg["kv_heads"]
-        assert layer.transformer.ffn == cfg["top_k"] * cfg["expert_ffn"]
+        if "kv_heads" in cfg:
+            assert layer.transformer is not None and layer.transformer.kv_heads == cfg["kv_heads"]
+            assert layer.transformer.ffn == cfg["top_k"] * cfg["expert_ffn"]
     flops, params, active = _hand_count(record["model"])
     assert flops == record["analytic_matmul_flops_per_sample"]
     assert _matmul_flops(graph) == pytest.approx(flops, rel=1e-9)
@@ -74,10 +81,12 @@ def test_real_export_experts_and_routed_flops(stem):
 
 
 def test_eager_exports_are_there():
-    """The eager (per-expert loop) form exists for the TorchScript exporter; torch.export cannot trace its
-    data-dependent loop over the experts hit (failures.json says why)."""
+    """The eager (per-expert loop) form of transformers' Mixtral and Qwen3-MoE exists for the TorchScript
+    exporter only: torch.export cannot trace their data-dependent loop over the experts hit (failures.json
+    says why); the ModuleList form loops over every expert and exports both ways."""
     assert {"mixtral_eager.torchscript", "qwen3_moe_eager.torchscript", "mixtral_batched_mm.dynamo",
-            "qwen3_moe_batched_mm.dynamo"} <= set(FIXTURES)
+            "qwen3_moe_batched_mm.dynamo", "moe_modulelist_eager.torchscript",
+            "moe_modulelist_eager.dynamo"} <= set(FIXTURES)
     with open(os.path.join(MOE, "failures.json")) as handle:
         assert set(json.load(handle)) == {"mixtral_eager.dynamo", "qwen3_moe_eager.dynamo"}
     for path in glob.glob(os.path.join(MOE, "*.onnx")):
@@ -178,3 +187,68 @@ def test_dense_builders_import_as_before(family, params, flops, kv_heads):
     assert all(layer.moe is None for layer in graph.layers)
     assert (graph.params, graph.flops_forward) == (params, flops)
     assert next(layer for layer in graph.layers if layer.transformer).transformer.kv_heads == kv_heads
+
+
+# ------------------------------------------------------------------------------------------ a Loop form
+def _loop_moe(s: int = 8, h: int = 16, f: int = 24, e: int = 4, k: int = 2):
+    """x -> router MatMul [h, e] -> Softmax -> TopK(k); a Loop over the e experts whose body Gathers expert
+    i's [h, f] and [f, h] matrices from 3-D weights and adds relu(x W_up[i]) W_down[i], masked by whether
+    the token chose expert i, to a carried sum (a scripted per-expert loop); then an output MatMul."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    def weight(name, shape):
+        tensor = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=list(shape))
+        tensor.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", "loop.weights"), ("offset", "0"), ("length", str(4 * np.prod(shape)))):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, value
+        return tensor
+
+    body = helper.make_graph(
+        [helper.make_node("Gather", ["w_up", "i"], ["up_i"], axis=0),
+         helper.make_node("Gather", ["w_down", "i"], ["down_i"], axis=0),
+         helper.make_node("MatMul", ["x", "up_i"], ["a"]),
+         helper.make_node("Relu", ["a"], ["r"]),
+         helper.make_node("MatMul", ["r", "down_i"], ["y"]),
+         helper.make_node("Cast", ["i"], ["i_f"], to=TensorProto.FLOAT),
+         helper.make_node("Equal", ["idx_f", "i_f"], ["hit"]),
+         helper.make_node("Cast", ["hit"], ["hit_f"], to=TensorProto.FLOAT),
+         helper.make_node("ReduceSum", ["hit_f", "axis_last"], ["m"], keepdims=1),
+         helper.make_node("Mul", ["y", "m"], ["ym"]),
+         helper.make_node("Add", ["acc_in", "ym"], ["acc_out"]),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+        "experts",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc_in", TensorProto.FLOAT, [1, s, h])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, [1, s, h])])
+    nodes = [
+        helper.make_node("MatMul", ["x", "w_router"], ["logits"]),
+        helper.make_node("Softmax", ["logits"], ["probs"], axis=-1),
+        helper.make_node("TopK", ["probs", "k"], ["top", "idx"], axis=-1),
+        helper.make_node("Cast", ["idx"], ["idx_f"], to=TensorProto.FLOAT),
+        helper.make_node("Loop", ["trips", "", "zeros"], ["moe_out"], body=body),
+        helper.make_node("MatMul", ["moe_out", "w_out"], ["y"]),
+    ]
+    inits = [weight("w_router", [h, e]), weight("w_up", [e, h, f]), weight("w_down", [e, f, h]),
+             weight("w_out", [h, h]),
+             numpy_helper.from_array(np.array([k], np.int64), "k"),
+             numpy_helper.from_array(np.array(e, np.int64), "trips"),
+             numpy_helper.from_array(np.zeros((1, s, h), np.float32), "zeros"),
+             numpy_helper.from_array(np.array([-1], np.int64), "axis_last")]
+    graph = helper.make_graph(nodes, "loop_moe", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, s, h])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, s, h])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_experts_inside_a_loop_are_found_and_routed():
+    s, h, f, e, k = 8, 16, 24, 4, 2
+    graph = import_model_proto(_loop_moe(s, h, f, e, k), {})
+    layer = next(layer for layer in graph.layers if layer.moe is not None)
+    assert (layer.moe.experts, layer.moe.top_k, layer.moe.expert_ffn, layer.moe.tokens) == (e, k, f, s)
+    assert layer.moe.expert_params == e * 2 * h * f
+    loop = next(op for op in layer.ops if op.op_type == "Loop")
+    assert loop.flops == 2 * (s * k) * (h * f + f * h)  # s*k (token, expert) pairs through up and down

@@ -16,6 +16,7 @@ from planner.graph.moe import MoEMatch, detect_moe
 from planner.graph.loader import check_external_data, check_structure, read_model
 from planner.graph.ir import ACT_BYTES, FLOAT_TYPES, Node, OpGraph, act_bytes, stored_bytes
 from planner.graph.opgraph import build
+from planner.graph.shapes import COSTED_AS_ZERO
 from planner.graph.rules import RULES, VIEW_OPS, View, fused_sources, nan_guards, saved_for_backward
 from planner.graph.transformer import attention_core, detect_dims, tp_splits
 from planner.graph.unknown import check_unknown_ops
@@ -91,6 +92,8 @@ def _import_graph(model: onnx.ModelProto, dims: Mapping[str, int] | None, name: 
             moe[k] = match
             costs.update(match.costs)
     routed = {i for match in moe.values() for i in match.costs}
+    if routed:
+        _note_routed(graph, len(moe))
     check_unknown_ops(graph, compute, costs, set(bag_loops) | routed, allow_unknown_ops, where)
     layer_list = _layers(graph, units, costs, moe)
     # warnings are logged only now: a refused model gets one error line on stderr and nothing before it
@@ -99,6 +102,15 @@ def _import_graph(model: onnx.ModelProto, dims: Mapping[str, int] | None, name: 
     return LayerGraph(name=name, layers=tuple(layer_list), embedding_tables=tuple(tables), batch=graph.batch,
                       dims=tuple(sorted(graph.dims.items())), family=graph.family,
                       warnings=tuple(graph.warnings))
+
+
+def _note_routed(graph: OpGraph, layers: int) -> None:
+    """The unknown-shapes warning says the expert ops with data-dependent token counts are costed as routed."""
+    for k, msg in enumerate(graph.warnings):
+        if msg.endswith(COSTED_AS_ZERO):
+            graph.warnings[k] = (msg[:-len(COSTED_AS_ZERO)]
+                                 + f"those in the experts of the {layers} mixture-of-experts layers (data-dependent "
+                                 f"token counts) are costed as routed (tokens x top_k rows), any others as zero")
 
 
 def _check_dims(dims: Mapping[str, int] | None, where: str) -> None:

@@ -5,7 +5,8 @@ a bias or a scale) from a weighted GEMM whose output width is that axis: ``exper
 ``top_k`` = the TopK's output size on that axis, ``router`` = the scoring op on the way.
 
 Experts: the weighted MatMuls of the layer downstream of that TopK (its indices pick the tokens or the
-weights), and any MatMul on a 3-D parameter ``[experts, in, out]``. An expert weight is an operand of the
+weights) on 3-D parameters ``[experts, in, out]`` or on 2-D ones in sets of ``experts`` equal shapes
+(one module per expert), and any MatMul on a 3-D parameter ``[experts, in, out]``. An expert weight is an operand of the
 MatMul (either side) that is a parameter, or is computed from one through views, transposes and a
 ``Gather`` (``gate_up_proj[expert_idx]``: one expert; ``gate_up_proj[expert_ids]``: a slice per routed
 (token, expert) pair), so the three forms exporters write are covered: per-expert 2-D weights (Hugging Face's
@@ -73,6 +74,7 @@ def detect_moe(graph: OpGraph, members: list[Node], costs: dict[int, OpCost]) ->
     tokens = _rows(graph, router_node, costs[router], hidden)
     downstream = _downstream(graph, topk, inside)
     expert_nodes: dict[int, tuple[tuple[str, ...], int, bool]] = {}  # node -> (roots, matrix elements, all?)
+    by_shape: dict[tuple[int, ...] | None, list[int]] = {}  # 2-D expert candidates by weight shape
     for node in members:
         weight = _expert_weight(graph, node, experts)
         if weight is None:
@@ -80,6 +82,14 @@ def detect_moe(graph: OpGraph, members: list[Node], costs: dict[int, OpCost]) ->
         roots, matrix, covers_all, three_d = weight
         if node.index in downstream or three_d:
             expert_nodes[node.index] = (roots, matrix, covers_all)
+            if not three_d:
+                by_shape.setdefault(graph.shapes.get(roots[0]), []).append(node.index)
+    # 2-D weights are experts' only as a set: as many matrices of one shape as there are experts (or a
+    # multiple); a lone projection after the combine is not one
+    for nodes in by_shape.values():
+        if len(nodes) % experts:
+            for index in nodes:
+                del expert_nodes[index]
     if not expert_nodes:
         return None
     expert_roots = sorted({r for roots, _, _ in expert_nodes.values() for r in roots})
@@ -179,10 +189,10 @@ def _expert_weight(graph: OpGraph, node: Node, experts: int
         if not roots:
             return None
         return roots, sum(numel_of(graph.shapes[r][1:]) for r in roots), True, True
-    if node.op_type not in _MATMULS:
+    if node.op_type not in _MATMULS | {"Gemm"}:
         return None
     for slot in (1, 0):
-        if slot >= len(node.inputs):
+        if slot >= len(node.inputs) or (slot == 0 and node.op_type == "Gemm"):
             continue
         found = _trace_weight(graph, node.inputs[slot])
         if found is None:
@@ -243,14 +253,14 @@ def _routed_costs(graph: OpGraph, members: list[Node], costs: dict[int, OpCost],
             _, matrix, covers_all = expert_nodes[node.index]
             rows = pairs if covers_all else max(pairs // max(experts, 1), 1)
             routed = 2.0 * rows * matrix
-            known = cost.flops > 0 and all(graph.shapes.get(t) is not None for t in node.inputs + node.outputs if t)
+            known = node.op_type != "Loop" and cost.flops > 0 and not _unknown(graph, node)
             if known and cost.flops <= _OVER_ROUTED * routed:
                 continue
             width = _width(graph, node, matrix)
             for t in node.outputs:
                 if t:
                     guess[t] = rows * width
-            gemm = (rows, width, max(matrix // max(width, 1), 1)) if node.op_type in _MATMULS else cost.gemm
+            gemm = (rows, width, max(matrix // max(width, 1), 1)) if node.op_type != "Loop" else cost.gemm
             read = cost.bytes_read if known else 2.0 * (rows * (matrix // max(width, 1)) + matrix)
             written = cost.bytes_written if known else 2.0 * rows * width
             out[node.index] = OpCost(cost.name, cost.op_type, routed, read, written, gemm, cost.tp_split, cost.role)
@@ -276,7 +286,11 @@ def _unknown(graph: OpGraph, node: Node) -> bool:
 
 
 def _width(graph: OpGraph, node: Node, matrix: int) -> int:
-    """Output features of an expert MatMul: from its output shape where known, else the smaller side."""
+    """Output features of an expert MatMul: from its output shape where known, else from a 2-D weight, else
+    the square root of one expert's matrix."""
+    weight = _weight_shape(graph, node)
+    if weight is not None and len(weight) == 2 and node.inputs[1] in graph.param_roots:
+        return weight[-1]
     out = graph.shapes.get(node.outputs[0]) if node.outputs else None
     if out and out[-1] > 1:
         return out[-1]

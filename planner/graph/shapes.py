@@ -138,6 +138,9 @@ _BROADCAST = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", 
                         "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor", "Mod", "PRelu"})
 
 
+COSTED_AS_ZERO = "their ops are costed as zero"  # the end of the unknown-shapes warning
+
+
 def fill_shape_gaps(op: OpGraph) -> None:
     """Propagate shapes through simple ops where ONNX inference left a gap (custom domains, functions)."""
     shapes = op.shapes
@@ -160,7 +163,7 @@ def fill_shape_gaps(op: OpGraph) -> None:
     if missing:
         which = ", ".join(f"{k} {v}" for k, v in sorted(missing.items()))
         msg = (f"{sum(missing.values())} computed tensors have unknown shapes after shape inference ({which}); "
-               f"their ops are costed as zero")
+               f"{COSTED_AS_ZERO}")
         op.warnings.append(msg)  # logged by the importer once the import succeeds
 
 
