@@ -93,6 +93,14 @@ def test_eager_exports_are_there():
         assert os.path.getsize(path) < 200_000
 
 
+def test_eager_experts_split_like_megatron_mlps():
+    graph = load_model(os.path.join(MOE, "mixtral_eager.torchscript.onnx"), dims={"batch": 1, "seq": 16})
+    block = next(layer for layer in graph.layers if layer.moe is not None)
+    splits = [op.tp_split for op in block.ops if "/mlp/" in op.name and op.op_type == "MatMul"]
+    # the router, then per expert its fused gate-and-up (column) and its down projection (row)
+    assert sorted(splits) == ["column"] * 4 + ["replicated"] + ["row"] * 4
+
+
 def test_inspect_json_reports_experts_and_active_params():
     graph = load_model(os.path.join(MOE, "mixtral_eager.torchscript.onnx"), dims={"batch": 1, "seq": 16})
     doc = to_document(graph)
@@ -124,6 +132,8 @@ def test_built_moe_imports_with_routed_expert_flops():
         assert len(experts) == 3
         # capacity s*k/e = 16 rows per expert, 4 experts: s*k rows through one expert's [64, 48] matrix
         assert all(op.flops == 2 * s * k * h * f for op in experts)
+        # each expert split as a Megatron MLP (gate, up by columns; down by rows); the router replicated
+        assert [op.tp_split for op in experts] == ["column", "column", "row"]
         router = next(op for op in layer.ops if "/mlp/gate/" in op.name and op.op_type == "MatMul")
         assert router.flops == 2 * s * h * e and router.tp_split == "replicated"
         assert layer.transformer.kv_heads == 2 and layer.transformer.ffn == k * f

@@ -269,7 +269,8 @@ def _layers(graph: OpGraph, units: list[layer_detection.Unit], costs: dict[int, 
         if kind == "block":
             transformer = _block_dims(graph, members, handed_on.get(k, (0, None))[1], match)
             if transformer is not None:
-                split = tp_splits(graph, members, transformer, {match.router} if match else set())
+                split = tp_splits(graph, members, transformer, {match.router} if match else set(),
+                                  set(match.experts | match.shared) if match else set())
                 role = attention_core(graph, members)
                 ops = [_with_split(op, split.get(node.index, "replicated"), role.get(node.index, ""))
                        for op, node in zip(ops, members)]

@@ -177,10 +177,13 @@ def _from_matmul(graph: OpGraph, index: int | None, depth: int = 6) -> bool:
 
 
 def tp_splits(graph: OpGraph, members: list[Node], dims: TransformerDims,
-              replicated: set[int] | None = None) -> dict[int, str]:
+              replicated: set[int] | None = None, weighted: set[int] | None = None) -> dict[int, str]:
     """Megatron split of every member node, by node index; ``replicated``: weighted MatMuls every rank
-    computes whole (a mixture of experts' router, whose scores pick the tokens of the split experts)."""
+    computes whole (a mixture of experts' router, whose scores pick the tokens of the split experts);
+    ``weighted``: MatMuls on weights computed from parameters by data-dependent gathers (routed experts),
+    split like weighted MatMuls."""
     keep = replicated or set()
+    also = weighted or set()
     split: set[str] = set()  # tensors split across tensor-parallel ranks
     out: dict[int, str] = {}
     for node in members:
@@ -189,7 +192,7 @@ def tp_splits(graph: OpGraph, members: list[Node], dims: TransformerDims,
         if node.index in keep:
             out[node.index] = "replicated"
             continue
-        if weighted_matmul(graph, node):
+        if node.index in also or weighted_matmul(graph, node):
             kind = "row" if on_split else "column"
             out[node.index] = kind
             if kind == "column":
