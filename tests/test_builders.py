@@ -473,6 +473,7 @@ def test_moe_deepseek_v3_like():
     ({"attention": "mla_"}, ["'attention'", "one of mha, gqa, mla"]),
     ({"dense_layers": 40}, ["'dense_layers' = 40", "0 to 'layers' = 32"]),
     ({"kv_lora_rank": 64}, ["'kv_lora_rank' applies only to attention=mla"]),
+    ({"attention": "mla", "head_dim": 64}, ["'head_dim' applies to attention=mha/gqa"]),
 ])
 def test_moe_bad_settings_name_the_key(settings, words):
     with pytest.raises(ConfigError) as info:

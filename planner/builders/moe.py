@@ -208,6 +208,9 @@ def _check(cfg: dict[str, Value]) -> None:
     if top_k > experts:
         raise _bad("top_k", top_k, f"an integer from 1 to 'experts' = {experts}")
     if cfg["attention"] == "mla":
+        if "head_dim" in cfg:
+            raise ConfigError(f"{NAME}: key 'head_dim' applies to attention=mha/gqa; with mla give "
+                              f"qk_nope_head_dim, qk_rope_head_dim and v_head_dim")
         for key, default in MLA_DEFAULTS.items():
             cfg.setdefault(key, default)
         if int(cfg["qk_rope_head_dim"]) % 2:
