@@ -449,9 +449,10 @@ def test_moe_deepseek_v3_like():
     """DeepSeek-V3 technical report (arXiv:2412.19437): 671B total parameters, 37B activated per token;
     61 layers, hidden 7168, 128 heads with MLA, 1 shared + 256 routed experts of width 2048, 8 activated,
     the first 3 layers dense (width 18432), vocab 129280. The build has 671.03B total (the report's 671B
-    leaves out the 14B multi-token-prediction module, as the build does) and 37.55B active, 1.5% above 37B:
-    the build counts the embedding and the LM head (0.93B each) in full; DeepSeek's router
-    correction bias (256 per layer) is left out."""
+    leaves out the 14B multi-token-prediction module, as the build does) and 37.55B active, 1.5% above 37B.
+    The report does not break its 37B down; the build counts the word embedding (0.93B, of which a token
+    reads one row) as active, without it 36.6B. DeepSeek's router correction bias (256 per layer) is left
+    out."""
     from planner.graph import import_model_proto
 
     cfg = {"layers": 61, "hidden": 7168, "heads": 128, "attention": "mla", "experts": 256, "shared_experts": 1,
