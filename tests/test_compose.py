@@ -1,5 +1,6 @@
-"""``estimate`` with sparse embedding tables: placed model-parallel and timed as in a plan (the DLRM's own
-tables, or a table file given with ``--tables``), never silently ignored."""
+"""planner.compose, the seam between dense and sparse: ``estimate`` and ``plan`` of a model with sparse
+embedding tables (the DLRM's own, or a table file given with ``--tables``) shard them with the same call and
+join them alike, never silently ignoring them; the cost model knows nothing of the tables."""
 
 from __future__ import annotations
 
@@ -7,14 +8,16 @@ import json
 
 import pytest
 
+import planner
 from planner.builders import build, save
 from planner.cli import main
-from planner.cost import estimate
-from planner.cost.estimator import estimate as dense_estimate
-from planner.embeddings.dense import dense_part
+from planner.compose import dense_part
+from planner.cost import estimate as dense_estimate
 from planner.graph import load_model
 from planner.hardware import load_cluster
 from planner.types import ParallelConfig
+
+estimate = planner.estimate
 
 TABLES = {"tables": [{"name": "user", "rows": 200_000, "dim": 64, "pooling_factor": 1},
                      {"name": "item", "rows": 50_000, "dim": 64, "pooling_factor": 4}],
@@ -40,8 +43,8 @@ def test_a_dlrm_estimate_shards_its_tables_and_times_the_dense_part_without_them
     est = estimate(model, cluster, CONFIG)
     assert {p.table for p in est.embeddings} == {"embed.user.weight", "embed.item.weight"}  # as imported
     assert est.breakdown.embedding_s > 0
-    dense = dense_estimate(dense_part(model, model.embedding_tables), cluster, CONFIG)
-    # iteration = dense iteration + embedding time (planner.embeddings.attach's composition)
+    dense = dense_estimate(dense_part(model), cluster, CONFIG)
+    # iteration = dense iteration + embedding time (planner.compose's join)
     assert est.iteration_time_s == pytest.approx(dense.iteration_time_s + est.breakdown.embedding_s, rel=1e-12)
     assert est.breakdown.total_s == pytest.approx(est.iteration_time_s, rel=1e-9)
     # replicated in the dense pipeline, the tables' 16 M parameters (Adam) would weigh on every device
@@ -85,3 +88,4 @@ def test_workload_picks_an_entry_of_a_tables_file_with_several(files, tmp_path, 
     assert len(err) == 1 and "--workload NAME" in err[0] and "small, both" in err[0]
     assert main([*argv, "--workload", "small"]) == 0
     assert [p["table"] for p in json.loads(capsys.readouterr().out)["embeddings"]] == ["user"]
+
