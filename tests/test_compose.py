@@ -20,7 +20,7 @@ from planner.embeddings import load_tables
 from planner.graph import load_model
 from planner.hardware import load_cluster
 from planner.plan import Plan
-from planner.types import ParallelConfig
+from planner.types import Batching, ParallelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 estimate = planner.estimate
@@ -131,6 +131,14 @@ def test_estimate_at_a_plans_configuration_gives_the_plan(monkeypatch):
     assert est.memory_per_device_bytes == best.memory_per_device_bytes
     assert tuple(est.embeddings) == best.embeddings
     assert est.breakdown.to_dict() == best.breakdown
+    # the batching both sides see: 65536 samples over the plan's replicas, in its micro-batches
+    batching = Batching.of(est.config)
+    assert batching.global_batch == best.global_batch and batching.num_micro_batches == best.num_micro_batches
+
+
+def test_batching_counts_each_replicas_samples_and_micro_batches():
+    batching = Batching.of(ParallelConfig(global_batch=65536, tp=2, pp=2, dp=16, micro_batch=64))
+    assert (batching.per_replica, batching.num_micro_batches) == (4096, 64)  # 65536 / 16, then / 64
 
 
 def test_tables_get_the_memory_the_dense_part_leaves_on_its_devices():
