@@ -25,7 +25,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "load_model": "planner.graph:load_model",
     "load_cluster": "planner.hardware:load_cluster",
-    "estimate": "planner.cost:estimate",
+    "estimate": "planner.compose:estimate",
     "plan": "planner.search:plan",
     "whatif": "planner.whatif:whatif",
     "Plan": "planner.plan:Plan",

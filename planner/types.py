@@ -272,6 +272,32 @@ class ParallelConfig:
 
 
 @dataclass(frozen=True)
+class Batching:
+    """How one iteration's ``global_batch`` samples split: over ``dp`` data-parallel replicas, each running
+    micro-batches of ``micro_batch`` samples. The dense part and the sparse tables of a model see the same
+    one (the tables look up every sample of the global batch once per iteration)."""
+
+    global_batch: int
+    micro_batch: int
+    dp: int
+
+    @classmethod
+    def of(cls, config: ParallelConfig) -> Batching:
+        """The batching of a resolved configuration (``Estimate.config``)."""
+        return cls(global_batch=config.global_batch, micro_batch=config.micro_batch or 1, dp=config.dp)
+
+    @property
+    def per_replica(self) -> int:
+        """Samples each data-parallel replica processes per iteration."""
+        return self.global_batch // self.dp
+
+    @property
+    def num_micro_batches(self) -> int:
+        """Micro-batches each data-parallel replica runs per iteration."""
+        return self.per_replica // self.micro_batch
+
+
+@dataclass(frozen=True)
 class ReplicaSpec:
     """A set of identical devices serving one pipeline stage: ``dp`` replicas of a ``tp``-way group.
     ``batch_share`` is the fraction of the stage's samples these devices process (heterogeneous data

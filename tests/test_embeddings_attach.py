@@ -1,4 +1,4 @@
-"""Joining the embedding plan to a dense DLRM plan, its Plan JSON, and its TorchRec export."""
+"""Joining the embedding plan to a dense DLRM plan (planner.compose), its Plan JSON, and its TorchRec export."""
 
 from __future__ import annotations
 
@@ -10,9 +10,12 @@ import pytest
 from embedding_checks import capacities, check_result
 from embedding_fixtures import cluster, node
 from plan_samples import dlrm_plan
-from planner.embeddings import attach_embeddings, load_tables, shard_tables
+from planner.compose import shard, with_tables
+from planner.embeddings import load_tables, shard_tables
 from planner.export.torchrec import torchrec_plan
 from planner.plan import Plan, validate
+from planner.types import (Breakdown, Estimate, MemoryBreakdown, ParallelConfig, ReplicaEstimate,
+                           StageEstimate)
 
 REFERENCE = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "embedding_workloads.json"
 
@@ -25,12 +28,26 @@ def dense_only() -> Plan:
                                                           lower_bound_s=0.015))
 
 
+def dense_estimate(used_bytes: float = 20e9, capacity_bytes: float = 80e9) -> Estimate:
+    """The dense part of dense_only(): 16 data-parallel a100s, ``used_bytes`` taken on each, 16 ms."""
+    memory = MemoryBreakdown(other_bytes=used_bytes)
+    replica = ReplicaEstimate(device_type="a100-80gb", devices=tuple(range(16)), tp=1, dp=16, batch_share=1.0,
+                              num_micro_batches=1, forward_s=0.001, backward_s=0.002, memory=memory,
+                              memory_capacity_bytes=capacity_bytes)
+    stage = StageEstimate(index=0, first_layer=0, last_layer=2, device_type="a100-80gb", devices=replica.devices,
+                          tp=1, dp=16, forward_s=0.001, backward_s=0.002, memory=memory,
+                          memory_capacity_bytes=capacity_bytes, replicas=(replica,))
+    config = ParallelConfig(global_batch=65536, tp=1, pp=1, dp=16, micro_batch=4096, optimizer="adagrad")
+    return Estimate(config=config, iteration_time_s=0.016, throughput_samples_per_s=65536 / 0.016, feasible=True,
+                    memory_per_device_bytes=used_bytes, breakdown=Breakdown(compute_s=0.016), stages=(stage,))
+
+
 def test_attach_adds_embedding_time_on_the_critical_path():
     tables = load_tables(REFERENCE, "criteo-kaggle-dlrm")
     c = cluster((node("dgx-a100-80gb"), 2))
     dense = dense_only()
-    used = {d: 20e9 for d in range(16)}
-    plan = attach_embeddings(dense, tables, c, dense.global_batch, used, time_limit_s=5)
+    estimate = dense_estimate(capacity_bytes=c.groups[0].node.device.memory_bytes)
+    plan = with_tables(dense, estimate, shard(tables, c, estimate, time_limit_s=5))
     e = plan.breakdown["embedding_s"]
     assert e > 0
     assert plan.iteration_time_s == pytest.approx(0.016 + e)  # sequential: dense iteration + embeddings
@@ -49,7 +66,8 @@ def test_attach_adds_embedding_time_on_the_critical_path():
 def test_torchrec_export_lists_every_table():
     tables = load_tables(REFERENCE, "mlperf-dlrm-dcnv2")
     c = cluster((node("dgx-a100-80gb"), 2))
-    plan = attach_embeddings(dense_only(), tables, c, 65536, {d: 20e9 for d in range(16)}, time_limit_s=3)
+    estimate = dense_estimate(capacity_bytes=c.groups[0].node.device.memory_bytes)
+    plan = with_tables(dense_only(), estimate, shard(tables, c, estimate, time_limit_s=3))
     exported = torchrec_plan(plan)
     assert exported["world_size"] == 16
     by_name = {t.name: t for t in tables}

@@ -48,9 +48,7 @@ def test_dlrm_plan_has_sharded_tables(tmp_path):
 def test_time_limit_reaches_the_table_sharder(tmp_path, monkeypatch):
     """``plan(..., time_limit_s=S)`` (``planner plan --time-limit S``) gives the sharder S of work; no limit
     gives it the default budget."""
-    import importlib
-
-    attach_module = importlib.import_module("planner.embeddings.attach")
+    import planner.embeddings
     from planner.embeddings.shard import DEFAULT_TIME_LIMIT_S
 
     path = tmp_path / "dlrm.onnx"
@@ -59,13 +57,13 @@ def test_time_limit_reaches_the_table_sharder(tmp_path, monkeypatch):
     cluster = load_cluster("dgx-a100-80gb*2")
     tables = load_tables(REFERENCE, "criteo-kaggle-dlrm")
     budgets: list[float] = []
-    real = attach_module.shard_tables
+    real = planner.embeddings.shard_tables
 
     def spy(*args, **kwargs):
         budgets.append(kwargs["time_limit_s"])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(attach_module, "shard_tables", spy)
+    monkeypatch.setattr(planner.embeddings, "shard_tables", spy)  # planner.compose calls it from there
     plan(model, cluster, 65536, time_limit_s=3, tables=tables)
     plan(model, cluster, 65536, tables=tables)
     assert budgets == [3, DEFAULT_TIME_LIMIT_S]

@@ -88,7 +88,7 @@ def _print_table(model: LayerGraph, estimate: Estimate) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from planner.cost import estimate
+    from planner.compose import estimate
     from planner.graph import load_model
     from planner.hardware import load_cluster
 

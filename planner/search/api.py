@@ -10,7 +10,7 @@ from typing import Callable
 
 import numpy as np
 
-from planner.cost.sparse import sparse_tables, tables_are_sparse
+from planner import compose
 from planner.errors import ConfigError, InfeasibleError
 from planner.hardware.efficiency import resolve_dtype
 from planner.plan import Plan, SearchInfo
@@ -22,7 +22,7 @@ from planner.search.build import to_plan
 from planner.search.explain import bottleneck, tie_note
 from planner.search.interleave import searched_units, unit_flags
 from planner.search.space import Pins, Settings, StageOption, validate_pins
-from planner.types import Cluster, LayerGraph, ParallelConfig
+from planner.types import Cluster, Estimate, LayerGraph, ParallelConfig
 from planner.units import GIB
 
 log = logging.getLogger(__name__)
@@ -59,9 +59,22 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
     ``time_limit_s`` (wall clock) and ``budget`` (work units: layouts whose partition is solved plus plans
     timed by the cost model; the same on any machine) stop the search early, but only once it holds a
     plan; the result then says whether it is still proven optimal and its lower bound. For a model with
-    sparse embedding tables, ``time_limit_s`` is also the embedding sharder's work budget per plan
-    (planner.embeddings.shard_tables; default 10 s of work, deterministic). With no time limit
-    the search is deterministic (``seed`` is accepted for API stability; nothing is random)."""
+    sparse embedding tables (the model's, or ``tables``: a table file or EmbeddingTables), the dense part is
+    searched here and the tables are sharded and joined by planner.compose; ``time_limit_s`` is then also
+    the embedding sharder's work budget per plan (planner.embeddings.shard_tables; default 10 s of work,
+    deterministic). With no time limit the search is deterministic (``seed`` is accepted for API
+    stability; nothing is random)."""
+    return compose.search(model, cluster, global_batch, pinned=pinned, top_k=top_k, time_limit_s=time_limit_s,
+                          seed=seed, tables=tables, backend=backend, progress=progress, budget=budget)
+
+
+def search_dense(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: ParallelConfig | None = None,
+                 top_k: int = 1, time_limit_s: float | None = None, seed: int = 0, backend: Backend | None = None,
+                 progress: Callable[[float], None] | None = None, budget: int | None = None,
+                 finish: Callable[[Plan, Estimate], Plan] | None = None) -> SearchResult:
+    """:func:`search` of a dense model. ``finish`` (planner.compose's join of the sparse tables) is applied
+    to each plan with its dense estimate before the plan's bottleneck sentence is written, so the sentence
+    weighs what ``finish`` adds to ``breakdown["embedding_s"]``."""
     del seed
     if global_batch <= 0:
         raise ConfigError(f"global_batch {global_batch}: must be a positive integer")
@@ -76,11 +89,6 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
                           "give the same value (or pass pinned=None)")
     if not model.layers:
         raise ConfigError(f"model {model.name!r} has no layers (pipeline units) to place")
-    sparse = sparse_tables(model, tables)
-    full_model = model
-    if sparse and tables_are_sparse(model):
-        from planner.embeddings.dense import dense_part  # the tables are placed model-parallel, not in the pipeline
-        model = dense_part(model, model.embedding_tables)
     pins = Pins.from_config(pinned)
     runtime = get_runtime(pins.runtime)  # an unknown name fails here, before the search
     pins = dataclasses.replace(pins, dtype=resolve_dtype((g.node.device for g in cluster.groups),
@@ -100,21 +108,17 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
                       algorithm=ALGORITHM)
     built = []
     for cand in outcome.candidates:
-        m = cand.settings.num_micro_batches(global_batch)
         # a simpler plan taken over a faster one is not itself the proven optimum
         slower = outcome.fastest is not None and cand.time_s > outcome.fastest.time_s
-        built.append(to_plan(model, cluster, cand.spec, cand.estimate,
-                             dataclasses.replace(info, proven_optimal=info.proven_optimal and not slower),
-                             bottleneck(cand.estimate, m)))
-    if sparse:
-        from planner import embeddings  # placement of sparse tables (imported only for models that have them)
-        # --time-limit also sets the sharder's work budget (deterministic: work limits, not the clock)
-        built = [embeddings.attach(dataclasses.replace(p, model=_model_summary(p, full_model)), full_model, cluster,
-                                   sparse, time_limit_s=time_limit_s) for p in built]
-        # the bottleneck sentence weighs the embeddings' share of the joined iteration
-        built = [dataclasses.replace(p, bottleneck=bottleneck(c.estimate, c.settings.num_micro_batches(global_batch),
-                                                              float(p.breakdown.get("embedding_s", 0.0))))
-                 for p, c in zip(built, outcome.candidates)]
+        timed = to_plan(model, cluster, cand.spec, cand.estimate,
+                        dataclasses.replace(info, proven_optimal=info.proven_optimal and not slower), "")
+        embedding_s = 0.0
+        if finish is not None:
+            timed = finish(timed, cand.estimate)
+            embedding_s = float(timed.breakdown.get("embedding_s", 0.0))
+        # the sentence weighs each part's share of the whole iteration, embeddings included
+        built.append(dataclasses.replace(timed, bottleneck=bottleneck(
+            cand.estimate, cand.settings.num_micro_batches(global_batch), embedding_s)))
     if outcome.fastest is not None:  # the tie rule's choice, said in the explanation
         note = tie_note(outcome.candidates[0], outcome.fastest, TIE_TOLERANCE)
         built[0] = dataclasses.replace(built[0], bottleneck=f"{built[0].bottleneck} {note}".strip())
@@ -129,11 +133,6 @@ def plan(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Para
     """The fastest plan that fits (see :func:`search`)."""
     return search(model, cluster, global_batch, pinned=pinned, top_k=top_k, time_limit_s=time_limit_s, seed=seed,
                   tables=tables, backend=backend, progress=progress, budget=budget).best
-
-
-def _model_summary(plan: Plan, model: LayerGraph) -> dict:
-    """The plan's model summary counts the whole model (tables included), not only its dense part."""
-    return {**plan.model, "params": model.params}
 
 
 def _why_infeasible(model: LayerGraph, cluster: Cluster, global_batch: int, pins: Pins, backend: Backend) -> str:

@@ -1,0 +1,193 @@
+"""The seam between a model's dense part and its sparse embedding tables: the one module that knows both.
+
+A model's embedding tables are *sparse* when planner.embeddings places them model-parallel rather than the
+dense pipeline replicating them: a DLRM's tables, tables outside every pipeline layer, or the tables of a
+table file (``tables=``, ``--tables``). A dense model's token embedding is an ``embedding`` layer of the
+pipeline and is planned with it. The estimate and the plan of a model with sparse tables are made alike:
+
+1. the dense part (:func:`dense_part`: the model without the tables' parameters) is estimated by
+   planner.cost or planned by planner.search;
+2. the tables are sharded by planner.embeddings (:func:`shard`, the one sharder call) over the devices of
+   the dense configuration (the job's devices: a device the dense part leaves idle is not in the job), each
+   with the memory the dense part leaves it (:func:`tables_memory_budget_bytes`), for the dense
+   configuration's optimizer and global batch;
+3. the two are joined (:func:`join`). The embedding forward (ids all-to-all, lookups, pooled-output
+   all-to-all) runs before the interaction layer and the embedding backward (gradient all-to-all, fused
+   lookup backward + optimizer update) after the dense backward, so the embedding time sits on the critical
+   path in sequence with the dense time: ``iteration = dense iteration + embedding_s``. Overlap of the
+   embedding all-to-all with the bottom MLP (as TorchRec's train pipeline does) would only shorten this, so
+   the time is conservative, and a plan's lower bound (dense bound + the embedding bound) is a bound on this
+   sequential model. Memory per device is the dense part's plus the tables' shards on it.
+
+``planner.estimate`` is :func:`estimate`; ``planner.plan`` and ``planner.search.search`` come here through
+:func:`search`. planner.cost and planner.search see only dense models.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from planner.cost.estimator import Calibrations
+from planner.cost.estimator import estimate as estimate_dense
+from planner.errors import InfeasibleError
+from planner.plan import Plan
+from planner.types import Batching, Cluster, EmbeddingTable, Estimate, LayerGraph, ParallelConfig
+
+if TYPE_CHECKING:  # the search and the sharder are imported on first use (see search and shard)
+    from planner.embeddings import EmbeddingResult
+    from planner.search.api import SearchResult
+    from planner.search.backend import Backend
+
+
+def tables_are_sparse(model: LayerGraph) -> bool:
+    """Whether the model's own tables are sparse (placed model-parallel) rather than a pipeline layer's."""
+    return bool(model.embedding_tables) and (
+        model.family == "dlrm" or not any(layer.kind == "embedding" for layer in model.layers))
+
+
+def sparse_tables(model: LayerGraph, tables: Any = None) -> tuple[EmbeddingTable, ...]:
+    """The sparse tables to place model-parallel: those of ``tables`` (a table file or EmbeddingTables) or,
+    for a DLRM or a model whose tables sit outside its pipeline layers, the model's own."""
+    if tables:
+        if isinstance(tables, (str, os.PathLike)):
+            from planner.embeddings import load_tables  # noqa: PLC0415 - only models with tables need it
+            return tuple(load_tables(tables))
+        return tuple(tables)
+    return tuple(model.embedding_tables) if tables_are_sparse(model) else ()
+
+
+def dense_part(model: LayerGraph) -> LayerGraph:
+    """``model`` as the dense pipeline sees it. When its own tables are sparse, their parameters leave the
+    ``embedding`` layers that hold them (first layer first; the importer's ``embedding`` layer carries them),
+    so the dense stages neither hold nor sync them again, and the tables leave ``embedding_tables``; every
+    other number of the graph is kept."""
+    if not tables_are_sparse(model):
+        return model
+    remaining = sum(t.rows * t.dim for t in model.embedding_tables)
+    layers = []
+    for layer in model.layers:
+        if layer.kind == "embedding" and remaining > 0:
+            take = min(layer.params, remaining)
+            remaining -= take
+            layer = dataclasses.replace(layer, params=layer.params - take)
+        layers.append(layer)
+    return dataclasses.replace(model, layers=tuple(layers), embedding_tables=())
+
+
+def dense_memory_bytes(dense: Estimate) -> dict[int, float]:
+    """The bytes the dense part takes on each device it uses (the largest, should a device serve twice)."""
+    used: dict[int, float] = {}
+    for stage in dense.stages:
+        for replica in stage.replicas:
+            for device in replica.devices:
+                used[device] = max(used.get(device, 0.0), float(replica.memory.total_bytes))
+    return used
+
+
+def tables_memory_budget_bytes(dense: Estimate) -> dict[int, float]:
+    """The memory each device of the dense configuration has left for the tables (never below 0)."""
+    used = dense_memory_bytes(dense)
+    return {device: max(0.0, float(replica.memory_capacity_bytes) - used[device])
+            for stage in dense.stages for replica in stage.replicas for device in replica.devices}
+
+
+def shard(tables: Sequence[EmbeddingTable], cluster: Cluster, dense: Estimate,
+          time_limit_s: float | None = None) -> EmbeddingResult:
+    """The tables sharded for the dense configuration ``dense``: over its devices, in the memory
+    :func:`tables_memory_budget_bytes` leaves them, for its optimizer and its batching. ``time_limit_s`` is the
+    sharder's work budget (planner.embeddings.shard_tables; None: its default). Raises InfeasibleError when
+    no placement fits."""
+    from planner.embeddings import shard_tables  # noqa: PLC0415 - the sharder, only for models with tables
+    from planner.embeddings.problem import table_optimizer  # noqa: PLC0415
+    from planner.embeddings.shard import DEFAULT_TIME_LIMIT_S  # noqa: PLC0415
+
+    budget = tables_memory_budget_bytes(dense)
+    return shard_tables(tables, cluster, sorted(budget), Batching.of(dense.config).global_batch,
+                        optimizer=table_optimizer(dense.config.optimizer), memory_budget_bytes=budget,
+                        time_limit_s=DEFAULT_TIME_LIMIT_S if time_limit_s is None else time_limit_s)
+
+
+@dataclass(frozen=True)
+class Joined:
+    """The dense part and the tables as one iteration (see the module docstring)."""
+
+    iteration_time_s: float
+    throughput_samples_per_s: float
+    memory_per_device_bytes: float  # the largest over devices
+    embedding_s: float
+
+
+def join(dense: Estimate, tables: EmbeddingResult) -> Joined:
+    """The iteration of ``dense`` with the sharded ``tables`` on its critical path."""
+    iteration = dense.iteration_time_s + tables.embedding_time_s
+    used = dense_memory_bytes(dense)
+    memory = max((used.get(d, 0.0) + m for d, m in tables.per_device_memory_bytes.items()), default=0.0)
+    global_batch = Batching.of(dense.config).global_batch
+    return Joined(iteration_time_s=iteration,
+                  throughput_samples_per_s=global_batch / iteration if iteration > 0 else 0.0,
+                  memory_per_device_bytes=max(dense.memory_per_device_bytes, memory),
+                  embedding_s=tables.embedding_time_s)
+
+
+def estimate(model: LayerGraph, cluster: Cluster, config: ParallelConfig, calibration: Calibrations | None = None,
+             *, tables: Any = None, time_limit_s: float | None = None) -> Estimate:
+    """Predict one configuration (planner.cost.estimator.estimate); sparse tables (the model's, or ``tables``:
+    a table file or EmbeddingTables) are sharded as a plan shards them and their time joined. Tables that fit
+    nowhere make the estimate infeasible, with the sharder's reason, as a stage that does not fit does."""
+    sparse = sparse_tables(model, tables)
+    if not sparse:
+        return estimate_dense(model, cluster, config, calibration)
+    dense = estimate_dense(dense_part(model), cluster, config, calibration)
+    try:
+        result = shard(sparse, cluster, dense, time_limit_s)
+    except InfeasibleError as exc:
+        return dataclasses.replace(dense, feasible=False, reason=dense.reason or f"embedding tables: {exc}")
+    joined = join(dense, result)
+    note = (f"{len(sparse)} embedding tables sharded model-parallel over the {len(result.per_device_memory_bytes)} "
+            f"devices ({result.method}, {result.embedding_time_s * 1e3:.3g} ms, lower bound "
+            f"{result.lower_bound_s * 1e3:.3g} ms)")
+    return dataclasses.replace(
+        dense, iteration_time_s=joined.iteration_time_s, throughput_samples_per_s=joined.throughput_samples_per_s,
+        memory_per_device_bytes=joined.memory_per_device_bytes,
+        breakdown=dataclasses.replace(dense.breakdown, embedding_s=joined.embedding_s),
+        embeddings=result.placements, notes=(*dense.notes, note))
+
+
+def with_tables(plan: Plan, dense: Estimate, tables: EmbeddingResult) -> Plan:
+    """``plan`` (the dense part's, timed by ``dense``) with the sharded ``tables`` joined in: their placement,
+    ``breakdown["embedding_s"]``, the joined iteration, throughput and memory, and the search's bounds."""
+    joined = join(dense, tables)
+    search = dataclasses.replace(
+        plan.search, lower_bound_s=plan.search.lower_bound_s + tables.lower_bound_s,
+        embedding_lower_bound_s=tables.lower_bound_s,
+        proven_optimal=plan.search.proven_optimal and tables.proven_optimal,
+        time_s=plan.search.time_s + tables.solve_time_s)
+    return dataclasses.replace(
+        plan, embeddings=tables.placements,
+        breakdown={**plan.breakdown, "embedding_s": joined.embedding_s},
+        iteration_time_s=joined.iteration_time_s, throughput_samples_per_s=joined.throughput_samples_per_s,
+        search=search, memory_per_device_bytes=joined.memory_per_device_bytes)
+
+
+def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: ParallelConfig | None = None,
+           top_k: int = 1, time_limit_s: float | None = None, seed: int = 0, tables: Any = None,
+           backend: Backend | None = None, progress: Callable[[float], None] | None = None,
+           budget: int | None = None) -> SearchResult:
+    """planner.search.search (see there): the dense part is searched by planner.search; each of its plans
+    gets the sparse tables sharded (``time_limit_s`` is also the sharder's work budget per plan, None its
+    default) and joined before its bottleneck sentence is written."""
+    from planner.search.api import search_dense  # noqa: PLC0415 - planner.search.search calls this module
+
+    sparse = sparse_tables(model, tables)
+    finish: Callable[[Plan, Estimate], Plan] | None = None
+    if sparse:
+        def finish(plan: Plan, dense: Estimate) -> Plan:
+            whole = dataclasses.replace(plan, model={**plan.model, "params": model.params})  # tables counted
+            return with_tables(whole, dense, shard(sparse, cluster, dense, time_limit_s))
+    return search_dense(dense_part(model), cluster, global_batch, pinned=pinned, top_k=top_k,
+                        time_limit_s=time_limit_s, seed=seed, backend=backend, progress=progress, budget=budget,
+                        finish=finish)
+
