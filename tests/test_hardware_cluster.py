@@ -34,9 +34,9 @@ def test_shorthand_count_defaults_to_one_and_repeats_get_unique_names():
 
 @pytest.mark.parametrize("text, message", [
     ("dgx-a100-80g*2", "did you mean dgx-a100-80gb"),
-    ("dgx-a100-80gb*0", "must be positive"),
-    ("dgx-a100-80gb*-1", "must be positive"),
-    ("dgx-a100-80gb*two", "not an integer"),
+    ("dgx-a100-80gb*0", "must be from 1 to 1000000"),
+    ("dgx-a100-80gb*-1", "must be from 1 to 1000000"),
+    ("dgx-a100-80gb*two", "not a whole number"),
     ("dgx-a100-80gb**2", "cannot read"),
     ("", "empty cluster"),
 ])
@@ -114,11 +114,11 @@ BAD_FILES = {
     "unknown_node": ("groups:\n  - node: dgx-a100-80g\n    count: 2\n", r"c\.yaml:2: .*did you mean dgx-a100-80gb"),
     "unknown_device": ("groups:\n  - node: {device: v100-32g, devices_per_node: 1, inter_node_bandwidth_GBps: 1}\n"
                        "    count: 1\n", r"c\.yaml:2: .*unknown device 'v100-32g'.*did you mean v100-32gb"),
-    "zero_count": ("groups:\n  - node: t4\n    count: 0\n", r"c\.yaml:3: 'groups\[0\]\.count' must be greater than 0"),
+    "zero_count": ("groups:\n  - node: t4\n    count: 0\n", r"c\.yaml:3: 'groups\[0\]\.count' must be an integer from 1 to 1000000, got 0"),
     "negative_bandwidth": ("groups:\n  - node: t4\n    count: 1\n    inter_node_bandwidth_GBps: -5\n",
-                           r"c\.yaml:4: .*inter_node_bandwidth_GBps' must be greater than 0"),
+                           r"c\.yaml:4: .*inter_node_bandwidth_GBps' must be a finite number from 0\.001 to 100000, got -5"),
     "zero_inline_bandwidth": ("groups:\n  - node: {device: t4, devices_per_node: 1, inter_node_bandwidth_GBps: 0}\n"
-                              "    count: 1\n", r"c\.yaml:2: .*must be greater than 0"),
+                              "    count: 1\n", r"c\.yaml:2: .*must be a finite number from 0\.001 to"),
     "missing_count": ("groups:\n  - node: t4\n", r"c\.yaml:2: 'groups\[0\]' is missing the required field 'count'"),
     "missing_groups": ("fabric: {latency_us: 1}\n", r"missing the required field 'groups'"),
     "unknown_key": ("groups:\n  - node: t4\n    count: 1\n    cuont: 2\n",
@@ -141,7 +141,7 @@ BAD_FILES = {
     "duplicate_key": ("groups:\n  - node: t4\n    count: 1\n    count: 2\n",
                       r"c\.yaml:4: the key 'count' appears twice"),
     "oversubscription_below_one": ("groups:\n  - {node: t4, count: 1}\nfabric: {oversubscription: 0.5}\n",
-                                   r"oversubscription' must be at least 1"),
+                                   r"oversubscription' must be a finite number from 1 to 1000, got 0\.5"),
 }
 
 
@@ -161,7 +161,7 @@ def test_bad_device_profile_file_names_its_line(tmp_path, capsys):
     (tmp_path / "c.yaml").write_text("groups:\n  - node: {device_file: gpu.yaml, devices_per_node: 1, "
                                      "inter_node_bandwidth_GBps: 1}\n    count: 1\n")
     line = _run_bad(capsys, str(tmp_path / "c.yaml"))
-    assert "gpu.yaml:" in line and "memory_bandwidth_Bps' must be greater than 0" in line
+    assert "gpu.yaml:" in line and "memory_bandwidth_Bps' must be a finite number from 1e+06 to 1e+15, got -1" in line
 
 
 def test_missing_cluster_file(capsys, tmp_path):

@@ -22,14 +22,14 @@ efficiency that a new pair shares), marked ``fitted=False``; with no file at all
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from planner.errors import ClusterError
+from planner.hardware.documents import load_data
 from planner.runtime import DEFAULT_RUNTIME
 
 CALIBRATION_PATH = Path(__file__).resolve().parent.parent / "data" / "calibration.yaml"
@@ -58,7 +58,7 @@ def _from_mapping(name: str, values: Any, where: str) -> DeviceCalibration:
                            f"({', '.join(PARAMETER_NAMES)})")
     kwargs = {}
     for key, value in values.items():
-        if not isinstance(value, (int, float)) or value <= 0:
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf:
             raise ClusterError(f"{where}: devices.{name}.{key} must be a positive number, got {value!r}")
         kwargs[key] = float(value)
     return DeviceCalibration(**kwargs, fitted=True)
@@ -70,7 +70,7 @@ def load_calibrations(path: str = str(CALIBRATION_PATH)) -> dict[tuple[str, str]
     file = Path(path)
     if not file.exists():
         return {}
-    document = yaml.safe_load(file.read_text()) or {}
+    document = load_data(file) or {}
     runtimes = document.get("runtimes", {}) if isinstance(document, dict) else None
     if not isinstance(runtimes, dict) or not all(isinstance(v, dict) for v in runtimes.values()):
         raise ClusterError(f"{path}: expected a mapping 'runtimes: {{RUNTIME: {{DEVICE: {{parameter: value}}}}}}'")

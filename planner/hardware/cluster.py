@@ -17,7 +17,7 @@ from typing import Any
 
 from planner.errors import ClusterError
 from planner.hardware import catalog
-from planner.hardware.documents import Document, JsonPath, check, read_document
+from planner.hardware.documents import RANGES, Document, JsonPath, check, read_document
 from planner.types import Cluster, DeviceGroup, NodeProfile
 from planner.units import GB
 
@@ -31,6 +31,9 @@ DEFAULT_OVERSUBSCRIPTION = 1.0  # full-bisection fat tree, as in NVIDIA's DGX Su
 # (sources in hardware_profiles/nodes/dgx-a100-80gb.yaml).
 INLINE_DEFAULTS_NODE = "dgx-a100-80gb"
 
+MAX_NODES_PER_GROUP = int(RANGES["nodes"][1])  # a cluster file's limit, for the shorthand too
+MAX_GROUPS = int(RANGES["groups"][1])
+_WHOLE_NUMBER = re.compile(r"[+-]?[0-9]+")
 _SHORTHAND_TERM = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\*\s*([^\s+*]+))?\s*$")
 
 
@@ -46,8 +49,12 @@ def load_cluster(spec: str | os.PathLike) -> Cluster:
 def parse_shorthand(text: str) -> Cluster:
     if not text.strip():
         raise ClusterError("empty cluster: give a cluster file or a shorthand like dgx-a100-80gb*16")
+    terms = text.split("+")
+    if len(terms) > MAX_GROUPS:
+        raise ClusterError(f"cluster shorthand: {len(terms)} groups, over the limit of {MAX_GROUPS}; give "
+                           "a cluster file or fewer NODE*COUNT terms")
     groups: list[tuple[str, NodeProfile, int]] = []
-    for term in text.split("+"):
+    for term in terms:
         match = _SHORTHAND_TERM.match(term)
         if not match:
             raise ClusterError(f"cluster {text!r}: cannot read {term.strip()!r}; write NODE*COUNT, "
@@ -55,13 +62,14 @@ def parse_shorthand(text: str) -> Cluster:
         name, count_text = match.group(1), match.group(2)
         count = 1
         if count_text is not None:
-            try:
-                count = int(count_text)
-            except ValueError:
-                raise ClusterError(f"cluster {text!r}: node count {count_text!r} of {name!r} is not an "
-                                   "integer") from None
-            if count <= 0:
-                raise ClusterError(f"cluster {text!r}: node count of {name!r} must be positive, got {count}")
+            if not _WHOLE_NUMBER.fullmatch(count_text):
+                raise ClusterError(f"cluster {text!r}: node count {count_text!r} of {name!r} is not a whole "
+                                   f"number; write e.g. {name}*4")
+            # compared as text first: int() of thousands of digits is refused or slow
+            count = int(count_text) if len(count_text) <= len(str(MAX_NODES_PER_GROUP)) + 1 else MAX_NODES_PER_GROUP + 1
+            if not 1 <= count <= MAX_NODES_PER_GROUP:
+                raise ClusterError(f"cluster {text!r}: node count {count_text} of {name!r} must be from 1 to "
+                                   f"{MAX_NODES_PER_GROUP} nodes per group")
         groups.append((name.lower(), catalog.get_node(name), count))
     return _assemble(groups, prices=[None] * len(groups), fabric_latency_s=DEFAULT_FABRIC_LATENCY_S,
                      oversubscription=DEFAULT_OVERSUBSCRIPTION, name=text.strip())

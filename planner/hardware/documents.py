@@ -1,15 +1,26 @@
-"""Reading YAML/JSON hardware documents and checking them against their JSON Schema, with line numbers.
+"""Reading YAML/JSON input documents safely and checking them against their JSON Schema, with line numbers.
+
+Every YAML/JSON file the planner reads (cluster files, device and node profiles, table files, plan files)
+goes through :func:`read_input` and :func:`load_yaml` / :func:`load_json`: the file's size is checked before
+it is read, YAML aliases are refused (a few hundred bytes of nested aliases expand to billions of nodes) and
+nesting is capped, so a hostile or broken file is answered in a second, never after minutes.
 
 One validator writes every message: :func:`check` interprets the small subset of JSON Schema our schemas
 use (``type``, ``properties``, ``required``, ``additionalProperties``, ``items``/``prefixItems``,
 ``minItems``/``maxItems``, ``minimum``/``exclusiveMinimum``/``maximum``, ``enum``, ``minLength``,
-``minProperties``, ``oneOf``, local ``$ref``). The schemas ship in ``planner/schemas/`` and are the
-published description of the formats; tests check the examples against them with ``jsonschema`` too.
+``minProperties``, ``oneOf``, local ``$ref``) plus ``x-range``: the name of one of the physical limits below,
+which :func:`load_schema` turns into ``minimum`` and ``maximum``. Every number must be finite. The schemas
+ship in ``planner/schemas/`` and are the published description of the formats; tests check the examples
+against them with ``jsonschema`` too.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
+import re
+import sys
 from dataclasses import dataclass
 from difflib import get_close_matches
 from functools import lru_cache
@@ -18,19 +29,276 @@ from typing import Any
 
 import yaml
 
-from planner.errors import ClusterError
+from planner.errors import ClusterError, PlannerError
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
 QUOTE_CHARS = 60  # how much of a wrong text value an error message quotes
 
+# ------------------------------------------------------------------------------------ input limits
+# libyaml builds about 150,000 nodes a second on a busy 2-core machine and the checks walk them again, so
+# 256 KiB (at worst about 130,000 nodes) keeps any YAML input under two seconds; hand-written cluster
+# files and profiles are a few KB, a `planner profile --model` profile some tens.
+MAX_YAML_BYTES = 256 << 10
+# JSON (plan files, table files) parses at 100 MB/s when it holds numbers, but builds only about 1.5
+# million lists or mappings a second: 4 MiB (at worst 1.4 million of them) keeps it under two seconds and
+# holds a plan for a hundred thousand devices.
+MAX_JSON_BYTES = 4 << 20
+# No format of ours nests deeper than 6 levels (a table of a workload of a table file: workloads[0].tables
+# [0].rows); 32 leaves room for free-form records and stops pathological nesting before any recursion.
+MAX_NESTING_DEPTH = 32
+
+# ---------------------------------------------------------------------------------- physical limits
+# Generous bounds on the numbers of a hardware, table or plan file: wider than any machine built or
+# announced, narrow enough that no product or quotient the cost model forms overflows a float. A schema
+# field names one by ``"x-range": "NAME"``; the value is (lowest, highest), both accepted (for a list: its
+# length).
+RANGES: dict[str, tuple[float, float]] = {
+    # 1 MB/s (below 10 Mb/s Ethernet) .. 100 TB/s (over 100x NVLink 5's 900 GB/s per GPU)
+    "link_bandwidth_GBps": (1e-3, 1e5),
+    # up to one second per communication step: over 10x an intercontinental round trip
+    "latency_us": (0.0, 1e6),
+    # an achieved fraction of a peak; a millionth is already no longer a useful device
+    "efficiency": (1e-6, 1.0),
+    # 1 byte .. 1 PiB of memory on one device (an H200 has 141 GB)
+    "memory_bytes": (1, 2**50),
+    # 1 MB/s .. 1 PB/s device memory bandwidth (over 100x HBM3e's 8 TB/s)
+    "memory_bandwidth_Bps": (1e6, 1e15),
+    # 1 MFLOP/s .. 1 EFLOP/s on one device (over 100x a B200's dense FP8)
+    "flops_per_s": (1e6, 1e18),
+    # the size axis of an efficiency curve (a GEMM's FLOPs, an op's bytes): up to 10^21
+    "curve_size": (1.0, 1e21),
+    # fixed cost of launching one op: up to a second
+    "op_overhead_s": (0.0, 1.0),
+    # nodes of one group: 10^6 is 100x the largest supercomputer's (Frontier: 9,408 nodes)
+    "nodes": (1, 10**6),
+    # devices of one node: a whole 576-GPU NVLink domain counted as one node fits
+    "devices_per_node": (1, 1024),
+    "nics_per_node": (1, 64),
+    # US dollars per node-hour: a DGX node rents for about 100
+    "price_per_node_hour": (0.0, 1e6),
+    # network oversubscription ratio, 1 = full bisection; 1000:1 is already no network for training
+    "oversubscription": (1.0, 1e3),
+    # embedding-table rows: the largest production tables hold about 10^10
+    "table_rows": (1, 10**12),
+    # embedding width: 65,536 columns, over 100x any published model's
+    "table_dim": (1, 2**16),
+    # lookups of one table per sample (multi-hot features reach thousands)
+    "pooling_factor": (1e-6, 1e6),
+    # dense features and MLP layer widths, and the layers of one MLP
+    "dense_width": (1, 10**6),
+    "mlp_layers": (1, 1000),
+    # list lengths: groups of a cluster, points of an efficiency curve, tables of a table file
+    "groups": (1, 1024),
+    "curve_points": (1, 10**4),
+    "tables": (1, 10**5),
+    # a plan's device ids and counts of devices, layers, stages and samples: 1024 groups x 10^6 nodes x
+    # 1024 devices is below 2^40
+    "plan_count": (0, 2**40),
+    # seconds in a plan: 10^18 s is longer than the age of the universe (4 x 10^17 s)
+    "plan_seconds": (0.0, 1e18),
+    # bytes in a plan (per device, or a model's): 2^70 is a thousand times 1 EiB
+    "plan_bytes": (0.0, 2.0**70),
+    # a plan's parameter and FLOP counts, candidates and samples per second: 10^30 is 10^6 times GPT-3's
+    # 3 x 10^23 training FLOPs
+    "plan_quantity": (0.0, 1e30),
+}
+
 JsonPath = tuple[object, ...]
 
 
+def expand_ranges(schema: Any) -> Any:
+    """``schema`` with every ``"x-range": NAME`` also written as the standard keywords it stands for."""
+    if isinstance(schema, list):
+        return [expand_ranges(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: expand_ranges(value) for key, value in schema.items()}
+    if "x-range" in out:
+        low, high = RANGES[out["x-range"]]
+        lowest, highest = ("minItems", "maxItems") if out.get("type") == "array" else ("minimum", "maximum")
+        out[lowest] = max(out.get(lowest, low), low)  # a field's own bounds stay where they are tighter
+        out[highest] = min(out.get(highest, high), high)
+    return out
+
+
 @lru_cache(maxsize=None)
-def load_schema(name: str) -> dict[str, Any]:
-    """``name`` is ``cluster``, ``device`` or ``node``."""
+def _schema(name: str) -> dict[str, Any]:
     with open(SCHEMA_DIR / f"{name}.schema.json", encoding="utf-8") as fh:
-        return json.load(fh)
+        return expand_ranges(json.load(fh))
+
+
+def load_schema(name: str) -> dict[str, Any]:
+    """``name`` is ``cluster``, ``device``, ``node`` or ``tables``, its ``x-range`` keywords expanded (a copy
+    is not made: do not change it)."""
+    return _schema(name)
+
+
+# ----------------------------------------------------------------------------------------- reading
+
+def _size_text(size: int) -> str:
+    return f"{size / (1 << 20):.1f} MiB" if size >= 1 << 20 else f"{size} bytes"
+
+
+def read_input(path: str | os.PathLike, error: type[PlannerError] = ClusterError,
+               max_bytes: int | None = None) -> str:
+    """The text of an input file, its size checked before it is read (the limit: :data:`MAX_YAML_BYTES`
+    for YAML, :data:`MAX_JSON_BYTES` for a ``.json`` file, or ``max_bytes``)."""
+    file = Path(path)
+    if max_bytes is None:
+        max_bytes = MAX_JSON_BYTES if file.suffix.lower() == ".json" else MAX_YAML_BYTES
+    try:
+        size = os.stat(file).st_size
+        if not file.is_file():
+            raise error(f"{file}: is not a file; give a YAML/JSON file")
+        if size > max_bytes:
+            raise error(f"{file}: the file is {_size_text(size)}, over the limit of {_size_text(max_bytes)} "
+                        "for a YAML/JSON input; give the file it should be (this one is not)")
+        with open(file, encoding="utf-8") as handle:
+            text = handle.read(max_bytes + 1)
+    except FileNotFoundError:
+        raise error(f"{file}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error(f"{file}: cannot be read ({exc})") from None
+    if len(text) > max_bytes:  # the file grew while it was read
+        raise error(f"{file}: over the limit of {_size_text(max_bytes)} for a YAML/JSON input")
+    return text
+
+
+class _Loader(yaml.SafeLoader):
+    """The pure-Python safe loader (used where libyaml is missing) with aliases refused and nesting capped
+    while it composes, before its recursion could run deep."""
+
+    depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(None, None, _ALIAS_PROBLEM, event.start_mark)
+        self.depth += 1
+        try:
+            if self.depth > MAX_NESTING_DEPTH:
+                raise yaml.composer.ComposerError(None, None, _DEPTH_PROBLEM, self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
+_ALIAS_PROBLEM = "anchors and aliases (&name, *name) are not accepted; write each value out in full"
+_DEPTH_PROBLEM = f"nested deeper than {MAX_NESTING_DEPTH} levels"
+_TOO_LONG = (f"a number in the file has over {sys.get_int_max_str_digits()} digits; no field accepts one that "
+             "large (see the field's range)")
+# libyaml composes in C (and stops at 1000 levels itself); aliases and depth are then checked on the nodes
+_FAST_LOADER = getattr(yaml, "CSafeLoader", None)
+
+
+def _malformed(exc: yaml.YAMLError, where: str, error: type[PlannerError]) -> PlannerError:
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        line = f":{mark.line + 1}" if mark is not None else ""
+        problem = exc.problem or exc.context or "malformed"
+        return error(f"{where}{line}: malformed YAML/JSON: {problem}")
+    return error(f"{where}: malformed YAML/JSON: {exc}")
+
+
+def _check_nodes(root: yaml.Node, where: str, error: type[PlannerError]) -> None:
+    """Refuse a node reached twice (an alias) and nesting deeper than MAX_NESTING_DEPTH, without recursion."""
+    seen: set[int] = set()
+    stack: list[tuple[yaml.Node, int]] = [(root, 0)]
+    while stack:
+        node, depth = stack.pop()
+        line = node.start_mark.line + 1
+        if id(node) in seen:
+            raise error(f"{where}:{line}: malformed YAML/JSON: {_ALIAS_PROBLEM}")
+        seen.add(id(node))
+        if depth > MAX_NESTING_DEPTH:
+            raise error(f"{where}:{line}: malformed YAML/JSON: {_DEPTH_PROBLEM}")
+        if isinstance(node, yaml.MappingNode):
+            stack.extend((part, depth + 1) for pair in node.value for part in pair)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((item, depth + 1) for item in node.value)
+
+
+def load_yaml(text: str, where: str, error: type[PlannerError] = ClusterError,
+              lines: dict[JsonPath, int] | None = None) -> tuple[Any, yaml.Node | None]:
+    """Parse YAML (JSON is YAML) safely: ``(data, root node)``, and into ``lines`` (when given) the line of
+    every value by its path. Aliases, nesting deeper than :data:`MAX_NESTING_DEPTH` and malformed text raise
+    ``error`` naming the line; all is checked on the nodes before any Python value is built."""
+    loader = (_FAST_LOADER or _Loader)(text)
+    try:
+        root = loader.get_single_node()
+        if root is None:
+            return None, None
+        if lines is None:
+            _check_nodes(root, where, error)
+        else:
+            _index_lines(root, (), lines, where, error, set())
+        return loader.construct_document(root), root
+    except yaml.YAMLError as exc:
+        raise _malformed(exc, where, error) from None
+    except ValueError:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise error(f"{where}: {_TOO_LONG}") from None
+    finally:
+        loader.dispose()
+
+
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKETS = bytes(set(range(256)) - set(b"[]{}"))  # (UTF-8 never puts these bytes inside a character)
+_INNERMOST = re.compile(rb"\[\]|\{\}")
+
+
+def _json_too_deep(text: str) -> bool:
+    """Whether JSON text nests deeper than MAX_NESTING_DEPTH, found on the text before it is parsed: the
+    brackets outside strings, innermost pairs removed once per level (each pass a regex over what is left)."""
+    brackets = _JSON_STRING.sub("", text).encode("utf-8", "surrogatepass").translate(None, _NOT_BRACKETS)
+    for _ in range(MAX_NESTING_DEPTH):
+        if not brackets:
+            return False
+        brackets, count = _INNERMOST.subn(b"", brackets)
+        if not count:
+            return False  # unbalanced: the parser reports where
+    return bool(brackets)
+
+
+def load_json(text: str, where: str, error: type[PlannerError] = ClusterError) -> Any:
+    """Parse JSON: malformed text and nesting deeper than :data:`MAX_NESTING_DEPTH` raise ``error``."""
+    if _json_too_deep(text):
+        raise error(f"{where}: malformed JSON: {_DEPTH_PROBLEM}")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise error(f"{where}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    except RecursionError:
+        raise error(f"{where}: malformed JSON: {_DEPTH_PROBLEM}") from None
+    except ValueError:  # an integer of more digits than Python converts
+        raise error(f"{where}: {_TOO_LONG}") from None
+    return data
+
+
+def non_finite(data: Any) -> tuple[JsonPath, float] | None:
+    """The path and value of a number in ``data`` that is not finite (inf, nan), or None. One pass; a path
+    is built per list or mapping, not per number."""
+    if isinstance(data, float):
+        return ((), data) if data - data != 0.0 else None
+    stack: list[tuple[JsonPath, Any]] = [((), data)] if isinstance(data, (dict, list)) else []
+    while stack:
+        path, value = stack.pop()
+        for key, item in (value.items() if isinstance(value, dict) else enumerate(value)):
+            kind = type(item)
+            if kind is float:
+                if item - item != 0.0:  # inf - inf and nan - nan are nan
+                    return path + (key,), item
+            elif kind is dict or kind is list:
+                stack.append((path + (key,), item))
+    return None
+
+
+def load_data(path: str | os.PathLike, error: type[PlannerError] = ClusterError) -> Any:
+    """The data of a YAML/JSON file: a ``.json`` file is read as JSON, any other as YAML (both safely,
+    size and nesting capped)."""
+    text = read_input(path, error)
+    if str(path).lower().endswith(".json"):
+        return load_json(text, str(path), error)
+    return load_yaml(text, str(path), error)[0]
 
 
 @dataclass(frozen=True)
@@ -50,48 +318,45 @@ class Document:
         return self.where
 
 
-def _index_lines(node: yaml.Node, path: JsonPath, out: dict[JsonPath, int], where: str = "") -> None:
-    out[path] = node.start_mark.line + 1
+def _index_lines(node: yaml.Node, path: JsonPath, out: dict[JsonPath, int], where: str,
+                 error: type[PlannerError], seen: set[int]) -> None:
+    """Record the line of every value; refuse aliases (a node reached twice), nesting deeper than
+    MAX_NESTING_DEPTH (checked before recursing, so the recursion stays shallow), keys that are not text
+    and repeated keys."""
+    line = node.start_mark.line + 1
+    if id(node) in seen:
+        raise error(f"{where}:{line}: malformed YAML/JSON: {_ALIAS_PROBLEM}")
+    seen.add(id(node))
+    if len(path) > MAX_NESTING_DEPTH:
+        raise error(f"{where}:{line}: malformed YAML/JSON: {_DEPTH_PROBLEM}")
+    out[path] = line
     if isinstance(node, yaml.MappingNode):
-        seen: set[str] = set()
+        keys: set[str] = set()
         for key_node, value_node in node.value:
+            key_line = key_node.start_mark.line + 1
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise error(f"{where}:{key_line}: a key must be plain text, not a list or a mapping")
             key = key_node.value
-            if key in seen:  # YAML would silently keep the last one
-                raise ClusterError(f"{where}:{key_node.start_mark.line + 1}: the key {key!r} appears twice; keep one")
-            seen.add(key)
-            _index_lines(value_node, path + (key,), out, where)
-            out[path + (key,)] = key_node.start_mark.line + 1  # a value's errors point at its key's line
+            if key in keys:  # YAML would silently keep the last one
+                raise error(f"{where}:{key_line}: the key {key[:QUOTE_CHARS]!r} appears twice; keep one")
+            keys.add(key)
+            _index_lines(value_node, path + (key,), out, where, error, seen)
+            out[path + (key,)] = key_line  # a value's errors point at its key's line
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            _index_lines(item, path + (i,), out, where)
+            _index_lines(item, path + (i,), out, where, error, seen)
 
 
-def parse_text(text: str, where: str) -> Document:
-    """Parse YAML (JSON is YAML) safely. Malformed text raises ClusterError naming the line."""
-    try:
-        data = yaml.safe_load(text)
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = f":{mark.line + 1}" if mark is not None else ""
-        problem = exc.problem or exc.context or "malformed"
-        raise ClusterError(f"{where}{line}: malformed YAML/JSON: {problem}") from None
-    except yaml.YAMLError as exc:
-        raise ClusterError(f"{where}: malformed YAML/JSON: {exc}") from None
+def parse_text(text: str, where: str, error: type[PlannerError] = ClusterError) -> Document:
+    """Parse YAML (JSON is YAML) safely (:func:`load_yaml`), with the line of every value."""
     lines: dict[JsonPath, int] = {}
-    if root is not None:
-        _index_lines(root, (), lines, where)
+    data, _ = load_yaml(text, where, error, lines)
     return Document(data=data, where=where, lines=lines)
 
 
-def read_document(path: Path) -> Document:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ClusterError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ClusterError(f"{path}: cannot be read ({exc})") from None
-    return parse_text(text, str(path))
+def read_document(path: Path, error: type[PlannerError] = ClusterError) -> Document:
+    """A YAML/JSON file as a Document (:func:`read_input`, then :func:`parse_text`)."""
+    return parse_text(read_input(path, error, MAX_YAML_BYTES), str(path), error)
 
 
 # --------------------------------------------------------------------------------------------- validation
@@ -105,6 +370,8 @@ _TYPES: dict[str, tuple[type, ...]] = {
 def _type_ok(value: Any, type_name: str) -> bool:
     if isinstance(value, bool) and type_name in ("number", "integer"):
         return False
+    if type_name == "integer" and isinstance(value, float):  # JSON Schema: 4.0 is an integer, 2.5 is not
+        return not math.isfinite(value) or value.is_integer()  # inf and nan: reported with the range
     return isinstance(value, _TYPES[type_name])
 
 
@@ -114,13 +381,20 @@ def _describe(value: Any) -> str:
     if isinstance(value, bool):
         return "a boolean"
     if isinstance(value, (int, float)):
-        return f"{value!r}"
+        return _number(value)
     if isinstance(value, str):
         # an error message quotes the start of a text, never a whole file (a device_file pointing at the
         # wrong file parses as one long string)
         shown = value if len(value) <= QUOTE_CHARS else value[:QUOTE_CHARS] + "..."
         return f"the text {shown!r}"
     return {dict: "a mapping", list: "a list"}.get(type(value), type(value).__name__)
+
+
+def _number(value: float) -> str:
+    """A number as a message shows it: short, whatever its size (an integer of 4000 digits included)."""
+    if isinstance(value, int) and abs(value) >= 10**16:
+        return f"{float(value):g}" if value.bit_length() < 1000 else "a number of over 300 digits"
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _field(path: JsonPath) -> str:
@@ -145,6 +419,30 @@ def _resolve(schema: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
 Error = tuple[JsonPath, str] | None
 
 
+def _span(schema: dict[str, Any]) -> str:
+    """The bounds a number field accepts, e.g. ``" from 1 to 1000000"`` (empty without bounds)."""
+    low, high, above = schema.get("minimum"), schema.get("maximum"), schema.get("exclusiveMinimum")
+    if low is not None and above is not None:  # the tighter of the two lower bounds
+        low, above = (low, None) if low > above else (None, above)
+    if low is not None and high is not None:
+        return f" from {_number(low)} to {_number(high)}"
+    lower = f" greater than {_number(above)}" if above is not None else (
+        f" at least {_number(low)}" if low is not None else "")
+    if high is None:
+        return lower
+    return f"{lower} and at most {_number(high)}" if lower else f" at most {_number(high)}"
+
+
+def _number_error(value: float, schema: dict[str, Any], path: JsonPath) -> Error:
+    """A number outside the schema's bounds, or not finite: the message states the accepted range."""
+    low, high, above = schema.get("minimum"), schema.get("maximum"), schema.get("exclusiveMinimum")
+    if math.isfinite(value) and (low is None or value >= low) and (high is None or value <= high) and (
+            above is None or value > above):
+        return None
+    kind = "an integer" if schema.get("type") == "integer" else "a finite number"
+    return path, f"{_field(path)} must be {kind}{_span(schema)}, got {_describe(value)}"
+
+
 def _first_error(value: Any, schema: dict[str, Any], root: dict[str, Any], path: JsonPath) -> Error:
     """The first violation as (path, message), or None."""
     schema = _resolve(schema, root)
@@ -155,16 +453,14 @@ def _first_error(value: Any, schema: dict[str, Any], root: dict[str, Any], path:
     type_name = schema.get("type")
     if type_name and not _type_ok(value, type_name):
         article = "an" if type_name[0] in "aeiou" else "a"
-        return path, f"{_field(path)} must be {article} {type_name}, got {_describe(value)}"
+        span = _span(schema) if type_name in ("number", "integer") else ""
+        return path, f"{_field(path)} must be {article} {type_name}{span}, got {_describe(value)}"
     if "enum" in schema and value not in schema["enum"]:
-        return path, f"{_field(path)} must be one of {', '.join(map(str, schema['enum']))}; got {value!r}"
+        return path, f"{_field(path)} must be one of {', '.join(map(str, schema['enum']))}; got {_describe(value)}"
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if "exclusiveMinimum" in schema and not value > schema["exclusiveMinimum"]:
-            return path, f"{_field(path)} must be greater than {schema['exclusiveMinimum']}, got {value!r}"
-        if "minimum" in schema and not value >= schema["minimum"]:
-            return path, f"{_field(path)} must be at least {schema['minimum']}, got {value!r}"
-        if "maximum" in schema and not value <= schema["maximum"]:
-            return path, f"{_field(path)} must be at most {schema['maximum']}, got {value!r}"
+        error = _number_error(value, schema, path)
+        if error:
+            return error
     if isinstance(value, str) and len(value) < schema.get("minLength", 0):
         return path, f"{_field(path)} must not be empty"
     if isinstance(value, dict):
@@ -231,13 +527,13 @@ def _array_error(value: list, schema: dict[str, Any], root: dict[str, Any], path
     return None
 
 
-def check(document: Document, schema_name: str, base: JsonPath = ()) -> None:
-    """Raise ClusterError (``file:line: message``) at the first violation of the named schema."""
+def check(document: Document, schema_name: str, base: JsonPath = (), error: type[PlannerError] = ClusterError) -> None:
+    """Raise ``error`` (``file:line: message``) at the first violation of the named schema."""
     schema = load_schema(schema_name)
     value: Any = document.data
     for part in base:
         value = value[part]
-    error = _first_error(value, schema, schema, base)
-    if error:
-        path, message = error
-        raise ClusterError(f"{document.at(path)}: {message}")
+    found = _first_error(value, schema, schema, base)
+    if found:
+        path, message = found
+        raise error(f"{document.at(path)}: {message}")

@@ -722,9 +722,10 @@ class KernelCosts:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> "KernelCosts":
-        import yaml
-        with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh) or {}
+        from planner.hardware.documents import load_data  # noqa: PLC0415 - the one safe YAML/JSON reader
+
+        data = load_data(path)
+        data = data if isinstance(data, dict) else {}
         fixed = (data.get("measured") or {}).get("kernel_costs") or {}
         return cls(graph_output_s=float(fixed.get("graph_output_s", 0.0)), row_s=float(fixed.get("row_s", 0.0)),
                    pool_elements_per_s=float(fixed.get("pool_elements_per_s", 0.0)))
