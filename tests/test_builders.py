@@ -252,11 +252,11 @@ def test_bad_settings_name_the_key(family, settings, words):
 
 
 @pytest.mark.parametrize("text,words", [
-    ('{"tables": []}', ["non-empty list under 'tables'"]),
+    ('{"tables": []}', ["'tables' needs at least 1 item"]),
     ('{"tables": [{"name": "a", "rows": 10}]}', ["tables[0]", "dim"]),
-    ('{"tables": [{"name": "a", "rows": -1, "dim": 4}]}', ["tables[0]", "'rows'", "positive integer"]),
+    ('{"tables": [{"name": "a", "rows": -1, "dim": 4}]}', ["'tables[0].rows' must be an integer from 1 to 1000000000000, got -1"]),
     ('{"tables": [{"name": "a", "rows": 1, "dim": 4}, {"name": "a", "rows": 1, "dim": 4}]}', ["appears twice"]),
-    ("tables: [", ["not valid YAML"]),
+    ("tables: [", ["malformed YAML"]),
 ])
 def test_bad_tables_file_is_named(tmp_path, text, words):
     path = tmp_path / "t.yaml"
