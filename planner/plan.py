@@ -20,6 +20,7 @@ from importlib import resources
 from typing import Any
 
 from planner.errors import PlannerError
+from planner.hardware.documents import MAX_JSON_BYTES, expand_ranges, load_json, non_finite, read_input
 from planner.runtime import DEFAULT_RUNTIME
 from planner.types import Cluster
 
@@ -144,6 +145,11 @@ class Plan:
             raise PlannerError(
                 f"plan: schema_version {version!r} is not supported; this planner reads schema_version "
                 f"{SCHEMA_VERSION} (re-create the plan with 'planner plan ... --out FILE')")
+        bad = non_finite(data)
+        if bad is not None:
+            path, value = bad
+            raise PlannerError(f"{_path(path)}: {value} is not a finite number; see 'planner schema' for the "
+                               "Plan format (re-create the plan with 'planner plan ... --out FILE')")
         validate(data)
         stages = tuple(_stage_from_dict(s) for s in data["stages"])
         embeddings = tuple(
@@ -159,21 +165,15 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str) -> "Plan":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise PlannerError(f"plan: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from exc
-        return cls.from_dict(data)
+        return cls.from_dict(load_json(text, "plan", PlannerError))
 
 
 def load_plan(path: str) -> Plan:
     """Read a plan file written by ``planner plan --out FILE`` (or ``Plan.to_json``)."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
-    except OSError as exc:
-        raise PlannerError(f"{path}: cannot read the plan file ({exc.strerror}); "
-                           "write one with 'planner plan MODEL ... --out PLAN.json'") from None
+        text = read_input(path, PlannerError, MAX_JSON_BYTES)
+    except PlannerError as exc:
+        raise PlannerError(f"{exc}; write a plan file with 'planner plan MODEL ... --out PLAN.json'") from None
     try:
         return Plan.from_json(text)
     except PlannerError as exc:
@@ -194,8 +194,10 @@ def cluster_summary(cluster: Cluster) -> dict[str, Any]:
 
 @lru_cache(maxsize=1)
 def schema_text() -> str:
-    """The Plan JSON Schema as shipped in the package (``planner/schemas/plan.schema.json``)."""
-    return resources.files("planner").joinpath("schemas/plan.schema.json").read_text(encoding="utf-8")
+    """The Plan JSON Schema: ``planner/schemas/plan.schema.json`` with its ``x-range`` keywords written out as
+    ``minimum``/``maximum`` (the physical limits of planner.hardware.documents.RANGES)."""
+    shipped = json.loads(resources.files("planner").joinpath("schemas/plan.schema.json").read_text(encoding="utf-8"))
+    return json.dumps(expand_ranges(shipped), indent=2) + "\n"
 
 
 def schema() -> dict[str, Any]:
@@ -287,7 +289,8 @@ class _SubsetValidator:
 
     KEYWORDS = frozenset({"$schema", "$id", "$defs", "$ref", "title", "description", "type", "required",
                           "properties", "additionalProperties", "items", "enum", "const", "minimum",
-                          "exclusiveMinimum", "maximum", "minItems", "maxItems"})
+                          "exclusiveMinimum", "maximum", "minItems", "maxItems",
+                          "x-range"})  # written out as minimum/maximum by schema_text
     _TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
 
     def __init__(self, root: dict[str, Any]) -> None:

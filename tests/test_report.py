@@ -81,7 +81,7 @@ def test_show_json_flag(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("content,message", [
-    (None, "cannot read the plan file"),
+    (None, "no such file"),
     ("{not json", "not valid JSON"),
     ('{"schema_version": 1, "stages": []}', "'model' is a required property"),
 ])
