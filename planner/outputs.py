@@ -1,18 +1,25 @@
-"""Files the user asked us to write: checked before any work is done, written with one readable error.
+"""Files the user asked us to write: checked before any work is done, written whole or not at all.
 
 Every command that writes a file (``plan --out``, ``whatif --csv``, ``--plot``, ``--gantt``, ``models build
---out``, ``profile --out``) checks its path here first, so a typo fails in a second, not after minutes of
-search or measurement, and writes through :func:`write_text` (or checks again just before its own writer),
-so an unwritable path is a :class:`ConfigError` naming the flag, never a traceback.
+--out``, ``profile --out``, ``split --out-dir``) checks its path here first, so a typo fails in a second, not
+after minutes of search or measurement, and writes through :func:`atomic_open` (or :func:`write_text`,
+:func:`write_bytes`): the bytes go to a temporary file in the target's folder, which replaces the target
+(``os.replace``) only once it is complete. An interrupted or failing run therefore never leaves a truncated
+file where a good one was, and on an error the temporary file is removed. An unwritable path is a
+:class:`ConfigError` naming the flag, never a traceback.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Sequence
+from typing import IO, Any, Iterator, Sequence
 
 from planner.errors import ConfigError
+
+TEMP_SUFFIX = ".part"  # a temporary file is named .<target name>.<random><TEMP_SUFFIX>
 
 
 def check_output_file(path: str | os.PathLike, flag: str, suffixes: Sequence[str] = ()) -> Path:
@@ -34,11 +41,54 @@ def write_error(path: str | os.PathLike, flag: str, exc: OSError) -> ConfigError
     return ConfigError(f"{flag} {path}: cannot write it ({exc.strerror or exc}); choose a writable path")
 
 
-def write_text(path: str | os.PathLike, text: str, flag: str) -> Path:
-    """Write ``text`` (UTF-8) to ``path``; an OS error is a ConfigError naming ``flag`` and the reason."""
-    target = Path(path)
+def _new_file_mode(target: Path) -> int:
+    """The permissions the file would get from a plain open(): the old file's, else 0o666 less the umask."""
     try:
-        target.write_text(text, encoding="utf-8")
+        return os.stat(target).st_mode & 0o7777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+@contextmanager
+def atomic_open(path: str | os.PathLike, binary: bool = False) -> Iterator[IO[Any]]:
+    """A file to write ``path``'s new content to: a temporary file beside it that replaces ``path`` when the
+    block ends without an exception, and is removed when it ends with one. OS errors propagate. A symbolic
+    link is written through (its target is replaced), as a plain open() would."""
+    target = Path(os.path.realpath(path))
+    fd, temp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=TEMP_SUFFIX, dir=target.parent)
+    try:
+        os.chmod(temp, _new_file_mode(target))
+        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())  # the bytes are on disk before the name points at them
+        os.replace(temp, target)
+    except BaseException:
+        try:
+            os.unlink(temp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def write_bytes(path: str | os.PathLike, data: bytes, flag: str) -> Path:
+    """Write ``data`` to ``path`` whole (:func:`atomic_open`); an OS error is a ConfigError naming ``flag``."""
+    try:
+        with atomic_open(path, binary=True) as handle:
+            handle.write(data)
     except OSError as exc:
         raise write_error(path, flag, exc) from None
-    return target
+    return Path(path)
+
+
+def write_text(path: str | os.PathLike, text: str, flag: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` whole (:func:`atomic_open`); an OS error is a ConfigError naming
+    ``flag`` and the reason."""
+    try:
+        with atomic_open(path) as handle:
+            handle.write(text)
+    except OSError as exc:
+        raise write_error(path, flag, exc) from None
+    return Path(path)

@@ -63,6 +63,9 @@ def build(family: str, settings: Mapping[str, object] | None = None,
 
 
 def save(model: onnx.ModelProto, path: str) -> None:
-    """Write ``model`` to ``path`` and nothing else (no external-data file is created)."""
-    with open(path, "wb") as handle:
+    """Write ``model`` to ``path`` and nothing else (no external-data file is created), whole or not at all
+    (planner.outputs.atomic_open); OS errors propagate."""
+    from planner.outputs import atomic_open  # noqa: PLC0415
+
+    with atomic_open(path, binary=True) as handle:
         handle.write(model.SerializeToString())

@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+from contextlib import ExitStack
 from typing import Any, Sequence
 
 import onnx
 
 from planner.errors import ConfigError, PlannerError
 from planner.export.stages import StageModel, split_model
-from planner.outputs import write_error
+from planner.outputs import atomic_open, write_error
 from planner.plan import Plan, StagePlan
 from planner.types import LayerGraph
 
@@ -91,11 +92,13 @@ def write_split(out_dir: str, document: dict[str, Any], stages: Sequence[StageMo
                           "folder or pass --force to overwrite the split's files")
     try:
         os.makedirs(out_dir, exist_ok=True)
-        for stage, target in zip(stages, targets):
-            with open(target, "wb") as handle:
-                handle.write(stage.model.SerializeToString())
-        with open(targets[-1], "w", encoding="utf-8") as handle:
-            handle.write(json.dumps(document, indent=2, sort_keys=True) + "\n")
+        # every file goes to a temporary file first; they replace the targets together when all are written
+        # (the manifest last), and an error removes them all, so the folder never holds half a split
+        with ExitStack() as files:
+            manifest_file = files.enter_context(atomic_open(targets[-1]))
+            for stage, target in zip(stages, targets):
+                files.enter_context(atomic_open(target, binary=True)).write(stage.model.SerializeToString())
+            manifest_file.write(json.dumps(document, indent=2, sort_keys=True) + "\n")
     except OSError as exc:
         raise write_error(out_dir, "--out-dir", exc) from None
     return targets

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import PlannerError
-from planner.outputs import check_output_file, write_error
+from planner.outputs import atomic_open, check_output_file, write_error
 
 FORMATS = (".png", ".svg")
 DPI = 100
@@ -36,8 +36,9 @@ def save(figure: Any, path: str | Path, flag: str) -> Path:
     plt = pyplot()
     metadata = {"Date": None} if target.suffix.lower() == ".svg" else {"Software": None}
     try:
-        with plt.rc_context({"svg.hashsalt": "planner"}):  # fixed SVG element ids: same figure, same bytes
-            figure.savefig(target, dpi=DPI, metadata=metadata)
+        with plt.rc_context({"svg.hashsalt": "planner"}), atomic_open(target, binary=True) as handle:
+            # fixed SVG element ids: same figure, same bytes; written whole or not at all
+            figure.savefig(handle, format=target.suffix.lower()[1:], dpi=DPI, metadata=metadata)
     except OSError as exc:
         raise write_error(path, flag, exc) from None
     finally:
