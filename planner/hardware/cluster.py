@@ -41,9 +41,17 @@ def load_cluster(spec: str | os.PathLike) -> Cluster:
     """A Cluster from a file path (YAML/JSON) or a shorthand such as ``dgx-a100-80gb*16+hgx-v100-32gb*8``."""
     text = os.fspath(spec)
     path = Path(text)
-    if path.suffix.lower() in (".yaml", ".yml", ".json") or path.is_file() or "/" in text or os.sep in text:
+    if path.suffix.lower() in (".yaml", ".yml", ".json") or "/" in text or os.sep in text or _is_file(path):
         return _cluster_from_document(read_document(path), path.parent)  # a missing file: "no such file"
     return parse_shorthand(text)
+
+
+def _is_file(path: Path) -> bool:
+    """Whether ``path`` names a file; a text no file can have (too long a name) names none."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
 
 
 def parse_shorthand(text: str) -> Cluster:

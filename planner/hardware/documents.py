@@ -136,7 +136,10 @@ def load_schema(name: str) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------- reading
 
 def _size_text(size: int) -> str:
-    return f"{size / (1 << 20):.1f} MiB" if size >= 1 << 20 else f"{size} bytes"
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}".replace(".0 ", " ")
+    return f"{size} bytes"
 
 
 def read_input(path: str | os.PathLike, error: type[PlannerError] = ClusterError,
@@ -355,8 +358,18 @@ def parse_text(text: str, where: str, error: type[PlannerError] = ClusterError) 
 
 
 def read_document(path: Path, error: type[PlannerError] = ClusterError) -> Document:
-    """A YAML/JSON file as a Document (:func:`read_input`, then :func:`parse_text`)."""
-    return parse_text(read_input(path, error, MAX_YAML_BYTES), str(path), error)
+    """A YAML/JSON file as a Document (:func:`read_input`, then :func:`parse_text`). A ``.json`` file's
+    values are read as JSON (where ``1e+20`` and ``Infinity`` are numbers, not texts as in YAML), its lines
+    as YAML."""
+    text = read_input(path, error, MAX_YAML_BYTES)
+    if path.suffix.lower() != ".json":
+        return parse_text(text, str(path), error)
+    data = load_json(text, str(path), error)
+    try:
+        lines = parse_text(text, str(path), error).lines
+    except PlannerError:  # JSON that YAML cannot read (a key over 1024 characters): messages go without lines
+        lines = {}
+    return Document(data=data, where=str(path), lines=lines)
 
 
 # --------------------------------------------------------------------------------------------- validation
@@ -393,7 +406,7 @@ def _describe(value: Any) -> str:
 def _number(value: float) -> str:
     """A number as a message shows it: short, whatever its size (an integer of 4000 digits included)."""
     if isinstance(value, int) and abs(value) >= 10**16:
-        return f"{float(value):g}" if value.bit_length() < 1000 else "a number of over 300 digits"
+        return f"{float(value):g}" if value.bit_length() <= 1024 else "a number of over 300 digits"
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
@@ -496,7 +509,7 @@ def _object_error(value: dict, schema: dict[str, Any], root: dict[str, Any], pat
             close = get_close_matches(key, sorted(properties), n=3, cutoff=0.5)
             known = ", ".join(sorted(properties))
             hint = f" (did you mean {', '.join(close)}?)" if close else f" (known keys: {known})"
-            return path + (key,), f"{_field(path)} has an unknown key {key!r}{hint}"
+            return path + (key,), f"{_field(path)} has an unknown key {_describe(key)[len('the text '):]}{hint}"
     for key in schema.get("required", []):
         if key not in value:
             return path, f"{_field(path)} is missing the required field {key!r}"

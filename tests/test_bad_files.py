@@ -1,0 +1,323 @@
+"""Bad input files (issue 19): cluster files, device and node profiles, table files and plan files that are
+malformed, hostile or out of physical range are each answered within 5 s by exit 2 and one line
+``planner: error: ...`` naming the file, the field and the accepted range or the fix; never a traceback.
+Every valid file of the repository still loads."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import yaml
+
+from bad_inputs import CLUSTERS, DEVICES, NODES, PROFILES, ROOT, TABLE_FILES, clear_caches, error_line, run
+from plan_samples import ALL as SAMPLE_PLANS
+from planner.builders import build, save
+from planner.builders.tables import load_tables
+from planner.hardware import catalog, load_cluster
+from planner.hardware.documents import MAX_JSON_BYTES, MAX_NESTING_DEPTH, MAX_YAML_BYTES, RANGES, _size_text
+
+BILLION_LAUGHS = "".join(
+    f"{name}: &{name} [{', '.join([f'*{previous}'] * 9)}]\n" for previous, name in zip("abcdefgh", "bcdefghi"))
+BILLION_LAUGHS = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + BILLION_LAUGHS
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("bad_files") / "gpt.onnx"
+    save(build("gpt", {"layers": 2, "hidden": 64, "heads": 2, "vocab": 128, "seq_len": 64}), str(path))
+    return str(path)
+
+
+def devices(path) -> list[str]:
+    return ["devices", "--cluster", str(path), "--json"]
+
+
+def estimate(model: str, cluster: str, tables=None) -> list[str]:
+    argv = ["estimate", model, "--cluster", cluster, "--global-batch", "64", "--tp", "1", "--pp", "1", "--dp", "8",
+            "--json"]
+    return argv + (["--tables", str(tables)] if tables is not None else [])
+
+
+def group_text(extra: str) -> str:
+    return f"groups:\n  - node: dgx-a100-80gb\n    count: 2\n{extra}"
+
+
+# ------------------------------------------------------------------------------------ the listed cases
+
+def test_an_infinite_bandwidth_is_refused_with_its_field_and_range(tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_text(group_text("    inter_node_bandwidth_GBps: .inf\n"))
+    line = error_line(devices(path), capsys)
+    assert line == (f"planner: error: {path}:4: 'groups[0].inter_node_bandwidth_GBps' must be a finite number "
+                    "from 0.001 to 100000, got inf")
+
+
+def test_billion_laughs_yaml_is_refused_at_once(tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_text(BILLION_LAUGHS + "groups: *i\n")
+    line = error_line(devices(path), capsys)
+    assert str(path) in line and "anchors and aliases (&name, *name) are not accepted" in line
+
+
+@pytest.mark.parametrize("spec", ["dgx-a100-80gb*99999999999999999999", "dgx-a100-80gb*1000001",
+                                  "t4*2+dgx-a100-80gb*" + "9" * 5000])
+def test_a_huge_shorthand_count_is_refused(spec, tiny_model, capsys):
+    line = error_line(devices(spec), capsys)
+    assert "must be from 1 to 1000000 nodes per group" in line
+    assert error_line(estimate(tiny_model, spec), capsys) == line  # where the traceback was
+
+
+def test_too_many_shorthand_groups(capsys):
+    assert "over the limit of 1024" in error_line(devices("+".join(["t4"] * 1025)), capsys)
+
+
+# ------------------------------------------------------------------------------------ cluster files
+
+CLUSTER_CASES = {
+    "json_infinity": ("c.json", '{"groups": [{"node": "t4", "count": 1, "intra_node_bandwidth_GBps": Infinity}]}',
+                      "'groups[0].intra_node_bandwidth_GBps' must be a finite number from 0.001 to 100000, got inf"),
+    "nan_latency": ("c.yaml", "groups: [{node: t4, count: 1}]\nfabric: {latency_us: .nan}\n",
+                    "'fabric.latency_us' must be a finite number from 0 to 1e+06, got nan"),
+    "bandwidth_1e308": ("c.yaml", group_text("    inter_node_bandwidth_GBps: 1.0e+308\n"),
+                        "must be a finite number from 0.001 to 100000, got 1e+308"),
+    "negative_price": ("c.yaml", group_text("    price_per_node_hour: -1\n"),
+                       "'groups[0].price_per_node_hour' must be a finite number from 0 to 1e+06, got -1"),
+    "half_a_node": ("c.yaml", "groups: [{node: t4, count: 2.5}]\n",
+                    "'groups[0].count' must be an integer from 1 to 1000000, got 2.5"),
+    "bool_count": ("c.yaml", "groups: [{node: t4, count: true}]\n",
+                   "'groups[0].count' must be an integer from 1 to 1000000, got a boolean"),
+    "huge_count": ("c.yaml", f"groups: [{{node: t4, count: {10**30}}}]\n",
+                   "'groups[0].count' must be an integer from 1 to 1000000, got 1e+30"),
+    "5000_digits": ("c.yaml", "groups: [{node: t4, count: 1" + "0" * 5000 + "}]\n",
+                    "a number in the file has over 4300 digits"),
+    "inline_2.5_devices": ("c.yaml", "groups:\n  - node: {device: t4, devices_per_node: 2.5, "
+                           "intra_node_bandwidth_GBps: 10, inter_node_bandwidth_GBps: 1}\n    count: 1\n",
+                           "'groups[0].node.devices_per_node' must be an integer from 1 to 1024, got 2.5"),
+    "inline_efficiency_0": ("c.yaml", "groups:\n  - node: {device: t4, devices_per_node: 1, "
+                            "inter_node_bandwidth_GBps: 1, inter_node_efficiency: 0}\n    count: 1\n",
+                            "'groups[0].node.inter_node_efficiency' must be a finite number from 1e-06 to 1, got 0"),
+    "oversubscription": ("c.yaml", "groups: [{node: t4, count: 1}]\nfabric: {oversubscription: 1.0e+9}\n",
+                         "'fabric.oversubscription' must be a finite number from 1 to 1000"),
+    "merge_key_alias": ("c.yaml", "base: &base {node: t4, count: 1}\ngroups:\n  - <<: *base\n",
+                        "anchors and aliases"),
+    "deep_flow": ("c.yaml", "groups: " + "[" * (MAX_NESTING_DEPTH + 8) + "]" * (MAX_NESTING_DEPTH + 8) + "\n",
+                  f"nested deeper than {MAX_NESTING_DEPTH} levels"),
+    "very_deep_flow": ("c.yaml", "groups: " + "[" * 100_000 + "]" * 100_000 + "\n", "malformed YAML/JSON"),
+    "very_deep_block": ("c.yaml", "groups:\n" + "- " * 20_000 + "x\n", "malformed YAML/JSON"),
+    "deep_json": ("c.json", '{"groups": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested deeper than"),
+    "complex_key": ("c.yaml", "? [groups]\n: 1\n", "a key must be plain text"),
+    "not_utf8": ("c.yaml", b"groups: [{node: t4, count: 1}] # \xff\xfe\n", "cannot be read"),
+    "truncated": ("c.yaml", "groups:\n  - {node: dgx-a100-80gb, cou", "malformed YAML/JSON"),
+    "a_date": ("c.yaml", "groups: [{node: t4, count: 2024-01-01}]\n", "'groups[0].count' must be an integer"),
+    "long_unknown_key": ("c.json", '{"groups": [{"node": "t4", "count": 1, "' + "x" * 100_000 + '": 1}]}',
+                         "has an unknown key 'xxxxxxxxxx"),
+    "binary_tag": ("c.yaml", "groups: [{node: !!binary aGVsbG8=, count: 1}]\n", "'groups[0].node' must be"),
+    "python_tag": ("c.yaml", "groups: [{node: !!python/object:os.system x, count: 1}]\n", "malformed YAML/JSON"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CLUSTER_CASES))
+def test_bad_cluster_file(case, tmp_path, capsys):
+    name, text, words = CLUSTER_CASES[case]
+    path = tmp_path / name
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    line = error_line(devices(path), capsys)
+    assert str(path) in line and words in line, line
+
+
+def test_an_oversized_cluster_file_is_refused_before_it_is_read(tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_text("groups: [{node: t4, count: 1}]\n" + "# padding\n" * (MAX_YAML_BYTES // 10 + 1))
+    line = error_line(devices(path), capsys)
+    size = _size_text(path.stat().st_size)
+    assert line == (f"planner: error: {path}: the file is {size}, over the limit of 256 KiB for a "
+                    "YAML/JSON input; give the file it should be (this one is not)")
+
+
+def test_a_folder_is_not_a_cluster_file(tmp_path, capsys):
+    assert "is not a file" in error_line(devices(str(tmp_path) + "/"), capsys)
+
+
+# ------------------------------------------------------------------------------ device and node profiles
+
+def _device_cluster(tmp_path, device: dict | str) -> str:
+    text = device if isinstance(device, str) else yaml.safe_dump(device, sort_keys=False)
+    (tmp_path / "gpu.yaml").write_text(text)
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("groups:\n  - node: {device_file: gpu.yaml, devices_per_node: 1, "
+                       "inter_node_bandwidth_GBps: 1}\n    count: 1\n")
+    return str(cluster)
+
+
+@pytest.mark.parametrize("field, value, words", [
+    (("peak_flops_per_s", "bf16"), float("inf"), "'peak_flops_per_s.bf16' must be a finite number from 1e+06 to 1e+18, got inf"),
+    (("memory_bytes",), 10**308, "'memory_bytes' must be an integer from 1 to 1125899906842624, got 1e+308"),
+    (("memory_bytes",), 8.5, "'memory_bytes' must be an integer"),
+    (("memory_bandwidth_Bps",), float("nan"), "'memory_bandwidth_Bps' must be a finite number from 1e+06 to 1e+15, got nan"),
+    (("gemm_efficiency", 0, 1), 0.0, "'gemm_efficiency[0][1]' must be a finite number from 1e-06 to 1, got 0"),
+    (("op_overhead_s",), -1, "'op_overhead_s' must be a finite number from 0 to 1, got -1"),
+])
+def test_bad_device_profile(field, value, words, tmp_path, capsys):
+    profile = yaml.safe_load((PROFILES / "devices" / "a100-80gb.yaml").read_text())
+    target = profile
+    for part in field[:-1]:
+        target = target[part]
+    target[field[-1]] = value
+    line = error_line(devices(_device_cluster(tmp_path, profile)), capsys)
+    assert "gpu.yaml" in line and words in line, line
+
+
+def test_a_device_profile_of_aliases_is_refused(tmp_path, capsys):
+    line = error_line(devices(_device_cluster(tmp_path, BILLION_LAUGHS + "name: x\n")), capsys)
+    assert "gpu.yaml" in line and "anchors and aliases" in line
+
+
+@pytest.fixture
+def own_catalog(tmp_path, monkeypatch):
+    """A copy of the catalog in $PLANNER_PROFILES_DIR, for a test to break one of its node profiles."""
+    shutil.copytree(PROFILES / "devices", tmp_path / "devices")
+    shutil.copytree(PROFILES / "nodes", tmp_path / "nodes")
+    monkeypatch.setenv(catalog.ENV_VAR, str(tmp_path))
+    yield tmp_path / "nodes"
+    clear_caches()
+
+
+@pytest.mark.parametrize("replace, words", [
+    (("nic_bandwidth_GBps: 25", "nic_bandwidth_GBps: .nan"), "'nic_bandwidth_GBps' must be a finite number from 0.001 to 100000, got nan"),
+    (("devices_per_node: 8", "devices_per_node: 2.5"), "'devices_per_node' must be an integer from 1 to 1024, got 2.5"),
+    (("nics_per_node: 8", "nics_per_node: true"), "'nics_per_node' must be an integer from 1 to 64, got a boolean"),
+    (("inter_node_latency_us: 4.5", "inter_node_latency_us: 1e999"), "'inter_node_latency_us' must be a number"),
+    (("inter_node_latency_us: 4.5", "inter_node_latency_us: 1.0e+999"), "must be a finite number from 0 to 1e+06, got inf"),
+])
+def test_bad_node_profile(replace, words, own_catalog, capsys):
+    path = own_catalog / "dgx-a100-80gb.yaml"
+    old, new = replace
+    path.write_text(path.read_text().replace(old, new))
+    line = error_line(devices("dgx-a100-80gb*2"), capsys)
+    assert str(path) in line and words in line, line
+
+
+# ------------------------------------------------------------------------------------------ table files
+
+TABLE_CASES = {
+    "infinite_pooling": ("t.json", '{"tables": [{"name": "a", "rows": 10, "dim": 4, "pooling_factor": Infinity}]}',
+                         "'tables[0].pooling_factor' must be a finite number from 1e-06 to 1e+06, got inf"),
+    "overflowing_rows": ("t.json", '{"tables": [{"name": "a", "rows": 1e999, "dim": 4}]}',
+                         "'tables[0].rows' must be an integer from 1 to 1000000000000, got inf"),
+    "half_a_row": ("t.yaml", "tables: [{name: a, rows: 2.5, dim: 4}]\n",
+                   "'tables[0].rows' must be an integer from 1 to 1000000000000, got 2.5"),
+    "bool_dim": ("t.json", '{"tables": [{"name": "a", "rows": 10, "dim": true}]}',
+                 "'tables[0].dim' must be an integer from 1 to 65536, got a boolean"),
+    "dim_1e308": ("t.yaml", "tables: [{name: a, rows: 10, dim: 1.0e+308}]\n", "'tables[0].dim' must be an integer from 1 to 65536"),
+    "nan_mlp": ("t.json", '{"tables": [{"name": "a", "rows": 10, "dim": 4}], "top_mlp": [64, NaN]}',
+                "'top_mlp[1]' must be an integer from 1 to 1000000, got nan"),
+    "aliases": ("t.yaml", BILLION_LAUGHS + "tables: *i\n", "anchors and aliases"),
+    "deep_json": ("t.json", '{"tables": ' + "[" * 50_000 + "]" * 50_000 + "}", f"nested deeper than {MAX_NESTING_DEPTH}"),
+    "5000_digits": ("t.json", '{"tables": [{"name": "a", "rows": 1' + "0" * 5000 + ', "dim": 4}]}',
+                    "a number in the file has over 4300 digits"),
+    "not_a_mapping": ("t.json", "[1, 2]", "must be a mapping"),
+    "truncated": ("t.json", '{"tables": [{"name": "a", "ro', "not valid JSON"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TABLE_CASES))
+def test_bad_table_file(case, tiny_model, tmp_path, capsys):
+    name, text, words = TABLE_CASES[case]
+    path = tmp_path / name
+    path.write_text(text)
+    line = error_line(estimate(tiny_model, "dgx-a100-80gb*1", path), capsys)
+    assert str(path) in line and words in line, line
+
+
+def test_an_oversized_table_file_is_refused_before_it_is_read(tiny_model, tmp_path, capsys):
+    path = tmp_path / "t.json"
+    path.write_text('{"tables": [' + ", ".join(['{"name": "a", "rows": 1, "dim": 1}'] * (MAX_JSON_BYTES // 30)) + "]}")
+    line = error_line(estimate(tiny_model, "dgx-a100-80gb*1", path), capsys)
+    assert str(path) in line and "over the limit of 4 MiB for a YAML/JSON input" in line
+
+
+# ------------------------------------------------------------------------------------------- plan files
+
+def _plan_file(tmp_path, change) -> str:
+    document = SAMPLE_PLANS["gpt"]().to_dict()
+    change(document)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(document))
+    return str(path)
+
+
+@pytest.mark.parametrize("label, change, words", [
+    ("nan_time", lambda d: d.update(iteration_time_s=float("nan")), "plan.iteration_time_s: nan is not a finite number"),
+    ("inf_stage_time", lambda d: d["stages"][1].update(time_s=float("inf")), "plan.stages[1].time_s: inf is not a finite"),
+    ("bool_tp", lambda d: d["stages"][0].update(tp=True), "plan.stages.0.tp: True is not of type 'integer'"),
+    ("half_dp", lambda d: d["stages"][0].update(dp=2.5), "plan.stages.0.dp: 2.5 is not of type 'integer'"),
+    ("huge_devices", lambda d: d["cluster"].update(num_devices=10**30), "is greater than the maximum of 1099511627776"),
+    ("huge_memory", lambda d: d.update(memory_per_device_bytes=1e300), "is greater than the maximum"),
+])
+def test_bad_plan_file(label, change, words, tmp_path, capsys):
+    path = _plan_file(tmp_path, change)
+    line = error_line(["show", path], capsys)
+    assert path in line and words.replace("plan.stages.0", "plan.stages[0]") in line.replace(
+        "plan.stages.0", "plan.stages[0]"), line
+
+
+@pytest.mark.parametrize("label, text, words", [
+    ("infinity_literal", '{"schema_version": 1, "iteration_time_s": -Infinity}', "is not a finite number"),
+    ("deep", '{"schema_version": 1, "x": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested deeper than"),
+    ("5000_digits", '{"schema_version": 1' + "0" * 5000 + "}", "over 4300 digits"),
+    ("truncated", SAMPLE_PLANS["gpt"]().to_json()[:200], "not valid JSON"),
+])
+def test_malformed_plan_file(label, text, words, tmp_path, capsys):
+    path = tmp_path / "plan.json"
+    path.write_text(text)
+    line = error_line(["show", str(path)], capsys)
+    assert str(path) in line and words in line, line
+
+
+def test_an_oversized_plan_file_is_refused_before_it_is_read(tmp_path, capsys):
+    path = tmp_path / "plan.json"
+    path.write_text(" " * (MAX_JSON_BYTES + 1))
+    line = error_line(["show", str(path)], capsys)
+    assert str(path) in line and "over the limit of 4 MiB" in line
+
+
+# ------------------------------------------------------------------------------ every valid file loads
+
+@pytest.mark.parametrize("path", CLUSTERS + sorted((ROOT / "planner" / "hardware_profiles" / "clusters").glob("*")),
+                         ids=str)
+def test_every_cluster_file_of_the_repository_loads(path, capsys):
+    assert run(devices(path), capsys)[0] == 0
+
+
+def test_every_device_and_node_profile_of_the_repository_loads(capsys):
+    code, out, _ = run(["devices", "--json"], capsys)
+    document = json.loads(out)
+    assert code == 0
+    assert {d["name"] for d in document["devices"]} == {p.stem for p in DEVICES if p.parent.name == "devices"}
+    assert {n["name"] for n in document["nodes"]} == {p.stem for p in NODES}
+    for path in DEVICES:
+        assert catalog.load_device_file(path).name
+
+
+def test_every_table_file_of_the_repository_loads():
+    assert len(load_tables(str(TABLE_FILES[0])).tables) == 26
+    workloads = json.loads(TABLE_FILES[1].read_text())["workloads"]
+    for workload in workloads:
+        assert load_tables(str(TABLE_FILES[1]), workload["name"]).tables
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLE_PLANS))
+def test_every_sample_plan_loads(name, tmp_path, capsys):
+    path = tmp_path / "plan.json"
+    path.write_text(SAMPLE_PLANS[name]().to_json())
+    assert run(["show", str(path), "--json"], capsys)[0] == 0
+
+
+def test_the_limits_keep_the_catalogs_largest_numbers_inside():
+    # the catalog's extremes sit well inside the physical limits (no valid file is near an edge)
+    clusters = [load_cluster(p) for p in CLUSTERS]
+    assert max(g.count for c in clusters for g in c.groups) < RANGES["nodes"][1]
+    peak = max(v for n in catalog.device_names() for v in catalog.get_device(n).peak_flops_per_s.values())
+    assert peak * 100 < RANGES["flops_per_s"][1]
