@@ -152,12 +152,18 @@ def _device_cluster(tmp_path, device: dict | str) -> str:
 
 
 @pytest.mark.parametrize("field, value, words", [
-    (("peak_flops_per_s", "bf16"), float("inf"), "'peak_flops_per_s.bf16' must be a finite number from 1e+06 to 1e+18, got inf"),
+    (("peak_flops_per_s", "bf16"), float("inf"),
+     "'peak_flops_per_s.bf16' must be a finite number from 1e+06 to 1e+18, got inf"),
     (("memory_bytes",), 10**308, "'memory_bytes' must be an integer from 1 to 1125899906842624, got 1e+308"),
     (("memory_bytes",), 8.5, "'memory_bytes' must be an integer"),
-    (("memory_bandwidth_Bps",), float("nan"), "'memory_bandwidth_Bps' must be a finite number from 1e+06 to 1e+15, got nan"),
+    (("memory_bandwidth_Bps",), float("nan"),
+     "'memory_bandwidth_Bps' must be a finite number from 1e+06 to 1e+15, got nan"),
     (("gemm_efficiency", 0, 1), 0.0, "'gemm_efficiency[0][1]' must be a finite number from 1e-06 to 1, got 0"),
     (("op_overhead_s",), -1, "'op_overhead_s' must be a finite number from 0 to 1, got -1"),
+    # found by tests/test_bad_files_fuzz.py: an integer too large for a float (the range check overflowed)
+    (("memory_bytes",), 10**400, "'memory_bytes' must be an integer from 1 to 1125899906842624, got a number of "
+                                 "over 300 digits"),
+    (("memory_bandwidth_Bps",), -(10**400), "'memory_bandwidth_Bps' must be a finite number from 1e+06 to 1e+15"),
 ])
 def test_bad_device_profile(field, value, words, tmp_path, capsys):
     profile = yaml.safe_load((PROFILES / "devices" / "a100-80gb.yaml").read_text())
@@ -185,11 +191,17 @@ def own_catalog(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("replace, words", [
-    (("nic_bandwidth_GBps: 25", "nic_bandwidth_GBps: .nan"), "'nic_bandwidth_GBps' must be a finite number from 0.001 to 100000, got nan"),
-    (("devices_per_node: 8", "devices_per_node: 2.5"), "'devices_per_node' must be an integer from 1 to 1024, got 2.5"),
+    (("nic_bandwidth_GBps: 25", "nic_bandwidth_GBps: .nan"),
+     "'nic_bandwidth_GBps' must be a finite number from 0.001 to 100000, got nan"),
+    (("devices_per_node: 8", "devices_per_node: 2.5"),
+     "'devices_per_node' must be an integer from 1 to 1024, got 2.5"),
     (("nics_per_node: 8", "nics_per_node: true"), "'nics_per_node' must be an integer from 1 to 64, got a boolean"),
     (("inter_node_latency_us: 4.5", "inter_node_latency_us: 1e999"), "'inter_node_latency_us' must be a number"),
-    (("inter_node_latency_us: 4.5", "inter_node_latency_us: 1.0e+999"), "must be a finite number from 0 to 1e+06, got inf"),
+    (("inter_node_latency_us: 4.5", "inter_node_latency_us: 1.0e+999"),
+     "must be a finite number from 0 to 1e+06, got inf"),
+    # found by tests/test_bad_files_fuzz.py
+    (("devices_per_node: 8", f"devices_per_node: {10**400}"),
+     "'devices_per_node' must be an integer from 1 to 1024"),
 ])
 def test_bad_node_profile(replace, words, own_catalog, capsys):
     path = own_catalog / "dgx-a100-80gb.yaml"
@@ -210,11 +222,13 @@ TABLE_CASES = {
                    "'tables[0].rows' must be an integer from 1 to 1000000000000, got 2.5"),
     "bool_dim": ("t.json", '{"tables": [{"name": "a", "rows": 10, "dim": true}]}',
                  "'tables[0].dim' must be an integer from 1 to 65536, got a boolean"),
-    "dim_1e308": ("t.yaml", "tables: [{name: a, rows: 10, dim: 1.0e+308}]\n", "'tables[0].dim' must be an integer from 1 to 65536"),
+    "dim_1e308": ("t.yaml", "tables: [{name: a, rows: 10, dim: 1.0e+308}]\n",
+                  "'tables[0].dim' must be an integer from 1 to 65536"),
     "nan_mlp": ("t.json", '{"tables": [{"name": "a", "rows": 10, "dim": 4}], "top_mlp": [64, NaN]}',
                 "'top_mlp[1]' must be an integer from 1 to 1000000, got nan"),
     "aliases": ("t.yaml", BILLION_LAUGHS + "tables: *i\n", "anchors and aliases"),
-    "deep_json": ("t.json", '{"tables": ' + "[" * 50_000 + "]" * 50_000 + "}", f"nested deeper than {MAX_NESTING_DEPTH}"),
+    "deep_json": ("t.json", '{"tables": ' + "[" * 50_000 + "]" * 50_000 + "}",
+                  f"nested deeper than {MAX_NESTING_DEPTH}"),
     "5000_digits": ("t.json", '{"tables": [{"name": "a", "rows": 1' + "0" * 5000 + ', "dim": 4}]}',
                     "a number in the file has over 4300 digits"),
     "not_a_mapping": ("t.json", "[1, 2]", "must be a mapping"),
@@ -249,8 +263,10 @@ def _plan_file(tmp_path, change) -> str:
 
 
 @pytest.mark.parametrize("label, change, words", [
-    ("nan_time", lambda d: d.update(iteration_time_s=float("nan")), "plan.iteration_time_s: nan is not a finite number"),
-    ("inf_stage_time", lambda d: d["stages"][1].update(time_s=float("inf")), "plan.stages[1].time_s: inf is not a finite"),
+    ("nan_time", lambda d: d.update(iteration_time_s=float("nan")),
+     "plan.iteration_time_s: nan is not a finite number"),
+    ("inf_stage_time", lambda d: d["stages"][1].update(time_s=float("inf")),
+     "plan.stages[1].time_s: inf is not a finite"),
     ("bool_tp", lambda d: d["stages"][0].update(tp=True), "plan.stages.0.tp: True is not of type 'integer'"),
     ("half_dp", lambda d: d["stages"][0].update(dp=2.5), "plan.stages.0.dp: 2.5 is not of type 'integer'"),
     ("huge_devices", lambda d: d["cluster"].update(num_devices=10**30), "is greater than the maximum of 1099511627776"),

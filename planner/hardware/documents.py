@@ -449,7 +449,8 @@ def _span(schema: dict[str, Any]) -> str:
 def _number_error(value: float, schema: dict[str, Any], path: JsonPath) -> Error:
     """A number outside the schema's bounds, or not finite: the message states the accepted range."""
     low, high, above = schema.get("minimum"), schema.get("maximum"), schema.get("exclusiveMinimum")
-    if math.isfinite(value) and (low is None or value >= low) and (high is None or value <= high) and (
+    finite = not isinstance(value, float) or math.isfinite(value)  # (isfinite of a 400-digit int overflows)
+    if finite and (low is None or value >= low) and (high is None or value <= high) and (
             above is None or value > above):
         return None
     kind = "an integer" if schema.get("type") == "integer" else "a finite number"
