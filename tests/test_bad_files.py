@@ -111,6 +111,8 @@ CLUSTER_CASES = {
     "not_utf8": ("c.yaml", b"groups: [{node: t4, count: 1}] # \xff\xfe\n", "cannot be read"),
     "truncated": ("c.yaml", "groups:\n  - {node: dgx-a100-80gb, cou", "malformed YAML/JSON"),
     "a_date": ("c.yaml", "groups: [{node: t4, count: 2024-01-01}]\n", "'groups[0].count' must be an integer"),
+    "no_such_date": ("c.yaml", "groups: [{node: t4, count: 2024-13-45}]\n",
+                     "a value cannot be read (month must be in 1..12); write it as plain text or a number"),
     "long_unknown_key": ("c.json", '{"groups": [{"node": "t4", "count": 1, "' + "x" * 100_000 + '": 1}]}',
                          "has an unknown key 'xxxxxxxxxx"),
     "binary_tag": ("c.yaml", "groups: [{node: !!binary aGVsbG8=, count: 1}]\n", "'groups[0].node' must be"),
@@ -133,7 +135,7 @@ def test_an_oversized_cluster_file_is_refused_before_it_is_read(tmp_path, capsys
     line = error_line(devices(path), capsys)
     size = _size_text(path.stat().st_size)
     assert line == (f"planner: error: {path}: the file is {size}, over the limit of 256 KiB for a "
-                    "YAML/JSON input; give the file it should be (this one is not)")
+                    "YAML/JSON input file; check that it is the file meant")
 
 
 def test_a_folder_is_not_a_cluster_file(tmp_path, capsys):
@@ -249,7 +251,7 @@ def test_an_oversized_table_file_is_refused_before_it_is_read(tiny_model, tmp_pa
     path = tmp_path / "t.json"
     path.write_text('{"tables": [' + ", ".join(['{"name": "a", "rows": 1, "dim": 1}'] * (MAX_JSON_BYTES // 30)) + "]}")
     line = error_line(estimate(tiny_model, "dgx-a100-80gb*1", path), capsys)
-    assert str(path) in line and "over the limit of 4 MiB for a YAML/JSON input" in line
+    assert str(path) in line and "over the limit of 4 MiB for a JSON input file" in line
 
 
 # ------------------------------------------------------------------------------------------- plan files

@@ -142,6 +142,10 @@ def _size_text(size: int) -> str:
     return f"{size} bytes"
 
 
+def _kind(file: Path, max_bytes: int) -> str:
+    return "JSON" if file.suffix.lower() == ".json" and max_bytes == MAX_JSON_BYTES else "YAML/JSON"
+
+
 def read_input(path: str | os.PathLike, error: type[PlannerError] = ClusterError,
                max_bytes: int | None = None) -> str:
     """The text of an input file, its size checked before it is read (the limit: :data:`MAX_YAML_BYTES`
@@ -155,7 +159,7 @@ def read_input(path: str | os.PathLike, error: type[PlannerError] = ClusterError
             raise error(f"{file}: is not a file; give a YAML/JSON file")
         if size > max_bytes:
             raise error(f"{file}: the file is {_size_text(size)}, over the limit of {_size_text(max_bytes)} "
-                        "for a YAML/JSON input; give the file it should be (this one is not)")
+                        f"for a {_kind(file, max_bytes)} input file; check that it is the file meant")
         with open(file, encoding="utf-8") as handle:
             text = handle.read(max_bytes + 1)
     except FileNotFoundError:
@@ -163,7 +167,7 @@ def read_input(path: str | os.PathLike, error: type[PlannerError] = ClusterError
     except (OSError, UnicodeDecodeError) as exc:
         raise error(f"{file}: cannot be read ({exc})") from None
     if len(text) > max_bytes:  # the file grew while it was read
-        raise error(f"{file}: over the limit of {_size_text(max_bytes)} for a YAML/JSON input")
+        raise error(f"{file}: over the limit of {_size_text(max_bytes)} for a {_kind(file, max_bytes)} input file")
     return text
 
 
@@ -190,6 +194,15 @@ _ALIAS_PROBLEM = "anchors and aliases (&name, *name) are not accepted; write eac
 _DEPTH_PROBLEM = f"nested deeper than {MAX_NESTING_DEPTH} levels"
 _TOO_LONG = (f"a number in the file has over {sys.get_int_max_str_digits()} digits; no field accepts one that "
              "large (see the field's range)")
+
+
+def _value_problem(exc: ValueError) -> str:
+    """What a ValueError raised while building the file's values means for the user."""
+    if "digits" in str(exc):  # int(): "Exceeds the limit (4300 digits) for integer string conversion"
+        return _TOO_LONG
+    return f"a value cannot be read ({exc}); write it as plain text or a number"
+
+
 # libyaml composes in C (and stops at 1000 levels itself); aliases and depth are then checked on the nodes
 _FAST_LOADER = getattr(yaml, "CSafeLoader", None)
 
@@ -238,8 +251,8 @@ def load_yaml(text: str, where: str, error: type[PlannerError] = ClusterError,
         return loader.construct_document(root), root
     except yaml.YAMLError as exc:
         raise _malformed(exc, where, error) from None
-    except ValueError:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
-        raise error(f"{where}: {_TOO_LONG}") from None
+    except ValueError as exc:  # a tagged value YAML cannot convert: an over-long integer, 2024-13-45
+        raise error(f"{where}: {_value_problem(exc)}") from None
     finally:
         loader.dispose()
 
@@ -272,8 +285,8 @@ def load_json(text: str, where: str, error: type[PlannerError] = ClusterError) -
         raise error(f"{where}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
     except RecursionError:
         raise error(f"{where}: malformed JSON: {_DEPTH_PROBLEM}") from None
-    except ValueError:  # an integer of more digits than Python converts
-        raise error(f"{where}: {_TOO_LONG}") from None
+    except ValueError as exc:  # an integer of more digits than Python converts
+        raise error(f"{where}: {_value_problem(exc)}") from None
     return data
 
 
