@@ -69,6 +69,16 @@ def test_a_huge_shorthand_count_is_refused(spec, tiny_model, capsys):
     assert error_line(estimate(tiny_model, spec), capsys) == line  # where the traceback was
 
 
+@pytest.mark.parametrize("sweep, words", [
+    ("count=99999999999999999999", "--sweep count: 99999999999999999999 must be from 0 to 1000000"),
+    ("count=1" + "0" * 5000, "has over 20 digits"),
+    ("inter_node_bandwidth_GBps=1e9", "must be at most 100000, as in a cluster file"),
+])
+def test_a_huge_sweep_value_is_refused_like_a_cluster_file(sweep, words, tiny_model, capsys):
+    argv = ["whatif", tiny_model, "--cluster", "t4", "--global-batch", "8", "--sweep", sweep, "--workers", "1"]
+    assert words in error_line(argv, capsys)
+
+
 def test_too_many_shorthand_groups(capsys):
     assert "over the limit of 1024" in error_line(devices("+".join(["t4"] * 1025)), capsys)
 

@@ -16,6 +16,7 @@ from typing import Mapping, Protocol, Sequence, Union
 
 from planner.assignments import split_assignments
 from planner.errors import ClusterError, ConfigError, suggest
+from planner.hardware.documents import RANGES
 from planner.types import Cluster, DeviceGroup, DeviceProfile, NodeProfile
 
 Value = Union[int, float, str]
@@ -93,17 +94,21 @@ def parse_key(text: str) -> SweepKey:
                       f"{valid_keys_text()}")
 
 
-def _int_value(key: SweepKey, text: str, minimum: int) -> int:
+def _int_value(key: SweepKey, text: str, minimum: int, maximum: int | None = None) -> int:
+    if len(text) > 20:  # int() of thousands of digits is refused or slow; no count has 20
+        raise ConfigError(f"--sweep {key.text}: {text[:20]}... has over 20 digits; give a smaller integer")
     try:
         value = int(text)
     except ValueError:
         raise ConfigError(f"--sweep {key.text}: {text!r} is not an integer") from None
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"--sweep {key.text}: {value} must be from {minimum} to {maximum}")
     if value < minimum:
         raise ConfigError(f"--sweep {key.text}: {value} must be at least {minimum}")
     return value
 
 
-def _float_value(key: SweepKey, text: str, positive: bool) -> float:
+def _float_value(key: SweepKey, text: str, positive: bool, maximum: float) -> float:
     try:
         value = float(text)
     except ValueError:
@@ -111,6 +116,8 @@ def _float_value(key: SweepKey, text: str, positive: bool) -> float:
     if value != value or value in (float("inf"), float("-inf")) or value < 0 or (positive and value == 0):
         raise ConfigError(f"--sweep {key.text}: {text!r} must be a {'positive' if positive else 'non-negative'} "
                           "finite number")
+    if value > maximum:
+        raise ConfigError(f"--sweep {key.text}: {text!r} must be at most {maximum:g}, as in a cluster file")
     return value
 
 
@@ -118,14 +125,14 @@ def parse_value(key: SweepKey, text: str) -> Value:
     text = text.strip()
     if not text:
         raise ConfigError(f"--sweep {key.text}: empty value; write e.g. --sweep {key.text}=1,2,4")
-    if key.field == "count":
-        return _int_value(key, text, 0)
+    if key.field == "count":  # the limits of a cluster file (planner.hardware.documents.RANGES)
+        return _int_value(key, text, 0, int(RANGES["nodes"][1]))
     if key.field in ("global_batch", "seq_len"):
         return _int_value(key, text, 1)
     if key.field == "inter_node_bandwidth_GBps":
-        return _float_value(key, text, positive=True)
+        return _float_value(key, text, positive=True, maximum=RANGES["link_bandwidth_GBps"][1])
     if key.field == "price_per_node_hour":
-        return _float_value(key, text, positive=False)
+        return _float_value(key, text, positive=False, maximum=RANGES["price_per_node_hour"][1])
     return text  # node, device: checked against the catalog before any point is planned
 
 
