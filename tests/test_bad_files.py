@@ -148,6 +148,24 @@ def test_an_oversized_cluster_file_is_refused_before_it_is_read(tmp_path, capsys
                     "YAML/JSON input file; check that it is the file meant")
 
 
+@pytest.mark.parametrize("name, body", [
+    ("c.yaml", lambda room: "groups: [" + "0," * (room // 2) + "0]\n"),  # the most YAML nodes per byte
+    ("c.yaml", lambda room: "groups:\n" + "- {a: 1}\n" * (room // 9)),
+    ("c.json", lambda room: '{"groups": [' + "0," * (room // 2) + "0]}"),
+])
+def test_the_worst_file_under_the_size_limit_is_answered_in_time(name, body, tmp_path, capsys):
+    # run() holds every answer to 5 s; these are the slowest shapes a file within the limit can take
+    path = tmp_path / name
+    path.write_text(body(MAX_YAML_BYTES - 64))
+    assert "takes at most 1024 items" in error_line(devices(path), capsys)
+
+
+def test_the_worst_json_under_the_size_limit_is_answered_in_time(tiny_model, tmp_path, capsys):
+    path = tmp_path / "t.json"
+    path.write_text('{"tables": [' + "[]," * ((MAX_JSON_BYTES - 64) // 3) + "[]]}")  # the most lists per byte
+    assert "takes at most 100000 items" in error_line(estimate(tiny_model, "dgx-a100-80gb*1", path), capsys)
+
+
 def test_a_folder_is_not_a_cluster_file(tmp_path, capsys):
     assert "is not a file" in error_line(devices(str(tmp_path) + "/"), capsys)
 
