@@ -196,6 +196,9 @@ class DeviceProfile:
     # optional: (forward, backward) achieved fraction of peak of a FlashAttention kernel on this device;
     # empty = FlashAttention-2's measured fractions on A100 (planner.hardware.efficiency.FLASH_*)
     flash_attention_efficiency: tuple[float, ...] = ()
+    # whether FlashAttention runs on this device at all (FlashAttention-2 and Transformer Engine's fused
+    # attention need Ampere or newer); where not, a runtime's flash attention falls back to a fused softmax
+    flash_attention: bool = True
 
 
 @dataclass(frozen=True)

@@ -220,3 +220,19 @@ def test_causal_flash_attention_computes_the_blocks_on_and_below_the_diagonal():
     peak = node.device.peak_flops_per_s["bf16"]
     skipped = flops * (1 - 17 / 32) / (peak * 0.73)
     assert t["full"] - t["causal"] == pytest.approx(skipped, rel=1e-6)
+
+
+def test_flash_attention_falls_back_to_the_fused_softmax_where_it_does_not_run():
+    """FlashAttention-2 needs Ampere or newer: on V100 a flash runtime keeps the scores in memory, as the
+    fused softmax does, and on A100 it does not."""
+    model = gpt(2, 256, 4, 512, 32000)
+    block = _blocks(model)[0]
+    v100, a100 = catalog.get_node("hgx-v100-32gb"), catalog.get_node("dgx-a100-80gb")
+    assert not v100.device.flash_attention and a100.device.flash_attention
+    flash = get_runtime("megatron-core")
+    fused = dataclasses.replace(flash, name="fused-test", attention="fused-softmax")
+    on_v100 = layer_costs(model, v100, 1, 1, "none", False, "fp16", runtime=flash).activation_bytes[block]
+    fused_v100 = layer_costs(model, v100, 1, 1, "none", False, "fp16", runtime=fused).activation_bytes[block]
+    on_a100 = layer_costs(model, a100, 1, 1, "none", False, "fp16", runtime=flash).activation_bytes[block]
+    assert on_v100 == pytest.approx(fused_v100)
+    assert on_a100 < on_v100

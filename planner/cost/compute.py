@@ -323,6 +323,14 @@ def _signatures(model: LayerGraph) -> tuple[int, ...]:
     return hit  # type: ignore[return-value]
 
 
+def attention_kernel(runtime: Runtime, device: DeviceProfile) -> str:
+    """The attention kernel ``runtime`` runs on ``device``: its own, except that FlashAttention falls back to
+    the fused softmax (scores in memory) on devices it does not run on."""
+    if runtime.attention == "flash" and not device.flash_attention:
+        return "fused-softmax"
+    return runtime.attention
+
+
 def _one_layer(layer: Layer, node: NodeProfile, tp: int, mb: int, recompute: str, sp: bool, dtype: str,
                cal: DeviceCalibration, runtime: Runtime, signature: int | None = None) -> _OneLayer:
     """One layer's costs, cached by the layer's signature (its numbers, not its name): a model's repeated
@@ -333,10 +341,11 @@ def _one_layer(layer: Layer, node: NodeProfile, tp: int, mb: int, recompute: str
     hit = _ONE_LAYER_CACHE.get((node,), args)
     if hit is not None:
         return hit  # type: ignore[return-value]
-    fwd, bwd, core, tp_fwd, tp_bwd = _costs_of_ops(layer, node, tp, mb, sp, dtype, cal, runtime.attention)
-    if runtime.attention == "flash":
+    attention = attention_kernel(runtime, node.device)
+    fwd, bwd, core, tp_fwd, tp_bwd = _costs_of_ops(layer, node, tp, mb, sp, dtype, cal, attention)
+    if attention == "flash":
         core = 0.0  # FlashAttention keeps no score tensor: selective recompute has nothing to re-run
-    held, full = _activation_bytes(layer, tp, mb, sp, recompute, dtype, runtime.attention)
+    held, full = _activation_bytes(layer, tp, mb, sp, recompute, dtype, attention)
     output = layer.output_bytes * activation_scale(dtype) * mb / tp  # the boundary tensor at the dtype's width
     result = _OneLayer(fwd, bwd, core, tp_fwd, tp_bwd, held, full, _tp_sharded_params(layer, tp), output)
     _ONE_LAYER_CACHE.put((node,), args, result)

@@ -68,6 +68,7 @@ def device_from_document(doc: Document) -> DeviceProfile:
         conv_efficiency=_pairs(data.get("conv_efficiency", ())),
         vector_flops_per_s=float(data.get("vector_flops_per_s", 0.0)),
         flash_attention_efficiency=tuple(float(x) for x in data.get("flash_attention_efficiency", ())),
+        flash_attention=bool(data.get("flash_attention", True)),
     )
 
 
