@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from planner.builders import build, save  # noqa: E402
 from planner.graph import load_model  # noqa: E402
 from planner.sweep.runner import print_progress  # noqa: E402
-from planner.whatif import whatif  # noqa: E402
+from planner.sweep.whatif import whatif  # noqa: E402
 
 GPT3 = {"layers": 96, "hidden": 12288, "heads": 96, "seq_len": 2048, "vocab": 51200}
 GLOBAL_BATCH = 1536  # GPT-3 175B: 3.2M tokens per batch / 2048 tokens per sample (Brown et al. 2020)

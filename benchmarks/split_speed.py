@@ -17,7 +17,7 @@ import planner
 from planner.builders import build, save
 from planner.export.stage_files import manifest, split_plan, write_split
 from planner.graph.loader import read_model
-from planner.plan import Plan, SearchInfo, StagePlan
+from planner.plans import Plan, SearchInfo, StagePlan
 
 
 def even_plan(model, stages: int) -> Plan:

@@ -27,21 +27,9 @@ _LAZY = {
     "load_cluster": "planner.hardware:load_cluster",
     "estimate": "planner.compose:estimate",
     "plan": "planner.search:plan",
-    "whatif": "planner.whatif:whatif",
-    "Plan": "planner.plan:Plan",
+    "whatif": "planner.sweep.whatif:whatif",
+    "Plan": "planner.plans:Plan",
 }
-
-# ``planner.plan`` and ``planner.whatif`` name both API functions and submodules (planner/plan.py,
-# planner/whatif.py). Importing a submodule binds its name on the package, which would shadow the function
-# for good if the submodule were first imported later (``from planner.plan import Plan`` anywhere). Load
-# both now (they are light), then drop the bindings so the names resolve to the functions through
-# __getattr__; ``from planner.plan import Plan`` keeps working.
-import planner.plan  # noqa: E402,F401
-import planner.whatif  # noqa: E402,F401
-
-for _shadowing in ("plan", "whatif"):
-    globals().pop(_shadowing, None)
-del _shadowing
 
 __all__ = ["PlannerError", "ModelError", "ClusterError", "ConfigError", "InfeasibleError", "ParallelConfig",
            "__version__", *_LAZY]

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from planner.cost.estimator import Calibrations
 from planner.cost.estimator import estimate as estimate_dense
 from planner.errors import InfeasibleError
-from planner.plan import Plan
+from planner.plans import Plan
 from planner.types import Batching, Cluster, EmbeddingTable, Estimate, LayerGraph, ParallelConfig
 
 if TYPE_CHECKING:  # the search and the sharder are imported on first use (see search and shard)

@@ -4,7 +4,7 @@
                                   \\                                   /
                                    cost/ --> Estimate  <-- ParallelConfig
                                                  |
-                                             search/ --> Plan (planner.plan)
+                                             search/ --> Plan (planner.plans)
 
 A reader learns the whole pipeline from this file. Nothing here computes much; every stage takes these
 objects and never mutates them.
@@ -440,5 +440,5 @@ class Estimate:
     stages: tuple[StageEstimate, ...] = ()
     reason: str = ""  # why infeasible, or empty
     notes: tuple[str, ...] = field(default_factory=tuple)
-    # the sparse embedding tables' placement (planner.plan.EmbeddingPlacement), for models that have them
+    # the sparse embedding tables' placement (planner.plans.EmbeddingPlacement), for models that have them
     embeddings: tuple[Any, ...] = ()

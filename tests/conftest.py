@@ -8,7 +8,7 @@ import pytest
 
 @pytest.fixture(autouse=True)
 def _plans_follow_the_schema(monkeypatch: pytest.MonkeyPatch) -> None:
-    from planner.plan import Plan, schema_errors
+    from planner.plans import Plan, schema_errors
 
     original = Plan.to_dict
 

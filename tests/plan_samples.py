@@ -3,7 +3,7 @@ one, a heterogeneous one with replica groups, and a DLRM plan with embedding tab
 
 from __future__ import annotations
 
-from planner.plan import (EmbeddingPlacement, EmbeddingShard, Plan, ReplicaPlan, SearchInfo, StagePlan)
+from planner.plans import (EmbeddingPlacement, EmbeddingShard, Plan, ReplicaPlan, SearchInfo, StagePlan)
 
 BREAKDOWN = {"compute_s": 0.8, "tp_comm_s": 0.1, "pp_comm_s": 0.02, "dp_comm_s": 0.05, "bubble_s": 0.1,
              "optimizer_s": 0.01, "embedding_s": 0.0}

@@ -4,7 +4,6 @@ progress bar before it, no traceback), and a path the user asked us to write is 
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
@@ -70,7 +69,7 @@ def test_profile_out_that_is_a_folder_is_one_line_before_measuring(tmp_path, cap
 
 
 def test_whatif_csv_that_is_a_folder_fails_before_planning(tiny_model, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(sys.modules["planner.whatif"], "whatif", must_not_run)
+    monkeypatch.setattr("planner.sweep.whatif.whatif", must_not_run)
     assert main(["whatif", tiny_model, "--cluster", "dgx-a100-80gb*1", "--global-batch", "8",
                  "--sweep", "count=1", "--csv", str(tmp_path)]) == 2
     assert "is a folder" in one_error_line(capsys)

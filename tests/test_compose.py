@@ -19,7 +19,7 @@ from planner.cost import estimate as dense_estimate
 from planner.embeddings import load_tables
 from planner.graph import load_model
 from planner.hardware import load_cluster
-from planner.plan import Plan
+from planner.plans import Plan
 from planner.types import Batching, ParallelConfig
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ from plan_samples import dlrm_plan
 from planner.compose import shard, with_tables
 from planner.embeddings import load_tables, shard_tables
 from planner.export.torchrec import torchrec_plan
-from planner.plan import Plan, validate
+from planner.plans import Plan, validate
 from planner.types import (Breakdown, Estimate, MemoryBreakdown, ParallelConfig, ReplicaEstimate,
                            StageEstimate)
 

@@ -12,7 +12,7 @@ import pytest
 import plan_samples
 from planner.cli import main
 from planner.errors import PlannerError
-from planner.plan import Plan, _SubsetValidator, schema, schema_errors, schema_text, validate
+from planner.plans import Plan, _SubsetValidator, schema, schema_errors, schema_text, validate
 
 REQUIRED_TOP = ["schema_version", "model", "cluster", "global_batch", "micro_batch", "num_micro_batches", "schedule",
                 "zero", "iteration_time_s", "throughput_samples_per_s", "stages", "embeddings", "breakdown", "search"]

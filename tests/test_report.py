@@ -12,7 +12,7 @@ import pytest
 import plan_samples
 from planner.cli import main
 from planner.errors import ConfigError
-from planner.plan import Plan
+from planner.plans import Plan
 from planner.report import FORMATS, render
 from planner.report.units import id_ranges, seconds, size
 

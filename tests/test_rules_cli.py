@@ -11,7 +11,7 @@ from planner.cli import main
 from planner.cost import estimate
 from planner.graph import load_model
 from planner.hardware import load_cluster
-from planner.plan import load_plan
+from planner.plans import load_plan
 from planner.rules import TIE_TOLERANCE
 from planner.search import engine
 from planner.search.space import Pins

@@ -12,7 +12,7 @@ from planner.cli import main
 from planner.errors import ConfigError, InfeasibleError
 from planner.graph import import_model_proto
 from planner.hardware import load_cluster
-from planner.plan import Plan, validate
+from planner.plans import Plan, validate
 from planner.search import search
 from planner.search.costmodel import CostModelBackend
 from planner.search.exhaustive import enumerate_best

@@ -15,7 +15,7 @@ from planner.export.deepspeed import deepspeed_config
 from planner.export.megatron import megatron_args, transformer_layers
 from planner.graph import import_model_proto
 from planner.hardware import load_cluster
-from planner.plan import Plan, validate
+from planner.plans import Plan, validate
 from planner.report.table import render_table
 from planner.search import hetero
 from planner.types import ParallelConfig, PipelineSpec, ReplicaSpec, StageSpec

@@ -14,7 +14,7 @@ import planner.graph
 from planner.builders import build, save
 from planner.cli import main
 from planner.types import ParallelConfig
-from planner.whatif import _load_model, whatif
+from planner.sweep.whatif import _load_model, whatif
 
 CLUSTER = """\
 groups:
@@ -130,7 +130,7 @@ def test_cli_bad_model_and_group(files, capsys):
 
 
 def test_api_names_stay_functions_after_their_modules_are_imported():
-    code = ("import planner.plan, planner.whatif, planner; "
+    code = ("import planner.plans, planner.sweep.whatif, planner; "
             "print(planner.plan.__module__, planner.whatif.__module__, planner.Plan.__name__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["planner.search.api", "planner.whatif", "Plan"]
+    assert out.stdout.split() == ["planner.search.api", "planner.sweep.whatif", "Plan"]

@@ -12,7 +12,7 @@ import pytest
 from planner.errors import ClusterError, ConfigError
 from planner.sweep.keys import grid, parse_key, parse_sweep_args, parse_sweeps, renumber
 from planner.sweep.runner import print_progress, run_tasks
-from planner.whatif import PointTask, cluster_cost_per_hour
+from planner.sweep.whatif import PointTask, cluster_cost_per_hour
 
 from whatif_fakes import NODES, points_for, result_for, failing_evaluate, fake_evaluate, mixed_cluster
 

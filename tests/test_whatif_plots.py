@@ -12,7 +12,7 @@ from planner.report._figure import DPI
 from planner.report.gantt import SCHEDULE_SIZE_IN, schedule_height_in, write_gantt, write_memory_chart
 from planner.report.plots import figure_size_px, write_whatif_plot
 from planner.types import MemoryBreakdown
-from planner.whatif import WhatIfResult
+from planner.sweep.whatif import WhatIfResult
 
 from whatif_fakes import result_for, mixed_cluster
 

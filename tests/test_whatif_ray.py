@@ -10,7 +10,7 @@ import pytest
 
 from planner.errors import PlannerError
 from planner.sweep import runner
-from planner.whatif import PointTask
+from planner.sweep.whatif import PointTask
 
 from whatif_fakes import points_for, failing_evaluate, fake_evaluate
 

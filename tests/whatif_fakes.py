@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from planner.errors import ClusterError, InfeasibleError
-from planner.plan import Plan, StagePlan
+from planner.plans import Plan, StagePlan
 from planner.sweep.keys import PointInputs, check_groups, parse_sweeps, point_inputs
 from planner.sweep.runner import run_tasks
 from planner.types import Cluster, DeviceGroup, DeviceProfile, NodeProfile
-from planner.whatif import PointTask, WhatIfPoint, WhatIfResult, infeasible, summarize
+from planner.sweep.whatif import PointTask, WhatIfPoint, WhatIfResult, infeasible, summarize
 
 
 def device(name: str, tflops: float, memory_gib: int) -> DeviceProfile:

@@ -8,7 +8,7 @@ import sys
 from planner.commands._common import add_json_flag, emit_json
 from planner.hardware import catalog, load_cluster
 from planner.hardware.efficiency import gemm_efficiency
-from planner.plan import cluster_summary
+from planner.plans import cluster_summary
 from planner.units import GB, GIB
 
 HELP = "list the device and node catalog (hardware_profiles/), or describe a cluster (--cluster)"
@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def cluster_document(spec: str) -> dict:
-    """A plan's cluster summary (planner.plan.cluster_summary) with each group's links, price and device."""
+    """A plan's cluster summary (planner.plans.cluster_summary) with each group's links, price and device."""
     cluster = load_cluster(spec)
     document = cluster_summary(cluster)
     for entry, g in zip(document["groups"], cluster.groups):

@@ -10,7 +10,7 @@ from planner.commands._common import add_cluster_flags, add_config_flags, add_js
     emit_json, parse_dims, positive_int, positive_seconds, progress_wanted, tables_from_args
 from planner.commands._common import add_allow_unknown_ops_flag
 from planner.outputs import check_output_file, write_text
-from planner.plan import Plan
+from planner.plans import Plan
 from planner.report import FORMATS, render
 from planner.rules import runtime_for_format
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from planner.plan import schema_text
+from planner.plans import schema_text
 
 HELP = "print the JSON Schema of plan files (schema_version 1)"
 

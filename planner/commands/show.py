@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from planner.plan import load_plan
+from planner.plans import load_plan
 from planner.report import FORMATS, render
 
 HELP = "render a saved plan (table, json, megatron, deepspeed, torchrec)"

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from planner.commands._common import add_dim_flag, add_json_flag, emit_json, parse_dims
-from planner.plan import load_plan
+from planner.plans import load_plan
 
 HELP = "write each pipeline stage of a plan as a standalone ONNX model"
 TOLERANCE = 1e-4  # largest absolute difference --verify accepts

@@ -66,7 +66,7 @@ def _pinned(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 
 def run(args: argparse.Namespace) -> int:
-    from planner.whatif import whatif  # noqa: PLC0415
+    from planner.sweep.whatif import whatif  # noqa: PLC0415
 
     sweeps = parse_sweep_args(args.sweep)
     parse_sweeps(sweeps)  # unknown keys and bad values fail before the model or the cluster is read

@@ -39,7 +39,7 @@ from planner.embeddings.pattern_primal import without_node_units
 from planner.embeddings.patterns import ChoiceSettings, PatternSettings, improve_choice, pattern_place
 from planner.embeddings.problem import Problem, build_problem, even_split
 from planner.errors import ConfigError, InfeasibleError
-from planner.plan import EmbeddingPlacement, EmbeddingShard
+from planner.plans import EmbeddingPlacement, EmbeddingShard
 from planner.types import Cluster, EmbeddingTable
 
 log = logging.getLogger(__name__)

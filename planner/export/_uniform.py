@@ -5,7 +5,7 @@ options an export writes."""
 from __future__ import annotations
 
 from planner.errors import PlannerError
-from planner.plan import Plan
+from planner.plans import Plan
 from planner.rules import FORMAT_RUNTIMES
 from planner.runtime import Runtime, get_runtime
 

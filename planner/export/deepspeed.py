@@ -18,7 +18,7 @@ from typing import Any
 
 from planner.errors import PlannerError
 from planner.export._uniform import framework_runtime, pipeline_degree, require_uniform
-from planner.plan import Plan
+from planner.plans import Plan
 
 
 def deepspeed_config(plan: Plan) -> dict[str, Any]:

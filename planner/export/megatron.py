@@ -19,7 +19,7 @@ import shlex
 
 from planner.errors import PlannerError
 from planner.export._uniform import framework_runtime, pipeline_degree, require_uniform
-from planner.plan import Plan, StagePlan
+from planner.plans import Plan, StagePlan
 from planner.rules import RECOMPUTE_CHOICES
 from planner.runtime import Runtime
 

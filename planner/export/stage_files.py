@@ -19,7 +19,7 @@ import onnx
 from planner.errors import ConfigError, PlannerError
 from planner.export.stages import StageModel, split_model
 from planner.outputs import atomic_open, write_error
-from planner.plan import Plan, StagePlan
+from planner.plans import Plan, StagePlan
 from planner.types import LayerGraph
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 from planner.errors import PlannerError
-from planner.plan import EmbeddingPlacement, Plan
+from planner.plans import EmbeddingPlacement, Plan
 
 
 def local_device(plan: Plan, device: int) -> int:

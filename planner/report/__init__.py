@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Callable
 
 from planner.errors import ConfigError, suggest
-from planner.plan import Plan
+from planner.plans import Plan
 
 FORMATS = ("table", "json", "megatron", "deepspeed", "torchrec")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Protocol, Sequence
 
 from planner.errors import ConfigError
-from planner.plan import Plan
+from planner.plans import Plan
 from planner.report._figure import check_path, pyplot, save
 from planner.units import GIB
 from planner.types import (Cluster, LayerGraph, MemoryBreakdown, PipelineSpec, ReplicaSpec,

@@ -11,7 +11,7 @@ from planner.errors import ConfigError
 from planner.report._figure import check_path, pyplot, save
 
 if TYPE_CHECKING:
-    from planner.whatif import WhatIfPoint, WhatIfResult
+    from planner.sweep.whatif import WhatIfPoint, WhatIfResult
 
 PANEL_SIZE_IN = (6.4, 4.8)
 MAX_LABELLED_FRONT = 12  # label Pareto points with their settings up to this many

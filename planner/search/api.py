@@ -13,7 +13,7 @@ import numpy as np
 from planner import compose
 from planner.errors import ConfigError, InfeasibleError
 from planner.hardware.efficiency import resolve_dtype
-from planner.plan import Plan, SearchInfo
+from planner.plans import Plan, SearchInfo
 from planner.rules import TIE_TOLERANCE, ModelShape
 from planner.runtime import get_runtime
 from planner.search import engine

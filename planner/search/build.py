@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from planner.hardware.cluster import locate
-from planner.plan import Plan, ReplicaPlan, SearchInfo, StagePlan, cluster_summary
+from planner.plans import Plan, ReplicaPlan, SearchInfo, StagePlan, cluster_summary
 from planner.types import Cluster, Estimate, LayerGraph, PipelineSpec
 
 

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable, Mapping, Sequence
 
 from planner.errors import ModelError, PlannerError
-from planner.plan import Plan
+from planner.plans import Plan
 from planner.sweep.keys import SEQ_DIM, PointInputs, Value, check_groups, parse_sweeps, point_inputs
 from planner.sweep.runner import Progress, default_workers, run_tasks
 from planner.types import Cluster, LayerGraph, ParallelConfig
@@ -183,7 +183,7 @@ class PointTask:
 @functools.lru_cache(maxsize=8)
 def _load_model(path: str, dims: tuple[tuple[str, int], ...]) -> LayerGraph:
     """Each worker imports a model once per distinct dims (a sweep of seq_len needs one import per value)."""
-    from planner.graph import load_model  # noqa: PLC0415 - keeps `import planner.whatif` light
+    from planner.graph import load_model  # noqa: PLC0415 - keeps `import planner.sweep.whatif` light
 
     return load_model(path, dict(dims))
 
