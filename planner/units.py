@@ -1,9 +1,47 @@
-"""Unit constants, defined once: binary sizes for memory, decimal giga for bandwidths and datasheet sizes."""
+"""Units, defined once: binary sizes for memory, decimal giga for bandwidths and datasheet sizes, and the
+human-readable numbers every layer prints (seconds, bytes, device-id ranges).
+
+A leaf module: it imports nothing from planner, so any package may use it.
+"""
 
 from __future__ import annotations
+
+from typing import Iterable
 
 KIB = 2**10
 MIB = 2**20
 GIB = 2**30
 TIB = 2**40
 GB = 10**9  # decimal: bandwidths in GB/s (the profiles' unit) and datasheet "GB"
+
+
+def seconds(value_s: float) -> str:
+    """``1.5`` -> ``"1.500 s"``, ``0.0025`` -> ``"2.50 ms"``, smaller in microseconds."""
+    if value_s >= 1.0:
+        return f"{value_s:.3f} s"
+    if value_s >= 1e-3:
+        return f"{value_s * 1e3:.2f} ms"
+    return f"{value_s * 1e6:.1f} us"
+
+
+def size(value_bytes: float) -> str:
+    """Bytes in the largest binary unit that fits: ``3 * 2**30`` -> ``"3.0 GiB"``."""
+    for unit, scale in (("TiB", TIB), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
+        if value_bytes >= scale:
+            return f"{value_bytes / scale:.1f} {unit}"
+    return f"{value_bytes:.0f} B"
+
+
+def id_ranges(ids: Iterable[int]) -> str:
+    """``[0, 1, 2, 3, 8, 9, 12]`` -> ``"0-3,8-9,12"``."""
+    ordered = sorted(set(ids))
+    parts: list[str] = []
+    start = previous = None
+    for value in ordered + [None]:
+        if start is not None and (value is None or value != previous + 1):
+            parts.append(str(start) if start == previous else f"{start}-{previous}")
+            start = None
+        if value is not None and start is None:
+            start = value
+        previous = value
+    return ",".join(parts)

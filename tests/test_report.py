@@ -14,7 +14,7 @@ from planner.cli import main
 from planner.errors import ConfigError
 from planner.plans import Plan
 from planner.report import FORMATS, render
-from planner.report.units import id_ranges, seconds, size
+from planner.units import id_ranges, seconds, size
 
 
 def test_units():

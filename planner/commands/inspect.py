@@ -7,8 +7,8 @@ import sys
 from typing import Any
 
 from planner.commands._common import add_allow_unknown_ops_flag, add_dim_flag, add_json_flag, emit_json, parse_dims
-from planner.report.units import size
 from planner.types import Layer, LayerGraph
+from planner.units import size
 
 HELP = "import an ONNX model and report its parameters, FLOPs, activations, layers and embedding tables"
 

@@ -4,7 +4,7 @@ the bottleneck, the embedding placement and what the search proved."""
 from __future__ import annotations
 
 from planner.plans import Plan, StagePlan
-from planner.report.units import id_ranges, seconds, size
+from planner.units import id_ranges, seconds, size
 from planner.types import BREAKDOWN_PARTS
 
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner.report.units import seconds
 from planner.types import BREAKDOWN_PARTS, Estimate
-from planner.units import GIB
+from planner.units import GIB, seconds
 
 
 def bottleneck(estimate: Estimate, num_micro_batches: int, embedding_s: float = 0.0) -> str:
