@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from planner.builders import build, save  # noqa: E402
 from planner.graph import load_model  # noqa: E402
-from planner.sweep.runner import print_progress  # noqa: E402
+from planner.progress import ProgressBar  # noqa: E402
 from planner.sweep.whatif import whatif  # noqa: E402
 
 GPT3 = {"layers": 96, "hidden": 12288, "heads": 96, "seq_len": 2048, "vocab": 51200}
@@ -79,8 +79,10 @@ def main() -> int:
         import_s = time.perf_counter() - t0
 
         t0 = time.perf_counter()
+        bar = ProgressBar("whatif", delay_s=0.0)
         result = whatif(model_path, cluster_path, GLOBAL_BATCH, sweeps, workers=args.workers,
-                        time_limit_s=args.time_limit, progress=print_progress, budget=args.budget)
+                        time_limit_s=args.time_limit, progress=bar.count, budget=args.budget)
+        bar.close()
         sweep_s = time.perf_counter() - t0
 
     if args.plot and any(p.feasible for p in result.points):

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-import planner.search.progress as progress_module
+import planner.progress as progress_module
 from planner.builders import build, save
 from planner.cli import main
 

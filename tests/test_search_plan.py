@@ -17,7 +17,7 @@ from planner.search import search
 from planner.search.costmodel import CostModelBackend
 from planner.search.exhaustive import enumerate_best
 from planner.search import engine
-from planner.search.progress import ProgressBar
+from planner.progress import ProgressBar
 from planner.search.space import Pins
 from planner.types import ParallelConfig, PipelineSpec, ReplicaSpec, StageSpec
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from dataclasses import replace
 
 import pytest
 
 from planner.errors import ClusterError, ConfigError
+from planner.progress import ProgressBar
 from planner.sweep.keys import grid, parse_key, parse_sweep_args, parse_sweeps, renumber
-from planner.sweep.runner import print_progress, run_tasks
+from planner.sweep.runner import run_tasks
 from planner.sweep.whatif import PointTask, cluster_cost_per_hour
 
 from whatif_fakes import NODES, points_for, result_for, failing_evaluate, fake_evaluate, mixed_cluster
@@ -171,11 +173,16 @@ def test_progress_is_reported_for_every_point():
     assert calls == [(1, 3), (2, 3), (3, 3)]
 
 
-def test_progress_bar_text():
+def test_progress_bar_counts_points():
     stream = io.StringIO()
-    print_progress(1, 4, stream=stream, width=8)
-    print_progress(4, 4, stream=stream, width=8)
-    assert stream.getvalue() == "\rwhatif [##......] 1/4 points\rwhatif [########] 4/4 points\n"
+    bar = ProgressBar("whatif", delay_s=0.0, stream=stream, width=8)
+    bar.count(1, 4)
+    bar.count(4, 4)
+    bar.close()
+    lines = stream.getvalue().removesuffix("\n").split("\r")[1:]
+    assert [re.sub(r" +[0-9.]+ s$", "", line) for line in lines] == \
+        ["planner: whatif [##......] 1/4 points", "planner: whatif [########] 4/4 points"]
+    assert stream.getvalue().endswith(" s\n")
 
 
 # ---------------------------------------------------------------------------------------------- outputs

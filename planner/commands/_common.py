@@ -28,12 +28,6 @@ def emit_json(document: Any) -> None:
     sys.stdout.write(json.dumps(document, indent=2, sort_keys=True) + "\n")
 
 
-def progress_wanted() -> bool:
-    """Progress bars are drawn for a person at a terminal only: a script reading stderr gets nothing but
-    logs, and on exit 2 exactly the one error line."""
-    return sys.stderr.isatty()
-
-
 def add_dim_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dim", action="append", default=[], metavar="NAME=INT",
                         help="bind a symbolic dimension (repeatable), e.g. --dim batch=1 --dim seq=2048")

@@ -7,7 +7,7 @@ import dataclasses
 import sys
 
 from planner.commands._common import add_cluster_flags, add_config_flags, add_json_flag, config_from_args, \
-    emit_json, parse_dims, positive_int, positive_seconds, progress_wanted, tables_from_args
+    emit_json, parse_dims, positive_int, positive_seconds, tables_from_args
 from planner.commands._common import add_allow_unknown_ops_flag
 from planner.outputs import check_output_file, write_text
 from planner.plans import Plan
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from planner.hardware import load_cluster
     from planner.search import search
     from planner.report._figure import check_path
-    from planner.search.progress import ProgressBar
+    from planner.progress import terminal_bar
 
     # a bad output path fails before the search, not after it
     if args.gantt:
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     # --format megatron/deepspeed plans for that framework's runtime (an explicit --runtime must produce it)
     pinned = dataclasses.replace(config_from_args(args, defaults_to_one=False),
                                  runtime=runtime_for_format(args.format, args.runtime))
-    bar = ProgressBar() if progress_wanted() else None
+    bar = terminal_bar("searching")
     try:
         result = search(model, cluster, args.global_batch, pinned=pinned, top_k=args.top,
                         time_limit_s=args.time_limit, tables=tables_from_args(args), progress=bar,

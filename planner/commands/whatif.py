@@ -7,11 +7,11 @@ import argparse
 import sys
 
 from planner.commands._common import (add_cluster_flags, add_config_flags, add_json_flag, config_from_args,
-                                      emit_json, parse_dims, positive_int, positive_seconds, progress_wanted,
-                                      tables_from_args)
+                                      emit_json, parse_dims, positive_int, positive_seconds, tables_from_args)
 from planner.outputs import check_output_file, write_text
 from planner.sweep.keys import GLOBAL_FIELDS, GROUP_FIELDS, parse_sweep_args, parse_sweeps
-from planner.sweep.runner import BACKENDS, print_progress
+from planner.progress import terminal_bar
+from planner.sweep.runner import BACKENDS
 
 HELP = "re-plan across a sweep (GPU count, device mix, bandwidth, batch, sequence length, price)"
 
@@ -71,10 +71,15 @@ def run(args: argparse.Namespace) -> int:
     sweeps = parse_sweep_args(args.sweep)
     parse_sweeps(sweeps)  # unknown keys and bad values fail before the model or the cluster is read
     _check_outputs(args)
-    result = whatif(args.model, args.cluster, args.global_batch, sweeps, dims=parse_dims(args.dim),
-                    pinned=_pinned(args), tables=tables_from_args(args), workers=args.workers, backend=args.backend,
-                    time_limit_s=args.time_limit, seed=args.seed,
-                    progress=print_progress if progress_wanted() else None, budget=args.budget)
+    bar = terminal_bar("whatif")
+    try:
+        result = whatif(args.model, args.cluster, args.global_batch, sweeps, dims=parse_dims(args.dim),
+                        pinned=_pinned(args), tables=tables_from_args(args), workers=args.workers,
+                        backend=args.backend, time_limit_s=args.time_limit, seed=args.seed,
+                        progress=bar.count if bar is not None else None, budget=args.budget)
+    finally:
+        if bar is not None:
+            bar.close()
     if args.csv:
         write_text(args.csv, result.to_csv(), "--csv")
     if args.plot:

@@ -11,9 +11,8 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import os
-import sys
 from pathlib import Path
-from typing import Callable, Sequence, TextIO, TypeVar
+from typing import Callable, Sequence, TypeVar
 
 from planner.errors import ConfigError, PlannerError
 
@@ -124,13 +123,3 @@ def _ray_get(ray, ref):  # type: ignore[no-untyped-def]
         if isinstance(cause, PlannerError):
             raise cause from None
         raise
-
-
-def print_progress(done: int, total: int, stream: TextIO | None = None, width: int = 30) -> None:
-    """A one-line progress bar on stderr (or ``stream``), redrawn in place; a newline after the last point."""
-    stream = stream if stream is not None else sys.stderr
-    filled = width * done // max(total, 1)
-    stream.write(f"\rwhatif [{'#' * filled}{'.' * (width - filled)}] {done}/{total} points")
-    if done >= total:
-        stream.write("\n")
-    stream.flush()
