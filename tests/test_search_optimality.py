@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from planner.search import engine
-from planner.search.exhaustive import enumerate_best
 from planner.search.interleave import partition_allowed, unit_flags
 from planner.search.space import Pins
 from search_synthetic import SyntheticBackend
 from tests.search_fixtures import cluster, random_model
+from tests.solvers.exhaustive import enumerate_best
 
 # (layers, cluster groups (device, devices per node, nodes), global batch, pins); pins keep the enumeration
 # of the larger instances within seconds (the search runs under the same pins)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from planner.search.backend import segment_sums
-from planner.search.ilp import solve_partition_ilp
 from planner.search.partition import score, solve_partition, stage_bounds
+from tests.solvers.ilp import solve_partition_ilp
 
 
 def random_instance(seed: int, max_layers: int = 8):

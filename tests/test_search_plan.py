@@ -15,11 +15,11 @@ from planner.hardware import load_cluster
 from planner.plans import Plan, validate
 from planner.search import search
 from planner.search.costmodel import CostModelBackend
-from planner.search.exhaustive import enumerate_best
 from planner.search import engine
 from planner.progress import ProgressBar
 from planner.search.space import Pins
 from planner.types import ParallelConfig, PipelineSpec, ReplicaSpec, StageSpec
+from tests.solvers.exhaustive import enumerate_best
 
 
 def gpt(layers=4, hidden=1024, heads=16, seq=512, vocab=32000):

@@ -8,8 +8,9 @@ from collections import namedtuple
 import pytest
 
 from planner.errors import ConfigError
-from planner.report._figure import DPI
-from planner.report.gantt import SCHEDULE_SIZE_IN, schedule_height_in, write_gantt, write_memory_chart
+from planner.report._figure import DPI, pyplot, save
+from planner.report.gantt import (MEMORY_SIZE_IN, SCHEDULE_SIZE_IN, draw_memory, draw_schedule,
+                                  schedule_height_in)
 from planner.report.plots import figure_size_px, write_whatif_plot
 from planner.types import MemoryBreakdown
 from planner.sweep.whatif import WhatIfResult
@@ -26,6 +27,21 @@ def _open_png(path, width, height):
     assert pixels.shape[:2] == (height, width)
     assert pixels[..., :3].var() > 0  # not one flat colour
     return pixels
+
+
+def write_gantt(events, path, stage_labels=None):
+    """The schedule panel of ``planner plan --gantt`` alone, in its own figure."""
+    stages = max((e.stage for e in events), default=0) + 1
+    figure, ax = pyplot().subplots(figsize=(SCHEDULE_SIZE_IN[0], schedule_height_in(stages)), layout="constrained")
+    draw_schedule(ax, events, stage_labels)
+    return save(figure, path, "--gantt")
+
+
+def write_memory_chart(stages_memory, path, capacities_bytes=None):
+    """The memory panel of ``planner plan --gantt`` alone, in its own figure."""
+    figure, ax = pyplot().subplots(figsize=MEMORY_SIZE_IN, layout="constrained")
+    draw_memory(ax, stages_memory, capacities_bytes)
+    return save(figure, path, "--gantt")
 
 
 def _two_key_result(price=True):

@@ -42,7 +42,8 @@ def schedule_height_in(num_stages: int) -> float:
     return 1.4 + SCHEDULE_SIZE_IN[1] * num_stages
 
 
-def _draw_schedule(ax: Any, events: Sequence[Event], stage_labels: Sequence[str] | None) -> None:
+def draw_schedule(ax: Any, events: Sequence[Event], stage_labels: Sequence[str] | None) -> None:
+    """The pipeline schedule on ``ax``: one row per stage (stage 0 on top), forward, backward and sends coloured."""
     if not events:
         raise ConfigError("--gantt: the schedule has no events to draw")
     stages = max(e.stage for e in events) + 1
@@ -87,8 +88,9 @@ def _draw_schedule(ax: Any, events: Sequence[Event], stage_labels: Sequence[str]
               bbox_to_anchor=(1.01, 1.0), fontsize="x-small")
 
 
-def _draw_memory(ax: Any, stages_memory: Sequence[tuple[str, MemoryBreakdown]],
-                 capacities_bytes: Sequence[float] | None) -> None:
+def draw_memory(ax: Any, stages_memory: Sequence[tuple[str, MemoryBreakdown]],
+                capacities_bytes: Sequence[float] | None) -> None:
+    """Stacked bars on ``ax`` of one device's memory per stage (label, MemoryBreakdown), capacity marked."""
     if not stages_memory:
         raise ConfigError("--gantt: no stage memory to draw")
     positions = range(len(stages_memory))
@@ -105,25 +107,6 @@ def _draw_memory(ax: Any, stages_memory: Sequence[tuple[str, MemoryBreakdown]],
     ax.set_title("Memory per device by kind")
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0), markerscale=0.3)
-
-
-def write_gantt(events: Sequence[Event], path: str | Path, stage_labels: Sequence[str] | None = None) -> Path:
-    """The pipeline schedule: one row per stage (stage 0 on top), forward, backward and sends coloured."""
-    check_path(path, "--gantt")
-    stages = max((e.stage for e in events), default=0) + 1
-    figure, ax = pyplot().subplots(figsize=(SCHEDULE_SIZE_IN[0], schedule_height_in(stages)),
-                                   layout="constrained")
-    _draw_schedule(ax, events, stage_labels)
-    return save(figure, path, "--gantt")
-
-
-def write_memory_chart(stages_memory: Sequence[tuple[str, MemoryBreakdown]], path: str | Path,
-                       capacities_bytes: Sequence[float] | None = None) -> Path:
-    """Stacked bars of one device's memory per stage (label, MemoryBreakdown), with its capacity marked."""
-    check_path(path, "--gantt")
-    figure, ax = pyplot().subplots(figsize=MEMORY_SIZE_IN, layout="constrained")
-    _draw_memory(ax, stages_memory, capacities_bytes)
-    return save(figure, path, "--gantt")
 
 
 # ------------------------------------------------------------------------------------------- a Plan
@@ -203,6 +186,6 @@ def write_plan_gantt(plan: Plan, model: LayerGraph, cluster: Cluster, path: str 
     figure, (schedule_ax, memory_ax) = pyplot().subplots(
         2, 1, figsize=(SCHEDULE_SIZE_IN[0], top + MEMORY_SIZE_IN[1]), layout="constrained",
         gridspec_kw={"height_ratios": [top, MEMORY_SIZE_IN[1]]})
-    _draw_schedule(schedule_ax, simulation.events, [_stage_label(s) for s in stages])
-    _draw_memory(memory_ax, bars, capacities)
+    draw_schedule(schedule_ax, simulation.events, [_stage_label(s) for s in stages])
+    draw_memory(memory_ax, bars, capacities)
     return save(figure, path, "--gantt")

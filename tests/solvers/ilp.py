@@ -1,5 +1,5 @@
 """The layer-partition problem of :mod:`planner.search.partition` as an integer program (pulp; HiGHS when
-installed, CBC otherwise), used to cross-check the DP and where a layout is given as an explicit choice.
+installed, CBC otherwise), to cross-check the DP in tests/test_search_partition.py.
 
 Variables
   y[k, i, j] in {0, 1}: stage k holds layers i..j (only segments that fit: S finite)
