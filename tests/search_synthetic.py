@@ -92,7 +92,7 @@ class SyntheticBackend:
         return float(self.cluster.groups[option.pool].node.device.memory_bytes)
 
     def stage_matrices(self, layout: Layout, settings: Settings, global_batch: int
-                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                       ) -> tuple[np.ndarray, np.ndarray]:
         m = settings.num_micro_batches(global_batch)
         P = layout.num_stages
         fwd, bwd, sends, fits = [], [], [], []

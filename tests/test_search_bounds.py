@@ -25,15 +25,15 @@ def model_with_small_ends(seed: int, layers: int, scale: float):
 
 
 def best_time(backend, settings: Settings, options, counts, layers: int, global_batch: int) -> float:
-    """The least bound-model time (sum S + max G + max R, what the synthetic backend times) over every order
+    """The least bound-model time (sum S + max G, what the synthetic backend times) over every order
     of the blocks and every partition: inf when none fits."""
     best = np.inf
     blocks = [(o.pool, o.tp, c) for o, c in zip(options, counts)]
     P = sum(counts)
     for layout in ordered_layouts(blocks):
-        S, G, R = backend.stage_matrices(layout, settings, global_batch)
+        S, G = backend.stage_matrices(layout, settings, global_batch)
         for cuts in itertools.combinations(range(layers - 1), P - 1):
-            best = min(best, score(S, G, R, (*cuts, layers - 1))[0])
+            best = min(best, score(S, G, (*cuts, layers - 1))[0])
     return best
 
 

@@ -62,10 +62,10 @@ def test_bound_is_exact_for_one_stage(setup, zero, pool):
     model, cluster, backend = setup
     settings = Settings(micro_batch=1, dp=4, zero=zero, recompute="selective", sequence_parallel=False)
     layout = Layout((StageOption(pool, 2),))
-    S, G, R = backend.stage_matrices(layout, settings, 32)
+    S, G = backend.stage_matrices(layout, settings, 32)
     last = (len(model.layers) - 1,)
     estimate = estimate_pipeline(model, cluster, pipeline_spec(cluster, 32, settings, layout, last))
-    assert score(S, G, R, last)[0] == pytest.approx(estimate.iteration_time_s, rel=1e-9)
+    assert score(S, G, last)[0] == pytest.approx(estimate.iteration_time_s, rel=1e-9)
 
 
 @pytest.mark.parametrize("seed", range(10))
@@ -89,9 +89,9 @@ def test_interleaved_bound_never_exceeds_the_cost_model(setup, seed):
 
 def _assert_bound_at_most_the_cost_model(model, cluster, backend, settings, layout, last, global_batch):
     """The partition's bound is finite exactly when the cost model accepts the plan, and never above its time."""
-    S, G, R = backend.stage_matrices(layout, settings, global_batch)
+    S, G = backend.stage_matrices(layout, settings, global_batch)
     estimate = estimate_pipeline(model, cluster, pipeline_spec(cluster, global_batch, settings, layout, last))
-    bound = score(S, G, R, last)[0]
+    bound = score(S, G, last)[0]
     if np.isfinite(bound):
         assert estimate.feasible
         assert bound <= estimate.iteration_time_s * (1 + 1e-9)

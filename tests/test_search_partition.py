@@ -16,46 +16,42 @@ def random_instance(seed: int, max_layers: int = 8):
     P = int(rng.integers(1, L + 1))
     S = np.full((P, L, L), np.inf)
     G = np.full((P, L, L), np.inf)
-    R = np.zeros((P, L, L))
     for k in range(P):
         s = segment_sums(rng.uniform(0.5, 2, L)) * rng.uniform(0.5, 2)
         g = segment_sums(rng.uniform(0, 3, L)) * rng.integers(0, 20)
-        r = segment_sums(rng.uniform(0, 3, L)) * (rng.random() < 0.5)
         S[k] = np.where(np.isnan(s), np.inf, s)
         G[k] = np.where(np.isnan(g), np.inf, g)
-        R[k] = np.where(np.isnan(r), np.inf, r)
         S[k][rng.random((L, L)) < 0.15] = np.inf  # segments that do not fit
-    return S, G, R
+    return S, G
 
 
-def brute_force(S, G, R) -> float:
+def brute_force(S, G) -> float:
     P, L, _ = S.shape
     best = np.inf
     for cuts in itertools.combinations(range(L - 1), P - 1):
         last = (*cuts, L - 1)
         if all(np.isfinite(S[k, i, j]) for k, (i, j) in enumerate(stage_bounds(last))):
-            best = min(best, score(S, G, R, last)[0])
+            best = min(best, score(S, G, last)[0])
     return best
 
 
 @pytest.mark.parametrize("seed", range(60))
 def test_dp_equals_brute_force(seed):
-    S, G, R = random_instance(seed)
-    expected = brute_force(S, G, R)
-    got = solve_partition(S, G, R)
+    S, G = random_instance(seed)
+    expected = brute_force(S, G)
+    got = solve_partition(S, G)
     if not np.isfinite(expected):
         assert got is None
     else:
         assert got is not None
         assert got.objective == pytest.approx(expected, rel=1e-12)
-        assert score(S, G, R, got.last_layers)[0] == pytest.approx(expected, rel=1e-12)
+        assert score(S, G, got.last_layers)[0] == pytest.approx(expected, rel=1e-12)
 
 
 @pytest.mark.parametrize("seed", range(8))
 def test_dp_and_ilp_agree(seed):
-    S, G, _ = random_instance(1000 + seed, max_layers=7)
-    R = np.zeros_like(S)
-    dp = solve_partition(S, G, R)
+    S, G = random_instance(1000 + seed, max_layers=7)
+    dp = solve_partition(S, G)
     ilp = solve_partition_ilp(S, G, time_limit_s=20)
     if dp is None:
         assert ilp is None
@@ -65,9 +61,9 @@ def test_dp_and_ilp_agree(seed):
 
 
 def test_cutoff_prunes_only_what_cannot_win():
-    S, G, R = random_instance(7)
-    best = solve_partition(S, G, R)
+    S, G = random_instance(7)
+    best = solve_partition(S, G)
     assert best is not None
-    assert solve_partition(S, G, R, cutoff=best.objective) is None
-    again = solve_partition(S, G, R, cutoff=best.objective * 1.001 + 1e-9)
+    assert solve_partition(S, G, cutoff=best.objective) is None
+    again = solve_partition(S, G, cutoff=best.objective * 1.001 + 1e-9)
     assert again is not None and again.objective == pytest.approx(best.objective)

@@ -178,10 +178,10 @@ def test_interleaved_bounds_never_exceed_the_optimum(seed):
         used = [i for i, n in enumerate(counts) if n]
         truth = np.inf
         for layout in ordered_layouts([(options[i].pool, options[i].tp, counts[i]) for i in used]):
-            S, G, R = backend.stage_matrices(layout, settings, global_batch)
+            S, G = backend.stage_matrices(layout, settings, global_batch)
             for cuts in itertools.combinations(range(layers - 1), P - 1):
                 if partition_allowed(units, (*cuts, layers - 1), V):
-                    truth = min(truth, score(S, G, R, (*cuts, layers - 1))[0])
+                    truth = min(truth, score(S, G, (*cuts, layers - 1))[0])
         bound = lower_bounds(plist, np.array([counts]), m, vpp=V)[0]
         assert bound <= truth * (1 + 1e-9) and whole <= truth * (1 + 1e-9)
         if all(counts):

@@ -69,9 +69,8 @@ class Backend(Protocol):
         ...
 
     def stage_matrices(self, layout: Layout, settings: Settings, global_batch: int
-                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(S, G, R) of the bound above, shape (P, L, L), S = inf where a segment does not fit in memory
-        (R is a max-term the DP also supports; this bound needs none, so it is zero)."""
+                       ) -> tuple[np.ndarray, np.ndarray]:
+        """(S, G) of the bound above, shape (P, L, L), S = inf where a segment does not fit in memory."""
         ...
 
     def evaluate(self, spec: PipelineSpec) -> Estimate:
@@ -121,8 +120,8 @@ def warmup(stage: int, num_stages: int, num_micro_batches: int) -> int:
 
 def bound_matrices(forward: list[np.ndarray], backward: list[np.ndarray], p2p: list[np.ndarray | None],
                    fits: list[np.ndarray], tail0: np.ndarray, num_micro_batches: int, vpp: int = 1
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(S, G, R) from per-stage segment matrices: ``forward[k][i, j]``, ``backward[k][i, j]``, the send time
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """(S, G) from per-stage segment matrices: ``forward[k][i, j]``, ``backward[k][i, j]``, the send time
     ``p2p[k][j]`` after layer j (for the last stage: back to stage 0, used only between interleaved chunks;
     None = no transfer), ``fits[k][i, j]`` and stage 0's tail ``tail0[j]`` when it holds layers 0..j. With
     ``vpp > 1`` the interleaved schedule's bound (:mod:`planner.search.interleave`)."""
@@ -131,7 +130,6 @@ def bound_matrices(forward: list[np.ndarray], backward: list[np.ndarray], p2p: l
     co = bound_coefficients(P, num_micro_batches, vpp)
     S = np.empty((P, L, L))
     G = np.empty((P, L, L))
-    R = np.zeros((P, L, L))
     for k in range(P):
         f, b = forward[k], backward[k]
         s = f + co.backward_weight * b if vpp > 1 else f + b
@@ -143,4 +141,4 @@ def bound_matrices(forward: list[np.ndarray], backward: list[np.ndarray], p2p: l
         ok = fits[k] & np.isfinite(s)
         S[k] = np.where(ok, s, np.inf)
         G[k] = np.where(ok, g, np.inf)
-    return S, G, R
+    return S, G

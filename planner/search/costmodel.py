@@ -112,7 +112,7 @@ class CostModelBackend:
         return hit
 
     def stage_matrices(self, layout: Layout, settings: Settings, global_batch: int
-                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                       ) -> tuple[np.ndarray, np.ndarray]:
         m = settings.num_micro_batches(global_batch)
         P = layout.num_stages
         devices = allocate(self.cluster, layout, settings)

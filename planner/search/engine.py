@@ -278,7 +278,7 @@ class _Search:
         L = current.last_layers[-1] + 1
         # the layout's bound matrices: a move whose partition's bound exceeds the current time cannot time
         # below it, so only the others are timed
-        S, G, R = self.backend.stage_matrices(cand.layout, cand.settings, self.global_batch)
+        S, G = self.backend.stage_matrices(cand.layout, cand.settings, self.global_batch)
         improved = True
         while improved and current.time_s > cand.bound_s * (1 + _REL_TOL):
             improved = False
@@ -294,7 +294,7 @@ class _Search:
                     hi = moved[k + 1] - 1 if k + 1 < len(moved) else L - 2
                     if not lo <= moved[k] <= hi or not partition_allowed(self.units, (*moved, L - 1), V):
                         continue
-                    if score(S, G, R, (*moved, L - 1))[0] * (1 - 1e-6) > current.time_s:
+                    if score(S, G, (*moved, L - 1))[0] * (1 - 1e-6) > current.time_s:
                         continue  # its bound already exceeds the time to beat: not timed
                     trial = self.time(current.settings, current.layout, (*moved, L - 1), cand.bound_s,
                                       check=False)
@@ -485,11 +485,11 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
                     state.least_layout_bound = min(state.least_layout_bound, cand.time_s)
                     state.offer(cand)
                 continue
-            S, G, R = backend.stage_matrices(layout, settings, global_batch)
+            S, G = backend.stage_matrices(layout, settings, global_batch)
             if settings.vpp > 1:  # every stage a whole number of equal chunks
                 mask = masks.setdefault(settings.vpp, chunk_mask(units, settings.vpp))
                 S = np.where(mask[None], S, np.inf)
-            part = solve_partition(S, G, R, state.cutoff())
+            part = solve_partition(S, G, state.cutoff())
             if part is None:
                 continue  # no partition fits, or none can beat the K-th best
             state.least_layout_bound = min(state.least_layout_bound, part.objective)
