@@ -173,7 +173,7 @@ def with_tables(plan: Plan, dense: Estimate, tables: EmbeddingResult) -> Plan:
 
 
 def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: ParallelConfig | None = None,
-           top_k: int = 1, time_limit_s: float | None = None, seed: int = 0, tables: Any = None,
+           top_k: int = 1, time_limit_s: float | None = None, tables: Any = None,
            backend: Backend | None = None, progress: Callable[[float], None] | None = None,
            budget: int | None = None) -> SearchResult:
     """planner.search.search (see there): the dense part is searched by planner.search; each of its plans
@@ -188,6 +188,6 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
             whole = dataclasses.replace(plan, model={**plan.model, "params": model.params})  # tables counted
             return with_tables(whole, dense, shard(sparse, cluster, dense, time_limit_s))
     return search_dense(dense_part(model), cluster, global_batch, pinned=pinned, top_k=top_k,
-                        time_limit_s=time_limit_s, seed=seed, backend=backend, progress=progress, budget=budget,
+                        time_limit_s=time_limit_s, backend=backend, progress=progress, budget=budget,
                         finish=finish)
 

@@ -42,7 +42,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="search time limit per point, seconds (results then depend on the machine's load)")
     parser.add_argument("--budget", type=positive_int, metavar="N",
                         help="search budget per point in work units (see 'planner plan --budget'): reproducible")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the search")
     add_json_flag(parser)
 
 
@@ -75,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = whatif(args.model, args.cluster, args.global_batch, sweeps, dims=parse_dims(args.dim),
                         pinned=_pinned(args), tables=tables_from_args(args), workers=args.workers,
-                        backend=args.backend, time_limit_s=args.time_limit, seed=args.seed,
+                        backend=args.backend, time_limit_s=args.time_limit,
                         progress=bar.count if bar is not None else None, budget=args.budget)
     finally:
         if bar is not None:

@@ -51,7 +51,7 @@ def default_backend(model: LayerGraph, cluster: Cluster) -> Backend:
 
 
 def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: ParallelConfig | None = None,
-           top_k: int = 1, time_limit_s: float | None = None, seed: int = 0, tables=None,
+           top_k: int = 1, time_limit_s: float | None = None, tables=None,
            backend: Backend | None = None, progress: Callable[[float], None] | None = None,
            budget: int | None = None) -> SearchResult:
     """The ``top_k`` fastest plans that fit, best first. ``pinned`` fields that are set are fixed.
@@ -62,20 +62,18 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
     sparse embedding tables (the model's, or ``tables``: a table file or EmbeddingTables), the dense part is
     searched here and the tables are sharded and joined by planner.compose; ``time_limit_s`` is then also
     the embedding sharder's work budget per plan (planner.embeddings.shard_tables; default 10 s of work,
-    deterministic). With no time limit the search is deterministic (``seed`` is accepted for API
-    stability; nothing is random)."""
+    deterministic). With no time limit the search is deterministic: nothing in it is random."""
     return compose.search(model, cluster, global_batch, pinned=pinned, top_k=top_k, time_limit_s=time_limit_s,
-                          seed=seed, tables=tables, backend=backend, progress=progress, budget=budget)
+                          tables=tables, backend=backend, progress=progress, budget=budget)
 
 
 def search_dense(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: ParallelConfig | None = None,
-                 top_k: int = 1, time_limit_s: float | None = None, seed: int = 0, backend: Backend | None = None,
+                 top_k: int = 1, time_limit_s: float | None = None, backend: Backend | None = None,
                  progress: Callable[[float], None] | None = None, budget: int | None = None,
                  finish: Callable[[Plan, Estimate], Plan] | None = None) -> SearchResult:
     """:func:`search` of a dense model. ``finish`` (planner.compose's join of the sparse tables) is applied
     to each plan with its dense estimate before the plan's bottleneck sentence is written, so the sentence
     weighs what ``finish`` adds to ``breakdown["embedding_s"]``."""
-    del seed
     if global_batch <= 0:
         raise ConfigError(f"global_batch {global_batch}: must be a positive integer")
     if top_k <= 0:
@@ -127,11 +125,11 @@ def search_dense(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinn
 
 
 def plan(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: ParallelConfig | None = None,
-         top_k: int = 1, time_limit_s: float | None = None, seed: int = 0, tables=None,
+         top_k: int = 1, time_limit_s: float | None = None, tables=None,
          backend: Backend | None = None, progress: Callable[[float], None] | None = None,
          budget: int | None = None) -> Plan:
     """The fastest plan that fits (see :func:`search`)."""
-    return search(model, cluster, global_batch, pinned=pinned, top_k=top_k, time_limit_s=time_limit_s, seed=seed,
+    return search(model, cluster, global_batch, pinned=pinned, top_k=top_k, time_limit_s=time_limit_s,
                   tables=tables, backend=backend, progress=progress, budget=budget).best
 
 

@@ -176,7 +176,6 @@ class PointTask:
     pinned: Any = None
     tables: Any = None
     time_limit_s: float | None = None
-    seed: int = 0
     budget: int | None = None
 
 
@@ -283,7 +282,7 @@ def _evaluate(task: PointTask) -> WhatIfPoint:
         pinned = replace(pinned, global_batch=inputs.global_batch)
     try:
         best = search_plan(model, inputs.cluster, inputs.global_batch, pinned=pinned, top_k=1,
-                           time_limit_s=task.time_limit_s, seed=task.seed, tables=task.tables, budget=task.budget)
+                           time_limit_s=task.time_limit_s, tables=task.tables, budget=task.budget)
     except PlannerError as exc:
         return infeasible(inputs, " ".join(str(exc).split()), seq_len)
     return summarize(inputs.settings, best, inputs.cluster, inputs.global_batch, seq_len)
@@ -295,7 +294,7 @@ def _evaluate(task: PointTask) -> WhatIfPoint:
 def whatif(model_path: str, cluster_spec: str | Cluster, global_batch: int, sweeps: Mapping[str, Sequence[str]],
            *, dims: Mapping[str, int] | None = None, pinned: Any = None, tables: Any = None,
            workers: int | None = None, backend: str = "process", time_limit_s: float | None = None,
-           seed: int = 0, progress: Progress | None = None, budget: int | None = None) -> WhatIfResult:
+           progress: Progress | None = None, budget: int | None = None) -> WhatIfResult:
     """Re-plan ``model_path`` at every point of the grid ``sweeps`` (key -> values, first key slowest).
 
     ``cluster_spec`` is a cluster file, a shorthand or a Cluster. ``pinned`` and ``tables`` go to
@@ -313,7 +312,7 @@ def whatif(model_path: str, cluster_spec: str | Cluster, global_batch: int, swee
     cluster = cluster_spec if isinstance(cluster_spec, Cluster) else load_cluster(cluster_spec)
     check_groups(cluster, parsed, catalog)
     points = point_inputs(cluster, global_batch, dict(dims or {}), parsed, catalog)
-    tasks = [PointTask(str(model_path), p, pinned, tables, time_limit_s, seed, budget) for p in points]
+    tasks = [PointTask(str(model_path), p, pinned, tables, time_limit_s, budget) for p in points]
     log.info("whatif: %d points", len(tasks))
     results = run_tasks(evaluate_point, tasks, workers=workers, backend=backend, progress=progress)
     name = cluster.name or (cluster_spec if isinstance(cluster_spec, str) else "")
