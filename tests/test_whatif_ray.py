@@ -1,4 +1,5 @@
-"""The Ray backend on a local one-CPU Ray instance (skipped, with the reason, where Ray is not installed)."""
+"""The Ray backend on a local one-CPU Ray instance. Ray is in the test extra, so CI runs these; an environment
+without it skips them with the reason."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ def test_missing_ray_names_the_extra(monkeypatch):
 @pytest.fixture(scope="module")
 def local_ray():
     ray = pytest.importorskip("ray", reason='Ray is not installed (optional extra: pip install "planner[ray]")')
-    path = os.pathsep.join([str(TESTS.parent), str(TESTS)])  # workers import planner and the fakes
+    # workers import planner and the fakes, and whatever the driver's PYTHONPATH reaches
+    path = os.pathsep.join(p for p in (str(TESTS.parent), str(TESTS), os.environ.get("PYTHONPATH", "")) if p)
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": path}})
     yield ray
