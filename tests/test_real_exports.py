@@ -7,7 +7,7 @@ Each fixture's JSON holds an independent count made from the model's config (not
 above (element-wise work), its parameters within 0.5%, and its layers must show the model's blocks.
 
 ``KNOWN_GRAPH_GAPS`` lists what the importer does not yet get right on these exports, each as a strict
-xfail with the reason (see NOTES_FOR_GRAPH.md): when the importer is fixed the test passes, the strict
+xfail with the reason (see docs/graph-import.md): when the importer is fixed the test passes, the strict
 xfail turns that into a failure, and the entry must be removed.
 """
 
