@@ -63,6 +63,7 @@ import numpy as np
 
 from planner.errors import ConfigError
 from planner.graph.ir import ACT_BYTES
+from planner.hardware.efficiency import DTYPE_BYTES as OPERAND_BYTES
 from planner.runtime import Runtime, get_runtime
 from planner.rules import OPTIMIZERS, RECOMPUTE_CHOICES
 from planner.types import MemoryBreakdown
@@ -71,7 +72,6 @@ from planner.types import MemoryBreakdown
 # tensor cores (fp32 storage); fp8 training keeps 16-bit weights and activations and casts GEMM inputs to fp8
 # (Transformer Engine, "Using FP8 with Transformer Engine")
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
-_GEMM_INPUT_BYTES = {"fp8": 1}  # what Transformer Engine saves of an fp8 GEMM's input; others: DTYPE_BYTES
 FP32_BYTES = 4
 DROPOUT_MASK_BYTES = 1  # PyTorch's dropout saves a bool mask (Korthikanti: 1 byte per element)
 # optimizer moments per parameter, fp32 (Adam: momentum and variance; SGD momentum; Adagrad's sum of squares)
@@ -87,8 +87,10 @@ def dtype_bytes(dtype: str) -> int:
 
 
 def gemm_input_bytes(dtype: str) -> int:
-    """Bytes per element of a GEMM's operands (1 under fp8, else the dtype's width)."""
-    return _GEMM_INPUT_BYTES.get(dtype, dtype_bytes(dtype))
+    """Bytes per element of a GEMM's operands, as Transformer Engine also saves them for the backward (1 under
+    fp8, else the dtype's width): the operand widths of ``planner.hardware.efficiency``."""
+    dtype_bytes(dtype)  # validates the name
+    return OPERAND_BYTES[dtype]
 
 
 def activation_scale(dtype: str) -> float:
