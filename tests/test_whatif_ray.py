@@ -1,9 +1,11 @@
 """The Ray backend on a local one-CPU Ray instance. Ray is in the test extra, so CI runs these; an environment
-without it skips them with the reason."""
+without it skips them with the reason. The Ray driver runs in a child process (tests/ray_child.py): see there."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -11,9 +13,8 @@ import pytest
 
 from planner.errors import PlannerError
 from planner.sweep import runner
-from planner.sweep.whatif import PointTask
 
-from whatif_fakes import points_for, failing_evaluate, fake_evaluate
+from whatif_fakes import fake_evaluate
 
 TESTS = Path(__file__).resolve().parent
 
@@ -25,27 +26,22 @@ def test_missing_ray_names_the_extra(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    ray = pytest.importorskip("ray", reason='Ray is not installed (optional extra: pip install "planner[ray]")')
-    # workers import planner and the fakes, and whatever the driver's PYTHONPATH reaches
+def ray_results() -> dict:
+    pytest.importorskip("ray", reason='Ray is not installed (optional extra: pip install "planner[ray]")')
+    # the child and Ray's workers import planner and the fakes
     path = os.pathsep.join(p for p in (str(TESTS.parent), str(TESTS), os.environ.get("PYTHONPATH", "")) if p)
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": path}})
-    yield ray
-    ray.shutdown()
+    env = {**os.environ, "PYTHONPATH": path}
+    done = subprocess.run([sys.executable, str(TESTS / "ray_child.py")], capture_output=True, text=True, env=env,
+                          timeout=300, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        pytest.fail(f"the Ray child printed no result (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1])
 
 
-def test_ray_backend_matches_processes(local_ray):
-    tasks = [PointTask("fake.onnx", p) for p in points_for({"fake-a100.count": ["0", "1", "2"],
-                                                          "fake-h100.count": ["1", "3"]})]
-    calls = []
-    on_ray = runner.run_tasks(fake_evaluate, tasks, backend="ray", workers=2,
-                              progress=lambda d, t: calls.append(d))
-    local = runner.run_tasks(fake_evaluate, tasks, workers=1)
-    assert on_ray == local and calls == list(range(1, 7))
+def test_ray_backend_matches_processes(ray_results):
+    assert ray_results["matches"] and ray_results["progress"] == list(range(1, 7))
 
 
-def test_ray_backend_reraises_planner_errors(local_ray):
-    tasks = [PointTask("fake.onnx", p) for p in points_for({"count": ["1"]})]
-    with pytest.raises(PlannerError, match="raised in a worker"):
-        runner.run_tasks(failing_evaluate, tasks, backend="ray")
+def test_ray_backend_reraises_planner_errors(ray_results):
+    assert "raised in a worker" in ray_results["error"]

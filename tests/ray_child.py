@@ -1,0 +1,40 @@
+"""Runs the Ray backend checks on a local one-CPU Ray instance and prints one JSON line of results.
+
+tests/test_whatif_ray.py starts this in its own process: Ray's driver installs process-wide handlers and, when its
+raylet goes away during ``ray.shutdown()``, can end the whole process. The verdict is the printed line, read
+before Ray tears down, so Ray's own teardown cannot take the test session with it."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import ray
+
+from planner.errors import PlannerError
+from planner.sweep import runner
+from planner.sweep.whatif import PointTask
+
+from whatif_fakes import failing_evaluate, fake_evaluate, points_for
+
+
+def main() -> None:
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    tasks = [PointTask("fake.onnx", p) for p in points_for({"fake-a100.count": ["0", "1", "2"],
+                                                          "fake-h100.count": ["1", "3"]})]
+    calls: list[int] = []
+    on_ray = runner.run_tasks(fake_evaluate, tasks, backend="ray", workers=2, progress=lambda d, t: calls.append(d))
+    local = runner.run_tasks(fake_evaluate, tasks, workers=1)
+    error = ""
+    try:
+        runner.run_tasks(failing_evaluate, [PointTask("fake.onnx", p) for p in points_for({"count": ["1"]})],
+                         backend="ray")
+    except PlannerError as exc:
+        error = str(exc)
+    print(json.dumps({"matches": on_ray == local, "progress": calls, "error": error}), flush=True)
+    sys.stdout.flush()
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()
