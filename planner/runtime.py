@@ -55,6 +55,9 @@ class Runtime:
     interleaved: bool  # Megatron's interleaved (virtual-pipeline) 1F1B schedule
     tensor_parallel: bool
     pipeline_parallel: bool
+    # the lowest ZeRO stage whose gradient reduction overlaps the backward (``overlap_grad_reduce``); below
+    # it the runtime reduces after the backward pass
+    overlap_grad_reduce_min_zero: int = 0
     # --- fixed memory every rank holds besides the model (planner.cost.memory adds them to other_bytes)
     # the CUDA context of a PyTorch process: "~300MB" with CUDA 11.7+ lazy module loading, over 1 GB before
     # it, when every kernel was loaded into the context (pytorch/pytorch issue #107667, maintainer answer)
@@ -84,6 +87,11 @@ class Runtime:
     recompute_choices: tuple[str, ...] = ("none", "selective", "full")
     sequence_parallel: bool = True
 
+    def overlaps_grad_reduce(self, zero: int) -> bool:
+        """Whether the gradient reduction of ZeRO stage ``zero`` overlaps the backward pass."""
+        return self.overlap_grad_reduce and zero >= self.overlap_grad_reduce_min_zero
+
+
 RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
     Runtime(
         name="megatron-lm-2021",
@@ -111,13 +119,16 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
         description="DeepSpeed ZeRO 0-3 with overlap_comm (tensor parallelism through Megatron-DeepSpeed or "
                     "AutoTP); pipeline only with ZeRO 0-1, no interleaved schedule",
         source="DeepSpeed config docs (zero_optimization: reduce_bucket_size 5e8, overlap_comm, "
-               "stage3_prefetch_bucket_size); deepspeed/runtime/pipe/engine.py (ZeRO-2/3 not supported with "
+               "stage3_prefetch_bucket_size; the planner's export sets overlap_comm for ZeRO 1-3, whose "
+               "optimizer reduces gradients in buckets during the backward); deepspeed/runtime/engine.py "
+               "(without a ZeRO optimizer, DeepSpeedEngine.backward all-reduces the gradients after the "
+               "backward pass, allreduce_gradients); deepspeed/runtime/pipe/engine.py (ZeRO-2/3 not supported with "
                "pipeline parallelism); DeepSpeed has no virtual-pipeline schedule; Megatron-DeepSpeed README "
                "(tensor parallelism)",
         overlap_grad_reduce=True, overlap_param_gather=False, tp_comm_overlap=False,
         grad_bucket_params=500_000_000, zero3_prefetch_layers=1, attention="flash", main_grad_bytes=4,
         zero_stages=(0, 1, 2, 3), max_pipeline_zero=1, interleaved=False, tensor_parallel=True,
-        pipeline_parallel=True),
+        pipeline_parallel=True, overlap_grad_reduce_min_zero=1),
     Runtime(
         name="pytorch-fsdp2",
         description="PyTorch FSDP2 (fully_shard, as torchtitan runs it): per-layer all-gather with one layer "

@@ -166,3 +166,17 @@ def test_zero3_recurrence_hides_a_gather_only_behind_the_compute_before_it():
     # deeper prefetch never hurts
     shallow, deep = (zero3_exposed_s(compute, compute, large - 2.0, zeros, k, True)[0] for k in (1, 3))
     assert np.all(deep <= shallow + 1e-12)
+
+
+def test_deepspeed_without_a_zero_optimizer_reduces_after_the_backward(two_nodes):
+    """DeepSpeed overlaps the gradient reduction only in its ZeRO optimizer (overlap_comm); at ZeRO-0 its engine
+    all-reduces after the backward, so the whole all-reduce is exposed, as with overlap switched off."""
+    runtime = get_runtime("deepspeed")
+    assert not runtime.overlaps_grad_reduce(0) and runtime.overlaps_grad_reduce(1)
+    model = gpt(8, 4096, 32, 512, 32000)  # 1.6B parameters: several of DeepSpeed's 5e8-element buckets
+
+    def dp_s(rt) -> float:
+        return _one_stage(two_nodes, 16, 0, rt, 2, model=model).breakdown.dp_comm_s
+
+    assert dp_s(runtime) == pytest.approx(dp_s(dataclasses.replace(runtime, overlap_grad_reduce=False)), rel=1e-12)
+    assert dp_s(runtime) > dp_s(dataclasses.replace(runtime, overlap_grad_reduce_min_zero=0))

@@ -167,7 +167,7 @@ def dp_sync(zero: int, params: np.ndarray, group: CommGroup, dtype: str, runtime
     over the pass's layers, ``first_*`` of the stage's first layer (:func:`layer_collective_s`)."""
     if zero not in ZERO_STAGES:
         raise ConfigError(f"zero={zero} is not a ZeRO stage; use 0, 1, 2 or 3")
-    bucket = 0.0 if zero == 3 else bucket_params(runtime, group.size)
+    bucket = 0.0 if zero == 3 else bucket_params(runtime, group.size, runtime.overlaps_grad_reduce(zero))
     grad_kind = "all_reduce" if zero == 0 else "reduce_scatter"
     grad = bucketed_pass(grad_kind, params, group, dtype, bucket, layer_grad_s, first_grad_s)
     if zero == 0:
@@ -189,7 +189,8 @@ def sync_tail_s(sync: DpSync, runtime: Runtime, last_backward_s: np.ndarray | fl
     (:func:`zero3_exposed_s`); neither is part of the tail."""
     tail = np.zeros_like(sync.grad.total_s)
     if sync.zero in (0, 1):
-        tail = tail + exposed_s(sync.grad.total_s, sync.grad.edge_s, last_backward_s, runtime.overlap_grad_reduce)
+        tail = tail + exposed_s(sync.grad.total_s, sync.grad.edge_s, last_backward_s,
+                                runtime.overlaps_grad_reduce(sync.zero))
     if sync.zero in (1, 2):
         tail = tail + exposed_s(sync.gather.total_s, sync.gather.edge_s, first_forward_s,
                                 runtime.overlap_param_gather)
@@ -200,7 +201,7 @@ def micro_batch_reduce_s(sync: DpSync, runtime: Runtime, backward_s: np.ndarray 
     """ZeRO-2: what each micro-batch's gradient reduce-scatter adds to its backward (0 for other stages)."""
     if sync.zero != 2:
         return np.zeros_like(sync.grad.total_s)
-    return exposed_s(sync.grad.total_s, sync.grad.edge_s, backward_s, runtime.overlap_grad_reduce)
+    return exposed_s(sync.grad.total_s, sync.grad.edge_s, backward_s, runtime.overlaps_grad_reduce(2))
 
 
 def dp_bytes_per_iteration(sync: DpSync, micro_batches: np.ndarray | float) -> np.ndarray:

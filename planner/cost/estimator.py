@@ -333,7 +333,8 @@ def _evaluate(work: _Work, schedule: str, vpp: int, zero: int, exact: bool,
     if zero == 3:
         if "zero3" not in work.memo:
             work.memo["zero3"] = zero3_exposed_s(work.layer_forward_s, work.layer_backward_s, pl.zero3_gather_s,
-                                                 pl.zero3_reduce_s, rt.zero3_prefetch_layers, rt.overlap_grad_reduce)
+                                                 pl.zero3_reduce_s, rt.zero3_prefetch_layers,
+                                                 rt.overlaps_grad_reduce(3))
         extra_f, extra_b = work.memo["zero3"]
         f, b = work.forward_s + extra_f, work.backward_s + extra_b
     elif zero == 2:

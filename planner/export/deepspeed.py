@@ -64,7 +64,7 @@ def _zero_optimization(plan: Plan) -> dict[str, Any]:
     runtime = framework_runtime(plan, "deepspeed")
     section: dict[str, Any] = {"stage": plan.zero}
     if plan.zero >= 1:
-        section["overlap_comm"] = runtime.overlap_grad_reduce
+        section["overlap_comm"] = runtime.overlaps_grad_reduce(plan.zero)
         if runtime.grad_bucket_params:
             section["reduce_bucket_size"] = runtime.grad_bucket_params
             if plan.zero <= 2:
