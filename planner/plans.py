@@ -22,7 +22,7 @@ from typing import Any
 from planner.errors import PlannerError
 from planner.hardware.documents import MAX_JSON_BYTES, expand_ranges, load_json, non_finite, read_input
 from planner.runtime import DEFAULT_RUNTIME
-from planner.types import Cluster
+from planner.types import Batching, Cluster
 
 SCHEMA_VERSION = 1
 
@@ -118,6 +118,12 @@ class Plan:
     schema_version: int = SCHEMA_VERSION
 
     # ------------------------------------------------------------------ derived views
+    @property
+    def batching(self) -> Batching:
+        """The global batch over the data-parallel replicas of a stage (a stage's ``dp`` counts the replicas
+        of all its groups)."""
+        return Batching(self.global_batch, self.micro_batch, self.stages[0].dp)
+
     @property
     def devices(self) -> frozenset[int]:
         """Every device the plan uses (a stage's own list and its replica groups')."""

@@ -299,6 +299,12 @@ class Batching:
         """Micro-batches each data-parallel replica runs per iteration."""
         return self.per_replica // self.micro_batch
 
+    def replica_micro_batches(self, batch_share: float, dp: int) -> float:
+        """Micro-batches each of ``dp`` replicas runs when together they take ``batch_share`` of the global
+        batch (a replica group of a heterogeneous stage; ``num_micro_batches`` for the one group of a
+        homogeneous stage)."""
+        return batch_share * self.global_batch / (dp * self.micro_batch)
+
 
 @dataclass(frozen=True)
 class ReplicaSpec:
@@ -337,6 +343,11 @@ class PipelineSpec:
     optimizer: str = "adam"
     dtype: str = "bf16"
     runtime: str = DEFAULT_RUNTIME
+
+    @property
+    def batching(self) -> Batching:
+        """The global batch over the data-parallel replicas of a stage (all stages have the same count)."""
+        return Batching(self.global_batch, self.micro_batch, sum(r.dp for r in self.stages[0].replicas))
 
 
 @dataclass(frozen=True)

@@ -152,3 +152,19 @@ def test_progress_bar_waits_then_draws():
     bar(1.0)
     bar.close()
     assert "50%" in loud.getvalue() and "100%" in loud.getvalue() and loud.getvalue().endswith("\n")
+
+
+@pytest.mark.parametrize("shorthand", ["dgx-a100-80gb*1", "dgx-a100-80gb*1+hgx-v100-32gb*1"])
+def test_plan_carries_its_batching(tiny, shorthand):
+    """A plan's batching splits the global batch the way its stages run it: every replica group's micro-batches
+    times its replicas times the micro-batch add up to the global batch, on one device type or two."""
+    plan = planner.plan(tiny, load_cluster(shorthand), global_batch=48)
+    batching = plan.batching
+    assert batching.num_micro_batches == plan.num_micro_batches
+    assert batching.dp * batching.micro_batch * batching.num_micro_batches == plan.global_batch
+    for stage in plan.stages:
+        groups = stage.replicas or ()
+        if groups:
+            samples = sum(batching.replica_micro_batches(g.batch_share, g.dp) * g.dp * plan.micro_batch
+                          for g in groups)
+            assert samples == pytest.approx(plan.global_batch)

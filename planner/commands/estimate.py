@@ -10,7 +10,7 @@ from typing import Any
 from planner.commands._common import (add_cluster_flags, add_config_flags, add_json_flag, config_from_args,
                                       emit_json, parse_dims, tables_from_args)
 from planner.commands._common import add_allow_unknown_ops_flag
-from planner.types import Estimate, LayerGraph, MemoryBreakdown
+from planner.types import Batching, Estimate, LayerGraph, MemoryBreakdown
 from planner.units import GIB
 
 HELP = "predict the iteration time, throughput and memory of one parallel configuration"
@@ -58,7 +58,7 @@ def estimate_document(model: LayerGraph, estimate: Estimate) -> dict[str, Any]:
         "reason": estimate.reason,
         "memory_per_device_bytes": estimate.memory_per_device_bytes,
         "config": dataclasses.asdict(estimate.config),
-        "num_micro_batches": estimate.config.global_batch // (estimate.config.dp * (estimate.config.micro_batch or 1)),
+        "num_micro_batches": Batching.of(estimate.config).num_micro_batches,
         "breakdown": breakdown,
         "stages": stages,
         "notes": list(estimate.notes),

@@ -46,7 +46,7 @@ from planner.hardware.collectives import CommGroup, p2p_time_s
 from planner.rules import (TIE_TOLERANCE, check_config, divisors, pipeline_units, recompute_choices, simplicity_key,
                            vpp_fits, zero_stages)
 from planner.runtime import Runtime, get_runtime
-from planner.types import (Breakdown, Cluster, Estimate, LayerGraph, MemoryBreakdown, NodeProfile,
+from planner.types import (Batching, Breakdown, Cluster, Estimate, LayerGraph, MemoryBreakdown, NodeProfile,
                            ParallelConfig, PipelineSpec, ReplicaEstimate, ReplicaSpec, StageEstimate, StageSpec)
 
 log = logging.getLogger(__name__)
@@ -241,6 +241,7 @@ def _work(model: LayerGraph, cluster: Cluster, placement: _Placement, global_bat
     f, b, tpc, act, extra, m_r = (np.empty(n) for _ in range(6))
     layer_f, layer_b = np.zeros_like(placement.zero3_gather_s), np.zeros_like(placement.zero3_gather_s)
     out_bytes = np.zeros(len(placement.stages))
+    batching = Batching(global_batch, micro_batch, int(placement.stage_dp[0]))
     for i, (r, node, cal) in enumerate(zip(placement.rows, placement.nodes, placement.cals)):
         stage = placement.stages[placement.row_stage[i]]
         sl = slice(stage.first_layer, stage.last_layer + 1)
@@ -253,7 +254,7 @@ def _work(model: LayerGraph, cluster: Cluster, placement: _Placement, global_bat
         tpc[i] = lc.tp_comm_s[sl].sum()
         act[i] = lc.activation_bytes[sl].sum()
         extra[i] = lc.peak_extra_bytes[sl].max()
-        m_r[i] = r.batch_share * global_batch / (r.dp * micro_batch)
+        m_r[i] = batching.replica_micro_batches(r.batch_share, r.dp)
         if r is stage.replicas[0]:
             last_stage = placement.row_stage[i] == len(placement.stages) - 1
             # the last stage's transfer is the interleaved schedule's wrap-around: a chunk of the last stage

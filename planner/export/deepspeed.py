@@ -32,7 +32,7 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
         # deepspeed/runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"
         raise PlannerError(f"plan: ZeRO-{plan.zero} with {pp} pipeline stages cannot run in DeepSpeed (its "
                            "pipeline engine accepts ZeRO 0 or 1); re-plan with --zero 1, or use --format megatron")
-    accumulation = plan.global_batch // (plan.micro_batch * dp)
+    accumulation = plan.batching.num_micro_batches
     if accumulation * plan.micro_batch * dp != plan.global_batch:
         raise PlannerError(f"plan: global batch {plan.global_batch} is not micro-batch {plan.micro_batch} x dp "
                            f"{dp} x an integer number of steps, which DeepSpeed requires")

@@ -21,7 +21,7 @@ def _stage_rows(stage: StagePlan, plan: Plan) -> list[list[str]]:
     rows = [[str(stage.index), layers, "mixed", id_ranges(stage.devices), "", "", stage.recompute,
              size(stage.memory_bytes_per_device), seconds(stage.time_s)]]
     for replica in stage.replicas:
-        per_replica = replica.batch_share * plan.global_batch / (replica.dp * plan.micro_batch)
+        per_replica = plan.batching.replica_micro_batches(replica.batch_share, replica.dp)
         rows.append(["", f"  {replica.batch_share:.0%} of batch, {per_replica:g} mb each", replica.device_type,
                      id_ranges(replica.devices),
                      str(replica.tp), str(replica.dp), "", size(replica.memory_bytes_per_device),
@@ -32,7 +32,7 @@ def _stage_rows(stage: StagePlan, plan: Plan) -> list[list[str]]:
 def render_table(plan: Plan) -> str:
     model = plan.model.get("name", "model")
     peak_bytes = max([plan.memory_per_device_bytes] + [s.memory_bytes_per_device for s in plan.stages])
-    replicas = plan.global_batch / (plan.micro_batch * plan.num_micro_batches)
+    replicas = plan.batching.dp
     cluster = plan.cluster.get("name", "cluster")
     # a stage with replica groups on several device types gives each group its own micro-batch count
     mixed = " (on average: see the replica groups)" if any(len(s.replicas) > 1 for s in plan.stages) else ""

@@ -37,7 +37,7 @@ def to_plan(model: LayerGraph, cluster: Cluster, spec: PipelineSpec, estimate: E
             memory_bytes_per_device=float(est.memory.total_bytes), time_s=float(est.forward_s + est.backward_s),
             replicas=groups))
     # micro-batches per data-parallel replica (on average over a heterogeneous stage's replica groups)
-    m = spec.global_batch // (spec.micro_batch * sum(r.dp for r in spec.stages[0].replicas))
+    m = spec.batching.num_micro_batches
     return Plan(
         model={"name": model.name, "params": model.params, "flops_per_sample": model.flops_forward,
                "layers": len(model.layers)},
