@@ -173,8 +173,9 @@ class LayerGraph:
 @dataclass(frozen=True)
 class DeviceProfile:
     """One accelerator model. ``peak_flops_per_s`` is dense peak per dtype (``fp32``, ``tf32``, ``fp16``,
-    ``bf16``, ``fp8``). ``gemm_efficiency`` is a curve of (GEMM FLOPs, achieved fraction of peak) pairs,
-    interpolated in log-space; ``memory_efficiency`` is the achieved fraction of ``memory_bandwidth_Bps``."""
+    ``bf16``, ``fp8``; ``fp4`` is listed as a peak, not a training dtype). ``gemm_efficiency`` is a curve of
+    (GEMM FLOPs, achieved fraction of peak) pairs, interpolated in log-space; ``memory_efficiency`` is the
+    achieved fraction of ``memory_bandwidth_Bps``."""
 
     name: str
     peak_flops_per_s: Mapping[str, float]
@@ -199,6 +200,9 @@ class DeviceProfile:
     # whether FlashAttention runs on this device at all (FlashAttention-2 and Transformer Engine's fused
     # attention need Ampere or newer); where not, a runtime's flash attention falls back to a fused softmax
     flash_attention: bool = True
+    # optional: the NVIDIA compute capability (9.0 Hopper, 10.0 Blackwell); 0 = not given (another vendor, a
+    # measured profile). The FP8 recipes a device runs follow from it (planner.hardware.fp8)
+    compute_capability: float = 0.0
 
 
 @dataclass(frozen=True)

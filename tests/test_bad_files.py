@@ -183,7 +183,7 @@ def _device_cluster(tmp_path, device: dict | str) -> str:
 
 @pytest.mark.parametrize("field, value, words", [
     (("peak_flops_per_s", "bf16"), float("inf"),
-     "'peak_flops_per_s.bf16' must be a finite number from 1e+06 to 1e+18, got inf"),
+     "'peak_flops_per_s.bf16' must be a finite number from 1e+06 to 1e+19, got inf"),
     (("memory_bytes",), 10**308, "'memory_bytes' must be an integer from 1 to 1125899906842624, got 1e+308"),
     (("memory_bytes",), 8.5, "'memory_bytes' must be an integer"),
     (("memory_bandwidth_Bps",), float("nan"),
@@ -225,7 +225,7 @@ def own_catalog(tmp_path, monkeypatch):
      "'nic_bandwidth_GBps' must be a finite number from 0.001 to 100000, got nan"),
     (("devices_per_node: 8", "devices_per_node: 2.5"),
      "'devices_per_node' must be an integer from 1 to 1024, got 2.5"),
-    (("nics_per_node: 8", "nics_per_node: true"), "'nics_per_node' must be an integer from 1 to 64, got a boolean"),
+    (("nics_per_node: 8", "nics_per_node: true"), "'nics_per_node' must be an integer from 1 to 1024, got a boolean"),
     (("inter_node_latency_us: 4.5", "inter_node_latency_us: 1e999"), "'inter_node_latency_us' must be a number"),
     (("inter_node_latency_us: 4.5", "inter_node_latency_us: 1.0e+999"),
      "must be a finite number from 0 to 1e+06, got inf"),

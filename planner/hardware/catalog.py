@@ -69,6 +69,7 @@ def device_from_document(doc: Document) -> DeviceProfile:
         vector_flops_per_s=float(data.get("vector_flops_per_s", 0.0)),
         flash_attention_efficiency=tuple(float(x) for x in data.get("flash_attention_efficiency", ())),
         flash_attention=bool(data.get("flash_attention", True)),
+        compute_capability=float(data.get("compute_capability", 0.0)),
     )
 
 

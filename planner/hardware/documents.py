@@ -63,8 +63,8 @@ RANGES: dict[str, tuple[float, float]] = {
     "memory_bytes": (1, 2**50),
     # 1 MB/s .. 1 PB/s device memory bandwidth (over 100x HBM3e's 8 TB/s)
     "memory_bandwidth_Bps": (1e6, 1e15),
-    # 1 MFLOP/s .. 1 EFLOP/s on one device (over 100x a B200's dense FP8)
-    "flops_per_s": (1e6, 1e18),
+    # 1 MFLOP/s .. 10 EFLOP/s on one device (over 100x a GB200 GPU's dense FP4)
+    "flops_per_s": (1e6, 1e19),
     # the size axis of an efficiency curve (a GEMM's FLOPs, an op's bytes): up to 10^21
     "curve_size": (1.0, 1e21),
     # fixed cost of launching one op: up to a second
@@ -73,7 +73,10 @@ RANGES: dict[str, tuple[float, float]] = {
     "nodes": (1, 10**6),
     # devices of one node: a whole 576-GPU NVLink domain counted as one node fits
     "devices_per_node": (1, 1024),
-    "nics_per_node": (1, 64),
+    # one NIC per GPU of a whole NVLink domain counted as one node (GB200 NVL72: 72 ConnectX-7)
+    "nics_per_node": (1, 1024),
+    # an NVIDIA GPU's compute capability (major.minor): 3.0 (Kepler) .. 99.9
+    "compute_capability": (3.0, 99.9),
     # US dollars per node-hour: a DGX node rents for about 100
     "price_per_node_hour": (0.0, 1e6),
     # network oversubscription ratio, 1 = full bisection; 1000:1 is already no network for training
