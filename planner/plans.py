@@ -112,6 +112,7 @@ class Plan:
     optimizer: str = "adam"
     dtype: str = "bf16"
     runtime: str = DEFAULT_RUNTIME
+    fp8_recipe: str | None = None  # Transformer Engine's FP8 recipe under dtype fp8 (planner.hardware.fp8)
     memory_per_device_bytes: float = 0.0
     bottleneck: str = ""  # one sentence: what limits this plan and why
     physical_bound_s: float = 0.0  # total FLOPs / summed peak FLOP/s of the devices used

@@ -30,6 +30,7 @@ from typing import Iterable, Sequence
 
 from planner.errors import ConfigError, suggest
 from planner.hardware.efficiency import DTYPE_FALLBACK
+from planner.hardware.fp8 import FP8_RECIPES, base_dtype, check_recipe_choice
 from planner.runtime import RUNTIMES, Runtime, get_runtime
 from planner.types import Cluster, LayerGraph, ParallelConfig
 
@@ -39,6 +40,8 @@ RECOMPUTE_CHOICES = ("none", "selective", "full")  # simplest first (the tie rul
 OPTIMIZERS = ("adam", "sgd", "adagrad")
 # the training dtypes: those the compute model has peaks and fallbacks for (the memory model sizes each)
 DTYPES = tuple(DTYPE_FALLBACK)
+# Transformer Engine's FP8 scaling recipes (with dtype fp8 only; which devices run each: planner.hardware.fp8)
+FP8_RECIPE_NAMES = tuple(FP8_RECIPES)
 SCHEDULES = ("1f1b", "interleaved", "gpipe")
 INTERLEAVED = "interleaved"
 ZERO_STAGES = (0, 1, 2, 3)
@@ -317,7 +320,7 @@ def check_numerics(recompute: str | None, optimizer: str, dtype: str | None, seq
                               f"{', '.join(recompute_choices(runtime))}; use one of them or another --runtime")
     check_choice("optimizer", optimizer, OPTIMIZERS)
     if dtype is not None:
-        check_choice("dtype", dtype, DTYPES)
+        check_choice("dtype", base_dtype(dtype), DTYPES)
     if sequence_parallel and tp == 1:
         raise ConfigError("sequence parallelism needs tensor parallelism (tp > 1); drop --sequence-parallel "
                           "or use tp 2 or more")
@@ -350,6 +353,7 @@ def check_config(model: LayerGraph, cluster: Cluster, config: ParallelConfig) ->
     if config.zero is not None:
         check_zero(config.zero, pp, runtime)
     check_numerics(config.recompute, config.optimizer, config.dtype, config.sequence_parallel, tp, runtime)
+    check_recipe_choice(config.dtype, config.fp8_recipe)
 
 
 def simplicity_key(zero: int, recompute: str, tp: int, pp: int) -> tuple[int, int, int, int]:

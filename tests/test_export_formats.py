@@ -31,8 +31,9 @@ MEGATRON_OPTIONS = {
     # sequence_parallel, fp16, bf16
     "--tensor-model-parallel-size": "value", "--pipeline-model-parallel-size": "value",
     "--sequence-parallel": "flag", "--fp16": "flag", "--bf16": "flag",
-    # megatron/training/arguments.py (_add_transformer_engine_args): --fp8-format, dest fp8
-    "--fp8-format": ("e4m3", "hybrid"),
+    # megatron/training/arguments.py (_add_transformer_engine_args): --fp8-format, dest fp8; --fp8-recipe,
+    # default delayed
+    "--fp8-format": ("e4m3", "hybrid"), "--fp8-recipe": ("tensorwise", "delayed", "mxfp8", "blockwise"),
     # megatron/core/transformer/transformer_config.py: num_layers,
     # recompute_granularity Literal['full', 'selective'], recompute_method Literal['uniform', 'block'],
     # recompute_num_layers
@@ -149,6 +150,26 @@ def test_megatron_fp8_trains_bf16_weights_with_fp8_gemms():
     plan = dataclasses.replace(plan_samples.gpt_plan(), dtype="fp8")
     options = parse_megatron(render(plan, "megatron"))
     assert options["--fp8-format"] == ["hybrid"] and "--bf16" in options
+    assert options["--fp8-recipe"] == ["delayed"]  # a plan without a recipe runs the default
+
+
+@pytest.mark.parametrize("recipe, fmt", [("delayed", "hybrid"), ("blockwise", "e4m3"), ("mxfp8", "e4m3")])
+def test_megatron_fp8_passes_the_plans_recipe_and_its_format(recipe, fmt):
+    plan = dataclasses.replace(plan_samples.gpt_plan(), dtype="fp8", fp8_recipe=recipe)
+    options = parse_megatron(render(plan, "megatron"))
+    assert options["--fp8-recipe"] == [recipe] and options["--fp8-format"] == [fmt]
+
+
+def test_bf16_plans_have_no_fp8_options():
+    options = parse_megatron(render(plan_samples.gpt_plan(), "megatron"))
+    assert "--fp8-recipe" not in options and "--fp8-format" not in options
+
+
+def test_deepspeed_refuses_fp8_in_one_line():
+    plan = dataclasses.replace(plan_samples.gpt_plan(), dtype="fp8", runtime="deepspeed")
+    with pytest.raises(PlannerError, match=r"dtype fp8 has no DeepSpeed config option.*--dtype bf16") as info:
+        render(plan, "deepspeed")
+    assert "\n" not in str(info.value)
 
 
 def test_megatron_and_deepspeed_refuse_heterogeneous_plans():

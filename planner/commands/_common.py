@@ -9,8 +9,8 @@ from typing import Any
 
 from planner.assignments import split_assignments
 from planner.errors import ConfigError
-from planner.rules import (DTYPES, FORMAT_RUNTIMES, OPTIMIZERS, RECOMPUTE_CHOICES, RUNTIME_NAMES, SCHEDULES,
-                           ZERO_STAGES)
+from planner.rules import (DTYPES, FORMAT_RUNTIMES, FP8_RECIPE_NAMES, OPTIMIZERS, RECOMPUTE_CHOICES,
+                           RUNTIME_NAMES, SCHEDULES, ZERO_STAGES)
 from planner.runtime import DEFAULT_RUNTIME
 from planner.types import ParallelConfig
 
@@ -109,6 +109,11 @@ def add_config_flags(parser: argparse.ArgumentParser, required: bool = False) ->
     parser.add_argument("--dtype", choices=DTYPES,
                         help="training dtype; every device must run it (default: bf16, or fp16 on devices "
                              "without bf16)")
+    parser.add_argument("--fp8-recipe", choices=FP8_RECIPE_NAMES,
+                        help="Transformer Engine FP8 scaling recipe, with --dtype fp8 only: delayed (per-tensor "
+                             "scales from an amax history; the default), blockwise (fp32 scales per 1x128 and "
+                             "128x128 block; Hopper and Blackwell), mxfp8 (E8M0 scales per 32 values; "
+                             "Blackwell)")
 
 
 def config_from_args(args: argparse.Namespace, defaults_to_one: bool = True) -> ParallelConfig:
@@ -129,6 +134,7 @@ def config_from_args(args: argparse.Namespace, defaults_to_one: bool = True) -> 
         optimizer=args.optimizer,
         dtype=args.dtype,
         runtime=args.runtime,
+        fp8_recipe=args.fp8_recipe,
     )
 
 

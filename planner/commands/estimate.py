@@ -73,7 +73,7 @@ def _print_table(model: LayerGraph, estimate: Estimate) -> None:
     out.write(f"config: tp={cfg.tp} pp={cfg.pp} dp={cfg.dp} micro-batch={cfg.micro_batch} vpp={cfg.vpp} "
               f"schedule={cfg.schedule} zero={cfg.zero} recompute={cfg.recompute} "
               f"sequence-parallel={'yes' if cfg.sequence_parallel else 'no'} optimizer={cfg.optimizer} dtype={cfg.dtype} "
-              f"runtime={cfg.runtime}\n")
+              f"{f'fp8-recipe={cfg.fp8_recipe} ' if cfg.fp8_recipe else ''}runtime={cfg.runtime}\n")
     out.write(f"iteration {estimate.iteration_time_s:.4f} s, {estimate.throughput_samples_per_s:.2f} samples/s, "
               f"memory {estimate.memory_per_device_bytes / GIB:.1f} GiB per device (largest), "
               f"{'fits' if estimate.feasible else 'DOES NOT FIT: ' + estimate.reason}\n")

@@ -31,6 +31,18 @@ probabilities·V), by the runtime's kernel (``Runtime.attention``):
   backward does 2.5x the FLOPs at the backward fraction; under a causal mask only the score blocks on and
   below the diagonal are computed (``hardware.efficiency.FLASH_*``, ``flash_causal_fraction``).
 
+FP8 (``dtype`` ``fp8``, any recipe of ``planner.hardware.fp8``): the GEMMs of the linear layers run at the
+fp8 peak with the device's GEMM curve, their operands at 1 byte plus the recipe's scales. Everything else
+stays in bf16 as Transformer Engine and Megatron-Core run it: the attention core (Transformer Engine's
+recipes default to ``fp8_dpa=False``: DotProductAttention computes in the 16-bit dtype), the output layer
+(Megatron-Core's ``output_layer`` is a ``tensor_parallel.ColumnParallelLinear``, not a Transformer Engine
+module) and every non-GEMM op. Each fp8 GEMM adds its casts, each a memory-bound kernel of its own: in the
+forward pass the input ``m x k`` is read at 2 bytes and written as fp8 in both orientations (rowwise for this
+GEMM, columnwise for the weight gradient: Transformer Engine's cast-transpose), ``m k (2 + 2 (1 + s))`` bytes;
+in the backward pass the output gradient ``m x n`` likewise, ``m n (2 + 2 (1 + s))``. Transformer Engine
+fuses some of these casts into the layer norm or activation before the GEMM; they are counted as if not fused.
+The weights' casts happen once per iteration (``planner.cost.optimizer``).
+
 Tensor-parallel communication (Megatron-LM): every row-parallel GEMM's output is all-reduced in the forward
 pass and the matching input gradient in the backward pass (with sequence parallelism: a reduce-scatter plus
 an all-gather each, the same bytes); a layer with column-parallel GEMMs but no row-parallel one (the output
@@ -57,6 +69,7 @@ from planner.graph.ir import ACT_BYTES
 from planner.graph.transformer import ATTENTION_CORE
 from planner.hardware.efficiency import (FLASH_BACKWARD_FLOPS_RATIO, flash_causal_fraction, flash_efficiency,
                                          gemm_shape_efficiency, memory_time_s, peak_flops_per_s)
+from planner.hardware.fp8 import FP8, HIGH_PRECISION, base_dtype
 from planner.runtime import Runtime, get_runtime
 from planner.types import DeviceProfile, Layer, LayerGraph, NodeProfile, OpCost
 
@@ -99,6 +112,12 @@ def _gemm_time_s(profile: DeviceProfile, m: float, n: float, k: float, dtype: st
     efficiency = min(1.0, gemm_shape_efficiency(profile, m, n, k) * cal.gemm_scale)
     traffic = (m * k + k * n) * gemm_input_bytes(dtype) + m * n * dtype_bytes(dtype)
     return _kernel_time_s(profile, max(flops / (peak * efficiency), memory_time_s(profile, traffic) / cal.memory_scale))
+
+
+def _cast_time_s(profile: DeviceProfile, elements: float, dtype: str, cal: DeviceCalibration) -> float:
+    """One fp8 cast-transpose kernel of ``elements`` 16-bit values (module docstring)."""
+    traffic = elements * (dtype_bytes(dtype) + 2.0 * gemm_input_bytes(dtype))
+    return _kernel_time_s(profile, memory_time_s(profile, traffic) / cal.memory_scale)
 
 
 def _elementwise_time_s(profile: DeviceProfile, flops: float, traffic_bytes: float, cal: DeviceCalibration) -> float:
@@ -187,6 +206,8 @@ def _costs_of_ops(layer: Layer, node: NodeProfile, tp: int, mb: int, sp: bool, d
     first_column_input = 0.0
     scale = activation_scale(dtype)
     width = dtype_bytes(dtype)
+    fp8 = base_dtype(dtype) == FP8
+    high = HIGH_PRECISION if fp8 else dtype  # the attention core's and output layer's dtype
     ops = layer.ops
     if not ops:  # no operator detail: one GEMM-like block of the layer's FLOPs
         ops = (OpCost(layer.name, "Layer", layer.flops_forward, 0.0, layer.output_bytes,
@@ -210,8 +231,13 @@ def _costs_of_ops(layer: Layer, node: NodeProfile, tp: int, mb: int, sp: bool, d
             if in_core and attention == "flash":
                 flash_products.append((m, n, k))
                 continue
-            f = _gemm_time_s(profile, m, n, k, dtype, cal)
-            b = _gemm_time_s(profile, m, k, n, dtype, cal) + _gemm_time_s(profile, k, n, m, dtype, cal)
+            linear = not in_core and layer.kind != "head"
+            g = dtype if linear else high
+            f = _gemm_time_s(profile, m, n, k, g, cal)
+            b = _gemm_time_s(profile, m, k, n, g, cal) + _gemm_time_s(profile, k, n, m, g, cal)
+            if fp8 and linear:
+                f += _cast_time_s(profile, m * k, dtype, cal)
+                b += _cast_time_s(profile, m * n, dtype, cal)
         else:
             if in_core and attention == "flash":
                 continue  # fused into the FlashAttention kernel, scores kept on chip
@@ -235,7 +261,7 @@ def _costs_of_ops(layer: Layer, node: NodeProfile, tp: int, mb: int, sp: bool, d
             core_fwd += f
     if flash_products:
         dims = layer.transformer
-        f, b = _flash_times_s(profile, flash_products, dtype, cal,
+        f, b = _flash_times_s(profile, flash_products, high, cal,
                               dims.seq_len if dims is not None and dims.causal else 0)
         fwd += f
         bwd += b

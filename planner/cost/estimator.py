@@ -42,6 +42,7 @@ from planner.cost.schedule import SCHEDULES, pipeline_time
 from planner.errors import ConfigError
 from planner.hardware.cluster import locate
 from planner.hardware.efficiency import resolve_dtype
+from planner.hardware.fp8 import base_dtype, cost_dtype, recipe_name, resolve_fp8_recipe
 from planner.hardware.collectives import CommGroup, p2p_time_s
 from planner.rules import (TIE_TOLERANCE, check_config, divisors, pipeline_units, recompute_choices, simplicity_key,
                            vpp_fits, zero_stages)
@@ -449,8 +450,8 @@ def _to_estimate(work: _Work, result: _Result) -> Estimate:
     config = ParallelConfig(global_batch=work.global_batch, tp=pl.rows[0].tp, pp=pp, dp=pl.stage_dp[0],
                             micro_batch=work.micro_batch, vpp=result.vpp, zero=result.zero,
                             recompute=work.recompute, sequence_parallel=work.sequence_parallel,
-                            schedule=result.schedule, optimizer=pl.optimizer, dtype=pl.dtype,
-                            runtime=pl.runtime.name)
+                            schedule=result.schedule, optimizer=pl.optimizer, dtype=base_dtype(pl.dtype),
+                            runtime=pl.runtime.name, fp8_recipe=recipe_name(pl.dtype))
     notes = tuple(sorted({f"{cal_name}: no calibration of its own under the {pl.runtime.name} runtime; the "
                           "mean of the fitted (runtime, device) entries' efficiency parameters is used"
                           for cal_name, cal in ((n.device.name, c) for n, c in zip(pl.nodes, pl.cals))
@@ -586,9 +587,12 @@ def estimate(model: LayerGraph, cluster: Cluster, config: ParallelConfig,
     Candidates are ranked with a fast pipeline formula; the best few are then timed exactly (closed form or
     simulation) and the best of those returned.
     """
-    config = replace(config, dtype=resolve_dtype((g.node.device for g in cluster.groups), config.dtype),
+    devices = [g.node.device for g in cluster.groups]
+    dtype = resolve_dtype(devices, config.dtype)
+    config = replace(config, dtype=dtype, fp8_recipe=resolve_fp8_recipe(devices, dtype, config.fp8_recipe),
                      runtime=get_runtime(config.runtime).name)
     check_config(model, cluster, config)
+    numerics = cost_dtype(config.dtype, config.fp8_recipe)  # the recipe rides on the cost model's dtype key
     tp, pp, dp = config.tp, config.pp, config.dp
     options = _candidates(model, config)
     # a pinned vpp whose chunks do not split evenly over the stages places its own layers
@@ -597,7 +601,7 @@ def estimate(model: LayerGraph, cluster: Cluster, config: ParallelConfig,
         split = tuple(balanced_split(model, pp, vpp))
         if split not in placements:
             stages = _megatron_spec_stages(model, cluster, tp, pp, dp, vpp)
-            placements[split] = (_placement(model, cluster, stages, config.optimizer, config.dtype, calibration,
+            placements[split] = (_placement(model, cluster, stages, config.optimizer, numerics, calibration,
                                             get_runtime(config.runtime)), [])
         placements[split][1].append(vpp)
     ranked: list[tuple[tuple[int, float], int, _Work, str, int, int]] = []

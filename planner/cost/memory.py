@@ -37,9 +37,10 @@ So per block: ``s b (R + T / t) + a s^2 b S / t`` (no sequence parallelism) or `
 (with it). Selective recompute drops the score term (it re-runs the attention core; Korthikanti Sec. 5; with
 FlashAttention there is nothing to drop). Full recompute keeps only the block input, ``w s b h`` (``/ t``
 under sequence parallelism). For the GPT block at ``w = 2, g = 2, d = 1`` these are exactly Korthikanti's
-Table 2: ``sbh (10 + 24/t + 5as/(ht))``, ``sbh/t (34 + 5as/h)``, ``34 sbh/t``, ``2 sbh``. Kept simple under fp8: the
-fp8 copies of the weights (and their transposes) that Transformer Engine may cache across micro-batches are
-not counted, nor the per-tensor scaling factors.
+Table 2: ``sbh (10 + 24/t + 5as/(ht))``, ``sbh/t (34 + 5as/h)``, ``34 sbh/t``, ``2 sbh``. Under fp8 an fp8 GEMM
+input saved for the backward is its columnwise fp8 copy (Transformer Engine quantizes the input for both
+usages and drops the rowwise one after the forward GEMM) plus the recipe's scales: ``g = 1 + s`` with ``s`` the
+recipe's scale bytes per element (``planner.hardware.fp8``: 0 per-tensor, 4/128 blockwise, 1/32 MXFP8).
 
 Weights, gradients and optimizer states
 ---------------------------------------
@@ -53,6 +54,15 @@ table of Megatron-Core's distributed optimizer (docs, "Distributed Optimizer"): 
 ``8 + 8/d``. ZeRO stage 1 divides the optimizer states by ``dp``, stage 2 also the gradients, stage 3 also
 the weights (Rajbhandari et al. 2020, Sec. 5).
 
+FP8 weight copies: under fp8 every rank also keeps, beside its bf16 weights, their fp8 copies in both
+orientations (rowwise for the forward GEMM, columnwise for the input-gradient GEMM) with the recipe's weight
+scales, ``2 (1 + s_w)`` bytes per parameter (:func:`fp8_weight_copy_bytes`): Megatron-Core passes
+``is_first_microbatch`` to Transformer Engine's linear layers (megatron/core/extensions/transformer_engine.py),
+which "allows caching of the FP8 versions of the weights" across the micro-batches of an iteration
+(Transformer Engine ``Linear.forward`` docs). They are counted for every parameter, the embedding and output
+layer's too (which stay 16-bit), and sharded with the weights under ZeRO-3. The primary weights stay bf16
+(no ``--fp8-param-gather``), the gradients and optimizer states are those of bf16 training.
+
 Fixed overheads: the runtime's CUDA context, GEMM workspaces, NCCL buffers and the caching allocator's reserve
 (``Runtime.cuda_context_bytes`` ... ``allocator_reserve_fraction``, each with its source).
 """
@@ -64,6 +74,7 @@ import numpy as np
 from planner.errors import ConfigError
 from planner.graph.ir import ACT_BYTES
 from planner.hardware.efficiency import DTYPE_BYTES as OPERAND_BYTES
+from planner.hardware.fp8 import FP8, base_dtype, scale_bytes, weight_scale_bytes
 from planner.runtime import Runtime, get_runtime
 from planner.rules import OPTIMIZERS, RECOMPUTE_CHOICES
 from planner.types import MemoryBreakdown
@@ -81,16 +92,25 @@ _MOMENT_BYTES = {"adam": 2.0 * FP32_BYTES, "sgd": float(FP32_BYTES), "adagrad": 
 def dtype_bytes(dtype: str) -> int:
     """Bytes per element of weights and activations in training dtype ``dtype``."""
     try:
-        return DTYPE_BYTES[dtype]
+        return DTYPE_BYTES[base_dtype(dtype)]
     except KeyError:
         raise ConfigError(f"dtype {dtype!r} is not one of {', '.join(DTYPE_BYTES)}") from None
 
 
-def gemm_input_bytes(dtype: str) -> int:
-    """Bytes per element of a GEMM's operands, as Transformer Engine also saves them for the backward (1 under
-    fp8, else the dtype's width): the operand widths of ``planner.hardware.efficiency``."""
+def gemm_input_bytes(dtype: str) -> float:
+    """Bytes per element of a GEMM's operands, as Transformer Engine also saves them for the backward (under
+    fp8: 1 plus the recipe's scale bytes, else the dtype's width): the operand widths of
+    ``planner.hardware.efficiency``."""
     dtype_bytes(dtype)  # validates the name
-    return OPERAND_BYTES[dtype]
+    return OPERAND_BYTES[base_dtype(dtype)] + scale_bytes(dtype)
+
+
+def fp8_weight_copy_bytes(dtype: str) -> float:
+    """Bytes per parameter of the cached fp8 weight copies (rowwise and columnwise, with the recipe's weight
+    scales) under fp8; 0 for the other dtypes (module docstring)."""
+    if base_dtype(dtype) != FP8:
+        return 0.0
+    return 2.0 * (OPERAND_BYTES[FP8] + weight_scale_bytes(dtype))
 
 
 def activation_scale(dtype: str) -> float:
@@ -166,7 +186,7 @@ def memory_terms(params_per_rank, activation_bytes_per_micro_batch, micro_batche
     numpy arrays (one entry per stage or replica group). See ``stage_memory``."""
     rt = get_runtime(runtime)
     per_weight, per_gradient, per_state = parameter_bytes(optimizer, dtype, rt)
-    weights = params_per_rank * per_weight
+    weights = params_per_rank * (per_weight + fp8_weight_copy_bytes(dtype))
     gradients = params_per_rank * per_gradient
     states = params_per_rank * per_state
     if zero >= 1:

@@ -12,12 +12,16 @@ The bytes follow the state layout of ``planner.cost.memory.parameter_bytes`` (we
 
 Megatron-Core's bf16 weights with fp32 main grads, Adam: 4 + 16 + 8 + 2 = 30 bytes per parameter.
 With ZeRO >= 1 each data-parallel rank updates only its ``1/dp`` share.
+
+Under fp8 every rank also refreshes the cached fp8 copies of all its weights once per iteration (the first
+micro-batch's cast, ``planner.cost.memory.fp8_weight_copy_bytes``): the bf16 weights read (``w``) and the
+copies written, whatever the ZeRO stage (each rank casts the weights it computes with).
 """
 
 from __future__ import annotations
 
 from planner.cost.calibration import DeviceCalibration
-from planner.cost.memory import FP32_BYTES, parameter_bytes
+from planner.cost.memory import FP32_BYTES, dtype_bytes, fp8_weight_copy_bytes, parameter_bytes
 from planner.hardware.efficiency import memory_time_s
 from planner.runtime import Runtime
 from planner.types import DeviceProfile
@@ -41,4 +45,6 @@ def optimizer_time_s(params_per_rank: float, profile: DeviceProfile, optimizer: 
     """Seconds of one optimizer step on one rank holding ``params_per_rank`` parameters."""
     params = params_per_rank / dp if zero >= 1 and dp > 1 else params_per_rank
     scale = calibration.memory_scale if calibration is not None else 1.0
-    return memory_time_s(profile, params * optimizer_bytes_per_param(optimizer, dtype, runtime)) / scale
+    copies = fp8_weight_copy_bytes(dtype)
+    cast = params_per_rank * (dtype_bytes(dtype) + copies) if copies else 0.0
+    return memory_time_s(profile, params * optimizer_bytes_per_param(optimizer, dtype, runtime) + cast) / scale

@@ -32,6 +32,12 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
         # deepspeed/runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"
         raise PlannerError(f"plan: ZeRO-{plan.zero} with {pp} pipeline stages cannot run in DeepSpeed (its "
                            "pipeline engine accepts ZeRO 0 or 1); re-plan with --zero 1, or use --format megatron")
+    if plan.dtype == "fp8":
+        # DeepSpeed's config has bf16, fp16 and amp sections and none for fp8: FP8 GEMMs come from Transformer
+        # Engine modules in the model code (or a plug-in's own section), which a config cannot switch on
+        raise PlannerError("plan: dtype fp8 has no DeepSpeed config option (its config sets bf16 or fp16 only; "
+                           "FP8 needs Transformer Engine layers in the model code); re-plan with --dtype bf16, or "
+                           "use --format megatron")
     accumulation = plan.batching.num_micro_batches
     if accumulation * plan.micro_batch * dp != plan.global_batch:
         raise PlannerError(f"plan: global batch {plan.global_batch} is not micro-batch {plan.micro_batch} x dp "

@@ -19,6 +19,7 @@ import shlex
 
 from planner.errors import PlannerError
 from planner.export._uniform import framework_runtime, pipeline_degree, require_uniform
+from planner.hardware.fp8 import DEFAULT_FP8_RECIPE, FP8, FP8_RECIPES
 from planner.plans import Plan, StagePlan
 from planner.rules import RECOMPUTE_CHOICES
 from planner.runtime import Runtime
@@ -31,10 +32,19 @@ _ZERO_ARGS = {
     2: ("--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads"),
     3: ("--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"),
 }
-# fp8 trains bf16 weights with fp8 GEMMs (Transformer Engine's hybrid format: e4m3 forward, e5m2 backward);
-# tf32 is fp32 training with tensor-core GEMMs, PyTorch's default on Ampere and later
-_DTYPE_ARGS = {"bf16": ("--bf16",), "fp16": ("--fp16",), "fp32": (), "tf32": (),
-               "fp8": ("--bf16", "--fp8-format", "hybrid")}
+# fp8 trains bf16 weights with fp8 GEMMs (the format and recipe follow: _fp8_args); tf32 is fp32 training
+# with tensor-core GEMMs, PyTorch's default on Ampere and later
+_DTYPE_ARGS = {"bf16": ("--bf16",), "fp16": ("--fp16",), "fp32": (), "tf32": (), "fp8": ("--bf16",)}
+
+
+def _fp8_args(plan: Plan) -> list[str]:
+    """Megatron-LM's Transformer Engine options of an fp8 plan (megatron/training/arguments.py,
+    _add_transformer_engine_args: --fp8-format e4m3|hybrid, --fp8-recipe tensorwise|delayed|mxfp8|blockwise):
+    the plan's recipe and that recipe's Transformer Engine default format."""
+    if plan.dtype != FP8:
+        return []
+    recipe = FP8_RECIPES[plan.fp8_recipe or DEFAULT_FP8_RECIPE]
+    return ["--fp8-format", recipe.fp8_format, "--fp8-recipe", recipe.name]
 
 
 def transformer_layers(stage: StagePlan) -> int:
@@ -72,7 +82,7 @@ def megatron_args(plan: Plan) -> list[str]:
         args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     args += list(_ZERO_ARGS[plan.zero])
     args += _overlap_args(runtime, plan, tp, _dp)
-    args += list(_DTYPE_ARGS[plan.dtype])
+    args += list(_DTYPE_ARGS[plan.dtype]) + _fp8_args(plan)
     return args
 
 

@@ -22,6 +22,7 @@ from functools import lru_cache
 from typing import Iterable
 
 from planner.errors import ClusterError, ConfigError
+from planner.hardware.fp8 import base_dtype
 from planner.types import DeviceProfile
 
 DTYPE_FALLBACK: dict[str, tuple[str, ...]] = {
@@ -62,8 +63,8 @@ def resolve_dtype(devices: Iterable[DeviceProfile], dtype: str | None) -> str:
     lacking = sorted({p.name for p in profiles if not p.peak_flops_per_s.get(dtype)})
     if lacking:
         common = [d for d in DTYPE_FALLBACK if all(p.peak_flops_per_s.get(d) for p in profiles)]
-        raise ConfigError(f"dtype {dtype}: {', '.join(lacking)} cannot run it; use --dtype "
-                          f"{' or '.join(common) or 'fp32'}")
+        raise ConfigError(f"dtype {dtype}: {', '.join(lacking)} cannot run it (no {dtype} peak in its device "
+                          f"profile); use --dtype {' or '.join(common) or 'fp32'}")
     return dtype
 
 
@@ -90,7 +91,9 @@ def interpolate_log(points: tuple[tuple[float, float], ...], x: float) -> float:
 
 
 def peak_flops_per_s(profile: DeviceProfile, dtype: str = "bf16") -> float:
-    """Dense peak for ``dtype``, or for the nearest format the device runs (see DTYPE_FALLBACK)."""
+    """Dense peak for ``dtype`` (a cost-model key such as ``fp8:mxfp8`` counts as its training dtype,
+    ``planner.hardware.fp8``), or for the nearest format the device runs (see DTYPE_FALLBACK)."""
+    dtype = base_dtype(dtype)
     for candidate in DTYPE_FALLBACK.get(dtype, (dtype,)):
         value = profile.peak_flops_per_s.get(candidate)
         if value:
@@ -183,7 +186,7 @@ def memory_time_s(profile: DeviceProfile, nbytes: float) -> float:
 def matmul_time_s(profile: DeviceProfile, m: int, n: int, k: int, dtype: str = "bf16") -> float:
     """Roofline time of one (m x k) @ (k x n) GEMM: max(compute at the curve's efficiency, operand traffic)."""
     flops = 2.0 * m * n * k
-    nbytes = float(m * k + k * n + m * n) * DTYPE_BYTES.get(dtype, 2)
+    nbytes = float(m * k + k * n + m * n) * DTYPE_BYTES.get(base_dtype(dtype), 2)
     return max(compute_time_s(profile, flops, dtype), memory_time_s(profile, nbytes))
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Protocol, Sequence
 
 from planner.errors import ConfigError
+from planner.hardware.fp8 import cost_dtype
 from planner.plans import Plan
 from planner.report._figure import check_path, pyplot, save
 from planner.units import GIB
@@ -135,8 +136,8 @@ def plan_pipeline_specs(plan: Plan) -> dict[str, PipelineSpec]:
         for s in stages)
     return {mode: PipelineSpec(stages=spec_stages, global_batch=plan.global_batch, micro_batch=plan.micro_batch,
                                vpp=vpp, zero=plan.zero, recompute=mode, sequence_parallel=plan.sequence_parallel,
-                               schedule=plan.schedule, optimizer=plan.optimizer, dtype=plan.dtype,
-                               runtime=plan.runtime)
+                               schedule=plan.schedule, optimizer=plan.optimizer,
+                               dtype=cost_dtype(plan.dtype, plan.fp8_recipe), runtime=plan.runtime)
             for mode in sorted({s.recompute for s in stages})}
 
 

@@ -13,6 +13,7 @@ import numpy as np
 from planner import compose
 from planner.errors import ConfigError, InfeasibleError
 from planner.hardware.efficiency import resolve_dtype
+from planner.hardware.fp8 import cost_dtype, resolve_fp8_recipe
 from planner.plans import Plan, SearchInfo
 from planner.rules import TIE_TOLERANCE, ModelShape
 from planner.runtime import get_runtime
@@ -89,9 +90,12 @@ def search_dense(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinn
         raise ConfigError(f"model {model.name!r} has no layers (pipeline units) to place")
     pins = Pins.from_config(pinned)
     runtime = get_runtime(pins.runtime)  # an unknown name fails here, before the search
-    pins = dataclasses.replace(pins, dtype=resolve_dtype((g.node.device for g in cluster.groups),
-                                                         pinned.dtype if pinned is not None else None),
-                               runtime=runtime.name, shape=ModelShape.of(model))
+    devices = [g.node.device for g in cluster.groups]
+    dtype = resolve_dtype(devices, pinned.dtype if pinned is not None else None)
+    recipe = resolve_fp8_recipe(devices, dtype, pinned.fp8_recipe if pinned is not None else None)
+    # the search carries the fp8 recipe on the cost model's dtype key (planner.hardware.fp8.cost_dtype)
+    pins = dataclasses.replace(pins, dtype=cost_dtype(dtype, recipe), runtime=runtime.name,
+                               shape=ModelShape.of(model))
     kinds = [layer.kind for layer in model.layers]
     units = unit_flags(kinds)
     validate_pins(pins, cluster, global_batch, len(model.layers), sum(units))

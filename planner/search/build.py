@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from planner.hardware.cluster import locate
+from planner.hardware.efficiency import peak_flops_per_s
+from planner.hardware.fp8 import base_dtype, recipe_name
 from planner.plans import Plan, ReplicaPlan, SearchInfo, StagePlan, cluster_summary
 from planner.types import Cluster, Estimate, LayerGraph, PipelineSpec
 
@@ -15,7 +17,7 @@ def physical_bound_s(model: LayerGraph, cluster: Cluster, spec: PipelineSpec) ->
         for replica in stage.replicas:
             for device in replica.devices:
                 profile = cluster.groups[locate(cluster, device)[0]].node.device
-                peak += profile.peak_flops_per_s.get(spec.dtype, max(profile.peak_flops_per_s.values()))
+                peak += peak_flops_per_s(profile, spec.dtype)
     return 3.0 * model.flops_forward * spec.global_batch / peak if peak else 0.0
 
 
@@ -46,7 +48,7 @@ def to_plan(model: LayerGraph, cluster: Cluster, spec: PipelineSpec, estimate: E
         iteration_time_s=float(estimate.iteration_time_s),
         throughput_samples_per_s=float(estimate.throughput_samples_per_s), stages=tuple(stages),
         breakdown={k: float(v) for k, v in estimate.breakdown.to_dict().items()}, search=search,
-        vpp=spec.vpp, sequence_parallel=spec.sequence_parallel, optimizer=spec.optimizer, dtype=spec.dtype,
-        runtime=spec.runtime,
+        vpp=spec.vpp, sequence_parallel=spec.sequence_parallel, optimizer=spec.optimizer,
+        dtype=base_dtype(spec.dtype), fp8_recipe=recipe_name(spec.dtype), runtime=spec.runtime,
         memory_per_device_bytes=float(estimate.memory_per_device_bytes), bottleneck=bottleneck,
         physical_bound_s=physical_bound_s(model, cluster, spec))
