@@ -8,8 +8,8 @@ what one block saves for its backward pass, for a GPT block (ffn = 4h, GELU, mul
 counts the same tensors from the block's real dimensions; with sequence length ``s``, micro-batch ``b``,
 hidden ``h``, ``a`` heads, ``h_kv = kv_heads x h / a`` (grouped-query attention: narrower K and V), MLP width
 ``f``, activation width ``w`` (the training dtype: 4 bytes for fp32/tf32, 2 for bf16/fp16 and fp8), GEMM-input
-width ``g`` (``w``; 1 under fp8, where Transformer Engine saves the inputs of its fp8 GEMMs as fp8 tensors for
-the weight gradient) and ``d`` = 1 byte of dropout mask per element where the block has dropout (0 without):
+width ``g`` (``w``; under fp8 1 byte plus the recipe's scales, where Transformer Engine saves the inputs of its
+fp8 GEMMs as fp8 tensors for the weight gradient) and ``d`` = 1 byte of dropout mask per element where the block has dropout (0 without):
 
 Per token, replicated across tensor-parallel ranks (divided by ``t`` only under sequence parallelism)::
 
