@@ -8,6 +8,7 @@ import sys
 from planner.commands._common import add_json_flag, emit_json
 from planner.hardware import catalog, load_cluster
 from planner.hardware.efficiency import gemm_efficiency
+from planner.hardware.fp8 import recipes_for
 from planner.plans import cluster_summary
 from planner.units import GB, GIB
 
@@ -47,7 +48,9 @@ def catalog_document() -> dict:
             "peak_flops_per_s": dict(sorted(d.peak_flops_per_s.items())),
             "memory_bytes": d.memory_bytes, "memory_bandwidth_Bps": d.memory_bandwidth_Bps,
             "gemm_efficiency": [list(p) for p in d.gemm_efficiency],
-            "memory_efficiency": d.memory_efficiency, "source": d.source,
+            "memory_efficiency": d.memory_efficiency,
+            "compute_capability": d.compute_capability or None, "fp8_recipes": list(recipes_for([d])),
+            "source": d.source,
         })
     nodes = []
     for name in catalog.node_names():
@@ -92,14 +95,16 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(doc)
         return 0
-    rows = [["device", "bf16/fp16 TF", "fp32 TF", "memory GiB", "HBM/GDDR GB/s", "large-GEMM eff"]]
+    rows = [["device", "bf16/fp16 TF", "fp8 TF", "fp32 TF", "memory GiB", "HBM/GDDR GB/s", "large-GEMM eff",
+             "fp8 recipes"]]
     for d in doc["devices"]:
         peaks = d["peak_flops_per_s"]
         half = peaks.get("bf16") or peaks.get("fp16") or 0.0
         profile = catalog.get_device(d["name"])
-        rows.append([d["name"], f"{half / TFLOP:.1f}", f"{peaks.get('fp32', 0.0) / TFLOP:.1f}",
+        rows.append([d["name"], f"{half / TFLOP:.1f}", f"{peaks['fp8'] / TFLOP:.1f}" if "fp8" in peaks else "-",
+                     f"{peaks.get('fp32', 0.0) / TFLOP:.1f}",
                      f"{d['memory_bytes'] / GIB:.0f}", f"{d['memory_bandwidth_Bps'] / GB:.0f}",
-                     f"{gemm_efficiency(profile, 1e12):.2f}"])
+                     f"{gemm_efficiency(profile, 1e12):.2f}", ",".join(d["fp8_recipes"]) or "-"])
     out = [_table(rows), ""]
     rows = [["node", "device", "per node", "intra fabric", "intra GB/s/dev", "NICs", "inter GB/s/node"]]
     for n in doc["nodes"]:
