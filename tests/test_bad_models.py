@@ -173,16 +173,17 @@ def test_absurd_dimension(tmp_path):
 
 
 def test_absurd_bound_dimension(tmp_path):
-    """--dim values: an input axis over MAX_INPUT_DIM, or a tensor over 2**40 elements once bound."""
-    nodes = [h.make_node("Transpose", ["x"], ["xt"], perm=[0, 2, 1], name="t"),
-             h.make_node("MatMul", ["x", "xt"], ["y"], name="scores")]  # [batch, seq, seq]
-    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, ["batch", "seq", 4])],
-                         [h.make_tensor_value_info("y", T.FLOAT, ["batch", "seq", "seq"])])
+    """--dim values: an input axis over MAX_INPUT_DIM, or a tensor over 2**48 elements once bound (scores of
+    1024 heads over two million tokens; a million-token sequence's scores on 128 heads are allowed)."""
+    nodes = [h.make_node("Transpose", ["x"], ["xt"], perm=[0, 1, 3, 2], name="t"),
+             h.make_node("MatMul", ["x", "xt"], ["y"], name="scores")]  # [batch, heads, seq, seq]
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, ["batch", 1024, "seq", 4])],
+                         [h.make_tensor_value_info("y", T.FLOAT, ["batch", 1024, "seq", "seq"])])
     path = save(h.make_model(graph, opset_imports=[h.make_opsetid("", 20)]), tmp_path, "scores")
     assert answer_is_clean(["inspect", str(path), "--dim", "seq=64"]) == (0, "")
-    refused(path, "input 'x'", f"size {MAX_INPUT_DIM * 2:,} on axis 1", "smaller --dim",
+    refused(path, "input 'x'", f"size {MAX_INPUT_DIM * 2:,} on axis 2", "smaller --dim",
             argv=("--dim", f"seq={MAX_INPUT_DIM * 2}"))
-    refused(path, "tensor 'y' would have shape [1, 2097152, 2097152]", "over 2**40", "--dim",
+    refused(path, "tensor 'y' would have shape [1, 1024, 2097152, 2097152]", "over 2**48", "--dim",
             argv=("--dim", f"seq={2 ** 21}"))
 
 

@@ -29,6 +29,10 @@ MIN_OPSET = 7
 
 # one tensor with more elements than this is a corrupted dimension, not a model (2**40 bf16 values are 2 TiB)
 MAX_TENSOR_ELEMENTS = 2 ** 40
+# once the symbolic dims are bound, an activation-by-activation product may be far larger: the attention scores
+# of a million-token sequence are heads x 2**40 elements, which FlashAttention never materialises (128 heads:
+# 2**47); beyond this a --dim is absurd
+MAX_BOUND_TENSOR_ELEMENTS = 2 ** 48
 
 # the largest dimension of a data input, after binding (a --dim value or a static size): ONNX data
 # propagation materialises index vectors of that length (a Range over the batch feeding a Loop), in time and
@@ -247,15 +251,15 @@ def checker_message(exc: Exception) -> str:
 
 
 def check_sizes(graph: OpGraph, where: str) -> None:
-    """After shape inference with the dims bound: no tensor over :data:`MAX_TENSOR_ELEMENTS` elements (a
+    """After shape inference with the dims bound: no tensor over :data:`MAX_BOUND_TENSOR_ELEMENTS` elements (a
     corrupted shape constant, or a --dim far too large) and no negative dimension."""
     for tensor, shape in graph.shapes.items():
         if shape is None:
             continue
-        if any(d < 0 for d in shape) or numel_of(shape) > MAX_TENSOR_ELEMENTS:
+        if any(d < 0 for d in shape) or numel_of(shape) > MAX_BOUND_TENSOR_ELEMENTS:
             raise ModelError(f"{where}: tensor '{tensor}' would have shape {list(shape)} (for one sample, "
                              f"with the dims bound to {graph.dims or 'their defaults'}), "
-                             f"{'a negative dimension' if any(d < 0 for d in shape) else 'over 2**40 elements'}; "
+                             f"{'a negative dimension' if any(d < 0 for d in shape) else 'over 2**48 elements'}; "
                              f"check the --dim values, or the file is corrupted")
 
 
