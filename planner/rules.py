@@ -12,7 +12,12 @@ Rules
   1 only where the runtime has no tensor parallelism.
 * pp: at most one pipeline unit (transformer block, or layer of a model without blocks) per stage; 1 only
   where the runtime has no pipeline parallelism.
-* devices: tp x pp x dp devices at most; dp divides the global batch, dp x micro-batch too.
+* cp (context parallelism): 1, or a runtime with context parallelism (Megatron-Core through Transformer
+  Engine) and a model with attention blocks whose sequence length splits into 2 x cp equal chunks: Megatron
+  cuts each sequence into 2 x cp chunks and gives rank i chunks i and 2cp-1-i, so every rank does the same
+  causal work (megatron/training/utils.py get_batch_on_this_cp_rank; Transformer Engine asserts "Sequence
+  length per GPU needs to be divisible by 2").
+* devices: tp x cp x pp x dp devices at most; dp divides the global batch, dp x micro-batch too.
 * ZeRO: a stage of ``runtime.zero_stages``; with pp > 1 at most ``runtime.max_pipeline_zero``.
 * vpp > 1 (the interleaved schedule): the runtime interleaves, pp >= 2, each stage holds a positive multiple
   of vpp units (so vpp divides the units and units / vpp >= pp), the micro-batch count is a multiple of pp,
@@ -25,6 +30,7 @@ This module imports nothing of the cost model or the search (both import it).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -103,17 +109,24 @@ def attention_heads(model: LayerGraph) -> tuple[tuple[int, str], ...]:
     return tuple(sorted(counts))
 
 
+def attention_seq_lens(model: LayerGraph) -> tuple[int, ...]:
+    """The sequence lengths of the model's attention blocks (empty: no attention, nothing for cp to split)."""
+    return tuple(sorted({layer.transformer.seq_len for layer in model.layers
+                         if layer.transformer is not None and layer.kind == "block"}))
+
+
 @dataclass(frozen=True)
 class ModelShape:
-    """What the rules read of a model: the head counts tp divides and the pipeline units pp splits
-    (``num_units`` 0: unknown, no limit)."""
+    """What the rules read of a model: the head counts tp divides, the pipeline units pp splits
+    (``num_units`` 0: unknown, no limit) and the attention sequence lengths cp splits."""
 
     heads: tuple[tuple[int, str], ...] = ()
     num_units: int = 0
+    seq_lens: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, model: LayerGraph) -> "ModelShape":
-        return cls(heads=attention_heads(model), num_units=pipeline_units(model))
+        return cls(heads=attention_heads(model), num_units=pipeline_units(model), seq_lens=attention_seq_lens(model))
 
 
 # ------------------------------------------------------------------------------------------- tensor (tp)
@@ -153,6 +166,71 @@ def check_tp(tp: int, shape: ModelShape, cluster: Cluster, runtime: Runtime, poo
                               f"nearest valid tp: {nearest(tp, valid)}")
     raise ConfigError(f"{flag}{tp} does not divide the {per_node} devices of a {group.node.name} node, so a "
                       f"tensor-parallel group would span two nodes; nearest valid tp: {nearest(tp, valid)}")
+
+
+# -------------------------------------------------------------------------------------- context (cp)
+
+
+def cp_fits(cp: int, shape: ModelShape) -> bool:
+    """Whether every attention sequence of ``shape`` splits into 2 x cp equal chunks (cp 1: always)."""
+    return cp == 1 or (bool(shape.seq_lens) and all(s % (2 * cp) == 0 for s in shape.seq_lens))
+
+
+def cp_values(shape: ModelShape, runtime: Runtime) -> list[int]:
+    """Every cp the model and runtime allow: 1, and the cp whose 2 x cp chunks divide every sequence."""
+    if not runtime.context_parallel or not shape.seq_lens:
+        return [1]
+    common = math.gcd(*shape.seq_lens)
+    return [c for c in divisors(common) if cp_fits(c, shape)]
+
+
+def _listed(values: Sequence[int], near: int, count: int = 8) -> str:
+    """``values`` around ``near``, at most ``count`` of them, with "..." where some are left out."""
+    values = sorted(values)
+    if len(values) <= count:
+        return ", ".join(map(str, values))
+    start = max(0, min(len(values) - count, sum(1 for v in values if v < near) - count // 2))
+    picked = values[start:start + count]
+    return (("..., " if start else "") + ", ".join(map(str, picked))
+            + (", ..." if start + count < len(values) else ""))
+
+
+def check_cp(cp: int, shape: ModelShape, runtime: Runtime, flag: str = "cp=") -> None:
+    """cp: a positive integer; above 1 only under a runtime with context parallelism, on a model with
+    attention blocks, and splitting each sequence into 2 x cp equal chunks."""
+    if not isinstance(cp, int) or isinstance(cp, bool) or cp < 1:
+        raise ConfigError(f"{flag}{cp} must be a positive integer")
+    if cp == 1:
+        return
+    if not runtime.context_parallel:
+        others = " or ".join(r.name for r in RUNTIMES.values() if r.context_parallel)
+        raise ConfigError(f"{flag}{cp}: the {runtime.name} runtime has no context parallelism (Megatron-Core's "
+                          f"ring exchange of K and V); use cp 1, or --runtime {others}")
+    if not shape.seq_lens:
+        raise ConfigError(f"{flag}{cp}: the model has no attention blocks (transformer layers), so there is no "
+                          "sequence for context parallelism to split; use cp 1")
+    if not cp_fits(cp, shape):
+        seq = next(s for s in shape.seq_lens if s % (2 * cp))
+        raise ConfigError(f"{flag}{cp} does not divide the sequence length {seq} into 2 x cp = {2 * cp} equal "
+                          f"chunks (Megatron's causal load balancing); valid: "
+                          f"{_listed(cp_values(shape, runtime), cp)}")
+
+
+def cp_pool_fits(tp: int, cp: int, pool_devices: int) -> bool:
+    """Whether a pool of ``pool_devices`` devices holds whole ``tp x cp`` context-parallel groups, so that no
+    group spans two pools (its ranks run each attention step in lockstep, on one device type)."""
+    return cp == 1 or pool_devices % (tp * cp) == 0
+
+
+def check_cp_pools(tp: int, cp: int, cluster: Cluster, pools: Sequence[int], flag: str = "cp=") -> None:
+    """Every pool of ``pools`` holds whole tp x cp groups (:func:`cp_pool_fits`)."""
+    for p in pools:
+        group = cluster.groups[p]
+        if not cp_pool_fits(tp, cp, group.num_devices):
+            fits = [c for c in divisors(group.num_devices // tp) if group.num_devices % tp == 0]
+            raise ConfigError(f"{flag}{cp}: a context-parallel group of tp x cp = {tp * cp} devices does not fit "
+                              f"the {group.num_devices} devices of {group.name} whole (a group stays on one device "
+                              f"type); nearest valid cp: {nearest(cp, fits)}")
 
 
 # ----------------------------------------------------------------------------------------- pipeline (pp)
@@ -268,11 +346,14 @@ def check_vpp_shape(vpp: int, pp: int, num_units: int, num_micro_batches: int | 
 # ------------------------------------------------------------------------------------ devices and batch
 
 
-def check_devices(tp: int, pp: int, dp: int, cluster: Cluster) -> None:
-    needed = tp * pp * dp
+def check_devices(tp: int, pp: int, dp: int, cluster: Cluster, cp: int = 1) -> None:
+    needed = tp * cp * pp * dp
     if needed > cluster.num_devices:
-        fit = cluster.num_devices // (tp * pp)
-        hint = f"nearest valid dp: {fit}" if fit >= 1 else "use a smaller tp or pp"
+        fit = cluster.num_devices // (tp * cp * pp)
+        hint = f"nearest valid dp: {fit}" if fit >= 1 else f"use a smaller tp, {'cp, ' if cp > 1 else ''}or pp"
+        if cp > 1:
+            raise ConfigError(f"tp x cp x pp x dp = {tp} x {cp} x {pp} x {dp} = {needed} devices, but the cluster "
+                              f"has {cluster.num_devices}; {hint}")
         raise ConfigError(f"tp x pp x dp = {tp} x {pp} x {dp} = {needed} devices, but the cluster has "
                           f"{cluster.num_devices}; {hint}")
 
@@ -342,9 +423,13 @@ def check_config(model: LayerGraph, cluster: Cluster, config: ParallelConfig) ->
         raise ConfigError(f"model {model.name!r} has no layers to place")
     runtime = get_runtime(config.runtime)
     shape = ModelShape.of(model)
-    check_tp(tp, shape, cluster, runtime, pools_touched(cluster, tp * pp * dp))
+    cp = 1 if config.cp is None else config.cp
+    check_cp(cp, shape, runtime)
+    pools = pools_touched(cluster, tp * cp * pp * dp)
+    check_tp(tp, shape, cluster, runtime, pools)
     check_pp(pp, shape, runtime)
-    check_devices(tp, pp, dp, cluster)
+    check_devices(tp, pp, dp, cluster, cp)
+    check_cp_pools(tp, cp, cluster, pools)
     check_batch(gb, dp, config.micro_batch)
     check_schedule(config.schedule, config.vpp, pp, runtime)
     if config.vpp is not None:

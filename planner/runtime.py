@@ -86,6 +86,10 @@ class Runtime:
     # Korthikanti et al. 2022
     recompute_choices: tuple[str, ...] = ("none", "selective", "full")
     sequence_parallel: bool = True
+    # context parallelism as Megatron-Core runs it through Transformer Engine: the sequence split over cp
+    # ranks (2 x cp chunks, rank i holding chunks i and 2cp-1-i), K and V passed around a ring of
+    # point-to-point sends overlapped with the attention of the chunk in hand (planner.cost.context)
+    context_parallel: bool = False
 
     def overlaps_grad_reduce(self, zero: int) -> bool:
         """Whether the gradient reduction of ZeRO stage ``zero`` overlaps the backward pass."""
@@ -113,7 +117,7 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
         overlap_grad_reduce=True, overlap_param_gather=True, tp_comm_overlap=True,
         grad_bucket_params=40_000_000, zero3_prefetch_layers=1, attention="flash", main_grad_bytes=4,
         zero_stages=(0, 1), max_pipeline_zero=1, interleaved=True, tensor_parallel=True, pipeline_parallel=True,
-        grad_bucket_params_per_rank=1_000_000),
+        grad_bucket_params_per_rank=1_000_000, context_parallel=True),
     Runtime(
         name="deepspeed",
         description="DeepSpeed ZeRO 0-3 with overlap_comm (tensor parallelism through Megatron-DeepSpeed or "

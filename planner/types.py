@@ -279,6 +279,9 @@ class ParallelConfig:
     # Transformer Engine's FP8 scaling recipe, with dtype "fp8" only (planner.hardware.fp8.FP8_RECIPES):
     # "delayed" | "blockwise" | "mxfp8"; None: delayed under fp8
     fp8_recipe: str | None = None
+    # context parallelism: ranks each sample's sequence is split over (planner.cost.context); None: 1 for
+    # estimate, searched by plan. Devices used: tp x cp x pp x dp
+    cp: int | None = None
 
 
 @dataclass(frozen=True)
@@ -315,14 +318,17 @@ class Batching:
 
 @dataclass(frozen=True)
 class ReplicaSpec:
-    """A set of identical devices serving one pipeline stage: ``dp`` replicas of a ``tp``-way group.
+    """A set of identical devices serving one pipeline stage: ``dp`` replicas of a ``tp x cp`` group
+    (``cp`` context-parallel ranks, each a ``tp``-way group, splitting every sample's sequence).
     ``batch_share`` is the fraction of the stage's samples these devices process (heterogeneous data
     parallelism gives faster device types a larger share); the shares of a stage sum to 1."""
 
-    devices: tuple[int, ...]  # global device ids, len == tp * dp, tp-groups contiguous
+    # global device ids, len == tp * cp * dp, in Megatron-Core's order: tp fastest, then cp, then dp
+    devices: tuple[int, ...]
     tp: int
     dp: int
     batch_share: float = 1.0
+    cp: int = 1
 
 
 @dataclass(frozen=True)
@@ -368,11 +374,12 @@ class Breakdown:
     bubble_s: float = 0.0
     optimizer_s: float = 0.0
     embedding_s: float = 0.0
+    cp_comm_s: float = 0.0  # the context-parallel K/V exchange the attention does not hide
 
     @property
     def total_s(self) -> float:
         return (self.compute_s + self.tp_comm_s + self.pp_comm_s + self.dp_comm_s + self.bubble_s
-                + self.optimizer_s + self.embedding_s)
+                + self.optimizer_s + self.embedding_s + self.cp_comm_s)
 
     def to_dict(self) -> dict[str, float]:
         return {name: getattr(self, name) for name, _ in BREAKDOWN_PARTS}
@@ -384,6 +391,7 @@ BREAKDOWN_PARTS: tuple[tuple[str, str], ...] = (
     ("compute_s", "compute"), ("tp_comm_s", "tensor-parallel communication"),
     ("pp_comm_s", "pipeline send/receive"), ("dp_comm_s", "data-parallel gradient sync"),
     ("bubble_s", "pipeline bubble"), ("optimizer_s", "optimizer step"), ("embedding_s", "embeddings"),
+    ("cp_comm_s", "context-parallel K/V exchange"),
 )
 
 
@@ -418,6 +426,7 @@ class ReplicaEstimate:
     backward_s: float
     memory: MemoryBreakdown
     memory_capacity_bytes: float
+    cp: int = 1
 
 
 @dataclass(frozen=True)
@@ -443,6 +452,8 @@ class StageEstimate:
     # bytes each data-parallel rank of the stage sends per iteration (gradient reductions and weight gathers,
     # every micro-batch's under ZeRO-2/3)
     dp_bytes: float = 0.0
+    cp: int = 1
+    cp_comm_s: float = 0.0  # of forward_s + backward_s, one micro-batch: the exposed K/V ring exchange
 
 
 @dataclass(frozen=True)

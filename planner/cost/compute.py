@@ -92,6 +92,10 @@ class LayerCosts:
     peak_extra_bytes: np.ndarray
     params_per_rank: np.ndarray
     output_bytes: np.ndarray
+    # the attention core's own kernel time (forward, backward), what a context-parallel ring step hides its
+    # K/V transfer behind (planner.cost.context); 0 for layers without attention
+    attention_kernel_forward_s: np.ndarray
+    attention_kernel_backward_s: np.ndarray
 
 
 ASYNC_VENDORS = ("nvidia", "amd")  # devices whose kernels queue on a stream while the host launches more
@@ -154,6 +158,8 @@ class _OneLayer:
     full_activation_bytes: float
     params_per_rank: float
     output_bytes: float
+    attention_kernel_forward_s: float = 0.0
+    attention_kernel_backward_s: float = 0.0
 
 
 def _op_signature(op: OpCost) -> tuple:
@@ -194,11 +200,12 @@ def _flash_times_s(profile: DeviceProfile, products: list[tuple[float, float, fl
     return _kernel_time_s(profile, forward), _kernel_time_s(profile, backward)
 
 
-def _costs_of_ops(layer: Layer, node: NodeProfile, tp: int, mb: int, sp: bool, dtype: str,
-                  cal: DeviceCalibration, attention: str) -> tuple[float, float, float, float, float]:
-    """(forward compute, backward compute, attention-core forward, tp forward comm, tp backward comm)."""
+def _costs_of_ops(layer: Layer, node: NodeProfile, tp: int, mb: float, sp: bool, dtype: str,
+                  cal: DeviceCalibration, attention: str) -> tuple[float, float, float, float, float, float]:
+    """(forward compute, backward compute, attention-core forward, tp forward comm, tp backward comm,
+    attention-core backward)."""
     profile = node.device
-    fwd = bwd = core_fwd = 0.0
+    fwd = bwd = core_fwd = core_bwd = 0.0
     tp_bytes_fwd = 0.0
     tp_bytes_bwd = 0.0
     kind = "reduce_scatter+all_gather" if sp else "all_reduce"
@@ -259,6 +266,7 @@ def _costs_of_ops(layer: Layer, node: NodeProfile, tp: int, mb: int, sp: bool, d
         bwd += b
         if in_core:
             core_fwd += f
+            core_bwd += b
     if flash_products:
         dims = layer.transformer
         f, b = _flash_times_s(profile, flash_products, high, cal,
@@ -266,6 +274,7 @@ def _costs_of_ops(layer: Layer, node: NodeProfile, tp: int, mb: int, sp: bool, d
         fwd += f
         bwd += b
         core_fwd += f
+        core_bwd += b
     tp_fwd = tp_bwd = 0.0
     if tp > 1 and layer.kind == "embedding" and not has_row:
         tp_bytes_fwd = layer.output_bytes * mb * scale  # vocabulary-parallel lookup: all-reduce of the embeddings
@@ -275,7 +284,7 @@ def _costs_of_ops(layer: Layer, node: NodeProfile, tp: int, mb: int, sp: bool, d
             tp_bytes_bwd = 0.0
         tp_fwd = tp_collective_time_s(kind, tp_bytes_fwd, node, tp, cal) if tp_bytes_fwd else 0.0
         tp_bwd = tp_collective_time_s(kind, tp_bytes_bwd, node, tp, cal) if tp_bytes_bwd else 0.0
-    return fwd, bwd, core_fwd, tp_fwd, tp_bwd
+    return fwd, bwd, core_fwd, tp_fwd, tp_bwd, core_bwd
 
 
 def _tp_sharded_params(layer: Layer, tp: int) -> float:
@@ -285,7 +294,7 @@ def _tp_sharded_params(layer: Layer, tp: int) -> float:
     return layer.params / tp if splits else float(layer.params)
 
 
-def _activation_bytes(layer: Layer, tp: int, mb: int, sp: bool, recompute: str, dtype: str,
+def _activation_bytes(layer: Layer, tp: int, mb: float, sp: bool, recompute: str, dtype: str,
                       attention: str) -> tuple[float, float]:
     """(held per micro-batch, held with no recompute) for one layer on one rank."""
     dims = layer.transformer
@@ -357,7 +366,7 @@ def attention_kernel(runtime: Runtime, device: DeviceProfile) -> str:
     return runtime.attention
 
 
-def _one_layer(layer: Layer, node: NodeProfile, tp: int, mb: int, recompute: str, sp: bool, dtype: str,
+def _one_layer(layer: Layer, node: NodeProfile, tp: int, mb: float, recompute: str, sp: bool, dtype: str,
                cal: DeviceCalibration, runtime: Runtime, signature: int | None = None) -> _OneLayer:
     """One layer's costs, cached by the layer's signature (its numbers, not its name): a model's repeated
     blocks are computed once."""
@@ -368,19 +377,26 @@ def _one_layer(layer: Layer, node: NodeProfile, tp: int, mb: int, recompute: str
     if hit is not None:
         return hit  # type: ignore[return-value]
     attention = attention_kernel(runtime, node.device)
-    fwd, bwd, core, tp_fwd, tp_bwd = _costs_of_ops(layer, node, tp, mb, sp, dtype, cal, attention)
+    fwd, bwd, core, tp_fwd, tp_bwd, core_bwd = _costs_of_ops(layer, node, tp, mb, sp, dtype, cal, attention)
+    kernel_fwd = core
     if attention == "flash":
         core = 0.0  # FlashAttention keeps no score tensor: selective recompute has nothing to re-run
     held, full = _activation_bytes(layer, tp, mb, sp, recompute, dtype, attention)
     output = layer.output_bytes * activation_scale(dtype) * mb / tp  # the boundary tensor at the dtype's width
-    result = _OneLayer(fwd, bwd, core, tp_fwd, tp_bwd, held, full, _tp_sharded_params(layer, tp), output)
+    result = _OneLayer(fwd, bwd, core, tp_fwd, tp_bwd, held, full, _tp_sharded_params(layer, tp), output,
+                       kernel_fwd, core_bwd)
     _ONE_LAYER_CACHE.put((node,), args, result)
     return result
 
 
 def _layer_costs(model: LayerGraph, node: NodeProfile, tp: int, micro_batch: int, recompute: str,
-                 sequence_parallel: bool, dtype: str, cal: DeviceCalibration, runtime: Runtime) -> LayerCosts:
-    rows = [_one_layer(layer, node, tp, micro_batch, recompute, sequence_parallel, dtype, cal, runtime, signature)
+                 sequence_parallel: bool, dtype: str, cal: DeviceCalibration, runtime: Runtime,
+                 cp: int = 1) -> LayerCosts:
+    # a context-parallel rank runs every token-wise op on its 1/cp of each sequence, and its queries against
+    # every key (planner.cost.context): the per-sample costs, which are linear in the tokens of the Q side,
+    # at micro_batch / cp samples
+    tokens = micro_batch / cp if cp > 1 else micro_batch
+    rows = [_one_layer(layer, node, tp, tokens, recompute, sequence_parallel, dtype, cal, runtime, signature)
             for layer, signature in zip(model.layers, _signatures(model))]
     n = len(rows)
     forward = np.empty(n)
@@ -391,6 +407,8 @@ def _layer_costs(model: LayerGraph, node: NodeProfile, tp: int, micro_batch: int
     extra = np.empty(n)
     params = np.empty(n)
     output = np.empty(n)
+    kernel_forward = np.array([r.attention_kernel_forward_s for r in rows])
+    kernel_backward = np.array([r.attention_kernel_backward_s for r in rows])
     for i, r in enumerate(rows):
         if recompute == "full":
             redo = r.forward_compute_s + r.tp_forward_s
@@ -406,7 +424,7 @@ def _layer_costs(model: LayerGraph, node: NodeProfile, tp: int, micro_batch: int
         extra[i] = max(0.0, r.full_activation_bytes - r.activation_bytes)
         params[i] = r.params_per_rank
         output[i] = r.output_bytes
-    arrays = (forward, backward, tp_comm, recompute_s, held, extra, params, output)
+    arrays = (forward, backward, tp_comm, recompute_s, held, extra, params, output, kernel_forward, kernel_backward)
     for a in arrays:
         a.flags.writeable = False
     return LayerCosts(*arrays)
@@ -414,21 +432,26 @@ def _layer_costs(model: LayerGraph, node: NodeProfile, tp: int, micro_batch: int
 
 def layer_costs(model: LayerGraph, node: NodeProfile, tp: int, micro_batch: int, recompute: str,
                 sequence_parallel: bool, dtype: str = "bf16",
-                calibration: DeviceCalibration | None = None, runtime: Runtime | str | None = None) -> LayerCosts:
-    """Costs of every layer of ``model`` for one micro-batch on one rank of a ``tp``-way group of ``node``.
+                calibration: DeviceCalibration | None = None, runtime: Runtime | str | None = None,
+                cp: int = 1) -> LayerCosts:
+    """Costs of every layer of ``model`` for one micro-batch on one rank of a ``tp``-way group of ``node``,
+    which with ``cp`` > 1 holds 1/cp of every sequence (context parallelism; the K/V exchange between the
+    cp ranks is the estimator's, ``planner.cost.context``, as it depends on where the ranks are).
 
     Cached: the search takes prefix sums of these arrays. ``calibration`` overrides the fitted parameters
     of the node's device type (``benchmarks/calibrate.py`` uses it while fitting); ``runtime`` is the
     training stack (``planner.runtime``; None: the default)."""
     if tp < 1:
         raise ConfigError(f"tp={tp} must be at least 1")
+    if cp < 1:
+        raise ConfigError(f"cp={cp} must be at least 1")
     check_recompute(recompute)
     if micro_batch < 1:
         raise ConfigError(f"micro_batch={micro_batch} must be at least 1")
     dtype_bytes(dtype)  # validates the name
     rt = get_runtime(runtime)
     cal = calibration if calibration is not None else calibration_for(node.device.name, rt.name)
-    args = (tp, micro_batch, recompute, bool(sequence_parallel and tp > 1), dtype, cal, rt)
+    args = (tp, micro_batch, recompute, bool(sequence_parallel and tp > 1), dtype, cal, rt, cp)
     hit = _LAYER_COSTS_CACHE.get((model, node), args)
     if hit is None:
         hit = _layer_costs(model, node, *args)

@@ -36,6 +36,7 @@ from planner.cost.calibration import DeviceCalibration, calibration_for
 from planner.cost.comm import (ZERO_STAGES, DpSync, Pass, dp_bytes_per_iteration, dp_group, dp_sync,
                                layer_collective_s, micro_batch_reduce_s, sync_tail_s, zero3_exposed_s)
 from planner.cost.compute import layer_costs
+from planner.cost.context import layers_exchange_s
 from planner.cost.memory import dtype_bytes, memory_terms, micro_batches_in_flight
 from planner.cost.optimizer import optimizer_time_s
 from planner.cost.schedule import SCHEDULES, pipeline_time
@@ -99,9 +100,10 @@ def _check_spec(model: LayerGraph, cluster: Cluster, spec: PipelineSpec) -> None
         if abs(share - 1.0) > 1e-6:
             raise ConfigError(f"stage {s}: the batch shares of its replica groups sum to {share:g}, not 1")
         for r in stage.replicas:
-            if r.tp < 1 or r.dp < 1 or len(r.devices) != r.tp * r.dp:
-                raise ConfigError(f"stage {s}: a replica group with tp={r.tp}, dp={r.dp} needs {r.tp * r.dp} "
-                                  f"devices, got {len(r.devices)}")
+            if r.tp < 1 or r.dp < 1 or r.cp < 1 or len(r.devices) != r.tp * r.cp * r.dp:
+                cp = f", cp={r.cp}" if r.cp != 1 else ""
+                raise ConfigError(f"stage {s}: a replica group with tp={r.tp}{cp}, dp={r.dp} needs "
+                                  f"{r.tp * r.cp * r.dp} devices, got {len(r.devices)}")
             if r.batch_share <= 0:
                 raise ConfigError(f"stage {s}: batch_share must be positive, got {r.batch_share}")
             nodes = {_device_location(cluster, d)[1] for d in r.devices[:r.tp]}
@@ -131,7 +133,8 @@ class _Placement:
     cals: tuple[DeviceCalibration, ...]
     row_stage: np.ndarray
     single: bool  # one row per stage
-    stage_dp: tuple[int, ...]
+    stage_dp: tuple[int, ...]  # ranks of a stage's gradient reduction: its replicas x their cp ranks
+    stage_replicas: tuple[int, ...]  # data-parallel replicas of a stage
     row_dp: np.ndarray
     capacity: np.ndarray
     params: np.ndarray
@@ -147,7 +150,7 @@ class _Placement:
 
 def _placement(model: LayerGraph, cluster: Cluster, stages: tuple[StageSpec, ...], optimizer: str, dtype: str,
                calibrations: Calibrations | None, runtime: Runtime) -> _Placement:
-    rows, nodes, cals, row_stage, groups, stage_dp, row_dp = [], [], [], [], [], [], []
+    rows, nodes, cals, row_stage, groups, stage_dp, row_dp, stage_replicas = [], [], [], [], [], [], [], []
     params, largest, layer_params = [], [], []
     for s, stage in enumerate(stages):
         sl = slice(stage.first_layer, stage.last_layer + 1)
@@ -163,10 +166,12 @@ def _placement(model: LayerGraph, cluster: Cluster, stages: tuple[StageSpec, ...
             params.append(float(lc.params_per_rank[sl].sum()))
             largest.append(float(lc.params_per_rank[sl].max()))
             layer_params.append(lc.params_per_rank[sl])
+        # one rank per tp group: with context parallelism the dp x cp ranks that hold a copy of the weights
         ranks = [d for r in stage.replicas for d in r.devices[::r.tp]]
         slowest = min(cals[first_row:], key=lambda c: c.comm_scale)
         groups.append(dp_group(cluster, ranks, slowest))
         stage_dp.append(len(ranks))
+        stage_replicas.append(sum(r.dp for r in stage.replicas))
         row_dp.extend([len(ranks)] * len(stage.replicas))
     p = np.array(params)
     # per layer, each row's collectives over its data-parallel group: [kind][row, layer]; rows whose groups
@@ -193,7 +198,8 @@ def _placement(model: LayerGraph, cluster: Cluster, stages: tuple[StageSpec, ...
                                for i in range(len(rows))]))
     return _Placement(
         stages=stages, rows=tuple(rows), nodes=tuple(nodes), cals=tuple(cals), row_stage=np.array(row_stage),
-        single=len(rows) == len(stages), stage_dp=tuple(stage_dp), row_dp=np.array(row_dp, dtype=float),
+        single=len(rows) == len(stages), stage_dp=tuple(stage_dp), stage_replicas=tuple(stage_replicas),
+        row_dp=np.array(row_dp, dtype=float),
         capacity=np.array([float(n.device.memory_bytes) for n in nodes]), params=p,
         largest_layer_params=np.array(largest), syncs=tuple(syncs), optimizer_s=tuple(opt_s),
         zero3_gather_s=per_layer["all_gather"], zero3_reduce_s=per_layer["reduce_scatter"],
@@ -228,6 +234,7 @@ class _Work:
     tp_comm_s: np.ndarray
     activation_bytes: np.ndarray
     transient_bytes: np.ndarray
+    cp_comm_s: np.ndarray  # of forward_s + backward_s: the exposed context-parallel exchange
     row_micro_batches: np.ndarray  # m_r
     num_micro_batches: int  # M
     p2p_s: np.ndarray  # per stage, to stage (s + 1) % pp
@@ -239,7 +246,7 @@ class _Work:
 def _work(model: LayerGraph, cluster: Cluster, placement: _Placement, global_batch: int, micro_batch: int,
           recompute: str, sequence_parallel: bool) -> _Work:
     n = len(placement.rows)
-    f, b, tpc, act, extra, m_r = (np.empty(n) for _ in range(6))
+    f, b, tpc, act, extra, m_r, cpc = (np.empty(n) for _ in range(7))
     layer_f, layer_b = np.zeros_like(placement.zero3_gather_s), np.zeros_like(placement.zero3_gather_s)
     out_bytes = np.zeros(len(placement.stages))
     batching = Batching(global_batch, micro_batch, int(placement.stage_dp[0]))
@@ -247,11 +254,15 @@ def _work(model: LayerGraph, cluster: Cluster, placement: _Placement, global_bat
         stage = placement.stages[placement.row_stage[i]]
         sl = slice(stage.first_layer, stage.last_layer + 1)
         lc = layer_costs(model, node, r.tp, micro_batch, recompute, sequence_parallel, placement.dtype, cal,
-                         placement.runtime)
-        layer_f[i, :sl.stop - sl.start] = lc.forward_s[sl]
-        layer_b[i, :sl.stop - sl.start] = lc.backward_s[sl]
-        f[i] = lc.forward_s[sl].sum()
-        b[i] = lc.backward_s[sl].sum()
+                         placement.runtime, cp=r.cp)
+        cp_f, cp_b = layers_exchange_s(model.layers[sl], lc.attention_kernel_forward_s[sl],
+                                       lc.attention_kernel_backward_s[sl], cluster, r.devices, r.tp, r.cp,
+                                       micro_batch, placement.dtype, recompute, cal.comm_scale)
+        layer_f[i, :sl.stop - sl.start] = lc.forward_s[sl] + cp_f
+        layer_b[i, :sl.stop - sl.start] = lc.backward_s[sl] + cp_b
+        f[i] = lc.forward_s[sl].sum() + cp_f.sum()
+        b[i] = lc.backward_s[sl].sum() + cp_b.sum()
+        cpc[i] = cp_f.sum() + cp_b.sum()
         tpc[i] = lc.tp_comm_s[sl].sum()
         act[i] = lc.activation_bytes[sl].sum()
         extra[i] = lc.peak_extra_bytes[sl].max()
@@ -274,8 +285,8 @@ def _work(model: LayerGraph, cluster: Cluster, placement: _Placement, global_bat
             src = stage.replicas[0].devices[0]
             dst = placement.stages[(s + 1) % pp].replicas[0].devices[0]
             p2p[s] = p2p_time_s(cluster, src, dst, out_bytes[s]) / placement.cals[first_row].comm_scale
-    return _Work(placement, global_batch, micro_batch, recompute, sequence_parallel, f, b, tpc, act, extra, m_r,
-                 m, p2p, layer_f, layer_b)
+    return _Work(placement, global_batch, micro_batch, recompute, sequence_parallel, f, b, tpc, act, extra, cpc,
+                 m_r, m, p2p, layer_f, layer_b)
 
 
 # ------------------------------------------------------------------------------------------ timing
@@ -301,6 +312,7 @@ class _Result:
     memory_terms: tuple[np.ndarray, ...]  # (weights, gradients, states, activations, other) per row
     memory_total: np.ndarray
     feasible: bool
+    stage_cp_s: np.ndarray  # the exposed context-parallel exchange of a slot
 
 
 def _per_stage_max(values: np.ndarray, row_stage: np.ndarray, pp: int) -> np.ndarray:
@@ -352,6 +364,7 @@ def _evaluate(work: _Work, schedule: str, vpp: int, zero: int, exact: bool,
         pick = order[np.searchsorted(pl.row_stage[order], np.arange(pp))]
     stage_f, stage_b = slot_f[pick], slot_b[pick]
     stage_tp = (work.tp_comm_s * load)[pick]
+    stage_cp = (work.cp_comm_s * load)[pick]
     stage_z3 = ((f - work.forward_s) + (b - work.backward_s))[pick] * load[pick]
     p2p = work.p2p_s
     key = (id(work), schedule, vpp, zero if zero >= 2 else 0, exact)
@@ -392,7 +405,7 @@ def _evaluate(work: _Work, schedule: str, vpp: int, zero: int, exact: bool,
     total = sum(terms)
     return _Result(schedule, vpp, zero, iteration, float(pipeline), stage_f, stage_b, stage_tp, stage_z3,
                    stage_sync, stage_opt, critical_sync, critical_opt, f, b, terms, total,
-                   bool(np.all(total <= pl.capacity)))
+                   bool(np.all(total <= pl.capacity)), stage_cp)
 
 
 def _rank_key(result: _Result, capacity: np.ndarray) -> tuple[int, float]:
@@ -414,8 +427,10 @@ def _to_estimate(work: _Work, result: _Result) -> Estimate:
     bubble_all = max(0.0, result.pipeline_s - busy)
     hops = float(work.p2p_s.sum() if result.schedule == "interleaved" else work.p2p_s[:-1].sum())
     pp_comm = min(bubble_all, 2.0 * hops)
-    breakdown = Breakdown(compute_s=busy - m * float(result.stage_tp_s[c] + result.stage_zero_s[c]),
-                          tp_comm_s=m * float(result.stage_tp_s[c]), pp_comm_s=pp_comm,
+    breakdown = Breakdown(compute_s=busy - m * float(result.stage_tp_s[c] + result.stage_zero_s[c]
+                                                     + result.stage_cp_s[c]),
+                          tp_comm_s=m * float(result.stage_tp_s[c]), cp_comm_s=m * float(result.stage_cp_s[c]),
+                          pp_comm_s=pp_comm,
                           dp_comm_s=m * float(result.stage_zero_s[c]) + result.critical_sync_s,
                           bubble_s=bubble_all - pp_comm, optimizer_s=result.critical_optimizer_s)
     memories = [MemoryBreakdown(*(float(t[i]) for t in result.memory_terms)) for i in range(len(pl.rows))]
@@ -430,7 +445,7 @@ def _to_estimate(work: _Work, result: _Result) -> Estimate:
             reps.append(ReplicaEstimate(
                 device_type=node.device.name, devices=r.devices, tp=r.tp, dp=r.dp, batch_share=r.batch_share,
                 num_micro_batches=float(work.row_micro_batches[i]), forward_s=float(result.row_forward_s[i]),
-                backward_s=float(result.row_backward_s[i]), memory=mem, memory_capacity_bytes=capacity))
+                backward_s=float(result.row_backward_s[i]), memory=mem, memory_capacity_bytes=capacity, cp=r.cp))
             if mem.total_bytes > capacity and not reason:
                 reason = (f"stage {s} (layers {stage.first_layer}-{stage.last_layer}) on {node.device.name} needs "
                           f"{mem.total_bytes / 1e9:.1f} GB per device (weights {mem.weights_bytes / 1e9:.1f}, "
@@ -441,17 +456,18 @@ def _to_estimate(work: _Work, result: _Result) -> Estimate:
         stages_out.append(StageEstimate(
             index=s, first_layer=stage.first_layer, last_layer=stage.last_layer,
             device_type="+".join(dict.fromkeys(x.device_type for x in reps)),
-            devices=tuple(d for x in reps for d in x.devices), tp=stage.replicas[0].tp, dp=pl.stage_dp[s],
+            devices=tuple(d for x in reps for d in x.devices), tp=stage.replicas[0].tp, dp=pl.stage_replicas[s],
             forward_s=float(f[s]), backward_s=float(b[s]), memory=top.memory,
             memory_capacity_bytes=top.memory_capacity_bytes, replicas=tuple(reps),
             tp_comm_s=float(result.stage_tp_s[s]), p2p_s=float(work.p2p_s[s]),
             dp_sync_s=float(result.stage_sync_s[s]), optimizer_s=float(result.stage_optimizer_s[s]),
-            dp_bytes=float(dp_bytes[pl.row_stage == s].max())))
-    config = ParallelConfig(global_batch=work.global_batch, tp=pl.rows[0].tp, pp=pp, dp=pl.stage_dp[0],
+            dp_bytes=float(dp_bytes[pl.row_stage == s].max()), cp=stage.replicas[0].cp,
+            cp_comm_s=float(result.stage_cp_s[s])))
+    config = ParallelConfig(global_batch=work.global_batch, tp=pl.rows[0].tp, pp=pp, dp=pl.stage_replicas[0],
                             micro_batch=work.micro_batch, vpp=result.vpp, zero=result.zero,
                             recompute=work.recompute, sequence_parallel=work.sequence_parallel,
                             schedule=result.schedule, optimizer=pl.optimizer, dtype=base_dtype(pl.dtype),
-                            runtime=pl.runtime.name, fp8_recipe=recipe_name(pl.dtype))
+                            runtime=pl.runtime.name, fp8_recipe=recipe_name(pl.dtype), cp=pl.rows[0].cp)
     notes = tuple(sorted({f"{cal_name}: no calibration of its own under the {pl.runtime.name} runtime; the "
                           "mean of the fitted (runtime, device) entries' efficiency parameters is used"
                           for cal_name, cal in ((n.device.name, c) for n, c in zip(pl.nodes, pl.cals))
@@ -507,18 +523,20 @@ def balanced_split(model: LayerGraph, pp: int, vpp: int = 1) -> list[tuple[int, 
 
 
 def _megatron_spec_stages(model: LayerGraph, cluster: Cluster, tp: int, pp: int, dp: int,
-                          vpp: int = 1) -> tuple[StageSpec, ...]:
-    """Devices in Megatron-LM's order (tp fastest, then dp, then pp); a stage whose replicas fall on several
-    device types gets one replica group per type, each with its share of the batch."""
+                          vpp: int = 1, cp: int = 1) -> tuple[StageSpec, ...]:
+    """Devices in Megatron-LM's order (tp fastest, then cp, then dp, then pp); a stage whose replicas fall on
+    several device types gets one replica group per type, each with its share of the batch."""
     stages = []
+    width = tp * cp  # devices of one replica
     for s, (first, last) in enumerate(balanced_split(model, pp, vpp)):
-        base = s * tp * dp
+        base = s * width * dp
         groups: dict[str, list[int]] = {}
         for k in range(dp):
-            devices = list(range(base + k * tp, base + (k + 1) * tp))
+            devices = list(range(base + k * width, base + (k + 1) * width))
             node = _device_location(cluster, devices[0])[0]
             groups.setdefault(node.name, []).extend(devices)
-        replicas = tuple(ReplicaSpec(devices=tuple(devs), tp=tp, dp=len(devs) // tp, batch_share=len(devs) / (tp * dp))
+        replicas = tuple(ReplicaSpec(devices=tuple(devs), tp=tp, dp=len(devs) // width,
+                                     batch_share=len(devs) / (width * dp), cp=cp)
                          for devs in groups.values())
         stages.append(StageSpec(first, last, replicas))
     return tuple(stages)
@@ -594,13 +612,14 @@ def estimate(model: LayerGraph, cluster: Cluster, config: ParallelConfig,
     check_config(model, cluster, config)
     numerics = cost_dtype(config.dtype, config.fp8_recipe)  # the recipe rides on the cost model's dtype key
     tp, pp, dp = config.tp, config.pp, config.dp
+    cp = 1 if config.cp is None else config.cp
     options = _candidates(model, config)
     # a pinned vpp whose chunks do not split evenly over the stages places its own layers
     placements: dict[tuple, tuple[_Placement, list[int]]] = {}
     for vpp in options["vpp"]:
         split = tuple(balanced_split(model, pp, vpp))
         if split not in placements:
-            stages = _megatron_spec_stages(model, cluster, tp, pp, dp, vpp)
+            stages = _megatron_spec_stages(model, cluster, tp, pp, dp, vpp, cp)
             placements[split] = (_placement(model, cluster, stages, config.optimizer, numerics, calibration,
                                             get_runtime(config.runtime)), [])
         placements[split][1].append(vpp)
