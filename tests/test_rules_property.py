@@ -1,8 +1,8 @@
 """One rule book (planner.rules): `estimate` accepts a configuration exactly when the search's space holds it.
 
 For random small models (GPT and Llama with 12 or 16 heads, Llama with 4 key/value heads), clusters (catalog
-nodes of 1, 4 and 8 GPUs, a 2-GPU node, mixed ones) and fully pinned configurations (tp, pp, dp, micro-batch,
-ZeRO, vpp, recompute, runtime; micro-batch, ZeRO, vpp and recompute sometimes left free), estimate raises
+nodes of 1, 4 and 8 GPUs, a 2-GPU node, mixed ones) and fully pinned configurations (tp, cp, pp, dp, micro-batch,
+ZeRO, vpp, recompute, runtime; cp, micro-batch, ZeRO, vpp and recompute sometimes left free), estimate raises
 ConfigError exactly when the search's enumeration (validate_pins, enumerate_settings x tp_choices x the stage
 counts max_stages and pipeline_allowed admit) holds no plan of that shape, and the configuration estimate
 resolves is one the search holds.
@@ -25,7 +25,8 @@ from planner.hardware.efficiency import resolve_dtype
 from planner.rules import RECOMPUTE_CHOICES, ZERO_STAGES, ModelShape, pools_touched
 from planner.runtime import RUNTIMES
 from planner.search.interleave import pipeline_allowed, unit_flags
-from planner.search.space import Pins, enumerate_settings, max_stages, settings_allowed, tp_choices, validate_pins
+from planner.search.space import (Pins, cp_choices, enumerate_settings, max_stages, settings_allowed, tp_choices,
+                                   validate_pins)
 from planner.types import Cluster, Estimate, LayerGraph, ParallelConfig
 
 MODELS = (("gpt", 4, 12, 12), ("gpt", 6, 16, 16), ("llama", 8, 16, 4), ("llama", 5, 12, 4))
@@ -75,11 +76,14 @@ def search_contains(model: LayerGraph, cluster: Cluster, config: ParallelConfig)
         validate_pins(pins, cluster, config.global_batch, len(model.layers), num_units)
     except ConfigError:
         return False
-    tp, pp, dp = config.tp, config.pp, config.dp
-    if tp * pp * dp > cluster.num_devices:
+    tp, pp, dp, cp = config.tp, config.pp, config.dp, config.cp or 1
+    if tp * cp * pp * dp > cluster.num_devices:
         return False
-    pools = pools_touched(cluster, tp * pp * dp)
+    pools = pools_touched(cluster, tp * cp * pp * dp)
     if not all(tp in tp_choices(cluster, p, pins) for p in pools):
+        return False
+    # a free cp is searched from 1 (estimate resolves it to 1); a pinned one on every pool its stages touch
+    if not all(cp in cp_choices(cluster, p, pins, tp) for p in pools):
         return False
     for s in enumerate_settings(cluster, config.global_batch, pins, num_units=num_units):
         if not settings_allowed(s, pins):
@@ -105,7 +109,8 @@ def cases(draw: st.DrawFn) -> tuple[LayerGraph, Cluster, ParallelConfig]:
         global_batch=draw(st.sampled_from((16, 24, 32))), tp=tp, pp=draw(st.integers(1, blocks + 1)),
         dp=draw(st.sampled_from((1, 2, 4, 3))), micro_batch=draw(st.sampled_from((1, 2, 4, None))),
         zero=draw(st.sampled_from((*ZERO_STAGES, None))), vpp=draw(st.sampled_from((1, 1, 2, 3, 4, None))),
-        recompute=draw(st.sampled_from((*RECOMPUTE_CHOICES, None))), runtime=draw(st.sampled_from(tuple(RUNTIMES))))
+        recompute=draw(st.sampled_from((*RECOMPUTE_CHOICES, None))), runtime=draw(st.sampled_from(tuple(RUNTIMES))),
+        cp=draw(st.sampled_from((None, None, 1, 2, 4, 3, 64))))
     return model, cluster, config
 
 

@@ -22,7 +22,7 @@ from planner.search.backend import Backend
 from planner.search.build import to_plan
 from planner.search.explain import bottleneck, tie_note
 from planner.search.interleave import searched_units, unit_flags
-from planner.search.space import Pins, Settings, StageOption, validate_pins
+from planner.search.space import Pins, Settings, StageOption, cp_searched, validate_pins
 from planner.types import Cluster, Estimate, LayerGraph, ParallelConfig
 from planner.units import GIB
 
@@ -107,7 +107,7 @@ def search_dense(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinn
         raise InfeasibleError(_why_infeasible(model, cluster, global_batch, pins, backend))
     info = SearchInfo(time_s=outcome.time_s, candidates_evaluated=outcome.bounded + outcome.solved,
                       proven_optimal=outcome.proven_optimal, lower_bound_s=outcome.lower_bound_s,
-                      algorithm=ALGORITHM)
+                      algorithm=ALGORITHM, cp_searched=cp_searched(cluster, pins))
     built = []
     for cand in outcome.candidates:
         # a simpler plan taken over a faster one is not itself the proven optimum

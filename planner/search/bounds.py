@@ -381,7 +381,7 @@ class _Stack:
         self.act = np.stack([p.act_unit for p in profiles])
         self.peak = np.stack([p.peak_unit for p in profiles])
         self.pools = np.array([p.option.pool for p in profiles])
-        self.tps = np.array([p.option.tp for p in profiles], dtype=float)
+        self.tps = np.array([p.option.ranks for p in profiles], dtype=float)  # devices of a replica
 
     @functools.cached_property
     def layer_sets(self) -> list[np.ndarray]:
@@ -569,7 +569,7 @@ class QuickSettingsBound:
                     longest[ref] = float((1.0 / rho).max())
                     for o, r in zip(options, rho):
                         j = pools.index(o.pool)
-                        per_pool[ref, j] = max(per_pool[ref, j], 1.0 / (r * o.tp))
+                        per_pool[ref, j] = max(per_pool[ref, j], 1.0 / (r * o.ranks))
             # per reference option (Python scalars: a settings then divides by its dp): the devices'
             # capacity, the layer-count cap on it, backward sum; the reference options that bound
             devices = per_pool @ self.pool_devices[np.array(pools)]

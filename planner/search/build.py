@@ -28,7 +28,7 @@ def to_plan(model: LayerGraph, cluster: Cluster, spec: PipelineSpec, estimate: E
         replica = stage.replicas[0]
         groups = tuple(ReplicaPlan(device_type=r.device_type, devices=r.devices, tp=r.tp, dp=r.dp,
                                    batch_share=r.batch_share, memory_bytes_per_device=float(r.memory.total_bytes),
-                                   time_s=float(r.forward_s + r.backward_s))
+                                   time_s=float(r.forward_s + r.backward_s), cp=r.cp)
                        for r in est.replicas) if len(stage.replicas) > 1 else ()
         stages.append(StagePlan(
             index=k, first_layer=stage.first_layer, last_layer=stage.last_layer,
@@ -37,7 +37,7 @@ def to_plan(model: LayerGraph, cluster: Cluster, spec: PipelineSpec, estimate: E
             device_type=est.device_type, devices=tuple(d for r in stage.replicas for d in r.devices), tp=replica.tp,
             dp=sum(r.dp for r in stage.replicas), recompute=spec.recompute,
             memory_bytes_per_device=float(est.memory.total_bytes), time_s=float(est.forward_s + est.backward_s),
-            replicas=groups))
+            replicas=groups, cp=replica.cp))
     # micro-batches per data-parallel replica (on average over a heterogeneous stage's replica groups)
     m = spec.batching.num_micro_batches
     return Plan(

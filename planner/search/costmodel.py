@@ -52,7 +52,8 @@ class CostModelBackend:
         if hit is None:
             node = self.cluster.groups[option.pool].node
             lc = layer_costs(self.model, node, option.tp, settings.micro_batch, settings.recompute,
-                             settings.sequence_parallel, settings.dtype, self._cal(option, settings), settings.runtime)
+                             settings.sequence_parallel, settings.dtype, self._cal(option, settings), settings.runtime,
+                             cp=option.cp)
             hit = LayerTable(forward_s=lc.forward_s, backward_s=lc.backward_s, params_per_rank=lc.params_per_rank,
                              act_bytes=lc.activation_bytes, peak_bytes=lc.peak_extra_bytes,
                              output_bytes=lc.output_bytes)
@@ -60,13 +61,14 @@ class CostModelBackend:
         return hit
 
     def static_bytes(self, params_per_rank: np.ndarray, option: StageOption, settings: Settings) -> np.ndarray:
-        mem = stage_memory(np.asarray(params_per_rank, dtype=float), 0.0, 0, settings.zero, settings.dp,
+        mem = stage_memory(np.asarray(params_per_rank, dtype=float), 0.0, 0, settings.zero, settings.dp * option.cp,
                            settings.optimizer, settings.dtype, runtime=settings.runtime)
         return mem.weights_bytes + mem.gradients_bytes + mem.optimizer_bytes
 
     def stage_bytes(self, params_per_rank: np.ndarray, act_bytes: np.ndarray, in_flight: float,
                     peak_bytes: np.ndarray, option: StageOption, settings: Settings) -> np.ndarray:
-        return stage_memory(params_per_rank, act_bytes, in_flight, settings.zero, settings.dp, settings.optimizer,
+        return stage_memory(params_per_rank, act_bytes, in_flight, settings.zero, settings.dp * option.cp,
+                            settings.optimizer,
                             settings.dtype, peak_bytes, settings.runtime).total_bytes
 
     def capacity_bytes(self, option: StageOption) -> float:
@@ -154,7 +156,7 @@ class CostModelBackend:
                               ) -> tuple[np.ndarray | float, np.ndarray | float]:
         """What ZeRO-2/3's collectives add to each micro-batch's forward and backward, per segment i..j:
         ZeRO-2's reduce-scatter as the estimator times it, ZeRO-3's lower bound (first and last layers)."""
-        if settings.zero < 2 or settings.dp <= 1:
+        if settings.zero < 2 or settings.dp * option.cp <= 1:
             return 0.0, 0.0
         key = ("zero", option, devices, settings)
         hit = self._segments.get(key)
@@ -199,7 +201,8 @@ class CostModelBackend:
         sync = dp_sync(settings.zero, params, group, settings.dtype, runtime, np.cumsum(grad), grad[0],
                        np.cumsum(gather), gather[0])
         out = sync_tail_s(sync, runtime, np.cumsum(t.backward_s), np.cumsum(t.forward_s))
-        out = out + np.array([optimizer_time_s(float(p), device, settings.optimizer, settings.zero, settings.dp,
+        out = out + np.array([optimizer_time_s(float(p), device, settings.optimizer, settings.zero,
+                                               settings.dp * option.cp,
                                                settings.dtype, cal, settings.runtime) for p in params])
         self._tails[key] = out
         return out

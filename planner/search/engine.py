@@ -36,7 +36,7 @@ from typing import Callable
 
 import numpy as np
 
-from planner.rules import ModelShape, simplicity_key
+from planner.rules import simplicity_key
 from planner.search import hetero
 from planner.search.backend import Backend
 from planner.search.interleave import chunk_mask, partition_allowed, pipeline_allowed
@@ -104,7 +104,7 @@ class _Entry:
 def pipeline_spec(cluster: Cluster, global_batch: int, settings: Settings, layout: Layout,
                   last_layers: tuple[int, ...]) -> PipelineSpec:
     stages = tuple(StageSpec(first_layer=first, last_layer=last,
-                             replicas=(ReplicaSpec(devices=devices, tp=option.tp, dp=settings.dp),))
+                             replicas=(ReplicaSpec(devices=devices, tp=option.tp, dp=settings.dp, cp=option.cp),))
                    for option, devices, (first, last) in zip(layout.options, allocate(cluster, layout, settings),
                                                              stage_bounds(last_layers)))
     return settings.pipeline(stages, global_batch)
@@ -370,7 +370,7 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
     start = time.perf_counter()
     units = tuple(units) if units is not None else (1,) * num_layers
     num_units = sum(units)
-    pins = replace(pins, shape=ModelShape(pins.shape.heads, num_units))  # the stage cap reads the units
+    pins = replace(pins, shape=replace(pins.shape, num_units=num_units))  # the stage cap reads the units
     settings_list = [s for s in enumerate_settings(cluster, global_batch, pins, num_units=num_units,
                                                    interleave=interleave) if settings_allowed(s, pins)]
     log.info("search: %d settings", len(settings_list))
@@ -475,7 +475,7 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
             for block in found:
                 heapq.heappush(heap, block)
             continue
-        blocks = [(o.pool, o.tp, c) for o, c in zip(entry.options, entry.counts)]
+        blocks = [(o.pool, o.tp, c, o.cp) for o, c in zip(entry.options, entry.counts)]
         for layout in ordered_layouts(blocks):
             solved += 1
             state.work += 1

@@ -57,7 +57,8 @@ class HeteroStage:
 
 
 def hetero_allowed(settings: Settings, pins: Pins) -> bool:
-    return settings.vpp == 1 and settings.dp >= 2 and pins.pp in (0, 1)
+    # replica groups of one tp x 1 group each: a pinned context parallelism is left to the uniform layouts
+    return settings.vpp == 1 and settings.dp >= 2 and pins.pp in (0, 1) and pins.cp in (0, 1)
 
 
 def settings_floor(layer_table: Callable[[StageOption, Settings], object], cluster: Cluster, settings: Settings,

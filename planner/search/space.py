@@ -7,7 +7,8 @@ A plan in this space is
     schedule with vpp 2-4: :mod:`planner.search.interleave`), shared by all stages as Megatron-LM and
     DeepSpeed require;
   * a ``layout``: the ordered stages, each on one device pool (a cluster group: GPU type and its nodes)
-    with its own tensor-parallel degree ``tp``; stage ``k`` uses ``tp_k * D`` devices of its pool;
+    with its own tensor-parallel degree ``tp`` and context-parallel degree ``cp`` (the sequence of each
+    sample split over cp ranks of tp each); stage ``k`` uses ``tp_k * cp_k * D`` devices of its pool;
   * a layer partition: stage ``k`` holds the contiguous layers ``first_k..last_k`` (uneven splits allowed;
     a whole number of equal chunks per stage when interleaved);
   * or, on a mixed cluster, a single stage whose ``D`` replicas span two pools with batch shares balanced
@@ -15,7 +16,14 @@ A plan in this space is
 
 Pools that would slow the plan are simply left out of the layout (idle devices). What exists is the rule
 book's (:mod:`planner.rules`) for the model's shape and the runtime in the pins: tp against heads and node
-size, ZeRO against the runtime and the stage count, interleaving where the runtime has it.
+size, cp against the sequence and the runtime, ZeRO against the runtime and the stage count, interleaving
+where the runtime has it.
+
+Context parallelism left free is searched over the powers of two the rules allow (:func:`cp_choices`) up to
+``CP_MAX_NODES`` nodes of tp x cp, and only where each rank keeps at least ``CP_MIN_TOKENS`` tokens of a
+sequence: shorter sequences are searched with cp 1 alone (the plan's ``search.cp_searched`` lists the values
+searched), so a model of short sequences is searched as fast as without cp. A pinned ``--cp`` is any value
+the rules allow.
 """
 
 from __future__ import annotations
@@ -31,6 +39,14 @@ from planner.runtime import DEFAULT_RUNTIME, get_runtime
 from planner.search.interleave import pipeline_allowed, schedule_for, vpp_choices
 from planner.types import Cluster, ParallelConfig, PipelineSpec, StageSpec
 
+# a free cp is searched where every rank keeps at least this many tokens of a sequence: a limit of the search
+# space, not a rule (a pinned --cp may go below it). NeMo's long-context recipes bring context parallelism in
+# for 16k and 64k sequences (NeMo Framework user guide, "Long Context Recipes"); from 8k on (cp 2) leaves a margin
+CP_MIN_TOKENS = 4096
+# and up to this many nodes of tp x cp devices (a ring longer than that moves every K/V chunk across as many
+# node boundaries; pin --cp to go further)
+CP_MAX_NODES = 16
+
 
 @dataclass(frozen=True, order=True)
 class StageOption:
@@ -38,10 +54,16 @@ class StageOption:
 
     pool: int
     tp: int
+    cp: int = 1
+
+    @property
+    def ranks(self) -> int:
+        """Devices of one data-parallel replica of a stage on this option: tp x cp."""
+        return self.tp * self.cp
 
     def most_stages(self, cluster: Cluster, dp: int) -> int:
-        """The most pipeline stages this option can take: its pool's devices over tp x dp."""
-        return cluster.groups[self.pool].num_devices // (self.tp * dp)
+        """The most pipeline stages this option can take: its pool's devices over tp x cp x dp."""
+        return cluster.groups[self.pool].num_devices // (self.ranks * dp)
 
 
 @dataclass(frozen=True, order=True)
@@ -99,6 +121,7 @@ class Pins:
     dtype: str = "bf16"
     runtime: str = DEFAULT_RUNTIME
     shape: ModelShape = ModelShape()
+    cp: int = 0
 
     @classmethod
     def from_config(cls, config: ParallelConfig | None) -> "Pins":
@@ -108,7 +131,7 @@ class Pins:
                    vpp=config.vpp, zero=config.zero, recompute=config.recompute,
                    sequence_parallel=config.sequence_parallel, schedule=config.schedule,
                    optimizer=config.optimizer, dtype=config.dtype or "bf16",
-                   runtime=config.runtime or DEFAULT_RUNTIME)
+                   runtime=config.runtime or DEFAULT_RUNTIME, cp=config.cp or 0)
 
 
 def powers_of_two_upto(limit: int) -> list[int]:
@@ -129,7 +152,7 @@ def validate_pins(pins: Pins, cluster: Cluster, global_batch: int, num_layers: i
     ``num_units``: the model's pipeline units, default every layer, or the units of ``pins.shape``)."""
     runtime = get_runtime(pins.runtime)
     units = num_units if num_units is not None else (pins.shape.num_units or num_layers)
-    shape = ModelShape(pins.shape.heads, units)
+    shape = ModelShape(pins.shape.heads, units, pins.shape.seq_lens)
     check_schedule_pins(pins, units, global_batch)
     if pins.pp:
         rules.check_pp(pins.pp, shape, runtime, flag="--pp ")
@@ -138,13 +161,16 @@ def validate_pins(pins: Pins, cluster: Cluster, global_batch: int, num_layers: i
         if pins.tp not in valid:  # the largest node names the rule (pools of smaller ones are left out anyway)
             pool = max(range(len(cluster.groups)), key=lambda p: cluster.groups[p].node.devices_per_node)
             rules.check_tp(pins.tp, shape, cluster, runtime, [pool], flag="--tp ")
+    if pins.cp:
+        rules.check_cp(pins.cp, shape, runtime, flag="--cp ")
     if pins.zero is not None:
         rules.check_zero(pins.zero, pins.pp or None, runtime, flag="--zero ", pp_flag="--pp ")
     rules.check_numerics(pins.recompute, pins.optimizer, pins.dtype, pins.sequence_parallel, pins.tp or None,
                          runtime)
-    used = max(pins.tp, 1) * max(pins.pp, 1) * max(pins.dp, 1)
+    used = max(pins.tp, 1) * max(pins.cp, 1) * max(pins.pp, 1) * max(pins.dp, 1)
     if used > cluster.num_devices:
-        raise ConfigError(f"--tp/--pp/--dp: the pinned degrees need {used} devices but the cluster has "
+        flags = "--tp/--cp/--pp/--dp" if pins.cp > 1 else "--tp/--pp/--dp"
+        raise ConfigError(f"{flags}: the pinned degrees need {used} devices but the cluster has "
                           f"{cluster.num_devices}")
     per_step = (pins.micro_batch or 1) * max(pins.dp, 1)
     if global_batch % per_step:
@@ -187,6 +213,26 @@ def tp_choices(cluster: Cluster, pool: int, pins: Pins) -> list[int]:
     if pins.tp:
         choices = [t for t in choices if t == pins.tp]
     return choices
+
+
+def cp_choices(cluster: Cluster, pool: int, pins: Pins, tp: int = 1) -> list[int]:
+    """Context-parallel degrees searched on a pool with ``tp``-way groups: the pinned one, or the powers of
+    two the rules allow (:func:`planner.rules.cp_values`) with at least ``CP_MIN_TOKENS`` tokens of every
+    sequence per rank, ``tp x cp`` within ``CP_MAX_NODES`` nodes and the pool."""
+    group = cluster.groups[pool]
+    if pins.cp:
+        return [pins.cp] if rules.cp_pool_fits(tp, pins.cp, group.num_devices) else []
+    seq = min(pins.shape.seq_lens, default=0)
+    limit = CP_MAX_NODES * group.node.devices_per_node // tp
+    return [c for c in rules.cp_values(pins.shape, get_runtime(pins.runtime))
+            if c == 1 or (c & (c - 1) == 0 and c <= limit and seq // c >= CP_MIN_TOKENS
+                          and rules.cp_pool_fits(tp, c, group.num_devices))]
+
+
+def cp_searched(cluster: Cluster, pins: Pins) -> tuple[int, ...]:
+    """Every cp value the search considers on some pool (for the plan's record of the space searched)."""
+    return tuple(sorted({c for pool in range(len(cluster.groups)) for tp in tp_choices(cluster, pool, pins)
+                         for c in cp_choices(cluster, pool, pins, tp)}))
 
 
 def enumerate_settings(cluster: Cluster, global_batch: int, pins: Pins, max_micro_batch: int = 64,
@@ -249,17 +295,18 @@ def options_allowed(settings: Settings, options: Sequence[StageOption]) -> bool:
 
 
 def pool_options(cluster: Cluster, settings: Settings, pins: Pins) -> list[list[StageOption]]:
-    """Per pool, the stage options whose tp x dp devices fit in it."""
-    return [[StageOption(pool, tp) for tp in tp_choices(cluster, pool, pins) if tp * settings.dp <= group.num_devices]
+    """Per pool, the stage options whose tp x cp x dp devices fit in it."""
+    return [[StageOption(pool, tp, cp) for tp in tp_choices(cluster, pool, pins)
+             for cp in cp_choices(cluster, pool, pins, tp) if tp * cp * settings.dp <= group.num_devices]
             for pool, group in enumerate(cluster.groups)]
 
 
-def ordered_layouts(blocks: Sequence[tuple[int, int, int]], all_orders: bool = True) -> Iterator[Layout]:
-    """Layouts from unordered blocks ``(pool, tp, num_stages)``: each pool's stages are contiguous; every
-    order of the pools is produced (memory and point-to-point costs depend on the order)."""
+def ordered_layouts(blocks: Sequence[tuple[int, ...]], all_orders: bool = True) -> Iterator[Layout]:
+    """Layouts from unordered blocks ``(pool, tp, num_stages[, cp])``: each pool's stages are contiguous;
+    every order of the pools is produced (memory and point-to-point costs depend on the order)."""
     orders = permutations(blocks) if all_orders else [tuple(blocks)]
     for order in orders:
         opts: list[StageOption] = []
-        for pool, tp, count in order:
-            opts.extend([StageOption(pool, tp)] * count)
+        for pool, tp, count, *cp in order:
+            opts.extend([StageOption(pool, tp, cp[0] if cp else 1)] * count)
         yield Layout(tuple(opts))

@@ -18,7 +18,7 @@ def allocate(cluster: Cluster, layout: Layout, settings: Settings) -> list[tuple
     cursor = pool_offsets(cluster)
     out = []
     for option in layout.options:
-        size = option.tp * settings.dp
+        size = option.ranks * settings.dp
         out.append(tuple(range(cursor[option.pool], cursor[option.pool] + size)))
         cursor[option.pool] += size
     return out
