@@ -38,6 +38,7 @@ class ReplicaPlan:
     batch_share: float  # fraction of the stage's samples this replica group processes
     memory_bytes_per_device: float
     time_s: float
+    cp: int = 1  # context-parallel ranks each sample's sequence is split over (devices: tp x cp x dp)
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class StagePlan:
     # Layer.kind of each layer ("embedding", "block", "head", ...), parallel to layer_names; empty when
     # unknown. The Megatron exporter counts "block" layers as transformer layers.
     layer_kinds: tuple[str, ...] = ()
+    cp: int = 1  # context-parallel ranks each sample's sequence is split over (devices: tp x cp x dp)
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,9 @@ class SearchInfo:
     lower_bound_s: float = 0.0
     embedding_lower_bound_s: float | None = None
     algorithm: str = ""
+    # the context-parallel degrees the search considered (planner.search.space.cp_choices); a plan is
+    # proven optimal within them
+    cp_searched: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -166,7 +171,8 @@ class Plan:
                                                                  memory=sh.get("memory", "hbm"))
                                                   for sh in e["shards"])})
             for e in data.get("embeddings", ()))
-        search = SearchInfo(**_known(SearchInfo, data.get("search", {})))
+        known = _known(SearchInfo, data.get("search", {}))
+        search = SearchInfo(**{**known, "cp_searched": tuple(known.get("cp_searched", ()))})
         top = {**_known(cls, data), "stages": stages, "embeddings": embeddings, "search": search}
         return cls(**top)
 

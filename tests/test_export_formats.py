@@ -45,6 +45,9 @@ MEGATRON_OPTIONS = {
     # overlap_param_gather; megatron/core/model_parallel_config.py: tp_comm_overlap
     "--use-megatron-fsdp": "flag", "--overlap-grad-reduce": "flag", "--overlap-param-gather": "flag",
     "--tp-comm-overlap": "flag",
+    # megatron/core/model_parallel_config.py: context_parallel_size; megatron/training/arguments.py
+    # (_add_distributed_args): --cp-comm-type, choices of TransformerConfig.cp_comm_type
+    "--context-parallel-size": "value", "--cp-comm-type": ("p2p", "all_gather", "a2a", "a2a+p2p"),
 }
 
 # microsoft/DeepSpeed @ 38327e07f6cd39b63418f60cedd1651b0be3e7c3: deepspeed/runtime/constants.py

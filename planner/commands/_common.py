@@ -93,6 +93,9 @@ def add_config_flags(parser: argparse.ArgumentParser, required: bool = False) ->
     parser.add_argument("--tp", type=positive_int, required=required, help="tensor-parallel degree")
     parser.add_argument("--pp", type=positive_int, required=required, help="pipeline-parallel degree (stages)")
     parser.add_argument("--dp", type=positive_int, required=required, help="data-parallel degree")
+    parser.add_argument("--cp", type=positive_int,
+                        help="context-parallel degree: ranks each sequence is split over, K/V passed around a "
+                             "ring (devices: tp x cp x pp x dp; default: estimate 1, plan searches it)")
     parser.add_argument("--micro-batch", type=positive_int, help="micro-batch size (omitted: the best feasible)")
     parser.add_argument("--vpp", type=positive_int, help="virtual pipeline stages per device (interleaved schedule)")
     parser.add_argument("--zero", type=int, choices=ZERO_STAGES, help="ZeRO stage (the runtime bounds it)")
@@ -135,6 +138,7 @@ def config_from_args(args: argparse.Namespace, defaults_to_one: bool = True) -> 
         dtype=args.dtype,
         runtime=args.runtime,
         fp8_recipe=args.fp8_recipe,
+        cp=args.cp,
     )
 
 

@@ -39,13 +39,13 @@ def estimate_document(model: LayerGraph, estimate: Estimate) -> dict[str, Any]:
             "index": stage.index, "first_layer": stage.first_layer, "last_layer": stage.last_layer,
             "layer_names": [layer.name for layer in model.layers[stage.first_layer:stage.last_layer + 1]],
             "device_type": stage.device_type, "devices": list(stage.devices), "tp": stage.tp, "dp": stage.dp,
-            "forward_s": stage.forward_s, "backward_s": stage.backward_s, "tp_comm_s": stage.tp_comm_s,
+            "cp": stage.cp, "cp_comm_s": stage.cp_comm_s, "forward_s": stage.forward_s, "backward_s": stage.backward_s, "tp_comm_s": stage.tp_comm_s,
             "p2p_s": stage.p2p_s, "dp_sync_s": stage.dp_sync_s, "optimizer_s": stage.optimizer_s,
             "memory": _memory_dict(stage.memory), "memory_capacity_bytes": stage.memory_capacity_bytes,
         }
         if len(stage.replicas) > 1:
             entry["replicas"] = [{
-                "device_type": r.device_type, "devices": list(r.devices), "tp": r.tp, "dp": r.dp,
+                "device_type": r.device_type, "devices": list(r.devices), "tp": r.tp, "dp": r.dp, "cp": r.cp,
                 "batch_share": r.batch_share, "num_micro_batches": r.num_micro_batches,
                 "forward_s": r.forward_s, "backward_s": r.backward_s, "memory": _memory_dict(r.memory),
                 "memory_capacity_bytes": r.memory_capacity_bytes} for r in stage.replicas]
@@ -70,7 +70,7 @@ def _print_table(model: LayerGraph, estimate: Estimate) -> None:
     cfg = estimate.config
     out = sys.stdout
     out.write(f"model {model.name}: {model.params / 1e9:.2f}B parameters\n")
-    out.write(f"config: tp={cfg.tp} pp={cfg.pp} dp={cfg.dp} micro-batch={cfg.micro_batch} vpp={cfg.vpp} "
+    out.write(f"config: tp={cfg.tp} cp={cfg.cp} pp={cfg.pp} dp={cfg.dp} micro-batch={cfg.micro_batch} vpp={cfg.vpp} "
               f"schedule={cfg.schedule} zero={cfg.zero} recompute={cfg.recompute} "
               f"sequence-parallel={'yes' if cfg.sequence_parallel else 'no'} optimizer={cfg.optimizer} dtype={cfg.dtype} "
               f"{f'fp8-recipe={cfg.fp8_recipe} ' if cfg.fp8_recipe else ''}runtime={cfg.runtime}\n")

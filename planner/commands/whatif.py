@@ -57,7 +57,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 def _pinned(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     """The pinned choices as a ParallelConfig (0 = searched), or None when nothing is pinned."""
-    names = ("tp", "pp", "dp", "micro_batch", "vpp", "zero", "recompute", "sequence_parallel", "schedule", "runtime",
+    names = ("tp", "pp", "dp", "cp", "micro_batch", "vpp", "zero", "recompute", "sequence_parallel", "schedule", "runtime",
              "dtype")
     if all(getattr(args, n) is None for n in names) and args.optimizer == "adam":
         return None

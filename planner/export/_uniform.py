@@ -35,6 +35,17 @@ def require_uniform(plan: Plan, framework: str) -> tuple[int, int]:
     return first.tp, first.dp
 
 
+def uniform_cp(plan: Plan, framework: str) -> int:
+    """The context-parallel degree shared by every stage, or PlannerError naming the stage that differs."""
+    first = plan.stages[0]
+    for stage in plan.stages[1:]:
+        if stage.cp != first.cp:
+            raise PlannerError(
+                f"plan: stage {stage.index} uses cp {stage.cp} but stage 0 uses cp {first.cp}; {framework} needs "
+                "the same context-parallel degree on every stage; use --format json, or re-plan with --cp pinned")
+    return first.cp
+
+
 def pipeline_degree(plan: Plan) -> int:
     """Pipeline stages (``vpp`` model chunks each under an interleaved schedule)."""
     return len(plan.stages)

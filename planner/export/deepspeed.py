@@ -25,6 +25,11 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
     """The ds_config that runs ``plan``."""
     tp, dp = require_uniform(plan, "DeepSpeed")
     pp = pipeline_degree(plan)
+    cp = max(stage.cp for stage in plan.stages)
+    if cp > 1:
+        raise PlannerError(f"plan: cp {cp} (context parallelism: a ring exchange of K and V) has no DeepSpeed "
+                           "equivalent; DeepSpeed's sequence parallelism is Ulysses (an all-to-all over attention "
+                           "heads), a different algorithm; use --format megatron, or re-plan with --cp 1")
     if plan.vpp > 1:
         raise PlannerError(f"plan: vpp {plan.vpp} (interleaved pipeline) has no DeepSpeed equivalent; use "
                            "--format megatron, or re-plan with --vpp 1")

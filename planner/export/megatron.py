@@ -18,7 +18,7 @@ from __future__ import annotations
 import shlex
 
 from planner.errors import PlannerError
-from planner.export._uniform import framework_runtime, pipeline_degree, require_uniform
+from planner.export._uniform import framework_runtime, pipeline_degree, require_uniform, uniform_cp
 from planner.hardware.fp8 import DEFAULT_FP8_RECIPE, FP8, FP8_RECIPES
 from planner.plans import Plan, StagePlan
 from planner.rules import RECOMPUTE_CHOICES
@@ -65,8 +65,14 @@ def megatron_args(plan: Plan) -> list[str]:
     if runtime.name == "megatron-lm-2021" and plan.zero not in runtime.zero_stages:  # no sharded optimizer yet
         raise PlannerError(f"plan: ZeRO-{plan.zero} does not run on {runtime.name} (it runs ZeRO "
                            f"{', '.join(map(str, runtime.zero_stages))}); re-plan with --runtime megatron-core")
+    cp = uniform_cp(plan, "Megatron-LM")
+    if cp > 1 and not runtime.context_parallel:
+        raise PlannerError(f"plan: cp {cp} (context parallelism) does not run on {runtime.name}; re-plan with "
+                           "--runtime megatron-core")
     args = ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp),
             "--num-layers", str(sum(stage_layers))]
+    if cp > 1:  # the ring exchange of K and V the cost model times (planner.cost.context)
+        args += ["--context-parallel-size", str(cp), "--cp-comm-type", "p2p"]
     if plan.vpp > 1 and runtime.name == "megatron-lm-2021":  # that release names the chunk size instead
         args += ["--num-layers-per-virtual-pipeline-stage", str(sum(stage_layers) // (pp * plan.vpp))]
     elif plan.vpp > 1:
@@ -81,7 +87,7 @@ def megatron_args(plan: Plan) -> list[str]:
     elif recompute == "full":
         args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     args += list(_ZERO_ARGS[plan.zero])
-    args += _overlap_args(runtime, plan, tp, _dp)
+    args += _overlap_args(runtime, plan, tp, _dp * cp)  # gradients reduce over the dp x cp ranks
     args += list(_DTYPE_ARGS[plan.dtype]) + _fp8_args(plan)
     return args
 
@@ -129,9 +135,10 @@ def render_megatron(plan: Plan) -> str:
     """Shell-ready arguments, one option per line, preceded by comments naming the device layout."""
     args = megatron_args(plan)
     pp = pipeline_degree(plan)
-    tp, dp = plan.stages[0].tp, plan.stages[0].dp
+    tp, dp, cp = plan.stages[0].tp, plan.stages[0].dp, plan.stages[0].cp
+    layout = f"tp {tp} x cp {cp} x pp {pp} x dp {dp}" if cp > 1 else f"tp {tp} x pp {pp} x dp {dp}"
     lines = [f"# Megatron-LM arguments for {plan.model.get('name', 'model')}: "
-             f"{tp * pp * dp} GPUs = tp {tp} x pp {pp} x dp {dp}, runtime {framework_runtime(plan, 'megatron').name}",
+             f"{tp * cp * pp * dp} GPUs = {layout}, runtime {framework_runtime(plan, 'megatron').name}",
              "# pass them to pretrain_gpt.py (or your training script) after the model-size arguments"]
     if not plan.stages[0].layer_kinds:
         lines.append("# the plan has no layer kinds: every layer is counted as a transformer layer")

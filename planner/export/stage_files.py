@@ -73,6 +73,7 @@ def _stage_entry(stage: StageModel, planned: StagePlan) -> dict[str, Any]:
         "devices": list(planned.devices),
         "tp": planned.tp,
         "dp": planned.dp,
+        "cp": planned.cp,
         "num_nodes": stage.num_nodes,
         "inputs": [{"name": i.name, "kind": i.kind, **({"from_stage": i.from_stage} if i.from_stage is not None
                                                         else {})} for i in stage.inputs],

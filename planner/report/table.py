@@ -48,12 +48,20 @@ def render_table(plan: Plan) -> str:
     ]
     header = ["stage", "layers", "device", "devices", "tp", "dp", "recompute", "memory/device", "time/micro-batch"]
     rows = [row for stage in plan.stages for row in _stage_rows(stage, plan)]
+    context = any(group.cp > 1 for stage in plan.stages for group in (stage, *stage.replicas))
+    if context:  # a cp column where the plan splits sequences (tp x cp x dp devices per stage)
+        header.insert(5, "cp")
+        cps = [str(group.cp) for stage in plan.stages
+               for group in ((stage,) if len(stage.replicas) <= 1 else (stage, *stage.replicas))]
+        rows = [[*row[:5], cp if row[4] else "", *row[5:]] for row, cp in zip(rows, cps)]
     lines += _grid(header, rows)
     total = sum(plan.breakdown.get(key, 0.0) for key, _ in BREAKDOWN_PARTS)
     width = max(len(label) for _, label in BREAKDOWN_PARTS)
     lines += ["", "Time per iteration:"]
     for key, label in BREAKDOWN_PARTS:
         value = plan.breakdown.get(key, 0.0)
+        if key == "cp_comm_s" and not context:
+            continue
         share = f"{value / total:6.1%}" if total > 0 else "     -"
         lines.append(f"  {label:<{width}} {seconds(value):>11}  {share}")
     if plan.bottleneck:
