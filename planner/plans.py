@@ -261,15 +261,20 @@ def _consistency_errors(plan: dict[str, Any]) -> list[str]:
 
 
 def _device_errors(stage: dict[str, Any], where: str, num_devices: Any) -> list[str]:
-    """A stage's devices: distinct ids of the cluster, tp x dp of them in every replica group, and a stage
-    with replica groups lists exactly its groups' devices."""
+    """A stage's devices: distinct ids of the cluster, tp x cp x dp of them in every replica group (cp 1 where
+    left out), and a stage with replica groups lists exactly its groups' devices."""
     out: list[str] = []
     replicas = stage.get("replicas") or []
     groups = [(where, stage)] if not replicas else [(f"{where}.replicas[{k}]", r) for k, r in enumerate(replicas)]
     for place, group in groups:
         devices = group["devices"]
-        if len(devices) != group["tp"] * group["dp"]:
-            out.append(f"{place}.devices: {len(devices)} devices for tp x dp = {group['tp']} x {group['dp']}")
+        cp = group.get("cp", 1)
+        if len(devices) != group["tp"] * cp * group["dp"]:
+            if cp == 1:
+                out.append(f"{place}.devices: {len(devices)} devices for tp x dp = {group['tp']} x {group['dp']}")
+            else:
+                out.append(f"{place}.devices: {len(devices)} devices for tp x cp x dp = {group['tp']} x {cp} x "
+                           f"{group['dp']}")
     devices = stage["devices"]
     if len(set(devices)) != len(devices):
         out.append(f"{where}.devices: a device is listed twice")
