@@ -1,0 +1,106 @@
+"""Showcase plans: a registry of named cases, each a model built by ``planner models build``, a cluster, a global
+batch and optional pins, planned through the CLI as a user would.
+
+    python benchmarks/showcase.py                 # every case
+    python benchmarks/showcase.py NAME [NAME ...]  # some (``--list`` names them)
+
+For each case it prints the command, the wall time of ``planner plan`` (a fresh process: import, model load,
+search), the chosen degrees, the predicted iteration time and the plan's bottleneck sentence (why it is what it
+is). The results with their date go to BENCHMARKS.md. Other cases (mixture-of-experts, 8k Llama) join
+``CASES`` the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Case:
+    family: str  # a `planner models build` family
+    keys: dict[str, int]  # its --set KEY=VALUE
+    cluster: str
+    global_batch: int
+    pins: tuple[str, ...] = ()  # extra `planner plan` flags
+    note: str = ""  # where the case comes from
+    reference: dict[str, int] = field(default_factory=dict)  # the degrees a published run used, if any
+
+
+LLAMA3_405B = {"layers": 126, "hidden": 16384, "heads": 128, "kv_heads": 8, "ffn": 53248, "vocab": 128256}
+LLAMA3_70B = {"layers": 80, "hidden": 8192, "heads": 64, "kv_heads": 8, "ffn": 28672, "vocab": 128256}
+
+CASES: dict[str, Case] = {
+    "llama3-405b-128k-cp": Case(
+        "llama", {**LLAMA3_405B, "seq_len": 131072}, "dgx-h100*2048", 128,
+        note="Llama 3 405B long-context pre-training on 16,384 H100: 16M tokens per batch = 128 sequences of 128k "
+             "(Llama 3 Herd of Models, Table 4)",
+        reference={"tp": 8, "cp": 16, "pp": 16, "dp": 8}),
+    "llama3-70b-1m-cp": Case(
+        "llama", {**LLAMA3_70B, "seq_len": 1 << 20}, "dgx-h100*128", 16,
+        note="Llama 3 70B dimensions at a 1M-token sequence on 1,024 H100 (128 DGX H100), 16 sequences per batch"),
+}
+
+
+def build(case: Case, folder: Path, name: str) -> Path:
+    path = folder / f"{name}.onnx"
+    sets = [arg for key, value in case.keys.items() for arg in ("--set", f"{key}={value}")]
+    subprocess.run([sys.executable, "-m", "planner", "models", "build", case.family, *sets, "--out", str(path)],
+                   check=True, cwd=ROOT, capture_output=True)
+    return path
+
+
+def command(case: Case, model: str) -> list[str]:
+    return ["planner", "plan", model, "--cluster", case.cluster, "--global-batch", str(case.global_batch),
+            *case.pins, "--json"]
+
+
+def run(name: str, folder: Path) -> dict:
+    case = CASES[name]
+    model = build(case, folder, name)
+    argv = command(case, str(model))
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "planner", *argv[1:]], check=True, cwd=ROOT, capture_output=True,
+                          text=True)
+    wall = time.perf_counter() - start
+    plan = json.loads(done.stdout)
+    stages = plan["stages"]
+    degrees = {"tp": sorted({s["tp"] for s in stages}), "cp": sorted({s.get("cp", 1) for s in stages}),
+               "pp": len(stages), "dp": sorted({s["dp"] for s in stages})}
+    return {"case": name, "command": " ".join(argv), "wall_s": wall, "degrees": degrees,
+            "micro_batch": plan["micro_batch"], "schedule": plan["schedule"], "vpp": plan["vpp"],
+            "zero": plan["zero"], "recompute": sorted({s["recompute"] for s in stages}),
+            "iteration_time_s": plan["iteration_time_s"], "search_s": plan["search"]["time_s"],
+            "proven_optimal": plan["search"]["proven_optimal"], "lower_bound_s": plan["search"]["lower_bound_s"],
+            "cp_searched": plan["search"].get("cp_searched"), "breakdown": plan["breakdown"],
+            "bottleneck": plan["bottleneck"], "reference": case.reference, "note": case.note}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", help="cases to run (default: all)")
+    parser.add_argument("--list", action="store_true", help="list the cases")
+    args = parser.parse_args(argv)
+    if args.list:
+        for name, case in CASES.items():
+            print(f"{name}: {case.note}")
+        return 0
+    unknown = [n for n in args.names if n not in CASES]
+    if unknown:
+        parser.error(f"unknown case(s) {', '.join(unknown)}; known: {', '.join(CASES)}")
+    with tempfile.TemporaryDirectory() as folder:
+        for name in args.names or list(CASES):
+            print(json.dumps(run(name, Path(folder)), indent=2, sort_keys=True), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
