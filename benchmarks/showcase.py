@@ -4,8 +4,8 @@ batch and optional pins, planned through the CLI as a user would.
     python benchmarks/showcase.py                 # every case
     python benchmarks/showcase.py NAME [NAME ...]  # some (``--list`` names them)
 
-For each case it prints the command, the wall time of ``planner plan`` (a fresh process: import, model load,
-search), the chosen degrees, the predicted iteration time and the plan's bottleneck sentence (why it is what it
+For each case it prints the command, the wall and CPU time of ``planner plan`` (a fresh process: import, model
+load, search), the chosen degrees, the predicted iteration time and the plan's bottleneck sentence (why it is what it
 is). The results with their date go to BENCHMARKS.md. Other cases (mixture-of-experts, 8k Llama) join
 ``CASES`` the same way.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import subprocess
 import sys
 import tempfile
@@ -67,15 +68,17 @@ def run(name: str, folder: Path) -> dict:
     case = CASES[name]
     model = build(case, folder, name)
     argv = command(case, str(model))
-    start = time.perf_counter()
+    start, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run([sys.executable, "-m", "planner", *argv[1:]], check=True, cwd=ROOT, capture_output=True,
                           text=True)
     wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     plan = json.loads(done.stdout)
     stages = plan["stages"]
     degrees = {"tp": sorted({s["tp"] for s in stages}), "cp": sorted({s.get("cp", 1) for s in stages}),
                "pp": len(stages), "dp": sorted({s["dp"] for s in stages})}
-    return {"case": name, "command": " ".join(argv), "wall_s": wall, "degrees": degrees,
+    return {"case": name, "command": " ".join(argv), "wall_s": wall, "cpu_s": cpu, "degrees": degrees,
             "micro_batch": plan["micro_batch"], "schedule": plan["schedule"], "vpp": plan["vpp"],
             "zero": plan["zero"], "recompute": sorted({s["recompute"] for s in stages}),
             "iteration_time_s": plan["iteration_time_s"], "search_s": plan["search"]["time_s"],

@@ -66,7 +66,7 @@ def test_plan_json_and_exports(capsys, model: str, tmp_path) -> None:
 
 
 def test_short_sequences_search_cp_one_only(capsys, tmp_path) -> None:
-    """Below 2 x CP_MIN_TOKENS tokens a free cp is searched at 1 alone, and the plan says so."""
+    """Below CP_MIN_SEQ_LEN tokens a free cp is searched at 1 alone, and the plan says so."""
     path = tmp_path / "gpt-2k.onnx"
     assert main(["models", "build", "gpt", "--set", "layers=2", "--set", "hidden=256", "--set", "heads=4",
                  "--set", "vocab=512", "--set", "seq_len=2048", "--out", str(path)]) == 0

@@ -159,3 +159,31 @@ def test_cp_rules_name_the_constraint() -> None:
         estimate(model, cluster, ParallelConfig(global_batch=4, tp=1, dp=1, cp=2, runtime="deepspeed"))
     with pytest.raises(ConfigError, match=r"tp x cp x pp x dp = 4 x 8 x 1 x 1 = 32 devices, but the cluster has 16"):
         estimate(model, cluster, ParallelConfig(global_batch=4, tp=4, dp=1, cp=8))
+
+
+def test_search_finds_the_fastest_cp_configuration() -> None:
+    """A long sequence and a global batch too small for data parallelism alone to use the devices: the
+    search's plan is at least as fast (within the tie tolerance) as every uniform tp x cp x pp x dp
+    configuration estimate accepts, and uses cp > 1 when that is the fastest."""
+    import itertools
+
+    import planner
+    from planner.rules import TIE_TOLERANCE
+
+    model = llama(16384, layers=4)
+    cluster = load_cluster("dgx-h100*2")
+    plan = planner.plan(model, cluster, global_batch=2)
+    assert plan.search.cp_searched == (1, 2, 4, 8, 16)
+    best = None
+    for tp, cp, pp, dp in itertools.product((1, 2, 4), plan.search.cp_searched, (1, 2, 4), (1, 2)):
+        if tp * cp * pp * dp > cluster.num_devices:
+            continue
+        try:
+            found = estimate(model, cluster, ParallelConfig(global_batch=2, tp=tp, cp=cp, pp=pp, dp=dp))
+        except ConfigError:
+            continue
+        if found.feasible and (best is None or found.iteration_time_s < best.iteration_time_s):
+            best = found
+    assert best is not None and best.config.cp > 1
+    assert plan.iteration_time_s <= best.iteration_time_s * (1 + TIE_TOLERANCE)
+    assert max(stage.cp for stage in plan.stages) > 1

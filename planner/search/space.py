@@ -20,10 +20,9 @@ size, cp against the sequence and the runtime, ZeRO against the runtime and the 
 where the runtime has it.
 
 Context parallelism left free is searched over the powers of two the rules allow (:func:`cp_choices`) up to
-``CP_MAX_NODES`` nodes of tp x cp, and only where each rank keeps at least ``CP_MIN_TOKENS`` tokens of a
-sequence: shorter sequences are searched with cp 1 alone (the plan's ``search.cp_searched`` lists the values
-searched), so a model of short sequences is searched as fast as without cp. A pinned ``--cp`` is any value
-the rules allow.
+``CP_MAX_NODES`` nodes of tp x cp, on models whose sequences are at least ``CP_MIN_SEQ_LEN`` tokens: shorter
+ones are searched with cp 1 alone (the plan's ``search.cp_searched`` lists the values searched), so a model of
+short sequences is searched as fast as without cp. A pinned ``--cp`` is any value the rules allow.
 """
 
 from __future__ import annotations
@@ -39,10 +38,11 @@ from planner.runtime import DEFAULT_RUNTIME, get_runtime
 from planner.search.interleave import pipeline_allowed, schedule_for, vpp_choices
 from planner.types import Cluster, ParallelConfig, PipelineSpec, StageSpec
 
-# a free cp is searched where every rank keeps at least this many tokens of a sequence: a limit of the search
-# space, not a rule (a pinned --cp may go below it). NeMo's long-context recipes bring context parallelism in
-# for 16k and 64k sequences (NeMo Framework user guide, "Long Context Recipes"); from 8k on (cp 2) leaves a margin
-CP_MIN_TOKENS = 4096
+# a free cp is searched on models whose attention sequences are at least this long: a limit of the search
+# space, not a rule (a pinned --cp is any value the rules allow). NeMo's long-context recipes bring context
+# parallelism in for 16k and 64k sequences (NeMo Framework user guide, "Long Context Recipes"); from 8k on
+# leaves a margin
+CP_MIN_SEQ_LEN = 8192
 # and up to this many nodes of tp x cp devices (a ring longer than that moves every K/V chunk across as many
 # node boundaries; pin --cp to go further)
 CP_MAX_NODES = 16
@@ -216,16 +216,16 @@ def tp_choices(cluster: Cluster, pool: int, pins: Pins) -> list[int]:
 
 
 def cp_choices(cluster: Cluster, pool: int, pins: Pins, tp: int = 1) -> list[int]:
-    """Context-parallel degrees searched on a pool with ``tp``-way groups: the pinned one, or the powers of
-    two the rules allow (:func:`planner.rules.cp_values`) with at least ``CP_MIN_TOKENS`` tokens of every
-    sequence per rank, ``tp x cp`` within ``CP_MAX_NODES`` nodes and the pool."""
+    """Context-parallel degrees searched on a pool with ``tp``-way groups: the pinned one, or on a model of
+    sequences of ``CP_MIN_SEQ_LEN`` tokens or more the powers of two the rules allow
+    (:func:`planner.rules.cp_values`) with ``tp x cp`` within ``CP_MAX_NODES`` nodes and the pool."""
     group = cluster.groups[pool]
     if pins.cp:
         return [pins.cp] if rules.cp_pool_fits(tp, pins.cp, group.num_devices) else []
     seq = min(pins.shape.seq_lens, default=0)
     limit = CP_MAX_NODES * group.node.devices_per_node // tp
     return [c for c in rules.cp_values(pins.shape, get_runtime(pins.runtime))
-            if c == 1 or (c & (c - 1) == 0 and c <= limit and seq // c >= CP_MIN_TOKENS
+            if c == 1 or (c & (c - 1) == 0 and c <= limit and seq >= CP_MIN_SEQ_LEN
                           and rules.cp_pool_fits(tp, c, group.num_devices))]
 
 
