@@ -62,6 +62,7 @@ class WhatIfPoint:
     proven_optimal: bool | None = None  # under the cost model (False when a limit cut the search)
     lower_bound_s: float | None = None  # no plan of the point's space is faster (the search's proven bound)
     reason: str = ""  # why infeasible, or empty
+    cp: int | None = None  # context-parallel degree; None when stages differ
     search_time_s: float = field(default=0.0, compare=False)  # wall time of planning this point (varies)
 
     @property
@@ -85,7 +86,7 @@ class WhatIfPoint:
 COLUMNS = tuple(f.name for f in WhatIfPoint.__dataclass_fields__.values()
                 if f.name not in ("settings", "search_time_s"))
 TABLE_COLUMNS = ("feasible", "iteration_time_s", "throughput_samples_per_s", "cost_per_million_tokens",
-                 "devices_used", "pp", "tp", "dp", "micro_batch", "reason")
+                 "devices_used", "pp", "tp", "cp", "dp", "micro_batch", "reason")
 
 
 @dataclass(frozen=True)
@@ -237,6 +238,7 @@ def summarize(settings: tuple[tuple[str, Value], ...], plan: Plan, cluster: Clus
     per_sample = per_hour / SECONDS_PER_HOUR / throughput if per_hour is not None and throughput > 0 else None
     tps = [r.tp for s in plan.stages for r in (s.replicas or (s,))]
     dps = [s.dp for s in plan.stages]
+    cps = [r.cp for s in plan.stages for r in (s.replicas or (s,))]
     stages = "; ".join(f"{s.device_type} tp{s.tp} dp{s.dp} layers {s.first_layer}-{s.last_layer}"
                        for s in plan.stages)
     return WhatIfPoint(
@@ -248,7 +250,7 @@ def summarize(settings: tuple[tuple[str, Value], ...], plan: Plan, cluster: Clus
         num_devices=cluster.num_devices, devices_used=len(used), global_batch=global_batch,
         seq_len=seq_len, pp=len({s.devices for s in plan.stages}), tp=_uniform(tps), dp=_uniform(dps),
         micro_batch=plan.micro_batch, num_micro_batches=plan.num_micro_batches, stages=stages,
-        proven_optimal=plan.search.proven_optimal, lower_bound_s=plan.search.lower_bound_s)
+        proven_optimal=plan.search.proven_optimal, lower_bound_s=plan.search.lower_bound_s, cp=_uniform(cps))
 
 
 def infeasible(inputs: PointInputs, reason: str, seq_len: int | None = None) -> WhatIfPoint:
