@@ -73,3 +73,17 @@ def test_short_sequences_search_cp_one_only(capsys, tmp_path) -> None:
     capsys.readouterr()
     code, out, _ = run(capsys, "plan", str(path), "--cluster", "dgx-h100*1", "--global-batch", "8", "--json")
     assert code == 0 and json.loads(out)["search"]["cp_searched"] == [1]
+
+
+def test_an_exposed_ring_is_named_as_the_overhead(tmp_path, model: str) -> None:
+    """Over a 1 GB/s network the K/V ring between two nodes cannot hide behind 16k-token attention steps: the
+    plan's breakdown has cp_comm_s, and the bottleneck sentence says why."""
+    import planner
+
+    path = tmp_path / "slow.yaml"
+    path.write_text("groups:\n  - node: dgx-h100\n    count: 2\n    inter_node_bandwidth_GBps: 1\n")
+    cluster = planner.load_cluster(str(path))
+    best = planner.plan(planner.load_model(model), cluster, global_batch=1,
+                        pinned=planner.ParallelConfig(global_batch=1, tp=4, cp=4, pp=1, dp=1))
+    assert best.stages[0].cp == 4 and best.breakdown["cp_comm_s"] > 0
+    assert "cp=4" in best.bottleneck and "K and V around the ring" in best.bottleneck

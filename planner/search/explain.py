@@ -31,9 +31,12 @@ def bottleneck(estimate: Estimate, num_micro_batches: int, embedding_s: float = 
         "pp_comm_s": "boundary activations cross between stages on the slower link",
         "optimizer_s": "the optimizer step reads and writes the optimizer states once per iteration",
         "embedding_s": "embedding lookups and their all-to-all run outside the dense pipeline",
+        "cp_comm_s": f"passing K and V around the ring of cp={stage.cp} ranks takes longer than the attention "
+                     "step each transfer overlaps",
     }.get(overhead[0], "")
+    context = f", cp={stage.cp}" if stage.cp > 1 else ""
     sentence = (f"Stage {slow} (layers {stage.first_layer}-{stage.last_layer} on {stage.device_type}, "
-                f"tp={stage.tp}) is the slowest at {seconds(per_mb[slow])} per micro-batch and sets the "
+                f"tp={stage.tp}{context}) is the slowest at {seconds(per_mb[slow])} per micro-batch and sets the "
                 f"pipeline's pace")
     if share >= 0.005:
         sentence += f"; the largest overhead is {overhead[1]} ({share:.0%} of the iteration): {why}"
