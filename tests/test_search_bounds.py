@@ -10,6 +10,7 @@ import pytest
 
 from planner.search import engine
 from planner.search.bounds import Profiles, lower_bounds
+from planner.search.interleave import partition_allowed, pipeline_allowed, schedule_for
 from planner.search.partition import score
 from planner.search.space import Pins, Settings, StageOption, ordered_layouts
 from search_synthetic import SyntheticBackend
@@ -26,14 +27,15 @@ def model_with_small_ends(seed: int, layers: int, scale: float):
 
 def best_time(backend, settings: Settings, options, counts, layers: int, global_batch: int) -> float:
     """The least bound-model time (sum S + max G, what the synthetic backend times) over every order
-    of the blocks and every partition: inf when none fits."""
+    of the blocks and every partition (interleaved: every stage whole chunks of layers): inf when none fits."""
     best = np.inf
     blocks = [(o.pool, o.tp, c) for o, c in zip(options, counts)]
     P = sum(counts)
     for layout in ordered_layouts(blocks):
         S, G = backend.stage_matrices(layout, settings, global_batch)
         for cuts in itertools.combinations(range(layers - 1), P - 1):
-            best = min(best, score(S, G, (*cuts, layers - 1))[0])
+            if partition_allowed((1,) * layers, (*cuts, layers - 1), settings.vpp):
+                best = min(best, score(S, G, (*cuts, layers - 1))[0])
     return best
 
 
@@ -71,6 +73,45 @@ def test_block_and_corner_bounds_never_exceed_the_optimum(seed):
             assert corner <= truth * (1 + 1e-9), (counts, corner, truth)
         checked += np.isfinite(truth)
     assert checked  # some plan fits, so the check above compared numbers
+
+
+def check_interleaved_and_box_bounds(seed: int) -> int:
+    """Block bounds of the interleaved schedule (its stages' larger in-flight memory, whole chunks of layers
+    per stage) and box bounds (a choice's counts from ``lows`` to its corner: the layers every stage holds
+    taken at the least counts) stay at or below every plan they cover; returns the plans that fit."""
+    rng = np.random.default_rng(500 + seed)
+    layers = int(rng.integers(4, 9))
+    model = model_with_small_ends(seed, layers, scale=float(rng.choice([1.0, 3.0, 6.0])))
+    c = cluster(("fast", 4, 2), ("slow", 4, 2))
+    vpp = int(rng.choice([1, 2, 3]))
+    settings = Settings(micro_batch=1, dp=1, zero=0, recompute=str(rng.choice(["none", "full"])),
+                        sequence_parallel=False, schedule=schedule_for(vpp), vpp=vpp)
+    global_batch = int(rng.choice([4, 6, 8, 12]))
+    m = settings.num_micro_batches(global_batch)
+    backend = SyntheticBackend(model, c)
+    profiles = Profiles(backend)
+    options = [StageOption(0, 1), StageOption(1, 1)]
+    plist = [profiles.get(o, settings) for o in options]
+    caps = [min(layers // vpp, 4), min(layers // vpp, 4)]
+    truths = {}
+    for counts in itertools.product(*[range(1, cap + 1) for cap in caps]):
+        P = sum(counts)
+        if P * vpp > layers or (vpp > 1 and (P < 2 or not pipeline_allowed(P, m, vpp, layers))):
+            continue
+        truths[counts] = truth = best_time(backend, settings, options, counts, layers, global_batch)
+        bound = lower_bounds(plist, np.array([counts]), m, vpp=vpp)[0]
+        assert bound <= truth * (1 + 1e-9), (counts, bound, truth)
+    for lows in itertools.product(*[range(1, cap + 1) for cap in caps]):
+        highs = tuple(int(rng.integers(lo, cap + 1)) for lo, cap in zip(lows, caps))
+        covered = [t for counts, t in truths.items() if all(lo <= n <= hi for lo, n, hi in zip(lows, counts, highs))]
+        box = lower_bounds(plist, np.array([highs]), m, corners=True, vpp=vpp, lows=np.array([lows]))[0]
+        assert box <= min(covered, default=np.inf) * (1 + 1e-9), (lows, highs, box, covered)
+    return sum(bool(np.isfinite(t)) for t in truths.values())
+
+
+def test_interleaved_and_box_bounds_never_exceed_the_optimum():
+    fitted = [check_interleaved_and_box_bounds(seed) for seed in range(12)]
+    assert sum(fitted) >= 12  # plans fit on most instances, so the checks compared numbers
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -178,3 +219,12 @@ def test_layer_count_stop_keeps_values_below_it(seed):
     for stop in stops:
         value = float(layer_count_bound(*args, 1, stop)[0])
         assert value == full if full < stop else stop <= value <= full
+
+
+def test_in_flight_counts_by_hand():
+    """1F1B: stage k of P holds min(P - k, m); interleaved (P = 4, m = 8, vpp = 2): stage k warms up
+    2 (P - k - 1) + (vpp - 1) P chunks, holds one more, each half a stage's activations."""
+    from planner.search.bounds import in_flight_ascending
+
+    assert in_flight_ascending(5, 3).tolist() == [1, 2, 3, 3, 3]
+    assert in_flight_ascending(4, 8, 2).tolist() == [2.5, 3.5, 4.5, 5.5]

@@ -4,7 +4,10 @@ bound order and stops once the bound reaches its K-th best plan, so these bounds
 iteration time of any plan they cover.
 
 For option o let f_l(o), b_l(o) be layer l's forward and backward time per micro-batch. For any partition:
-  * sum_k S_k >= sum_l min_o (f_l + b_l)(o)                                     (transfers >= 0)
+  * sum_k S_k >= sum_l min_o (f_l + b_l)(o) + sum_o E_o(c_o)                     (transfers >= 0)
+    where e_l(o) = (f_l + b_l)(o) - min_o' (f_l + b_l)(o') is what layer l loses on o and E_o(c) the sum of
+    o's c smallest: the c_o stages of o hold at least c_o distinct layers (every stage holds one), and the
+    stages of different options hold different layers
   * G_k >= sum_{l in k} q_l(o_k),  q_l = (m - 1) b_l + max(0, m - P) f_l          (w_k <= P - 1), so
     max_k G_k >= max_l min_o q_l(o)  and  >= Q_ref / sum_k 1/rho_k, rho_k = min_l q_l(o_k) / q_l(ref)
 Memory: with static(x) = c0 + c1 x and room_o = capacity - c0, stage k holding segment S_k with n_k
@@ -39,8 +42,9 @@ import itertools
 
 import numpy as np
 
+from planner.cost.memory import micro_batches_in_flight
 from planner.search.backend import Backend
-from planner.search.interleave import least_delta
+from planner.search.interleave import least_delta, schedule_for
 from planner.search.space import Settings, StageOption
 
 
@@ -152,12 +156,24 @@ def core_layers(work: np.ndarray) -> np.ndarray:
     return (work >= 0.5 * np.median(work, axis=1, keepdims=True)).all(axis=0)
 
 
-def _memory_counts(static: np.ndarray, act: np.ndarray, peak: np.ndarray, count: int, m: int) -> np.ndarray:
-    """``k[i]``: the most layers of this set a stage can hold with min(i + 1, m) micro-batches in flight
-    (the sum of the smallest static + n act, plus the least transient, within one room); non-increasing."""
+def in_flight_ascending(num_stages: int, num_micro_batches: int, vpp: int = 1) -> np.ndarray:
+    """The micro-batches each of ``num_stages`` stages holds in flight at its peak (in units of its
+    activations per micro-batch, :func:`planner.cost.memory.micro_batches_in_flight`), smallest first:
+    min(1..P, m) under 1F1B; more under the interleaved schedule, whose warm-up grows with P."""
+    P = num_stages
+    return np.array([micro_batches_in_flight(k, P, num_micro_batches, schedule_for(vpp), vpp)
+                     for k in range(P - 1, -1, -1)], dtype=float)
+
+
+def _memory_counts(static: np.ndarray, act: np.ndarray, peak: np.ndarray, count: int, m: int,
+                   in_flight: np.ndarray | None = None) -> np.ndarray:
+    """``k[i]``: the most layers of this set a stage can hold with ``in_flight[i]`` (default min(i + 1, m))
+    micro-batches in flight (the sum of the smallest static + n act, plus the least transient, within one
+    room); non-increasing when ``in_flight`` is non-decreasing."""
     if count == 0:
         return np.zeros(0, dtype=int)
-    n = np.minimum(np.arange(1, count + 1), m).astype(float)
+    n = np.minimum(np.arange(1, count + 1), m).astype(float) if in_flight is None else \
+        np.asarray(in_flight[:count], dtype=float)
     with np.errstate(invalid="ignore"):
         use = np.sort(static[None, :] + n[:, None] * act[None, :], axis=1)
         fits = np.cumsum(use, axis=1) + (peak.min() if len(peak) else 0.0) <= 1.0 + 1e-9
@@ -168,21 +184,41 @@ def _memory_counts(static: np.ndarray, act: np.ndarray, peak: np.ndarray, count:
 class CountTables:
     """What the layer-count bound needs per option, for one layer subset U: prefix sums of the sorted
     backward and forward times on U (``sb``, ``sf``: (options, |U| + 1)), and per option the layers of U a
-    stage holds with 1, 2, ... micro-batches in flight (``kmem``) with their prefix sums (``kmem_sums``)."""
+    stage holds with 1, 2, ... micro-batches in flight (``kmem``) with their prefix sums (``kmem_sums``);
+    :meth:`memory` gives the same for the interleaved schedule's in-flight counts of a P-stage pipeline."""
 
     size: int
     sb: np.ndarray
     sf: np.ndarray
     kmem: tuple[np.ndarray, ...]
     kmem_sums: tuple[np.ndarray, ...]
+    m: int = 1
+    units: tuple = ()  # per option: (static, act, peak) on U, the most stages
     _lists: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
-    def lists(self, option: int) -> tuple[list, list]:
-        """Option ``option``'s ``kmem`` reversed (non-decreasing) and ``kmem_sums``, as Python lists
-        (memoised: :func:`_one_row` bisects them in scalars)."""
-        hit = self._lists.get(option)
+    def memory(self, option: int, num_stages: int, vpp: int) -> tuple[np.ndarray, np.ndarray]:
+        """``kmem`` and ``kmem_sums`` of ``option`` when its stages sit among ``num_stages`` stages of the
+        schedule with ``vpp`` chunks (vpp = 1: the 1F1B tables, valid for any schedule and stage count)."""
+        if vpp == 1:
+            return self.kmem[option], self.kmem_sums[option]
+        key = ("memory", option, num_stages, vpp)
+        hit = self._lists.get(key)
         if hit is None:
-            hit = self._lists[option] = (self.kmem[option][::-1].tolist(), self.kmem_sums[option].tolist())
+            static, act, peak, most = self.units[option]
+            n = in_flight_ascending(num_stages, self.m, vpp)
+            n = np.concatenate([n, np.full(max(0, most - len(n)), n[-1] if len(n) else 1.0)])
+            k = _memory_counts(static, act, peak, most, self.m, n)
+            hit = self._lists[key] = (k, np.concatenate(([0], np.cumsum(k))))
+        return hit
+
+    def lists(self, option: int, num_stages: int = 0, vpp: int = 1) -> tuple[list, list]:
+        """Option ``option``'s ``kmem`` reversed (non-decreasing) and ``kmem_sums`` (:meth:`memory`), as
+        Python lists (memoised: :func:`_one_row` bisects them in scalars)."""
+        key = (option, num_stages if vpp > 1 else 0, vpp)
+        hit = self._lists.get(key)
+        if hit is None:
+            kmem, sums = self.memory(option, num_stages, vpp)
+            hit = self._lists[key] = (kmem[::-1].tolist(), sums.tolist())
         return hit
 
 
@@ -200,7 +236,8 @@ def count_tables(fwd: np.ndarray, bwd: np.ndarray, static: np.ndarray, act: np.n
     kmem = tuple(_memory_counts(static[o, layers], act[o, layers], peak[o, layers], int(most_stages[o]), m)
                  for o in range(O))
     sums = tuple(np.concatenate(([0], np.cumsum(k))) for k in kmem)
-    return CountTables(size, sb, sf, kmem, sums)
+    units = tuple((static[o, layers], act[o, layers], peak[o, layers], int(most_stages[o])) for o in range(O))
+    return CountTables(size, sb, sf, kmem, sums, m, units)
 
 
 def _count_tables_memo(memo: dict | None, profiles: list[OptionProfile], fwd: np.ndarray, bwd: np.ndarray,
@@ -210,16 +247,21 @@ def _count_tables_memo(memo: dict | None, profiles: list[OptionProfile], fwd: np
     :class:`Profiles`, so settings that differ only in their schedule share them)."""
     if memo is None:
         return count_tables(fwd, bwd, static, act, peak, layers, most_stages, m)
-    key = (tuple(id(p) for p in profiles), layers.tobytes(), np.asarray(most_stages).tobytes(), m)
+    # tables for more stages serve fewer (the bounds read the first counts[o] entries): one per profile list,
+    # grown when a row needs more
+    key = (tuple(id(p) for p in profiles), layers.tobytes(), m)
+    most_stages = np.asarray(most_stages, dtype=int)
     hit = memo.get(key)
-    if hit is None:
+    if hit is None or any(u[3] < n for u, n in zip(hit.units, most_stages)):
+        if hit is not None:
+            most_stages = np.maximum(most_stages, [u[3] for u in hit.units])
         hit = memo[key] = count_tables(fwd, bwd, static, act, peak, layers, most_stages, m)
     return hit
 
 
 def layer_count_bound(tables: CountTables, options: np.ndarray, counts: np.ndarray, pools: np.ndarray,
-                      totals: np.ndarray, m: int, floor: np.ndarray, vpp: int = 1, stop: float = np.inf
-                      ) -> np.ndarray:
+                      totals: np.ndarray, m: int, floor: np.ndarray, vpp: int = 1, stop: float = np.inf,
+                      in_flight_vpp: int = 1) -> np.ndarray:
     """A lower bound on max_k G_k per row, at least ``floor[r]`` (inf: the stages cannot hold the layers),
     from stage capacities. A row searched alone (the only one with its stage count) whose bound exceeds
     ``stop`` may get any value from ``stop`` up to its bound (the caller prunes it either way; the search
@@ -232,6 +274,9 @@ def layer_count_bound(tables: CountTables, options: np.ndarray, counts: np.ndarr
     Kmem_o(n) of them; the c_o stages of o hold at least 1, 2, ..., c_o micro-batches (1F1B positions are
     distinct), so at threshold t they hold at most sum_i min(K_o(t), Kmem_o(min(i, m))) layers of U. The
     bound is the least t at which the stages can hold all of U (only t above the row's floor are tried).
+    ``in_flight_vpp`` > 1: the rows are exactly ``totals[r]`` stages of the interleaved schedule with that
+    many chunks, whose stages hold more micro-batches in flight (:func:`in_flight_ascending`); 1: 1F1B's
+    counts, which no schedule holds fewer than at any stage count.
     """
     rows = len(counts)
     out = np.asarray(floor, dtype=float).copy()
@@ -241,8 +286,8 @@ def layer_count_bound(tables: CountTables, options: np.ndarray, counts: np.ndarr
         if out[0] >= stop:
             return out
         P = int(totals[0])
-        out[0] = _one_row(tables, options, counts[0], pools, _weights(tables.sb, tables.sf, options, P, m, vpp), float(out[0]),
-                          stop)
+        out[0] = _one_row(tables, options, counts[0], pools, _weights(tables.sb, tables.sf, options, P, m, vpp),
+                          float(out[0]), stop, P, in_flight_vpp)
         return out
     pool_ids = np.unique(pools)
     for P in np.unique(totals):
@@ -250,7 +295,7 @@ def layer_count_bound(tables: CountTables, options: np.ndarray, counts: np.ndarr
         lo = float(out[sel].min())
         g = _weights(tables.sb, tables.sf, options, int(P), m, vpp)
         if len(sel) == 1:  # one row (a settings bound): a binary search over the thresholds, in scalars
-            out[sel] = _one_row(tables, options, counts[sel[0]], pools, g, lo, stop)
+            out[sel] = _one_row(tables, options, counts[sel[0]], pools, g, lo, stop, int(P), in_flight_vpp)
             continue
         # g is non-decreasing in k; interleaved: (m - 1/vpp) SB + stage 0's forward weight SF (its in-flight
         # micro-batches are at least 1F1B's, so the memory counts stay valid)
@@ -265,11 +310,10 @@ def layer_count_bound(tables: CountTables, options: np.ndarray, counts: np.ndarr
                     continue
                 o = options[j]
                 k_time = np.searchsorted(g[j], cands, side="right") - 1  # layers of U within t
-                kmem = tables.kmem[o]
+                kmem, sums = tables.memory(o, int(P), in_flight_vpp)
                 # stages 1..i0 hold at least k_time layers in memory (kmem is non-increasing)
                 i0 = np.searchsorted(-kmem, -k_time, side="right")
                 upto = np.minimum(c[:, None], i0[None, :])
-                sums = tables.kmem_sums[o]
                 best = np.maximum(best, k_time[None, :] * upto + sums[c][:, None] - sums[upto])
             cover += best
         enough = cover >= tables.size
@@ -288,11 +332,11 @@ def _weights(sb: np.ndarray, sf: np.ndarray, options: np.ndarray, P: int, m: int
 
 
 def _one_row(tables: CountTables, options: np.ndarray, counts: np.ndarray, pools: np.ndarray, g: np.ndarray,
-             lo: float, stop: float = np.inf) -> float:
+             lo: float, stop: float = np.inf, num_stages: int = 0, in_flight_vpp: int = 1) -> float:
     """:func:`layer_count_bound` of one row: the same coverage, evaluated at O(log) thresholds; at least
     ``stop`` without searching further when the thresholds up to ``stop`` do not cover."""
     g_rows = g.tolist()
-    used = [(int(pools[j]), g_rows[j], int(counts[j]), *tables.lists(int(options[j])))
+    used = [(int(pools[j]), g_rows[j], int(counts[j]), *tables.lists(int(options[j]), num_stages, in_flight_vpp))
             for j in range(len(options)) if counts[j] > 0]
 
     def cover(t: float) -> int:
@@ -416,14 +460,17 @@ def _stack(profiles: list[OptionProfile], memo: dict | None) -> _Stack:
 
 
 def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_batches: int,
-                 corners: bool = False, vpp: int = 1, memo: dict | None = None, cutoff_s: float = np.inf
-                 ) -> np.ndarray:
+                 corners: bool = False, vpp: int = 1, memo: dict | None = None, cutoff_s: float = np.inf,
+                 lows: np.ndarray | None = None) -> np.ndarray:
     """Bounds for every row of ``counts`` (stages per option, shape (n, len(profiles)); 0 = option unused);
     inf = infeasible. Rows are grouped by their set of options. ``corners``: only the parts that do not
     increase with any stage count (compute, layer counts, a layer alone in memory), so that each row
-    bounds every smaller count of its options too. ``vpp > 1``: the interleaved schedule's weights (b_l / vpp
-    in the sum, (m - 1/vpp) b_l and stage 0's forward weight in q, both non-increasing in the stage count);
-    its stages hold at least the 1F1B micro-batches in flight, so the memory bounds stay valid. A row whose
+    bounds every smaller count of its options too, down to ``lows`` (default one stage per used option),
+    where the parts that grow with the counts (the layers each stage must hold) are taken. ``vpp > 1``: the interleaved schedule's weights (b_l / vpp
+    in the sum, (m - 1/vpp) b_l and stage 0's forward weight in q, both non-increasing in the stage count),
+    every stage holding at least ``vpp`` layers (whole chunks), and a row's memory bounds with the in-flight
+    counts of its own stage count (:func:`in_flight_ascending`; corners: 1F1B's, which are smaller for every
+    stage count, since the interleaved warm-up grows with the stage count). A row whose
     bound reaches ``cutoff_s`` may get any value from ``cutoff_s`` up to its bound (the caller drops it)."""
     counts = np.asarray(counts, dtype=int).reshape(-1, len(profiles))
     out = np.full(len(counts), np.inf)
@@ -455,7 +502,13 @@ def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_ba
         c = counts[rows].astype(float)
         total = c.sum(axis=1)
         extra = np.maximum(0.0, m - total) if vpp == 1 else np.array([least_delta(int(p), m, vpp) for p in total])
-        sum_min = float(work[M].min(axis=0).sum())
+        least = work[M].min(axis=0)
+        sum_min = float(least.sum())
+        # what the layers every stage must hold (vpp of them, a chunk each) lose on their stage's option
+        # (corners: at the least counts)
+        held = c[:, M] if not corners else np.minimum(c[:, M], 1) if lows is None else \
+            np.asarray(lows, dtype=int).reshape(-1, O)[rows][:, M]
+        sums = sum_min + _least_excess(work[M] - least[None, :], vpp * held)
         q = gamma * bwd[M][None] + extra[:, None, None] * fwd[M][None]  # (r, |M|, L)
         max_g = q.min(axis=1).max(axis=1)
         with np.errstate(invalid="ignore"):
@@ -465,22 +518,32 @@ def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_ba
             fluid = np.where((capacity > 0) & np.isfinite(capacity), totals / capacity, 0.0)
         max_g = np.maximum(max_g, fluid.max(axis=1))
         P_rows = total.astype(int)
-        stop = cutoff_s - sum_min + 1e-9 * abs(cutoff_s) if np.isfinite(cutoff_s) else np.inf
+        # max G at or above a row's stop puts its bound at or above the cutoff (the margin covers the rounding)
+        stops = cutoff_s - sums + 1e-9 * abs(cutoff_s) if np.isfinite(cutoff_s) else np.full(len(rows), np.inf)
         for tables in count_sets:
-            if (max_g >= stop).all():  # every row already reaches the cutoff
+            live = np.flatnonzero(max_g < stops)  # the rows that may still beat the cutoff
+            if not len(live):
                 break
-            max_g = layer_count_bound(tables, M, c[:, M], pools[M], P_rows, m, max_g, vpp, stop)
+            max_g[live] = layer_count_bound(tables, M, c[live][:, M], pools[M], P_rows[live], m, max_g[live], vpp,
+                                            float(stops[live].max()), 1 if corners else vpp)
         if corners:
-            out[rows] = sum_min + max_g  # worst <= 1: the group was skipped otherwise
+            out[rows] = sums + max_g  # worst <= 1: the group was skipped otherwise
             continue
         # memory
         base_use = float((static[M] + act[M]).min(axis=0).sum())
         smallest_act = np.sort(act[M].min(axis=0))
-        # pairing[P] = sum_{i < P-1} (min(P - i, m) - 1) * smallest_act[i]
-        span = np.arange(L + 1)[:, None] - np.arange(L)[None, :]  # P - i
-        weights = np.where(span >= 2, np.minimum(span, m) - 1, 0).astype(float)
-        with np.errstate(invalid="ignore"):
-            pairing = weights @ np.where(np.isfinite(smallest_act), smallest_act, 1e300)
+        # pairing[P] = sum_{i < P} (n_i - 1) * smallest_act[i], n the stages' in-flight counts largest first
+        # (1F1B: min(P - i, m))
+        acts = np.where(np.isfinite(smallest_act), smallest_act, 1e300)
+        if vpp == 1:
+            span = np.arange(L + 1)[:, None] - np.arange(L)[None, :]  # P - i
+            weights = np.where(span >= 2, np.minimum(span, m) - 1, 0).astype(float)
+            with np.errstate(invalid="ignore"):
+                pairing = weights @ acts
+        else:
+            pairing = np.full(L + 1, np.inf)
+            for P in np.unique(P_rows[P_rows <= L]):
+                pairing[P] = float((in_flight_ascending(int(P), m, vpp)[::-1] - 1.0) @ acts[:P])
         subsets = np.array([[i in t for i in range(len(M))] for size in range(1, len(M) + 1)
                             for t in itertools.combinations(range(len(M)), size)], dtype=bool)
         carry = max_in_flight[M]  # (|M|, L)
@@ -488,8 +551,17 @@ def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_ba
         need = (c[:, M] @ subsets.T.astype(float)).astype(int)  # (rows, subsets): stages on each subset
         hall = ok[np.arange(len(subsets))[None, :], np.minimum(need, L + 1 - 1)].all(axis=1) & (need <= L).all(axis=1)
         feasible = hall & (base_use + pairing[P_rows] <= P_rows * (1 + 1e-12))
-        out[rows] = np.where(feasible, sum_min + max_g, np.inf)
+        out[rows] = np.where(feasible, sums + max_g, np.inf)
     return out
+
+
+def _least_excess(excess: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Per row: sum over options j of the ``counts[r, j]`` smallest ``excess[j]`` (options x layers): the
+    least that distinct layers, ``counts[r, j]`` of them on option j, can add above their fastest work."""
+    L = excess.shape[1]
+    prefix = np.concatenate([np.zeros((len(excess), 1)), np.cumsum(np.sort(excess, axis=1), axis=1)], axis=1)
+    n = np.minimum(np.asarray(counts, dtype=int), L)
+    return prefix[np.arange(len(excess))[None, :], n].sum(axis=1)
 
 
 def _stage_caps(caps: np.ndarray, pools: np.ndarray, num_layers: int, max_stages: int

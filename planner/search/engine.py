@@ -5,8 +5,10 @@ One heap of nodes, each with a lower bound on every plan below it (:mod:`planner
    then, when they come up, with the strong one (memory, layer counts per stage);
 2. a settings' choices of options (one pool-and-tp per used pool), bounded at their corner (every pool at
    its largest stage count) by the parts of the bound that cannot increase with more stages;
-3. a choice's stage-count grid: each set of stage blocks bounded exactly (every combination of counts, or
-   whole pools past ``MAX_GRID`` combinations, which makes the space incomplete);
+3. a choice's stage-count grid, as boxes of counts: a box of more than ``BOX_GRID`` combinations is cut in
+   halves, each bounded at its corners (what falls with the counts at its largest, the layers every stage
+   must hold at its least); a smaller one has each set of stage blocks bounded exactly (every combination
+   of counts, or whole pools past ``MAX_GRID`` combinations, which makes the space incomplete);
 4. a set of blocks: for each order of its pools the partition DP
    (:func:`planner.search.partition.solve_partition`) finds the partition minimising the lower bound of
    :mod:`planner.search.backend` (the layout's bound), and the cost model times that partition exactly.
@@ -53,6 +55,9 @@ log = logging.getLogger(__name__)
 # balanced floor)
 _QUICK, _COUNTED, _STRONG, _HETERO, _HETERO_READY = 0, 1, 2, 3, 4
 MAX_GRID = 20000  # stage-count combinations per choice before mixed layouts fall back to whole pools
+# a box of stage counts with more combinations than this is split in halves (each bounded at its corners)
+# rather than bounded count by count: large boxes are mostly pruned whole
+BOX_GRID = 256
 _REL_TOL = 1e-9
 
 
@@ -90,7 +95,8 @@ class Outcome:
 @dataclass(frozen=True, order=True)
 class _Entry:
     """A heap node: a set of stage blocks (``counts[i]`` stages on ``options[i]``), or with ``choice`` a
-    choice of options whose stage-count grid (up to ``counts``) is not bounded yet, or with ``hetero`` a
+    choice of options whose stage counts from ``lows`` up to ``counts`` (a box of the grid) are not bounded
+    yet, or with ``hetero`` a
     heterogeneous single stage (:mod:`planner.search.hetero`) to time."""
 
     bound_s: float
@@ -98,6 +104,7 @@ class _Entry:
     options: tuple[StageOption, ...]
     counts: tuple[int, ...]
     choice: bool = False
+    lows: tuple[int, ...] = ()  # a choice's least stage counts (its box of counts is lows..counts)
     hetero: hetero.HeteroStage | None = field(default=None, compare=False)
 
 
@@ -110,12 +117,14 @@ def pipeline_spec(cluster: Cluster, global_batch: int, settings: Settings, layou
     return settings.pipeline(stages, global_batch)
 
 
-def _count_grid(caps: list[int], num_layers: int, pinned_pp: int, max_stages: int) -> tuple[np.ndarray, bool]:
-    """Stage counts per option: every combination of 1..cap (restricted to whole pools when too many)."""
+def _count_grid(caps: list[int], num_layers: int, pinned_pp: int, max_stages: int,
+                lows: tuple[int, ...] | None = None) -> tuple[np.ndarray, bool]:
+    """Stage counts per option: every combination of low..cap (restricted to whole pools when too many)."""
     caps = [min(c, max_stages) for c in caps]
-    size = float(np.prod([float(c) for c in caps]))
+    lows = lows or (1,) * len(caps)
+    size = float(np.prod([float(c - lo + 1) for c, lo in zip(caps, lows)]))
     if size <= MAX_GRID or len(caps) == 1:  # one pool: every stage count (at most one per layer)
-        grid = np.array(list(itertools.product(*[range(1, cap + 1) for cap in caps])), dtype=int)
+        grid = np.array(list(itertools.product(*[range(lo, cap + 1) for lo, cap in zip(lows, caps)])), dtype=int)
         grid = grid.reshape(-1, len(caps))
         total = grid.sum(axis=1)
         grid = grid[(total <= num_layers) & (total <= max_stages) & ((total == pinned_pp) if pinned_pp else True)]
@@ -154,7 +163,33 @@ def _choices(profiles: Profiles, cluster: Cluster, settings: Settings, index: in
         corners[r, [column[o] for o in chosen]] = caps
     bounds = lower_bounds([profiles.get(o, settings) for o in options], corners, m, corners=True, vpp=settings.vpp,
                           memo=profiles.count_memo, cutoff_s=cutoff)
-    return [_Entry(float(b), index, chosen, caps, True) for (chosen, caps), b in zip(choices, bounds) if b < cutoff]
+    return [_Entry(float(b), index, chosen, caps, True, (1,) * len(caps))
+            for (chosen, caps), b in zip(choices, bounds) if b < cutoff]
+
+
+def _split(profiles: Profiles, settings: Settings, box: _Entry, num_layers: int, global_batch: int, pins: Pins,
+           cutoff: float, num_units: int) -> list[_Entry]:
+    """A box of stage counts cut in halves along every count with more than one value, each part bounded at
+    its corners (:func:`planner.search.bounds.lower_bounds`: the parts that fall with the counts at its
+    largest, those that grow at its least) and at least the box's bound; those below ``cutoff``."""
+    stages_cap = min(num_layers, max_stages(settings, pins.shape.num_units))
+    halves = [[(lo, hi)] if lo == hi else [(lo, (lo + hi) // 2), ((lo + hi) // 2 + 1, hi)]
+              for lo, hi in zip(box.lows, box.counts)]
+    parts = []
+    for part in itertools.product(*halves):
+        lows, highs = tuple(p[0] for p in part), tuple(p[1] for p in part)
+        if sum(lows) > stages_cap or (pins.pp and not sum(lows) <= pins.pp <= sum(highs)) \
+                or (settings.vpp > 1 and sum(highs) < 2):
+            continue
+        parts.append((lows, highs))
+    if not parts:
+        return []
+    m = settings.num_micro_batches(global_batch)
+    bounds = lower_bounds([profiles.get(o, settings) for o in box.options], np.array([h for _, h in parts]), m,
+                          corners=True, vpp=settings.vpp, memo=profiles.count_memo, cutoff_s=cutoff,
+                          lows=np.array([lo for lo, _ in parts]))
+    return [_Entry(max(float(b), box.bound_s), box.settings_index, box.options, highs, True, lows)
+            for (lows, highs), b in zip(parts, bounds) if max(float(b), box.bound_s) < cutoff]
 
 
 def _blocks(profiles: Profiles, cluster: Cluster, settings: Settings, choice: _Entry, num_layers: int,
@@ -163,10 +198,13 @@ def _blocks(profiles: Profiles, cluster: Cluster, settings: Settings, choice: _E
     and whether the grid is complete (not restricted to whole pools). Interleaved settings keep the stage
     counts that may interleave (:func:`planner.search.interleave.pipeline_allowed`)."""
     counts, full = _count_grid(list(choice.counts), num_layers, pins.pp,
-                               min(num_layers, max_stages(settings, pins.shape.num_units)))
+                               min(num_layers, max_stages(settings, pins.shape.num_units)), choice.lows)
     m = settings.num_micro_batches(global_batch)
     if settings.vpp > 1:
-        counts = counts[[pipeline_allowed(int(t), m, settings.vpp, num_units) for t in counts.sum(axis=1)]]
+        totals = counts.sum(axis=1)
+        stage_counts = np.unique(totals)
+        allowed = stage_counts[[pipeline_allowed(int(t), m, settings.vpp, num_units) for t in stage_counts]]
+        counts = counts[np.isin(totals, allowed)]
     if not len(counts):
         return [], full
     bounds = lower_bounds([profiles.get(o, settings) for o in choice.options], counts, m, vpp=settings.vpp,
@@ -466,6 +504,12 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
             if cand is not None:
                 state.least_layout_bound = min(state.least_layout_bound, cand.time_s)
                 state.offer(cand)
+            continue
+        if entry.choice and np.prod([hi - lo + 1 for lo, hi in zip(entry.lows, entry.counts)]) > BOX_GRID:
+            found = _split(profiles, settings, entry, num_layers, global_batch, pins, state.cutoff(), num_units)
+            bounded += len(found)
+            for box in found:
+                heapq.heappush(heap, box)
             continue
         if entry.choice:
             found, full = _blocks(profiles, cluster, settings, entry, num_layers, global_batch, pins, state.cutoff(),
