@@ -88,6 +88,10 @@ class SearchInfo:
     # the context-parallel degrees the search considered (planner.search.space.cp_choices); a plan is
     # proven optimal within them
     cp_searched: tuple[int, ...] = ()
+    # the space the search covered (and its lower bound with it): the vpp values tried, and whether the
+    # stages could hold their own layer counts (uneven first, last and middle stages)
+    vpp_searched: tuple[int, ...] = ()
+    uneven_stages_searched: bool = False
 
 
 @dataclass(frozen=True)
@@ -172,7 +176,8 @@ class Plan:
                                                   for sh in e["shards"])})
             for e in data.get("embeddings", ()))
         known = _known(SearchInfo, data.get("search", {}))
-        search = SearchInfo(**{**known, "cp_searched": tuple(known.get("cp_searched", ()))})
+        search = SearchInfo(**{**known, "cp_searched": tuple(known.get("cp_searched", ())),
+                               "vpp_searched": tuple(known.get("vpp_searched", ()))})
         top = {**_known(cls, data), "stages": stages, "embeddings": embeddings, "search": search}
         return cls(**top)
 

@@ -303,6 +303,43 @@ def valid_vpps(num_units: int, num_stages: int) -> list[int]:
     return [v for v in range(1, max(num_units, 1) + 1) if vpp_fits(num_units, num_stages, v)]
 
 
+def stage_blocks(num_units: int, pp: int, vpp: int, first: int | None, last: int | None,
+                 flag: str = "") -> list[int]:
+    """Transformer blocks per stage of Megatron-Core's uneven pipeline: ``first`` on stage 0 and ``last`` on
+    the last stage where set, the rest evenly over the middle stages (Megatron-Core
+    ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``, i.e.
+    ``TransformerConfig.num_layers_in_first/last_pipeline_stage``; ``get_transformer_layer_offset`` in
+    megatron/core/transformer/transformer_layer.py gives each middle stage ``middle // middle_stages``
+    layers and, interleaved, every chunk ``first // vpp``, ``last // vpp`` and ``middle // vpp //
+    middle_stages``, so each of those counts must divide exactly). Every stage holds at least one chunk.
+    ConfigError names the flag and the nearest valid counts."""
+    if first is None and last is None:
+        raise ValueError("stage_blocks: neither first nor last is set")
+    if pp < 2:
+        raise ConfigError(f"{flag}first/last stage layers need pipeline parallelism (pp >= 2); use pp 2 or more, "
+                          "or leave them out")
+    ends = [x for x in (first, last) if x is not None]
+    middle_stages = pp - len(ends)
+    middle = num_units - sum(ends)
+    unit = vpp * max(middle_stages, 1)
+    bad = [x for x in ends if x < vpp or x % vpp]
+    if bad:
+        raise ConfigError(f"{flag}first/last stage layers {bad[0]}: each must be a positive multiple of vpp={vpp} "
+                          f"(whole chunks); nearest valid: {max(vpp, round(bad[0] / vpp) * vpp)}")
+    if (middle_stages == 0 and middle != 0) or (middle_stages > 0 and (middle < unit or middle % unit)):
+        valid = [x for x in range(vpp, num_units + 1, vpp)
+                 if (middle_stages == 0 and num_units - sum(ends) + ends[0] - x == 0) or
+                 (middle_stages > 0 and (num_units - sum(ends) + ends[0] - x) >= unit
+                  and (num_units - sum(ends) + ends[0] - x) % unit == 0)]
+        hint = f"nearest valid first/last count with the other fixed: {nearest(ends[0], valid)}" if valid else \
+            "use other counts or another pp"
+        raise ConfigError(f"{flag}first/last stage layers leave {middle} of the {num_units} transformer layers for "
+                          f"{middle_stages} middle stages, which must share them evenly in whole {vpp}-layer "
+                          f"chunks (a multiple of {unit}, at least {unit}); {hint}")
+    per = middle // middle_stages if middle_stages else 0
+    return [first if first is not None else per, *[per] * (pp - 2), last if last is not None else per]
+
+
 def check_schedule(schedule: str | None, vpp: int | None, pp: int | None, runtime: Runtime,
                    flag: str = "schedule ", vpp_flag: str = "vpp=", pp_flag: str = "pp=") -> None:
     """The schedule and vpp against each other and the runtime (``pp`` None: not fixed)."""
@@ -437,6 +474,8 @@ def check_config(model: LayerGraph, cluster: Cluster, config: ParallelConfig) ->
         check_vpp_shape(config.vpp, pp, shape.num_units, m)
     if config.zero is not None:
         check_zero(config.zero, pp, runtime)
+    if config.first_stage_layers is not None or config.last_stage_layers is not None:
+        stage_blocks(shape.num_units, pp, config.vpp or 1, config.first_stage_layers, config.last_stage_layers)
     check_numerics(config.recompute, config.optimizer, config.dtype, config.sequence_parallel, tp, runtime)
     check_recipe_choice(config.dtype, config.fp8_recipe)
 

@@ -282,6 +282,10 @@ class ParallelConfig:
     # context parallelism: ranks each sample's sequence is split over (planner.cost.context); None: 1 for
     # estimate, searched by plan. Devices used: tp x cp x pp x dp
     cp: int | None = None
+    # Megatron-Core's uneven pipeline: the transformer blocks of the first and last stage (None: the even
+    # split; the middle stages share the rest evenly; planner.rules.stage_blocks)
+    first_stage_layers: int | None = None
+    last_stage_layers: int | None = None
 
 
 @dataclass(frozen=True)

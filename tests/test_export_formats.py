@@ -137,6 +137,19 @@ def test_megatron_interleaved():
     assert options["--pipeline-model-parallel-layout"][0].count("t") == int(options["--num-layers"][0])
 
 
+def test_megatron_interleaved_uneven_first_and_last():
+    """Whole chunks on every stage with only the ends differing: Megatron-Core's first/last options, not a
+    layout (layers 3+4+4+3 -> blocks 2, 4, 4, 2 at vpp 2: chunks of 1, 2, 2, 1)."""
+    options = parse_megatron(render(plan_samples.gpt_plan((3, 4, 4, 3), vpp=2), "megatron"))
+    assert options["--decoder-first-pipeline-num-layers"] == ["2"]
+    assert options["--decoder-last-pipeline-num-layers"] == ["2"]
+    assert options["--num-virtual-stages-per-pipeline-rank"] == ["2"]
+    assert "--pipeline-model-parallel-layout" not in options
+    # an end stage of 3 blocks splits into no whole chunks at vpp 2: a layout instead
+    options = parse_megatron(render(plan_samples.gpt_plan((4, 4, 4, 2), vpp=2), "megatron"))
+    assert "--decoder-first-pipeline-num-layers" not in options and "--pipeline-model-parallel-layout" in options
+
+
 @pytest.mark.parametrize("zero,expected", [(0, []), (1, ["--use-distributed-optimizer"]),
                                            (2, ["--use-megatron-fsdp", "--data-parallel-sharding-strategy"]),
                                            (3, ["--use-megatron-fsdp", "--data-parallel-sharding-strategy"])])

@@ -61,6 +61,17 @@ def _with_ends(model):
     return dataclasses.replace(model, layers=tuple(layers))
 
 
+def _both(model, ends: bool, groups, global_batch: int, pins: Pins):
+    """The model's pipeline units, the exhaustive optimum and the search's outcome on ``groups``."""
+    model = _with_ends(model) if ends else model
+    units = unit_flags([layer.kind for layer in model.layers])
+    c = cluster(*groups)
+    backend = SyntheticBackend(model, c)
+    layers = len(model.layers)
+    return units, enumerate_best(backend, c, layers, global_batch, pins, units), \
+        engine.run(backend, c, layers, global_batch, pins, units=units)
+
+
 # (layers, cluster groups, global batch, pins, model seed, embedding/head ends): instances whose exhaustive
 # optimum interleaves (vpp > 1), on one and on two device types
 VPP_CASES = [
@@ -75,13 +86,7 @@ VPP_CASES = [
 @pytest.mark.parametrize("case", range(len(VPP_CASES)))
 def test_search_finds_interleaved_optima(case):
     layers, groups, global_batch, pins, seed, ends = VPP_CASES[case]
-    model = random_model(seed, layers)
-    model = _with_ends(model) if ends else model
-    units = unit_flags([layer.kind for layer in model.layers])
-    c = cluster(*groups)
-    backend = SyntheticBackend(model, c)
-    truth = enumerate_best(backend, c, layers, global_batch, pins, units)
-    found = engine.run(backend, c, layers, global_batch, pins, units=units)
+    units, truth, found = _both(random_model(seed, layers), ends, groups, global_batch, pins)
     assert truth.best_spec.vpp > 1  # the case exercises interleaving
     assert found.candidates[0].time_s == pytest.approx(truth.best_time_s, rel=1e-9)
     assert found.candidates[0].settings.vpp == truth.best_spec.vpp
@@ -117,3 +122,26 @@ def test_search_finds_heterogeneous_data_parallel_optima(case):
     assert len(best.spec.stages[0].replicas) == 2 and best.groups
     assert found.bound_violations == 0 and found.proven_optimal
     assert backend.evaluate(best.spec).feasible
+
+
+# (layers, cluster groups, global batch, pins, model seed, scale, embedding/head ends, what the optimum shows):
+# an optimum interleaving more than four chunks per stage, and one whose stages hold different layer counts
+WIDE_CASES = [
+    (26, (("mid", 2, 1),), 16, Pins(recompute="none", sequence_parallel=False, micro_batch=1, tp=1, dp=1), 1, 0.15,
+     True, "vpp > 4"),
+    (12, (("mid", 4, 1),), 16, Pins(recompute="none", sequence_parallel=False, micro_batch=1, tp=1, dp=1), 2, 0.5,
+     False, "uneven"),
+]
+
+
+@pytest.mark.parametrize("case", range(len(WIDE_CASES)))
+def test_search_covers_wide_interleaving_and_uneven_stages(case):
+    """The search's space holds every vpp the rules allow (beyond four) and stages of their own layer counts:
+    it finds the exhaustive optimum there, and its lower bound stays at or below every plan."""
+    layers, groups, global_batch, pins, seed, scale, ends, shows = WIDE_CASES[case]
+    _, truth, found = _both(random_model(seed, layers, scale=scale), ends, groups, global_batch, pins)
+    sizes = [s.last_layer - s.first_layer + 1 for s in truth.best_spec.stages]
+    assert truth.best_spec.vpp > 4 if shows == "vpp > 4" else len(set(sizes)) > 1  # the case shows it
+    assert found.candidates[0].time_s == pytest.approx(truth.best_time_s, rel=1e-9)
+    assert found.lower_bound_s <= truth.best_time_s * (1 + 1e-9)
+    assert found.bound_violations == 0 and found.proven_optimal

@@ -46,6 +46,7 @@ from planner.hardware.efficiency import resolve_dtype
 from planner.hardware.fp8 import base_dtype, cost_dtype, recipe_name, resolve_fp8_recipe
 from planner.hardware.collectives import CommGroup, p2p_time_s
 from planner.rules import (TIE_TOLERANCE, check_config, divisors, pipeline_units, recompute_choices, simplicity_key,
+                           stage_blocks,
                            vpp_fits, zero_stages)
 from planner.runtime import Runtime, get_runtime
 from planner.types import (Batching, Breakdown, Cluster, Estimate, LayerGraph, MemoryBreakdown, NodeProfile,
@@ -502,18 +503,23 @@ def estimate_pipeline(model: LayerGraph, cluster: Cluster, spec: PipelineSpec,
 # --------------------------------------------------------------------------- estimate(ParallelConfig)
 
 
-def balanced_split(model: LayerGraph, pp: int, vpp: int = 1) -> list[tuple[int, int]]:
+def balanced_split(model: LayerGraph, pp: int, vpp: int = 1, first_blocks: int | None = None,
+                   last_blocks: int | None = None) -> list[tuple[int, int]]:
     """Megatron-LM's split: the transformer blocks evenly over ``pp`` stages (the first stages of an uneven
     split take one more), layers before the first block on stage 0, the rest with the block before them.
     With ``vpp`` > 1 the blocks are dealt out in whole ``vpp``-block chunks, so every stage holds a multiple
-    of vpp (Megatron's pipeline layout where the chunks do not split evenly)."""
+    of vpp (Megatron's pipeline layout where the chunks do not split evenly). ``first_blocks`` /
+    ``last_blocks``: Megatron-Core's uneven pipeline (:func:`planner.rules.stage_blocks`)."""
     n = len(model.layers)
     blocks = [i for i, layer in enumerate(model.layers) if layer.kind == "block"] or list(range(n))
     per, extra = divmod(len(blocks) // vpp, pp)
+    counts = [(per + (1 if s < extra else 0)) * vpp for s in range(pp)]
+    if first_blocks is not None or last_blocks is not None:
+        counts = stage_blocks(len(blocks), pp, vpp, first_blocks, last_blocks)
     bounds: list[tuple[int, int]] = []
     start_block = 0
     for s in range(pp):
-        count = (per + (1 if s < extra else 0)) * vpp
+        count = counts[s]
         last_block = blocks[start_block + count - 1]
         first = 0 if s == 0 else bounds[-1][1] + 1
         last = n - 1 if s == pp - 1 else last_block
@@ -522,13 +528,23 @@ def balanced_split(model: LayerGraph, pp: int, vpp: int = 1) -> list[tuple[int, 
     return bounds
 
 
+def _splits(units: int, pp: int, vpp: int, config: ParallelConfig) -> bool:
+    """Whether Megatron-Core's uneven split of ``config`` holds whole ``vpp``-layer chunks on every stage."""
+    try:
+        stage_blocks(units, pp, vpp, config.first_stage_layers, config.last_stage_layers)
+    except ConfigError:
+        return False
+    return True
+
+
 def _megatron_spec_stages(model: LayerGraph, cluster: Cluster, tp: int, pp: int, dp: int,
-                          vpp: int = 1, cp: int = 1) -> tuple[StageSpec, ...]:
+                          vpp: int = 1, cp: int = 1, ends: tuple[int | None, int | None] = (None, None)
+                          ) -> tuple[StageSpec, ...]:
     """Devices in Megatron-LM's order (tp fastest, then cp, then dp, then pp); a stage whose replicas fall on
     several device types gets one replica group per type, each with its share of the batch."""
     stages = []
     width = tp * cp  # devices of one replica
-    for s, (first, last) in enumerate(balanced_split(model, pp, vpp)):
+    for s, (first, last) in enumerate(balanced_split(model, pp, vpp, *ends)):
         base = s * width * dp
         groups: dict[str, list[int]] = {}
         for k in range(dp):
@@ -556,6 +572,8 @@ def _candidates(model: LayerGraph, config: ParallelConfig) -> dict[str, list]:
     else:
         # left free: 1F1B, and the splits into pp x vpp equal chunks (a pinned vpp may also split unevenly)
         vpps = [1] + [v for v in divisors(units) if v > 1 and units % (pp * v) == 0 and vpp_fits(units, pp, v)]
+        if config.first_stage_layers is not None or config.last_stage_layers is not None:
+            vpps = [v for v in [1, *divisors(units)[1:]] if _splits(units, pp, v, config)]  # whole chunks per stage
         if config.schedule == "interleaved":
             vpps = [v for v in vpps if v > 1]
             if not vpps:
@@ -616,10 +634,11 @@ def estimate(model: LayerGraph, cluster: Cluster, config: ParallelConfig,
     options = _candidates(model, config)
     # a pinned vpp whose chunks do not split evenly over the stages places its own layers
     placements: dict[tuple, tuple[_Placement, list[int]]] = {}
+    ends = (config.first_stage_layers, config.last_stage_layers)
     for vpp in options["vpp"]:
-        split = tuple(balanced_split(model, pp, vpp))
+        split = tuple(balanced_split(model, pp, vpp, *ends))
         if split not in placements:
-            stages = _megatron_spec_stages(model, cluster, tp, pp, dp, vpp, cp)
+            stages = _megatron_spec_stages(model, cluster, tp, pp, dp, vpp, cp, ends)
             placements[split] = (_placement(model, cluster, stages, config.optimizer, numerics, calibration,
                                             get_runtime(config.runtime)), [])
         placements[split][1].append(vpp)

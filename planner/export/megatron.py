@@ -108,10 +108,12 @@ def _overlap_args(runtime: Runtime, plan: Plan, tp: int, dp: int) -> list[str]:
 
 def _split_args(stage_layers: list[int], vpp: int) -> list[str]:
     """Nothing for an even split; ``--decoder-first/last-pipeline-num-layers`` when only the first and/or
-    last stage differ (no interleaving); ``--pipeline-model-parallel-layout`` otherwise."""
+    last stage differ and every stage holds whole chunks (Megatron-Core gives each chunk of the first, last
+    and middle stages ``n // vpp`` layers: ``get_transformer_layer_offset``,
+    megatron/core/transformer/transformer_layer.py); ``--pipeline-model-parallel-layout`` otherwise."""
     if len(set(stage_layers)) == 1 and stage_layers[0] % vpp == 0:
         return []
-    if vpp == 1:
+    if all(n % vpp == 0 for n in stage_layers):
         middle = stage_layers[1:-1]
         if len(set(middle)) <= 1:
             even = middle[0] if middle else None

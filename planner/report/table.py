@@ -110,6 +110,9 @@ def _search_line(plan: Plan) -> str:
         parts.append(f"lower bound {seconds(info.lower_bound_s)}")
     if info.embedding_lower_bound_s is not None:
         parts.append(f"embedding lower bound {seconds(info.embedding_lower_bound_s)}")
+    if info.vpp_searched:  # the space the bound covers
+        parts.append(f"space: vpp {', '.join(map(str, info.vpp_searched))}"
+                     + ("; every stage its own layer count" if info.uneven_stages_searched else ""))
     if plan.physical_bound_s > 0:
         parts.append(f"physical bound {seconds(plan.physical_bound_s)} (all FLOPs at peak on the devices used; "
                      f"the plan takes {plan.iteration_time_s / plan.physical_bound_s:.2f}x it)")

@@ -107,7 +107,8 @@ def search_dense(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinn
         raise InfeasibleError(_why_infeasible(model, cluster, global_batch, pins, backend))
     info = SearchInfo(time_s=outcome.time_s, candidates_evaluated=outcome.bounded + outcome.solved,
                       proven_optimal=outcome.proven_optimal, lower_bound_s=outcome.lower_bound_s,
-                      algorithm=ALGORITHM, cp_searched=cp_searched(cluster, pins))
+                      algorithm=ALGORITHM, cp_searched=cp_searched(cluster, pins),
+                      vpp_searched=outcome.vpp_values, uneven_stages_searched=outcome.uneven)
     built = []
     for cand in outcome.candidates:
         # a simpler plan taken over a faster one is not itself the proven optimum

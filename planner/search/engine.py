@@ -90,6 +90,8 @@ class Outcome:
     work: int = 0  # work units spent (see Limits)
     # the fastest plan found, where the first candidate is a simpler one within the tie tolerance of it
     fastest: Candidate | None = None
+    vpp_values: tuple[int, ...] = ()  # the vpp values of the settings searched
+    uneven: bool = False  # whether some settings allowed two stages or more (each its own layer count)
 
 
 @dataclass(frozen=True, order=True)
@@ -552,4 +554,5 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
     return Outcome(candidates=tuple(candidates), proven_optimal=proven, lower_bound_s=float(lower),
                    bounded=bounded, solved=solved, timed=state.timed, complete_space=complete,
                    timed_out=timed_out, bound_violations=state.violations, time_s=time.perf_counter() - start,
-                   work=state.work, fastest=fastest)
+                   work=state.work, fastest=fastest, vpp_values=tuple(sorted({s.vpp for s in settings_list})),
+                   uneven=any(min(num_layers, max_stages(s, num_units)) > 1 for s in settings_list))

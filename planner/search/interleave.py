@@ -12,12 +12,12 @@ even split for identical blocks; the plan lists a stage's layers as one range (h
 holds), and the Megatron exporter writes the chunks. Uneven splits stay allowed across stages (stage ``s``
 has ``n_s / vpp`` units per chunk, ``n_s`` its own), which Megatron-LM expresses with a pipeline layout.
 
-Searched values: ``vpp`` from 1 to :data:`MAX_SEARCHED_VPP` for models with transformer blocks (Megatron-LM
-interleaves transformer layers; other models are planned with 1F1B unless ``--vpp`` is pinned, and a pin
-may ask for any legal value). Larger
-values shrink the bubble ``(P - 1)(f + b) / vpp`` further but add a point-to-point transfer per chunk and
-memory per stage; the cap keeps the number of settings (and the search time) a small multiple of the
-1F1B-only space.
+Searched values: every ``vpp`` the rule book allows for the model's transformer blocks
+(:func:`planner.rules.valid_vpps`: the blocks split into whole chunks over at least two stages, so ``vpp``
+divides the block count), as Megatron-LM interleaves transformer layers; other models are planned with
+1F1B unless ``--vpp`` is pinned, and a pin may ask for any legal value. Larger values shrink the bubble
+``(P - 1)(f + b) / vpp`` further but add a point-to-point transfer per chunk and memory per stage; the
+bounds cover every value searched, so a plan's lower bound holds for all of them.
 
 Bound. Let stage k take f_k forward and b_k backward per micro-batch (each chunk a ``1/V`` share), c_k the
 transfer to stage k+1 (c_{P-1} from the last stage back to stage 0, used between chunks), and w_k the
@@ -41,21 +41,18 @@ from typing import Sequence
 
 import numpy as np
 
-from planner.rules import INTERLEAVED, interleave_allowed
-
-MAX_SEARCHED_VPP = 4
-
+from planner.rules import INTERLEAVED, interleave_allowed, valid_vpps
 
 def schedule_for(vpp: int) -> str:
     return INTERLEAVED if vpp > 1 else "1f1b"
 
 
 def vpp_choices(pinned_vpp: int | None, pinned_schedule: str | None, num_units: int) -> list[int]:
-    """The vpp values the search tries under the pins (``num_units`` pipeline units in the model)."""
+    """The vpp values the search tries under the pins (``num_units`` pipeline units in the model): 1 and
+    every value whose chunks fit two stages or more."""
     if pinned_vpp is not None:
         return [pinned_vpp]
-    top = min(MAX_SEARCHED_VPP, num_units // 2)
-    values = [1, *range(2, top + 1)]
+    values = sorted({1, *valid_vpps(num_units, 2)})
     if pinned_schedule == INTERLEAVED:
         return [v for v in values if v > 1]
     if pinned_schedule is not None:

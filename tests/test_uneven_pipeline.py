@@ -1,0 +1,53 @@
+"""Megatron-Core's uneven pipeline (first and last stage with their own transformer-layer counts, the middle
+stages even), by hand: the rule book's counts and refusals, and estimate's stages."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.builders import build
+from planner.cost import estimate
+from planner.errors import ConfigError
+from planner.graph import import_model_proto
+from planner.hardware import load_cluster
+from planner.rules import stage_blocks
+from planner.types import ParallelConfig
+
+
+def test_stage_blocks_by_hand():
+    # Llama 3 405B's split: 126 layers on 16 stages, the first and last one layer short
+    assert stage_blocks(126, 16, 1, 7, 7) == [7] + [8] * 14 + [7]
+    assert stage_blocks(126, 16, 1, 6, None) == [6] + [8] * 15  # 120 left for 15 stages
+    assert stage_blocks(10, 2, 1, 3, None) == [3, 7]
+    assert stage_blocks(10, 2, 1, 4, 6) == [4, 6]
+    # interleaved: every count whole chunks (24 = 4 + 2 x 8 + 4 at vpp 2 and 4)
+    assert stage_blocks(24, 4, 2, 4, 4) == [4, 8, 8, 4]
+    assert stage_blocks(24, 4, 4, 4, 4) == [4, 8, 8, 4]
+
+
+@pytest.mark.parametrize("args, words", [
+    ((126, 16, 1, 7, 8), "nearest valid first/last count"),  # 111 left for 14 stages
+    ((126, 16, 2, 7, 7), "positive multiple of vpp=2"),
+    ((24, 4, 4, 4, 8), "whole 4-layer chunks"),
+    ((10, 1, 1, 3, None), "pp >= 2"),
+    ((10, 2, 1, 4, 5), "0 middle stages"),
+])
+def test_stage_blocks_refusals_name_the_fix(args, words):
+    with pytest.raises(ConfigError, match=words):
+        stage_blocks(*args)
+
+
+def test_estimate_places_the_uneven_split():
+    """126 blocks (a narrow Llama), pp 16, first and last 7: stage 0 holds the embedding and 7 blocks, the
+    middle stages 8 blocks each, the last 7 blocks, the final norm and the head."""
+    proto = build("llama", {"layers": 126, "hidden": 256, "heads": 4, "vocab": 1024, "seq_len": 256})
+    model = import_model_proto(proto, {"batch": 1, "seq": 256}, name="narrow-126")
+    cluster = load_cluster("dgx-h100*2")
+    config = ParallelConfig(global_batch=32, tp=1, pp=16, dp=1, micro_batch=1, vpp=1, first_stage_layers=7,
+                            last_stage_layers=7)
+    est = estimate(model, cluster, config)
+    kinds = [layer.kind for layer in model.layers]
+    blocks = [sum(1 for k in kinds[s.first_layer:s.last_layer + 1] if k == "block") for s in est.stages]
+    assert blocks == [7] + [8] * 14 + [7]
+    assert est.stages[0].first_layer == 0 and est.stages[-1].last_layer == len(kinds) - 1
+    assert kinds[0] != "block" and kinds[-1] != "block"  # the embedding and the head sit on the end stages
