@@ -40,6 +40,12 @@ LLAMA3_405B = {"layers": 126, "hidden": 16384, "heads": 128, "kv_heads": 8, "ffn
 LLAMA3_70B = {"layers": 80, "hidden": 8192, "heads": 64, "kv_heads": 8, "ffn": 28672, "vocab": 128256}
 
 CASES: dict[str, Case] = {
+    "llama3-405b-8k": Case(
+        "llama", {**LLAMA3_405B, "seq_len": 8192}, "dgx-h100*2048", 2048,
+        note="Llama 3 405B pre-training at 8k on 16,384 H100: 16M tokens per batch = 2048 sequences; the report "
+             "ran tp 8, pp 16, dp 128, the first and last stage one layer short, interleaved (Llama 3 Herd of "
+             "Models, section 3.3.2 and Table 4)",
+        reference={"tp": 8, "pp": 16, "dp": 128}),
     "llama3-405b-128k-cp": Case(
         "llama", {**LLAMA3_405B, "seq_len": 131072}, "dgx-h100*2048", 128,
         note="Llama 3 405B long-context pre-training on 16,384 H100: 16M tokens per batch = 128 sequences of 128k "
@@ -83,7 +89,10 @@ def run(name: str, folder: Path) -> dict:
             "zero": plan["zero"], "recompute": sorted({s["recompute"] for s in stages}),
             "iteration_time_s": plan["iteration_time_s"], "search_s": plan["search"]["time_s"],
             "proven_optimal": plan["search"]["proven_optimal"], "lower_bound_s": plan["search"]["lower_bound_s"],
-            "cp_searched": plan["search"].get("cp_searched"), "breakdown": plan["breakdown"],
+            "cp_searched": plan["search"].get("cp_searched"), "vpp_searched": plan["search"].get("vpp_searched"),
+            "uneven_stages_searched": plan["search"].get("uneven_stages_searched"),
+            "blocks_per_stage": [sum(1 for kind in s.get("layer_kinds", ()) if kind == "block") for s in stages],
+            "breakdown": plan["breakdown"],
             "bottleneck": plan["bottleneck"], "reference": case.reference, "note": case.note}
 
 

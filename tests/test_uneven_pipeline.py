@@ -51,3 +51,21 @@ def test_estimate_places_the_uneven_split():
     assert blocks == [7] + [8] * 14 + [7]
     assert est.stages[0].first_layer == 0 and est.stages[-1].last_layer == len(kinds) - 1
     assert kinds[0] != "block" and kinds[-1] != "block"  # the embedding and the head sit on the end stages
+
+
+def test_estimate_cli_takes_the_first_and_last_counts(tmp_path, capsys):
+    """`planner estimate --first-stage-layers/--last-stage-layers`: the split, and a refusal naming the fix."""
+    from planner.cli import main
+
+    proto = build("llama", {"layers": 10, "hidden": 128, "heads": 2, "vocab": 256, "seq_len": 64})
+    path = tmp_path / "m.onnx"
+    path.write_bytes(proto.SerializeToString())
+    base = [str(path), "--cluster", "dgx-h100*1", "--global-batch", "8", "--tp", "1", "--pp", "4", "--dp", "1",
+            "--micro-batch", "1", "--json"]
+    assert main(["estimate", *base, "--first-stage-layers", "1", "--last-stage-layers", "3"]) == 0
+    import json
+    stages = json.loads(capsys.readouterr().out)["stages"]
+    blocks = [sum(1 for name in s["layer_names"] if name.startswith("layers.")) for s in stages]
+    assert blocks == [1, 3, 3, 3]
+    assert main(["estimate", *base, "--first-stage-layers", "2", "--last-stage-layers", "3"]) == 2
+    assert "nearest valid" in capsys.readouterr().err

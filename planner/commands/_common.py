@@ -139,6 +139,8 @@ def config_from_args(args: argparse.Namespace, defaults_to_one: bool = True) -> 
         runtime=args.runtime,
         fp8_recipe=args.fp8_recipe,
         cp=args.cp,
+        first_stage_layers=getattr(args, "first_stage_layers", None),  # estimate's flags only
+        last_stage_layers=getattr(args, "last_stage_layers", None),
     )
 
 

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from planner.commands._common import (add_cluster_flags, add_config_flags, add_json_flag, config_from_args,
-                                      emit_json, parse_dims, tables_from_args)
+                                      emit_json, parse_dims, positive_int, tables_from_args)
 from planner.commands._common import add_allow_unknown_ops_flag
 from planner.types import Batching, Estimate, LayerGraph, MemoryBreakdown
 from planner.units import GIB
@@ -21,6 +21,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_cluster_flags(parser)
     add_allow_unknown_ops_flag(parser)
     add_config_flags(parser, required=True)
+    for end in ("first", "last"):  # Megatron-Core's uneven pipeline (planner.rules.stage_blocks)
+        parser.add_argument(f"--{end}-stage-layers", type=positive_int,
+                            help=f"transformer layers of the {end} pipeline stage (Megatron-Core's "
+                                 f"--decoder-{end}-pipeline-num-layers; the middle stages share the rest evenly)")
     add_json_flag(parser)
 
 
