@@ -284,9 +284,10 @@ def settings_allowed(settings: Settings, pins: Pins) -> bool:
 
 def max_stages(settings: Settings, num_units: int) -> int:
     """Pipeline stages allowed (:func:`planner.rules.max_pipeline`): one per pipeline unit at most (0 units:
-    unknown, the caller caps by its layers); one only with a ZeRO stage the runtime does not combine with a
-    pipeline."""
-    return rules.max_pipeline(ModelShape(num_units=num_units), get_runtime(settings.runtime), settings.zero)
+    unknown, the caller caps by its layers), one per ``vpp`` units when interleaved (every stage holds whole
+    chunks); one only with a ZeRO stage the runtime does not combine with a pipeline."""
+    most = rules.max_pipeline(ModelShape(num_units=num_units), get_runtime(settings.runtime), settings.zero)
+    return most // settings.vpp if settings.vpp > 1 and most > 1 else most
 
 
 def options_allowed(settings: Settings, options: Sequence[StageOption]) -> bool:
