@@ -20,7 +20,8 @@ size, cp against the sequence and the runtime, ZeRO against the runtime and the 
 where the runtime has it.
 
 Context parallelism left free is searched over the powers of two the rules allow (:func:`cp_choices`) up to
-``CP_MAX_NODES`` nodes of tp x cp, on models whose sequences are at least ``CP_MIN_SEQ_LEN`` tokens: shorter
+``CP_MAX_NODES`` nodes of tp x cp and ``CP_MIN_TOKENS_PER_RANK`` tokens per rank, on models whose sequences are
+at least ``CP_MIN_SEQ_LEN`` tokens: shorter
 ones are searched with cp 1 alone (the plan's ``search.cp_searched`` lists the values searched), so a model of
 short sequences is searched as fast as without cp. A pinned ``--cp`` is any value the rules allow.
 """
@@ -46,6 +47,10 @@ CP_MIN_SEQ_LEN = 8192
 # and up to this many nodes of tp x cp devices (a ring longer than that moves every K/V chunk across as many
 # node boundaries; pin --cp to go further)
 CP_MAX_NODES = 16
+# and with at least this many tokens of each sequence per cp rank: a shorter share leaves every GEMM fewer rows
+# than a tile row of 128 per SM pass needs to fill an H100 (132 SMs) and each ring step's attention shorter than
+# its K/V chunk's trip across a node boundary; pin --cp to go further
+CP_MIN_TOKENS_PER_RANK = 1024
 
 
 @dataclass(frozen=True, order=True)
@@ -226,7 +231,7 @@ def cp_choices(cluster: Cluster, pool: int, pins: Pins, tp: int = 1) -> list[int
     limit = CP_MAX_NODES * group.node.devices_per_node // tp
     return [c for c in rules.cp_values(pins.shape, get_runtime(pins.runtime))
             if c == 1 or (c & (c - 1) == 0 and c <= limit and seq >= CP_MIN_SEQ_LEN
-                          and rules.cp_pool_fits(tp, c, group.num_devices))]
+                          and seq // c >= CP_MIN_TOKENS_PER_RANK and rules.cp_pool_fits(tp, c, group.num_devices))]
 
 
 def cp_searched(cluster: Cluster, pins: Pins) -> tuple[int, ...]:
