@@ -22,6 +22,12 @@ Rules
 * vpp > 1 (the interleaved schedule): the runtime interleaves, pp >= 2, each stage holds a positive multiple
   of vpp units (so vpp divides the units and units / vpp >= pp), the micro-batch count is a multiple of pp,
   and ZeRO is one the runtime combines with a pipeline.
+* ep, expert_tp (mixture-of-experts models only; ``runtime.expert_parallel``): ep divides the routed experts
+  of every MoE layer; expert_tp divides tp (the expert-tensor-parallel group lies inside the tensor-parallel
+  one, so inside a node; a planner restriction, Megatron-Core allows more); ep x expert_tp divides
+  tp x cp x dp (Megatron-Core folds the experts' ranks into the stage's: megatron/core/parallel_state.py,
+  ``initialize_model_parallel`` raises unless the world size is a multiple of expert_tp x ep x pp);
+  expert_tp other than tp only where the runtime has expert tensor parallelism.
 * enums: recompute, optimizer, dtype, schedule, runtime, each spelled once here (the search plans the 1F1B
   and interleaved schedules; GPipe, which holds every micro-batch's activations, is estimated only).
 
@@ -115,18 +121,27 @@ def attention_seq_lens(model: LayerGraph) -> tuple[int, ...]:
                          if layer.transformer is not None and layer.kind == "block"}))
 
 
+def routed_experts(model: LayerGraph) -> int:
+    """The expert counts ep must divide, as one number: the gcd of the MoE layers' routed experts (0: dense)."""
+    return math.gcd(*(layer.moe.experts for layer in model.layers if layer.moe is not None)) if any(
+        layer.moe is not None for layer in model.layers) else 0
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """What the rules read of a model: the head counts tp divides, the pipeline units pp splits
-    (``num_units`` 0: unknown, no limit) and the attention sequence lengths cp splits."""
+    (``num_units`` 0: unknown, no limit), the attention sequence lengths cp splits and the routed experts ep
+    divides (``experts`` 0: a dense model)."""
 
     heads: tuple[tuple[int, str], ...] = ()
     num_units: int = 0
     seq_lens: tuple[int, ...] = ()
+    experts: int = 0
 
     @classmethod
     def of(cls, model: LayerGraph) -> "ModelShape":
-        return cls(heads=attention_heads(model), num_units=pipeline_units(model), seq_lens=attention_seq_lens(model))
+        return cls(heads=attention_heads(model), num_units=pipeline_units(model), seq_lens=attention_seq_lens(model),
+                   experts=routed_experts(model))
 
 
 # ------------------------------------------------------------------------------------------- tensor (tp)
@@ -380,6 +395,82 @@ def check_vpp_shape(vpp: int, pp: int, num_units: int, num_micro_batches: int | 
                           "micro-batch or dp")
 
 
+# ------------------------------------------------------------------------------- experts (ep, expert_tp)
+
+
+def expert_tp_values(shape: ModelShape, tp: int, runtime: Runtime) -> list[int]:
+    """The expert tensor-parallel degrees with attention tp ``tp``: divisors of tp where the runtime splits
+    experts on their own, else tp alone; none on a dense model."""
+    if not shape.experts:
+        return []
+    return divisors(tp) if runtime.expert_tensor_parallel else [tp]
+
+
+def ep_values(shape: ModelShape, tp: int, dp: int, expert_tp: int, runtime: Runtime, cp: int = 1) -> list[int]:
+    """The expert-parallel degrees: divisors of the routed experts with ep x expert_tp dividing
+    tp x cp x dp (1 alone on a dense model, or where the runtime has no expert parallelism)."""
+    if not shape.experts or not runtime.expert_parallel:
+        return [1]
+    return [e for e in divisors(shape.experts) if (tp * cp * dp) % (e * expert_tp) == 0]
+
+
+def experts_fit(shape: ModelShape, ep: int, expert_tp: int | None, tp: int, dp: int, runtime: Runtime,
+                cp: int = 1) -> bool:
+    """Whether (ep, expert_tp; None: tp) is allowed with these degrees (:func:`check_experts` as a test)."""
+    if not shape.experts:
+        return ep == 1 and expert_tp in (None, tp)
+    etp = tp if expert_tp is None else expert_tp
+    return etp in expert_tp_values(shape, tp, runtime) and ep in ep_values(shape, tp, dp, etp, runtime, cp)
+
+
+def _listed(values: Iterable[int]) -> str:
+    return ", ".join(str(v) for v in values) or "none"
+
+
+def check_experts(ep: int, expert_tp: int | None, tp: int | None, dp: int | None, shape: ModelShape,
+                  runtime: Runtime, cp: int = 1, flag: str = "ep=", etp_flag: str = "expert_tp=") -> None:
+    """ep and expert_tp (None: tp) against the model's experts, tp x cp x dp and the runtime; ``tp`` or ``dp``
+    None (not fixed, the search's pins): the checks that need them are left out."""
+    for name, value in ((flag, ep), (etp_flag, expert_tp)):
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise ConfigError(f"{name}{value} must be a positive integer")
+    if not shape.experts:
+        if ep > 1:
+            raise ConfigError(f"{flag}{ep}: the model has no mixture-of-experts layers, so there are no experts to "
+                              "split; use ep 1")
+        if expert_tp is not None and expert_tp != tp:
+            raise ConfigError(f"{etp_flag}{expert_tp}: the model has no mixture-of-experts layers; leave expert "
+                              "tensor parallelism out")
+        return
+    if ep > 1 and not runtime.expert_parallel:
+        others = " or ".join(r.name for r in RUNTIMES.values() if r.expert_parallel) or "none"
+        raise ConfigError(f"{flag}{ep}: the {runtime.name} runtime has no expert parallelism; use ep 1 or "
+                          f"--runtime {others}")
+    if shape.experts % ep:
+        raise ConfigError(f"{flag}{ep} does not divide the {shape.experts} routed experts; valid: "
+                          f"{_listed(divisors(shape.experts))}")
+    if expert_tp is not None and expert_tp > 1 and not runtime.expert_tensor_parallel and expert_tp != tp:
+        raise ConfigError(f"{etp_flag}{expert_tp}: the {runtime.name} runtime splits experts over the "
+                          f"tensor-parallel group; leave expert_tp out, or --runtime megatron-core")
+    if tp is None:
+        return
+    etp = tp if expert_tp is None else expert_tp
+    valid_etp = expert_tp_values(shape, tp, runtime)
+    if etp not in valid_etp:
+        if not runtime.expert_tensor_parallel:
+            raise ConfigError(f"{etp_flag}{etp}: the {runtime.name} runtime splits experts over the tensor-parallel "
+                              f"group (tp {tp}); use expert_tp {tp}, or --runtime megatron-core")
+        raise ConfigError(f"{etp_flag}{etp} does not divide tp={tp} (the expert-tensor-parallel group lies inside "
+                          f"the tensor-parallel one); valid: {_listed(valid_etp)}")
+    if dp is None:
+        return
+    ranks = tp * cp * dp
+    if ranks % (ep * etp):
+        raise ConfigError(f"{flag}{ep} x {etp_flag}{etp} = {ep * etp} does not divide the stage's tp x cp x dp = "
+                          f"{ranks} ranks (Megatron-Core folds the experts' ranks into them); valid ep: "
+                          f"{_listed(ep_values(shape, tp, dp, etp, runtime, cp))}")
+
+
 # ------------------------------------------------------------------------------------ devices and batch
 
 
@@ -478,6 +569,7 @@ def check_config(model: LayerGraph, cluster: Cluster, config: ParallelConfig) ->
         stage_blocks(shape.num_units, pp, config.vpp or 1, config.first_stage_layers, config.last_stage_layers)
     check_numerics(config.recompute, config.optimizer, config.dtype, config.sequence_parallel, tp, runtime)
     check_recipe_choice(config.dtype, config.fp8_recipe)
+    check_experts(config.ep or 1, config.expert_tp, tp, dp, shape, runtime)
 
 
 def simplicity_key(zero: int, recompute: str, tp: int, pp: int) -> tuple[int, int, int, int]:

@@ -90,6 +90,19 @@ class Runtime:
     # ranks (2 x cp chunks, rank i holding chunks i and 2cp-1-i), K and V passed around a ring of
     # point-to-point sends overlapped with the attention of the chunk in hand (planner.cost.context)
     context_parallel: bool = False
+    # --- mixture of experts (planner.cost.moe)
+    # expert parallelism: the routed experts split over ``ep`` ranks with all-to-all token dispatch and
+    # combine (Megatron-Core --expert-model-parallel-size); False: every rank holds every expert (ep 1)
+    expert_parallel: bool = False
+    # expert tensor parallelism independent of the attention's (Megatron-Core --expert-tensor-parallel-size);
+    # False: the experts are split over the tensor-parallel group, as the dense layers are
+    expert_tensor_parallel: bool = False
+    # tokens the busiest expert-parallel rank receives over the mean, the routed load's imbalance with
+    # dropless routing (Megatron-Core's default: no --moe-expert-capacity-factor, no token dropped). A
+    # modelling assumption, not measured here: the capacity factor 1.25 that Switch Transformers provision
+    # each expert with for training with a load-balancing loss (Fedus et al. 2021, JMLR, Sec. 2.2 and
+    # Table 1), i.e. the load the busiest expert reaches under that loss
+    moe_load_imbalance: float = 1.25
 
     def overlaps_grad_reduce(self, zero: int) -> bool:
         """Whether the gradient reduction of ZeRO stage ``zero`` overlaps the backward pass."""
@@ -113,11 +126,14 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
                     "gradient reduce-scatter and parameter all-gather, tp-comm overlap, FlashAttention",
         source="Megatron-Core docs, distributed optimizer (bf16 params, fp32 main grads: 6 + 12/d bytes per "
                "parameter) and DistributedDataParallelConfig (bucket_size max(40M, 1M x dp)); Megatron-LM "
-               "README performance table (overlap-grad-reduce, overlap-param-gather, tp-comm-overlap)",
+               "README performance table (overlap-grad-reduce, overlap-param-gather, tp-comm-overlap); "
+               "megatron/core/transformer/moe/README.md (expert parallelism, expert tensor parallelism, "
+               "dropless routing by default)",
         overlap_grad_reduce=True, overlap_param_gather=True, tp_comm_overlap=True,
         grad_bucket_params=40_000_000, zero3_prefetch_layers=1, attention="flash", main_grad_bytes=4,
         zero_stages=(0, 1), max_pipeline_zero=1, interleaved=True, tensor_parallel=True, pipeline_parallel=True,
-        grad_bucket_params_per_rank=1_000_000, context_parallel=True),
+        grad_bucket_params_per_rank=1_000_000, context_parallel=True, expert_parallel=True,
+        expert_tensor_parallel=True),
     Runtime(
         name="deepspeed",
         description="DeepSpeed ZeRO 0-3 with overlap_comm (tensor parallelism through Megatron-DeepSpeed or "

@@ -286,6 +286,10 @@ class ParallelConfig:
     # split; the middle stages share the rest evenly; planner.rules.stage_blocks)
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
+    # mixture of experts (planner.cost.moe): routed experts split over ``ep`` ranks, each expert's matrices over
+    # ``expert_tp`` ranks (Megatron-Core's expert tensor parallelism); None: resolved (ep 1 on a dense model)
+    ep: int | None = None
+    expert_tp: int | None = None
 
 
 @dataclass(frozen=True)
@@ -360,6 +364,8 @@ class PipelineSpec:
     optimizer: str = "adam"
     dtype: str = "bf16"
     runtime: str = DEFAULT_RUNTIME
+    ep: int = 1  # expert parallelism of every stage (planner.cost.moe)
+    expert_tp: int = 0  # expert tensor parallelism; 0: each replica group's tp (Megatron-Core's default)
 
     @property
     def batching(self) -> Batching:
@@ -379,11 +385,12 @@ class Breakdown:
     optimizer_s: float = 0.0
     embedding_s: float = 0.0
     cp_comm_s: float = 0.0  # the context-parallel K/V exchange the attention does not hide
+    ep_comm_s: float = 0.0  # expert-parallel token dispatch and combine (all-to-all), and expert-tp gathers
 
     @property
     def total_s(self) -> float:
         return (self.compute_s + self.tp_comm_s + self.pp_comm_s + self.dp_comm_s + self.bubble_s
-                + self.optimizer_s + self.embedding_s + self.cp_comm_s)
+                + self.optimizer_s + self.embedding_s + self.cp_comm_s + self.ep_comm_s)
 
     def to_dict(self) -> dict[str, float]:
         return {name: getattr(self, name) for name, _ in BREAKDOWN_PARTS}
@@ -396,6 +403,7 @@ BREAKDOWN_PARTS: tuple[tuple[str, str], ...] = (
     ("pp_comm_s", "pipeline send/receive"), ("dp_comm_s", "data-parallel gradient sync"),
     ("bubble_s", "pipeline bubble"), ("optimizer_s", "optimizer step"), ("embedding_s", "embeddings"),
     ("cp_comm_s", "context-parallel K/V exchange"),
+    ("ep_comm_s", "expert-parallel all-to-all"),
 )
 
 
@@ -431,6 +439,8 @@ class ReplicaEstimate:
     memory: MemoryBreakdown
     memory_capacity_bytes: float
     cp: int = 1
+    ep: int = 1
+    expert_tp: int = 1
 
 
 @dataclass(frozen=True)
@@ -458,6 +468,9 @@ class StageEstimate:
     dp_bytes: float = 0.0
     cp: int = 1
     cp_comm_s: float = 0.0  # of forward_s + backward_s, one micro-batch: the exposed K/V ring exchange
+    ep: int = 1  # expert parallelism (1: every rank holds every expert, or a dense model)
+    expert_tp: int = 1  # ranks each expert's matrices are split over
+    ep_comm_s: float = 0.0  # of forward_s + backward_s, one micro-batch: all-to-alls and expert-tp gathers
 
 
 @dataclass(frozen=True)

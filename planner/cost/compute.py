@@ -62,15 +62,19 @@ import numpy as np
 
 from planner.cost.calibration import DeviceCalibration, calibration_for
 from planner.cost.comm import tp_collective_time_s
+from planner.cost.moe import (ExpertParallel, dispatch_buffer_bytes, expert_gemm_s, expert_params_per_rank,
+                              moe_comm_s)
 from planner.cost.memory import (FP32_BYTES, activation_scale, check_recompute, dtype_bytes, gemm_input_bytes,
                                  transformer_activation_bytes)
 from planner.errors import ConfigError
 from planner.graph.ir import ACT_BYTES
+from planner.graph.moe import ROUTED_EXPERT
 from planner.graph.transformer import ATTENTION_CORE
 from planner.hardware.efficiency import (FLASH_BACKWARD_FLOPS_RATIO, flash_causal_fraction, flash_efficiency,
                                          gemm_shape_efficiency, memory_time_s, peak_flops_per_s)
 from planner.hardware.fp8 import FP8, HIGH_PRECISION, base_dtype
 from planner.runtime import Runtime, get_runtime
+from planner.hardware.collectives import CommGroup
 from planner.types import DeviceProfile, Layer, LayerGraph, NodeProfile, OpCost
 
 
@@ -96,6 +100,9 @@ class LayerCosts:
     # K/V transfer behind (planner.cost.context); 0 for layers without attention
     attention_kernel_forward_s: np.ndarray
     attention_kernel_backward_s: np.ndarray
+    # forward + backward (+ recomputed forward) expert-parallel all-to-alls and expert-tp gathers (planner.cost.moe)
+    ep_comm_s: np.ndarray | None = None
+    expert_params_per_rank: np.ndarray | None = None  # the routed experts' part of params_per_rank
 
 
 ASYNC_VENDORS = ("nvidia", "amd")  # devices whose kernels queue on a stream while the host launches more
@@ -160,6 +167,9 @@ class _OneLayer:
     output_bytes: float
     attention_kernel_forward_s: float = 0.0
     attention_kernel_backward_s: float = 0.0
+    ep_forward_s: float = 0.0
+    ep_backward_s: float = 0.0
+    expert_params_per_rank: float = 0.0
 
 
 def _op_signature(op: OpCost) -> tuple:
@@ -201,9 +211,12 @@ def _flash_times_s(profile: DeviceProfile, products: list[tuple[float, float, fl
 
 
 def _costs_of_ops(layer: Layer, node: NodeProfile, tp: int, mb: float, sp: bool, dtype: str,
-                  cal: DeviceCalibration, attention: str) -> tuple[float, float, float, float, float, float]:
+                  cal: DeviceCalibration, attention: str,
+                  par: ExpertParallel | None = None) -> tuple[float, float, float, float, float, float]:
     """(forward compute, backward compute, attention-core forward, tp forward comm, tp backward comm,
-    attention-core backward)."""
+    attention-core backward). A routed expert's MatMul (``par`` given) is a grouped GEMM on the rank's
+    experts, and its output is combined by the expert communication of ``planner.cost.moe``, not a
+    tensor-parallel all-reduce."""
     profile = node.device
     fwd = bwd = core_fwd = core_bwd = 0.0
     tp_bytes_fwd = 0.0
@@ -226,6 +239,12 @@ def _costs_of_ops(layer: Layer, node: NodeProfile, tp: int, mb: float, sp: bool,
         split = op.tp_split
         if layer.kind == "head" and op.gemm is not None and split == "replicated":
             split = "column"  # Megatron-LM's vocabulary-parallel output layer
+        if op.gemm is not None and par is not None and layer.moe is not None and op.role == ROUTED_EXPERT:
+            f, b = expert_gemm_s(op, layer.moe, mb, tp, par,
+                                 lambda m, n, k: _gemm_time_s(profile, m, n, k, dtype, cal))
+            fwd += f
+            bwd += b
+            continue
         if op.gemm is not None:
             m, n, k = _shard(float(op.gemm[0]) * mb, float(op.gemm[1]), float(op.gemm[2]), split, tp)
             if split == "column":
@@ -367,36 +386,53 @@ def attention_kernel(runtime: Runtime, device: DeviceProfile) -> str:
 
 
 def _one_layer(layer: Layer, node: NodeProfile, tp: int, mb: float, recompute: str, sp: bool, dtype: str,
-               cal: DeviceCalibration, runtime: Runtime, signature: int | None = None) -> _OneLayer:
+               cal: DeviceCalibration, runtime: Runtime, signature: int | None = None,
+               experts: ExpertParallel | None = None) -> _OneLayer:
     """One layer's costs, cached by the layer's signature (its numbers, not its name): a model's repeated
-    blocks are computed once."""
+    blocks are computed once. ``experts``: how a mixture-of-experts layer's experts are split
+    (``planner.cost.moe``; None: over the tensor-parallel group, ep 1)."""
     if signature is None:
         signature = _SIGNATURE_IDS.setdefault(_layer_signature(layer), len(_SIGNATURE_IDS))
-    args = (signature, tp, mb, recompute, sp, dtype, cal, runtime)
+    par = None
+    if layer.moe is not None:
+        par = experts if experts is not None else ExpertParallel(1, tp, None, runtime.moe_load_imbalance)
+    args = (signature, tp, mb, recompute, sp, dtype, cal, runtime, par)
     hit = _ONE_LAYER_CACHE.get((node,), args)
     if hit is not None:
         return hit  # type: ignore[return-value]
     attention = attention_kernel(runtime, node.device)
-    fwd, bwd, core, tp_fwd, tp_bwd, core_bwd = _costs_of_ops(layer, node, tp, mb, sp, dtype, cal, attention)
+    fwd, bwd, core, tp_fwd, tp_bwd, core_bwd = _costs_of_ops(layer, node, tp, mb, sp, dtype, cal, attention, par)
     kernel_fwd = core
     if attention == "flash":
         core = 0.0  # FlashAttention keeps no score tensor: selective recompute has nothing to re-run
     held, full = _activation_bytes(layer, tp, mb, sp, recompute, dtype, attention)
     output = layer.output_bytes * activation_scale(dtype) * mb / tp  # the boundary tensor at the dtype's width
-    result = _OneLayer(fwd, bwd, core, tp_fwd, tp_bwd, held, full, _tp_sharded_params(layer, tp), output,
-                       kernel_fwd, core_bwd)
+    params = _tp_sharded_params(layer, tp)
+    ep_fwd = ep_bwd = expert_params = 0.0
+    if par is not None:
+        ep_fwd, ep_bwd = moe_comm_s(layer, node, mb, tp, dtype, par, cal)
+        buffers = dispatch_buffer_bytes(layer, mb, tp, dtype, par)
+        full += buffers
+        if recompute != "full":
+            held += buffers
+        expert_params = expert_params_per_rank(layer, par)
+        dense_share = 1.0 - layer.moe.expert_params / layer.params if layer.params else 1.0
+        params = params * dense_share + expert_params
+    result = _OneLayer(fwd, bwd, core, tp_fwd, tp_bwd, held, full, params, output, kernel_fwd, core_bwd, ep_fwd,
+                       ep_bwd, expert_params)
     _ONE_LAYER_CACHE.put((node,), args, result)
     return result
 
 
 def _layer_costs(model: LayerGraph, node: NodeProfile, tp: int, micro_batch: int, recompute: str,
                  sequence_parallel: bool, dtype: str, cal: DeviceCalibration, runtime: Runtime,
-                 cp: int = 1) -> LayerCosts:
+                 cp: int = 1, experts: ExpertParallel | None = None) -> LayerCosts:
     # a context-parallel rank runs every token-wise op on its 1/cp of each sequence, and its queries against
     # every key (planner.cost.context): the per-sample costs, which are linear in the tokens of the Q side,
     # at micro_batch / cp samples
     tokens = micro_batch / cp if cp > 1 else micro_batch
-    rows = [_one_layer(layer, node, tp, tokens, recompute, sequence_parallel, dtype, cal, runtime, signature)
+    rows = [_one_layer(layer, node, tp, tokens, recompute, sequence_parallel, dtype, cal, runtime, signature,
+                       experts)
             for layer, signature in zip(model.layers, _signatures(model))]
     n = len(rows)
     forward = np.empty(n)
@@ -409,6 +445,8 @@ def _layer_costs(model: LayerGraph, node: NodeProfile, tp: int, micro_batch: int
     output = np.empty(n)
     kernel_forward = np.array([r.attention_kernel_forward_s for r in rows])
     kernel_backward = np.array([r.attention_kernel_backward_s for r in rows])
+    ep_comm = np.empty(n)
+    expert_params = np.empty(n)
     for i, r in enumerate(rows):
         if recompute == "full":
             redo = r.forward_compute_s + r.tp_forward_s
@@ -416,15 +454,20 @@ def _layer_costs(model: LayerGraph, node: NodeProfile, tp: int, micro_batch: int
             redo = r.attention_forward_s
         else:
             redo = 0.0
-        forward[i] = r.forward_compute_s + r.tp_forward_s
-        backward[i] = r.backward_compute_s + r.tp_backward_s + redo
+        if recompute == "full":
+            redo += r.ep_forward_s
+        forward[i] = r.forward_compute_s + r.tp_forward_s + r.ep_forward_s
+        backward[i] = r.backward_compute_s + r.tp_backward_s + r.ep_backward_s + redo
         tp_comm[i] = r.tp_forward_s + r.tp_backward_s + (r.tp_forward_s if recompute == "full" else 0.0)
+        ep_comm[i] = r.ep_forward_s + r.ep_backward_s + (r.ep_forward_s if recompute == "full" else 0.0)
         recompute_s[i] = redo
         held[i] = r.activation_bytes
         extra[i] = max(0.0, r.full_activation_bytes - r.activation_bytes)
         params[i] = r.params_per_rank
+        expert_params[i] = r.expert_params_per_rank
         output[i] = r.output_bytes
-    arrays = (forward, backward, tp_comm, recompute_s, held, extra, params, output, kernel_forward, kernel_backward)
+    arrays = (forward, backward, tp_comm, recompute_s, held, extra, params, output, kernel_forward, kernel_backward,
+              ep_comm, expert_params)
     for a in arrays:
         a.flags.writeable = False
     return LayerCosts(*arrays)
@@ -433,14 +476,16 @@ def _layer_costs(model: LayerGraph, node: NodeProfile, tp: int, micro_batch: int
 def layer_costs(model: LayerGraph, node: NodeProfile, tp: int, micro_batch: int, recompute: str,
                 sequence_parallel: bool, dtype: str = "bf16",
                 calibration: DeviceCalibration | None = None, runtime: Runtime | str | None = None,
-                cp: int = 1) -> LayerCosts:
+                cp: int = 1, *, ep: int = 1, expert_tp: int = 0, ep_group: CommGroup | None = None) -> LayerCosts:
     """Costs of every layer of ``model`` for one micro-batch on one rank of a ``tp``-way group of ``node``,
     which with ``cp`` > 1 holds 1/cp of every sequence (context parallelism; the K/V exchange between the
     cp ranks is the estimator's, ``planner.cost.context``, as it depends on where the ranks are).
 
     Cached: the search takes prefix sums of these arrays. ``calibration`` overrides the fitted parameters
     of the node's device type (``benchmarks/calibrate.py`` uses it while fitting); ``runtime`` is the
-    training stack (``planner.runtime``; None: the default)."""
+    training stack (``planner.runtime``; None: the default). Mixture-of-experts layers run their experts
+    ``ep``-way expert parallel over ``ep_group`` (its achieved bandwidths), each expert split ``expert_tp``
+    ways (0: tp), as ``planner.cost.moe`` describes."""
     if tp < 1:
         raise ConfigError(f"tp={tp} must be at least 1")
     if cp < 1:
@@ -451,7 +496,8 @@ def layer_costs(model: LayerGraph, node: NodeProfile, tp: int, micro_batch: int,
     dtype_bytes(dtype)  # validates the name
     rt = get_runtime(runtime)
     cal = calibration if calibration is not None else calibration_for(node.device.name, rt.name)
-    args = (tp, micro_batch, recompute, bool(sequence_parallel and tp > 1), dtype, cal, rt, cp)
+    experts = ExpertParallel(ep, expert_tp or tp, ep_group if ep > 1 else None, rt.moe_load_imbalance)
+    args = (tp, micro_batch, recompute, bool(sequence_parallel and tp > 1), dtype, cal, rt, cp, experts)
     hit = _LAYER_COSTS_CACHE.get((model, node), args)
     if hit is None:
         hit = _layer_costs(model, node, *args)

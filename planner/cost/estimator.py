@@ -37,6 +37,7 @@ from planner.cost.comm import (ZERO_STAGES, DpSync, Pass, dp_bytes_per_iteration
                                layer_collective_s, micro_batch_reduce_s, sync_tail_s, zero3_exposed_s)
 from planner.cost.compute import layer_costs
 from planner.cost.context import layers_exchange_s
+from planner.cost.moe import ep_group_devices, expert_dp_devices, resolved_expert_tp
 from planner.cost.memory import dtype_bytes, memory_terms, micro_batches_in_flight
 from planner.cost.optimizer import optimizer_time_s
 from planner.cost.schedule import SCHEDULES, pipeline_time
@@ -45,9 +46,8 @@ from planner.hardware.cluster import locate
 from planner.hardware.efficiency import resolve_dtype
 from planner.hardware.fp8 import base_dtype, cost_dtype, recipe_name, resolve_fp8_recipe
 from planner.hardware.collectives import CommGroup, p2p_time_s
-from planner.rules import (TIE_TOLERANCE, check_config, divisors, pipeline_units, recompute_choices, simplicity_key,
-                           stage_blocks,
-                           vpp_fits, zero_stages)
+from planner.rules import (TIE_TOLERANCE, ModelShape, check_config, divisors, ep_values, expert_tp_values,
+                           pipeline_units, recompute_choices, simplicity_key, stage_blocks, vpp_fits, zero_stages)
 from planner.runtime import Runtime, get_runtime
 from planner.types import (Batching, Breakdown, Cluster, Estimate, LayerGraph, MemoryBreakdown, NodeProfile,
                            ParallelConfig, PipelineSpec, ReplicaEstimate, ReplicaSpec, StageEstimate, StageSpec)
@@ -147,19 +147,53 @@ class _Placement:
     optimizer: str
     dtype: str
     runtime: Runtime
+    # mixture of experts (planner.cost.moe): per row, (ep, expert_tp, expert-parallel group), its routed
+    # experts' parameters per rank and their data-parallel degree
+    experts: tuple[tuple[int, int, CommGroup | None], ...] = ()
+    expert_params: np.ndarray | float = 0.0
+    row_expert_dp: np.ndarray | float = 1.0
+    has_experts: bool = False  # the model has mixture-of-experts layers
+
+
+def _expert_groups(model: LayerGraph, cluster: Cluster, r: ReplicaSpec, cal: DeviceCalibration, ep: int,
+                   expert_tp: int) -> tuple[tuple[int, int, CommGroup | None], CommGroup | None]:
+    """((ep, expert_tp, expert-parallel group), expert-data-parallel group) of a replica group, Megatron-Core's
+    folding of its ranks (planner.cost.moe); the expert-data-parallel group is None where it is the replica
+    group's data-parallel group (or the model has no experts)."""
+    etp = resolved_expert_tp(r.tp, expert_tp)
+    if not any(layer.moe is not None for layer in model.layers):
+        return (1, r.tp, None), None
+    if len(r.devices) % (ep * etp):
+        raise ConfigError(f"ep={ep} x expert_tp={etp} does not divide the {len(r.devices)} devices of a replica "
+                          f"group (tp={r.tp}, dp={r.dp}); use an ep that divides tp x dp / expert_tp")
+    group = dp_group(cluster, ep_group_devices(r.devices, ep, etp), cal) if ep > 1 else None
+    edp = dp_group(cluster, expert_dp_devices(r.devices, ep, etp), cal) if ep * etp != r.tp else None
+    return (ep, etp, group), edp
+
+
+def _combine(a: DpSync, b: DpSync) -> DpSync:
+    """Two buffers' synchronisations one after the other on the link (Megatron-Core keeps the experts'
+    gradients in their own buffers, reduced over the expert-data-parallel group): the times and bytes add,
+    the unhidden edge bucket is the larger one."""
+    def join(x: Pass, y: Pass) -> Pass:
+        return Pass(x.total_s + y.total_s, np.maximum(x.edge_s, y.edge_s), x.sent_bytes + y.sent_bytes)
+    return DpSync(a.zero, join(a.grad, b.grad), join(a.gather, b.gather))
 
 
 def _placement(model: LayerGraph, cluster: Cluster, stages: tuple[StageSpec, ...], optimizer: str, dtype: str,
-               calibrations: Calibrations | None, runtime: Runtime) -> _Placement:
+               calibrations: Calibrations | None, runtime: Runtime, ep: int = 1, expert_tp: int = 0) -> _Placement:
     rows, nodes, cals, row_stage, groups, stage_dp, row_dp, stage_replicas = [], [], [], [], [], [], [], []
     params, largest, layer_params = [], [], []
+    experts, expert_params, edp_groups, row_edp = [], [], [], []
     for s, stage in enumerate(stages):
         sl = slice(stage.first_layer, stage.last_layer + 1)
         first_row = len(rows)
         for r in stage.replicas:
             node = _device_location(cluster, r.devices[0])[0]
             cal = _cal(node, calibrations, runtime)
-            lc = layer_costs(model, node, r.tp, 1, "none", False, dtype, cal, runtime)
+            par, edp = _expert_groups(model, cluster, r, cal, ep, expert_tp)
+            lc = layer_costs(model, node, r.tp, 1, "none", False, dtype, cal, runtime, ep=par[0], expert_tp=par[1],
+                             ep_group=par[2])
             rows.append(r)
             nodes.append(node)
             cals.append(cal)
@@ -167,6 +201,10 @@ def _placement(model: LayerGraph, cluster: Cluster, stages: tuple[StageSpec, ...
             params.append(float(lc.params_per_rank[sl].sum()))
             largest.append(float(lc.params_per_rank[sl].max()))
             layer_params.append(lc.params_per_rank[sl])
+            experts.append(par)
+            expert_params.append(float(lc.expert_params_per_rank[sl].sum()) if edp is not None else 0.0)
+            edp_groups.append(edp)
+            row_edp.append(edp.size if edp is not None else 0)
         # one rank per tp group: with context parallelism the dp x cp ranks that hold a copy of the weights
         ranks = [d for r in stage.replicas for d in r.devices[::r.tp]]
         slowest = min(cals[first_row:], key=lambda c: c.comm_scale)
@@ -174,6 +212,8 @@ def _placement(model: LayerGraph, cluster: Cluster, stages: tuple[StageSpec, ...
         stage_dp.append(len(ranks))
         stage_replicas.append(sum(r.dp for r in stage.replicas))
         row_dp.extend([len(ranks)] * len(stage.replicas))
+    row_edp = [e or d for e, d in zip(row_edp, row_dp)]
+    p_expert = np.array(expert_params)
     p = np.array(params)
     # per layer, each row's collectives over its data-parallel group: [kind][row, layer]; rows whose groups
     # are alike (every stage of a uniform pipeline) are timed in one call
@@ -191,9 +231,15 @@ def _placement(model: LayerGraph, cluster: Cluster, stages: tuple[StageSpec, ...
     for zero in ZERO_STAGES:
         grad = per_layer["all_reduce" if zero == 0 else "reduce_scatter"]
         gather = per_layer["all_gather"]
-        parts = [(idx, dp_sync(zero, p[idx], group, dtype, runtime, grad[idx].sum(axis=1), grad[idx, 0],
-                               gather[idx].sum(axis=1), gather[idx, 0])) for group, idx in alike.items()]
-        syncs.append(_gather_rows(zero, len(rows), parts))
+        dense = p - p_expert if zero < 3 else p
+        parts = [(idx, dp_sync(zero, dense[idx], group, dtype, runtime, grad[idx].sum(axis=1),
+                               grad[idx, 0], gather[idx].sum(axis=1), gather[idx, 0])) for group, idx in alike.items()]
+        sync = _gather_rows(zero, len(rows), parts)
+        if p_expert.any() and zero < 3:  # the experts' gradients over their own data-parallel group
+            expert = [([i], dp_sync(zero, p_expert[[i]], edp_groups[i], dtype, runtime))
+                      for i in range(len(rows)) if edp_groups[i] is not None]
+            sync = _combine(sync, _gather_rows(zero, len(rows), expert))
+        syncs.append(sync)
         opt_s.append(np.array([optimizer_time_s(p[i], nodes[i].device, optimizer, zero, row_dp[i], dtype, cals[i],
                                                 runtime)
                                for i in range(len(rows))]))
@@ -204,7 +250,9 @@ def _placement(model: LayerGraph, cluster: Cluster, stages: tuple[StageSpec, ...
         capacity=np.array([float(n.device.memory_bytes) for n in nodes]), params=p,
         largest_layer_params=np.array(largest), syncs=tuple(syncs), optimizer_s=tuple(opt_s),
         zero3_gather_s=per_layer["all_gather"], zero3_reduce_s=per_layer["reduce_scatter"],
-        optimizer=optimizer, dtype=dtype, runtime=runtime)
+        optimizer=optimizer, dtype=dtype, runtime=runtime, experts=tuple(experts), expert_params=p_expert,
+        row_expert_dp=np.array(row_edp, dtype=float),
+        has_experts=any(layer.moe is not None for layer in model.layers))
 
 
 def _gather_rows(zero: int, count: int, parts: list[tuple[list[int], DpSync]]) -> DpSync:
@@ -242,20 +290,22 @@ class _Work:
     layer_forward_s: np.ndarray  # [row, layer] as the placement's per-layer arrays
     layer_backward_s: np.ndarray
     memo: dict = field(default_factory=dict, compare=False, repr=False)  # ZeRO-3's exposed gathers
+    ep_comm_s: np.ndarray | float = 0.0  # expert-parallel communication in forward_s + backward_s
 
 
 def _work(model: LayerGraph, cluster: Cluster, placement: _Placement, global_batch: int, micro_batch: int,
           recompute: str, sequence_parallel: bool) -> _Work:
     n = len(placement.rows)
-    f, b, tpc, act, extra, m_r, cpc = (np.empty(n) for _ in range(7))
+    f, b, tpc, act, extra, m_r, cpc, epc = (np.empty(n) for _ in range(8))
     layer_f, layer_b = np.zeros_like(placement.zero3_gather_s), np.zeros_like(placement.zero3_gather_s)
     out_bytes = np.zeros(len(placement.stages))
     batching = Batching(global_batch, micro_batch, int(placement.stage_dp[0]))
     for i, (r, node, cal) in enumerate(zip(placement.rows, placement.nodes, placement.cals)):
         stage = placement.stages[placement.row_stage[i]]
         sl = slice(stage.first_layer, stage.last_layer + 1)
+        ep, etp, group = placement.experts[i]
         lc = layer_costs(model, node, r.tp, micro_batch, recompute, sequence_parallel, placement.dtype, cal,
-                         placement.runtime, cp=r.cp)
+                         placement.runtime, cp=r.cp, ep=ep, expert_tp=etp, ep_group=group)
         cp_f, cp_b = layers_exchange_s(model.layers[sl], lc.attention_kernel_forward_s[sl],
                                        lc.attention_kernel_backward_s[sl], cluster, r.devices, r.tp, r.cp,
                                        micro_batch, placement.dtype, recompute, cal.comm_scale)
@@ -265,6 +315,7 @@ def _work(model: LayerGraph, cluster: Cluster, placement: _Placement, global_bat
         b[i] = lc.backward_s[sl].sum() + cp_b.sum()
         cpc[i] = cp_f.sum() + cp_b.sum()
         tpc[i] = lc.tp_comm_s[sl].sum()
+        epc[i] = lc.ep_comm_s[sl].sum()
         act[i] = lc.activation_bytes[sl].sum()
         extra[i] = lc.peak_extra_bytes[sl].max()
         m_r[i] = batching.replica_micro_batches(r.batch_share, r.dp)
@@ -287,7 +338,7 @@ def _work(model: LayerGraph, cluster: Cluster, placement: _Placement, global_bat
             dst = placement.stages[(s + 1) % pp].replicas[0].devices[0]
             p2p[s] = p2p_time_s(cluster, src, dst, out_bytes[s]) / placement.cals[first_row].comm_scale
     return _Work(placement, global_batch, micro_batch, recompute, sequence_parallel, f, b, tpc, act, extra, cpc,
-                 m_r, m, p2p, layer_f, layer_b)
+                 m_r, m, p2p, layer_f, layer_b, ep_comm_s=epc)
 
 
 # ------------------------------------------------------------------------------------------ timing
@@ -303,6 +354,7 @@ class _Result:
     stage_forward_s: np.ndarray  # per stage, one micro-batch slot (slowest replica group, load-scaled)
     stage_backward_s: np.ndarray
     stage_tp_s: np.ndarray
+    stage_ep_s: np.ndarray
     stage_zero_s: np.ndarray  # what ZeRO-2/3's per-micro-batch collectives add to a slot
     stage_sync_s: np.ndarray
     stage_optimizer_s: np.ndarray
@@ -366,6 +418,7 @@ def _evaluate(work: _Work, schedule: str, vpp: int, zero: int, exact: bool,
     stage_f, stage_b = slot_f[pick], slot_b[pick]
     stage_tp = (work.tp_comm_s * load)[pick]
     stage_cp = (work.cp_comm_s * load)[pick]
+    stage_ep = (np.broadcast_to(work.ep_comm_s, load.shape) * load)[pick]
     stage_z3 = ((f - work.forward_s) + (b - work.backward_s))[pick] * load[pick]
     p2p = work.p2p_s
     key = (id(work), schedule, vpp, zero if zero >= 2 else 0, exact)
@@ -402,9 +455,9 @@ def _evaluate(work: _Work, schedule: str, vpp: int, zero: int, exact: bool,
     if zero == 3:  # the layer gathered and the ones prefetched
         transient = transient + (1.0 + rt.zero3_prefetch_layers) * pl.largest_layer_params * dtype_bytes(pl.dtype)
     terms = memory_terms(pl.params, work.activation_bytes, flight, zero, pl.row_dp, pl.optimizer, pl.dtype, transient,
-                         pl.runtime)
+                         pl.runtime, expert_params_per_rank=pl.expert_params, expert_dp=pl.row_expert_dp)
     total = sum(terms)
-    return _Result(schedule, vpp, zero, iteration, float(pipeline), stage_f, stage_b, stage_tp, stage_z3,
+    return _Result(schedule, vpp, zero, iteration, float(pipeline), stage_f, stage_b, stage_tp, stage_ep, stage_z3,
                    stage_sync, stage_opt, critical_sync, critical_opt, f, b, terms, total,
                    bool(np.all(total <= pl.capacity)), stage_cp)
 
@@ -429,8 +482,9 @@ def _to_estimate(work: _Work, result: _Result) -> Estimate:
     hops = float(work.p2p_s.sum() if result.schedule == "interleaved" else work.p2p_s[:-1].sum())
     pp_comm = min(bubble_all, 2.0 * hops)
     breakdown = Breakdown(compute_s=busy - m * float(result.stage_tp_s[c] + result.stage_zero_s[c]
-                                                     + result.stage_cp_s[c]),
+                                                     + result.stage_cp_s[c] + result.stage_ep_s[c]),
                           tp_comm_s=m * float(result.stage_tp_s[c]), cp_comm_s=m * float(result.stage_cp_s[c]),
+                          ep_comm_s=m * float(result.stage_ep_s[c]),
                           pp_comm_s=pp_comm,
                           dp_comm_s=m * float(result.stage_zero_s[c]) + result.critical_sync_s,
                           bubble_s=bubble_all - pp_comm, optimizer_s=result.critical_optimizer_s)
@@ -446,7 +500,8 @@ def _to_estimate(work: _Work, result: _Result) -> Estimate:
             reps.append(ReplicaEstimate(
                 device_type=node.device.name, devices=r.devices, tp=r.tp, dp=r.dp, batch_share=r.batch_share,
                 num_micro_batches=float(work.row_micro_batches[i]), forward_s=float(result.row_forward_s[i]),
-                backward_s=float(result.row_backward_s[i]), memory=mem, memory_capacity_bytes=capacity, cp=r.cp))
+                backward_s=float(result.row_backward_s[i]), memory=mem, memory_capacity_bytes=capacity, cp=r.cp,
+                ep=pl.experts[i][0], expert_tp=pl.experts[i][1]))
             if mem.total_bytes > capacity and not reason:
                 reason = (f"stage {s} (layers {stage.first_layer}-{stage.last_layer}) on {node.device.name} needs "
                           f"{mem.total_bytes / 1e9:.1f} GB per device (weights {mem.weights_bytes / 1e9:.1f}, "
@@ -463,12 +518,14 @@ def _to_estimate(work: _Work, result: _Result) -> Estimate:
             tp_comm_s=float(result.stage_tp_s[s]), p2p_s=float(work.p2p_s[s]),
             dp_sync_s=float(result.stage_sync_s[s]), optimizer_s=float(result.stage_optimizer_s[s]),
             dp_bytes=float(dp_bytes[pl.row_stage == s].max()), cp=stage.replicas[0].cp,
-            cp_comm_s=float(result.stage_cp_s[s])))
+            cp_comm_s=float(result.stage_cp_s[s]), ep=reps[0].ep, expert_tp=reps[0].expert_tp,
+            ep_comm_s=float(result.stage_ep_s[s])))
     config = ParallelConfig(global_batch=work.global_batch, tp=pl.rows[0].tp, pp=pp, dp=pl.stage_replicas[0],
                             micro_batch=work.micro_batch, vpp=result.vpp, zero=result.zero,
                             recompute=work.recompute, sequence_parallel=work.sequence_parallel,
                             schedule=result.schedule, optimizer=pl.optimizer, dtype=base_dtype(pl.dtype),
-                            runtime=pl.runtime.name, fp8_recipe=recipe_name(pl.dtype), cp=pl.rows[0].cp)
+                            runtime=pl.runtime.name, fp8_recipe=recipe_name(pl.dtype), cp=pl.rows[0].cp,
+                            ep=pl.experts[0][0], expert_tp=pl.experts[0][1])
     notes = tuple(sorted({f"{cal_name}: no calibration of its own under the {pl.runtime.name} runtime; the "
                           "mean of the fitted (runtime, device) entries' efficiency parameters is used"
                           for cal_name, cal in ((n.device.name, c) for n, c in zip(pl.nodes, pl.cals))
@@ -491,7 +548,7 @@ def estimate_pipeline(model: LayerGraph, cluster: Cluster, spec: PipelineSpec,
     candidates; exact for uniform stages without transfers)."""
     _check_spec(model, cluster, spec)
     placement = _placement(model, cluster, spec.stages, spec.optimizer, spec.dtype, calibration,
-                           get_runtime(spec.runtime))
+                           get_runtime(spec.runtime), spec.ep, spec.expert_tp)
     work = _work(model, cluster, placement, spec.global_batch, spec.micro_batch, spec.recompute,
                  bool(spec.sequence_parallel))
     if spec.schedule == "interleaved" and spec.vpp > 1 and work.num_micro_batches % len(spec.stages):
@@ -580,7 +637,13 @@ def _candidates(model: LayerGraph, config: ParallelConfig) -> dict[str, list]:
                 raise ConfigError(f"the interleaved schedule needs the {units} layers to split into pp x vpp equal "
                                   f"chunks with vpp > 1, and none does for pp={pp}; use --schedule 1f1b")
     zeros = zero_stages(runtime, pp)
+    shape = ModelShape.of(model)
+    etps = [config.expert_tp] if config.expert_tp is not None else (expert_tp_values(shape, tp, runtime) or [0])
+    experts = [(ep, etp) for etp in etps
+               for ep in ([config.ep] if config.ep is not None else ep_values(shape, tp, dp, etp or tp, runtime))]
     return {
+        # ep and expert_tp left out: every pair the rules allow (1 and none on a dense model)
+        "experts": experts,
         "micro_batch": mbs,
         "recompute": [config.recompute] if config.recompute else list(recompute_choices(runtime)),
         # sequence parallelism is taken whenever tp > 1: its reduce-scatter plus all-gather move the bytes of
@@ -635,13 +698,14 @@ def estimate(model: LayerGraph, cluster: Cluster, config: ParallelConfig,
     # a pinned vpp whose chunks do not split evenly over the stages places its own layers
     placements: dict[tuple, tuple[_Placement, list[int]]] = {}
     ends = (config.first_stage_layers, config.last_stage_layers)
-    for vpp in options["vpp"]:
-        split = tuple(balanced_split(model, pp, vpp, *ends))
-        if split not in placements:
-            stages = _megatron_spec_stages(model, cluster, tp, pp, dp, vpp, cp, ends)
-            placements[split] = (_placement(model, cluster, stages, config.optimizer, numerics, calibration,
-                                            get_runtime(config.runtime)), [])
-        placements[split][1].append(vpp)
+    for ep, etp in options["experts"]:
+        for vpp in options["vpp"]:
+            split = (tuple(balanced_split(model, pp, vpp, *ends)), ep, etp)
+            if split not in placements:
+                stages = _megatron_spec_stages(model, cluster, tp, pp, dp, vpp, cp, ends)
+                placements[split] = (_placement(model, cluster, stages, config.optimizer, numerics, calibration,
+                                                get_runtime(config.runtime), ep, etp), [])
+            placements[split][1].append(vpp)
     ranked: list[tuple[tuple[int, float], int, _Work, str, int, int]] = []
     approximate: dict = {}
     for placement, vpps in placements.values():

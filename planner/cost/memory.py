@@ -181,20 +181,24 @@ def fixed_overhead_bytes(runtime: Runtime | str | None = None) -> float:
 
 
 def memory_terms(params_per_rank, activation_bytes_per_micro_batch, micro_batches_in_flight, zero: int, dp,
-                 optimizer: str, dtype: str, transient_bytes=0.0, runtime: Runtime | str | None = None) -> tuple:
+                 optimizer: str, dtype: str, transient_bytes=0.0, runtime: Runtime | str | None = None, *,
+                 expert_params_per_rank=0.0, expert_dp=1.0) -> tuple:
     """(weights, gradients, optimizer states, activations, other) bytes per device; the arguments may be
-    numpy arrays (one entry per stage or replica group). See ``stage_memory``."""
+    numpy arrays (one entry per stage or replica group). See ``stage_memory``. ``expert_params_per_rank`` of
+    ``params_per_rank`` are routed experts' whose ZeRO shards are over ``expert_dp`` ranks, not ``dp``
+    (Megatron-Core's distributed optimizer shards the expert buffers over the expert-data-parallel group)."""
     rt = get_runtime(runtime)
     per_weight, per_gradient, per_state = parameter_bytes(optimizer, dtype, rt)
-    weights = params_per_rank * (per_weight + fp8_weight_copy_bytes(dtype))
-    gradients = params_per_rank * per_gradient
-    states = params_per_rank * per_state
-    if zero >= 1:
-        states = states / dp
-    if zero >= 2:
-        gradients = gradients / dp
-    if zero >= 3:
-        weights = weights / dp
+    dense = params_per_rank - expert_params_per_rank
+
+    def held(per_param: float, sharded: bool):
+        if not sharded:
+            return params_per_rank * per_param
+        return dense * per_param / dp + expert_params_per_rank * per_param / expert_dp
+
+    weights = held(per_weight + fp8_weight_copy_bytes(dtype), zero >= 3)
+    gradients = held(per_gradient, zero >= 2)
+    states = held(per_state, zero >= 1)
     activations = activation_bytes_per_micro_batch * micro_batches_in_flight
     allocated = weights + gradients + states + activations + transient_bytes
     other = transient_bytes + rt.allocator_reserve_fraction * allocated + fixed_overhead_bytes(rt)

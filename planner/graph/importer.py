@@ -12,7 +12,7 @@ import onnx
 
 from planner.errors import ModelError
 from planner.graph import layers as layer_detection
-from planner.graph.moe import MoEMatch, detect_moe
+from planner.graph.moe import ROUTED_EXPERT, MoEMatch, detect_moe
 from planner.graph.loader import check_external_data, check_structure, read_model
 from planner.graph.ir import ACT_BYTES, FLOAT_TYPES, Node, OpGraph, act_bytes, stored_bytes
 from planner.graph.opgraph import build
@@ -272,6 +272,8 @@ def _layers(graph: OpGraph, units: list[layer_detection.Unit], costs: dict[int, 
                 split = tp_splits(graph, members, transformer, {match.router} if match else set(),
                                   set(match.experts | match.shared) if match else set())
                 role = attention_core(graph, members)
+                if match is not None:
+                    role.update({i: ROUTED_EXPERT for i in match.experts})
                 ops = [_with_split(op, split.get(node.index, "replicated"), role.get(node.index, ""))
                        for op, node in zip(ops, members)]
         result.append(Layer(index=k, name=unit.name, kind=kind, params=params[k],

@@ -43,6 +43,9 @@ _GATHERS = frozenset({"Gather", "GatherND", "GatherElements"})
 _WEIGHT_PATH = frozenset({"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Cast", "Identity", "Flatten"}) | _GATHERS
 _MATMULS = frozenset({"MatMul", "FusedMatMul"})
 _OVER_ROUTED = 1.5  # a graph count above this multiple of the routed one computes experts densely
+# OpCost.role of a routed expert's MatMul: the cost model times it as a grouped GEMM over the experts an
+# expert-parallel rank holds (planner.cost.moe)
+ROUTED_EXPERT = "routed-expert"
 
 
 @dataclass(frozen=True)
