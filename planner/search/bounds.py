@@ -119,7 +119,8 @@ class Profiles:
         key = (option, twin)
         hit = self._memo.get(key)
         if hit is None:
-            mkey = (option, settings.dp, settings.zero, settings.optimizer, settings.dtype, settings.runtime)
+            mkey = (option, settings.dp, settings.zero, settings.optimizer, settings.dtype, settings.runtime, settings.ep,
+                    settings.expert_tp)
             if mkey not in self._memory:
                 self._memory[mkey] = memory_coefficients(self.backend, option, settings)
             hit = option_profile(self.backend, option, settings, self._memory[mkey])
@@ -621,7 +622,7 @@ class QuickSettingsBound:
 
     def _tables(self, options: tuple[StageOption, ...], settings: Settings) -> tuple:
         key = (options, settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype,
-               settings.vpp, settings.runtime)
+               settings.vpp, settings.runtime, settings.ep, settings.expert_tp)
         hit = self._memo.get(key)
         if hit is None:
             tabs = [self.backend.layer_table(o, settings) for o in options]
@@ -655,7 +656,8 @@ class QuickSettingsBound:
                 ) -> list[tuple[int, np.ndarray, np.ndarray]]:
         """Per layer set of :func:`_layer_sets`: its size and the prefix sums of sorted backward and forward
         times (the time part of :class:`CountTables`)."""
-        key = (options, settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype, settings.runtime)
+        key = (options, settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype, settings.runtime,
+               settings.ep, settings.expert_tp)
         hit = self._prefix.get(key)
         if hit is None:
             hit = [(int(layers.sum()), _sorted_prefix(bwd, layers), _sorted_prefix(fwd, layers))

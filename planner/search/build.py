@@ -5,7 +5,7 @@ from __future__ import annotations
 from planner.hardware.cluster import locate
 from planner.hardware.efficiency import peak_flops_per_s
 from planner.hardware.fp8 import base_dtype, recipe_name
-from planner.plans import Plan, ReplicaPlan, SearchInfo, StagePlan, cluster_summary
+from planner.plans import Plan, ReplicaPlan, SearchInfo, StagePlan, cluster_summary, moe_summary
 from planner.types import Cluster, Estimate, LayerGraph, PipelineSpec
 
 
@@ -28,7 +28,8 @@ def to_plan(model: LayerGraph, cluster: Cluster, spec: PipelineSpec, estimate: E
         replica = stage.replicas[0]
         groups = tuple(ReplicaPlan(device_type=r.device_type, devices=r.devices, tp=r.tp, dp=r.dp,
                                    batch_share=r.batch_share, memory_bytes_per_device=float(r.memory.total_bytes),
-                                   time_s=float(r.forward_s + r.backward_s), cp=r.cp)
+                                   time_s=float(r.forward_s + r.backward_s), cp=r.cp, ep=r.ep,
+                                   expert_tp=r.expert_tp)
                        for r in est.replicas) if len(stage.replicas) > 1 else ()
         stages.append(StagePlan(
             index=k, first_layer=stage.first_layer, last_layer=stage.last_layer,
@@ -37,12 +38,12 @@ def to_plan(model: LayerGraph, cluster: Cluster, spec: PipelineSpec, estimate: E
             device_type=est.device_type, devices=tuple(d for r in stage.replicas for d in r.devices), tp=replica.tp,
             dp=sum(r.dp for r in stage.replicas), recompute=spec.recompute,
             memory_bytes_per_device=float(est.memory.total_bytes), time_s=float(est.forward_s + est.backward_s),
-            replicas=groups, cp=replica.cp))
+            replicas=groups, cp=replica.cp, ep=est.ep, expert_tp=est.expert_tp))
     # micro-batches per data-parallel replica (on average over a heterogeneous stage's replica groups)
     m = spec.batching.num_micro_batches
     return Plan(
         model={"name": model.name, "params": model.params, "flops_per_sample": model.flops_forward,
-               "layers": len(model.layers)},
+               "layers": len(model.layers), **moe_summary(model)},
         cluster=cluster_summary(cluster), global_batch=spec.global_batch, micro_batch=spec.micro_batch,
         num_micro_batches=m, schedule=spec.schedule, zero=spec.zero,
         iteration_time_s=float(estimate.iteration_time_s),

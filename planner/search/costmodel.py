@@ -23,6 +23,7 @@ from planner.cost.calibration import DeviceCalibration, calibration_for
 from planner.cost.comm import (dp_group, dp_sync, layer_collective_s, micro_batch_reduce_s, sync_tail_s,
                                zero3_exposed_lower_s)
 from planner.cost.memory import micro_batches_in_flight
+from planner.cost.moe import ep_group_devices, resolved_expert_tp
 from planner.hardware.cluster import locate
 from planner.hardware.collectives import CommGroup, p2p_time_s
 from planner.runtime import get_runtime
@@ -47,13 +48,20 @@ class CostModelBackend:
 
     def layer_table(self, option: StageOption, settings: Settings) -> LayerTable:
         key = (option, settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype,
-               settings.runtime)
+               settings.runtime, settings.ep, settings.expert_tp)
         hit = self._tables.get(key)
         if hit is None:
             node = self.cluster.groups[option.pool].node
+            cal = self._cal(option, settings)
+            etp = resolved_expert_tp(option.tp, settings.expert_tp)
+            group = None
+            if settings.ep > 1:  # the expert-parallel group of the pool's first stage (planner.cost.moe)
+                first = self.cluster.groups[option.pool].first_device
+                span = range(first, first + settings.ep * etp)
+                group = dp_group(self.cluster, ep_group_devices(span, settings.ep, etp), cal)
             lc = layer_costs(self.model, node, option.tp, settings.micro_batch, settings.recompute,
-                             settings.sequence_parallel, settings.dtype, self._cal(option, settings), settings.runtime,
-                             cp=option.cp)
+                             settings.sequence_parallel, settings.dtype, cal, settings.runtime, cp=option.cp,
+                             ep=settings.ep, expert_tp=etp, ep_group=group)
             hit = LayerTable(forward_s=lc.forward_s, backward_s=lc.backward_s, params_per_rank=lc.params_per_rank,
                              act_bytes=lc.activation_bytes, peak_bytes=lc.peak_extra_bytes,
                              output_bytes=lc.output_bytes)
@@ -92,7 +100,7 @@ class CostModelBackend:
     def _segments_of(self, option: StageOption, settings: Settings) -> tuple[np.ndarray, ...]:
         """(forward, backward, params per rank, activation bytes, transient peak) per segment i..j."""
         key = (option, settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype,
-               settings.runtime)
+               settings.runtime, settings.ep, settings.expert_tp)
         hit = self._segments.get(key)
         if hit is None:
             t = self.layer_table(option, settings)

@@ -420,9 +420,9 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
     per_dp: dict[int, tuple[StageOption, ...]] = {}  # every pool's options, by dp (nothing else changes them)
 
     def options_of(s: Settings) -> tuple[StageOption, ...]:
-        hit = per_dp.get(s.dp)
+        hit = per_dp.get((s.dp, s.ep, s.expert_tp))
         if hit is None:
-            hit = per_dp[s.dp] = tuple(o for opts in pool_options(cluster, s, pins) for o in opts)
+            hit = per_dp[(s.dp, s.ep, s.expert_tp)] = tuple(o for opts in pool_options(cluster, s, pins) for o in opts)
         return hit
 
     # settings in increasing bound order: first a quick compute-only bound, then, when a settings comes up,
@@ -435,7 +435,8 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
 
     def quick_bound(s: Settings, counted: bool) -> float:
         stages = min(num_layers, max_stages(s, num_units))
-        key = (s.dp, s.micro_batch, s.recompute, s.sequence_parallel, s.dtype, s.runtime, s.vpp, counted and stages)
+        key = (s.dp, s.micro_batch, s.recompute, s.sequence_parallel, s.dtype, s.runtime, s.vpp, counted and stages, s.ep,
+               s.expert_tp)
         hit = quick_memo.get(key)
         if hit is None:
             options = options_of(s)

@@ -57,8 +57,10 @@ class HeteroStage:
 
 
 def hetero_allowed(settings: Settings, pins: Pins) -> bool:
-    # replica groups of one tp x 1 group each: a pinned context parallelism is left to the uniform layouts
-    return settings.vpp == 1 and settings.dp >= 2 and pins.pp in (0, 1) and pins.cp in (0, 1)
+    """Heterogeneous data parallelism: 1F1B, two replicas at least, no pinned pipeline; replica groups of one
+    tp x 1 group each (a pinned context parallelism is left to the uniform layouts), and no expert
+    parallelism (an expert-parallel group lies in one replica group's devices, planner.cost.moe)."""
+    return settings.vpp == 1 and settings.dp >= 2 and pins.pp in (0, 1) and pins.cp in (0, 1) and settings.ep == 1
 
 
 def settings_floor(layer_table: Callable[[StageOption, Settings], object], cluster: Cluster, settings: Settings,
@@ -70,7 +72,8 @@ def settings_floor(layer_table: Callable[[StageOption, Settings], object], clust
     max_o devices / (tp_o t_o). ``layer_table(option, settings)`` gives per-layer forward_s and backward_s,
     which depend on the settings' micro-batch, recompute, sequence parallelism and dtype (``memo`` keeps the
     fastest time and the rate per those)."""
-    key = (settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype, settings.runtime)
+    key = (settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype, settings.runtime,
+           settings.ep, settings.expert_tp)
     hit = memo.get(key) if memo is not None else None
     if hit is None:
         per_pool = []

@@ -85,6 +85,8 @@ class Settings:
     optimizer: str = "adam"
     dtype: str = "bf16"
     runtime: str = DEFAULT_RUNTIME
+    ep: int = 1  # expert parallelism of every stage (mixture-of-experts models)
+    expert_tp: int = 0  # expert tensor parallelism; 0: each stage's tp (Megatron-Core's default)
 
     def num_micro_batches(self, global_batch: int) -> int:
         return global_batch // (self.micro_batch * self.dp)
@@ -94,7 +96,7 @@ class Settings:
         return PipelineSpec(stages=stages, global_batch=global_batch, micro_batch=self.micro_batch, vpp=self.vpp,
                             zero=self.zero, recompute=self.recompute, sequence_parallel=self.sequence_parallel,
                             schedule=self.schedule, optimizer=self.optimizer, dtype=self.dtype,
-                            runtime=self.runtime)
+                            runtime=self.runtime, ep=self.ep, expert_tp=self.expert_tp)
 
 
 @dataclass(frozen=True, order=True)
@@ -127,6 +129,8 @@ class Pins:
     runtime: str = DEFAULT_RUNTIME
     shape: ModelShape = ModelShape()
     cp: int = 0
+    ep: int | None = None
+    expert_tp: int | None = None
 
     @classmethod
     def from_config(cls, config: ParallelConfig | None) -> "Pins":
@@ -136,7 +140,8 @@ class Pins:
                    vpp=config.vpp, zero=config.zero, recompute=config.recompute,
                    sequence_parallel=config.sequence_parallel, schedule=config.schedule,
                    optimizer=config.optimizer, dtype=config.dtype or "bf16",
-                   runtime=config.runtime or DEFAULT_RUNTIME, cp=config.cp or 0)
+                   runtime=config.runtime or DEFAULT_RUNTIME, cp=config.cp or 0, ep=config.ep,
+                   expert_tp=config.expert_tp)
 
 
 def powers_of_two_upto(limit: int) -> list[int]:
@@ -172,6 +177,7 @@ def validate_pins(pins: Pins, cluster: Cluster, global_batch: int, num_layers: i
         rules.check_zero(pins.zero, pins.pp or None, runtime, flag="--zero ", pp_flag="--pp ")
     rules.check_numerics(pins.recompute, pins.optimizer, pins.dtype, pins.sequence_parallel, pins.tp or None,
                          runtime)
+    check_expert_pins(pins)
     used = max(pins.tp, 1) * max(pins.cp, 1) * max(pins.pp, 1) * max(pins.dp, 1)
     if used > cluster.num_devices:
         flags = "--tp/--cp/--pp/--dp" if pins.cp > 1 else "--tp/--pp/--dp"
@@ -181,6 +187,32 @@ def validate_pins(pins: Pins, cluster: Cluster, global_batch: int, num_layers: i
     if global_batch % per_step:
         raise ConfigError(f"--global-batch {global_batch} is not divisible by micro-batch x dp = {per_step}; "
                           "change --global-batch, --micro-batch or --dp")
+
+
+def check_expert_pins(pins: Pins) -> None:
+    """--ep and --expert-tp against the model's experts and the runtime, and against tp x cp x dp where those
+    are pinned, or cp cannot be searched above 1 (:func:`planner.rules.check_experts`)."""
+    if pins.ep is None and pins.expert_tp is None:
+        return
+    runtime = get_runtime(pins.runtime)
+    searched_cp = min(pins.shape.seq_lens, default=0) >= CP_MIN_SEQ_LEN and rules.cp_values(pins.shape, runtime) != [1]
+    cp = pins.cp or (None if searched_cp else 1)
+    rules.check_experts(pins.ep or 1, pins.expert_tp, pins.tp or None,
+                        (pins.dp or None) if pins.tp and cp else None, pins.shape, runtime, cp=cp or 1,
+                        flag="--ep ", etp_flag="--expert-tp ")
+
+
+def expert_choices(pins: Pins) -> list[tuple[int, int]]:
+    """(ep, expert_tp) pairs the search enumerates: on a mixture-of-experts model every divisor of the routed
+    experts (where the runtime has expert parallelism) with expert_tp = each stage's tp (0) or 1 (the two
+    settings Megatron-Core's MoE guide uses; any other expert_tp is searched when pinned); (1, 0) on a dense
+    model. Which of them a stage's tp x dp admits is :func:`pool_options`' filter."""
+    runtime = get_runtime(pins.runtime)
+    if not pins.shape.experts:
+        return [(1, 0)]
+    eps = [pins.ep] if pins.ep is not None else (rules.divisors(pins.shape.experts) if runtime.expert_parallel else [1])
+    etps = [pins.expert_tp] if pins.expert_tp is not None else ([0, 1] if runtime.expert_tensor_parallel else [0])
+    return [(ep, etp) for ep in eps for etp in etps]
 
 
 def check_schedule_pins(pins: Pins, num_units: int, global_batch: int = 0) -> None:
@@ -254,6 +286,7 @@ def enumerate_settings(cluster: Cluster, global_batch: int, pins: Pins, max_micr
            else list(rules.sequence_parallel_choices(runtime, pins.tp or None)))
     asked = interleave or pins.vpp is not None or pins.schedule == INTERLEAVED
     vpps = vpp_choices(pins.vpp, pins.schedule, num_units) if asked and runtime.interleaved else [1]
+    experts = expert_choices(pins)
     for dp in dps:
         per_dp = global_batch // dp if global_batch % dp == 0 else 0
         if not per_dp:
@@ -270,9 +303,10 @@ def enumerate_settings(cluster: Cluster, global_batch: int, pins: Pins, max_micr
                             if vpp > 1 and (zero > runtime.max_pipeline_zero or not _may_interleave(
                                     per_dp // b, vpp, num_units, n // (dp * max(pins.tp, 1)), pins.pp)):
                                 continue
-                            yield Settings(micro_batch=b, dp=dp, zero=zero, recompute=rc, sequence_parallel=sp,
-                                           schedule=schedule_for(vpp), vpp=vpp, optimizer=pins.optimizer,
-                                           dtype=pins.dtype, runtime=pins.runtime)
+                            for ep, etp in experts:
+                                yield Settings(micro_batch=b, dp=dp, zero=zero, recompute=rc, sequence_parallel=sp,
+                                               schedule=schedule_for(vpp), vpp=vpp, optimizer=pins.optimizer,
+                                               dtype=pins.dtype, runtime=pins.runtime, ep=ep, expert_tp=etp)
 
 
 def _may_interleave(num_micro_batches: int, vpp: int, num_units: int, most_stages: int, pinned_pp: int) -> bool:
@@ -301,10 +335,21 @@ def options_allowed(settings: Settings, options: Sequence[StageOption]) -> bool:
 
 
 def pool_options(cluster: Cluster, settings: Settings, pins: Pins) -> list[list[StageOption]]:
-    """Per pool, the stage options whose tp x cp x dp devices fit in it."""
+    """Per pool, the stage options whose tp x cp x dp devices fit in it and whose tp x cp x dp the settings' ep
+    and expert_tp fold into (:func:`planner.rules.experts_fit`)."""
     return [[StageOption(pool, tp, cp) for tp in tp_choices(cluster, pool, pins)
-             for cp in cp_choices(cluster, pool, pins, tp) if tp * cp * settings.dp <= group.num_devices]
+             for cp in cp_choices(cluster, pool, pins, tp)
+             if tp * cp * settings.dp <= group.num_devices and experts_allowed(settings, pins, tp, cp)]
             for pool, group in enumerate(cluster.groups)]
+
+
+def experts_allowed(settings: Settings, pins: Pins, tp: int, cp: int = 1) -> bool:
+    """Whether a stage of ``tp`` and ``cp`` takes the settings' (ep, expert_tp); expert_tp 1 searched (not
+    pinned) on a tp-1 stage is the plan of expert_tp 0, left out."""
+    if settings.expert_tp == 1 and tp == 1 and pins.expert_tp is None:
+        return False
+    return rules.experts_fit(pins.shape, settings.ep, settings.expert_tp or None, tp, settings.dp,
+                             get_runtime(settings.runtime), cp)
 
 
 def ordered_layouts(blocks: Sequence[tuple[int, ...]], all_orders: bool = True) -> Iterator[Layout]:
