@@ -22,7 +22,7 @@ from typing import Any
 from planner.errors import PlannerError
 from planner.hardware.documents import MAX_JSON_BYTES, expand_ranges, load_json, non_finite, read_input
 from planner.runtime import DEFAULT_RUNTIME
-from planner.types import Batching, Cluster
+from planner.types import Batching, Cluster, LayerGraph
 
 SCHEMA_VERSION = 1
 
@@ -39,6 +39,8 @@ class ReplicaPlan:
     memory_bytes_per_device: float
     time_s: float
     cp: int = 1  # context-parallel ranks each sample's sequence is split over (devices: tp x cp x dp)
+    ep: int = 1  # expert parallelism (mixture-of-experts models; 1 otherwise)
+    expert_tp: int = 1  # ranks each expert's matrices are split over
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,8 @@ class StagePlan:
     # unknown. The Megatron exporter counts "block" layers as transformer layers.
     layer_kinds: tuple[str, ...] = ()
     cp: int = 1  # context-parallel ranks each sample's sequence is split over (devices: tp x cp x dp)
+    ep: int = 1  # expert parallelism: the routed experts split over ep ranks (1: dense, or every rank all)
+    expert_tp: int = 1  # ranks each expert's matrices are split over (Megatron-Core's default: tp)
 
 
 @dataclass(frozen=True)
@@ -196,6 +200,17 @@ def load_plan(path: str) -> Plan:
         return Plan.from_json(text)
     except PlannerError as exc:
         raise PlannerError(f"{path}: {exc}") from None
+
+
+def moe_summary(model: LayerGraph) -> dict[str, Any]:
+    """The mixture-of-experts entries of a Plan's ``model`` (none for a dense model): the routed experts of
+    its MoE layers (the most of any), the experts each token is sent to, the MoE layers and the parameters one
+    token uses. The Megatron exporter writes the first two as --num-experts and --moe-router-topk."""
+    layers = [layer.moe for layer in model.layers if layer.moe is not None]
+    if not layers:
+        return {}
+    return {"experts": max(m.experts for m in layers), "top_k": max(m.top_k for m in layers),
+            "moe_layers": len(layers), "active_params": model.active_params}
 
 
 def cluster_summary(cluster: Cluster) -> dict[str, Any]:

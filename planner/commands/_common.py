@@ -117,6 +117,12 @@ def add_config_flags(parser: argparse.ArgumentParser, required: bool = False) ->
                              "scales from an amax history; the default), blockwise (fp32 scales per 1x128 and "
                              "128x128 block; Hopper and Blackwell), mxfp8 (E8M0 scales per 32 values; "
                              "Blackwell)")
+    parser.add_argument("--ep", type=positive_int, metavar="N",
+                        help="expert-parallel degree of a mixture-of-experts model: its routed experts split over "
+                             "N ranks (omitted: the best the rules allow; 1 on a dense model)")
+    parser.add_argument("--expert-tp", type=positive_int, metavar="N",
+                        help="expert tensor-parallel degree: each expert's matrices split over N ranks, a divisor "
+                             "of tp (omitted: the best the rules allow)")
 
 
 def config_from_args(args: argparse.Namespace, defaults_to_one: bool = True) -> ParallelConfig:
@@ -141,6 +147,8 @@ def config_from_args(args: argparse.Namespace, defaults_to_one: bool = True) -> 
         cp=args.cp,
         first_stage_layers=getattr(args, "first_stage_layers", None),  # estimate's flags only
         last_stage_layers=getattr(args, "last_stage_layers", None),
+        ep=getattr(args, "ep", None),
+        expert_tp=getattr(args, "expert_tp", None),
     )
 
 

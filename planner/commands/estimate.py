@@ -46,11 +46,13 @@ def estimate_document(model: LayerGraph, estimate: Estimate) -> dict[str, Any]:
             "cp": stage.cp, "cp_comm_s": stage.cp_comm_s, "forward_s": stage.forward_s, "backward_s": stage.backward_s, "tp_comm_s": stage.tp_comm_s,
             "p2p_s": stage.p2p_s, "dp_sync_s": stage.dp_sync_s, "optimizer_s": stage.optimizer_s,
             "memory": _memory_dict(stage.memory), "memory_capacity_bytes": stage.memory_capacity_bytes,
+            "ep": stage.ep, "expert_tp": stage.expert_tp, "ep_comm_s": stage.ep_comm_s,
         }
         if len(stage.replicas) > 1:
             entry["replicas"] = [{
                 "device_type": r.device_type, "devices": list(r.devices), "tp": r.tp, "dp": r.dp, "cp": r.cp,
-                "batch_share": r.batch_share, "num_micro_batches": r.num_micro_batches,
+                "ep": r.ep, "expert_tp": r.expert_tp, "batch_share": r.batch_share,
+                "num_micro_batches": r.num_micro_batches,
                 "forward_s": r.forward_s, "backward_s": r.backward_s, "memory": _memory_dict(r.memory),
                 "memory_capacity_bytes": r.memory_capacity_bytes} for r in stage.replicas]
         stages.append(entry)
@@ -77,7 +79,8 @@ def _print_table(model: LayerGraph, estimate: Estimate) -> None:
     out.write(f"config: tp={cfg.tp} cp={cfg.cp} pp={cfg.pp} dp={cfg.dp} micro-batch={cfg.micro_batch} vpp={cfg.vpp} "
               f"schedule={cfg.schedule} zero={cfg.zero} recompute={cfg.recompute} "
               f"sequence-parallel={'yes' if cfg.sequence_parallel else 'no'} optimizer={cfg.optimizer} dtype={cfg.dtype} "
-              f"{f'fp8-recipe={cfg.fp8_recipe} ' if cfg.fp8_recipe else ''}runtime={cfg.runtime}\n")
+              f"{f'fp8-recipe={cfg.fp8_recipe} ' if cfg.fp8_recipe else ''}runtime={cfg.runtime}"
+              + (f" ep={cfg.ep} expert-tp={cfg.expert_tp}" if any(layer.moe for layer in model.layers) else "") + "\n")
     out.write(f"iteration {estimate.iteration_time_s:.4f} s, {estimate.throughput_samples_per_s:.2f} samples/s, "
               f"memory {estimate.memory_per_device_bytes / GIB:.1f} GiB per device (largest), "
               f"{'fits' if estimate.feasible else 'DOES NOT FIT: ' + estimate.reason}\n")

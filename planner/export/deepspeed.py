@@ -43,6 +43,11 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
         raise PlannerError("plan: dtype fp8 has no DeepSpeed config option (its config sets bf16 or fp16 only; "
                            "FP8 needs Transformer Engine layers in the model code); re-plan with --dtype bf16, or "
                            "use --format megatron")
+    for stage in plan.stages:
+        if stage.ep > 1 or (plan.model.get("experts") and stage.expert_tp != stage.tp):
+            raise PlannerError(f"plan: expert parallelism (ep {stage.ep}, expert-tp {stage.expert_tp}) has no ds_config "
+                               "key: DeepSpeed sets it in the model code (deepspeed.moe.layer.MoE ep_size); use "
+                               "--format megatron, or re-plan with --runtime deepspeed")
     accumulation = plan.batching.num_micro_batches
     if accumulation * plan.micro_batch * dp != plan.global_batch:
         raise PlannerError(f"plan: global batch {plan.global_batch} is not micro-batch {plan.micro_batch} x dp "

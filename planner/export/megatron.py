@@ -78,6 +78,7 @@ def megatron_args(plan: Plan) -> list[str]:
     elif plan.vpp > 1:
         args += ["--num-virtual-stages-per-pipeline-rank", str(plan.vpp)]
     args += _split_args(stage_layers, plan.vpp)
+    args += _moe_args(plan, runtime)
     args += ["--micro-batch-size", str(plan.micro_batch), "--global-batch-size", str(plan.global_batch)]
     if plan.sequence_parallel and tp > 1:
         args.append("--sequence-parallel")
@@ -90,6 +91,27 @@ def megatron_args(plan: Plan) -> list[str]:
     args += _overlap_args(runtime, plan, tp, _dp * cp)  # gradients reduce over the dp x cp ranks
     args += list(_DTYPE_ARGS[plan.dtype]) + _fp8_args(plan)
     return args
+
+
+def _moe_args(plan: Plan, runtime: Runtime) -> list[str]:
+    """A mixture-of-experts model's options (Megatron-Core's ``TransformerConfig.num_moe_experts`` is the
+    ``--num-experts`` option; ``moe_router_topk``, ``ModelParallelConfig.expert_model_parallel_size`` and
+    ``expert_tensor_parallel_size`` are named after their fields): the routed experts, the experts per token,
+    and the expert-parallel and expert tensor-parallel degrees the plan was costed with."""
+    experts = plan.model.get("experts")
+    if not experts:
+        return []
+    if not runtime.expert_parallel:
+        raise PlannerError(f"plan: a mixture-of-experts model cannot run on {runtime.name}, which has no MoE "
+                           "layers; re-plan with --runtime megatron-core")
+    first = plan.stages[0]
+    for stage in plan.stages[1:]:
+        if (stage.ep, stage.expert_tp) != (first.ep, first.expert_tp):
+            raise PlannerError(f"plan: stage {stage.index} uses ep {stage.ep} expert-tp {stage.expert_tp} but stage "
+                               f"0 uses ep {first.ep} expert-tp {first.expert_tp}; Megatron-LM needs the same on "
+                               "every stage; re-plan with --ep and --expert-tp pinned")
+    return ["--num-experts", str(experts), "--moe-router-topk", str(plan.model.get("top_k", 1)),
+            "--expert-model-parallel-size", str(first.ep), "--expert-tensor-parallel-size", str(first.expert_tp)]
 
 
 def _overlap_args(runtime: Runtime, plan: Plan, tp: int, dp: int) -> list[str]:
