@@ -569,7 +569,7 @@ def check_config(model: LayerGraph, cluster: Cluster, config: ParallelConfig) ->
         stage_blocks(shape.num_units, pp, config.vpp or 1, config.first_stage_layers, config.last_stage_layers)
     check_numerics(config.recompute, config.optimizer, config.dtype, config.sequence_parallel, tp, runtime)
     check_recipe_choice(config.dtype, config.fp8_recipe)
-    check_experts(config.ep or 1, config.expert_tp, tp, dp, shape, runtime)
+    check_experts(config.ep or 1, config.expert_tp, tp, dp, shape, runtime, cp)
 
 
 def simplicity_key(zero: int, recompute: str, tp: int, pp: int) -> tuple[int, int, int, int]:

@@ -1,8 +1,9 @@
 """One rule book (planner.rules): `estimate` accepts a configuration exactly when the search's space holds it.
 
-For random small models (GPT and Llama with 12 or 16 heads, Llama with 4 key/value heads), clusters (catalog
-nodes of 1, 4 and 8 GPUs, a 2-GPU node, mixed ones) and fully pinned configurations (tp, cp, pp, dp, micro-batch,
-ZeRO, vpp, recompute, runtime; cp, micro-batch, ZeRO, vpp and recompute sometimes left free), estimate raises
+For random small models (GPT and Llama with 12 or 16 heads, Llama with 4 key/value heads, mixtures of 8 and
+6 experts), clusters (catalog nodes of 1, 4 and 8 GPUs, a 2-GPU node, mixed ones for the dense models) and
+fully pinned configurations (tp, cp, pp, dp, micro-batch, ZeRO, vpp, recompute, runtime, ep, expert_tp; cp,
+micro-batch, ZeRO, vpp, recompute, ep and expert_tp sometimes left free), estimate raises
 ConfigError exactly when the search's enumeration (validate_pins, enumerate_settings x tp_choices x the stage
 counts max_stages and pipeline_allowed admit) holds no plan of that shape, and the configuration estimate
 resolves is one the search holds.
@@ -25,11 +26,15 @@ from planner.hardware.efficiency import resolve_dtype
 from planner.rules import RECOMPUTE_CHOICES, ZERO_STAGES, ModelShape, pools_touched
 from planner.runtime import RUNTIMES
 from planner.search.interleave import pipeline_allowed, unit_flags
-from planner.search.space import (Pins, cp_choices, enumerate_settings, max_stages, settings_allowed, tp_choices,
-                                   validate_pins)
+from planner.search.space import (Pins, cp_choices, enumerate_settings, experts_allowed, max_stages, settings_allowed,
+                                  tp_choices, validate_pins)
 from planner.types import Cluster, Estimate, LayerGraph, ParallelConfig
 
-MODELS = (("gpt", 4, 12, 12), ("gpt", 6, 16, 16), ("llama", 8, 16, 4), ("llama", 5, 12, 4))
+MODELS = (("gpt", 4, 12, 12), ("gpt", 6, 16, 16), ("llama", 8, 16, 4), ("llama", 5, 12, 4), ("moe", 3, 8, 4),
+          ("moe", 2, 12, 4))
+EXPERTS = {3: 8, 2: 6}  # routed experts of the moe models, by layer count
+# an expert-parallel group lies in one replica group, so the mixtures are drawn on one device type
+HOMOGENEOUS = ("dgx-a100-80gb*1", "dgx-a100-80gb*2", "a10*4", "mi250x-4*2", "two-gpu*3")
 CLUSTERS = ("dgx-a100-80gb*1", "dgx-a100-80gb*2", "a10*4", "mi250x-4*2", "dgx-h100*1+a10*2", "a10*2+dgx-h100*1",
             "two-gpu*3", "two-gpu*1+dgx-a100-80gb*1")
 
@@ -38,8 +43,10 @@ CLUSTERS = ("dgx-a100-80gb*1", "dgx-a100-80gb*2", "a10*4", "mi250x-4*2", "dgx-h1
 def model_of(index: int) -> LayerGraph:
     family, layers, heads, kv_heads = MODELS[index]
     keys = {"layers": layers, "hidden": 64 * heads, "heads": heads, "vocab": 1024, "seq_len": 128}
-    if family == "llama":
+    if family in ("llama", "moe"):
         keys["kv_heads"] = kv_heads
+    if family == "moe":
+        keys.update(experts=EXPERTS[layers], top_k=2, expert_ffn=64 * heads, vocab=512, seq_len=64)
     return import_model_proto(build(family, keys), {"batch": 1}, name=f"{family}-{layers}")
 
 
@@ -86,9 +93,9 @@ def search_contains(model: LayerGraph, cluster: Cluster, config: ParallelConfig)
     if not all(cp in cp_choices(cluster, p, pins, tp) for p in pools):
         return False
     for s in enumerate_settings(cluster, config.global_batch, pins, num_units=num_units):
-        if not settings_allowed(s, pins):
+        if not settings_allowed(s, pins) or not experts_allowed(s, pins, tp, cp):
             continue
-        for name in ("micro_batch", "zero", "recompute"):
+        for name in ("micro_batch", "zero", "recompute", "ep"):
             assert getattr(config, name) in (None, getattr(s, name))
         if pp <= min(len(model.layers), max_stages(s, num_units)) and config.vpp in (None, s.vpp) \
                 and pipeline_allowed(pp, s.num_micro_batches(config.global_batch), s.vpp, num_units):
@@ -100,7 +107,9 @@ def search_contains(model: LayerGraph, cluster: Cluster, config: ParallelConfig)
 def cases(draw: st.DrawFn) -> tuple[LayerGraph, Cluster, ParallelConfig]:
     """A model, a cluster and a pinned configuration, drawn so that every rule is broken now and then and some
     configurations keep them all: tp is often cut to the first pool's node, pp to the model's blocks."""
-    model, cluster = model_of(draw(st.integers(0, len(MODELS) - 1))), cluster_of(draw(st.sampled_from(CLUSTERS)))
+    index = draw(st.integers(0, len(MODELS) - 1))
+    model = model_of(index)
+    cluster = cluster_of(draw(st.sampled_from(HOMOGENEOUS if MODELS[index][0] == "moe" else CLUSTERS)))
     tp = draw(st.sampled_from((1, 2, 4, 8, 3)))
     if draw(st.booleans()):
         tp = min(tp, cluster.groups[0].node.devices_per_node)
@@ -110,7 +119,8 @@ def cases(draw: st.DrawFn) -> tuple[LayerGraph, Cluster, ParallelConfig]:
         dp=draw(st.sampled_from((1, 2, 4, 3))), micro_batch=draw(st.sampled_from((1, 2, 4, None))),
         zero=draw(st.sampled_from((*ZERO_STAGES, None))), vpp=draw(st.sampled_from((1, 1, 2, 3, 4, None))),
         recompute=draw(st.sampled_from((*RECOMPUTE_CHOICES, None))), runtime=draw(st.sampled_from(tuple(RUNTIMES))),
-        cp=draw(st.sampled_from((None, None, 1, 2, 4, 3, 64))))
+        cp=draw(st.sampled_from((None, None, 1, 2, 4, 3, 64))),
+        ep=draw(st.sampled_from((None, None, 1, 2, 4, 8, 3))), expert_tp=draw(st.sampled_from((None, None, 1, 2, 4))))
     return model, cluster, config
 
 
