@@ -403,7 +403,7 @@ BREAKDOWN_PARTS: tuple[tuple[str, str], ...] = (
     ("pp_comm_s", "pipeline send/receive"), ("dp_comm_s", "data-parallel gradient sync"),
     ("bubble_s", "pipeline bubble"), ("optimizer_s", "optimizer step"), ("embedding_s", "embeddings"),
     ("cp_comm_s", "context-parallel K/V exchange"),
-    ("ep_comm_s", "expert-parallel all-to-all"),
+    ("ep_comm_s", "expert dispatch and combine"),
 )
 
 

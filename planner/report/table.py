@@ -29,6 +29,15 @@ def _stage_rows(stage: StagePlan, plan: Plan) -> list[list[str]]:
     return rows
 
 
+def _experts(plan: Plan) -> list[str]:
+    """The mixture-of-experts line: routed experts, top-k, and the expert-parallel degrees (none if dense)."""
+    if not plan.model.get("experts"):
+        return []
+    first = plan.stages[0]
+    return [f"  experts {plan.model['experts']} routed, top-{plan.model.get('top_k', '?')}: ep {first.ep}, expert tp "
+            f"{first.expert_tp}, expert dp {first.tp * first.dp // (first.ep * first.expert_tp)}"]
+
+
 def render_table(plan: Plan) -> str:
     model = plan.model.get("name", "model")
     peak_bytes = max([plan.memory_per_device_bytes] + [s.memory_bytes_per_device for s in plan.stages])
@@ -42,6 +51,7 @@ def render_table(plan: Plan) -> str:
         f"micro-batches x {replicas:g} replicas{mixed}; schedule {plan.schedule}, vpp {plan.vpp}, ZeRO-{plan.zero}, "
         f"{plan.dtype}{f' ({plan.fp8_recipe} scaling)' if plan.fp8_recipe else ''}, sequence parallel {'on' if plan.sequence_parallel else 'off'}",
         f"  runtime {plan.runtime}{_sharding(plan)}",
+        *_experts(plan),
         f"  iteration {seconds(plan.iteration_time_s)}, {plan.throughput_samples_per_s:.4g} samples/s, "
         f"peak memory {size(peak_bytes)} per device",
         "",
@@ -62,6 +72,8 @@ def render_table(plan: Plan) -> str:
         value = plan.breakdown.get(key, 0.0)
         if key == "cp_comm_s" and not context:
             continue
+        if key == "ep_comm_s" and not value and not plan.model.get("experts"):
+            continue  # a dense model has no experts to dispatch to
         share = f"{value / total:6.1%}" if total > 0 else "     -"
         lines.append(f"  {label:<{width}} {seconds(value):>11}  {share}")
     if plan.bottleneck:

@@ -33,6 +33,8 @@ def bottleneck(estimate: Estimate, num_micro_batches: int, embedding_s: float = 
         "embedding_s": "embedding lookups and their all-to-all run outside the dense pipeline",
         "cp_comm_s": f"passing K and V around the ring of cp={stage.cp} ranks takes longer than the attention "
                      "step each transfer overlaps",
+        "ep_comm_s": (f"every MoE layer sends its tokens to their experts and back by all-to-all over ep={stage.ep} "
+                      f"ranks (expert tp {stage.expert_tp}), forward and backward"),
     }.get(overhead[0], "")
     context = f", cp={stage.cp}" if stage.cp > 1 else ""
     sentence = (f"Stage {slow} (layers {stage.first_layer}-{stage.last_layer} on {stage.device_type}, "
