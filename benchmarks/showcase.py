@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @dataclass(frozen=True)
 class Case:
     family: str  # a `planner models build` family
-    keys: dict[str, int]  # its --set KEY=VALUE
+    keys: dict[str, int | str]  # its --set KEY=VALUE
     cluster: str
     global_batch: int
     pins: tuple[str, ...] = ()  # extra `planner plan` flags
@@ -38,6 +38,16 @@ class Case:
 
 LLAMA3_405B = {"layers": 126, "hidden": 16384, "heads": 128, "kv_heads": 8, "ffn": 53248, "vocab": 128256}
 LLAMA3_70B = {"layers": 80, "hidden": 8192, "heads": 64, "kv_heads": 8, "ffn": 28672, "vocab": 128256}
+# Mixtral 8x7B: the moe family's defaults (Jiang et al. 2024, Table 1), sequence 4096
+MIXTRAL_8X7B: dict[str, int | str] = {}
+# DeepSeek-V3 (arXiv:2412.19437, Sec. 4.2; config.json of deepseek-ai/DeepSeek-V3): 61 layers, hidden 7168,
+# 128 heads of MLA, 256 routed + 1 shared expert of width 2048, top-8 sigmoid routing, first 3 layers dense
+# (width 18432), vocabulary 129280; sequence 4096 and the final batch of 15360 sequences (Sec. 4.2)
+DEEPSEEK_V3: dict[str, int | str] = {
+    "layers": 61, "hidden": 7168, "heads": 128, "vocab": 129280, "attention": "mla", "experts": 256, "top_k": 8,
+    "shared_experts": 1, "expert_ffn": 2048, "dense_layers": 3, "dense_ffn": 18432, "router": "sigmoid",
+    "seq_len": 4096,
+}
 
 CASES: dict[str, Case] = {
     "llama3-405b-8k": Case(
@@ -54,6 +64,15 @@ CASES: dict[str, Case] = {
     "llama3-70b-1m-cp": Case(
         "llama", {**LLAMA3_70B, "seq_len": 1 << 20}, "dgx-h100*128", 16,
         note="Llama 3 70B dimensions at a 1M-token sequence on 1,024 H100 (128 DGX H100), 16 sequences per batch"),
+    "mixtral-8x7b-64h100": Case(
+        "moe", MIXTRAL_8X7B, "dgx-h100*8", 256,
+        note="Mixtral 8x7B on 8 DGX H100 nodes, 256 sequences of 4096 (the Megatron-Core MoE guide's Mixtral "
+             "recipe is tp 1, pp 4, ep 8)",
+        reference={"tp": 1, "pp": 4, "ep": 8}),
+    "deepseek-v3-2048h800": Case(
+        "moe", DEEPSEEK_V3, "dgx-h800*256", 15360,
+        note="DeepSeek-V3-like on 256 H800 nodes, 15360 sequences of 4096 (DeepSeek-V3 report, Sec. 3.2 and 4.2)",
+        reference={"tp": 1, "pp": 16, "ep": 64, "dp": 128}),
 }
 
 
@@ -83,7 +102,8 @@ def run(name: str, folder: Path) -> dict:
     plan = json.loads(done.stdout)
     stages = plan["stages"]
     degrees = {"tp": sorted({s["tp"] for s in stages}), "cp": sorted({s.get("cp", 1) for s in stages}),
-               "pp": len(stages), "dp": sorted({s["dp"] for s in stages})}
+               "pp": len(stages), "dp": sorted({s["dp"] for s in stages}),
+               "ep": sorted({s.get("ep", 1) for s in stages}), "expert_tp": sorted({s.get("expert_tp", 1) for s in stages})}
     return {"case": name, "command": " ".join(argv), "wall_s": wall, "cpu_s": cpu, "degrees": degrees,
             "micro_batch": plan["micro_batch"], "schedule": plan["schedule"], "vpp": plan["vpp"],
             "zero": plan["zero"], "recompute": sorted({s["recompute"] for s in stages}),

@@ -1,0 +1,56 @@
+"""Predicted against published mixture-of-experts training throughput (benchmarks/data/moe_runs.json).
+
+    python benchmarks/moe_accuracy.py
+
+For each published run: build its model (``benchmarks/showcase.py``'s model keys), estimate the published
+configuration with the cost model as it is (nothing fitted to these runs: held out), and print the predicted
+and published figures and the error (predicted / published - 1). Mixtral's figure is TFLOP/s per GPU (3 x the
+forward FLOPs per sample x samples/s over the GPUs); DeepSeek-V3's is tokens/s per GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from showcase import DEEPSEEK_V3, MIXTRAL_8X7B  # noqa: E402
+
+from planner.builders import build  # noqa: E402
+from planner.cost import estimate  # noqa: E402
+from planner.graph import import_model_proto  # noqa: E402
+from planner.hardware import load_cluster  # noqa: E402
+from planner.types import ParallelConfig  # noqa: E402
+
+DATA = Path(__file__).resolve().parent / "data" / "moe_runs.json"
+MODELS = {"mixtral-8x7b-mcore": MIXTRAL_8X7B, "deepseek-v3-pretraining": DEEPSEEK_V3}
+
+
+def predict(run: dict) -> tuple[str, float, float]:
+    """(metric, predicted, published) of one run."""
+    keys = MODELS[run["name"]]
+    model = import_model_proto(build("moe", dict(keys)), {"batch": 1}, name=run["name"])
+    cluster = load_cluster(run["cluster"])
+    est = estimate(model, cluster, ParallelConfig(global_batch=run["global_batch"], **run["config"]))
+    devices = run["config"]["tp"] * run["config"]["pp"] * run["config"]["dp"]
+    published = run["published"]
+    if "tflops_per_gpu" in published:
+        flops = 3.0 * model.flops_forward * est.throughput_samples_per_s / devices
+        return "TFLOP/s per GPU", flops / 1e12, float(published["tflops_per_gpu"])
+    seq = int(keys.get("seq_len", 4096))
+    return "tokens/s per GPU", est.throughput_samples_per_s * seq / devices, float(published["tokens_per_s_per_gpu"])
+
+
+def main() -> int:
+    runs = json.loads(DATA.read_text())["runs"]
+    for run in runs:
+        metric, predicted, published = predict(run)
+        print(f"{run['name']}: {metric} predicted {predicted:.4g}, published {published:.4g}, "
+              f"error {predicted / published - 1:+.1%} (held out)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
