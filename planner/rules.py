@@ -27,7 +27,9 @@ Rules
   one, so inside a node; a planner restriction, Megatron-Core allows more); ep x expert_tp divides
   tp x cp x dp (Megatron-Core folds the experts' ranks into the stage's: megatron/core/parallel_state.py,
   ``initialize_model_parallel`` raises unless the world size is a multiple of expert_tp x ep x pp);
-  expert_tp other than tp only where the runtime has expert tensor parallelism.
+  expert_tp other than tp only where the runtime has expert tensor parallelism; ep > 1 with tp > 1 only with
+  sequence parallelism (Megatron-Core MoE README: "When using MoE with expert parallelism and tensor
+  parallelism, sequence parallelism must be enabled").
 * enums: recompute, optimizer, dtype, schedule, runtime, each spelled once here (the search plans the 1F1B
   and interleaved schedules; GPipe, which holds every micro-batch's activations, is estimated only).
 
@@ -406,21 +408,24 @@ def expert_tp_values(shape: ModelShape, tp: int, runtime: Runtime) -> list[int]:
     return divisors(tp) if runtime.expert_tensor_parallel else [tp]
 
 
-def ep_values(shape: ModelShape, tp: int, dp: int, expert_tp: int, runtime: Runtime, cp: int = 1) -> list[int]:
+def ep_values(shape: ModelShape, tp: int, dp: int, expert_tp: int, runtime: Runtime, cp: int = 1,
+              sequence_parallel: bool | None = None) -> list[int]:
     """The expert-parallel degrees: divisors of the routed experts with ep x expert_tp dividing
-    tp x cp x dp (1 alone on a dense model, or where the runtime has no expert parallelism)."""
-    if not shape.experts or not runtime.expert_parallel:
+    tp x cp x dp (1 alone on a dense model, where the runtime has no expert parallelism, or with tp > 1
+    and sequence parallelism off: ``sequence_parallel`` False)."""
+    if not shape.experts or not runtime.expert_parallel or (tp > 1 and sequence_parallel is False):
         return [1]
     return [e for e in divisors(shape.experts) if (tp * cp * dp) % (e * expert_tp) == 0]
 
 
 def experts_fit(shape: ModelShape, ep: int, expert_tp: int | None, tp: int, dp: int, runtime: Runtime,
-                cp: int = 1) -> bool:
+                cp: int = 1, sequence_parallel: bool | None = None) -> bool:
     """Whether (ep, expert_tp; None: tp) is allowed with these degrees (:func:`check_experts` as a test)."""
     if not shape.experts:
         return ep == 1 and expert_tp in (None, tp)
     etp = tp if expert_tp is None else expert_tp
-    return etp in expert_tp_values(shape, tp, runtime) and ep in ep_values(shape, tp, dp, etp, runtime, cp)
+    return etp in expert_tp_values(shape, tp, runtime) and ep in ep_values(shape, tp, dp, etp, runtime, cp,
+                                                                          sequence_parallel)
 
 
 def _listed(values: Iterable[int]) -> str:
@@ -428,9 +433,11 @@ def _listed(values: Iterable[int]) -> str:
 
 
 def check_experts(ep: int, expert_tp: int | None, tp: int | None, dp: int | None, shape: ModelShape,
-                  runtime: Runtime, cp: int = 1, flag: str = "ep=", etp_flag: str = "expert_tp=") -> None:
-    """ep and expert_tp (None: tp) against the model's experts, tp x cp x dp and the runtime; ``tp`` or ``dp``
-    None (not fixed, the search's pins): the checks that need them are left out."""
+                  runtime: Runtime, cp: int = 1, flag: str = "ep=", etp_flag: str = "expert_tp=",
+                  sequence_parallel: bool | None = None) -> None:
+    """ep and expert_tp (None: tp) against the model's experts, tp x cp x dp, sequence parallelism (None:
+    not fixed) and the runtime; ``tp`` or ``dp`` None (not fixed, the search's pins): the checks that need them
+    are left out."""
     for name, value in ((flag, ep), (etp_flag, expert_tp)):
         if value is not None and (not isinstance(value, int) or value < 1):
             raise ConfigError(f"{name}{value} must be a positive integer")
@@ -454,6 +461,10 @@ def check_experts(ep: int, expert_tp: int | None, tp: int | None, dp: int | None
                           f"tensor-parallel group; leave expert_tp out, or --runtime megatron-core")
     if tp is None:
         return
+    if ep > 1 and tp > 1 and sequence_parallel is False:
+        raise ConfigError(f"{flag}{ep} with tp={tp} needs sequence parallelism (Megatron-Core requires it for "
+                          "expert parallelism with tensor parallelism); drop --no-sequence-parallel, or use ep 1 "
+                          "or tp 1")
     etp = tp if expert_tp is None else expert_tp
     valid_etp = expert_tp_values(shape, tp, runtime)
     if etp not in valid_etp:
@@ -569,7 +580,8 @@ def check_config(model: LayerGraph, cluster: Cluster, config: ParallelConfig) ->
         stage_blocks(shape.num_units, pp, config.vpp or 1, config.first_stage_layers, config.last_stage_layers)
     check_numerics(config.recompute, config.optimizer, config.dtype, config.sequence_parallel, tp, runtime)
     check_recipe_choice(config.dtype, config.fp8_recipe)
-    check_experts(config.ep or 1, config.expert_tp, tp, dp, shape, runtime, cp)
+    check_experts(config.ep or 1, config.expert_tp, tp, dp, shape, runtime, cp,
+                  sequence_parallel=config.sequence_parallel)
 
 
 def simplicity_key(zero: int, recompute: str, tp: int, pp: int) -> tuple[int, int, int, int]:

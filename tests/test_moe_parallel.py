@@ -215,3 +215,12 @@ def _moe_file() -> str:
     path = os.path.join(tempfile.mkdtemp(), "moe-test.onnx")
     onnx.save(build("moe", KEYS), path)
     return path
+
+
+def test_expert_parallelism_with_tensor_parallelism_needs_sequence_parallelism():
+    with pytest.raises(ConfigError, match="needs sequence parallelism"):
+        estimate(moe_model(), load_cluster("dgx-h100*1"),
+                 ParallelConfig(global_batch=16, tp=2, dp=4, ep=2, sequence_parallel=False))
+    left_free = estimate(moe_model(), load_cluster("dgx-h100*1"),
+                         ParallelConfig(global_batch=16, tp=2, dp=4, sequence_parallel=False))
+    assert left_free.config.ep == 1

@@ -638,10 +638,11 @@ def _candidates(model: LayerGraph, config: ParallelConfig) -> dict[str, list]:
                                   f"chunks with vpp > 1, and none does for pp={pp}; use --schedule 1f1b")
     zeros = zero_stages(runtime, pp)
     shape = ModelShape.of(model)
+    sp = bool(config.sequence_parallel) if config.sequence_parallel is not None else tp > 1 and runtime.sequence_parallel
     etps = [config.expert_tp] if config.expert_tp is not None else (expert_tp_values(shape, tp, runtime) or [0])
     experts = [(ep, etp) for etp in etps
                for ep in ([config.ep] if config.ep is not None else ep_values(shape, tp, dp, etp or tp, runtime,
-                                                                              config.cp or 1))]
+                                                                              config.cp or 1, sp))]
     return {
         # ep and expert_tp left out: every pair the rules allow (1 and none on a dense model)
         "experts": experts,
@@ -650,8 +651,7 @@ def _candidates(model: LayerGraph, config: ParallelConfig) -> dict[str, list]:
         # sequence parallelism is taken whenever tp > 1: its reduce-scatter plus all-gather move the bytes of
         # the all-reduce it replaces, and it divides the remaining activations and element-wise work by tp
         # (Korthikanti et al. 2022); pass sequence_parallel=False to estimate without it
-        "sequence_parallel": [bool(config.sequence_parallel)] if config.sequence_parallel is not None
-        else [tp > 1 and runtime.sequence_parallel],
+        "sequence_parallel": [sp],
         "vpp": vpps,
         # ZeRO shards over data-parallel ranks: with dp = 1 every stage is the plan of the lowest
         "zero": [config.zero] if config.zero is not None else (list(zeros) if dp > 1 else [min(zeros)]),

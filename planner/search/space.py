@@ -199,7 +199,7 @@ def check_expert_pins(pins: Pins) -> None:
     cp = pins.cp or (None if searched_cp else 1)
     rules.check_experts(pins.ep or 1, pins.expert_tp, pins.tp or None,
                         (pins.dp or None) if pins.tp and cp else None, pins.shape, runtime, cp=cp or 1,
-                        flag="--ep ", etp_flag="--expert-tp ")
+                        flag="--ep ", etp_flag="--expert-tp ", sequence_parallel=pins.sequence_parallel)
 
 
 def expert_choices(pins: Pins) -> list[tuple[int, int]]:
@@ -349,7 +349,7 @@ def experts_allowed(settings: Settings, pins: Pins, tp: int, cp: int = 1) -> boo
     if settings.expert_tp == 1 and tp == 1 and pins.expert_tp is None:
         return False
     return rules.experts_fit(pins.shape, settings.ep, settings.expert_tp or None, tp, settings.dp,
-                             get_runtime(settings.runtime), cp)
+                             get_runtime(settings.runtime), cp, sequence_parallel=settings.sequence_parallel)
 
 
 def ordered_layouts(blocks: Sequence[tuple[int, ...]], all_orders: bool = True) -> Iterator[Layout]:
