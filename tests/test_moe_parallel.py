@@ -224,3 +224,13 @@ def test_expert_parallelism_with_tensor_parallelism_needs_sequence_parallelism()
     left_free = estimate(moe_model(), load_cluster("dgx-h100*1"),
                          ParallelConfig(global_batch=16, tp=2, dp=4, sequence_parallel=False))
     assert left_free.config.ep == 1
+
+
+def test_the_search_finds_expert_parallelism_with_tensor_parallelism_under_sequence_parallelism():
+    """ep > 1 with tp > 1 exists only with sequence parallelism: the search, with sequence parallelism left free,
+    must find it (the stage options of one settings are not those of the same settings without it)."""
+    model, cluster = moe_model(), load_cluster("dgx-h100*2")
+    best = plan(model, cluster, 64, pinned=ParallelConfig(global_batch=64, tp=2, pp=0, dp=0, ep=8, expert_tp=1))
+    assert best.sequence_parallel and all((s.tp, s.ep, s.expert_tp) == (2, 8, 1) for s in best.stages)
+    free = plan(model, cluster, 64)  # the pinned space is part of the free one (up to the tie rule's tolerance)
+    assert free.iteration_time_s <= best.iteration_time_s * 1.005

@@ -417,12 +417,14 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
     profiles = Profiles(backend)
     state = _Search(backend, cluster, global_batch, top_k, limits, start, units, tie_tolerance)
     masks: dict[int, np.ndarray | None] = {}
-    per_dp: dict[int, tuple[StageOption, ...]] = {}  # every pool's options, by dp (nothing else changes them)
+    # every pool's options, by the settings' fields pool_options reads (dp; ep, expert tp, sequence parallelism)
+    per_dp: dict[tuple, tuple[StageOption, ...]] = {}
 
     def options_of(s: Settings) -> tuple[StageOption, ...]:
-        hit = per_dp.get((s.dp, s.ep, s.expert_tp))
+        key = (s.dp, s.ep, s.expert_tp, s.sequence_parallel)  # what pool_options reads of the settings
+        hit = per_dp.get(key)
         if hit is None:
-            hit = per_dp[(s.dp, s.ep, s.expert_tp)] = tuple(o for opts in pool_options(cluster, s, pins) for o in opts)
+            hit = per_dp[key] = tuple(o for opts in pool_options(cluster, s, pins) for o in opts)
         return hit
 
     # settings in increasing bound order: first a quick compute-only bound, then, when a settings comes up,
