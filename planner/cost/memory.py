@@ -206,14 +206,16 @@ def memory_terms(params_per_rank, activation_bytes_per_micro_batch, micro_batche
 
 
 def stage_memory(params_per_rank, activation_bytes_per_micro_batch, micro_batches_in_flight, zero: int, dp: int,
-                 optimizer: str, dtype: str, transient_bytes=0.0, runtime: Runtime | str | None = None) -> MemoryBreakdown:
+                 optimizer: str, dtype: str, transient_bytes=0.0, runtime: Runtime | str | None = None, *,
+                 expert_params_per_rank=0.0, expert_dp=1.0) -> MemoryBreakdown:
     """Bytes per device of a stage whose ranks each hold ``params_per_rank`` parameters.
 
     ``transient_bytes`` is memory needed only briefly on top of the steady state (the full activations of
     one layer while it is recomputed, a ZeRO-3 gathered layer); it joins ``other_bytes`` with the runtime's
     fixed overheads and allocator reserve. The numeric arguments may be numpy arrays (the search passes a
     matrix of candidate stages); the fields are then arrays too. ``runtime``: the training stack whose state
-    layout and overheads apply (None: the default runtime).
+    layout and overheads apply (None: the default runtime). ``expert_params_per_rank`` of the parameters are
+    routed experts' sharded over ``expert_dp`` (``memory_terms``).
     """
     if zero not in (0, 1, 2, 3):
         raise ConfigError(f"zero={zero} is not a ZeRO stage; use 0, 1, 2 or 3")
@@ -221,7 +223,7 @@ def stage_memory(params_per_rank, activation_bytes_per_micro_batch, micro_batche
         raise ConfigError(f"dp={dp} must be at least 1")
     terms = memory_terms(params_per_rank, activation_bytes_per_micro_batch,
                          np.maximum(0.0, micro_batches_in_flight), zero, dp, optimizer, dtype, transient_bytes,
-                         runtime)
+                         runtime, expert_params_per_rank=expert_params_per_rank, expert_dp=expert_dp)
     if all(np.ndim(t) == 0 for t in terms):
         terms = tuple(float(t) for t in terms)
     weights, gradients, states, activations, other = terms

@@ -23,7 +23,7 @@ from planner.cost.calibration import DeviceCalibration, calibration_for
 from planner.cost.comm import (dp_group, dp_sync, layer_collective_s, micro_batch_reduce_s, sync_tail_s,
                                zero3_exposed_lower_s)
 from planner.cost.memory import micro_batches_in_flight
-from planner.cost.moe import ep_group_devices, resolved_expert_tp
+from planner.cost.moe import ep_group_devices, expert_dp, resolved_expert_tp
 from planner.hardware.cluster import locate
 from planner.hardware.collectives import CommGroup, p2p_time_s
 from planner.runtime import get_runtime
@@ -66,18 +66,36 @@ class CostModelBackend:
                              act_bytes=lc.activation_bytes, peak_bytes=lc.peak_extra_bytes,
                              output_bytes=lc.output_bytes)
             self._tables[key] = hit
+            self._tables[("experts",) + key] = lc.expert_params_per_rank
         return hit
 
+    def _expert_dp(self, option: StageOption, settings: Settings) -> float:
+        """The expert-data-parallel degree of a stage (planner.cost.moe.expert_dp; dp on a dense model)."""
+        if not self.model_has_experts:
+            return float(settings.dp * option.cp)
+        return float(expert_dp(option.tp, settings.dp, settings.ep, resolved_expert_tp(option.tp, settings.expert_tp),
+                               option.cp))
+
+    def _state_dp(self, option: StageOption, settings: Settings) -> float:
+        """The data-parallel degree the memory bounds shard every parameter over: the larger of dp x cp (the
+        ranks that hold a copy of the weights) and the expert dp, so that the probed (affine) memory never exceeds the cost model's, where the routed experts
+        shard over the expert dp and the rest over dp (``_memory_of`` is exact)."""
+        return max(float(settings.dp * option.cp), self._expert_dp(option, settings))
+
+    @property
+    def model_has_experts(self) -> bool:
+        return any(layer.moe is not None for layer in self.model.layers)
+
     def static_bytes(self, params_per_rank: np.ndarray, option: StageOption, settings: Settings) -> np.ndarray:
-        mem = stage_memory(np.asarray(params_per_rank, dtype=float), 0.0, 0, settings.zero, settings.dp * option.cp,
-                           settings.optimizer, settings.dtype, runtime=settings.runtime)
+        mem = stage_memory(np.asarray(params_per_rank, dtype=float), 0.0, 0, settings.zero,
+                           self._state_dp(option, settings), settings.optimizer, settings.dtype,
+                           runtime=settings.runtime)
         return mem.weights_bytes + mem.gradients_bytes + mem.optimizer_bytes
 
     def stage_bytes(self, params_per_rank: np.ndarray, act_bytes: np.ndarray, in_flight: float,
                     peak_bytes: np.ndarray, option: StageOption, settings: Settings) -> np.ndarray:
-        return stage_memory(params_per_rank, act_bytes, in_flight, settings.zero, settings.dp * option.cp,
-                            settings.optimizer,
-                            settings.dtype, peak_bytes, settings.runtime).total_bytes
+        return stage_memory(params_per_rank, act_bytes, in_flight, settings.zero, self._state_dp(option, settings),
+                            settings.optimizer, settings.dtype, peak_bytes, settings.runtime).total_bytes
 
     def capacity_bytes(self, option: StageOption) -> float:
         return float(self.cluster.groups[option.pool].node.device.memory_bytes)
@@ -116,7 +134,16 @@ class CostModelBackend:
         hit = self._segments.get(key)
         if hit is None:
             _, _, params, act, peak = self._segments_of(option, settings)
-            zero, one = (self.stage_bytes(params, act, n, peak, option, settings) for n in (0, 1))
+            experts = 0.0
+            if self.model_has_experts:
+                self.layer_table(option, settings)
+                table_key = (option, settings.micro_batch, settings.recompute, settings.sequence_parallel,
+                             settings.dtype, settings.runtime, settings.ep, settings.expert_tp)
+                experts = segment_sums(self._tables[("experts",) + table_key])
+            zero, one = (stage_memory(params, act, n, settings.zero, settings.dp * option.cp, settings.optimizer,
+                                      settings.dtype,
+                                      peak, settings.runtime, expert_params_per_rank=experts,
+                                      expert_dp=self._expert_dp(option, settings)).total_bytes for n in (0, 1))
             hit = (zero, one - zero)
             self._segments[key] = hit
         return hit
