@@ -428,10 +428,6 @@ def experts_fit(shape: ModelShape, ep: int, expert_tp: int | None, tp: int, dp: 
                                                                           sequence_parallel)
 
 
-def _listed(values: Iterable[int]) -> str:
-    return ", ".join(str(v) for v in values) or "none"
-
-
 def check_experts(ep: int, expert_tp: int | None, tp: int | None, dp: int | None, shape: ModelShape,
                   runtime: Runtime, cp: int = 1, flag: str = "ep=", etp_flag: str = "expert_tp=",
                   sequence_parallel: bool | None = None) -> None:
@@ -455,7 +451,7 @@ def check_experts(ep: int, expert_tp: int | None, tp: int | None, dp: int | None
                           f"--runtime {others}")
     if shape.experts % ep:
         raise ConfigError(f"{flag}{ep} does not divide the {shape.experts} routed experts; valid: "
-                          f"{_listed(divisors(shape.experts))}")
+                          f"{_listed(divisors(shape.experts), ep)}")
     if expert_tp is not None and expert_tp > 1 and not runtime.expert_tensor_parallel and expert_tp != tp:
         raise ConfigError(f"{etp_flag}{expert_tp}: the {runtime.name} runtime splits experts over the "
                           f"tensor-parallel group; leave expert_tp out, or --runtime megatron-core")
@@ -472,14 +468,14 @@ def check_experts(ep: int, expert_tp: int | None, tp: int | None, dp: int | None
             raise ConfigError(f"{etp_flag}{etp}: the {runtime.name} runtime splits experts over the tensor-parallel "
                               f"group (tp {tp}); use expert_tp {tp}, or --runtime megatron-core")
         raise ConfigError(f"{etp_flag}{etp} does not divide tp={tp} (the expert-tensor-parallel group lies inside "
-                          f"the tensor-parallel one); valid: {_listed(valid_etp)}")
+                          f"the tensor-parallel one); valid: {_listed(valid_etp, etp)}")
     if dp is None:
         return
     ranks = tp * cp * dp
     if ranks % (ep * etp):
         raise ConfigError(f"{flag}{ep} x {etp_flag}{etp} = {ep * etp} does not divide the stage's tp x cp x dp = "
                           f"{ranks} ranks (Megatron-Core folds the experts' ranks into them); valid ep: "
-                          f"{_listed(ep_values(shape, tp, dp, etp, runtime, cp))}")
+                          f"{_listed(ep_values(shape, tp, dp, etp, runtime, cp), ep)}")
 
 
 # ------------------------------------------------------------------------------------ devices and batch
