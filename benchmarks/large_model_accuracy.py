@@ -1,11 +1,12 @@
-"""Predicted against published mixture-of-experts training throughput (benchmarks/data/moe_runs.json).
+"""Predicted against published training throughput of today's large models: mixtures of experts and long
+context (benchmarks/data/large_model_runs.json).
 
-    python benchmarks/moe_accuracy.py
+    python benchmarks/large_model_accuracy.py
 
 For each published run: build its model (``benchmarks/showcase.py``'s model keys), estimate the published
 configuration with the cost model as it is (nothing fitted to these runs: held out), and print the predicted
-and published figures and the error (predicted / published - 1). Mixtral's figure is TFLOP/s per GPU (3 x the
-forward FLOPs per sample x samples/s over the GPUs); DeepSeek-V3's is tokens/s per GPU.
+and published figures and the error (predicted / published - 1). A TFLOP/s-per-GPU figure is 3 x the forward
+FLOPs per sample x samples/s over the GPUs; DeepSeek-V3's is tokens/s per GPU.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from showcase import DEEPSEEK_V3, MIXTRAL_8X7B  # noqa: E402
+from showcase import DEEPSEEK_V3, LLAMA3_405B, MIXTRAL_8X7B  # noqa: E402
 
 from planner.builders import build  # noqa: E402
 from planner.cost import estimate  # noqa: E402
@@ -24,17 +25,18 @@ from planner.graph import import_model_proto  # noqa: E402
 from planner.hardware import load_cluster  # noqa: E402
 from planner.types import ParallelConfig  # noqa: E402
 
-DATA = Path(__file__).resolve().parent / "data" / "moe_runs.json"
-MODELS = {"mixtral-8x7b-mcore": MIXTRAL_8X7B, "deepseek-v3-pretraining": DEEPSEEK_V3}
+DATA = Path(__file__).resolve().parent / "data" / "large_model_runs.json"
+MODELS = {"mixtral-8x7b-mcore": MIXTRAL_8X7B, "deepseek-v3-pretraining": DEEPSEEK_V3,
+          "llama3-405b-8k": {**LLAMA3_405B, "seq_len": 8192}, "llama3-405b-128k": {**LLAMA3_405B, "seq_len": 131072}}
 
 
 def predict(run: dict) -> tuple[str, float, float]:
     """(metric, predicted, published) of one run."""
     keys = MODELS[run["name"]]
-    model = import_model_proto(build("moe", dict(keys)), {"batch": 1}, name=run["name"])
+    model = import_model_proto(build(run["family"], dict(keys)), {"batch": 1}, name=run["name"])
     cluster = load_cluster(run["cluster"])
     est = estimate(model, cluster, ParallelConfig(global_batch=run["global_batch"], **run["config"]))
-    devices = run["config"]["tp"] * run["config"]["pp"] * run["config"]["dp"]
+    devices = run["config"]["tp"] * run["config"].get("cp", 1) * run["config"]["pp"] * run["config"]["dp"]
     published = run["published"]
     if "tflops_per_gpu" in published:
         flops = 3.0 * model.flops_forward * est.throughput_samples_per_s / devices
@@ -48,7 +50,7 @@ def main() -> int:
     for run in runs:
         metric, predicted, published = predict(run)
         print(f"{run['name']}: {metric} predicted {predicted:.4g}, published {published:.4g}, "
-              f"error {predicted / published - 1:+.1%} (held out)")
+              f"error {predicted / published - 1:+.1%} (held out)", flush=True)
     return 0
 
 
