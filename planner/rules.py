@@ -46,7 +46,7 @@ from planner.errors import ConfigError, suggest
 from planner.hardware.efficiency import DTYPE_FALLBACK
 from planner.hardware.fp8 import FP8_RECIPES, base_dtype, check_recipe_choice
 from planner.runtime import RUNTIMES, Runtime, get_runtime
-from planner.types import Cluster, LayerGraph, ParallelConfig
+from planner.types import Batching, Cluster, LayerGraph, ParallelConfig
 
 # ------------------------------------------------------------------------------------------------ enums
 
@@ -568,7 +568,7 @@ def check_config(model: LayerGraph, cluster: Cluster, config: ParallelConfig) ->
     check_batch(gb, dp, config.micro_batch)
     check_schedule(config.schedule, config.vpp, pp, runtime)
     if config.vpp is not None:
-        m = gb // (dp * config.micro_batch) if config.micro_batch else None
+        m = Batching.of(config).num_micro_batches if config.micro_batch else None
         check_vpp_shape(config.vpp, pp, shape.num_units, m)
     if config.zero is not None:
         check_zero(config.zero, pp, runtime)

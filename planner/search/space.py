@@ -37,7 +37,7 @@ from planner.errors import ConfigError
 from planner.rules import INTERLEAVED, ModelShape
 from planner.runtime import DEFAULT_RUNTIME, get_runtime
 from planner.search.interleave import pipeline_allowed, schedule_for, vpp_choices
-from planner.types import Cluster, ParallelConfig, PipelineSpec, StageSpec
+from planner.types import Batching, Cluster, ParallelConfig, PipelineSpec, StageSpec
 
 # a free cp is searched on models whose attention sequences are at least this long: a limit of the search
 # space, not a rule (a pinned --cp is any value the rules allow). NeMo's long-context recipes bring context
@@ -88,8 +88,12 @@ class Settings:
     ep: int = 1  # expert parallelism of every stage (mixture-of-experts models)
     expert_tp: int = 0  # expert tensor parallelism; 0: each stage's tp (Megatron-Core's default)
 
+    def batching(self, global_batch: int) -> Batching:
+        """How ``global_batch`` splits under these settings: over dp replicas, in micro-batches."""
+        return Batching(global_batch, self.micro_batch, self.dp)
+
     def num_micro_batches(self, global_batch: int) -> int:
-        return global_batch // (self.micro_batch * self.dp)
+        return self.batching(global_batch).num_micro_batches
 
     def pipeline(self, stages: tuple[StageSpec, ...], global_batch: int) -> PipelineSpec:
         """The PipelineSpec of ``stages`` under these settings."""
@@ -237,7 +241,7 @@ def check_schedule_pins(pins: Pins, num_units: int, global_batch: int = 0) -> No
     if vpp > 1:
         m = None
         if pins.pp and pins.micro_batch and pins.dp and global_batch:
-            m = global_batch // (pins.micro_batch * pins.dp)
+            m = Batching(global_batch, pins.micro_batch, pins.dp).num_micro_batches
         rules.check_vpp_shape(vpp, max(pins.pp, 2), num_units, m if pins.pp else None, vpp_flag="--vpp ",
                               pp_flag="--pp ")
 
