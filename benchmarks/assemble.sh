@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
   echo "Every number below was measured on the 2-core, no-GPU development machine on the date its section gives,"
   echo "with the command it names; times in plans are the cost model's predictions unless a section says measured."
   echo "Sections: $(ls benchmarks/results/*.md | xargs -n1 basename | sed 's/\.md$//' | paste -sd, - | sed 's/,/, /g')."
-  for area in graph builders hardware cost search embeddings export whatif catalog showcase context moe; do
+  for area in graph builders hardware cost search embeddings export whatif catalog showcase context moe identity; do
     f="benchmarks/results/$area.md"
     [ -f "$f" ] || continue
     echo
