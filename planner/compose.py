@@ -34,6 +34,7 @@ from planner.cost.estimator import Calibrations
 from planner.cost.estimator import estimate as estimate_dense
 from planner.errors import InfeasibleError
 from planner.plans import Plan
+from planner.solver import SolverOptions
 from planner.types import Batching, Cluster, EmbeddingTable, Estimate, LayerGraph, ParallelConfig
 
 if TYPE_CHECKING:  # the search and the sharder are imported on first use (see search and shard)
@@ -95,19 +96,17 @@ def tables_memory_budget_bytes(dense: Estimate) -> dict[int, float]:
 
 
 def shard(tables: Sequence[EmbeddingTable], cluster: Cluster, dense: Estimate,
-          time_limit_s: float | None = None) -> EmbeddingResult:
+          options: SolverOptions | None = None) -> EmbeddingResult:
     """The tables sharded for the dense configuration ``dense``: over its devices, in the memory
-    :func:`tables_memory_budget_bytes` leaves them, for its optimizer and its batching. ``time_limit_s`` is the
-    sharder's work budget (planner.embeddings.shard_tables; None: its default). Raises InfeasibleError when
-    no placement fits."""
-    from planner.embeddings import shard_tables  # noqa: PLC0415 - the sharder, only for models with tables
-    from planner.embeddings.problem import table_optimizer  # noqa: PLC0415
-    from planner.embeddings.shard import DEFAULT_TIME_LIMIT_S  # noqa: PLC0415
+    :func:`tables_memory_budget_bytes` leaves them, for its optimizer and its batching. ``options`` is the
+    sharder's work and seed (planner.solver.SolverOptions; None: the default). Raises InfeasibleError when no
+    placement fits."""
+    from planner.embeddings import shard_tables, table_optimizer  # noqa: PLC0415 - only models with tables
 
     budget = tables_memory_budget_bytes(dense)
     return shard_tables(tables, cluster, sorted(budget), Batching.of(dense.config).global_batch,
                         optimizer=table_optimizer(dense.config.optimizer), memory_budget_bytes=budget,
-                        time_limit_s=DEFAULT_TIME_LIMIT_S if time_limit_s is None else time_limit_s)
+                        options=options or SolverOptions())
 
 
 @dataclass(frozen=True)
@@ -133,16 +132,17 @@ def join(dense: Estimate, tables: EmbeddingResult) -> Joined:
 
 
 def estimate(model: LayerGraph, cluster: Cluster, config: ParallelConfig, calibration: Calibrations | None = None,
-             *, tables: Any = None, time_limit_s: float | None = None) -> Estimate:
+             *, tables: Any = None, options: SolverOptions | None = None) -> Estimate:
     """Predict one configuration (planner.cost.estimator.estimate); sparse tables (the model's, or ``tables``:
-    a table file or EmbeddingTables) are sharded as a plan shards them and their time joined. Tables that fit
-    nowhere make the estimate infeasible, with the sharder's reason, as a stage that does not fit does."""
+    a table file or EmbeddingTables) are sharded as a plan shards them (``options``: the sharder's work and seed)
+    and their time joined. Tables that fit nowhere make the estimate infeasible, with the sharder's reason, as a
+    stage that does not fit does."""
     sparse = sparse_tables(model, tables)
     if not sparse:
         return estimate_dense(model, cluster, config, calibration)
     dense = estimate_dense(dense_part(model), cluster, config, calibration)
     try:
-        result = shard(sparse, cluster, dense, time_limit_s)
+        result = shard(sparse, cluster, dense, options)
     except InfeasibleError as exc:
         return dataclasses.replace(dense, feasible=False, reason=dense.reason or f"embedding tables: {exc}")
     joined = join(dense, result)
@@ -175,10 +175,11 @@ def with_tables(plan: Plan, dense: Estimate, tables: EmbeddingResult) -> Plan:
 def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: ParallelConfig | None = None,
            top_k: int = 1, time_limit_s: float | None = None, tables: Any = None,
            backend: Backend | None = None, progress: Callable[[float], None] | None = None,
-           budget: int | None = None) -> SearchResult:
-    """planner.search.search (see there): the dense part is searched by planner.search; each of its plans
-    gets the sparse tables sharded (``time_limit_s`` is also the sharder's work budget per plan, None its
-    default) and joined before its bottleneck sentence is written."""
+           budget: int | None = None, options: SolverOptions | None = None) -> SearchResult:
+    """planner.search.search (see there): the dense part is searched by planner.search (``time_limit_s``, its
+    wall-clock limit, and ``budget``, its work units, are the dense search's); each of its plans gets the sparse
+    tables sharded (``options``: the sharder's work and seed, None the default) and joined before its
+    bottleneck sentence is written."""
     from planner.search.api import search_dense  # noqa: PLC0415 - planner.search.search calls this module
 
     sparse = sparse_tables(model, tables)
@@ -186,7 +187,7 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
     if sparse:
         def finish(plan: Plan, dense: Estimate) -> Plan:
             whole = dataclasses.replace(plan, model={**plan.model, "params": model.params})  # tables counted
-            return with_tables(whole, dense, shard(sparse, cluster, dense, time_limit_s))
+            return with_tables(whole, dense, shard(sparse, cluster, dense, options))
     return search_dense(dense_part(model), cluster, global_batch, pinned=pinned, top_k=top_k,
                         time_limit_s=time_limit_s, backend=backend, progress=progress, budget=budget,
                         finish=finish)

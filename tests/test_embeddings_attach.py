@@ -14,6 +14,7 @@ from planner.compose import shard, with_tables
 from planner.embeddings import load_tables, shard_tables
 from planner.export.torchrec import torchrec_plan
 from planner.plans import Plan, validate
+from planner.solver import SolverOptions
 from planner.types import (Breakdown, Estimate, MemoryBreakdown, ParallelConfig, ReplicaEstimate,
                            StageEstimate)
 
@@ -47,7 +48,7 @@ def test_attach_adds_embedding_time_on_the_critical_path():
     c = cluster((node("dgx-a100-80gb"), 2))
     dense = dense_only()
     estimate = dense_estimate(capacity_bytes=c.groups[0].node.device.memory_bytes)
-    plan = with_tables(dense, estimate, shard(tables, c, estimate, time_limit_s=5))
+    plan = with_tables(dense, estimate, shard(tables, c, estimate, options=SolverOptions(work=0.5)))
     e = plan.breakdown["embedding_s"]
     assert e > 0
     assert plan.iteration_time_s == pytest.approx(0.016 + e)  # sequential: dense iteration + embeddings
@@ -59,7 +60,7 @@ def test_attach_adds_embedding_time_on_the_critical_path():
     assert Plan.from_json(plan.to_json()) == plan
     # the embeddings got what the dense part left: 20 GB used of each device
     budget = {d: cap - 20e9 for d, cap in capacities(c).items()}
-    result = shard_tables(tables, c, None, dense.global_batch, memory_budget_bytes=budget, time_limit_s=5)
+    result = shard_tables(tables, c, None, dense.global_batch, memory_budget_bytes=budget, options=SolverOptions(work=0.5))
     check_result(result, tables, c, budget=budget)
 
 
@@ -67,7 +68,7 @@ def test_torchrec_export_lists_every_table():
     tables = load_tables(REFERENCE, "mlperf-dlrm-dcnv2")
     c = cluster((node("dgx-a100-80gb"), 2))
     estimate = dense_estimate(capacity_bytes=c.groups[0].node.device.memory_bytes)
-    plan = with_tables(dense_only(), estimate, shard(tables, c, estimate, time_limit_s=3))
+    plan = with_tables(dense_only(), estimate, shard(tables, c, estimate, options=SolverOptions(work=0.3)))
     exported = torchrec_plan(plan)
     assert exported["world_size"] == 16
     by_name = {t.name: t for t in tables}

@@ -15,6 +15,7 @@ from planner.embeddings.devices import device_arrays
 from planner.embeddings.milp import class_bins, device_bins, node_bins, resolve_integer, solve
 from planner.embeddings.problem import build_problem
 from planner.types import EmbeddingTable
+from planner.solver import SolverOptions
 
 A100 = node("dgx-a100-80gb")
 V100 = node("hgx-v100-32gb")
@@ -85,7 +86,7 @@ def test_every_bound_is_below_the_brute_force_optimum(seed):
     assert chosen.bound_s <= best * (1 + 1e-7)
     by_node = solve(problem, node_bins(problem), integer=True)
     assert by_node.bound_s <= best * (1 + 1e-7)
-    result = shard_tables((tiny, hot), c, None, 8192, time_limit_s=5)
+    result = shard_tables((tiny, hot), c, None, 8192, options=SolverOptions(work=0.5))
     assert result.lower_bound_s <= best * (1 + 1e-7) <= result.embedding_time_s * (1 + 2e-7)
 
 
@@ -177,7 +178,7 @@ def test_bound_never_exceeds_the_plan(seed):
     rng = np.random.default_rng(100 + seed)
     c = cluster((small_node(A100, 4), 1), (small_node(V100, 4), 1))
     tables = random_tables(rng, 12)
-    result = shard_tables(tables, c, None, 16384, time_limit_s=2)
+    result = shard_tables(tables, c, None, 16384, options=SolverOptions(work=0.2))
     check_result(result, tables, c)
     if result.proven_optimal:
         assert result.gap <= 1e-6
@@ -196,7 +197,7 @@ def test_cbc_fallback_agrees_with_highs(monkeypatch):
     with_cbc = solve(problem, device_bins(problem), integer=True)
     assert with_cbc.status == with_highs.status == "optimal"
     assert with_cbc.objective_s == pytest.approx(with_highs.objective_s, rel=1e-5)
-    result = shard_tables(problem.tables, c, None, 4096, time_limit_s=5)  # the whole path without HiGHS
+    result = shard_tables(problem.tables, c, None, 4096, options=SolverOptions(work=0.5))  # the whole path without HiGHS
     check_result(result, problem.tables, c)
 
 
@@ -292,9 +293,9 @@ def test_an_exact_milp_whose_plan_is_slower_than_its_objective_is_not_trusted(mo
                                    bound_s=0.0, assignment=None)
 
     monkeypatch.setattr(shard, "solve", broken)
-    distrusted = shard_tables(tables, c, None, 16384, time_limit_s=1)
+    distrusted = shard_tables(tables, c, None, 16384, options=SolverOptions(work=0.1))
     monkeypatch.setattr(shard, "solve", nothing)
-    without = shard_tables(tables, c, None, 16384, time_limit_s=1)
+    without = shard_tables(tables, c, None, 16384, options=SolverOptions(work=0.1))
     assert distrusted.lower_bound_s == without.lower_bound_s
     assert distrusted.embedding_time_s == without.embedding_time_s
     assert distrusted.proven_optimal == without.proven_optimal
@@ -304,12 +305,13 @@ def test_the_guide_without_node_options_chooses_one_other_option_per_table():
     """The extra guide (the class MILP with table-row-wise forbidden) puts no weight on node-wide options and
     one whole option per table, and plans built from it are real plans of the full problem."""
     from planner.embeddings.heuristic import Work, heuristic
+    from planner.embeddings.budget import budget
     from planner.embeddings.shard import _guide_without_node_options, _uses_node_options
 
     c = cluster((small_node(A100, 2), 2), (small_node(V100, 2), 2))
     problem = build_problem(random_tables(np.random.default_rng(11), 6), device_arrays(c), 16384, "adagrad")
     assert any(option.scope == "node" for options in problem.options for option in options)
-    guide = _guide_without_node_options(problem, 200)
+    guide = _guide_without_node_options(problem, budget(SolverOptions()), 1)
     assert not _uses_node_options(problem, guide)
     for t, row in enumerate(guide):
         assert sum(row) == pytest.approx(1.0)

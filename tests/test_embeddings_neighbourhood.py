@@ -14,6 +14,7 @@ from planner.embeddings import neighbourhood
 from planner.embeddings.neighbourhood import LnsSettings, Neighbourhood, improve, leximax_less, solve_neighbourhood
 from planner.embeddings.problem import build_problem
 from planner.types import EmbeddingTable
+from planner.solver import SolverOptions
 from test_embeddings_milp import brute_force
 
 A100 = node("dgx-a100-80gb")
@@ -136,8 +137,9 @@ def _mixed_tables(seed: int) -> tuple[EmbeddingTable, ...]:
 
 def test_shard_tables_with_the_search_fits_memory_is_deterministic_and_no_worse(monkeypatch):
     # 2 A100 nodes + 2 V100 nodes of 2 devices, 10 tables: the plan after ruin-and-recreate is > 3% above the
-    # bound, so step (3c) runs (and here lowers the slowest device)
+    # bound, so the neighbourhood search runs (and here lowers the slowest device)
     from embedding_checks import check_result
+    from planner.embeddings import budget as budget_module
     from planner.embeddings import shard as shard_module
     from planner.embeddings import shard_tables
 
@@ -151,11 +153,13 @@ def test_shard_tables_with_the_search_fits_memory_is_deterministic_and_no_worse(
         return out
 
     monkeypatch.setattr(shard_module, "improve", spy)
-    result = shard_tables(tables, c, None, 16384, time_limit_s=2)
+    # no ruin and recreate before it, which here leaves a plan no neighbourhood improves
+    monkeypatch.setattr(budget_module, "REBUILD_SHARE", 0.0)
+    result = shard_tables(tables, c, None, 16384, options=SolverOptions(work=0.2))
     check_result(result, tables, c)  # every device's memory recomputed from rows x dim x bytes x optimizer
     assert len(calls) == 1 and calls[0][1] < calls[0][0]
-    again = shard_tables(tables, c, None, 16384, time_limit_s=2)
+    again = shard_tables(tables, c, None, 16384, options=SolverOptions(work=0.2))
     assert again.placements == result.placements and again.embedding_time_s == result.embedding_time_s
     monkeypatch.setattr(shard_module, "improve", lambda problem, assignment, settings, target_s: assignment)
-    without = shard_tables(tables, c, None, 16384, time_limit_s=2)
+    without = shard_tables(tables, c, None, 16384, options=SolverOptions(work=0.2))
     assert result.embedding_time_s <= without.embedding_time_s * (1 + 1e-12)

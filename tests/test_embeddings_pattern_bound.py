@@ -1,7 +1,7 @@
 """The bound from device patterns (planner/embeddings/pattern_bound.py): never above the true optimum (brute
 force), tighter than the class LP where devices' all-to-all excess matters, and where every device carries the
 global (data-parallel, row-wise) tables; a deliberately wrong device time, global units' time or aggregate row
-breaks it; deterministic; and steps (6)-(7) of shard_tables use it only with a budget past PATTERN_BOUND_FREE_S."""
+breaks it; deterministic; and shard_tables' deep stage uses it only with work past budget.STAGE_WORK_CAP."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from embedding_fixtures import cluster, node, small_node, small_problem
+from planner.embeddings import budget as budget_module
 from planner.embeddings import pattern_bound, shard
 from planner.embeddings.devices import device_arrays
 from planner.embeddings.milp import class_bins, solve
@@ -177,11 +178,14 @@ def test_shard_tables_uses_the_pattern_bound_only_past_its_free_budget(monkeypat
         return real(self, goal_s)
 
     monkeypatch.setattr(PatternBound, "goal", spy)
-    for name, value in (("MILP_MAX_VARIABLES", 0), ("NODE_MILP_MAX_NODES", 0), ("LNS_MAX_DEVICES", 0)):
+    monkeypatch.setattr(budget_module, "EXACT_SHARE", 0.0)
+    for name, value in (("NODE_MILP_MAX_NODES", 0), ("NEIGHBOURHOOD_MAX_DEVICES", 0)):
         monkeypatch.setattr(shard, name, value)
     plain = shard.shard_tables(tables, c, None, 4096)
     assert goals == [] and plain.gap > 0.03
-    monkeypatch.setattr(shard, "PATTERN_BOUND_FREE_S", 0.0)
+    real_budget = shard.budget
+    monkeypatch.setattr(shard, "budget", lambda options, stage_work=None: dataclasses.replace(
+        real_budget(options, stage_work), pricing_solves=100))  # the deep stage at the default's stages
     with_patterns = shard.shard_tables(tables, c, None, 4096)
     # the first goal is the plan within 3%: what step (6) is there to prove
     assert goals[0] == (100, pytest.approx(plain.embedding_time_s / 1.03))
@@ -192,7 +196,7 @@ def test_shard_tables_uses_the_pattern_bound_only_past_its_free_budget(monkeypat
 def _one_unit_away(pricing, counts, value, latency_value, device_dual, target_us, ids_floor_mb, pooled_floor_mb):
     """Brute force: every pattern one unit away from ``counts`` with positive reduced cost, and what excludes
     the others (time, and within it a fused collective's latency or the IS, PR floors; memory), each recomputed
-    from the class's units and pattern_bound._Pattern."""
+    from the class's units and pattern_bound.Pattern."""
     c = pricing.c
     fits, reasons = {}, set()
     for drop in [-1] + [i for i, k in enumerate(counts) if k]:
@@ -203,7 +207,7 @@ def _one_unit_away(pricing, counts, value, latency_value, device_dual, target_us
             m[add] += 1
             if add == drop or value[add] <= 1e-12 or m[add] > unit.upper:
                 continue
-            pattern = pattern_bound._Pattern.of(0, c, tuple(m))
+            pattern = pattern_bound.Pattern.of(0, c, tuple(m))
             time_us = pattern.time_us(c, ids_floor_mb, pooled_floor_mb)
             hbm = sum(k * u.hbm_gb for k, u in zip(m, c.units))
             host = sum(k * u.host_gb for k, u in zip(m, c.units))
@@ -236,14 +240,14 @@ def test_neighbours_are_exactly_the_fitting_patterns_one_unit_away():
         value = rng.uniform(0.0, 1.0, len(c.units)) * (rng.uniform(size=len(c.units)) < 0.7)
         target_us = c.base_us + rng.uniform(300.0, 1500.0)
         counts, _ = pattern_bound._Pricing(c, 2000).best(value, np.zeros(len(c.latency_us)), target_us, 0.0, 0.0)
-        pattern = pattern_bound._Pattern.of(0, c, counts)
+        pattern = pattern_bound.Pattern.of(0, c, counts)
         floors = (pattern.ids_mb * 0.9, pattern.pooled_mb * 0.9)  # some neighbours send or receive less
         hbm = sum(k * u.hbm_gb for k, u in zip(counts, c.units))
         alone = tuple(0 if u.latency >= 0 else k for k, u in zip(counts, c.units))  # a neighbour adds latency
         for start in (counts, tuple(max(k - 1, 0) for k in counts), alone):
             pricing = pattern_bound._Pricing(dataclasses.replace(c, hbm_gb=hbm + 0.8), 2000)
             device_dual = -0.9 * float(np.dot(value, start))
-            tight_us = pattern_bound._Pattern.of(0, c, start).time_us(c, *floors) + 8.0  # < one latency (11.4 us)
+            tight_us = pattern_bound.Pattern.of(0, c, start).time_us(c, *floors) + 8.0  # < one latency (11.4 us)
             for latency_value in (np.zeros(len(c.latency_us)), np.full(len(c.latency_us), -0.6)):
                 fits, why = _one_unit_away(pricing, start, value, latency_value, device_dual, tight_us, *floors)
                 reasons |= why

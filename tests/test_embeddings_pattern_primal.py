@@ -4,6 +4,8 @@ not too cheap), dives to whole option counts, and shard_tables' step (7) keeps o
 
 from __future__ import annotations
 
+import dataclasses
+
 import functools
 
 import numpy as np
@@ -81,11 +83,19 @@ def _first_option_plan(problem):
     return state.assignment(), state.makespan()
 
 
-def test_step_7_keeps_only_a_faster_plan():
+def _deep_budget():
+    """The default's stages with 2,000 pricing solves for the deep stage."""
+    from planner.embeddings.budget import budget
+    from planner.solver import SolverOptions
+
+    return dataclasses.replace(budget(SolverOptions()), pricing_solves=2000)
+
+
+def test_the_deep_stage_keeps_only_a_faster_plan():
     problem = _small(3)
     optimum, _ = brute_force_plan(problem)
     start, start_s = _first_option_plan(problem)
-    stepped = shard.pattern_steps(problem, start, start_s, _class_lp_s(problem), 2000)
+    stepped = shard.deep_stage(problem, start, start_s, _class_lp_s(problem), _deep_budget())
     assert stepped.bound_s <= optimum * (1 + 1e-9)
     if stepped.assignment is None:
         assert stepped.best_s == start_s
@@ -95,8 +105,8 @@ def test_step_7_keeps_only_a_faster_plan():
         check_plan_memory(problem, stepped.assignment)
 
 
-def test_steps_6_7_start_with_the_option_search_from_the_plan(monkeypatch):
-    # the option search by kind (STEP7_CHOICE) runs first, from the plan given; what it finds is kept
+def test_the_deep_stage_starts_with_the_option_search_from_the_plan(monkeypatch):
+    # the deep option search by kind runs first, from the plan given; what it finds is kept
     problem = _small(3)
     start, start_s = _first_option_plan(problem)
     calls = []
@@ -107,14 +117,14 @@ def test_steps_6_7_start_with_the_option_search_from_the_plan(monkeypatch):
         return original(problem_, assignment, *args, **kwargs)
 
     monkeypatch.setattr(shard, "improve_choice", spy)
-    stepped = shard.pattern_steps(problem, start, start_s, _class_lp_s(problem), 2000)
+    stepped = shard.deep_stage(problem, start, start_s, _class_lp_s(problem), _deep_budget())
     assert calls and calls[0] == start
-    searched = original(problem, start, _class_lp_s(problem), (), shard.STEP7_CHOICE)
+    searched = original(problem, start, _class_lp_s(problem), (), _deep_budget().deep_choice())
     assert stepped.best_s <= problem.makespan_s(searched) * (1 + 1e-9)
 
 
-def test_step_7_places_each_choice_by_device_configurations_too(monkeypatch):
-    # without the heuristics' placements, step 7 still finds a faster plan: the exact placement of a choice by
+def test_the_deep_stage_places_each_choice_by_device_configurations_too(monkeypatch):
+    # without the heuristics' placements, the deep stage still finds a faster plan: the exact placement of a choice by
     # device configurations (patterns.pattern_place), which it tries below the best plan so far
     problem = _small(3)
     optimum, _ = brute_force_plan(problem)
@@ -130,7 +140,7 @@ def test_step_7_places_each_choice_by_device_configurations_too(monkeypatch):
     monkeypatch.setattr(shard, "_place_heuristically", lambda *args: None)
     monkeypatch.setattr(shard, "improve_choice", lambda problem_, assignment, *args: assignment)
     monkeypatch.setattr(shard, "pattern_place", spy)
-    stepped = shard.pattern_steps(problem, start, start_s, _class_lp_s(problem), 2000)
+    stepped = shard.deep_stage(problem, start, start_s, _class_lp_s(problem), _deep_budget())
     assert placed and stepped.assignment is not None and stepped.assignment in placed
     assert stepped.best_s == pytest.approx(problem.makespan_s(stepped.assignment))
     assert optimum * (1 - 1e-9) <= stepped.best_s < start_s

@@ -10,6 +10,7 @@ from planner.embeddings import load_tables
 from planner.graph import load_model
 from planner.hardware import load_cluster
 from planner.search import plan
+from planner.solver import SolverOptions
 
 REFERENCE = str(Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "embedding_workloads.json")
 
@@ -45,28 +46,28 @@ def test_dlrm_plan_has_sharded_tables(tmp_path):
         assert bytes_used + dense.get(device, 0.0) <= capacities(cluster)[device]
 
 
-def test_time_limit_reaches_the_table_sharder(tmp_path, monkeypatch):
-    """``plan(..., time_limit_s=S)`` (``planner plan --time-limit S``) gives the sharder S of work; no limit
-    gives it the default budget."""
+def test_solver_options_reach_the_table_sharder_and_the_time_limit_does_not(tmp_path, monkeypatch):
+    """compose's ``options`` (work and seed) are the sharder's; ``time_limit_s`` is the dense search's wall
+    clock only, so the sharder gets the default options without them."""
     import planner.embeddings
-    from planner.embeddings.shard import DEFAULT_TIME_LIMIT_S
+    from planner import compose
 
     path = tmp_path / "dlrm.onnx"
     save(build("dlrm", {"tables": REFERENCE, "workload": "criteo-kaggle-dlrm"}), str(path))
     model = load_model(str(path), dims={"batch": 1})
     cluster = load_cluster("dgx-a100-80gb*2")
     tables = load_tables(REFERENCE, "criteo-kaggle-dlrm")
-    budgets: list[float] = []
+    seen: list[SolverOptions] = []
     real = planner.embeddings.shard_tables
 
     def spy(*args, **kwargs):
-        budgets.append(kwargs["time_limit_s"])
+        seen.append(kwargs["options"])
         return real(*args, **kwargs)
 
     monkeypatch.setattr(planner.embeddings, "shard_tables", spy)  # planner.compose calls it from there
+    compose.search(model, cluster, 65536, tables=tables, options=SolverOptions(work=0.3, seed=2))
     plan(model, cluster, 65536, time_limit_s=3, tables=tables)
-    plan(model, cluster, 65536, tables=tables)
-    assert budgets == [3, DEFAULT_TIME_LIMIT_S]
+    assert seen == [SolverOptions(work=0.3, seed=2), SolverOptions()]
 
 
 def test_cli_table_that_fits_nowhere_exits_2(tmp_path, capsys):

@@ -8,7 +8,7 @@ from planner.embeddings.devices import DeviceArrays
 from planner.errors import InfeasibleError
 from planner.types import EmbeddingTable
 
-_GB = 1e9
+BYTES_PER_GB = 1e9
 
 
 def table_does_not_fit(table: EmbeddingTable, dev: DeviceArrays, optimizer: str) -> InfeasibleError:
@@ -20,10 +20,10 @@ def table_does_not_fit(table: EmbeddingTable, dev: DeviceArrays, optimizer: str)
     per_device = shard_memory_bytes(largest_rows[1] - largest_rows[0], table.dim, table.dtype_bytes, optimizer)
     hbm = float(np.min(dev.hbm_capacity_bytes))
     host = float(np.min(dev.host_capacity_bytes))
-    where = f"{hbm / _GB:.3g} GB of device memory" + (f" and {host / _GB:.3g} GB of host memory" if host else "")
+    where = f"{hbm / BYTES_PER_GB:.3g} GB of device memory" + (f" and {host / BYTES_PER_GB:.3g} GB of host memory" if host else "")
     return InfeasibleError(
         f"embedding table {table.name!r} ({table.rows} rows x {table.dim} dims, {table.dtype_bytes}-byte values, "
-        f"{optimizer} optimizer) needs {total / _GB:.3g} GB ({total:.0f} bytes) with its optimizer state, and "
-        f"{per_device / _GB:.3g} GB per device even row-sharded over all {dev.count} devices, but the smallest "
+        f"{optimizer} optimizer) needs {total / BYTES_PER_GB:.3g} GB ({total:.0f} bytes) with its optimizer state, and "
+        f"{per_device / BYTES_PER_GB:.3g} GB per device even row-sharded over all {dev.count} devices, but the smallest "
         f"device offers {where} to embeddings; add devices, use a smaller optimizer (rowwise_adagrad) or a "
         f"smaller dtype, or allow host memory")

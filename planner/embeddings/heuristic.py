@@ -494,7 +494,7 @@ def _reshard(state: _State, device: int, limit: float) -> bool:
     return False
 
 
-def _state_of(problem: Problem, assignment: Assignment, work: Work) -> _State:
+def state_of(problem: Problem, assignment: Assignment, work: Work) -> _State:
     state = _State.empty(problem, work)
     for t, (o, positions) in enumerate(assignment):
         state.restore_table(t, (o, list(positions)))
@@ -531,7 +531,7 @@ def rebuild(problem: Problem, assignment: Assignment, work: Work, tables_per_rou
     spent. Single moves cannot leave a plan whose devices all sit at the maximum; re-choosing several tables
     at once can."""
     rng = np.random.default_rng(seed)
-    state = _state_of(problem, assignment, work)
+    state = state_of(problem, assignment, work)
     best = _key(state)
     count = len(problem.tables)
     while not work.done:

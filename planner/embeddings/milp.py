@@ -42,27 +42,21 @@ Constraints
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import numpy as np
 import pulp
 
+from planner.embeddings.highs import (GB_PER_BYTE, MB_PER_BYTE, US_PER_S, CheckLimit, QuietHiGHS, have_highs,
+                                      has_incumbent)
 from planner.embeddings.problem import Problem
 
 log = logging.getLogger(__name__)
 
-# HiGHS drops matrix entries below 1e-9, and seconds-per-byte are ~1e-12: the model is written in microseconds,
-# megabytes of all-to-all traffic and gigabytes of memory, which keeps every coefficient within a few decades of 1.
-_US = 1e6
-_MB = 1e-6
-_GB = 1e-9
 # The pigeonhole cuts (f3) and the excess cut (f4) go into models of up to this many integer variables: past it
 # they slow HiGHS's root node more than they lift the bound (1,000 tables on 128 GPUs: 0.6 -> 11 s of CPU for
 # the same 20 checks with f3; f4 alone took the whole case from 3.9 to 14.9 s of CPU).
@@ -125,7 +119,7 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, work_limit: int | None
           time_limit_s: float | None = None, keep: bool = False, excess: bool = True,
           incumbent: Sequence[tuple[int, Sequence[int]]] | None = None) -> SolveResult:
     """Solve the LP (``integer=False``) or the MILP over ``bins``. ``work_limit`` stops a MILP after that many
-    of HiGHS's interrupt checks (deterministic, see :class:`_WorkLimit`; None: to optimality);
+    of HiGHS's interrupt checks (deterministic, see :class:`CheckLimit`; None: to optimality);
     ``time_limit_s`` is a wall-clock limit for callers that want one (benchmarks), off by default because it
     makes the answer depend on the machine's speed. ``excess=False`` leaves the cut (f4) out (a guide for the
     heuristic: the cut moves the LP's option weights, not always toward options whole devices balance).
@@ -165,7 +159,7 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, work_limit: int | None
             integral.append(y)
             members, seconds = problem.fused_latency(key)
             for d in members:
-                compute[bins.bin_of[d]][y] += seconds * _US
+                compute[bins.bin_of[d]][y] += seconds * US_PER_S
         lp.addConstraint(pulp.LpAffineExpression([(y, 1.0), (var, -1.0)]) >= 0)
     placed: dict[tuple[int, int], list[tuple[int, pulp.LpVariable]]] = {}
 
@@ -173,15 +167,15 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, work_limit: int | None
         unit = problem.unit(t, o, position)
         for j, d in enumerate(unit.devices):
             b = bins.bin_of[d]
-            compute[b][var] += unit.compute_s[j] * _US
+            compute[b][var] += unit.compute_s[j] * US_PER_S
             if unit.ids_recv_bytes[j]:
-                ids_recv[b][var] += unit.ids_recv_bytes[j] * _MB
+                ids_recv[b][var] += unit.ids_recv_bytes[j] * MB_PER_BYTE
             if unit.pool_send_bytes[j]:
-                pool_send[b][var] += unit.pool_send_bytes[j] * _MB
+                pool_send[b][var] += unit.pool_send_bytes[j] * MB_PER_BYTE
             if unit.hbm_bytes[j]:
-                hbm[b][var] += unit.hbm_bytes[j] * _GB
+                hbm[b][var] += unit.hbm_bytes[j] * GB_PER_BYTE
             if unit.host_bytes[j]:
-                host[b][var] += unit.host_bytes[j] * _GB
+                host[b][var] += unit.host_bytes[j] * GB_PER_BYTE
 
     alones: list[list[tuple[pulp.LpVariable, float]]] = []
     for t, options in enumerate(problem.options):
@@ -192,11 +186,11 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, work_limit: int | None
             integral.append(z)
             choice[t, o] = z
             zs.append((z, 1.0))
-            alone.append((z, problem.unit_alone_s(t, o) * _US))
+            alone.append((z, problem.unit_alone_s(t, o) * US_PER_S))
             if option.ids_send_bytes:
-                ids_send.append((z, option.ids_send_bytes * _MB))
+                ids_send.append((z, option.ids_send_bytes * MB_PER_BYTE))
             if option.pool_recv_bytes:
-                pool_recv.append((z, option.pool_recv_bytes * _MB))
+                pool_recv.append((z, option.pool_recv_bytes * MB_PER_BYTE))
             if option.scope == "global":
                 use_fused(z, option, 0)
                 add_unit(z, t, o, 0)
@@ -233,8 +227,8 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, work_limit: int | None
     if excess and bins.aggregated and len(integral) <= PIGEONHOLE_MAX_VARIABLES:
         ids_excess, pool_excess = _excess_terms(lp, problem, nb, IS, PR, choice, placed)
 
-    base = problem.base_time_s() * _US
-    coef = dev.a2a_s_per_byte * _US / _MB
+    base = problem.base_time_s() * US_PER_S
+    coef = dev.a2a_s_per_byte * US_PER_S / MB_PER_BYTE
     for b in range(nb):
         r = int(rep[b])
         A = _var(lp, f"A_{b}", 0, None)
@@ -253,9 +247,9 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, work_limit: int | None
             [(T, size[b]), (A, -coef[r]), (P, -2.0 * coef[r])] + [(v, -c) for v, c in compute[b].items()]
         ) >= size[b] * base[r], f"d_{b}"
         if hbm[b]:
-            lp += pulp.LpAffineExpression(list(hbm[b].items())) <= hbm_cap[b] * _GB, f"eH_{b}"
+            lp += pulp.LpAffineExpression(list(hbm[b].items())) <= hbm_cap[b] * GB_PER_BYTE, f"eH_{b}"
         if host[b]:
-            lp += pulp.LpAffineExpression(list(host[b].items())) <= host_cap[b] * _GB, f"eU_{b}"
+            lp += pulp.LpAffineExpression(list(host[b].items())) <= host_cap[b] * GB_PER_BYTE, f"eU_{b}"
     if bins.aggregated:
         _add_memory_pigeonhole_cuts(lp, problem, bins, placed)
     start_values: dict[pulp.LpVariable, float] = {}
@@ -266,8 +260,8 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, work_limit: int | None
 
     highs = have_highs()
     if highs:
-        limit = _WorkLimit(work_limit) if integer and work_limit is not None else None
-        solver = _QuietHiGHS(mip=integer, msg=False, timeLimit=time_limit_s, threads=1,
+        limit = CheckLimit(work_limit) if integer and work_limit is not None else None
+        solver = QuietHiGHS(mip=integer, msg=False, timeLimit=time_limit_s, threads=1,
                              gapRel=1e-6 if integer else None, work=limit, start=start_values)
     else:  # pulp's bundled CBC (slower; no dual bound is read back from it); its node limit stands in for work
         solver = pulp.PULP_CBC_CMD(mip=integer, msg=False, timeLimit=time_limit_s, threads=1,
@@ -276,16 +270,16 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, work_limit: int | None
     lp.solve(solver)
     elapsed = time.perf_counter() - start
     status = pulp.LpStatus[lp.status]
-    no_incumbent = highs and integer and not _has_incumbent(lp.solverModel)
+    no_incumbent = highs and integer and not has_incumbent(lp.solverModel)
     if status != "Optimal" or T.varValue is None or no_incumbent:
         kind = "infeasible" if status == "Infeasible" else "not_solved"
-        return SolveResult(kind, float("inf"), _dual_bound(lp, integer, 0.0) / _US, None, elapsed)
-    objective = float(T.varValue) / _US
+        return SolveResult(kind, float("inf"), _dual_bound(lp, integer, 0.0) / US_PER_S, None, elapsed)
+    objective = float(T.varValue) / US_PER_S
     if highs:
         import highspy
 
         proven = lp.solverModel.getModelStatus() == highspy.HighsModelStatus.kOptimal
-        bound = _dual_bound(lp, integer, objective * _US) / _US if integer else objective
+        bound = _dual_bound(lp, integer, objective * US_PER_S) / US_PER_S if integer else objective
     else:  # CBC reports values to 8 significant digits: keep the bound safely below the true optimum
         proven = lp.sol_status == pulp.LpSolutionOptimal
         bound = objective * (1 - 1e-7) if (proven or not integer) else 0.0
@@ -294,6 +288,14 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, work_limit: int | None
                     for t, options in enumerate(problem.options))
     return SolveResult("optimal" if proven else "feasible", objective, bound, assignment, elapsed, weights,
                        (lp, choice, integral, bins) if keep else None)
+
+
+def model_rows(relaxed: SolveResult) -> int:
+    """The constraints of the model ``relaxed`` kept (solved with ``keep=True``): what one of its re-solves
+    costs grows with them."""
+    lp = relaxed.handle[0]
+    model = getattr(lp, "solverModel", None)
+    return int(model.getNumRow()) if model is not None else int(lp.numConstraints())
 
 
 def resolve_integer(problem: Problem, relaxed: SolveResult, *, work_limit: int | None = None) -> SolveResult:
@@ -312,21 +314,21 @@ def resolve_integer(problem: Problem, relaxed: SolveResult, *, work_limit: int |
         highs.changeColIntegrality(var.index, highspy.HighsVarType.kInteger)
     highs.setOptionValue("mip_rel_gap", 1e-6)
     if work_limit is not None:
-        _WorkLimit(work_limit).attach(highs)
+        CheckLimit(work_limit).attach(highs)
     highs.run()
     info = highs.getInfo()
-    bound = float(info.mip_dual_bound) / _US if np.isfinite(info.mip_dual_bound) else relaxed.objective_s
+    bound = float(info.mip_dual_bound) / US_PER_S if np.isfinite(info.mip_dual_bound) else relaxed.objective_s
     status = highs.getModelStatus()
-    has_incumbent = _has_incumbent(highs)
+    found = has_incumbent(highs)
     elapsed = time.perf_counter() - start
     if status == highspy.HighsModelStatus.kInfeasible:
         return SolveResult("infeasible", float("inf"), float("inf"), None, elapsed)
-    if not has_incumbent:
+    if not found:
         return SolveResult("not_solved", float("inf"), max(bound, relaxed.objective_s), None, elapsed)
     values = highs.getSolution().col_value
     weights = tuple(tuple(float(round(values[choice[t, o].index])) for o in range(len(options)))
                     for t, options in enumerate(problem.options))
-    objective = float(info.objective_function_value) / _US
+    objective = float(info.objective_function_value) / US_PER_S
     proven = status == highspy.HighsModelStatus.kOptimal
     return SolveResult("optimal" if proven else "feasible", objective,
                        objective if proven else max(bound, relaxed.objective_s), None, elapsed, weights)
@@ -349,12 +351,12 @@ def _add_table_cuts(lp: pulp.LpProblem, problem: Problem, T: pulp.LpVariable, ch
     for (t, o), z in choice.items():
         option = problem.options[t][o]
         if option.scope == "global":
-            least = float(np.min(problem.unit(t, o, 0).compute_s)) * _US
+            least = float(np.min(problem.unit(t, o, 0).compute_s)) * US_PER_S
             work.append((z, least))
             own[t][z] = least
     G = _var(lp, "G", 0, None)
     lp += pulp.LpAffineExpression([(G, 1.0)] + [(z, -c) for z, c in work]) == 0, "f_G"
-    latency = [(y, -problem.fused_latency(key)[1] * _US) for key, y in sorted(global_keys.items())]
+    latency = [(y, -problem.fused_latency(key)[1] * US_PER_S) for key, y in sorted(global_keys.items())]
     for t, alone in enumerate(alones):
         terms: dict = defaultdict(float)
         terms[T] += 1.0
@@ -362,7 +364,7 @@ def _add_table_cuts(lp: pulp.LpProblem, problem: Problem, T: pulp.LpVariable, ch
         for o, (z, a) in enumerate(alone):
             key = problem.fused_key(problem.options[t][o], 0) if problem.options[t][o].scope == "global" else None
             if key in global_keys:  # its latency is in y below
-                a -= problem.fused_latency(key)[1] * _US
+                a -= problem.fused_latency(key)[1] * US_PER_S
             terms[z] -= a
             terms[z] += own[t].get(z, 0.0)
         for y, c in latency:
@@ -383,13 +385,13 @@ def _add_traffic_cuts(lp: pulp.LpProblem, problem: Problem, T: pulp.LpVariable, 
     all-to-all floor follows the other tables' choices instead of their least. Each term is its least over
     the devices (and positions) the unit may take, so the sum stays below every plan's slowest device."""
     dev = problem.dev
-    base = float(problem.base_time_s().min()) * _US
-    coef = float(dev.a2a_s_per_byte.min()) * _US / _MB
+    base = float(problem.base_time_s().min()) * US_PER_S
+    coef = float(dev.a2a_s_per_byte.min()) * US_PER_S / MB_PER_BYTE
     IS = _var(lp, "IS", 0, None)
     PR = _var(lp, "PR", 0, None)
     lp += pulp.LpAffineExpression([(IS, 1.0)] + [(z, -c) for z, c in ids_send]) == 0, "f2_IS"
     lp += pulp.LpAffineExpression([(PR, 1.0)] + [(z, -c) for z, c in pool_recv]) == 0, "f2_PR"
-    latency = [(y, problem.fused_latency(key)[1] * _US) for key, y in sorted(fused.items())
+    latency = [(y, problem.fused_latency(key)[1] * US_PER_S) for key, y in sorted(fused.items())
                if key[0] in ("data_parallel", "row_wise")]
     for t, options in enumerate(problem.options):
         A = _var(lp, f"At_{t}", 0, None)
@@ -409,11 +411,11 @@ def _add_traffic_cuts(lp: pulp.LpProblem, problem: Problem, T: pulp.LpVariable, 
                 r = min(float(u.ids_recv_bytes.min()) for u in units)
                 q = min(float(u.pool_send_bytes.min()) for u in units)
             if c:
-                compute.append((z, -c * _US))
+                compute.append((z, -c * US_PER_S))
             if r:
-                recv.append((z, -r * _MB))
+                recv.append((z, -r * MB_PER_BYTE))
             if q:
-                send.append((z, -q * _MB))
+                send.append((z, -q * MB_PER_BYTE))
         lp += pulp.LpAffineExpression([(A, 1.0), (IS, -1.0)]) >= 0, f"f2_AS_{t}"
         lp += pulp.LpAffineExpression([(A, 1.0)] + recv) >= 0, f"f2_AR_{t}"
         lp += pulp.LpAffineExpression([(P, 1.0), (PR, -1.0)]) >= 0, f"f2_PR_{t}"
@@ -450,8 +452,8 @@ def _add_pigeonhole_cuts(lp: pulp.LpProblem, problem: Problem, bins: Bins, T: pu
             for p, var in pos_vars:
                 if p == b:
                     units.append((var, option))
-        base = float(problem.base_time_s()[members].min()) * _US
-        coef = float(dev.a2a_s_per_byte[members].min()) * _US / _MB
+        base = float(problem.base_time_s()[members].min()) * US_PER_S
+        coef = float(dev.a2a_s_per_byte[members].min()) * US_PER_S / MB_PER_BYTE
         for width in sorted({option.width for _, option in units}):
             chosen = [(var, option) for var, option in units if option.width >= width]
             if sum(option.units for _, option in chosen) <= n_b:
@@ -467,10 +469,10 @@ def _add_pigeonhole_cuts(lp: pulp.LpProblem, problem: Problem, bins: Bins, T: pu
             lp += pulp.LpAffineExpression([(k, float(n_b))] + [(var, -1.0) for var, _ in chosen]) >= 0, \
                 f"f3_k_{b}_{width}"
             lp += pulp.LpAffineExpression([(A, 1.0), (IS, -1.0)]) >= 0, f"f3_AS_{b}_{width}"
-            lp += pulp.LpAffineExpression([(A, 1.0), (k, -recv * _MB)]) >= 0, f"f3_AR_{b}_{width}"
+            lp += pulp.LpAffineExpression([(A, 1.0), (k, -recv * MB_PER_BYTE)]) >= 0, f"f3_AR_{b}_{width}"
             lp += pulp.LpAffineExpression([(P, 1.0), (PR, -1.0)]) >= 0, f"f3_PR_{b}_{width}"
-            lp += pulp.LpAffineExpression([(P, 1.0), (k, -send * _MB)]) >= 0, f"f3_PS_{b}_{width}"
-            lp += pulp.LpAffineExpression([(T, 1.0), (G, -1.0), (k, -work * _US), (A, -coef), (P, -2.0 * coef)]
+            lp += pulp.LpAffineExpression([(P, 1.0), (k, -send * MB_PER_BYTE)]) >= 0, f"f3_PS_{b}_{width}"
+            lp += pulp.LpAffineExpression([(T, 1.0), (G, -1.0), (k, -work * US_PER_S), (A, -coef), (P, -2.0 * coef)]
                                           + [(y, -c) for y, c in latency]) >= base, f"f3_{b}_{width}"
     return counts
 
@@ -515,10 +517,10 @@ def _excess_terms(lp: pulp.LpProblem, problem: Problem, nb: int, IS: pulp.LpVari
                     continue  # never above what every device sends (receives) anyway
                 w = _var(lp, f"w{kind}_{t}_{o}", 0, None)
                 lp += pulp.LpAffineExpression([(w, 1.0), (shared, -1.0)]) <= 0, f"f4_{kind}w_{t}_{o}"
-                lp += pulp.LpAffineExpression([(w, 1.0), (z, -most * _MB)]) <= 0, f"f4_{kind}z_{t}_{o}"
+                lp += pulp.LpAffineExpression([(w, 1.0), (z, -most * MB_PER_BYTE)]) <= 0, f"f4_{kind}z_{t}_{o}"
                 for b, x in placed[t, o]:
                     e = _var(lp, f"{kind}_{t}_{o}_{b}", 0, None)
-                    lp += pulp.LpAffineExpression([(e, 1.0), (x, -unit_bytes * _MB), (w, float(option.units))]) \
+                    lp += pulp.LpAffineExpression([(e, 1.0), (x, -unit_bytes * MB_PER_BYTE), (w, float(option.units))]) \
                         >= 0, f"f4_{kind}_{t}_{o}_{b}"
                     out[b].append(e)
     return ids_excess, pool_excess
@@ -548,113 +550,12 @@ def _add_memory_pigeonhole_cuts(lp: pulp.LpProblem, problem: Problem, bins: Bins
                     lp += pulp.LpAffineExpression([(var, 1.0) for var in big]) <= j * n_b, f"f5_{b}_{int(host)}_{j}"
 
 
-def have_highs() -> bool:
-    """Whether HiGHS (the ``highspy`` package) is importable; without it pulp's bundled CBC is used."""
-    try:
-        import highspy  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def _var(lp: pulp.LpProblem, name: str, low: float | None, high: float | None,
          cat: str = pulp.LpContinuous) -> pulp.LpVariable:
     """A variable of ``lp`` (pulp >= 3.3 attaches variables to their model; older pulp builds them alone)."""
     if hasattr(lp, "add_variable"):
         return lp.add_variable(name, low, high, cat=cat)
     return pulp.LpVariable(name, low, high, cat)
-
-
-class _WorkLimit:
-    """A deterministic work limit for HiGHS's MIP solver: interrupt it after ``checks`` of its interrupt checks.
-
-    HiGHS checks for an interrupt at fixed points of its search (root cut rounds, heuristics, nodes), so the
-    count of checks measures work done, as a node limit does, but it also bounds the root node, which a node
-    limit does not (the root alone takes seconds on some workloads). With one thread HiGHS is deterministic, so
-    the same model stops at the same point on a fast or a slow machine, unlike a time limit."""
-
-    def __init__(self, checks: int) -> None:
-        self.checks = max(int(checks), 1)
-        self.seen = 0
-
-    def __call__(self, kind, message, data_out, data_in, user_data) -> None:
-        self.seen += 1
-        if self.seen >= self.checks:
-            data_in.user_interrupt = True
-
-    def attach(self, highs) -> None:
-        import highspy
-
-        highs.setCallback(self, None)
-        highs.startCallback(highspy.cb.HighsCallbackType.kCallbackMipInterrupt)
-
-
-def _has_incumbent(highs) -> bool:
-    import highspy
-
-    return highs.getInfo().primal_solution_status == highspy.kSolutionStatusFeasible
-
-
-class _QuietHiGHS(pulp.HiGHS):
-    """pulp's HiGHS interface; the HiGHS constructor prints a banner on the C-level stdout even when told to be
-    silent, which would corrupt ``--json`` output, so stdout is pointed at /dev/null while it is created. A
-    ``work`` limit (:class:`_WorkLimit`) is attached to the model it creates."""
-
-    def __init__(self, *args, work: _WorkLimit | None = None, start: dict | None = None, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.work = work
-        self.start = start or {}
-
-    def createAndConfigureSolver(self, lp: pulp.LpProblem) -> None:  # noqa: N802 (pulp's name)
-        import highspy
-
-        # HiGHS keeps one thread scheduler per process: once another solve in this process (the search's ILP, a
-        # user's own HiGHS model) has started it with more threads, a model asking for threads=1 refuses to run
-        # ("Not Solved"). Dropping the scheduler lets this solve start its own with the threads it asks for.
-        highspy.Highs.resetGlobalScheduler(True)
-        self._create_quietly(lp)
-        if self.work is not None:
-            self.work.attach(lp.solverModel)
-
-    def callSolver(self, lp: pulp.LpProblem) -> None:  # noqa: N802 (pulp's name)
-        if self.start:  # a partial solution (the integer variables): HiGHS completes it as its first incumbent
-            index = np.array([var.index for var in self.start], dtype=np.int32)
-            value = np.array(list(self.start.values()), dtype=np.float64)
-            lp.solverModel.setSolution(len(index), index, value)
-        super().callSolver(lp)
-
-    def _create_quietly(self, lp: pulp.LpProblem) -> None:
-        with _stdout_silenced():
-            super().createAndConfigureSolver(lp)
-
-
-@contextlib.contextmanager
-def _stdout_silenced() -> Iterator[None]:
-    """Point the C-level stdout at /dev/null (HiGHS prints its banner there when a model is created)."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        with open(os.devnull, "w") as sink:
-            os.dup2(sink.fileno(), 1)
-            try:
-                yield
-            finally:
-                os.dup2(saved, 1)
-    finally:
-        os.close(saved)
-
-
-def quiet_highs():
-    """A new, silent, one-thread ``highspy.Highs`` for a model built directly (planner.embeddings.neighbourhood),
-    deterministic like every solve here (see :class:`_QuietHiGHS` for the scheduler reset)."""
-    import highspy
-
-    highspy.Highs.resetGlobalScheduler(True)
-    with _stdout_silenced():
-        highs = highspy.Highs()
-    highs.setOptionValue("output_flag", False)
-    highs.setOptionValue("threads", 1)
-    return highs
 
 
 def _dual_bound(lp: pulp.LpProblem, integer: bool, fallback: float) -> float:

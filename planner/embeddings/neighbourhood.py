@@ -31,7 +31,7 @@ A round's plan is kept when it is better in the leximax order (its device times 
 compared in order), which lowers the slowest device or, where it cannot, the next one: many devices often
 share the maximum. Every plan kept fits in memory (Problem.fits). Each sub-MILP starts from the current plan
 (a feasible solution of it), so HiGHS always has an incumbent. The work is bounded by HiGHS simplex
-iterations summed over the rounds, by interrupt checks per round (milp._WorkLimit) and by rounds, never by the
+iterations summed over the rounds, by interrupt checks per round (highs.CheckLimit) and by rounds, never by the
 clock: the same input gives the same plan.
 """
 
@@ -44,8 +44,8 @@ from typing import Sequence
 
 import numpy as np
 
-from planner.embeddings.heuristic import Assignment, Work, _state_of
-from planner.embeddings.milp import _GB, _MB, _US, _WorkLimit, have_highs, quiet_highs
+from planner.embeddings.heuristic import Assignment, Work, state_of
+from planner.embeddings.highs import GB_PER_BYTE, MB_PER_BYTE, US_PER_S, CheckLimit, add_rows, have_highs, quiet_highs
 from planner.embeddings.problem import Problem
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,9 @@ log = logging.getLogger(__name__)
 _SPREAD_WEIGHT = 0.01
 # Relative tolerance of the leximax comparison (float noise of evaluate()).
 _TOLERANCE = 1e-9
+# What one simplex iteration of a sub-MILP costs, per row of the sub-MILP, in the search's work unit (one
+# evaluation of every device's time, heuristic.Work): the work the search charges for its solves.
+ITERATION_EVALUATIONS_PER_ROW = 1.0 / 30.0
 
 
 @dataclass(frozen=True)
@@ -69,15 +72,15 @@ class Neighbourhood:
 
 @dataclass(frozen=True)
 class LnsSettings:
-    """Work of one search. ``work``: HiGHS simplex iterations over all rounds (deterministic with one thread;
-    60-370 us of CPU each on the reference workloads on a 2-core x86, steadier than interrupt checks, whose
-    cost varied 50-fold); the search starts no round once they are spent. ``checks``: at most this many HiGHS
-    interrupt checks per round; ``rounds``: at most this many rounds; ``patience``: the search stops after this
-    many rounds in a row that kept nothing; ``flexible``: tables that may change their option per round;
-    ``devices``: size of a neighbourhood (a device set is at most half the cluster; a node pair is used when
-    it is at most this big); ``units``: at most this many units freed per round."""
+    """Work of one search. ``work``: in evaluations (heuristic.Work's unit), which the sub-MILPs' simplex
+    iterations are charged in (ITERATION_EVALUATIONS_PER_ROW per iteration and row); the search starts no round
+    once it is spent. ``checks``: at most this many HiGHS interrupt checks per round; ``rounds``: at most this
+    many rounds; ``patience``: the search stops after this many rounds in a row that kept nothing;
+    ``flexible``: tables that may change their option per round; ``devices``: size of a neighbourhood (a
+    device set is at most half the cluster; a node pair is used when it is at most this big); ``units``: at
+    most this many units freed per round; ``seed``: of the random picks of devices and tables."""
 
-    work: float = 30_000.0
+    work: float = 75_000.0
     checks: int = 60
     rounds: int = 200
     patience: int = 3
@@ -266,18 +269,7 @@ class _Model:
         n = len(self.lower)
         highs.addVars(n, np.array(self.lower), np.array([min(u, inf) for u in self.upper]))
         highs.changeColsCost(n, np.arange(n, dtype=np.int32), np.array(self.cost))
-        starts, index, value = [], [], []
-        lows, highs_ = [], []
-        for terms, low, high in self.rows:
-            starts.append(len(index))
-            for j, c in terms.items():
-                if c:
-                    index.append(j)
-                    value.append(c)
-            lows.append(max(low, -inf))
-            highs_.append(min(high, inf))
-        highs.addRows(len(self.rows), np.array(lows), np.array(highs_), len(index),
-                      np.array(starts, dtype=np.int32), np.array(index, dtype=np.int32), np.array(value))
+        add_rows(highs, self.rows)
         if self.integer:
             highs.changeColsIntegrality(len(self.integer), np.array(self.integer, dtype=np.int32),
                                         np.array([highspy.HighsVarType.kInteger] * len(self.integer)))
@@ -285,10 +277,11 @@ class _Model:
         solution.col_value = list(self.start)
         solution.value_valid = True
         highs.setSolution(solution)
-        _WorkLimit(checks).attach(highs)
+        CheckLimit(checks).attach(highs)
         highs.run()
         if budget is not None:
-            budget.spend(float(highs.getInfo().simplex_iteration_count))
+            budget.spend(float(highs.getInfo().simplex_iteration_count) * len(self.rows)
+                         * ITERATION_EVALUATIONS_PER_ROW)
         if highs.getInfo().primal_solution_status != highspy.kSolutionStatusFeasible:
             return None
         return np.array(highs.getSolution().col_value)
@@ -306,7 +299,7 @@ def solve_neighbourhood(problem: Problem, assignment: Assignment, hood: Neighbou
     loads = problem.evaluate(assignment)
     times = problem.device_time_s(loads)
     # what stays: every unit not freed, as _State's loads (and the fused collectives the plan uses now)
-    state = _state_of(problem, assignment, Work(np.inf))
+    state = state_of(problem, assignment, Work(np.inf))
     in_use = {key for key, count in state.fused.items() if count > 0}
     freed: list[tuple[int, list[int], int]] = []  # (table, candidate options, units to place; -1: all)
     for t, (o, positions) in enumerate(assignment):
@@ -329,7 +322,7 @@ def solve_neighbourhood(problem: Problem, assignment: Assignment, hood: Neighbou
     if not freed:
         return None
     model = _Model()
-    T = model.var(0.0, np.inf, float(times.max()) * _US, cost=1.0)
+    T = model.var(0.0, np.inf, float(times.max()) * US_PER_S, cost=1.0)
     # per device touched: column -> coefficient of its compute (us), ids received, pooled sent (MB), memory (GB)
     compute: dict[int, dict[int, float]] = defaultdict(dict)
     ids_recv: dict[int, dict[int, float]] = defaultdict(dict)
@@ -358,9 +351,9 @@ def solve_neighbourhood(problem: Problem, assignment: Assignment, hood: Neighbou
                 z = model.var(0.0, 1.0, 1.0 if o == o_now else 0.0, integer=True)
                 z_cols.append(z)
                 if option.ids_send_bytes:
-                    ids_send[z] = option.ids_send_bytes * _MB
+                    ids_send[z] = option.ids_send_bytes * MB_PER_BYTE
                 if option.pool_recv_bytes:
-                    pool_recv[z] = option.pool_recv_bytes * _MB
+                    pool_recv[z] = option.pool_recv_bytes * MB_PER_BYTE
             units = option.units if count < 0 else count
             targets = hood.devices if option.scope == "device" else hood.nodes if option.scope == "node" else (0,)
             cols = []
@@ -375,18 +368,18 @@ def solve_neighbourhood(problem: Problem, assignment: Assignment, hood: Neighbou
                     start = sum(1 for q in positions_now if q == p) if o == o_now else 0
                     col = model.var(0.0, float(units), float(start), integer=True)
                 cols.append((p, col))
-                add(compute, col, unit.compute_s, unit.devices, _US)
-                add(ids_recv, col, unit.ids_recv_bytes, unit.devices, _MB)
-                add(pool_send, col, unit.pool_send_bytes, unit.devices, _MB)
-                add(hbm, col, unit.hbm_bytes, unit.devices, _GB)
-                add(host, col, unit.host_bytes, unit.devices, _GB)
+                add(compute, col, unit.compute_s, unit.devices, US_PER_S)
+                add(ids_recv, col, unit.ids_recv_bytes, unit.devices, MB_PER_BYTE)
+                add(pool_send, col, unit.pool_send_bytes, unit.devices, MB_PER_BYTE)
+                add(hbm, col, unit.hbm_bytes, unit.devices, GB_PER_BYTE)
+                add(host, col, unit.host_bytes, unit.devices, GB_PER_BYTE)
                 key = problem.fused_key(option, p)
                 if key is not None and state.fused.get(key, 0) == 0:
                     y = fused.get(key)
                     if y is None:
                         y = fused[key] = model.var(0.0, 1.0, 1.0 if key in in_use else 0.0, integer=True)
                         members, seconds = problem.fused_latency(key)
-                        add(compute, y, np.full(len(members), seconds), members, _US)
+                        add(compute, y, np.full(len(members), seconds), members, US_PER_S)
                     model.row({y: 1.0, col: -1.0}, 0.0, np.inf)  # (e)
             # (a) every unit of the chosen option placed
             if option.scope == "global":
@@ -402,10 +395,10 @@ def solve_neighbourhood(problem: Problem, assignment: Assignment, hood: Neighbou
         if z_cols:
             model.row({z: 1.0 for z in z_cols}, 1.0, 1.0)
 
-    a2a = dev.a2a_s_per_byte * _US / _MB
-    fixed_time = (problem.base_time_s() + state.latency + state.compute) * _US
-    a2a_now = (np.maximum(loads.ids_recv_bytes, loads.ids_send_bytes) * _MB,
-               np.maximum(loads.pool_send_bytes, loads.pool_recv_bytes) * _MB)
+    a2a = dev.a2a_s_per_byte * US_PER_S / MB_PER_BYTE
+    fixed_time = (problem.base_time_s() + state.latency + state.compute) * US_PER_S
+    a2a_now = (np.maximum(loads.ids_recv_bytes, loads.ids_send_bytes) * MB_PER_BYTE,
+               np.maximum(loads.pool_send_bytes, loads.pool_recv_bytes) * MB_PER_BYTE)
     # the devices outside S count when the options of S's tables change what every device carries (the
     # all-to-all totals IS and PR, global units); devices alike in every term are modelled once
     modelled = list(hood.devices)
@@ -423,12 +416,12 @@ def solve_neighbourhood(problem: Problem, assignment: Assignment, hood: Neighbou
         A = model.var(0.0, np.inf, float(a2a_now[0][d]))
         P = model.var(0.0, np.inf, float(a2a_now[1][d]))
         # (b)
-        model.row({A: 1.0, **{c: -v for c, v in ids_recv[d].items()}}, float(state.ids_recv[d]) * _MB, np.inf)
-        model.row({A: 1.0, **{c: -v for c, v in ids_send.items()}}, state.ids_send * _MB, np.inf)
-        model.row({P: 1.0, **{c: -v for c, v in pool_send[d].items()}}, float(state.pool_send[d]) * _MB, np.inf)
-        model.row({P: 1.0, **{c: -v for c, v in pool_recv.items()}}, state.pool_recv * _MB, np.inf)
+        model.row({A: 1.0, **{c: -v for c, v in ids_recv[d].items()}}, float(state.ids_recv[d]) * MB_PER_BYTE, np.inf)
+        model.row({A: 1.0, **{c: -v for c, v in ids_send.items()}}, state.ids_send * MB_PER_BYTE, np.inf)
+        model.row({P: 1.0, **{c: -v for c, v in pool_send[d].items()}}, float(state.pool_send[d]) * MB_PER_BYTE, np.inf)
+        model.row({P: 1.0, **{c: -v for c, v in pool_recv.items()}}, state.pool_recv * MB_PER_BYTE, np.inf)
         # (c) tau = fixed + compute + a2a;  T >= tau
-        tau = model.var(0.0, np.inf, float(times[d]) * _US, cost=weight if in_s[d] else 0.0)
+        tau = model.var(0.0, np.inf, float(times[d]) * US_PER_S, cost=weight if in_s[d] else 0.0)
         terms = {tau: 1.0, A: -float(a2a[d]), P: -2.0 * float(a2a[d])}
         for c, v in compute[d].items():
             terms[c] = terms.get(c, 0.0) - v
@@ -436,9 +429,9 @@ def solve_neighbourhood(problem: Problem, assignment: Assignment, hood: Neighbou
         model.row({T: 1.0, tau: -1.0}, 0.0, np.inf)
         # (d)
         if hbm[d]:
-            model.row(dict(hbm[d]), -np.inf, (float(dev.hbm_capacity_bytes[d]) - float(state.hbm[d])) * _GB)
+            model.row(dict(hbm[d]), -np.inf, (float(dev.hbm_capacity_bytes[d]) - float(state.hbm[d])) * GB_PER_BYTE)
         if host[d]:
-            model.row(dict(host[d]), -np.inf, (float(dev.host_capacity_bytes[d]) - float(state.host[d])) * _GB)
+            model.row(dict(host[d]), -np.inf, (float(dev.host_capacity_bytes[d]) - float(state.host[d])) * GB_PER_BYTE)
     values = model.solve(checks, budget)
     if values is None:
         return None

@@ -56,7 +56,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.embeddings.milp import _GB, _MB, _US, _WorkLimit, class_bins, quiet_highs
+from planner.embeddings.highs import GB_PER_BYTE, MB_PER_BYTE, US_PER_S, CheckLimit, add_rows, quiet_highs
+from planner.embeddings.milp import class_bins
 from planner.embeddings.problem import Problem
 
 log = logging.getLogger(__name__)
@@ -113,8 +114,8 @@ class _Model:
         self.rows: list[tuple[int, int]] = []  # (kind, option index)
         for k, t in enumerate(self.first):
             self.rows.extend((k, o) for o in range(len(problem.options[t])))
-        self.ids_mb = np.array([problem.options[self.first[k]][o].ids_send_bytes * _MB for k, o in self.rows])
-        self.pooled_mb = np.array([problem.options[self.first[k]][o].pool_recv_bytes * _MB for k, o in self.rows])
+        self.ids_mb = np.array([problem.options[self.first[k]][o].ids_send_bytes * MB_PER_BYTE for k, o in self.rows])
+        self.pooled_mb = np.array([problem.options[self.first[k]][o].pool_recv_bytes * MB_PER_BYTE for k, o in self.rows])
         self.global_latency_us: dict[str, float] = {}  # per global sharding type: its fused collective's latency
         self.classes = self._classes()
         self.global_types = tuple(sorted(self.global_latency_us))
@@ -145,7 +146,7 @@ class _Model:
                     seconds = problem.fused_latency(key)[1]
                 if key not in latency:
                     latency[key] = len(latency_us)
-                    latency_us.append(seconds * _US)
+                    latency_us.append(seconds * US_PER_S)
                 return latency[key]
 
             units = []
@@ -170,16 +171,16 @@ class _Model:
                     min(float(np.min(getattr(u, name)[np.isin(u.devices, members)])) for u in loads)
                     for name in ("compute_s", "ids_recv_bytes", "pool_send_bytes", "hbm_bytes", "host_bytes"))
                 if option.scope == "global":  # every device carries it: its time is shared, not a pattern's
-                    shared_us[row] = compute * _US
-                    self.global_latency_us[option.sharding] = problem.fused_latency(key)[1] * _US
-                    units.append(_Unit(row, option.scope, per_table, int(upper), -1, 0.0, ids * _MB, pooled * _MB,
-                                       hbm * _GB, host * _GB))
+                    shared_us[row] = compute * US_PER_S
+                    self.global_latency_us[option.sharding] = problem.fused_latency(key)[1] * US_PER_S
+                    units.append(_Unit(row, option.scope, per_table, int(upper), -1, 0.0, ids * MB_PER_BYTE, pooled * MB_PER_BYTE,
+                                       hbm * GB_PER_BYTE, host * GB_PER_BYTE))
                     continue
-                units.append(_Unit(row, option.scope, per_table, int(upper), latency_index(key), compute * _US,
-                                   ids * _MB, pooled * _MB, hbm * _GB, host * _GB))
+                units.append(_Unit(row, option.scope, per_table, int(upper), latency_index(key), compute * US_PER_S,
+                                   ids * MB_PER_BYTE, pooled * MB_PER_BYTE, hbm * GB_PER_BYTE, host * GB_PER_BYTE))
             classes.append(_Class(
-                len(members), float(base[members].min()) * _US, float(dev.a2a_s_per_byte[members].min()) * _US / _MB,
-                float(dev.hbm_capacity_bytes[members].max()) * _GB, float(dev.host_capacity_bytes[members].max()) * _GB,
+                len(members), float(base[members].min()) * US_PER_S, float(dev.a2a_s_per_byte[members].min()) * US_PER_S / MB_PER_BYTE,
+                float(dev.hbm_capacity_bytes[members].max()) * GB_PER_BYTE, float(dev.host_capacity_bytes[members].max()) * GB_PER_BYTE,
                 tuple(latency_us), tuple(units), tuple(shared_us)))
         return classes
 
@@ -198,7 +199,7 @@ class _Model:
 
 
 @dataclass(frozen=True)
-class _Pattern:
+class Pattern:
     cls: int
     counts: tuple[int, ...]  # per unit of the class
     compute_us: float
@@ -207,7 +208,7 @@ class _Pattern:
     latency_us: float
 
     @classmethod
-    def of(cls, ci: int, c: _Class, counts: tuple[int, ...]) -> "_Pattern":
+    def of(cls, ci: int, c: _Class, counts: tuple[int, ...]) -> "Pattern":
         n = np.array(counts, dtype=float)
         used = {u.latency for k, u in zip(counts, c.units) if k and u.latency >= 0}
         return cls(ci, counts, float(n @ np.array([u.compute_us for u in c.units])),
@@ -278,7 +279,7 @@ class _Pricing:
                 link[j] = 1.0
                 link[nu + 2 + u.latency] = -float(u.upper)
                 rows.append((link, -inf, 0.0))
-        _add_rows(highs, rows)
+        add_rows(highs, rows)
 
     def worth(self, counts, value: np.ndarray, latency_value: np.ndarray) -> float:
         """What ``value`` (per unit) and ``latency_value`` (per fused collective the pattern pays) give
@@ -311,7 +312,7 @@ class _Pricing:
         highs.changeColsBounds(self.ncol, np.arange(self.ncol, dtype=np.int32), lower, upper)
         highs.clearSolver()
         highs.changeRowBounds(3, -highspy.kHighsInf, self.c.hbm_gb if hbm_gb is None else hbm_gb)
-        _WorkLimit(checks or self.checks).attach(highs)
+        CheckLimit(checks or self.checks).attach(highs)
         highs.run()
         info = highs.getInfo()
         if highs.getModelStatus() == highspy.HighsModelStatus.kInfeasible:
@@ -375,24 +376,6 @@ def _g_sides(box) -> list[tuple[float, float]]:
     return [(box[j], box[j + 1]) for j in range(4, len(box) - 1, 2)]
 
 
-def _add_rows(highs, rows) -> None:
-    starts, index, values = [], [], []
-    for coefficients, _, _ in rows:
-        starts.append(len(index))
-        if isinstance(coefficients, dict):
-            for j in sorted(coefficients):
-                if coefficients[j]:
-                    index.append(j)
-                    values.append(coefficients[j])
-        else:
-            nonzero = np.flatnonzero(coefficients)
-            index.extend(int(j) for j in nonzero)
-            values.extend(float(coefficients[j]) for j in nonzero)
-    highs.addRows(len(rows), np.array([r[1] for r in rows], dtype=float), np.array([r[2] for r in rows], dtype=float),
-                  len(index), np.array(starts, dtype=np.int32), np.array(index, dtype=np.int32),
-                  np.array(values, dtype=float))
-
-
 class PatternBound:
     """The master LP, built once; patterns are added as columns, and each (target, box) sets the bounds of the
     IS and PR rows and which patterns are usable (column upper bound 0 or infinity)."""
@@ -405,7 +388,7 @@ class PatternBound:
         self.feasible_counts: np.ndarray | None = None  # option counts of the last box whose LP was feasible
         self.feasible_target_us = 0.0  # and the target it was feasible at
         self._feasible_here = False  # whether the last box_feasible call found its LP feasible
-        self.patterns: list[_Pattern] = []
+        self.patterns: list[Pattern] = []
         self._seen: set[tuple[int, tuple[int, ...]]] = set()
         if self.model.classes is None:
             return
@@ -469,7 +452,7 @@ class PatternBound:
         self.device_row = len(rows)
         for c in model.classes:
             rows.append(({}, -inf, float(c.devices)))
-        _add_rows(highs, rows)
+        add_rows(highs, rows)
         self.first_pattern = 2 * nr
         self._pattern_arrays = {"cls": [], "compute": [], "ids": [], "pooled": [], "latency": []}
 
@@ -515,7 +498,7 @@ class PatternBound:
         return out
 
     @staticmethod
-    def _class_coefficients(c: _Class, pattern: "_Pattern") -> list[float]:
+    def _class_coefficients(c: _Class, pattern: "Pattern") -> list[float]:
         """A pattern's coefficients in its class's four rows of :meth:`_class_rows`."""
         fixed = pattern.compute_us + pattern.latency_us
         return [fixed + (0.0 if j & 1 else c.s_per_mb * pattern.ids_mb)
@@ -527,7 +510,7 @@ class PatternBound:
             return False
         self._seen.add(key)
         c = self.model.classes[ci]
-        pattern = _Pattern.of(ci, c, key[1])
+        pattern = Pattern.of(ci, c, key[1])
         self.patterns.append(pattern)
         arrays = self._pattern_arrays
         for name, v in (("cls", ci), ("compute", pattern.compute_us), ("ids", pattern.ids_mb),
@@ -767,7 +750,7 @@ class PatternBound:
             return False
         kept = self.pricing_left // 3
         self.pricing_left -= kept
-        certified = self.certify(goal_s * _US)
+        certified = self.certify(goal_s * US_PER_S)
         if certified:
             log.debug("pattern bound: goal %.6f s certified, %d pricing solves left", goal_s, self.pricing_left)
         self.pricing_left += kept
@@ -781,7 +764,7 @@ class PatternBound:
         k = 1
         while self.usable and not self.exhausted:
             target = start_s * (1.0 + self.settings.step * k)
-            if target >= high_s or not self.certify(target * _US):
+            if target >= high_s or not self.certify(target * US_PER_S):
                 break
             certified = target
             log.debug("pattern bound: %.6f s certified, %d patterns, %d pricing solves left", target,

@@ -32,8 +32,8 @@ from typing import Sequence
 
 import numpy as np
 
-from planner.embeddings.milp import quiet_highs
-from planner.embeddings.pattern_bound import PatternBound, _add_rows, _Pattern
+from planner.embeddings.highs import add_rows, quiet_highs
+from planner.embeddings.pattern_bound import Pattern, PatternBound
 from planner.embeddings.problem import Problem
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class PrimalLP:
                              for kind in range(len(model.kinds))]
         self.local: list[tuple[int, tuple[int, ...]]] = []
         # per local pattern: its loads (time terms, HBM GB, host GB), computed once
-        self._loads: dict[tuple[int, tuple[int, ...]], tuple[_Pattern, float, float]] = {}
+        self._loads: dict[tuple[int, tuple[int, ...]], tuple[Pattern, float, float]] = {}
         for pattern in bound.patterns:
             self._add(pattern.cls, pattern.counts)
 
@@ -84,7 +84,7 @@ class PrimalLP:
             key = (ci, tuple(int(n) if u.scope in keep else 0 for n, u in zip(counts, units)))
             if key not in self._loads:
                 n = np.array(key[1], dtype=float)
-                self._loads[key] = (_Pattern.of(ci, self.model.classes[ci], key[1]),
+                self._loads[key] = (Pattern.of(ci, self.model.classes[ci], key[1]),
                                     float(n @ np.array([u.hbm_gb for u in units])),
                                     float(n @ np.array([u.host_gb for u in units])))
                 self.local.append(key)
@@ -194,7 +194,7 @@ class PrimalLP:
         for ci, c in enumerate(model.classes):
             rows.append(({2 * nr + j: 1.0 for j, (cj, _) in enumerate(usable) if cj == ci}, float(c.devices),
                          float(c.devices)))
-        _add_rows(highs, rows)
+        add_rows(highs, rows)
         return highs, cover, device_row
 
     def dive(self, target_us: float, corner: _Corner) -> np.ndarray | None:

@@ -42,7 +42,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from planner.embeddings.heuristic import Assignment, Work, greedy, local_search
-from planner.embeddings.milp import _WorkLimit, have_highs, quiet_highs
+from planner.embeddings.highs import CheckLimit, have_highs, quiet_highs
 from planner.embeddings.problem import Problem
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ _SIMPLEX_ITERATION_WORK = 1.0
 _CHECK_WORK = 2000.0
 # What one device-time evaluation of the greedy + local search (heuristic.Work's unit; ~30 us of CPU on HugeCTR
 # on 64 GPUs) counts, against the ~7 us a unit of this search's work takes there
-_EVALUATION_WORK = 5.0
+EVALUATION_WORK = 5.0
 
 # places an option choice below a bound, charging a work count: (choice, upper_s, work) -> plan or None
 Placer = Callable[[Sequence[int], float, Work], "Assignment | None"]
@@ -406,7 +406,7 @@ class _Model:
             return None
         highs.changeColsIntegrality(n, np.arange(n, dtype=np.int32),
                                     np.array([highspy.HighsVarType.kInteger] * n))
-        limit = _WorkLimit(checks)
+        limit = CheckLimit(checks)
         limit.attach(highs)
         highs.run()
         info = highs.getInfo()
@@ -481,6 +481,7 @@ class ChoiceSettings:
     # placed within ``kick`` (relative) of the best plan
     kicks: int = 1000
     kick: float = 0.01
+    seed: int = 0  # of the kicks' random changes
 
 
 def improve_choice(problem: Problem, assignment: Assignment, lower_s: float, starts: Sequence[Sequence[int]] = (),
@@ -515,7 +516,7 @@ def improve_choice(problem: Problem, assignment: Assignment, lower_s: float, sta
         best = current
     else:
         best, best_s = _polish(problem, current, best_s, choice, lower_s, settings)
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(settings.seed)
     for kick in range(settings.kicks):
         if work.done or best_s <= lower_s * (1 + 1e-6):
             break
@@ -575,14 +576,14 @@ def _greedy_placement(problem: Problem, settings: ChoiceSettings) -> Placer:
     """The judge of trial choices whose configurations are too many to enumerate (HugeCTR on 32 A100 + 32 V100:
     hundreds of thousands of configurations per choice): the greedy placement and a short local search, a plan
     when it beats the bound to beat by ``settings.pattern.min_gain``; its evaluations are charged to the search's
-    work (_EVALUATION_WORK each)."""
+    work (EVALUATION_WORK each)."""
 
     def place(choice: Sequence[int], upper_s: float, work: Work) -> Assignment | None:
         own = Work(settings.greedy_evaluations)
         state = greedy(problem, list(choice), own)
         if state is not None:
             state = local_search(state, max_rounds=settings.greedy_rounds)
-        work.spend(_EVALUATION_WORK * (settings.greedy_evaluations - own.left))
+        work.spend(EVALUATION_WORK * (settings.greedy_evaluations - own.left))
         if state is None:
             return None
         plan = state.assignment()

@@ -1,0 +1,143 @@
+"""HiGHS plumbing shared by every solver of the sharding search: silent one-thread models, a deterministic
+work limit counted in interrupt checks, bulk row loading, and the units the models are written in.
+
+Every model of planner.embeddings (the placement MILP through pulp, and the sub-MILPs, pattern LPs and pricing
+problems built directly on ``highspy``) is created here, so they share one way of staying quiet, of staying
+deterministic (one thread, limits counted in work, never in seconds) and of scaling coefficients.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from typing import Iterator
+
+import numpy as np
+import pulp
+
+# HiGHS drops matrix entries below 1e-9, and seconds-per-byte are ~1e-12: the models are written in microseconds,
+# megabytes of all-to-all traffic and gigabytes of memory, which keeps every coefficient within a few decades of 1.
+US_PER_S = 1e6
+MB_PER_BYTE = 1e-6
+GB_PER_BYTE = 1e-9
+
+
+def have_highs() -> bool:
+    """Whether HiGHS (the ``highspy`` package) is importable; without it pulp's bundled CBC is used."""
+    try:
+        import highspy  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class CheckLimit:
+    """A deterministic work limit for HiGHS's MIP solver: interrupt it after ``checks`` of its interrupt checks.
+
+    HiGHS checks for an interrupt at fixed points of its search (root cut rounds, heuristics, nodes), so the
+    count of checks measures work done, as a node limit does, but it also bounds the root node, which a node
+    limit does not. With one thread HiGHS is deterministic, so the same model stops at the same point on a fast
+    or a slow machine, unlike a time limit."""
+
+    def __init__(self, checks: int) -> None:
+        self.checks = max(int(checks), 1)
+        self.seen = 0
+
+    def __call__(self, kind, message, data_out, data_in, user_data) -> None:
+        self.seen += 1
+        if self.seen >= self.checks:
+            data_in.user_interrupt = True
+
+    def attach(self, highs) -> None:
+        import highspy
+
+        highs.setCallback(self, None)
+        highs.startCallback(highspy.cb.HighsCallbackType.kCallbackMipInterrupt)
+
+
+def has_incumbent(highs) -> bool:
+    """Whether a solved ``highspy.Highs`` model holds a feasible solution."""
+    import highspy
+
+    return highs.getInfo().primal_solution_status == highspy.kSolutionStatusFeasible
+
+
+class QuietHiGHS(pulp.HiGHS):
+    """pulp's HiGHS interface; the HiGHS constructor prints a banner on the C-level stdout even when told to be
+    silent, which would corrupt ``--json`` output, so stdout is pointed at /dev/null while it is created. A
+    ``work`` limit (:class:`CheckLimit`) is attached to the model it creates, and ``start`` (variable -> value)
+    is handed to HiGHS as a partial first incumbent."""
+
+    def __init__(self, *args, work: CheckLimit | None = None, start: dict | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.work = work
+        self.start = start or {}
+
+    def createAndConfigureSolver(self, lp: pulp.LpProblem) -> None:  # noqa: N802 (pulp's name)
+        import highspy
+
+        # HiGHS keeps one thread scheduler per process: once another solve in this process (the search's ILP, a
+        # user's own HiGHS model) has started it with more threads, a model asking for threads=1 refuses to run
+        # ("Not Solved"). Dropping the scheduler lets this solve start its own with the threads it asks for.
+        highspy.Highs.resetGlobalScheduler(True)
+        with stdout_silenced():
+            super().createAndConfigureSolver(lp)
+        if self.work is not None:
+            self.work.attach(lp.solverModel)
+
+    def callSolver(self, lp: pulp.LpProblem) -> None:  # noqa: N802 (pulp's name)
+        if self.start:  # a partial solution (the integer variables): HiGHS completes it as its first incumbent
+            index = np.array([var.index for var in self.start], dtype=np.int32)
+            value = np.array(list(self.start.values()), dtype=np.float64)
+            lp.solverModel.setSolution(len(index), index, value)
+        super().callSolver(lp)
+
+
+@contextlib.contextmanager
+def stdout_silenced() -> Iterator[None]:
+    """Point the C-level stdout at /dev/null (HiGHS prints its banner there when a model is created)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as sink:
+            os.dup2(sink.fileno(), 1)
+            try:
+                yield
+            finally:
+                os.dup2(saved, 1)
+    finally:
+        os.close(saved)
+
+
+def quiet_highs():
+    """A new, silent, one-thread ``highspy.Highs`` for a model built directly, deterministic like every solve
+    here (see :class:`QuietHiGHS` for the scheduler reset)."""
+    import highspy
+
+    highspy.Highs.resetGlobalScheduler(True)
+    with stdout_silenced():
+        highs = highspy.Highs()
+    highs.setOptionValue("output_flag", False)
+    highs.setOptionValue("threads", 1)
+    return highs
+
+
+def add_rows(highs, rows) -> None:
+    """Load ``rows`` into a ``highspy.Highs`` model in one call: each row is (coefficients, lower, upper), the
+    coefficients a dict column -> value or a dense array; zero coefficients are left out."""
+    starts, index, values = [], [], []
+    for coefficients, _, _ in rows:
+        starts.append(len(index))
+        if isinstance(coefficients, dict):
+            for j in sorted(coefficients):
+                if coefficients[j]:
+                    index.append(j)
+                    values.append(coefficients[j])
+        else:
+            nonzero = np.flatnonzero(coefficients)
+            index.extend(int(j) for j in nonzero)
+            values.extend(float(coefficients[j]) for j in nonzero)
+    highs.addRows(len(rows), np.array([r[1] for r in rows], dtype=float), np.array([r[2] for r in rows], dtype=float),
+                  len(index), np.array(starts, dtype=np.int32), np.array(index, dtype=np.int32),
+                  np.array(values, dtype=float))
