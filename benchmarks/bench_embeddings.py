@@ -31,12 +31,13 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from planner.embeddings import shard_tables  # noqa: E402
-from planner.embeddings.shard import (PATTERN_BOUND_FREE_S, PATTERN_BOUND_PRICING_PER_S, pattern_steps,  # noqa: E402
-                                      search_steps)
+from planner.embeddings.budget import PRICING_PER_WORK, STAGE_WORK_CAP, budget  # noqa: E402
+from planner.embeddings.shard import deep_stage, search  # noqa: E402
 from planner.embeddings.devices import device_arrays  # noqa: E402
 from planner.embeddings.milp import device_bins, solve  # noqa: E402
 from planner.embeddings.problem import build_problem  # noqa: E402
 from planner.hardware import load_cluster  # noqa: E402
+from planner.solver import SolverOptions  # noqa: E402
 from planner.types import Cluster, DeviceGroup, EmbeddingTable  # noqa: E402
 from embedding_checks import capacities, recomputed_memory  # noqa: E402
 from torchrec_greedy import torchrec_greedy  # noqa: E402
@@ -44,7 +45,7 @@ from torchrec_greedy import torchrec_greedy  # noqa: E402
 REFERENCE = ROOT / "benchmarks" / "data" / "embedding_workloads.json"
 GLOBAL_BATCH = 65536
 OPTIMIZER = "adagrad"
-TIME_LIMIT_S = 10.0
+WORK = 1.0  # the default budget (SolverOptions.work)
 
 
 def clusters(gpus: int) -> list[tuple[str, Cluster]]:
@@ -67,9 +68,9 @@ def check_memory(result, cluster: Cluster, tables: dict[str, EmbeddingTable]) ->
 
 
 def run_case(name: str, tables: tuple[EmbeddingTable, ...], label: str, cluster: Cluster, prove_s: float,
-             time_limit_s: float = TIME_LIMIT_S) -> dict:
+             work: float = WORK) -> dict:
     start, cpu = time.perf_counter(), time.process_time()
-    result = shard_tables(tables, cluster, None, GLOBAL_BATCH, optimizer=OPTIMIZER, time_limit_s=time_limit_s)
+    result = shard_tables(tables, cluster, None, GLOBAL_BATCH, optimizer=OPTIMIZER, options=SolverOptions(work=work))
     elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     problem = build_problem(tables, device_arrays(cluster), GLOBAL_BATCH, OPTIMIZER)
     baseline = torchrec_greedy(problem)
@@ -86,7 +87,7 @@ def run_case(name: str, tables: tuple[EmbeddingTable, ...], label: str, cluster:
         proof = {"proof_time_s": prove_s, "proof_bound_ms": exact.bound_s * 1e3,
                  "proof_incumbent_ms": exact.objective_s * 1e3,
                  "gap_vs_proof_pct": (result.embedding_time_s / exact.bound_s - 1) * 100}
-    return {**proof, "workload": name, "cluster": label, "gpus": cluster.num_devices, "time_limit_s": time_limit_s,
+    return {**proof, "workload": name, "cluster": label, "gpus": cluster.num_devices, "work": work,
             "embedding_ms": result.embedding_time_s * 1e3, "lower_bound_ms": result.lower_bound_s * 1e3,
             "gap_pct": result.gap * 100, "method": result.method, "proven_optimal": result.proven_optimal,
             "solve_s": elapsed, "cpu_s": cpu, "torchrec_greedy_ms": base_s * 1e3,
@@ -96,18 +97,19 @@ def run_case(name: str, tables: tuple[EmbeddingTable, ...], label: str, cluster:
 
 
 def pattern_case(tables, cluster: Cluster, row: dict, again: dict, pricing_solves: int) -> dict:
-    """shard_tables' steps (6)-(7) (the option search from the plan, the bound from device patterns, option
-    choices from its LP) with ``pricing_solves``, from the better of the two runs' bounds and plans (the better
-    plan found again by its run's steps 1-5, which are deterministic; not counted in the times)."""
+    """shard_tables' deep stage (the option search from the plan, the bound from device patterns, option choices
+    from its LP) with ``pricing_solves``, from the better of the two runs' bounds and plans (the better plan found
+    again by its run's stages, which are deterministic; not counted in the times)."""
     problem = build_problem(tables, device_arrays(cluster), GLOBAL_BATCH, OPTIMIZER)
     low_ms = max(row["lower_bound_ms"], again["lower_bound_ms"])
     better = min((row, again), key=lambda r: r["embedding_ms"])
-    found = search_steps(problem, better["time_limit_s"])
+    found = search(problem, SolverOptions(work=better["work"]))
     best_ms = found.best_s * 1e3
     if abs(best_ms - better["embedding_ms"]) > 1e-9 * best_ms:
-        raise RuntimeError(f"steps 1-5 gave {best_ms} ms, the run {better['embedding_ms']} ms")
+        raise RuntimeError(f"the stages gave {best_ms} ms, the run {better['embedding_ms']} ms")
     start, cpu = time.perf_counter(), time.process_time()
-    stepped = pattern_steps(problem, found.assignment, found.best_s, low_ms * 1e-3, pricing_solves)
+    deep_budget = dataclasses.replace(budget(SolverOptions(work=better["work"])), pricing_solves=pricing_solves)
+    stepped = deep_stage(problem, found.assignment, found.best_s, low_ms * 1e-3, deep_budget)
     bound_ms, plan_ms = max(low_ms, stepped.bound_s * 1e3), stepped.best_s * 1e3
     return {"pricing_solves": pricing_solves, "pricing_used": stepped.pricing_used,
             "from_ms": low_ms, "pattern_bound_ms": bound_ms, "best_ms": best_ms, "plan_ms": plan_ms,
@@ -140,11 +142,11 @@ def main() -> int:
     parser.add_argument("--prove", type=float, default=0.0, metavar="S",
                         help="on <= 16 GPUs where the gap exceeds 3%%, run the exact MILP for S seconds for a "
                              "tighter bound on the optimum")
-    parser.add_argument("--more", type=float, default=60.0, metavar="S",
-                        help="re-run the cases whose gap exceeds 3%% with time_limit_s=S (0: do not)")
+    parser.add_argument("--more", type=float, default=6.0, metavar="W",
+                        help="re-run the cases whose gap exceeds 3%% with SolverOptions(work=W) (0: do not)")
     parser.add_argument("--patterns", type=int, default=0, metavar="N",
                         help="where the gap still exceeds 3%% after --more, the bound from device patterns "
-                             "(shard_tables' step 6) with N pricing solves, against the better of the two plans")
+                             "(shard_tables' deep stage) with N pricing solves, against the better of the two plans")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     reference = json.loads(REFERENCE.read_text())
@@ -169,7 +171,7 @@ def main() -> int:
     synthetic = synthetic_tables(1000)
     big = load_cluster("dgx-a100-80gb*16")
     start, cpu = time.perf_counter(), time.process_time()
-    result = shard_tables(synthetic, big, None, GLOBAL_BATCH, optimizer=OPTIMIZER, time_limit_s=TIME_LIMIT_S)
+    result = shard_tables(synthetic, big, None, GLOBAL_BATCH, optimizer=OPTIMIZER)
     synthetic_row = {"tables": 1000, "gpus": 128, "wall_s": time.perf_counter() - start,
                      "cpu_s": time.process_time() - cpu,
                      "embedding_ms": result.embedding_time_s * 1e3, "lower_bound_ms": result.lower_bound_s * 1e3,
@@ -194,8 +196,8 @@ def write_markdown(path: Path, rows: list[dict], synthetic: dict, reference: dic
         f"Python {platform.python_version()}, 2 cores. Command: `python benchmarks/bench_embeddings.py {argv}`.",
         "",
         f"Global batch {GLOBAL_BATCH} (MLPerf DLRM-DCNv2's) for every workload, Adagrad, fp32 tables, "
-        f"`time_limit_s={TIME_LIMIT_S:g}` per case (it sets the search's work limits; the search never reads the "
-        "clock, so these plans are the same on any machine). Workloads: " + "; ".join(sizes) + ".",
+        f"the default budget (`SolverOptions(work={WORK:g})`) per case (it sets the search's work limits; the "
+        "search never reads the clock, so these plans are the same on any machine). Workloads: " + "; ".join(sizes) + ".",
         "Clusters: `a100` = dgx-a100-80gb nodes; `a100+v100` = half dgx-a100-80gb, half hgx-v100-32gb (8 GPUs: "
         "one 4-GPU node of each). Times are the slowest device's embedding time per iteration (forward + "
         "backward lookups, ids and pooled all-to-alls, row-wise reduce-scatter/all-gather, data-parallel "
@@ -226,11 +228,10 @@ def write_markdown(path: Path, rows: list[dict], synthetic: dict, reference: dic
                          f"{r['gap_vs_proof_pct']:.2f} |")
     more = [r for r in rows if "more" in r]
     if more:
-        limit = more[0]["more"]["time_limit_s"]
+        limit = more[0]["more"]["work"]
         within_more = within + sum(1 for r in more if r["more"]["gap_pct"] <= 3.0)
-        lines += ["", f"The cases above 3% again with `time_limit_s={limit:g}` ({limit / TIME_LIMIT_S:g} times the work of "
-                  f"every step; the exact per-device MILP is then tried up to {limit / TIME_LIMIT_S:g} times the "
-                  f"variables): gap <= 3% in "
+        lines += ["", f"The cases above 3% again with `SolverOptions(work={limit:g})` ({limit / WORK:g} times the "
+                  f"work of every stage): gap <= 3% in "
                   f"{within_more} of {len(rows)} cases with this budget.", "",
                   "| workload | GPUs | cluster | ours (ms) | lower bound (ms) | gap % | method | wall (s) | CPU (s) | improvement over greedy % | max mem used/cap |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -245,14 +246,14 @@ def write_markdown(path: Path, rows: list[dict], synthetic: dict, reference: dic
     if patterns:
         solves = patterns[0]["patterns"]["pricing_solves"]
         within_patterns = within_more + sum(1 for r in patterns if r["patterns"]["gap_pct"] <= 3.0)
-        lines += ["", f"The cases still above 3% at that budget, with shard_tables' steps 6-7 (the option search by "
+        lines += ["", f"The cases still above 3% at that budget, with shard_tables' deep stage (the option search by "
                   f"table kind from the plan, the bound from device patterns, planner/embeddings/pattern_bound.py, "
                   f"and option choices from its LP, planner/embeddings/pattern_primal.py) given {solves} pricing "
                   f"solves, from the better of the two runs' bounds and plans -- what "
-                  f"`shard_tables(..., time_limit_s={PATTERN_BOUND_FREE_S + solves / PATTERN_BOUND_PRICING_PER_S:g})` "
-                  f"runs (steps 1-5 at the 60 s budget, then these): gap <= 3% in {within_patterns} of {len(rows)} "
+                  f"`shard_tables(..., options=SolverOptions(work={STAGE_WORK_CAP + solves / PRICING_PER_WORK:g}))` "
+                  f"runs (the stages at {STAGE_WORK_CAP:g} times the default, then these): gap <= 3% in {within_patterns} of {len(rows)} "
                   f"cases with them.",
-                  "", "| workload | GPUs | cluster | best plan (ms) | plan after step 7 (ms) | bound before (ms) | "
+                  "", "| workload | GPUs | cluster | best plan (ms) | plan after the deep stage (ms) | bound before (ms) | "
                   "pattern bound (ms) | gap % | pricing solves used | CPU (s) |",
                   "|---|---|---|---|---|---|---|---|---|---|"]
         for r in patterns:

@@ -185,6 +185,43 @@ def write_markdown(path: Path, rows: list[dict], label: str, argv: str) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+def _summary_line(label: str, rows: list[dict]) -> str:
+    s = summary(rows)
+    return (f"| {label} | {s['within_5pct_share'] * 100:.0f}% | {s['worst_gap'] * 100:.2f}% | "
+            f"{s['median_gap'] * 100:.2f}% | {s['worst_cpu_s']:.1f} | {s['median_cpu_s']:.1f} | {s['over_10s']} | "
+            f"{s['not_finished']} | {'yes' if s['passes'] else 'no'} |")
+
+
+def write_comparison(path: Path, before: list[dict], after: list[dict]) -> None:
+    """Both runs' summaries against the pass criteria, and every case side by side."""
+    def gap(r):
+        return "not finished" if r["gap"] is None else f"{r['gap'] * 100:.2f}"
+
+    def cpu(r):
+        return f"> {r['cpu_s']:.0f}" if r["gap"] is None else f"{r['cpu_s']:.1f}"
+
+    lines = ["| run | within 5% (>= 90%) | worst gap (<= 10%) | median gap | worst CPU s (<= 10) | median CPU s | "
+             "cases over 10 s | not finished | all criteria |", "|---|---|---|---|---|---|---|---|---|",
+             _summary_line("before", before), _summary_line("after", after), "",
+             "| case | tables | GPUs | devices | global batch | rows cap | gap % before | gap % after | CPU s before | "
+             "CPU s after | bound before (ms) | bound after (ms) | plan before (ms) | plan after (ms) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    by_case = {r["case"]: r for r in before}
+    for a in after:
+        b = by_case.get(a["case"])
+        if b is None:
+            continue
+        cap = "" if a["rows_cap"] is None else f"{a['rows_cap']:.3g}"
+
+        def ms(r, key):
+            return "" if r[key] is None else f"{r[key] * 1e3:.4g}"
+        lines.append(f"| {a['case']} | {a['tables']} | {a['gpus']} | {a['devices']} | {a['global_batch']} | {cap} | "
+                     f"{gap(b)} | {gap(a)} | {cpu(b)} | {cpu(a)} | {ms(b, 'embedding_lower_bound_s')} | "
+                     f"{ms(a, 'embedding_lower_bound_s')} | {ms(b, 'embedding_s')} | {ms(a, 'embedding_s')} |")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=50)
@@ -195,10 +232,17 @@ def main() -> int:
     parser.add_argument("--markdown", default="", help="also write the table of cases to this file")
     parser.add_argument("--label", default="Generated table sets")
     parser.add_argument("--list", action="store_true", help="print the drawn cases and stop")
+    parser.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"), default=None,
+                        help="write --markdown from two runs' JSON lines, side by side, and stop")
     parser.add_argument("--timeout", type=float, default=0.0, metavar="S",
                         help="run each case in a child process and stop it after S seconds of wall time (it is "
                              "then recorded as not finished); 0: in this process, no limit")
     args = parser.parse_args()
+    if args.compare:
+        before, after = ([json.loads(line) for line in Path(f).read_text().splitlines() if line.strip()]
+                         for f in args.compare)
+        write_comparison(Path(args.markdown), before, after)
+        return 0
     cases = draw_cases(args.seed, args.cases)
     if args.only:
         keep = {int(i) for i in args.only.split(",")}

@@ -30,15 +30,15 @@ from planner.solver import SolverOptions
 DEFAULT_EVALUATIONS = 250_000
 # What one step of a stage costs in evaluations (see the module docstring).
 CHECK_EVALUATIONS_PER_VARIABLE = 1.0
-CLASS_CHECK_EVALUATIONS_PER_ROW = 0.5
+CLASS_CHECK_EVALUATIONS_PER_ROW = 0.2
 # Shares of the budget: the bound (the class MILP and the MILPs that only make guides), the placement (greedy +
 # local search from each guide, then ruin and recreate), the improvement (neighbourhood or option search, the
 # node MILP) and the exact per-device MILP.
-BOUND_SHARE = 0.15
+BOUND_SHARE = 0.25
 GUIDE_SHARE = 0.10
 PLACEMENT_SHARE = 0.15
 REBUILD_SHARE = 0.10
-IMPROVEMENT_SHARE = 0.30
+IMPROVEMENT_SHARE = 0.20
 NODE_MILP_SHARE = 0.05
 EXACT_SHARE = 0.15
 # The large-neighbourhood search frees at most one unit per round for this many evaluations of its budget.

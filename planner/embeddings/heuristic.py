@@ -5,7 +5,7 @@
    time after adding the unit, with its own bandwidth and links), within memory; a second pass puts them where
    the additive load (sent + received bytes, no overlap) is least, which spreads both links more evenly.
 3. Refinement: for the tables on the slowest device, try each other option (a finer column split, a row-wise
-   split, data-parallel...) and redo step 2; keep the first change that lowers the slowest device's time;
+   split, data-parallel...) and place again; keep the first change that lowers the slowest device's time;
    when none does, change a whole group of tables that share a sharding at once.
 4. Local search on the slowest device: move one of its units elsewhere, or re-shard one of its tables in
    place, whenever that lowers the time of every device it touches below the current maximum (or swap a unit,
@@ -287,7 +287,7 @@ def _tables_on(state: _State, device: int) -> list[int]:
 
 def refine(problem: Problem, choice: list[int], state: _State, tables_per_round: int = 3
            ) -> tuple[list[int], _State]:
-    """Step 3: re-choose options of tables on the slowest device, re-running the greedy each time."""
+    """Refinement: re-choose options of tables on the slowest device, re-running the greedy each time."""
     units = sum(problem.options[t][o].units for t, o in enumerate(choice))
     budget = max(8, min(_REFINE_MAX, int(_REFINE_WORK / max(units * problem.dev.count, 1))))
     best = state.makespan()
@@ -354,7 +354,7 @@ def _group_change(problem: Problem, choice: list[int], state: _State, best: floa
 
 
 def local_search(state: _State, max_rounds: int = 5000) -> _State:
-    """Step 4: improve the slowest device until no move helps (or the work runs out)."""
+    """Local search: improve the slowest device until no move helps (or the work runs out)."""
     for _ in range(max_rounds):
         if state.work.done:
             break
@@ -525,7 +525,7 @@ def _insert_best(state: _State, t: int) -> bool:
 
 def rebuild(problem: Problem, assignment: Assignment, work: Work, tables_per_round: int = 4,
             seed: int = 0) -> Assignment:
-    """Step 5, ruin and recreate: take out a few tables (half from the slowest device, half drawn with a seeded
+    """Ruin and recreate: take out a few tables (half from the slowest device, half drawn with a seeded
     generator), put each back with the option and places that give the least (slowest device, total time),
     keep the result when that pair is smaller, polish it with the local search, and repeat until ``work`` is
     spent. Single moves cannot leave a plan whose devices all sit at the maximum; re-choosing several tables
@@ -559,7 +559,8 @@ def rebuild(problem: Problem, assignment: Assignment, work: Work, tables_per_rou
 
 
 def heuristic(problem: Problem, weights: Sequence[Sequence[float]] | None, work: Work) -> Assignment | None:
-    """Steps 1-4 (local search straight after the greedy, and after the refinement; the better of the two)
+    """Option choice, greedy placement, refinement and local search (local search straight after the greedy, and
+    after the refinement; the better of the two)
     within ``work`` evaluations; None when no placement within memory was found."""
     prefs = preferences(problem, weights)
     start = _first_feasible(problem, prefs, work)

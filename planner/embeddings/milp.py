@@ -58,8 +58,7 @@ from planner.embeddings.problem import Problem
 log = logging.getLogger(__name__)
 
 # The pigeonhole cuts (f3) and the excess cut (f4) go into models of up to this many integer variables: past it
-# they slow HiGHS's root node more than they lift the bound (1,000 tables on 128 GPUs: 0.6 -> 11 s of CPU for
-# the same 20 checks with f3; f4 alone took the whole case from 3.9 to 14.9 s of CPU).
+# they slow HiGHS's root node (more rows per variable) far more than they lift the bound.
 PIGEONHOLE_MAX_VARIABLES = 3000
 
 
@@ -531,8 +530,7 @@ def _add_memory_pigeonhole_cuts(lp: pulp.LpProblem, problem: Problem, bins: Bins
     """(f5) per bin b and j = 1, 2, 3 (valid cut): a device holds at most j device-scope units of more than
     1 / (j + 1) of its memory (j + 1 of them would overflow it; HBM units against HBM, host units against host
     memory), so bin b holds at most j n_b of them. The class model only sums memory over a bin, which lets it
-    put 3 tables of 60% of a device's memory on 2 devices (HugeCTR on 4 A100 + 4 V100: bound 267.26 -> 274.96
-    ms). ``slack`` = 1 is the cut; tests pass a larger one (units of more than 1 / (j + slack): invalid) to check
+    put 3 tables of 60% of a device's memory on 2 devices. ``slack`` = 1 is the cut; tests pass a larger one (units of more than 1 / (j + slack): invalid) to check
     that brute force catches an invalid cut."""
     dev = problem.dev
     for b, members in enumerate(bins.members):

@@ -21,16 +21,12 @@ Targets rise from the best bound known in steps of 0.5% while they are certified
 option counts directly: summed over devices, time = base + latency + compute + G + s x (max(IS, ids received) + 2
 max(PR, pooled sent)) <= T, each max taken as its first term on every device or as the summed second terms; they let
 the master reject most boxes before any pricing. Four rows per class do the same over the class's devices with each
-pattern's own compute, latency, ids and pooled bytes (the pricing MILPs pay their duals too). Session 6: G was one
-side (the first class's; another class's floor its least ratio to it), but on mixed clusters that floor is far below
-what a slower class pays for small data-parallel tables (HugeCTR on 32 A100 + 32 V100: least ratio 1.03, the plans'
-2.1), and the LP put V100s on patterns 8% over T; with a side per class and the class rows, 53.25 ms is certified
-there (52.463 before; 3,668 pricing solves).
+pattern's own compute, latency, ids and pooled bytes (the pricing MILPs pay their duals too). G has a side per
+class: on mixed clusters a slower class pays far more for small data-parallel tables than any fixed ratio to
+another class's G would say.
 
-Cost: a pricing MILP takes 0.03-0.3 s. With one column per pricing solve, on HugeCTR on 128 A100s (14 kinds, 115
-(kind, option) pairs) 3,000 pricing solves (250 s of CPU) certify 13.514 ms (+2.0% over the class bound); on DCNv2
-on 64 A100s 2,842 solves (150 s) certify 2.1885 ms (+1.0%). shard_tables runs it only with a large budget
-(shard.PATTERN_BOUND_FREE_S).
+Cost: a pricing MILP is small (tenths of a second at most); shard_tables runs this bound only in its deep stage,
+with a budget past budget.STAGE_WORK_CAP times the default.
 
 Relaxations, each valid: global units are counted per class for memory and ids, not per device (their time is
 G, on every device); node-wide shares are not tied to one node; a table-row-wise fused collective's latency is
@@ -44,9 +40,8 @@ checks, never the clock. Column generation tails off (the master is degenerate: 
 value unchanged), so each pricing solve adds several columns of positive reduced cost, each within T and memory:
 its pattern, the other patterns HiGHS found on the way, and the patterns one unit away (one unit more, or one
 given up for another) from its pattern and from the master's most used patterns of the class; a longer solve,
-to prove that no pattern helps, runs only where none of them is new. On DCNv2 on 64 A100s certifying 2.18116 ms
-took 1,724 pricing solves (29.5 s of CPU) with one column per solve, and takes 524 (15.8 s); 24.636 ms on
-HugeCTR on 64 A100s 1,895 (192 s), now 1,085 (88 s).
+to prove that no pattern helps, runs only where none of them is new (several columns per solve need far fewer
+pricing solves for the same bound than one).
 """
 
 from __future__ import annotations
@@ -244,9 +239,8 @@ class _Pricing:
         highs = self.highs = quiet_highs()
         highs.setOptionValue("mip_rel_gap", 1e-6)
         highs.setOptionValue("mip_improving_solution_save", True)  # more columns per solve (best's ``found``)
-        # presolve stays on: off, a target takes 2/3 of the CPU (HugeCTR on 128 A100s, 13.381 ms certified in 27 s
-        # instead of 40 s), but the patterns found differ, and within the same count of pricing solves HugeCTR on
-        # 64 A100s then certifies 24.599 ms instead of 24.721 (1,000 solves)
+        # presolve stays on: off, a target is cheaper, but the patterns found differ and the same count of
+        # pricing solves certifies a lower bound
         highs.addVars(ncol, np.zeros(ncol), self.upper)
         ints = list(range(nu)) + list(range(nu + 2, ncol))
         highs.changeColsIntegrality(len(ints), np.array(ints, dtype=np.int32),

@@ -17,11 +17,7 @@ turns such counts into option choices for the placement heuristics:
 
 The choices are only guides: the caller places each (greedy, local search, ruin and recreate, option search), and
 each and its variants without node-wide tables (:func:`without_node_units`) exactly by device configurations,
-and keeps a plan only if it is faster. On HugeCTR on 32 A100 + 32 V100 the searches of steps 1-5 end at 55.864
-ms; four dives (targets 1.00-1.03 times the box's) give choices the heuristics place at 54.787-55.5 ms, and the
-exact placement at 54.683 ms. On 128 A100s no choice places below the 60 s budget's 14.153 ms, while a variant
-with the 10-row tables data-parallel places at 13.968 ms (3,000 pricing solves for steps 6-7). Work is counted
-in column generation rounds, never the clock.
+and keeps a plan only if it is faster. Work is counted in column generation rounds, never the clock.
 """
 
 from __future__ import annotations
@@ -270,8 +266,7 @@ def without_node_units(problem: Problem, choice: Sequence[int]) -> list[list[int
 
     The pattern LP counts a node-wide unit as an eighth of a table on each of any eight device patterns; a plan
     puts it on the eight devices of one node, which must then match each other. So the LP's choices lean on
-    node-wide options more than plans can: on HugeCTR on 128 A100s a choice with four of the 10-row tables
-    table-row-wise is not placed below 14.153 ms, and with them data-parallel it places at 13.968 ms."""
+    node-wide options more than plans can, and the variant without them often places where the choice cannot."""
     variants = []
     for tables in problem.table_kinds:
         node_wide = [t for t in tables if problem.options[t][choice[t]].scope == "node"]

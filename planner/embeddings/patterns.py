@@ -1,6 +1,6 @@
 """Kind-aware placement by device configurations (cutting-stock style), for a fixed option per table.
 
-Large workloads repeat a few kinds of tables (HugeCTR's 177 tables are 14 kinds: same rows, dim, pooling), and
+Large workloads repeat a few kinds of tables (same rows, dim, pooling: e.g. many hashed tables of one size), and
 large clusters repeat a few kinds of nodes and devices. Units of one kind (same option, same loads) are
 interchangeable, and so are the devices of one node class. So a placement is a choice, per node class, of how
 many nodes take each *node pattern* (a multiset of node-wide, table-row-wise, unit kinds) and, per pattern,
@@ -18,7 +18,7 @@ enumerated, and a small MILP asks for integers
 
 (covering, not equality: removing a unit never makes a device slower, so surplus slots are left empty).
 A first MILP at the largest configuration time below the plan to beat says whether any better plan exists
-(its LP relaxation is solved first; on HugeCTR on 128 A100s that alone rejects most trial choices); if one
+(its LP relaxation is solved first, which alone rejects most trial choices); if one
 does, a few bisection steps over the distinct configuration times lower T (with enough steps and checks, the
 least T: exact for the option choice, tested against brute force). The plan is read off the last feasible
 solution. Loads of a node-wide unit on a node are taken as their largest over the node's devices and the
@@ -26,8 +26,7 @@ global (data-parallel, row-wise) loads as their largest over the node class, so 
 T. Applies to clusters whose nodes each hold identical devices; the enumeration and the solves are bounded by
 counts (configurations, HiGHS interrupt checks), never by the clock.
 
-At a fixed option choice this placement is rarely better than the greedy + local search (on HugeCTR on 128
-A100s it proves, in 0.02 s, that no placement of the heuristic's choice is 0.5% faster); what it adds is an
+At a fixed option choice this placement is rarely better than the greedy + local search; what it adds is an
 exact and fast judge of option choices. :func:`improve_choice` uses it for compound changes by table kind
 (several tables of one kind change option at once, finest splits first), from the best plan's choice and the
 guides' (the class MILP's and LP's).
@@ -49,11 +48,11 @@ log = logging.getLogger(__name__)
 
 # What one HiGHS simplex iteration and one HiGHS interrupt check count in the work of this search, against one
 # configuration enumerated or one MILP column (a column costs ~2 us to build; a check, about one branch-and-
-# bound node of these models, 1-10 ms on HugeCTR on 128 GPUs).
+# bound node of these models).
 _SIMPLEX_ITERATION_WORK = 1.0
 _CHECK_WORK = 2000.0
-# What one device-time evaluation of the greedy + local search (heuristic.Work's unit; ~30 us of CPU on HugeCTR
-# on 64 GPUs) counts, against the ~7 us a unit of this search's work takes there
+# What one device-time evaluation of the greedy + local search (heuristic.Work's unit) counts in this search's
+# work: an evaluation costs about five of its units of CPU
 EVALUATION_WORK = 5.0
 
 # places an option choice below a bound, charging a work count: (choice, upper_s, work) -> plan or None
@@ -69,7 +68,7 @@ class PatternSettings:
 
     configurations: int = 20_000
     # past about 20 checks a single check can take seconds on models at the edge of feasibility (HiGHS's root
-    # separation: 3 s between checks 20 and 25 on one HugeCTR model on 128 A100s), so the count stays small
+    # separation), so the count stays small
     checks: int = 20
     steps: int = 4
     min_gain: float = 1e-3
@@ -461,14 +460,14 @@ class _Model:
 @dataclass(frozen=True)
 class ChoiceSettings:
     """Work of the search over option choices: ``work`` in the units :func:`pattern_place` charges
-    (configurations, MILP columns, simplex iterations, interrupt checks x _CHECK_WORK; 500,000 took 1.6-3 s of
-    CPU on HugeCTR on 64 and 128 GPUs, 2-core x86), and the settings of each placement: ``start`` for the
+    (configurations, MILP columns, simplex iterations, interrupt checks x _CHECK_WORK; shard_tables sizes it
+    from its budget, budget.Budget.choice), and the settings of each placement: ``start`` for the
     starting choices, ``pattern`` for the trial changes, ``final`` (with ``final_work``) for the choice kept."""
 
     work: float = 1_000_000.0
     pattern: PatternSettings = PatternSettings()
-    # the few starting choices get more checks per MILP (HugeCTR on 64 A100 + 64 V100: the class MILP's choice
-    # placed at 30.197 ms needs 21-30 of them)
+    # the few starting choices get more checks per MILP (a guide's choice can need more than the trial changes'
+    # count to be shown feasible)
     start: PatternSettings = PatternSettings(checks=30)
     # the best choice at the end: bisection down to the least configuration time HiGHS shows feasible
     final: PatternSettings = PatternSettings(steps=16, min_gain=0.0)
@@ -566,15 +565,14 @@ def _descend(problem: Problem, current: Assignment, current_s: float, choice: li
 
 def _polish(problem: Problem, current: Assignment, current_s: float, choice: list[int], lower_s: float,
             settings: ChoiceSettings) -> tuple[Assignment, float]:
-    """The changes were judged with a few bisection steps; a new best choice gets more, with work of its own
-    (HugeCTR on 128 A100s: 14.304 -> 14.195 ms for about 0.7 s of CPU)."""
+    """The changes were judged with a few bisection steps; a new best choice gets more, with work of its own."""
     plan = pattern_place(problem, choice, lower_s, current_s, settings.final, Work(settings.final_work))
     return (plan, problem.makespan_s(plan)) if plan is not None else (current, current_s)
 
 
 def _greedy_placement(problem: Problem, settings: ChoiceSettings) -> Placer:
-    """The judge of trial choices whose configurations are too many to enumerate (HugeCTR on 32 A100 + 32 V100:
-    hundreds of thousands of configurations per choice): the greedy placement and a short local search, a plan
+    """The judge of trial choices whose configurations are too many to enumerate (many kinds on mixed
+    clusters): the greedy placement and a short local search, a plan
     when it beats the bound to beat by ``settings.pattern.min_gain``; its evaluations are charged to the search's
     work (EVALUATION_WORK each)."""
 
@@ -622,7 +620,7 @@ def _table_kinds(problem: Problem) -> list[list[int]]:
 def _kind_moves(problem: Problem, tables: list[int], choice: list[int]):
     """Trial choices for one kind: for each option its tables hold, 1, half or all of those tables (the last
     ones first) to each other option, the finest splits first (many small units are what balances devices
-    whose big units differ; on HugeCTR on 128 A100s the changes kept are mostly 8- and 16-way column splits)."""
+    whose big units differ)."""
     options = problem.options[tables[0]]
     targets = sorted(range(len(options)), key=lambda o: (-options[o].units, o))
     for a in sorted({choice[t] for t in tables}):

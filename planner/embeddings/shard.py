@@ -55,6 +55,10 @@ log = logging.getLogger(__name__)
 DEEP_FIRST_GAP = 0.03
 # Relative tolerance under which a plan counts as at its bound (float noise of the solvers).
 AT_BOUND = 1e-6
+# The improvement stage's searches run on plans more than this above their bound: the cost model's own
+# accuracy is coarser than this, so closer plans are not worth their work (the exact MILP still runs, for its
+# proof).
+IMPROVE_ABOVE_GAP = 0.01
 
 
 @dataclass(frozen=True)
@@ -230,7 +234,7 @@ def improvement_stage(problem: Problem, classes: Bins, guides: list, plan_budget
     """The neighbourhood search (small clusters) or the option search by kind (large ones) on the best plan, then
     the node MILP and the exact per-device MILP where the budget covers them."""
     assignment, bound, best, method, proven = found
-    if assignment is not None and best > bound * (1 + AT_BOUND):
+    if assignment is not None and best > bound * (1 + IMPROVE_ABOVE_GAP):
         if problem.dev.count <= NEIGHBOURHOOD_MAX_DEVICES:
             # re-place (and re-shard) the units of a few devices at once, exactly
             assignment = improve(problem, assignment, plan_budget.neighbourhood(), target_s=bound)
