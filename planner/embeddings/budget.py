@@ -15,7 +15,7 @@ one of its steps costs in evaluations:
 
 So the counts shrink as tables x devices grow, and the budget's CPU time stays about the same on 10 tables as
 on 5,000 (benchmarks/embedding_generated.py measures it; the ratios above were measured with its cases on a
-2-core x86 machine, see benchmarks/results/embeddings_generated.md). Every count is a count, never seconds:
+2-core x86 machine, see benchmarks/results/embeddings.md). Every count is a count, never seconds:
 the same problem and options give the same plan on any machine.
 """
 
