@@ -65,6 +65,20 @@ def positive_seconds(text: str) -> float:
     return float(_positive(text, float, "a number of seconds"))
 
 
+def positive_float(text: str) -> float:
+    return float(_positive(text, float, "a number"))
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
+    return value
+
+
 def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cluster", required=True,
                         help="a cluster file (YAML/JSON) or a shorthand NODE*COUNT[+NODE*COUNT...]")

@@ -17,6 +17,7 @@ from planner.hardware.fp8 import cost_dtype, resolve_fp8_recipe
 from planner.plans import Plan, SearchInfo
 from planner.rules import TIE_TOLERANCE, ModelShape
 from planner.runtime import get_runtime
+from planner.solver import SolverOptions
 from planner.search import engine
 from planner.search.backend import Backend
 from planner.search.build import to_plan
@@ -54,18 +55,19 @@ def default_backend(model: LayerGraph, cluster: Cluster) -> Backend:
 def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: ParallelConfig | None = None,
            top_k: int = 1, time_limit_s: float | None = None, tables=None,
            backend: Backend | None = None, progress: Callable[[float], None] | None = None,
-           budget: int | None = None) -> SearchResult:
+           budget: int | None = None, options: SolverOptions | None = None) -> SearchResult:
     """The ``top_k`` fastest plans that fit, best first. ``pinned`` fields that are set are fixed.
 
     ``time_limit_s`` (wall clock) and ``budget`` (work units: layouts whose partition is solved plus plans
     timed by the cost model; the same on any machine) stop the search early, but only once it holds a
     plan; the result then says whether it is still proven optimal and its lower bound. For a model with
     sparse embedding tables (the model's, or ``tables``: a table file or EmbeddingTables), the dense part is
-    searched here and the tables are sharded and joined by planner.compose; ``time_limit_s`` is then also
-    the embedding sharder's work budget per plan (planner.embeddings.shard_tables; default 10 s of work,
-    deterministic). With no time limit the search is deterministic: nothing in it is random."""
+    searched here and the tables are sharded and joined by planner.compose, with ``options`` (the sharder's
+    work, a multiple of its default budget counted in deterministic units, and the seed of its random
+    choices; None: ``SolverOptions()``). With no time limit the search is deterministic: the dense search
+    makes no random choice and the sharder's are seeded."""
     return compose.search(model, cluster, global_batch, pinned=pinned, top_k=top_k, time_limit_s=time_limit_s,
-                          tables=tables, backend=backend, progress=progress, budget=budget)
+                          tables=tables, backend=backend, progress=progress, budget=budget, options=options)
 
 
 def search_dense(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: ParallelConfig | None = None,
@@ -132,10 +134,10 @@ def search_dense(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinn
 def plan(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: ParallelConfig | None = None,
          top_k: int = 1, time_limit_s: float | None = None, tables=None,
          backend: Backend | None = None, progress: Callable[[float], None] | None = None,
-         budget: int | None = None) -> Plan:
+         budget: int | None = None, options: SolverOptions | None = None) -> Plan:
     """The fastest plan that fits (see :func:`search`)."""
     return search(model, cluster, global_batch, pinned=pinned, top_k=top_k, time_limit_s=time_limit_s,
-                  tables=tables, backend=backend, progress=progress, budget=budget).best
+                  tables=tables, backend=backend, progress=progress, budget=budget, options=options).best
 
 
 def _why_infeasible(model: LayerGraph, cluster: Cluster, global_batch: int, pins: Pins, backend: Backend) -> str:
