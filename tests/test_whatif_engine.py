@@ -16,7 +16,7 @@ from planner.sweep.keys import grid, parse_key, parse_sweep_args, parse_sweeps, 
 from planner.sweep.runner import run_tasks
 from planner.sweep.whatif import PointTask, cluster_cost_per_hour
 
-from whatif_fakes import NODES, points_for, result_for, failing_evaluate, fake_evaluate, mixed_cluster
+from whatif_fakes import NODES, points_for, result_for, failing_evaluate, fake_evaluate, fake_plan, mixed_cluster
 
 
 # ---------------------------------------------------------------------------------------------- keys
@@ -259,3 +259,17 @@ def test_swept_global_keys_are_one_column():
     assert header[:2] == ["global_batch", "seq_len"] and len(header) == len(set(header))
     rows = list(csv.DictReader(io.StringIO(result.to_csv())))
     assert [r["global_batch"] for r in rows] == ["64", "128"] and rows[0]["seq_len"] == "512"
+
+
+def test_a_point_carries_its_plans_expert_parallelism():
+    """The what-if row says each plan's ep (1 on a dense model), or nothing when its stages differ."""
+    from planner.sweep.whatif import TABLE_COLUMNS, summarize
+
+    cluster = mixed_cluster()
+    plan = fake_plan(cluster, 64)
+    assert summarize((), plan, cluster, 64, None).ep == 1
+    moe = replace(plan, stages=tuple(replace(s, ep=4) for s in plan.stages))
+    assert summarize((), moe, cluster, 64, None).ep == 4
+    mixed = replace(plan, stages=(replace(plan.stages[0], ep=2),) + plan.stages[1:])
+    assert len(plan.stages) > 1 and summarize((), mixed, cluster, 64, None).ep is None
+    assert TABLE_COLUMNS.index("ep") == TABLE_COLUMNS.index("cp") + 1

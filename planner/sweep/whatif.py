@@ -63,6 +63,7 @@ class WhatIfPoint:
     lower_bound_s: float | None = None  # no plan of the point's space is faster (the search's proven bound)
     reason: str = ""  # why infeasible, or empty
     cp: int | None = None  # context-parallel degree; None when stages differ
+    ep: int | None = None  # expert-parallel degree (mixtures of experts; 1 on dense models); None when stages differ
     search_time_s: float = field(default=0.0, compare=False)  # wall time of planning this point (varies)
 
     @property
@@ -86,7 +87,7 @@ class WhatIfPoint:
 COLUMNS = tuple(f.name for f in WhatIfPoint.__dataclass_fields__.values()
                 if f.name not in ("settings", "search_time_s"))
 TABLE_COLUMNS = ("feasible", "iteration_time_s", "throughput_samples_per_s", "cost_per_million_tokens",
-                 "devices_used", "pp", "tp", "cp", "dp", "micro_batch", "reason")
+                 "devices_used", "pp", "tp", "cp", "ep", "dp", "micro_batch", "reason")
 
 
 @dataclass(frozen=True)
@@ -239,6 +240,7 @@ def summarize(settings: tuple[tuple[str, Value], ...], plan: Plan, cluster: Clus
     tps = [r.tp for s in plan.stages for r in (s.replicas or (s,))]
     dps = [s.dp for s in plan.stages]
     cps = [r.cp for s in plan.stages for r in (s.replicas or (s,))]
+    eps = [r.ep for s in plan.stages for r in (s.replicas or (s,))]
     stages = "; ".join(f"{s.device_type} tp{s.tp} dp{s.dp} layers {s.first_layer}-{s.last_layer}"
                        for s in plan.stages)
     return WhatIfPoint(
@@ -250,7 +252,8 @@ def summarize(settings: tuple[tuple[str, Value], ...], plan: Plan, cluster: Clus
         num_devices=cluster.num_devices, devices_used=len(used), global_batch=global_batch,
         seq_len=seq_len, pp=len({s.devices for s in plan.stages}), tp=_uniform(tps), dp=_uniform(dps),
         micro_batch=plan.micro_batch, num_micro_batches=plan.num_micro_batches, stages=stages,
-        proven_optimal=plan.search.proven_optimal, lower_bound_s=plan.search.lower_bound_s, cp=_uniform(cps))
+        proven_optimal=plan.search.proven_optimal, lower_bound_s=plan.search.lower_bound_s, cp=_uniform(cps),
+        ep=_uniform(eps))
 
 
 def infeasible(inputs: PointInputs, reason: str, seq_len: int | None = None) -> WhatIfPoint:
