@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -26,16 +27,26 @@ def test_missing_ray_names_the_extra(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def ray_results() -> dict:
+def ray_results(tmp_path_factory) -> dict:
     pytest.importorskip("ray", reason='Ray is not installed (optional extra: pip install "planner[ray]")')
     # the child and Ray's workers import planner and the fakes
     path = os.pathsep.join(p for p in (str(TESTS.parent), str(TESTS), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "PYTHONPATH": path}
-    done = subprocess.run([sys.executable, str(TESTS / "ray_child.py")], capture_output=True, text=True, env=env,
-                          timeout=300, check=False)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    # output to a file, not a pipe: Ray's daemons inherit the child's streams and may outlive it; the child in
+    # a session of its own, so that a hang is ended with everything it started
+    out = tmp_path_factory.mktemp("ray") / "child.txt"
+    with open(out, "w") as sink:
+        child = subprocess.Popen([sys.executable, str(TESTS / "ray_child.py")], stdout=sink,
+                                 stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            child.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+    text = out.read_text()
+    lines = [line for line in text.splitlines() if line.startswith("{")]
     if not lines:
-        pytest.fail(f"the Ray child printed no result (exit {done.returncode}):\n{done.stderr[-3000:]}")
+        pytest.fail(f"the Ray child printed no result (exit {child.returncode}):\n{text[-3000:]}")
     return json.loads(lines[-1])
 
 
