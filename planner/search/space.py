@@ -156,10 +156,6 @@ def powers_of_two_upto(limit: int) -> list[int]:
     return out
 
 
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def validate_pins(pins: Pins, cluster: Cluster, global_batch: int, num_layers: int,
                   num_units: int | None = None) -> None:
     """Reject pins that no plan can satisfy, with a message naming the flag (:mod:`planner.rules`;
@@ -283,7 +279,7 @@ def enumerate_settings(cluster: Cluster, global_batch: int, pins: Pins, max_micr
     ``interleave`` or a pin asks for them."""
     n = cluster.num_devices
     runtime = get_runtime(pins.runtime)
-    dps = [pins.dp] if pins.dp else [d for d in divisors(global_batch) if d <= n]
+    dps = [pins.dp] if pins.dp else [d for d in rules.divisors(global_batch) if d <= n]
     zeros = [pins.zero] if pins.zero is not None else list(rules.zero_stages(runtime, pins.pp or None))
     recomputes = [pins.recompute] if pins.recompute else list(rules.recompute_choices(runtime))
     sps = ([pins.sequence_parallel] if pins.sequence_parallel is not None
