@@ -178,8 +178,8 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
            budget: int | None = None, options: SolverOptions | None = None) -> SearchResult:
     """planner.search.search (see there): the dense part is searched by planner.search (``time_limit_s``, its
     wall-clock limit, and ``budget``, its work units, are the dense search's); each of its plans gets the sparse
-    tables sharded (``options``: the sharder's work and seed, None the default) and joined before its
-    bottleneck sentence is written."""
+    tables sharded and joined before its bottleneck sentence is written. ``options`` (None: the default) goes to
+    both: its work to the dense search and the sharder, its seed to the sharder."""
     from planner.search.api import search_dense  # noqa: PLC0415 - planner.search.search calls this module
 
     sparse = sparse_tables(model, tables)
@@ -190,5 +190,5 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
             return with_tables(whole, dense, shard(sparse, cluster, dense, options))
     return search_dense(dense_part(model), cluster, global_batch, pinned=pinned, top_k=top_k,
                         time_limit_s=time_limit_s, backend=backend, progress=progress, budget=budget,
-                        finish=finish)
+                        finish=finish, options=options)
 

@@ -27,7 +27,7 @@ def one_error_line(capsys) -> str:
 
 
 def must_not_run(*args, **kwargs):
-    raise AssertionError("the command did its work before checking its output path")
+    raise AssertionError("the command did its work before checking its inputs and output paths")
 
 
 @pytest.fixture
@@ -58,6 +58,19 @@ def test_plan_out_is_checked_before_the_search(tiny_model, tmp_path, capsys, mon
     assert main(["plan", tiny_model, "--cluster", "dgx-a100-80gb*1", "--global-batch", "8",
                  "--out", str(tmp_path / "missing" / "plan.json")]) == 2
     assert "does not exist" in one_error_line(capsys)
+
+
+@pytest.mark.parametrize("command", ["plan", "whatif"])
+@pytest.mark.parametrize("flag,value", [("--work", "0"), ("--work", "nan"), ("--work", "inf"), ("--seed", "-1")])
+def test_a_bad_solver_option_is_one_line_before_the_search(tiny_model, capsys, monkeypatch, command, flag, value):
+    monkeypatch.setattr("planner.search.search", must_not_run)
+    monkeypatch.setattr("planner.sweep.whatif.whatif", must_not_run)
+    argv = [command, tiny_model, "--cluster", "dgx-a100-80gb*1", "--global-batch", "8", flag, value]
+    try:
+        code = main([*argv, "--sweep", "count=1"] if command == "whatif" else argv)
+    except SystemExit as exc:  # argparse's checks (a number, positive) exit from the parser
+        code = exc.code
+    assert code == 2 and flag in one_error_line(capsys)
 
 
 def test_profile_out_that_is_a_folder_is_one_line_before_measuring(tmp_path, capsys, monkeypatch):

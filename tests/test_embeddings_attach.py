@@ -82,7 +82,7 @@ def test_torchrec_export_lists_every_table():
             assert cells == by_name[name].rows * by_name[name].dim
 
 
-def test_plan_cli_hands_work_and_seed_to_the_sharder(monkeypatch, capsys):
+def test_plan_cli_hands_work_and_seed_to_the_sharder(monkeypatch):
     """`planner plan --work W --seed N` reaches the table sharder of every plan as SolverOptions(W, N)."""
     from planner import compose
     from planner.cli import main
@@ -99,6 +99,3 @@ def test_plan_cli_hands_work_and_seed_to_the_sharder(monkeypatch, capsys):
     assert main(["plan", model, "--cluster", "dgx-a100-80gb*1", "--global-batch", "4096", "--work", "0.5",
                  "--seed", "7", "--json"]) == 0
     assert seen and all(o == SolverOptions(work=0.5, seed=7) for o in seen)
-    with pytest.raises(SystemExit) as bad:
-        main(["plan", model, "--cluster", "dgx-a100-80gb*1", "--global-batch", "4096", "--seed", "-1"])
-    assert bad.value.code == 2 and "--seed" in capsys.readouterr().err.splitlines()[-1]

@@ -13,6 +13,7 @@ from planner.search.bounds import Profiles, lower_bounds
 from planner.search.interleave import partition_allowed, pipeline_allowed, schedule_for
 from planner.search.partition import score
 from planner.search.space import Pins, Settings, StageOption, ordered_layouts
+from planner.solver import SolverOptions
 from search_synthetic import SyntheticBackend
 from tests.search_fixtures import cluster, random_model
 
@@ -151,6 +152,35 @@ def test_budget_is_deterministic_and_never_ends_without_a_plan():
         if first.timed_out:
             assert not first.proven_optimal
     assert engine.run(backend, c, 8, 16, Pins(), time_limit_s=1e-9).candidates
+
+
+def test_work_limits_the_search_and_a_budget_caps_it_further():
+    """SolverOptions.work scales the work limit (engine.DEFAULT_WORK_UNITS x work): a small work stops the search
+    there with a plan that is not proven optimal, and of the work limit and an explicit budget the smaller
+    applies."""
+    model = random_model(5, 8)
+    c = cluster(("fast", 2, 2), ("mid", 2, 2), ("slow", 4, 2))
+
+    def run(**limits):
+        return engine.run(SyntheticBackend(model, c), c, 8, 16, Pins(), **limits)
+
+    whole = run()
+    assert not whole.timed_out and whole.proven_optimal and whole.work < engine.DEFAULT_WORK_UNITS
+    limit = whole.work // 4
+    little = SolverOptions(work=limit / engine.DEFAULT_WORK_UNITS)
+    short = run(options=little)
+    assert short.timed_out and not short.proven_optimal and short.candidates
+    assert limit <= short.work < whole.work
+    assert short.lower_bound_s <= whole.candidates[0].time_s * (1 + 1e-9) <= short.candidates[0].time_s * (1 + 1e-9)
+    assert run(budget=limit).work == run(budget=limit, options=SolverOptions(work=2.0)).work == short.work
+    assert run(budget=10 * whole.work, options=little).work == short.work
+
+
+@pytest.mark.parametrize("work,units", [(1.0, engine.DEFAULT_WORK_UNITS), (0.5, engine.DEFAULT_WORK_UNITS // 2),
+                                        (1e-12, 1), (1e308, None)])
+def test_work_limit_in_units(work, units):
+    """The nearest whole number of units, at least one; none when the work is past any count."""
+    assert engine.Limits.of(None, None, SolverOptions(work=work)).units == units
 
 
 @pytest.mark.parametrize("seed", range(20))

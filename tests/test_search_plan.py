@@ -18,6 +18,7 @@ from planner.search.costmodel import CostModelBackend
 from planner.search import engine
 from planner.progress import ProgressBar
 from planner.search.space import Pins
+from planner.solver import SolverOptions
 from planner.types import ParallelConfig, PipelineSpec, ReplicaSpec, StageSpec
 from tests.solvers.exhaustive import enumerate_best
 
@@ -76,14 +77,46 @@ def test_python_api_and_json_round_trip(tiny):
     assert again == best
 
 
+def plan_text(plan: Plan) -> str:
+    """A plan's JSON without its one wall-clock field."""
+    doc = plan.to_dict()
+    doc["search"].pop("time_s")
+    return json.dumps(doc, sort_keys=True)
+
+
 def test_deterministic_except_search_time(tiny):
     cluster = load_cluster("dgx-a100-80gb*1+hgx-v100-32gb*1")
-    docs = []
-    for _ in range(2):
-        d = planner.plan(tiny, cluster, global_batch=32).to_dict()
-        d["search"].pop("time_s")
-        docs.append(json.dumps(d, sort_keys=True))
-    assert docs[0] == docs[1]
+    assert plan_text(planner.plan(tiny, cluster, global_batch=32)) == \
+        plan_text(planner.plan(tiny, cluster, global_batch=32))
+
+
+def test_default_work_searches_to_completion_and_less_work_stops_early(tiny):
+    """SolverOptions reaches the dense search: by default it runs to completion (the plan of a search whose
+    work limit no count reaches, for any seed: the dense search makes no random choice); a tiny work stops it
+    at its limit with a plan that is not proven optimal and a lower bound below the whole search's plan."""
+    cluster = load_cluster("dgx-a100-80gb*1+hgx-v100-32gb*1")
+    default = search(tiny, cluster, 32)
+    assert default.proven_optimal
+    for options in (SolverOptions(work=1e9), SolverOptions(seed=7)):
+        assert plan_text(search(tiny, cluster, 32, options=options).best) == plan_text(default.best)
+    short = search(tiny, cluster, 32, options=SolverOptions(work=10 / engine.DEFAULT_WORK_UNITS))
+    assert short.plans and not short.proven_optimal and not short.best.search.proven_optimal
+    assert short.candidates_evaluated < default.candidates_evaluated
+    assert short.lower_bound_s <= default.best.iteration_time_s * (1 + 1e-9)
+    assert default.best.iteration_time_s <= short.best.iteration_time_s * (1 + 1e-9)
+
+
+def test_cli_work_reaches_the_dense_search(tmp_path, capsys, caplog):
+    path = tmp_path / "tiny.onnx"
+    save(build("gpt", {"layers": 4, "hidden": 1024, "heads": 16, "vocab": 32000, "seq_len": 512}), str(path))
+    argv = ["plan", str(path), "--dim", "batch=1", "--dim", "seq=512", "--cluster", "dgx-a100-80gb*1+hgx-v100-32gb*1",
+            "--global-batch", "32", "--json"]
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["search"]["proven_optimal"]
+    assert main([*argv, "--work", str(10 / engine.DEFAULT_WORK_UNITS)]) == 0
+    assert not json.loads(capsys.readouterr().out)["search"]["proven_optimal"]
+    # the stop is logged with the limit that made it and how to search further
+    assert any("work limit of 10 units" in r.getMessage() and "--work" in r.getMessage() for r in caplog.records)
 
 
 def test_pinned_choices_are_kept(tiny):

@@ -13,6 +13,7 @@ import pytest
 import planner.graph
 from planner.builders import build, save
 from planner.cli import main
+from planner.solver import SolverOptions
 from planner.types import ParallelConfig
 from planner.sweep.whatif import _load_model, whatif
 
@@ -118,6 +119,24 @@ def test_cli_table_csv_json_plot(files, tmp_path, capsys):
     assert main([*argv[:8], "--json"]) == 0
     document = json.loads(capsys.readouterr().out)
     assert len(document["points"]) == 2 and document["keys"] == ["l4.count"]
+
+
+def test_cli_work_and_seed_reach_every_point(files, monkeypatch):
+    """`planner whatif --work W --seed N` plans every point with SolverOptions(W, N), as `planner plan` does."""
+    import planner.search
+
+    seen = []
+    real = planner.search.plan
+
+    def spy(*args, options=None, **kwargs):
+        seen.append(options)
+        return real(*args, options=options, **kwargs)
+
+    monkeypatch.setattr(planner.search, "plan", spy)
+    model, cluster = files
+    assert main(["whatif", model, "--cluster", cluster, "--global-batch", "8", "--sweep", "l4.count=1,2",
+                 "--workers", "1", "--work", "0.5", "--seed", "3", "--json"]) == 0
+    assert len(seen) == 2 and all(o == SolverOptions(work=0.5, seed=3) for o in seen)
 
 
 def test_cli_bad_model_and_group(files, capsys):

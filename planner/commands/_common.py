@@ -12,6 +12,7 @@ from planner.errors import ConfigError
 from planner.rules import (DTYPES, FORMAT_RUNTIMES, FP8_RECIPE_NAMES, OPTIMIZERS, RECOMPUTE_CHOICES,
                            RUNTIME_NAMES, SCHEDULES, ZERO_STAGES)
 from planner.runtime import DEFAULT_RUNTIME
+from planner.solver import SolverOptions
 from planner.types import ParallelConfig
 
 
@@ -164,6 +165,22 @@ def config_from_args(args: argparse.Namespace, defaults_to_one: bool = True) -> 
         ep=getattr(args, "ep", None),
         expert_tp=getattr(args, "expert_tp", None),
     )
+
+
+def add_solver_flags(parser: argparse.ArgumentParser) -> None:
+    """``--work`` and ``--seed``: the SolverOptions of both searches (planner.solver)."""
+    parser.add_argument("--work", type=positive_float, default=1.0, metavar="W",
+                        help="how hard both searches work, a multiple of each one's default work limit (default 1; "
+                             "the same result on any machine). The dense search's default lets every measured "
+                             "search finish (less may stop it early, the plan then says it is not proven optimal; "
+                             "--budget caps it further); the table sharder of a model with embedding tables gets "
+                             "closer to its bound with more")
+    parser.add_argument("--seed", type=non_negative_int, default=0, metavar="N",
+                        help="seed of the table sharder's random choices (default 0; the dense search makes none)")
+
+
+def solver_options_from_args(args: argparse.Namespace) -> SolverOptions:
+    return SolverOptions(work=args.work, seed=args.seed)
 
 
 def add_allow_unknown_ops_flag(parser: argparse.ArgumentParser) -> None:

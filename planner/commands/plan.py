@@ -7,13 +7,12 @@ import dataclasses
 import sys
 
 from planner.commands._common import add_cluster_flags, add_config_flags, add_json_flag, config_from_args, \
-    emit_json, non_negative_int, parse_dims, positive_float, positive_int, positive_seconds, tables_from_args
-from planner.commands._common import add_allow_unknown_ops_flag
+    emit_json, parse_dims, positive_int, positive_seconds, tables_from_args
+from planner.commands._common import add_allow_unknown_ops_flag, add_solver_flags, solver_options_from_args
 from planner.outputs import check_output_file, write_text
 from planner.plans import Plan
 from planner.report import FORMATS, render
 from planner.rules import runtime_for_format
-from planner.solver import SolverOptions
 
 HELP = "search the fastest parallel plan that fits (provably optimal under the cost model where it can say so)"
 
@@ -28,13 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="stop searching after S seconds, once a plan is found (the plan then says whether it "
                              "is proven optimal, and its lower bound)")
     parser.add_argument("--budget", type=positive_int, metavar="N",
-                        help="stop searching after N work units (layouts partitioned plus plans timed), "
-                             "once a plan is found: like --time-limit, but the same result on any machine")
-    parser.add_argument("--work", type=positive_float, default=1.0, metavar="W",
-                        help="for a model with embedding tables: the table sharder's work, a multiple of its "
-                             "default budget (default 1; more gets closer to its bound, the same on any machine)")
-    parser.add_argument("--seed", type=non_negative_int, default=0, metavar="N",
-                        help="seed of the table sharder's random choices (default 0)")
+                        help="stop the dense search after N work units (layouts partitioned plus plans timed), "
+                             "once a plan is found: like --time-limit, but the same result on any machine; "
+                             "with --work, the smaller limit applies")
+    add_solver_flags(parser)
     parser.add_argument("--out", metavar="FILE", help="write the best plan as JSON to FILE")
     parser.add_argument("--format", default="table", choices=FORMATS, help="how to print the plan (default: table)")
     parser.add_argument("--gantt", metavar="FILE", help="draw the best plan's pipeline schedule to FILE")
@@ -58,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
     from planner.report._figure import check_path
     from planner.progress import terminal_bar
 
-    # a bad output path fails before the search, not after it
+    # a bad output path or solver option fails before the search, not after it
+    options = solver_options_from_args(args)
     if args.gantt:
         check_path(args.gantt, "--gantt")
     if args.out:
@@ -72,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = search(model, cluster, args.global_batch, pinned=pinned, top_k=args.top,
                         time_limit_s=args.time_limit, tables=tables_from_args(args), progress=bar,
-                        budget=args.budget, options=SolverOptions(work=args.work, seed=args.seed))
+                        budget=args.budget, options=options)
     finally:
         if bar is not None:
             bar.close()

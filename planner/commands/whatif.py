@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from planner.commands._common import (add_cluster_flags, add_config_flags, add_json_flag, config_from_args,
-                                      emit_json, parse_dims, positive_int, positive_seconds, tables_from_args)
+from planner.commands._common import (add_cluster_flags, add_config_flags, add_json_flag, add_solver_flags,
+                                      config_from_args, emit_json, parse_dims, positive_int, positive_seconds,
+                                      solver_options_from_args, tables_from_args)
 from planner.outputs import check_output_file, write_text
 from planner.sweep.keys import GLOBAL_FIELDS, GROUP_FIELDS, parse_sweep_args, parse_sweeps
 from planner.progress import terminal_bar
@@ -42,6 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="search time limit per point, seconds (results then depend on the machine's load)")
     parser.add_argument("--budget", type=positive_int, metavar="N",
                         help="search budget per point in work units (see 'planner plan --budget'): reproducible")
+    add_solver_flags(parser)
     add_json_flag(parser)
 
 
@@ -69,13 +71,15 @@ def run(args: argparse.Namespace) -> int:
 
     sweeps = parse_sweep_args(args.sweep)
     parse_sweeps(sweeps)  # unknown keys and bad values fail before the model or the cluster is read
+    options = solver_options_from_args(args)
     _check_outputs(args)
     bar = terminal_bar("whatif")
     try:
         result = whatif(args.model, args.cluster, args.global_batch, sweeps, dims=parse_dims(args.dim),
                         pinned=_pinned(args), tables=tables_from_args(args), workers=args.workers,
                         backend=args.backend, time_limit_s=args.time_limit,
-                        progress=bar.count if bar is not None else None, budget=args.budget)
+                        progress=bar.count if bar is not None else None, budget=args.budget,
+                        options=options)
     finally:
         if bar is not None:
             bar.close()

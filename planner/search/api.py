@@ -58,14 +58,16 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
            budget: int | None = None, options: SolverOptions | None = None) -> SearchResult:
     """The ``top_k`` fastest plans that fit, best first. ``pinned`` fields that are set are fixed.
 
-    ``time_limit_s`` (wall clock) and ``budget`` (work units: layouts whose partition is solved plus plans
-    timed by the cost model; the same on any machine) stop the search early, but only once it holds a
-    plan; the result then says whether it is still proven optimal and its lower bound. For a model with
-    sparse embedding tables (the model's, or ``tables``: a table file or EmbeddingTables), the dense part is
-    searched here and the tables are sharded and joined by planner.compose, with ``options`` (the sharder's
-    work, a multiple of its default budget counted in deterministic units, and the seed of its random
-    choices; None: ``SolverOptions()``). With no time limit the search is deterministic: the dense search
-    makes no random choice and the sharder's are seeded."""
+    ``options`` (planner.solver.SolverOptions; None: the default) is both searches' work and the seed of the
+    table sharder's random choices. The dense search spends at most ``planner.search.engine.DEFAULT_WORK_UNITS
+    x options.work`` work units (layouts whose partition is solved plus plans timed by the cost model; the
+    same on any machine), a limit the default leaves far above every measured search; ``budget`` (work units)
+    caps that further, the smaller applying, and ``time_limit_s`` (wall clock) stops it too. A limit stops the
+    search only once it holds a plan; the result then says whether it is still proven optimal and its lower
+    bound. For a model with sparse embedding tables (the model's, or ``tables``: a table file or
+    EmbeddingTables), the dense part is searched here and the tables are sharded and joined by planner.compose,
+    with ``options`` (the sharder's work, a multiple of its default budget, and its seed). With no time limit
+    the search is deterministic: the dense search makes no random choice and the sharder's are seeded."""
     return compose.search(model, cluster, global_batch, pinned=pinned, top_k=top_k, time_limit_s=time_limit_s,
                           tables=tables, backend=backend, progress=progress, budget=budget, options=options)
 
@@ -73,7 +75,8 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
 def search_dense(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: ParallelConfig | None = None,
                  top_k: int = 1, time_limit_s: float | None = None, backend: Backend | None = None,
                  progress: Callable[[float], None] | None = None, budget: int | None = None,
-                 finish: Callable[[Plan, Estimate], Plan] | None = None) -> SearchResult:
+                 finish: Callable[[Plan, Estimate], Plan] | None = None,
+                 options: SolverOptions | None = None) -> SearchResult:
     """:func:`search` of a dense model. ``finish`` (planner.compose's join of the sparse tables) is applied
     to each plan with its dense estimate before the plan's bottleneck sentence is written, so the sentence
     weighs what ``finish`` adds to ``breakdown["embedding_s"]``."""
@@ -104,7 +107,7 @@ def search_dense(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinn
     backend = backend if backend is not None else default_backend(model, cluster)
     outcome = engine.run(backend, cluster, len(model.layers), global_batch, pins, top_k=top_k,
                          time_limit_s=time_limit_s, progress=progress, budget=budget, units=units,
-                         interleave=searched_units(kinds) > 0, tie_tolerance=TIE_TOLERANCE)
+                         interleave=searched_units(kinds) > 0, tie_tolerance=TIE_TOLERANCE, options=options)
     if not outcome.candidates:  # a limit never ends a search before its first plan
         raise InfeasibleError(_why_infeasible(model, cluster, global_batch, pins, backend))
     info = SearchInfo(time_s=outcome.time_s, candidates_evaluated=outcome.bounded + outcome.solved,

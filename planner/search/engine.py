@@ -22,8 +22,8 @@ returned first.
 
 The best plan is proven optimal under the cost model when its time does not exceed the least bound of any
 layout (visited or not); otherwise the plan's ``lower_bound_s`` says how far from optimal it can be.
-:class:`Limits` (a wall-clock time or a deterministic work budget) may stop it earlier, never before a plan
-is found.
+:class:`Limits` (the work limit of planner.solver.SolverOptions, an explicit work budget, a wall-clock time) may
+stop it earlier, never before a plan is found.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import functools
 import heapq
 import itertools
 import logging
+import math
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
@@ -47,6 +48,7 @@ from planner.search.partition import score, solve_partition, stage_bounds
 from planner.search.space import Layout, Pins, Settings, StageOption, enumerate_settings, max_stages, options_allowed, \
     ordered_layouts, pool_options, settings_allowed
 from planner.search.tables import allocate
+from planner.solver import SolverOptions
 from planner.types import Cluster, Estimate, PipelineSpec, ReplicaSpec, StageSpec
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,14 @@ MAX_GRID = 20000  # stage-count combinations per choice before mixed layouts fal
 # rather than bounded count by count: large boxes are mostly pruned whole
 BOX_GRID = 256
 _REL_TOL = 1e-9
+# The work limit (in work units, see Limits) of SolverOptions(work=1); SolverOptions.work multiplies it. An exact
+# search gains nothing from stopping early, so the default is a deterministic safety stop rather than a trade of
+# quality for time: sized so that every measured search runs to completion far below it, it only ends a search
+# larger than any measured. On a 2-core x86 VM the cases of benchmarks/plan_digest.py and
+# benchmarks/showcase.py take 4 to 1,514 units (the most: GPT 13B on 512 GPUs of three types, 9 s), the
+# hardest of benchmarks/bench_search.py 6,659 (GPT 13B on 128 GPUs of four types, 25 s); at the 3 to 17 ms
+# per unit these searches spend, one reaching the limit has run for minutes.
+DEFAULT_WORK_UNITS = 50_000
 
 
 @dataclass(frozen=True, order=True)
@@ -233,7 +243,7 @@ class _Search:
         """Whether a limit is reached and a plan is in hand (without one, the search goes on)."""
         if not self.best:
             return False
-        if self.limits.budget is not None and self.work >= self.limits.budget:
+        if self.limits.units is not None and self.work >= self.limits.units:
             return True
         return self.limits.time_s is not None and time.perf_counter() - self.start > self.limits.time_s
 
@@ -387,26 +397,55 @@ def _interleavable(num_micro_batches: int, vpp: int, num_units: int, num_layers:
 @dataclass(frozen=True)
 class Limits:
     """When to stop before the search is complete, once it holds a plan (a limit never ends a search that has
-    found none). ``budget`` counts work units, deterministic on any machine: one per layout whose partition
-    the DP solves and one per plan the cost model times (the costly steps; bounding settings and stage-count
-    grids is not counted). ``time_s`` is wall clock."""
+    found none). Work units are deterministic on any machine: one per layout whose partition the DP solves and
+    one per plan the cost model times (the costly steps; bounding settings and stage-count grids is not
+    counted). ``work_units`` is the work limit of the search's SolverOptions (:meth:`of`; None: past any
+    count), ``budget`` an explicit cap in work units; the smaller of the two applies (:attr:`units`), since
+    either asks the search to stop there. ``time_s`` is wall clock."""
 
     time_s: float | None = None
     budget: int | None = None
+    work_units: int | None = DEFAULT_WORK_UNITS
+
+    @classmethod
+    def of(cls, time_s: float | None, budget: int | None, options: SolverOptions) -> Limits:
+        """The limits of a search given ``options``: DEFAULT_WORK_UNITS x ``options.work`` work units, the
+        nearest whole number and at least one (the search never stops before its first plan anyway)."""
+        scaled = DEFAULT_WORK_UNITS * options.work
+        return cls(time_s, budget, max(1, round(scaled)) if math.isfinite(scaled) else None)
+
+    @property
+    def units(self) -> int | None:
+        """The work units the search may spend: the smaller of ``budget`` and ``work_units`` (None: no cap)."""
+        return min((c for c in (self.budget, self.work_units) if c is not None), default=None)
+
+    def log_stop(self, work: int) -> None:
+        """Say which limit stopped a search after ``work`` units: info for a budget or a time limit (an early
+        stop asked for by name), a warning naming the fix for the work limit (the default one is reached only
+        by a search larger than any measured, whose plan is then not proven optimal)."""
+        if self.units is None or work < self.units:
+            log.info("search: stopped at the time limit of %g s", self.time_s)
+        elif self.units == self.budget:
+            log.info("search: stopped at the budget of %d work units", self.budget)
+        else:
+            log.warning("search: stopped at the work limit of %d units before the search was complete, so the plan "
+                        "is the best found, not proven optimal; give it more work (--work, SolverOptions.work) "
+                        "to search further", self.units)
 
 
 def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, pins: Pins, top_k: int = 1,
         time_limit_s: float | None = None, progress: Callable[[float], None] | None = None,
         budget: int | None = None, units: tuple[int, ...] | None = None, interleave: bool = True,
-        tie_tolerance: float = 0.0) -> Outcome:
+        tie_tolerance: float = 0.0, options: SolverOptions | None = None) -> Outcome:
     """Search the whole space, best bound first (see the module docstring); stop early at ``time_limit_s``
-    seconds or ``budget`` work units (:class:`Limits`), whichever comes first, once a plan is found.
+    seconds, ``budget`` work units or the work limit of ``options`` (:class:`Limits`; None:
+    ``SolverOptions()``), whichever comes first, once a plan is found.
     ``units[l]`` is 1 when layer l is a pipeline unit (interleaved chunks split those;
     :func:`planner.search.interleave.unit_flags`), default every layer; ``interleave``: search vpp > 1
     (unpinned) too. ``tie_tolerance`` > 0: every plan within that fraction of the fastest is searched too, and
     the simplest of them (:func:`simplicity`) comes first (``Outcome.fastest`` then holds the fastest); the
     lower bound stays one on every plan."""
-    limits = Limits(time_limit_s, budget)
+    limits = Limits.of(time_limit_s, budget, options or SolverOptions())
     start = time.perf_counter()
     units = tuple(units) if units is not None else (1,) * num_layers
     num_units = sum(units)
@@ -469,6 +508,7 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
             break
         if state.out_of_limits():
             timed_out, unvisited = True, min(top, upcoming)
+            limits.log_stop(state.work)
             break
         if upcoming <= top:
             quick_s, index, kind = heapq.heappop(queue)

@@ -29,6 +29,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from planner.errors import ModelError, PlannerError
 from planner.plans import Plan
+from planner.solver import SolverOptions
 from planner.sweep.keys import SEQ_DIM, PointInputs, Value, check_groups, parse_sweeps, point_inputs
 from planner.sweep.runner import Progress, default_workers, run_tasks
 from planner.types import Cluster, LayerGraph, ParallelConfig
@@ -179,6 +180,7 @@ class PointTask:
     tables: Any = None
     time_limit_s: float | None = None
     budget: int | None = None
+    options: SolverOptions | None = None
 
 
 @functools.lru_cache(maxsize=8)
@@ -287,7 +289,8 @@ def _evaluate(task: PointTask) -> WhatIfPoint:
         pinned = replace(pinned, global_batch=inputs.global_batch)
     try:
         best = search_plan(model, inputs.cluster, inputs.global_batch, pinned=pinned, top_k=1,
-                           time_limit_s=task.time_limit_s, tables=task.tables, budget=task.budget)
+                           time_limit_s=task.time_limit_s, tables=task.tables, budget=task.budget,
+                           options=task.options)
     except PlannerError as exc:
         return infeasible(inputs, " ".join(str(exc).split()), seq_len)
     return summarize(inputs.settings, best, inputs.cluster, inputs.global_batch, seq_len)
@@ -299,14 +302,16 @@ def _evaluate(task: PointTask) -> WhatIfPoint:
 def whatif(model_path: str, cluster_spec: str | Cluster, global_batch: int, sweeps: Mapping[str, Sequence[str]],
            *, dims: Mapping[str, int] | None = None, pinned: Any = None, tables: Any = None,
            workers: int | None = None, backend: str = "process", time_limit_s: float | None = None,
-           progress: Progress | None = None, budget: int | None = None) -> WhatIfResult:
+           progress: Progress | None = None, budget: int | None = None,
+           options: SolverOptions | None = None) -> WhatIfResult:
     """Re-plan ``model_path`` at every point of the grid ``sweeps`` (key -> values, first key slowest).
 
     ``cluster_spec`` is a cluster file, a shorthand or a Cluster. ``pinned`` and ``tables`` go to
     ``planner.search.plan`` unchanged. ``workers`` defaults to min(2, CPUs); ``backend`` is ``"process"``
-    or ``"ray"``. ``progress(done, total)`` is called as points finish. ``budget`` (work units per point) and
-    ``time_limit_s`` go to the search; a budget keeps the results independent of the machine and its load,
-    a time limit does not."""
+    or ``"ray"``. ``progress(done, total)`` is called as points finish. ``budget`` (work units per point),
+    ``options`` (planner.solver.SolverOptions: both searches' work and the sharder's seed) and
+    ``time_limit_s`` go to the search; work units keep the results independent of the machine and its load, a
+    time limit does not."""
     from planner.hardware import load_cluster  # noqa: PLC0415
     from planner.hardware import catalog  # noqa: PLC0415
 
@@ -317,7 +322,7 @@ def whatif(model_path: str, cluster_spec: str | Cluster, global_batch: int, swee
     cluster = cluster_spec if isinstance(cluster_spec, Cluster) else load_cluster(cluster_spec)
     check_groups(cluster, parsed, catalog)
     points = point_inputs(cluster, global_batch, dict(dims or {}), parsed, catalog)
-    tasks = [PointTask(str(model_path), p, pinned, tables, time_limit_s, budget) for p in points]
+    tasks = [PointTask(str(model_path), p, pinned, tables, time_limit_s, budget, options) for p in points]
     log.info("whatif: %d points", len(tasks))
     results = run_tasks(evaluate_point, tasks, workers=workers, backend=backend, progress=progress)
     name = cluster.name or (cluster_spec if isinstance(cluster_spec, str) else "")
