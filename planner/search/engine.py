@@ -63,11 +63,8 @@ BOX_GRID = 256
 _REL_TOL = 1e-9
 # The work limit (in work units, see Limits) of SolverOptions(work=1); SolverOptions.work multiplies it. An exact
 # search gains nothing from stopping early, so the default is a deterministic safety stop rather than a trade of
-# quality for time: sized so that every measured search runs to completion far below it, it only ends a search
-# larger than any measured. On a 2-core x86 VM the cases of benchmarks/plan_digest.py and
-# benchmarks/showcase.py take 4 to 1,514 units (the most: GPT 13B on 512 GPUs of three types, 9 s), the
-# hardest of benchmarks/bench_search.py 6,659 (GPT 13B on 128 GPUs of four types, 25 s); at the 3 to 17 ms
-# per unit these searches spend, one reaching the limit has run for minutes.
+# quality for time: sized so that every measured search (benchmarks/results/search.md) runs to completion far
+# below it, it only ends a search larger than any measured.
 DEFAULT_WORK_UNITS = 50_000
 
 
