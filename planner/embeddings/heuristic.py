@@ -12,6 +12,10 @@
    or a node-wide unit, with a smaller one elsewhere).
 5. Ruin and recreate (:func:`rebuild`, on the best plan of all starts): re-insert a few tables at once with
    their best options, which crosses plateaus where many devices share the maximum.
+
+Beside steps 2-4, :func:`target_pack` packs against a target time instead of balancing: bisection on the target
+between a lower bound and the best plan, units best fit under it, a table split finer where its units fit
+nowhere under it.
 Every loop is bounded by a count of evaluations (:class:`Work`, not the clock), so the same input gives the
 same plan on a fast or a slow machine.
 """
@@ -201,17 +205,23 @@ class _State:
         return True
 
 
-def greedy(problem: Problem, choice: Sequence[int], work: Work, rule: str = "finish") -> _State | None:
-    """LPT placement of the chosen options (global ones first, then node-wide, then per-device units, largest
-    first); None when some unit finds no room."""
+def _with_global_units(problem: Problem, choice: Sequence[int], work: Work) -> tuple[_State, list[int]]:
+    """A state with every table's option chosen (so every all-to-all total is known before any unit is placed)
+    and the global units placed; and the tables left to place."""
     state = _State.empty(problem, work)
-    for t, o in enumerate(choice):  # every table's all-to-all totals are known before any unit is placed
+    for t, o in enumerate(choice):
         state.choose(t, o)
     for t, o in enumerate(choice):
         if problem.options[t][o].scope == "global":
             state.apply_unit(t, o, 0, 1.0)
             state.positions[t].append(0)
-    pending = [t for t, o in enumerate(choice) if problem.options[t][o].scope != "global"]
+    return state, [t for t, o in enumerate(choice) if problem.options[t][o].scope != "global"]
+
+
+def greedy(problem: Problem, choice: Sequence[int], work: Work, rule: str = "finish") -> _State | None:
+    """LPT placement of the chosen options (global ones first, then node-wide, then per-device units, largest
+    first); None when some unit finds no room."""
+    state, pending = _with_global_units(problem, choice, work)
     pending.sort(key=lambda t: (problem.options[t][choice[t]].scope != "node", -problem.unit_size_s(t, choice[t]), t))
     for t in pending:
         o = choice[t]
@@ -574,3 +584,95 @@ def heuristic(problem: Problem, weights: Sequence[Sequence[float]] | None, work:
     refined = local_search(refined)
     best = min((direct, additive, refined), key=lambda s: s.makespan())
     return best.assignment()
+
+
+def _guide_option(problem: Problem, t: int, row: Sequence[float]) -> int:
+    """The guide's option for table ``t``: its heaviest global option when the guide puts at least half of the
+    table's weight on global options (data-parallel, row-wise), else its heaviest other option."""
+    options = problem.options[t]
+    spread = [o for o, option in enumerate(options) if option.scope != "global"]
+    wide = [o for o, option in enumerate(options) if option.scope == "global"]
+    global_weight = sum(row[o] for o in wide)
+    pool = wide if (global_weight >= 0.5 and wide) or not spread else spread
+    return max(pool, key=lambda o: (row[o], -o))
+
+
+def _place_under(state: _State, t: int, o: int, target_s: float) -> bool:
+    """Every unit of (t, o) placed best fit under ``target_s`` (on the position whose time ends highest at or
+    below it, within memory); False, with nothing placed, when some unit fits nowhere under it."""
+    problem = state.problem
+    option = problem.options[t][o]
+    placed: list[int] = []
+    for _ in range(option.units):
+        if option.scope == "device":
+            times, fits = state.candidate_times(t, o)
+            under = fits & (times <= target_s)
+            p = int(np.argmax(np.where(under, times, -np.inf))) if under.any() else -1
+        else:
+            worst = [(state.unit_worst_time(t, o, k), k) for k in problem.positions(option)]
+            under_k = [(w, k) for w, k in worst if w <= target_s]
+            p = max(under_k)[1] if under_k else -1
+        if p < 0:
+            for k in placed:
+                state.apply_unit(t, o, k, -1.0)
+            state.positions[t] = []
+            return False
+        state.apply_unit(t, o, p, 1.0)
+        state.positions[t].append(p)
+        placed.append(p)
+    return True
+
+
+def _pack_at(problem: Problem, choice: Sequence[int], target_s: float, work: Work) -> tuple[_State | None, bool]:
+    """One packing against ``target_s``: global units first, then the other tables, largest first, each best fit
+    under the target with its option in ``choice`` or, failing that, the finer splits of the table (smaller units,
+    least total size first); a table that fits under the target with none goes where it finishes earliest.
+    Returns the state (None when some unit fits nowhere in memory) and whether every table fitted under."""
+    state, pending = _with_global_units(problem, choice, work)
+    pending.sort(key=lambda t: (-problem.unit_size_s(t, choice[t]) * problem.options[t][choice[t]].units, t))
+    under = True
+    for t in pending:
+        first = choice[t]
+        size = problem.unit_size_s(t, first)
+        finer = [o for o, option in enumerate(problem.options[t])
+                 if option.scope != "global" and problem.unit_size_s(t, o) < size]
+        finer.sort(key=lambda o: (problem.unit_size_s(t, o) * problem.options[t][o].units, o))
+        for o in [first] + finer:
+            if o != state.option[t]:
+                state.remove_table(t)
+                state.choose(t, o)
+            if _place_under(state, t, o, target_s):
+                break
+        else:
+            under = False
+            state.remove_table(t)
+            if not state.place_table(t, first):
+                return None, False
+    return state, under and state.makespan() <= target_s
+
+
+def target_pack(problem: Problem, weights: Sequence[Sequence[float]], lower_s: float, upper_s: float, work: Work,
+                steps: int = 8) -> Assignment | None:
+    """The guide's option choice packed against a target time, by bisection between ``lower_s`` (a lower bound)
+    and ``upper_s`` (a plan to beat) in ``steps`` steps; the best plan of any step, after local search; None when
+    no step placed every unit within memory.
+
+    LPT (the greedy) puts each unit where the device finishes earliest, which spreads the first, largest units
+    over empty devices and leaves no device room for a large unit later. Packing each device up to a target
+    leaves whole devices free for what comes after, and where a table's units fit nowhere under the target it
+    is split finer on the spot instead of overloading one device."""
+    choice = [_guide_option(problem, t, row) for t, row in enumerate(weights)]
+    best: _State | None = None
+    lo, hi = lower_s, upper_s
+    for _ in range(steps):
+        if work.done:
+            break
+        target = 0.5 * (lo + hi)
+        state, under = _pack_at(problem, choice, target, work)
+        if state is not None and (best is None or state.makespan() < best.makespan()):
+            best = state
+        if under:
+            hi = target
+        else:
+            lo = target
+    return local_search(best).assignment() if best is not None else None

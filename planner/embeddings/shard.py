@@ -6,7 +6,7 @@ The search runs in stages, each named by what it does:
   whole units per class (a stronger bound that is still a relaxation); their option weights, and those of a
   few variants (without the excess cut, without node-wide options, the least-work choice), are the *guides*;
 - **placement**: from each guide, a greedy placement and local search (heuristic.py), then ruin and recreate on
-  the best plan;
+  the best plan, then the first guides' choices packed against target times below it (heuristic.target_pack);
 - **improvement**: on clusters of up to budget.NEIGHBOURHOOD_MAX_DEVICES devices, a large-neighbourhood search
   of exact sub-MILPs (neighbourhood.py); on larger ones, option changes by table kind, each placed exactly by
   device configurations (patterns.py); then, on clusters of a few nodes, the MILP with nodes as bins (a
@@ -34,7 +34,7 @@ from planner.embeddings.budget import (NEIGHBOURHOOD_MAX_DEVICES, NODE_MILP_MAX_
                                        budget)
 from planner.embeddings.devices import device_arrays
 from planner.embeddings.heuristic import (Assignment, Work, greedy, heuristic, least_work_guide, local_search,
-                                          rebuild)
+                                          rebuild, target_pack)
 from planner.embeddings.milp import (PIGEONHOLE_MAX_VARIABLES, Bins, SolveResult, class_bins, device_bins,
                                     model_rows, node_bins, resolve_integer, solve)
 from planner.embeddings.neighbourhood import improve
@@ -55,6 +55,11 @@ log = logging.getLogger(__name__)
 DEEP_FIRST_GAP = 0.03
 # Relative tolerance under which a plan counts as at its bound (float noise of the solvers).
 AT_BOUND = 1e-6
+# The placement stage ends by packing the first guides' choices (the class MILP's integral choice and the class
+# LP's) against target times below its plan; with no plan yet, the bisection's upper end is this multiple of the
+# bound.
+PACKED_GUIDES = 2
+PACK_NO_PLAN = 4.0
 # The improvement stage's searches run on plans more than this above their bound: the cost model's own
 # accuracy is coarser than this, so closer plans are not worth their work (the exact MILP still runs, for its
 # proof).
@@ -213,7 +218,8 @@ def bound_stage(problem: Problem, classes: Bins, plan_budget: Budget) -> tuple[f
 
 def placement_stage(problem: Problem, guides: list, plan_budget: Budget, start: Assignment | None,
                     bound: float) -> tuple[Assignment | None, float]:
-    """The best of the greedy + local search from each guide and ``start``, then ruin and recreate on it."""
+    """The best of the greedy + local search from each guide and ``start``, then ruin and recreate on it, then
+    packing against target times where that finds a faster plan."""
     assignment, best = None, np.inf
     evaluations = plan_budget.placement_evaluations(len(guides))
     for guide in guides:
@@ -227,6 +233,14 @@ def placement_stage(problem: Problem, guides: list, plan_budget: Budget, start: 
     if assignment is not None and best > bound * (1 + AT_BOUND):
         assignment = rebuild(problem, assignment, Work(plan_budget.rebuild_evaluations()), seed=plan_budget.seed)
         best = problem.makespan_s(assignment)
+    for guide in guides[:PACKED_GUIDES]:  # the same choices packed against targets between the bound and the plan
+        if best <= bound * (1 + AT_BOUND):
+            break
+        candidate = target_pack(problem, guide, bound, best if np.isfinite(best) else PACK_NO_PLAN * bound,
+                                Work(evaluations))
+        value = problem.makespan_s(candidate) if candidate is not None else np.inf
+        if value < best:
+            assignment, best = candidate, value
     return assignment, best
 
 
