@@ -9,7 +9,7 @@ The search runs in stages, each named by what it does:
   the best plan, then the first guides' choices packed against target times below it (heuristic.target_pack);
 - **improvement**: on clusters of up to budget.NEIGHBOURHOOD_MAX_DEVICES devices, a large-neighbourhood search
   of exact sub-MILPs (neighbourhood.py); on larger ones, option changes by table kind, each placed exactly by
-  device configurations (patterns.py); then, on clusters of a few nodes, the MILP with nodes as bins (a
+  device configurations (patterns.py); the improved plan's option choice packed against target times; then, on clusters of a few nodes, the MILP with nodes as bins (a
   stronger bound, and a guide), and where the budget covers it the exact per-device MILP, started from the
   best plan (a bound, and proof of optimality where it closes);
 - **deep** (only with a budget past budget.STAGE_WORK_CAP times the default): the option search again with more
@@ -258,6 +258,13 @@ def improvement_stage(problem: Problem, classes: Bins, guides: list, plan_budget
             starts = [[max(range(len(row)), key=lambda o: (row[o], -o)) for row in guide] for guide in guides]
             assignment = improve_choice(problem, assignment, bound, starts, plan_budget.choice())
         best = problem.makespan_s(assignment)
+        # the improved plan's own option choice packed against targets below it (heuristic.target_pack)
+        mine = tuple(tuple(float(o == chosen) for o in range(len(problem.options[t])))
+                     for t, (chosen, _) in enumerate(assignment))
+        candidate = target_pack(problem, mine, bound, best, Work(plan_budget.placement_evaluations(1)))
+        value = problem.makespan_s(candidate) if candidate is not None else np.inf
+        if value < best:
+            assignment, best = candidate, value
     # nodes as bins: which node carries which table is exact, devices inside a node are pooled
     nodes = node_bins(problem)
     node_checks = plan_budget.node_checks(milp_size(problem, nodes))
