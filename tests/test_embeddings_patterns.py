@@ -109,6 +109,10 @@ def test_enumeration_lists_exactly_the_configurations_within_time_and_memory(see
             for kind, n in configs.units(c):
                 combo[kind] = n
             listed[tuple(combo)] = time
+        # depth first, kinds ascending (the order of the MILP's columns): each configuration's units by kind,
+        # a kind once per unit, come in lexicographic order
+        sequences = [tuple(kind for kind, n in configs.units(c) for _ in range(n)) for c in range(len(times))]
+        assert sequences == sorted(sequences)
         for combo in itertools.product(*(range(len(units) + 1) for units in model.device_kinds)):
             units = [unit for kind, n in enumerate(combo) for unit in model.device_kinds[kind][:n]]
             loads = _device_only(problem, device_table_wise, units, device)
