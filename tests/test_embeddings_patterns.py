@@ -102,8 +102,17 @@ def test_enumeration_lists_exactly_the_configurations_within_time_and_memory(see
     enumerated = model.enumerate(limit, 10 ** 6)
     for g, per_class in enumerate(enumerated):
         device = problem.dev.nodes[model.classes[g].rep][0]
-        (pattern, counts, times), = per_class  # no node-wide units: one (empty) pattern
-        listed = {tuple(int(n) for n in row): time for row, time in zip(counts, times)}
+        (pattern, configs, times), = per_class  # no node-wide units: one (empty) pattern
+        listed = {}
+        for c, time in enumerate(times):
+            combo = [0] * len(model.device_kinds)
+            for kind, n in configs.units(c):
+                combo[kind] = n
+            listed[tuple(combo)] = time
+        # depth first, kinds ascending (the order of the MILP's columns): each configuration's units by kind,
+        # a kind once per unit, come in lexicographic order
+        sequences = [tuple(kind for kind, n in configs.units(c) for _ in range(n)) for c in range(len(times))]
+        assert sequences == sorted(sequences)
         for combo in itertools.product(*(range(len(units) + 1) for units in model.device_kinds)):
             units = [unit for kind, n in enumerate(combo) for unit in model.device_kinds[kind][:n]]
             loads = _device_only(problem, device_table_wise, units, device)

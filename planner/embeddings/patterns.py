@@ -34,6 +34,7 @@ guides' (the class MILP's and LP's).
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -99,6 +100,39 @@ class _NodeClass:
     s_per_byte: float = 0.0
     hbm_cap: float = 0.0
     host_cap: float = 0.0
+
+
+@dataclass(frozen=True)
+class _Configurations:
+    """Device configurations, sparse (a configuration holds few of the many kinds): configuration c holds
+    counts[r] units of kind kinds[r] for r in starts[c]:starts[c + 1], kinds ascending."""
+
+    starts: np.ndarray
+    kinds: np.ndarray
+    counts: np.ndarray  # float, as the MILP's coefficients
+
+    @classmethod
+    def of(cls, configurations: Sequence[Sequence[tuple[int, int]]]) -> "_Configurations":
+        """From each configuration's (kind, count) pairs, kinds ascending."""
+        n = len(configurations)
+        starts = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(map(len, configurations), dtype=np.int64, count=n), out=starts[1:])
+        pairs = np.fromiter(itertools.chain.from_iterable(itertools.chain.from_iterable(configurations)),
+                            dtype=np.int64, count=2 * int(starts[-1])).reshape(-1, 2)
+        return cls(starts, pairs[:, 0].copy(), pairs[:, 1].astype(float))
+
+    def units(self, c: int) -> list[tuple[int, int]]:
+        """Configuration c's (kind, count) pairs, kinds ascending."""
+        runs = slice(int(self.starts[c]), int(self.starts[c + 1]))
+        return list(zip(self.kinds[runs].tolist(), self.counts[runs].astype(int).tolist()))
+
+    def select(self, chosen: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Configurations ``chosen`` (indices, in that order): each one's number of kinds, and their kinds and
+        counts, concatenated."""
+        lengths = self.starts[chosen + 1] - self.starts[chosen]
+        offsets = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        runs = np.repeat(self.starts[chosen], lengths) + offsets
+        return lengths, self.kinds[runs], self.counts[runs]
 
 
 def pattern_place(problem: Problem, choice: Sequence[int], lower_s: float, upper_s: float,
@@ -261,13 +295,14 @@ class _Model:
 
     # ------------------------------------------------------------------------------ enumeration
     def enumerate(self, limit_s: float, budget: int):
-        """Per node class: a list of (pattern counts, [configuration counts], [configuration times]) of every
-        pattern and configuration whose device time is at most ``limit_s`` within memory; None past ``budget``
-        configurations."""
+        """Per node class: a list of (pattern, configurations, configuration times) of every pattern and
+        configuration whose device time is at most ``limit_s`` within memory; None past ``budget``
+        configurations. A pattern is its (node kind, count) pairs, kinds ascending; the configurations of a
+        pattern are a :class:`_Configurations`."""
         left = [budget]
         out = []
         for g, node_class in enumerate(self.classes):
-            patterns = [((), node_class.base, 0.0)]
+            patterns: list = [((), node_class.base, 0.0)]
             if node_class.can_hold_node_units and self.node_kinds:
                 patterns = []
                 caps = [len(tables) for tables in self.node_kinds]
@@ -277,25 +312,25 @@ class _Model:
                     return None
             per_class = []
             caps = [len(units) for units in self.device_kinds]
-            for counts, loads, _ in patterns:
-                has_node_units = any(counts)
+            for pattern, loads, _ in patterns:
                 configs: list = []
-                self._multisets(node_class, self.device_loads[g], caps, loads, limit_s, has_node_units, False,
+                self._multisets(node_class, self.device_loads[g], caps, loads, limit_s, bool(pattern), False,
                                 configs, left)
                 if left[0] < 0:
                     return None
                 if configs:
-                    per_class.append((counts, np.array([c for c, _, _ in configs], dtype=float).reshape(
-                        len(configs), len(caps)), np.array([t for _, _, t in configs])))
+                    per_class.append((pattern, _Configurations.of([c for c, _, _ in configs]),
+                                      np.array([t for _, _, t in configs])))
             out.append(per_class)
         return out
 
     def _multisets(self, node_class: _NodeClass, kinds: Sequence[_Loads], caps: Sequence[int], start: _Loads,
                    limit_s: float, has_node_units: bool, node_level: bool, out: list, left: list[int]) -> None:
         """Every multiset of ``kinds`` (at most caps[j] of kind j) whose device time on top of ``start`` is at
-        most ``limit_s`` within memory, as (counts, loads, time). Node patterns when ``node_level`` (then the
-        node's fused latency counts once any is there). The time is :meth:`time_s`, written out on plain floats
-        (this loop is most of the enumeration's work)."""
+        most ``limit_s`` within memory, as (its (kind, count) pairs, kinds ascending; loads; time), depth first:
+        each multiset is followed by those that add kinds no lower than its highest. Node patterns when
+        ``node_level`` (then the node's fused latency counts once any is there). The time is :meth:`time_s`,
+        written out on plain floats (this loop is most of the enumeration's work)."""
         count = len(kinds)
         steps = [(k.compute_s, k.ids_recv, k.pool_send, k.hbm, k.host) for k in kinds]
         ids_send, pool_recv, s_per_byte = self.ids_send, self.pool_recv, node_class.s_per_byte
@@ -308,16 +343,23 @@ class _Model:
             return (fixed_any if any_node else fixed) + c + s_per_byte * a2a
 
         counts = [0] * count
+        runs: list[tuple[int, int]] = []  # the multiset at the walk's step, as (kind, count), kinds ascending
         first_time = time_of(start.compute_s, start.ids_recv, start.pool_send, has_node_units)
         if start.hbm > hbm_cap or start.host > host_cap or first_time > limit_s:
             return
-        out.append((tuple(counts), start, first_time))
+        out.append(((), start, first_time))
         left[0] -= 1
         any_node = has_node_units or node_level
+        # with non-negative steps every load only grows down the walk, and so (rounding being monotone) does
+        # each kind's time and memory on top of it: a kind that does not fit at a step (or is used up) does not
+        # fit below it either, so each step hands down only the kinds that fit at it, not all kinds
+        grows = s_per_byte >= 0 and min(map(min, steps), default=0.0) >= 0
 
-        def walk(first: int, c: float, ir: float, ps: float, hbm: float, host: float) -> None:
-            for j in range(first, count):
-                if counts[j] >= caps[j] or left[0] < 0:
+        def walk(candidates: list[int], c: float, ir: float, ps: float, hbm: float, host: float) -> None:
+            fitting: list[int] = []  # the candidates that fit, and the loads and time with each
+            states: list[tuple[float, float, float, float, float, float]] = []
+            for j in candidates:
+                if counts[j] >= caps[j]:
                     continue
                 dc, dir_, dps, dhbm, dhost = steps[j]
                 nc, nir, nps, nhbm, nhost = c + dc, ir + dir_, ps + dps, hbm + dhbm, host + dhost
@@ -326,13 +368,28 @@ class _Model:
                 t = time_of(nc, nir, nps, any_node)
                 if t > limit_s:
                     continue
+                fitting.append(j)
+                states.append((nc, nir, nps, nhbm, nhost, t))
+            for i, j in enumerate(fitting):
+                if left[0] < 0:
+                    return
+                nc, nir, nps, nhbm, nhost, t = states[i]
+                # j is the highest kind so far: a second unit of it extends the last run
                 counts[j] += 1
-                out.append((tuple(counts), _Loads(nc, nir, nps, nhbm, nhost), t))
+                if counts[j] > 1:
+                    runs[-1] = (j, counts[j])
+                else:
+                    runs.append((j, 1))
+                out.append((tuple(runs), _Loads(nc, nir, nps, nhbm, nhost), t))
                 left[0] -= 1
-                walk(j, nc, nir, nps, nhbm, nhost)
+                walk(fitting[i:] if grows else candidates[candidates.index(j):], nc, nir, nps, nhbm, nhost)
                 counts[j] -= 1
+                if counts[j]:
+                    runs[-1] = (j, counts[j])
+                else:
+                    runs.pop()
 
-        walk(0, start.compute_s, start.ids_recv, start.pool_send, start.hbm, start.host)
+        walk(list(range(count)), start.compute_s, start.ids_recv, start.pool_send, start.hbm, start.host)
 
     # --------------------------------------------------------------------------------- the MILP
     def feasible(self, enumerated, limit_s: float, checks: int, work: Work):
@@ -350,31 +407,27 @@ class _Model:
         starts, index, value, upper, columns = [], [], [], [], []
         for g, per_class in enumerate(enumerated):
             node_class = self.classes[g]
-            for q, (pattern, counts, times) in enumerate(per_class):
+            for q, (pattern, configs, times) in enumerate(per_class):
                 usable = np.flatnonzero(times <= limit_s)
                 if times[0] > limit_s or not len(usable):
                     continue
                 starts.append(len(index))
-                rows = [g, link_row[g, q]] + [node_row0 + k for k, n in enumerate(pattern) if n]
-                index.extend(rows)
-                value.extend([1.0, -float(node_class.size)] + [float(n) for n in pattern if n])
+                index.extend([g, link_row[g, q]] + [node_row0 + k for k, _ in pattern])
+                value.extend([1.0, -float(node_class.size)] + [float(n) for _, n in pattern])
                 upper.append(float(len(node_class.nodes)))
                 columns.append(("u", g, q))
-                sub = counts[usable]
-                nz_rows, nz_cols = np.nonzero(sub)
-                per_column = np.bincount(nz_rows, minlength=len(usable)) + 1
-                col_starts = len(index) + np.concatenate(([0], np.cumsum(per_column)[:-1]))
-                # each column: its link row, then its device kinds
-                block_index = np.empty(int(per_column.sum()), dtype=np.int64)
-                block_value = np.empty(int(per_column.sum()))
-                first = col_starts - len(index)
+                # each configuration's column: its link row, then its device kinds
+                lengths, kinds, counts = configs.select(usable)
+                first = np.concatenate(([0], np.cumsum(lengths + 1)[:-1]))
+                block_index = np.empty(len(usable) + len(kinds), dtype=np.int64)
+                block_value = np.empty(len(block_index))
                 block_index[first] = link_row[g, q]
                 block_value[first] = 1.0
-                offsets = np.arange(len(nz_rows)) - np.concatenate(([0], np.cumsum(per_column - 1)[:-1]))[nz_rows]
-                where = first[nz_rows] + 1 + offsets
-                block_index[where] = device_row0 + nz_cols
-                block_value[where] = sub[nz_rows, nz_cols]
-                starts.extend(col_starts.tolist())
+                rest = np.ones(len(block_index), dtype=bool)
+                rest[first] = False
+                block_index[rest] = device_row0 + kinds
+                block_value[rest] = counts
+                starts.extend((len(index) + first).tolist())
                 index.extend(block_index.tolist())
                 value.extend(block_value.tolist())
                 upper.extend([float(node_class.size * len(node_class.nodes))] * len(usable))
@@ -439,18 +492,18 @@ class _Model:
             for (gg, q), n in sorted(patterns.items()):
                 if gg != g:
                     continue
-                pattern, config_counts, _ = enumerated[g][q]
+                pattern, configurations, _ = enumerated[g][q]
                 slots = [c for c, m in configs.get((g, q), []) for _ in range(m)]
                 for _ in range(n):
                     k = free_nodes.pop(0)
-                    for kind, m in enumerate(pattern):
+                    for kind, m in pattern:
                         for _ in range(m):
                             if node_pool[kind]:
                                 positions[node_pool[kind].pop(0)].append(k)
                     for i in dev.nodes[k]:
                         c = slots.pop(0)
-                        for kind, m in enumerate(config_counts[c]):
-                            for _ in range(int(m)):
+                        for kind, m in configurations.units(c):
+                            for _ in range(m):
                                 if device_pool[kind]:
                                     t, _o = device_pool[kind].pop(0)
                                     positions[t].append(int(i))
