@@ -321,3 +321,20 @@ def test_the_guide_without_node_options_chooses_one_other_option_per_table():
     node_weights = tuple(tuple(1.0 if o == next(j for j, x in enumerate(options) if x.scope == "node") else 0.0
                                for o in range(len(options))) for options in problem.options)
     assert _uses_node_options(problem, node_weights)
+
+
+def test_rows_load_without_their_zero_coefficients():
+    """load_rows drops zero coefficients and moves the later rows' starts back over them; empty rows stay."""
+    from planner.embeddings.highs import load_rows, quiet_highs
+
+    highs = quiet_highs()
+    highs.addVars(3, np.zeros(3), np.full(3, 10.0))
+    inf = float("inf")
+    # rows: [x0 + 0 x1], [] (empty), [0 x0 + 2 x2 - x1]
+    load_rows(highs, [1.0, -inf, 0.0], [inf, 5.0, inf], [0, 2, 2], [0, 1, 0, 2, 1], [1.0, 0.0, 0.0, 2.0, -1.0])
+    lp = highs.getLp()
+    assert lp.num_row_ == 3
+    matrix = lp.a_matrix_
+    entries = {(r, int(matrix.index_[k])): matrix.value_[k]
+               for r in range(3) for k in range(matrix.start_[r], matrix.start_[r + 1])}
+    assert entries == {(0, 0): 1.0, (2, 2): 2.0, (2, 1): -1.0}

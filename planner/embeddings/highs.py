@@ -15,6 +15,7 @@ from typing import Iterator
 
 import numpy as np
 import pulp
+from numpy.typing import ArrayLike
 
 # HiGHS drops matrix entries below 1e-9, and seconds-per-byte are ~1e-12: the models are written in microseconds,
 # megabytes of all-to-all traffic and gigabytes of memory, which keeps every coefficient within a few decades of 1.
@@ -131,13 +132,34 @@ def add_rows(highs, rows) -> None:
         starts.append(len(index))
         if isinstance(coefficients, dict):
             for j in sorted(coefficients):
-                if coefficients[j]:
-                    index.append(j)
-                    values.append(coefficients[j])
+                index.append(j)
+                values.append(coefficients[j])
         else:
             nonzero = np.flatnonzero(coefficients)
             index.extend(int(j) for j in nonzero)
             values.extend(float(coefficients[j]) for j in nonzero)
-    highs.addRows(len(rows), np.array([r[1] for r in rows], dtype=float), np.array([r[2] for r in rows], dtype=float),
-                  len(index), np.array(starts, dtype=np.int32), np.array(index, dtype=np.int32),
-                  np.array(values, dtype=float))
+    load_rows(highs, [r[1] for r in rows], [r[2] for r in rows], starts, index, values)
+
+
+def load_rows(highs, lower: ArrayLike, upper: ArrayLike, starts: ArrayLike, index: ArrayLike,
+              values: ArrayLike) -> None:
+    """Load rows given as compressed rows (row i's entries are ``index``/``values`` from ``starts[i]`` to the
+    next row's start) into a ``highspy.Highs`` model in one call; zero coefficients are left out."""
+    index = np.asarray(index, dtype=np.int32)
+    values = np.asarray(values, dtype=float)
+    starts = np.asarray(starts, dtype=np.int64)
+    keep = values != 0
+    if not keep.all():
+        kept_before = np.concatenate(([0], np.cumsum(keep)))  # kept entries before each position
+        starts = kept_before[starts]
+        index, values = index[keep], values[keep]
+    highs.addRows(len(starts), np.asarray(lower, dtype=float), np.asarray(upper, dtype=float), len(index),
+                  starts.astype(np.int32), index, values)
+
+
+def set_integer(highs, columns: ArrayLike) -> None:
+    """Declare ``columns`` of a ``highspy.Highs`` model integer."""
+    import highspy
+
+    columns = np.sort(np.asarray(columns, dtype=np.int32))
+    highs.changeColsIntegrality(len(columns), columns, np.array([highspy.HighsVarType.kInteger] * len(columns)))
