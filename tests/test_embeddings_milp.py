@@ -184,37 +184,21 @@ def test_bound_never_exceeds_the_plan(seed):
         assert result.gap <= 1e-6
 
 
-@pytest.mark.filterwarnings("ignore:PULP_CBC_CMD is deprecated:DeprecationWarning")
-def test_cbc_fallback_agrees_with_highs(monkeypatch):
-    from planner.embeddings import milp
-
-    rng = np.random.default_rng(7)
-    c = cluster((small_node(A100, 2), 1), (small_node(V100, 2), 1))
-    problem = build_problem(random_tables(rng, 3), device_arrays(c), 4096, "adagrad")
-    with_highs = solve(problem, device_bins(problem), integer=True)
-    monkeypatch.setattr(milp, "have_highs", lambda: False)
-    problem = build_problem(problem.tables, device_arrays(c), 4096, "adagrad")
-    with_cbc = solve(problem, device_bins(problem), integer=True)
-    assert with_cbc.status == with_highs.status == "optimal"
-    assert with_cbc.objective_s == pytest.approx(with_highs.objective_s, rel=1e-5)
-    result = shard_tables(problem.tables, c, None, 4096, options=SolverOptions(work=0.5))  # the whole path without HiGHS
-    check_result(result, problem.tables, c)
-
-
 def test_solves_after_another_highs_model_ran_in_the_process():
     """HiGHS keeps one thread scheduler per process. A solve with the default threads first (as the search's
     partition ILP does, or a user's own HiGHS model) made every later threads=1 solve of ours 'Not Solved'
     (a DLRM planned after a dense model in one process failed)."""
-    pulp = pytest.importorskip("pulp")
-    if "HiGHS" not in pulp.listSolvers(onlyAvailable=True):
-        pytest.skip("HiGHS is not installed")
-    other = pulp.LpProblem("other", pulp.LpMinimize)
-    add = getattr(other, "add_variable", None)  # pulp >= 3.3; LpVariable(...) is deprecated there
-    x = add("x", 0, 10, cat="Integer") if add is not None else pulp.LpVariable("x", 0, 10, cat="Integer")
-    other += x
-    other += x >= 3
-    other.solve(pulp.HiGHS(msg=False))
-    assert pulp.LpStatus[other.status] == "Optimal"
+    import highspy
+
+    from planner.embeddings.highs import stdout_silenced
+
+    with stdout_silenced():
+        other = highspy.Highs()  # the default threads
+    other.setOptionValue("output_flag", False)
+    other.addCol(1.0, 3.0, 10.0, 0, np.zeros(0, dtype=np.int32), np.zeros(0))
+    other.changeColIntegrality(0, highspy.HighsVarType.kInteger)
+    other.run()
+    assert other.getModelStatus() == highspy.HighsModelStatus.kOptimal
     c = cluster((small_node(A100, 2), 1), (small_node(V100, 2), 1))
     problem = build_problem(random_tables(np.random.default_rng(0), 2), device_arrays(c), 4096, "adagrad")
     assert solve(problem, class_bins(problem), integer=False).status == "optimal"
