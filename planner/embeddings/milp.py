@@ -608,17 +608,19 @@ def _add_memory_pigeonhole_cuts(lp: _Model, problem: Problem, bins: Bins, placed
     put 3 tables of 60% of a device's memory on 2 devices. ``slack`` = 1 is the cut; tests pass a larger one (units of more than 1 / (j + slack): invalid) to check
     that brute force catches an invalid cut."""
     dev = problem.dev
+    # per bin, its device-scope placement variables (by table and option) with their unit's memory
+    in_bin: list[list[tuple[bool, float, int]]] = [[] for _ in bins.members]
+    for (t, o), pos_vars in sorted(placed.items()):
+        option = problem.options[t][o]
+        if option.scope == "device":
+            for p, var in pos_vars:
+                in_bin[p].append((option.host, option.memory_bytes, var))
     for b, members in enumerate(bins.members):
         n_b = len(members)
         for host in (False, True):
             capacity = float((dev.host_capacity_bytes if host else dev.hbm_capacity_bytes)[members].max())
             for j in (1, 2, 3):
-                big = []
-                for (t, o), pos_vars in sorted(placed.items()):
-                    option = problem.options[t][o]
-                    if option.scope != "device" or option.host != host or option.memory_bytes * (j + slack) <= capacity:
-                        continue
-                    big.extend(var for p, var in pos_vars if p == b)
+                big = [var for on_host, memory, var in in_bin[b] if on_host == host and memory * (j + slack) > capacity]
                 if big:
                     lp.row(big, [1.0] * len(big), -INF, j * n_b)
 
