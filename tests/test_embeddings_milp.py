@@ -184,37 +184,21 @@ def test_bound_never_exceeds_the_plan(seed):
         assert result.gap <= 1e-6
 
 
-@pytest.mark.filterwarnings("ignore:PULP_CBC_CMD is deprecated:DeprecationWarning")
-def test_cbc_fallback_agrees_with_highs(monkeypatch):
-    from planner.embeddings import milp
-
-    rng = np.random.default_rng(7)
-    c = cluster((small_node(A100, 2), 1), (small_node(V100, 2), 1))
-    problem = build_problem(random_tables(rng, 3), device_arrays(c), 4096, "adagrad")
-    with_highs = solve(problem, device_bins(problem), integer=True)
-    monkeypatch.setattr(milp, "have_highs", lambda: False)
-    problem = build_problem(problem.tables, device_arrays(c), 4096, "adagrad")
-    with_cbc = solve(problem, device_bins(problem), integer=True)
-    assert with_cbc.status == with_highs.status == "optimal"
-    assert with_cbc.objective_s == pytest.approx(with_highs.objective_s, rel=1e-5)
-    result = shard_tables(problem.tables, c, None, 4096, options=SolverOptions(work=0.5))  # the whole path without HiGHS
-    check_result(result, problem.tables, c)
-
-
 def test_solves_after_another_highs_model_ran_in_the_process():
     """HiGHS keeps one thread scheduler per process. A solve with the default threads first (as the search's
     partition ILP does, or a user's own HiGHS model) made every later threads=1 solve of ours 'Not Solved'
     (a DLRM planned after a dense model in one process failed)."""
-    pulp = pytest.importorskip("pulp")
-    if "HiGHS" not in pulp.listSolvers(onlyAvailable=True):
-        pytest.skip("HiGHS is not installed")
-    other = pulp.LpProblem("other", pulp.LpMinimize)
-    add = getattr(other, "add_variable", None)  # pulp >= 3.3; LpVariable(...) is deprecated there
-    x = add("x", 0, 10, cat="Integer") if add is not None else pulp.LpVariable("x", 0, 10, cat="Integer")
-    other += x
-    other += x >= 3
-    other.solve(pulp.HiGHS(msg=False))
-    assert pulp.LpStatus[other.status] == "Optimal"
+    import highspy
+
+    from planner.embeddings.highs import stdout_silenced
+
+    with stdout_silenced():
+        other = highspy.Highs()  # the default threads
+    other.setOptionValue("output_flag", False)
+    other.addCol(1.0, 3.0, 10.0, 0, np.zeros(0, dtype=np.int32), np.zeros(0))
+    other.changeColIntegrality(0, highspy.HighsVarType.kInteger)
+    other.run()
+    assert other.getModelStatus() == highspy.HighsModelStatus.kOptimal
     c = cluster((small_node(A100, 2), 1), (small_node(V100, 2), 1))
     problem = build_problem(random_tables(np.random.default_rng(0), 2), device_arrays(c), 4096, "adagrad")
     assert solve(problem, class_bins(problem), integer=False).status == "optimal"
@@ -321,3 +305,20 @@ def test_the_guide_without_node_options_chooses_one_other_option_per_table():
     node_weights = tuple(tuple(1.0 if o == next(j for j, x in enumerate(options) if x.scope == "node") else 0.0
                                for o in range(len(options))) for options in problem.options)
     assert _uses_node_options(problem, node_weights)
+
+
+def test_rows_load_without_their_zero_coefficients():
+    """load_rows drops zero coefficients and moves the later rows' starts back over them; empty rows stay."""
+    from planner.embeddings.highs import load_rows, quiet_highs
+
+    highs = quiet_highs()
+    highs.addVars(3, np.zeros(3), np.full(3, 10.0))
+    inf = float("inf")
+    # rows: [x0 + 0 x1], [] (empty), [0 x0 + 2 x2 - x1]
+    load_rows(highs, [1.0, -inf, 0.0], [inf, 5.0, inf], [0, 2, 2], [0, 1, 0, 2, 1], [1.0, 0.0, 0.0, 2.0, -1.0])
+    lp = highs.getLp()
+    assert lp.num_row_ == 3
+    matrix = lp.a_matrix_
+    entries = {(r, int(matrix.index_[k])): matrix.value_[k]
+               for r in range(3) for k in range(matrix.start_[r], matrix.start_[r + 1])}
+    assert entries == {(0, 0): 1.0, (2, 2): 2.0, (2, 1): -1.0}

@@ -1,8 +1,8 @@
 """HiGHS plumbing shared by every solver of the sharding search: silent one-thread models, a deterministic
 work limit counted in interrupt checks, bulk row loading, and the units the models are written in.
 
-Every model of planner.embeddings (the placement MILP through pulp, and the sub-MILPs, pattern LPs and pricing
-problems built directly on ``highspy``) is created here, so they share one way of staying quiet, of staying
+Every model of planner.embeddings (the placement MILP, the sub-MILPs, pattern LPs and pricing problems, all
+built directly on ``highspy``) is created here, so they share one way of staying quiet, of staying
 deterministic (one thread, limits counted in work, never in seconds) and of scaling coefficients.
 """
 
@@ -14,7 +14,7 @@ import sys
 from typing import Iterator
 
 import numpy as np
-import pulp
+from numpy.typing import ArrayLike
 
 # HiGHS drops matrix entries below 1e-9, and seconds-per-byte are ~1e-12: the models are written in microseconds,
 # megabytes of all-to-all traffic and gigabytes of memory, which keeps every coefficient within a few decades of 1.
@@ -24,7 +24,8 @@ GB_PER_BYTE = 1e-9
 
 
 def have_highs() -> bool:
-    """Whether HiGHS (the ``highspy`` package) is importable; without it pulp's bundled CBC is used."""
+    """Whether HiGHS (the ``highspy`` package) is importable; the searches that need nothing but HiGHS are
+    skipped without it."""
     try:
         import highspy  # noqa: F401
     except ImportError:
@@ -63,37 +64,6 @@ def has_incumbent(highs) -> bool:
     return highs.getInfo().primal_solution_status == highspy.kSolutionStatusFeasible
 
 
-class QuietHiGHS(pulp.HiGHS):
-    """pulp's HiGHS interface; the HiGHS constructor prints a banner on the C-level stdout even when told to be
-    silent, which would corrupt ``--json`` output, so stdout is pointed at /dev/null while it is created. A
-    ``work`` limit (:class:`CheckLimit`) is attached to the model it creates, and ``start`` (variable -> value)
-    is handed to HiGHS as a partial first incumbent."""
-
-    def __init__(self, *args, work: CheckLimit | None = None, start: dict | None = None, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.work = work
-        self.start = start or {}
-
-    def createAndConfigureSolver(self, lp: pulp.LpProblem) -> None:  # noqa: N802 (pulp's name)
-        import highspy
-
-        # HiGHS keeps one thread scheduler per process: once another solve in this process (the search's ILP, a
-        # user's own HiGHS model) has started it with more threads, a model asking for threads=1 refuses to run
-        # ("Not Solved"). Dropping the scheduler lets this solve start its own with the threads it asks for.
-        highspy.Highs.resetGlobalScheduler(True)
-        with stdout_silenced():
-            super().createAndConfigureSolver(lp)
-        if self.work is not None:
-            self.work.attach(lp.solverModel)
-
-    def callSolver(self, lp: pulp.LpProblem) -> None:  # noqa: N802 (pulp's name)
-        if self.start:  # a partial solution (the integer variables): HiGHS completes it as its first incumbent
-            index = np.array([var.index for var in self.start], dtype=np.int32)
-            value = np.array(list(self.start.values()), dtype=np.float64)
-            lp.solverModel.setSolution(len(index), index, value)
-        super().callSolver(lp)
-
-
 @contextlib.contextmanager
 def stdout_silenced() -> Iterator[None]:
     """Point the C-level stdout at /dev/null (HiGHS prints its banner there when a model is created)."""
@@ -112,9 +82,12 @@ def stdout_silenced() -> Iterator[None]:
 
 def quiet_highs():
     """A new, silent, one-thread ``highspy.Highs`` for a model built directly, deterministic like every solve
-    here (see :class:`QuietHiGHS` for the scheduler reset)."""
+    here."""
     import highspy
 
+    # HiGHS keeps one thread scheduler per process: once another solve in this process (the search's ILP, a
+    # user's own HiGHS model) has started it with more threads, a model asking for threads=1 refuses to run
+    # ("Not Solved"). Dropping the scheduler lets this solve start its own with the threads it asks for.
     highspy.Highs.resetGlobalScheduler(True)
     with stdout_silenced():
         highs = highspy.Highs()
@@ -131,13 +104,34 @@ def add_rows(highs, rows) -> None:
         starts.append(len(index))
         if isinstance(coefficients, dict):
             for j in sorted(coefficients):
-                if coefficients[j]:
-                    index.append(j)
-                    values.append(coefficients[j])
+                index.append(j)
+                values.append(coefficients[j])
         else:
             nonzero = np.flatnonzero(coefficients)
             index.extend(int(j) for j in nonzero)
             values.extend(float(coefficients[j]) for j in nonzero)
-    highs.addRows(len(rows), np.array([r[1] for r in rows], dtype=float), np.array([r[2] for r in rows], dtype=float),
-                  len(index), np.array(starts, dtype=np.int32), np.array(index, dtype=np.int32),
-                  np.array(values, dtype=float))
+    load_rows(highs, [r[1] for r in rows], [r[2] for r in rows], starts, index, values)
+
+
+def load_rows(highs, lower: ArrayLike, upper: ArrayLike, starts: ArrayLike, index: ArrayLike,
+              values: ArrayLike) -> None:
+    """Load rows given as compressed rows (row i's entries are ``index``/``values`` from ``starts[i]`` to the
+    next row's start) into a ``highspy.Highs`` model in one call; zero coefficients are left out."""
+    index = np.asarray(index, dtype=np.int32)
+    values = np.asarray(values, dtype=float)
+    starts = np.asarray(starts, dtype=np.int64)
+    keep = values != 0
+    if not keep.all():
+        kept_before = np.concatenate(([0], np.cumsum(keep)))  # kept entries before each position
+        starts = kept_before[starts]
+        index, values = index[keep], values[keep]
+    highs.addRows(len(starts), np.asarray(lower, dtype=float), np.asarray(upper, dtype=float), len(index),
+                  starts.astype(np.int32), index, values)
+
+
+def set_integer(highs, columns: ArrayLike) -> None:
+    """Declare ``columns`` of a ``highspy.Highs`` model integer."""
+    import highspy
+
+    columns = np.sort(np.asarray(columns, dtype=np.int32))
+    highs.changeColsIntegrality(len(columns), columns, np.array([highspy.HighsVarType.kInteger] * len(columns)))

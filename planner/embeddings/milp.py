@@ -1,4 +1,4 @@
-"""The placement MILP and its LP relaxation (pulp + HiGHS), written like the paper.
+"""The placement MILP and its LP relaxation (HiGHS, loaded from arrays), written like the paper.
 
 Bins are the places loads are counted: single devices (the exact MILP), classes of interchangeable devices
 (averaging any solution over the permutations of identical devices keeps it feasible without raising the
@@ -49,10 +49,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
-import pulp
 
-from planner.embeddings.highs import (GB_PER_BYTE, MB_PER_BYTE, US_PER_S, CheckLimit, QuietHiGHS, have_highs,
-                                      has_incumbent)
+from planner.embeddings.highs import (GB_PER_BYTE, MB_PER_BYTE, US_PER_S, CheckLimit, has_incumbent, load_rows,
+                                      quiet_highs, set_integer)
 from planner.embeddings.problem import Problem
 
 log = logging.getLogger(__name__)
@@ -78,7 +77,73 @@ class SolveResult:
     assignment: tuple[tuple[int, tuple[int, ...]], ...] | None
     time_s: float
     weights: tuple[tuple[float, ...], ...] = ()  # z[t][o], the LP's preference for each option
-    handle: object = None  # (pulp problem, choice variables) when kept for re-solving (see bound.py)
+    handle: Kept | None = None  # the solved model, when kept for re-solving (resolve_integer)
+
+
+INF = float("inf")
+
+
+class _Model:
+    """The model's columns and rows, collected in lists and loaded into HiGHS in one call each. Columns are
+    numbered in creation order; a row is (columns, coefficients, lower, upper), its columns distinct.
+
+    HiGHS gets the rows in the order they were written and the columns sorted by name, the order pulp's HiGHS
+    interface gives them: the LPs are degenerate, and which optimal vertex HiGHS returns (the guides' option
+    weights, hence the plans) depends on the order."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.lower: list[float] = []
+        self.upper: list[float] = []
+        self.integer: list[int] = []  # columns declared integer in this solve
+        self.row_lower: list[float] = []
+        self.row_upper: list[float] = []
+        self.starts: list[int] = []
+        self.index: list[int] = []
+        self.values: list[float] = []
+
+    def var(self, name: str, low: float, high: float | None, integer: bool = False) -> int:
+        column = len(self.names)
+        self.names.append(name)
+        self.lower.append(low)
+        self.upper.append(INF if high is None else high)
+        if integer:
+            self.integer.append(column)
+        return column
+
+    def row(self, columns: Sequence[int], coefficients: Sequence[float], low: float, high: float) -> None:
+        self.starts.append(len(self.index))
+        self.index.extend(columns)
+        self.values.extend(coefficients)
+        self.row_lower.append(low)
+        self.row_upper.append(high)
+
+    def load(self, highs, objective: int) -> np.ndarray:
+        """Send the model to ``highs`` (minimise column ``objective``); returns each column's HiGHS index."""
+        n = len(self.names)
+        order = np.array(sorted(range(n), key=self.names.__getitem__), dtype=np.int64)
+        position = np.empty(n, dtype=np.int64)
+        position[order] = np.arange(n)
+        cost = np.zeros(n)
+        cost[position[objective]] = 1.0
+        highs.addCols(n, cost, np.array(self.lower)[order], np.array(self.upper)[order], 0,
+                      np.zeros(n, dtype=np.int32), np.zeros(0, dtype=np.int32), np.zeros(0))
+        if self.integer:
+            set_integer(highs, position[self.integer])
+        load_rows(highs, self.row_lower, self.row_upper, self.starts, position[np.array(self.index, dtype=np.int64)],
+                  self.values)
+        return position
+
+
+@dataclass(frozen=True)
+class Kept:
+    """A solved model kept for re-solving as a MILP: HiGHS columns of the choices z[t,o] and of the variables
+    that are integers in the MILP."""
+
+    highs: object  # highspy.Highs
+    choice: dict[tuple[int, int], int]
+    integral: np.ndarray
+    bins: Bins
 
 
 def device_bins(problem: Problem) -> Bins:
@@ -124,6 +189,8 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, work_limit: int | None
     heuristic: the cut moves the LP's option weights, not always toward options whole devices balance).
     ``incumbent`` (per-device bins only) is a plan handed to HiGHS as its first incumbent: its integer variables
     are fixed from it and HiGHS completes the rest, so the search prunes against it from the start."""
+    import highspy
+
     start = time.perf_counter()
     dev = problem.dev
     nb = len(bins.members)
@@ -131,60 +198,73 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, work_limit: int | None
     rep = np.array([m[0] for m in bins.members])
     hbm_cap = np.array([dev.hbm_capacity_bytes[m].sum() for m in bins.members])
     host_cap = np.array([dev.host_capacity_bytes[m].sum() for m in bins.members])
-    cat = pulp.LpInteger if integer else pulp.LpContinuous
-    lp = pulp.LpProblem("embedding_sharding", pulp.LpMinimize)
-    T = _var(lp, "T", 0, None)
-    lp += T
-    # per bin: variable -> coefficient (a dict, since a global unit touches several devices of one bin)
+    lp = _Model()
+    T = lp.var("T", 0, None)
+    # per bin: column -> coefficient (a dict, since a global unit touches several devices of one bin)
     compute: list[dict] = [defaultdict(float) for _ in range(nb)]
     ids_recv: list[dict] = [defaultdict(float) for _ in range(nb)]
     pool_send: list[dict] = [defaultdict(float) for _ in range(nb)]
     hbm: list[dict] = [defaultdict(float) for _ in range(nb)]
     host: list[dict] = [defaultdict(float) for _ in range(nb)]
-    ids_send: list = []
-    pool_recv: list = []
-    choice: dict[tuple[int, int], pulp.LpVariable] = {}
-    integral: list[pulp.LpVariable] = []  # the variables that are integers in the MILP
-    fused: dict[tuple[str, int], pulp.LpVariable] = {}
+    ids_send: list[tuple[int, float]] = []
+    pool_recv: list[tuple[int, float]] = []
+    choice: dict[tuple[int, int], int] = {}
+    integral: list[int] = []  # the columns that are integers in the MILP
+    fused: dict[tuple[str, int], int] = {}
 
-    def use_fused(var: pulp.LpVariable, option, position: int) -> None:
+    def use_fused(var: int, option, position: int) -> None:
         """(h) y[key] >= var: a fused collective's latency is paid once it carries any table."""
         key = problem.fused_key(option, position)
         if key is None:
             return
         y = fused.get(key)
         if y is None:
-            y = fused[key] = _var(lp, f"y_{key[0]}_{key[1]}", 0, 1, pulp.LpBinary if integer else pulp.LpContinuous)
+            y = fused[key] = lp.var(f"y_{key[0]}_{key[1]}", 0, 1, integer)
             integral.append(y)
             members, seconds = problem.fused_latency(key)
             for d in members:
                 compute[bins.bin_of[d]][y] += seconds * US_PER_S
-        lp.addConstraint(pulp.LpAffineExpression([(y, 1.0), (var, -1.0)]) >= 0)
-    placed: dict[tuple[int, int], list[tuple[int, pulp.LpVariable]]] = {}
+        lp.row((y, var), (1.0, -1.0), 0.0, INF)
+    placed: dict[tuple[int, int], list[tuple[int, int]]] = {}
 
-    def add_unit(var: pulp.LpVariable, t: int, o: int, position: int) -> None:
+    def add_unit(var: int, t: int, o: int, position: int) -> None:
         unit = problem.unit(t, o, position)
-        for j, d in enumerate(unit.devices):
-            b = bins.bin_of[d]
-            compute[b][var] += unit.compute_s[j] * US_PER_S
-            if unit.ids_recv_bytes[j]:
-                ids_recv[b][var] += unit.ids_recv_bytes[j] * MB_PER_BYTE
-            if unit.pool_send_bytes[j]:
-                pool_send[b][var] += unit.pool_send_bytes[j] * MB_PER_BYTE
-            if unit.hbm_bytes[j]:
-                hbm[b][var] += unit.hbm_bytes[j] * GB_PER_BYTE
-            if unit.host_bytes[j]:
-                host[b][var] += unit.host_bytes[j] * GB_PER_BYTE
+        if len(unit.devices) == 1:
+            b = bins.bin_of[unit.devices[0]]
+            compute[b][var] += unit.compute_s[0] * US_PER_S
+            if unit.ids_recv_bytes[0]:
+                ids_recv[b][var] += unit.ids_recv_bytes[0] * MB_PER_BYTE
+            if unit.pool_send_bytes[0]:
+                pool_send[b][var] += unit.pool_send_bytes[0] * MB_PER_BYTE
+            if unit.hbm_bytes[0]:
+                hbm[b][var] += unit.hbm_bytes[0] * GB_PER_BYTE
+            if unit.host_bytes[0]:
+                host[b][var] += unit.host_bytes[0] * GB_PER_BYTE
+            return
+        # per bin, the sum over its devices in device order (bincount adds its weights in order); the bins of
+        # the sparse loads only where some device has a nonzero load
+        where = bins.bin_of[unit.devices]
+        for loads, values, sparse in ((compute, unit.compute_s * US_PER_S, False),
+                                      (ids_recv, unit.ids_recv_bytes * MB_PER_BYTE, True),
+                                      (pool_send, unit.pool_send_bytes * MB_PER_BYTE, True),
+                                      (hbm, unit.hbm_bytes * GB_PER_BYTE, True),
+                                      (host, unit.host_bytes * GB_PER_BYTE, True)):
+            touched = np.bincount(where, weights=values != 0, minlength=nb) if sparse else np.bincount(where)
+            if not touched.any():
+                continue
+            sums = np.bincount(where, weights=values, minlength=nb)
+            for b in np.flatnonzero(touched):
+                loads[b][var] += sums[b]
 
-    alones: list[list[tuple[pulp.LpVariable, float]]] = []
+    alones: list[list[tuple[int, float]]] = []
     for t, options in enumerate(problem.options):
         zs = []
         alone = []
         for o, option in enumerate(options):
-            z = _var(lp, f"z_{t}_{o}", 0, 1, pulp.LpBinary if integer else pulp.LpContinuous)
+            z = lp.var(f"z_{t}_{o}", 0, 1, integer)
             integral.append(z)
             choice[t, o] = z
-            zs.append((z, 1.0))
+            zs.append(z)
             alone.append((z, problem.unit_alone_s(t, o) * US_PER_S))
             if option.ids_send_bytes:
                 ids_send.append((z, option.ids_send_bytes * MB_PER_BYTE))
@@ -200,29 +280,29 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, work_limit: int | None
             for p in positions:
                 target = int(rep[p]) if option.scope == "device" else p
                 unit = problem.unit(t, o, target)
-                if np.any(unit.hbm_bytes > dev.hbm_capacity_bytes[unit.devices]) or np.any(
-                        unit.host_bytes > dev.host_capacity_bytes[unit.devices]):
+                if (unit.hbm_bytes > dev.hbm_capacity_bytes[unit.devices]).any() or (
+                        unit.host_bytes > dev.host_capacity_bytes[unit.devices]).any():
                     continue  # one unit alone already overflows this position
                 upper = option.units if option.scope == "device" else 1
                 if bins.aggregated and option.scope == "device":
                     upper = None  # a class takes any number of units (bounded by (b))
-                var = _var(lp, f"u_{t}_{o}_{p}", 0, upper, cat)
+                var = lp.var(f"u_{t}_{o}_{p}", 0, upper, integer)
                 integral.append(var)
                 pos_vars.append((p, var))
                 use_fused(var, option, target)
                 add_unit(var, t, o, target)
             placed[t, o] = pos_vars
             units = float(option.units)
-            lp += pulp.LpAffineExpression([(var, 1.0) for _, var in pos_vars] + [(z, -units)]) == 0, f"b_{t}_{o}"
-        lp += pulp.LpAffineExpression(zs) == 1, f"a_{t}"
+            lp.row([var for _, var in pos_vars] + [z], [1.0] * len(pos_vars) + [-units], 0.0, 0.0)  # (b)
+        lp.row(zs, [1.0] * len(zs), 1.0, 1.0)  # (a)
         alones.append(alone)
     G = _add_table_cuts(lp, problem, T, choice, fused, alones)
     IS, PR, latency = _add_traffic_cuts(lp, problem, T, G, choice, fused, ids_send, pool_recv)
     if bins.aggregated and len(integral) <= PIGEONHOLE_MAX_VARIABLES:
         integral.extend(_add_pigeonhole_cuts(lp, problem, bins, T, G, IS, PR, latency, placed, integer))
 
-    ids_excess: list[list] = [[] for _ in range(nb)]
-    pool_excess: list[list] = [[] for _ in range(nb)]
+    ids_excess: list[list[int]] = [[] for _ in range(nb)]
+    pool_excess: list[list[int]] = [[] for _ in range(nb)]
     if excess and bins.aggregated and len(integral) <= PIGEONHOLE_MAX_VARIABLES:
         ids_excess, pool_excess = _excess_terms(lp, problem, nb, IS, PR, choice, placed)
 
@@ -230,71 +310,80 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, work_limit: int | None
     coef = dev.a2a_s_per_byte * US_PER_S / MB_PER_BYTE
     for b in range(nb):
         r = int(rep[b])
-        A = _var(lp, f"A_{b}", 0, None)
-        P = _var(lp, f"P_{b}", 0, None)
+        A = lp.var(f"A_{b}", 0, None)
+        P = lp.var(f"P_{b}", 0, None)
         if ids_excess[b]:  # (f4)
-            lp += pulp.LpAffineExpression([(A, 1.0), (IS, -size[b])] + [(e, -1.0) for e in ids_excess[b]]) >= 0, \
-                f"f4_A_{b}"
+            lp.row([A, IS] + ids_excess[b], [1.0, -size[b]] + [-1.0] * len(ids_excess[b]), 0.0, INF)
         if pool_excess[b]:
-            lp += pulp.LpAffineExpression([(P, 1.0), (PR, -size[b])] + [(e, -1.0) for e in pool_excess[b]]) >= 0, \
-                f"f4_P_{b}"
-        lp += pulp.LpAffineExpression([(A, 1.0)] + [(z, -size[b] * c) for z, c in ids_send]) >= 0, f"cIS_{b}"
-        lp += pulp.LpAffineExpression([(A, 1.0)] + [(v, -c) for v, c in ids_recv[b].items()]) >= 0, f"cIR_{b}"
-        lp += pulp.LpAffineExpression([(P, 1.0)] + [(z, -size[b] * c) for z, c in pool_recv]) >= 0, f"cPR_{b}"
-        lp += pulp.LpAffineExpression([(P, 1.0)] + [(v, -c) for v, c in pool_send[b].items()]) >= 0, f"cPS_{b}"
-        lp += pulp.LpAffineExpression(
-            [(T, size[b]), (A, -coef[r]), (P, -2.0 * coef[r])] + [(v, -c) for v, c in compute[b].items()]
-        ) >= size[b] * base[r], f"d_{b}"
-        if hbm[b]:
-            lp += pulp.LpAffineExpression(list(hbm[b].items())) <= hbm_cap[b] * GB_PER_BYTE, f"eH_{b}"
+            lp.row([P, PR] + pool_excess[b], [1.0, -size[b]] + [-1.0] * len(pool_excess[b]), 0.0, INF)
+        lp.row([A] + [z for z, _ in ids_send], [1.0] + [-size[b] * c for _, c in ids_send], 0.0, INF)  # (c)
+        lp.row([A, *ids_recv[b]], [1.0] + [-c for c in ids_recv[b].values()], 0.0, INF)
+        lp.row([P] + [z for z, _ in pool_recv], [1.0] + [-size[b] * c for _, c in pool_recv], 0.0, INF)
+        lp.row([P, *pool_send[b]], [1.0] + [-c for c in pool_send[b].values()], 0.0, INF)
+        lp.row([T, A, P, *compute[b]], [size[b], -coef[r], -2.0 * coef[r]] + [-c for c in compute[b].values()],
+               size[b] * base[r], INF)  # (d)
+        if hbm[b]:  # (e)
+            lp.row(list(hbm[b]), list(hbm[b].values()), -INF, hbm_cap[b] * GB_PER_BYTE)
         if host[b]:
-            lp += pulp.LpAffineExpression(list(host[b].items())) <= host_cap[b] * GB_PER_BYTE, f"eU_{b}"
+            lp.row(list(host[b]), list(host[b].values()), -INF, host_cap[b] * GB_PER_BYTE)
     if bins.aggregated:
         _add_memory_pigeonhole_cuts(lp, problem, bins, placed)
-    start_values: dict[pulp.LpVariable, float] = {}
+    start_values: dict[int, float] = {}
     if integer:
         if incumbent is not None and not bins.aggregated:
             start_values = _start_values(problem, _symmetric_order(problem, incumbent), choice, placed, fused)
         _break_node_symmetry(lp, problem, bins, compute)
 
-    highs = have_highs()
-    if highs:
-        limit = CheckLimit(work_limit) if integer and work_limit is not None else None
-        solver = QuietHiGHS(mip=integer, msg=False, timeLimit=time_limit_s, threads=1,
-                             gapRel=1e-6 if integer else None, work=limit, start=start_values)
-    else:  # pulp's bundled CBC (slower; no dual bound is read back from it); its node limit stands in for work
-        solver = pulp.PULP_CBC_CMD(mip=integer, msg=False, timeLimit=time_limit_s, threads=1,
-                                   gapRel=1e-6 if integer else None,
-                                   maxNodes=work_limit if integer and work_limit is not None else None)
-    lp.solve(solver)
+    highs = quiet_highs()
+    if integer:
+        highs.setOptionValue("mip_rel_gap", 1e-6)
+    if time_limit_s is not None:
+        highs.setOptionValue("time_limit", float(time_limit_s))
+    if integer and work_limit is not None:
+        CheckLimit(work_limit).attach(highs)
+    position = lp.load(highs, T)
+    if start_values:  # a partial solution (the integer variables): HiGHS completes it as its first incumbent
+        highs.setSolution(len(start_values), position[np.array(list(start_values), dtype=np.int64)].astype(np.int32),
+                          np.array(list(start_values.values()), dtype=np.float64))
+    highs.run()
     elapsed = time.perf_counter() - start
-    status = pulp.LpStatus[lp.status]
-    no_incumbent = highs and integer and not has_incumbent(lp.solverModel)
-    if status != "Optimal" or T.varValue is None or no_incumbent:
-        kind = "infeasible" if status == "Infeasible" else "not_solved"
-        return SolveResult(kind, float("inf"), _dual_bound(lp, integer, 0.0) / US_PER_S, None, elapsed)
-    objective = float(T.varValue) / US_PER_S
-    if highs:
-        import highspy
-
-        proven = lp.solverModel.getModelStatus() == highspy.HighsModelStatus.kOptimal
-        bound = _dual_bound(lp, integer, objective * US_PER_S) / US_PER_S if integer else objective
-    else:  # CBC reports values to 8 significant digits: keep the bound safely below the true optimum
-        proven = lp.sol_status == pulp.LpSolutionOptimal
-        bound = objective * (1 - 1e-7) if (proven or not integer) else 0.0
-    assignment = _extract(problem, bins, choice, placed) if integer else None
-    weights = tuple(tuple(float(choice[t, o].varValue or 0.0) for o in range(len(options)))
+    solved, infeasible = _outcome(highs)
+    if not solved or (integer and not has_incumbent(highs)):
+        kind = "infeasible" if infeasible else "not_solved"
+        return SolveResult(kind, float("inf"), _dual_bound(highs, integer, 0.0) / US_PER_S, None, elapsed)
+    values = np.asarray(highs.getSolution().col_value)[position]  # per column, in creation order
+    objective = float(values[T]) / US_PER_S
+    proven = highs.getModelStatus() == highspy.HighsModelStatus.kOptimal
+    bound = _dual_bound(highs, integer, objective * US_PER_S) / US_PER_S if integer else objective
+    assignment = _extract(problem, bins, choice, placed, values) if integer else None
+    weights = tuple(tuple(float(values[choice[t, o]]) or 0.0 for o in range(len(options)))
                     for t, options in enumerate(problem.options))
-    return SolveResult("optimal" if proven else "feasible", objective, bound, assignment, elapsed, weights,
-                       (lp, choice, integral, bins) if keep else None)
+    kept = None
+    if keep:
+        kept = Kept(highs, {key: int(position[var]) for key, var in choice.items()},
+                    position[np.array(integral, dtype=np.int64)], bins)
+    return SolveResult("optimal" if proven else "feasible", objective, bound, assignment, elapsed, weights, kept)
+
+
+def _outcome(highs) -> tuple[bool, bool]:
+    """(whether the solve left values to read, whether the model is infeasible) by HiGHS's model status: values
+    are read at an optimum and where a limit or an interrupt stopped the solve (with a finite objective, for the
+    time and iteration limits)."""
+    import highspy
+
+    status = highs.getModelStatus()
+    s = highspy.HighsModelStatus
+    if status in (s.kInfeasible, s.kUnboundedOrInfeasible):
+        return False, True
+    if status in (s.kTimeLimit, s.kIterationLimit):
+        return highs.getObjectiveValue() != INF, False
+    return status in (s.kOptimal, s.kObjectiveBound, s.kObjectiveTarget, s.kInterrupt), False
 
 
 def model_rows(relaxed: SolveResult) -> int:
     """The constraints of the model ``relaxed`` kept (solved with ``keep=True``): what one of its re-solves
     costs grows with them."""
-    lp = relaxed.handle[0]
-    model = getattr(lp, "solverModel", None)
-    return int(model.getNumRow()) if model is not None else int(lp.numConstraints())
+    return int(relaxed.handle.highs.getNumRow())
 
 
 def resolve_integer(problem: Problem, relaxed: SolveResult, *, work_limit: int | None = None) -> SolveResult:
@@ -302,15 +391,12 @@ def resolve_integer(problem: Problem, relaxed: SolveResult, *, work_limit: int |
     its choice, placement and latency variables declared integer and is solved again from the LP's basis,
     with no rebuild, for at most ``work_limit`` interrupt checks. Returns the MILP's incumbent value, its dual
     bound and its option choices."""
-    lp, choice, integral, bins = relaxed.handle
-    if not have_highs():  # no model to re-solve: build the MILP afresh
-        return solve(problem, bins, integer=True, work_limit=work_limit)
     import highspy
 
+    kept = relaxed.handle
     start = time.perf_counter()
-    highs = lp.solverModel
-    for var in integral:
-        highs.changeColIntegrality(var.index, highspy.HighsVarType.kInteger)
+    highs = kept.highs
+    set_integer(highs, kept.integral)
     highs.setOptionValue("mip_rel_gap", 1e-6)
     if work_limit is not None:
         CheckLimit(work_limit).attach(highs)
@@ -325,7 +411,7 @@ def resolve_integer(problem: Problem, relaxed: SolveResult, *, work_limit: int |
     if not found:
         return SolveResult("not_solved", float("inf"), max(bound, relaxed.objective_s), None, elapsed)
     values = highs.getSolution().col_value
-    weights = tuple(tuple(float(round(values[choice[t, o].index])) for o in range(len(options)))
+    weights = tuple(tuple(float(round(values[kept.choice[t, o]])) for o in range(len(options)))
                     for t, options in enumerate(problem.options))
     objective = float(info.objective_function_value) / US_PER_S
     proven = status == highspy.HighsModelStatus.kOptimal
@@ -333,8 +419,8 @@ def resolve_integer(problem: Problem, relaxed: SolveResult, *, work_limit: int |
                        objective if proven else max(bound, relaxed.objective_s), None, elapsed, weights)
 
 
-def _add_table_cuts(lp: pulp.LpProblem, problem: Problem, T: pulp.LpVariable, choice: dict, fused: dict,
-                    alones: list[list[tuple[pulp.LpVariable, float]]]) -> pulp.LpVariable:
+def _add_table_cuts(lp: _Model, problem: Problem, T: int, choice: dict, fused: dict,
+                    alones: list[list[tuple[int, float]]]) -> int:
     """(f) per table t: T >= alone(t, o) + the global work every device carries besides t (valid cut).
 
     Some device d carries a unit of t's chosen option o. Its time is at least t's unit alone on d (the
@@ -345,7 +431,7 @@ def _add_table_cuts(lp: pulp.LpProblem, problem: Problem, T: pulp.LpVariable, ch
     cut has O(options) terms per table. The latency of t's own global collective is counted once (in y, not
     in alone)."""
     global_keys = {key: y for key, y in fused.items() if key[0] in ("data_parallel", "row_wise")}
-    work: list[tuple[pulp.LpVariable, float]] = []
+    work: list[tuple[int, float]] = []
     own: dict[int, dict] = defaultdict(dict)
     for (t, o), z in choice.items():
         option = problem.options[t][o]
@@ -353,8 +439,8 @@ def _add_table_cuts(lp: pulp.LpProblem, problem: Problem, T: pulp.LpVariable, ch
             least = float(np.min(problem.unit(t, o, 0).compute_s)) * US_PER_S
             work.append((z, least))
             own[t][z] = least
-    G = _var(lp, "G", 0, None)
-    lp += pulp.LpAffineExpression([(G, 1.0)] + [(z, -c) for z, c in work]) == 0, "f_G"
+    G = lp.var("G", 0, None)
+    lp.row([G] + [z for z, _ in work], [1.0] + [-c for _, c in work], 0.0, 0.0)
     latency = [(y, -problem.fused_latency(key)[1] * US_PER_S) for key, y in sorted(global_keys.items())]
     for t, alone in enumerate(alones):
         terms: dict = defaultdict(float)
@@ -368,12 +454,13 @@ def _add_table_cuts(lp: pulp.LpProblem, problem: Problem, T: pulp.LpVariable, ch
             terms[z] += own[t].get(z, 0.0)
         for y, c in latency:
             terms[y] += c
-        lp += pulp.LpAffineExpression(list(terms.items())) >= 0, f"f_{t}"
+        lp.row(list(terms), list(terms.values()), 0.0, INF)
     return G
 
 
-def _add_traffic_cuts(lp: pulp.LpProblem, problem: Problem, T: pulp.LpVariable, G: pulp.LpVariable,
-                      choice: dict, fused: dict, ids_send: list, pool_recv: list) -> None:
+def _add_traffic_cuts(lp: _Model, problem: Problem, T: int, G: int, choice: dict, fused: dict,
+                      ids_send: list[tuple[int, float]], pool_recv: list[tuple[int, float]]
+                      ) -> tuple[int, int, list[tuple[int, float]]]:
     """(f2) per table t, the device d that carries a unit of t's option o (valid cut):
 
         T >= base + compute(t, o) + G + latency + a2a_s_per_byte x (A_t + 2 P_t)
@@ -386,15 +473,15 @@ def _add_traffic_cuts(lp: pulp.LpProblem, problem: Problem, T: pulp.LpVariable, 
     dev = problem.dev
     base = float(problem.base_time_s().min()) * US_PER_S
     coef = float(dev.a2a_s_per_byte.min()) * US_PER_S / MB_PER_BYTE
-    IS = _var(lp, "IS", 0, None)
-    PR = _var(lp, "PR", 0, None)
-    lp += pulp.LpAffineExpression([(IS, 1.0)] + [(z, -c) for z, c in ids_send]) == 0, "f2_IS"
-    lp += pulp.LpAffineExpression([(PR, 1.0)] + [(z, -c) for z, c in pool_recv]) == 0, "f2_PR"
+    IS = lp.var("IS", 0, None)
+    PR = lp.var("PR", 0, None)
+    lp.row([IS] + [z for z, _ in ids_send], [1.0] + [-c for _, c in ids_send], 0.0, 0.0)
+    lp.row([PR] + [z for z, _ in pool_recv], [1.0] + [-c for _, c in pool_recv], 0.0, 0.0)
     latency = [(y, problem.fused_latency(key)[1] * US_PER_S) for key, y in sorted(fused.items())
                if key[0] in ("data_parallel", "row_wise")]
     for t, options in enumerate(problem.options):
-        A = _var(lp, f"At_{t}", 0, None)
-        P = _var(lp, f"Pt_{t}", 0, None)
+        A = lp.var(f"At_{t}", 0, None)
+        P = lp.var(f"Pt_{t}", 0, None)
         compute, recv, send = [], [], []
         for o, option in enumerate(options):
             z = choice[t, o]
@@ -415,18 +502,12 @@ def _add_traffic_cuts(lp: pulp.LpProblem, problem: Problem, T: pulp.LpVariable, 
                 recv.append((z, -r * MB_PER_BYTE))
             if q:
                 send.append((z, -q * MB_PER_BYTE))
-        lp += pulp.LpAffineExpression([(A, 1.0), (IS, -1.0)]) >= 0, f"f2_AS_{t}"
-        lp += pulp.LpAffineExpression([(A, 1.0)] + recv) >= 0, f"f2_AR_{t}"
-        lp += pulp.LpAffineExpression([(P, 1.0), (PR, -1.0)]) >= 0, f"f2_PR_{t}"
-        lp += pulp.LpAffineExpression([(P, 1.0)] + send) >= 0, f"f2_PS_{t}"
-        lp += pulp.LpAffineExpression([(T, 1.0), (G, -1.0), (A, -coef), (P, -2.0 * coef)] + compute
-                                      + [(y, -c) for y, c in latency]) >= base, f"f2_{t}"
+        _add_floor_rows(lp, T, G, A, P, IS, PR, coef, base, latency, compute, recv, send)
     return IS, PR, latency
 
 
-def _add_pigeonhole_cuts(lp: pulp.LpProblem, problem: Problem, bins: Bins, T: pulp.LpVariable,
-                         G: pulp.LpVariable, IS: pulp.LpVariable, PR: pulp.LpVariable, latency: list,
-                         placed: dict, integer: bool) -> list[pulp.LpVariable]:
+def _add_pigeonhole_cuts(lp: _Model, problem: Problem, bins: Bins, T: int, G: int, IS: int, PR: int,
+                         latency: list[tuple[int, float]], placed: dict, integer: bool) -> list[int]:
     """(f3) per bin b of n_b devices and per width w (valid cut): if the bin holds U device-scope units (table
     or column shards) of width >= w, some device of b holds k >= U / n_b of them (k an integer in the MILP:
     the pigeonhole principle), so that device sends >= k x the pooled bytes of a width-w unit, receives >= k x
@@ -461,23 +542,18 @@ def _add_pigeonhole_cuts(lp: pulp.LpProblem, problem: Problem, bins: Bins, T: pu
             recv = min(option.ids_recv_bytes for _, option in chosen)
             work = min(option.lookup_bytes / float((dev.host_Bps if option.host else dev.lookup_Bps)[members].max())
                        for _, option in chosen)
-            k = _var(lp, f"k_{b}_{width}", 0, None, pulp.LpInteger if integer else pulp.LpContinuous)
+            k = lp.var(f"k_{b}_{width}", 0, None, integer)
             counts.append(k)
-            A = _var(lp, f"Ak_{b}_{width}", 0, None)
-            P = _var(lp, f"Pk_{b}_{width}", 0, None)
-            lp += pulp.LpAffineExpression([(k, float(n_b))] + [(var, -1.0) for var, _ in chosen]) >= 0, \
-                f"f3_k_{b}_{width}"
-            lp += pulp.LpAffineExpression([(A, 1.0), (IS, -1.0)]) >= 0, f"f3_AS_{b}_{width}"
-            lp += pulp.LpAffineExpression([(A, 1.0), (k, -recv * MB_PER_BYTE)]) >= 0, f"f3_AR_{b}_{width}"
-            lp += pulp.LpAffineExpression([(P, 1.0), (PR, -1.0)]) >= 0, f"f3_PR_{b}_{width}"
-            lp += pulp.LpAffineExpression([(P, 1.0), (k, -send * MB_PER_BYTE)]) >= 0, f"f3_PS_{b}_{width}"
-            lp += pulp.LpAffineExpression([(T, 1.0), (G, -1.0), (k, -work * US_PER_S), (A, -coef), (P, -2.0 * coef)]
-                                          + [(y, -c) for y, c in latency]) >= base, f"f3_{b}_{width}"
+            A = lp.var(f"Ak_{b}_{width}", 0, None)
+            P = lp.var(f"Pk_{b}_{width}", 0, None)
+            lp.row([k] + [var for var, _ in chosen], [float(n_b)] + [-1.0] * len(chosen), 0.0, INF)
+            _add_floor_rows(lp, T, G, A, P, IS, PR, coef, base, latency, [(k, -work * US_PER_S)],
+                            [(k, -recv * MB_PER_BYTE)], [(k, -send * MB_PER_BYTE)])
     return counts
 
 
-def _excess_terms(lp: pulp.LpProblem, problem: Problem, nb: int, IS: pulp.LpVariable, PR: pulp.LpVariable,
-                  choice: dict, placed: dict) -> tuple[list[list], list[list]]:
+def _excess_terms(lp: _Model, problem: Problem, nb: int, IS: int, PR: int, choice: dict, placed: dict
+                  ) -> tuple[list[list[int]], list[list[int]]]:
     """(f4) the all-to-all excess of whole units, per bin (valid cut): per bin, the variables whose sum the
     bin's ids (pooled) all-to-all bytes exceed ``n_b IS`` (``n_b PR``) by at least.
 
@@ -498,8 +574,8 @@ def _excess_terms(lp: pulp.LpProblem, problem: Problem, nb: int, IS: pulp.LpVari
     least_ids = sum(min(o.ids_send_bytes for o in options) for options in problem.options)
     most_pool = sum(max(o.pool_recv_bytes for o in options) for options in problem.options)
     least_pool = sum(min(o.pool_recv_bytes for o in options) for options in problem.options)
-    ids_excess: list[list] = [[] for _ in range(nb)]
-    pool_excess: list[list] = [[] for _ in range(nb)]
+    ids_excess: list[list[int]] = [[] for _ in range(nb)]
+    pool_excess: list[list[int]] = [[] for _ in range(nb)]
     for t, options in enumerate(problem.options):
         own_ids = (max(o.ids_send_bytes for o in options), min(o.ids_send_bytes for o in options))
         own_pool = (max(o.pool_recv_bytes for o in options), min(o.pool_recv_bytes for o in options))
@@ -514,18 +590,17 @@ def _excess_terms(lp: pulp.LpProblem, problem: Problem, nb: int, IS: pulp.LpVari
                      least_pool - own_pool[1] + option.pool_recv_bytes, pool_excess)):
                 if unit_bytes <= least * (1 + 1e-9):
                     continue  # never above what every device sends (receives) anyway
-                w = _var(lp, f"w{kind}_{t}_{o}", 0, None)
-                lp += pulp.LpAffineExpression([(w, 1.0), (shared, -1.0)]) <= 0, f"f4_{kind}w_{t}_{o}"
-                lp += pulp.LpAffineExpression([(w, 1.0), (z, -most * MB_PER_BYTE)]) <= 0, f"f4_{kind}z_{t}_{o}"
+                w = lp.var(f"w{kind}_{t}_{o}", 0, None)
+                lp.row((w, shared), (1.0, -1.0), -INF, 0.0)
+                lp.row((w, z), (1.0, -most * MB_PER_BYTE), -INF, 0.0)
                 for b, x in placed[t, o]:
-                    e = _var(lp, f"{kind}_{t}_{o}_{b}", 0, None)
-                    lp += pulp.LpAffineExpression([(e, 1.0), (x, -unit_bytes * MB_PER_BYTE), (w, float(option.units))]) \
-                        >= 0, f"f4_{kind}_{t}_{o}_{b}"
+                    e = lp.var(f"{kind}_{t}_{o}_{b}", 0, None)
+                    lp.row((e, x, w), (1.0, -unit_bytes * MB_PER_BYTE, float(option.units)), 0.0, INF)
                     out[b].append(e)
     return ids_excess, pool_excess
 
 
-def _add_memory_pigeonhole_cuts(lp: pulp.LpProblem, problem: Problem, bins: Bins, placed: dict,
+def _add_memory_pigeonhole_cuts(lp: _Model, problem: Problem, bins: Bins, placed: dict,
                                 slack: int = 1) -> None:
     """(f5) per bin b and j = 1, 2, 3 (valid cut): a device holds at most j device-scope units of more than
     1 / (j + 1) of its memory (j + 1 of them would overflow it; HBM units against HBM, host units against host
@@ -533,38 +608,45 @@ def _add_memory_pigeonhole_cuts(lp: pulp.LpProblem, problem: Problem, bins: Bins
     put 3 tables of 60% of a device's memory on 2 devices. ``slack`` = 1 is the cut; tests pass a larger one (units of more than 1 / (j + slack): invalid) to check
     that brute force catches an invalid cut."""
     dev = problem.dev
+    # per bin, its device-scope placement variables (by table and option) with their unit's memory
+    in_bin: list[list[tuple[bool, float, int]]] = [[] for _ in bins.members]
+    for (t, o), pos_vars in sorted(placed.items()):
+        option = problem.options[t][o]
+        if option.scope == "device":
+            for p, var in pos_vars:
+                in_bin[p].append((option.host, option.memory_bytes, var))
     for b, members in enumerate(bins.members):
         n_b = len(members)
         for host in (False, True):
             capacity = float((dev.host_capacity_bytes if host else dev.hbm_capacity_bytes)[members].max())
             for j in (1, 2, 3):
-                big = []
-                for (t, o), pos_vars in sorted(placed.items()):
-                    option = problem.options[t][o]
-                    if option.scope != "device" or option.host != host or option.memory_bytes * (j + slack) <= capacity:
-                        continue
-                    big.extend(var for p, var in pos_vars if p == b)
+                big = [var for on_host, memory, var in in_bin[b] if on_host == host and memory * (j + slack) > capacity]
                 if big:
-                    lp += pulp.LpAffineExpression([(var, 1.0) for var in big]) <= j * n_b, f"f5_{b}_{int(host)}_{j}"
+                    lp.row(big, [1.0] * len(big), -INF, j * n_b)
 
 
-def _var(lp: pulp.LpProblem, name: str, low: float | None, high: float | None,
-         cat: str = pulp.LpContinuous) -> pulp.LpVariable:
-    """A variable of ``lp`` (pulp >= 3.3 attaches variables to their model; older pulp builds them alone)."""
-    if hasattr(lp, "add_variable"):
-        return lp.add_variable(name, low, high, cat=cat)
-    return pulp.LpVariable(name, low, high, cat)
+def _add_floor_rows(lp: _Model, T: int, G: int, A: int, P: int, IS: int, PR: int, coef: float, base: float,
+                    latency: list[tuple[int, float]], compute: list[tuple[int, float]],
+                    recv: list[tuple[int, float]], send: list[tuple[int, float]]) -> None:
+    """The rows of one all-to-all floor, (f2) and (f3): A >= IS, A >= ids received, P >= PR, P >= pooled bytes
+    sent, T >= base + G + latency + compute + coef (A + 2 P); ``compute``, ``recv`` and ``send`` are
+    (column, minus its coefficient) pairs."""
+    lp.row((A, IS), (1.0, -1.0), 0.0, INF)
+    lp.row([A] + [v for v, _ in recv], [1.0] + [c for _, c in recv], 0.0, INF)
+    lp.row((P, PR), (1.0, -1.0), 0.0, INF)
+    lp.row([P] + [v for v, _ in send], [1.0] + [c for _, c in send], 0.0, INF)
+    lp.row([T, G, A, P] + [v for v, _ in compute] + [y for y, _ in latency],
+           [1.0, -1.0, -coef, -2.0 * coef] + [c for _, c in compute] + [-c for _, c in latency], base, INF)
 
 
-def _dual_bound(lp: pulp.LpProblem, integer: bool, fallback: float) -> float:
-    model = getattr(lp, "solverModel", None)
-    if not integer or model is None:
+def _dual_bound(highs, integer: bool, fallback: float) -> float:
+    if not integer:
         return fallback
-    value = float(model.getInfo().mip_dual_bound)
+    value = float(highs.getInfo().mip_dual_bound)
     return value if np.isfinite(value) else 0.0
 
 
-def _break_node_symmetry(lp: pulp.LpProblem, problem: Problem, bins: Bins, compute: list[dict]) -> None:
+def _break_node_symmetry(lp: _Model, problem: Problem, bins: Bins, compute: list[dict]) -> None:
     """(g) Identical nodes (same bins pattern) carry non-increasing compute: swapping whole identical nodes
     maps a solution to one of equal value, so this keeps at least one optimum."""
     dev = problem.dev
@@ -577,7 +659,7 @@ def _break_node_symmetry(lp: pulp.LpProblem, problem: Problem, bins: Bins, compu
             for i in dev.nodes[k2]:
                 for v, c in compute[bins.bin_of[i]].items():
                     terms[v] -= c
-            lp += pulp.LpAffineExpression(list(terms.items())) >= 0, f"g_{k1}_{k2}"
+            lp.row(list(terms), list(terms.values()), 0.0, INF)
 
 
 def _identical_nodes(problem: Problem) -> list[list[int]]:
@@ -612,9 +694,9 @@ def _symmetric_order(problem: Problem, assignment: Sequence[tuple[int, Sequence[
     return tuple(relabelled)
 
 
-def _start_values(problem: Problem, assignment, choice, placed, fused) -> dict[pulp.LpVariable, float]:
-    """Values of the per-device MILP's integer variables for ``assignment``."""
-    values: dict[pulp.LpVariable, float] = {var: 0.0 for var in choice.values()}
+def _start_values(problem: Problem, assignment, choice, placed, fused) -> dict[int, float]:
+    """Values of the per-device MILP's integer variables (column -> value) for ``assignment``."""
+    values: dict[int, float] = {var: 0.0 for var in choice.values()}
     values.update({var: 0.0 for var in fused.values()})
     for (t, o), pos_vars in placed.items():
         for _, var in pos_vars:
@@ -635,13 +717,15 @@ def _start_values(problem: Problem, assignment, choice, placed, fused) -> dict[p
     return values
 
 
-def _extract(problem: Problem, bins: Bins, choice, placed) -> tuple[tuple[int, tuple[int, ...]], ...]:
+def _extract(problem: Problem, bins: Bins, choice, placed, values: np.ndarray
+             ) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """The plan of a MILP solution (``values``: per column, in creation order)."""
     assignment = []
     for t, options in enumerate(problem.options):
-        o = max(range(len(options)), key=lambda j: (choice[t, j].varValue or 0.0, -j))
+        o = max(range(len(options)), key=lambda j: (float(values[choice[t, j]]), -j))
         positions: list[int] = []
         for p, var in placed[t, o]:
-            count = int(round(var.varValue or 0.0))
+            count = int(round(float(values[var])))
             target = p if options[o].scope != "device" else int(bins.members[p][0])
             positions.extend([target] * count)
         assignment.append((o, tuple(positions)))
