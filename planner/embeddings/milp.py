@@ -87,9 +87,9 @@ class _Model:
     """The model's columns and rows, collected in lists and loaded into HiGHS in one call each. Columns are
     numbered in creation order; a row is (columns, coefficients, lower, upper), its columns distinct.
 
-    HiGHS gets the rows in the order they were written and the columns sorted by name, the order pulp's HiGHS
-    interface gives them: the LPs are degenerate, and which optimal vertex HiGHS returns (the guides' option
-    weights, hence the plans) depends on the order."""
+    HiGHS gets the rows in the order they were written and the columns sorted by name: the LPs are degenerate,
+    and which optimal vertex HiGHS returns (the guides' option weights, hence the plans) depends on the order,
+    so the order is fixed by the names alone."""
 
     def __init__(self) -> None:
         self.names: list[str] = []
