@@ -45,7 +45,8 @@ from typing import Sequence
 import numpy as np
 
 from planner.embeddings.heuristic import Assignment, Work, state_of
-from planner.embeddings.highs import GB_PER_BYTE, MB_PER_BYTE, US_PER_S, CheckLimit, add_rows, have_highs, quiet_highs
+from planner.embeddings.highs import (GB_PER_BYTE, MB_PER_BYTE, US_PER_S, CheckLimit, add_rows, have_highs, quiet_highs,
+                                      set_integer)
 from planner.embeddings.problem import Problem
 
 log = logging.getLogger(__name__)
@@ -271,8 +272,7 @@ class _Model:
         highs.changeColsCost(n, np.arange(n, dtype=np.int32), np.array(self.cost))
         add_rows(highs, self.rows)
         if self.integer:
-            highs.changeColsIntegrality(len(self.integer), np.array(self.integer, dtype=np.int32),
-                                        np.array([highspy.HighsVarType.kInteger] * len(self.integer)))
+            set_integer(highs, self.integer)
         solution = highspy.HighsSolution()
         solution.col_value = list(self.start)
         solution.value_valid = True

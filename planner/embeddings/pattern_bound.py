@@ -51,7 +51,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.embeddings.highs import GB_PER_BYTE, MB_PER_BYTE, US_PER_S, CheckLimit, add_rows, quiet_highs
+from planner.embeddings.highs import GB_PER_BYTE, MB_PER_BYTE, US_PER_S, CheckLimit, add_rows, quiet_highs, set_integer
 from planner.embeddings.milp import class_bins
 from planner.embeddings.problem import Problem
 
@@ -243,8 +243,7 @@ class _Pricing:
         # pricing solves certifies a lower bound
         highs.addVars(ncol, np.zeros(ncol), self.upper)
         ints = list(range(nu)) + list(range(nu + 2, ncol))
-        highs.changeColsIntegrality(len(ints), np.array(ints, dtype=np.int32),
-                                    np.array([highspy.HighsVarType.kInteger] * len(ints)))
+        set_integer(highs, ints)
         rows = []
         time_row = np.zeros(ncol)
         time_row[:nu] = [u.compute_us for u in c.units]

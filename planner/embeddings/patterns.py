@@ -42,7 +42,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from planner.embeddings.heuristic import Assignment, Work, greedy, local_search
-from planner.embeddings.highs import CheckLimit, have_highs, quiet_highs
+from planner.embeddings.highs import CheckLimit, have_highs, quiet_highs, set_integer
 from planner.embeddings.problem import Problem
 
 log = logging.getLogger(__name__)
@@ -456,8 +456,7 @@ class _Model:
         work.spend(_SIMPLEX_ITERATION_WORK * float(lp.simplex_iteration_count))
         if highs.getModelStatus() == highspy.HighsModelStatus.kInfeasible:
             return None
-        highs.changeColsIntegrality(n, np.arange(n, dtype=np.int32),
-                                    np.array([highspy.HighsVarType.kInteger] * n))
+        set_integer(highs, np.arange(n))
         limit = CheckLimit(checks)
         limit.attach(highs)
         highs.run()
