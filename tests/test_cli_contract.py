@@ -60,14 +60,16 @@ def test_plan_out_is_checked_before_the_search(tiny_model, tmp_path, capsys, mon
     assert "does not exist" in one_error_line(capsys)
 
 
-@pytest.mark.parametrize("command", ["plan", "whatif"])
+@pytest.mark.parametrize("command", ["plan", "whatif", "estimate"])
 @pytest.mark.parametrize("flag,value", [("--work", "0"), ("--work", "nan"), ("--work", "inf"), ("--seed", "-1")])
 def test_a_bad_solver_option_is_one_line_before_the_search(tiny_model, capsys, monkeypatch, command, flag, value):
     monkeypatch.setattr("planner.search.search", must_not_run)
     monkeypatch.setattr("planner.sweep.whatif.whatif", must_not_run)
+    monkeypatch.setattr("planner.compose.estimate", must_not_run)
     argv = [command, tiny_model, "--cluster", "dgx-a100-80gb*1", "--global-batch", "8", flag, value]
+    extra = {"whatif": ["--sweep", "count=1"], "estimate": ["--tp", "1", "--pp", "1", "--dp", "8"]}
     try:
-        code = main([*argv, "--sweep", "count=1"] if command == "whatif" else argv)
+        code = main([*argv, *extra.get(command, [])])
     except SystemExit as exc:  # argparse's checks (a number, positive) exit from the parser
         code = exc.code
     assert code == 2 and flag in one_error_line(capsys)

@@ -70,6 +70,27 @@ def test_solver_options_reach_the_table_sharder_and_the_time_limit_does_not(tmp_
     assert seen == [SolverOptions(work=0.3, seed=2), SolverOptions()]
 
 
+def test_estimate_cli_passes_work_and_seed_to_the_table_sharder(tmp_path, monkeypatch):
+    """``planner estimate --work W --seed N`` shards the tables with the options ``plan --work W --seed N`` gives
+    the sharder, so an estimate can reproduce a plan's table placement."""
+    import planner.embeddings
+    from planner.cli import main
+
+    path = tmp_path / "dlrm.onnx"
+    save(build("dlrm", {"tables": REFERENCE, "workload": "criteo-kaggle-dlrm"}), str(path))
+    seen: list[SolverOptions] = []
+    real = planner.embeddings.shard_tables
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["options"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(planner.embeddings, "shard_tables", spy)
+    assert main(["estimate", str(path), "--cluster", "dgx-a100-80gb*2", "--global-batch", "65536", "--tp", "1",
+                 "--pp", "1", "--dp", "16", "--work", "0.3", "--seed", "2", "--json"]) == 0
+    assert seen == [SolverOptions(work=0.3, seed=2)]
+
+
 def test_cli_table_that_fits_nowhere_exits_2(tmp_path, capsys):
     import json
 

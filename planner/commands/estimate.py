@@ -7,8 +7,9 @@ import dataclasses
 import sys
 from typing import Any
 
-from planner.commands._common import (add_cluster_flags, add_config_flags, add_json_flag, config_from_args,
-                                      emit_json, parse_dims, positive_int, tables_from_args)
+from planner.commands._common import (add_cluster_flags, add_config_flags, add_json_flag, add_solver_flags,
+                                      config_from_args, emit_json, parse_dims, positive_int,
+                                      solver_options_from_args, tables_from_args)
 from planner.commands._common import add_allow_unknown_ops_flag
 from planner.types import Batching, Estimate, LayerGraph, MemoryBreakdown
 from planner.units import GIB
@@ -25,6 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(f"--{end}-stage-layers", type=positive_int,
                             help=f"transformer layers of the {end} pipeline stage (Megatron-Core's "
                                  f"--decoder-{end}-pipeline-num-layers; the middle stages share the rest evenly)")
+    add_solver_flags(parser, dense=False)
     add_json_flag(parser)
 
 
@@ -100,9 +102,10 @@ def run(args: argparse.Namespace) -> int:
     from planner.hardware import load_cluster
 
     config = config_from_args(args)
+    options = solver_options_from_args(args)  # a bad option fails before any work
     cluster = load_cluster(args.cluster)
     model = load_model(args.model, parse_dims(args.dim), allow_unknown_ops=args.allow_unknown_ops)
-    result = estimate(model, cluster, config, tables=tables_from_args(args))
+    result = estimate(model, cluster, config, tables=tables_from_args(args), options=options)
     if args.json:
         emit_json(estimate_document(model, result))
     else:
