@@ -170,17 +170,17 @@ def config_from_args(args: argparse.Namespace, defaults_to_one: bool = True) -> 
 def add_solver_flags(parser: argparse.ArgumentParser, dense: bool = True) -> None:
     """``--work`` and ``--seed``: the SolverOptions (planner.solver) of both searches, or with ``dense`` False
     of the table sharder alone (a command that searches no dense plan, such as estimate)."""
-    sharder = ("the table sharder of a model with embedding tables gets closer to its bound with more")
     if dense:
         work_help = ("how hard both searches work, a multiple of each one's default work limit (default 1; "
                      "the same result on any machine). The dense search's default lets every measured "
                      "search finish (less may stop it early, the plan then says it is not proven optimal; "
-                     "--budget caps it further); " + sharder)
+                     "--budget caps it further); the table sharder of a model with embedding tables gets "
+                     "closer to its bound with more")
         seed_help = "seed of the table sharder's random choices (default 0; the dense search makes none)"
     else:
         work_help = ("for a model with embedding tables: the table sharder's work, a multiple of its default "
-                     "(default 1; the same result on any machine; plan --work W gives the same placement); "
-                     + sharder)
+                     "(default 1; more gets closer to its bound; the same result on any machine, and plan "
+                     "--work W gives the same placement)")
         seed_help = "seed of the table sharder's random choices (default 0; plan --seed N gives the same placement)"
     parser.add_argument("--work", type=positive_float, default=1.0, metavar="W", help=work_help)
     parser.add_argument("--seed", type=non_negative_int, default=0, metavar="N", help=seed_help)
