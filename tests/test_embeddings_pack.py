@@ -9,7 +9,7 @@ import pytest
 
 from embedding_fixtures import cluster, node, small_node, small_problem
 from planner.embeddings.devices import device_arrays
-from planner.embeddings.heuristic import Work, greedy, target_pack
+from planner.embeddings.heuristic import Work, greedy, guide_choice, target_pack
 from planner.embeddings.milp import class_bins, solve
 from planner.embeddings.problem import Problem, build_problem
 from planner.types import EmbeddingTable
@@ -32,9 +32,8 @@ def test_packing_reaches_the_best_placement_where_lpt_does_not():
     best = min(problem.makespan_s(tuple((0, (p,)) for p in placement))
                for placement in itertools.product(range(2), repeat=len(tables)))
     lpt = greedy(problem, choice, Work(np.inf)).makespan()
-    guide = tuple((1.0,) for _ in tables)
     lower = solve(problem, class_bins(problem), integer=False).bound_s
-    packed = target_pack(problem, guide, lower, lpt, Work(np.inf), steps=20)
+    packed = target_pack(problem, choice, lower, lpt, Work(np.inf), steps=20)
     assert lpt > best * 1.05
     assert problem.makespan_s(packed) == pytest.approx(best, rel=1e-6)
 
@@ -43,7 +42,8 @@ def test_packing_reaches_the_best_placement_where_lpt_does_not():
 def test_packed_plans_are_whole_and_within_memory(seed):
     problem = small_problem(seed, 7, memory_bytes=2 * 1024 ** 3)
     relaxed = solve(problem, class_bins(problem), integer=False)
-    packed = target_pack(problem, relaxed.weights, relaxed.bound_s, 4 * relaxed.bound_s, Work(50_000))
+    packed = target_pack(problem, guide_choice(problem, relaxed.weights), relaxed.bound_s, 4 * relaxed.bound_s,
+                         Work(50_000))
     assert packed is not None
     for t, (o, positions) in enumerate(packed):
         assert len(positions) == problem.options[t][o].units
@@ -54,6 +54,6 @@ def test_packed_plans_are_whole_and_within_memory(seed):
 def test_packing_is_deterministic():
     problem = small_problem(3, 8)
     relaxed = solve(problem, class_bins(problem), integer=False)
-    runs = {target_pack(problem, relaxed.weights, relaxed.bound_s, 3 * relaxed.bound_s, Work(20_000))
-            for _ in range(2)}
+    choice = guide_choice(problem, relaxed.weights)
+    runs = {target_pack(problem, choice, relaxed.bound_s, 3 * relaxed.bound_s, Work(20_000)) for _ in range(2)}
     assert len(runs) == 1

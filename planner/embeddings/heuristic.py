@@ -586,15 +586,16 @@ def heuristic(problem: Problem, weights: Sequence[Sequence[float]] | None, work:
     return best.assignment()
 
 
-def _guide_option(problem: Problem, t: int, row: Sequence[float]) -> int:
-    """The guide's option for table ``t``: its heaviest global option when the guide puts at least half of the
-    table's weight on global options (data-parallel, row-wise), else its heaviest other option."""
-    options = problem.options[t]
-    spread = [o for o, option in enumerate(options) if option.scope != "global"]
-    wide = [o for o, option in enumerate(options) if option.scope == "global"]
-    global_weight = sum(row[o] for o in wide)
-    pool = wide if (global_weight >= 0.5 and wide) or not spread else spread
-    return max(pool, key=lambda o: (row[o], -o))
+def guide_choice(problem: Problem, weights: Sequence[Sequence[float]]) -> list[int]:
+    """A guide's option per table: its heaviest global option when the guide puts at least half of the table's
+    weight on global options (data-parallel, row-wise), else its heaviest other option."""
+    choice = []
+    for options, row in zip(problem.options, weights):
+        spread = [o for o, option in enumerate(options) if option.scope != "global"]
+        wide = [o for o, option in enumerate(options) if option.scope == "global"]
+        pool = wide if (sum(row[o] for o in wide) >= 0.5 and wide) or not spread else spread
+        choice.append(max(pool, key=lambda o: (row[o], -o)))
+    return choice
 
 
 def _place_under(state: _State, t: int, o: int, target_s: float) -> bool:
@@ -651,9 +652,9 @@ def _pack_at(problem: Problem, choice: Sequence[int], target_s: float, work: Wor
     return state, under and state.makespan() <= target_s
 
 
-def target_pack(problem: Problem, weights: Sequence[Sequence[float]], lower_s: float, upper_s: float, work: Work,
+def target_pack(problem: Problem, choice: Sequence[int], lower_s: float, upper_s: float, work: Work,
                 steps: int = 8) -> Assignment | None:
-    """The guide's option choice packed against a target time, by bisection between ``lower_s`` (a lower bound)
+    """Option ``choice[t]`` per table packed against a target time, by bisection between ``lower_s`` (a lower bound)
     and ``upper_s`` (a plan to beat) in ``steps`` steps; the best plan of any step, after local search; None when
     no step placed every unit within memory.
 
@@ -661,7 +662,6 @@ def target_pack(problem: Problem, weights: Sequence[Sequence[float]], lower_s: f
     over empty devices and leaves no device room for a large unit later. Packing each device up to a target
     leaves whole devices free for what comes after, and where a table's units fit nowhere under the target it
     is split finer on the spot instead of overloading one device."""
-    choice = [_guide_option(problem, t, row) for t, row in enumerate(weights)]
     best: _State | None = None
     lo, hi = lower_s, upper_s
     for _ in range(steps):

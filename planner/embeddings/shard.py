@@ -9,9 +9,10 @@ The search runs in stages, each named by what it does:
   the best plan, then the first guides' choices packed against target times below it (heuristic.target_pack);
 - **improvement**: on clusters of up to budget.NEIGHBOURHOOD_MAX_DEVICES devices, a large-neighbourhood search
   of exact sub-MILPs (neighbourhood.py); on larger ones, option changes by table kind, each placed exactly by
-  device configurations (patterns.py); the improved plan's option choice packed against target times; then, on clusters of a few nodes, the MILP with nodes as bins (a
-  stronger bound, and a guide), and where the budget covers it the exact per-device MILP, started from the
-  best plan (a bound, and proof of optimality where it closes);
+  device configurations (patterns.py); the improved plan's option choice packed against target times; then,
+  on clusters of a few nodes, the MILP with nodes as bins (a stronger bound, and a guide), and where the
+  budget covers it the exact per-device MILP, started from the best plan (a bound, and proof of optimality
+  where it closes);
 - **deep** (only with a budget past budget.STAGE_WORK_CAP times the default): the option search again with more
   configurations, then the bound of the configuration LP over device patterns (pattern_bound.py), and option
   choices from its LP (pattern_primal.py) placed by the heuristics and by device configurations.
@@ -34,7 +35,7 @@ from planner.embeddings.budget import (NEIGHBOURHOOD_MAX_DEVICES, NODE_MILP_MAX_
                                        budget)
 from planner.embeddings.devices import device_arrays
 from planner.embeddings.heuristic import (Assignment, Work, greedy, heuristic, least_work_guide, local_search,
-                                          rebuild, target_pack)
+                                          guide_choice, rebuild, target_pack)
 from planner.embeddings.milp import (PIGEONHOLE_MAX_VARIABLES, Bins, SolveResult, class_bins, device_bins,
                                     model_rows, node_bins, resolve_integer, solve)
 from planner.embeddings.neighbourhood import improve
@@ -223,10 +224,7 @@ def placement_stage(problem: Problem, guides: list, plan_budget: Budget, start: 
     assignment, best = None, np.inf
     evaluations = plan_budget.placement_evaluations(len(guides))
     for guide in guides:
-        candidate = heuristic(problem, guide, Work(evaluations))
-        value = problem.makespan_s(candidate) if candidate is not None else np.inf
-        if value < best:
-            assignment, best = candidate, value
+        assignment, best = _faster(problem, heuristic(problem, guide, Work(evaluations)), assignment, best)
     start_s = problem.makespan_s(start) if start is not None else np.inf
     if start_s < best:
         assignment, best = start, start_s
@@ -236,12 +234,18 @@ def placement_stage(problem: Problem, guides: list, plan_budget: Budget, start: 
     for guide in guides[:PACKED_GUIDES]:  # the same choices packed against targets between the bound and the plan
         if best <= bound * (1 + AT_BOUND):
             break
-        candidate = target_pack(problem, guide, bound, best if np.isfinite(best) else PACK_NO_PLAN * bound,
-                                Work(evaluations))
-        value = problem.makespan_s(candidate) if candidate is not None else np.inf
-        if value < best:
-            assignment, best = candidate, value
+        candidate = target_pack(problem, guide_choice(problem, guide), bound,
+                                best if np.isfinite(best) else PACK_NO_PLAN * bound, Work(evaluations))
+        assignment, best = _faster(problem, candidate, assignment, best)
     return assignment, best
+
+
+def _faster(problem: Problem, candidate: Assignment | None, assignment: Assignment | None,
+            best: float) -> tuple[Assignment | None, float]:
+    """``candidate`` and its slowest device's time where it is faster than ``best``, else ``assignment`` and
+    ``best`` (a candidate that is None, or over memory, never is)."""
+    value = problem.makespan_s(candidate) if candidate is not None else np.inf
+    return (candidate, value) if value < best else (assignment, best)
 
 
 def improvement_stage(problem: Problem, classes: Bins, guides: list, plan_budget: Budget, found: Found) -> Found:
@@ -259,12 +263,9 @@ def improvement_stage(problem: Problem, classes: Bins, guides: list, plan_budget
             assignment = improve_choice(problem, assignment, bound, starts, plan_budget.choice())
         best = problem.makespan_s(assignment)
         # the improved plan's own option choice packed against targets below it (heuristic.target_pack)
-        mine = tuple(tuple(float(o == chosen) for o in range(len(problem.options[t])))
-                     for t, (chosen, _) in enumerate(assignment))
-        candidate = target_pack(problem, mine, bound, best, Work(plan_budget.placement_evaluations(1)))
-        value = problem.makespan_s(candidate) if candidate is not None else np.inf
-        if value < best:
-            assignment, best = candidate, value
+        candidate = target_pack(problem, [o for o, _ in assignment], bound, best,
+                                Work(plan_budget.placement_evaluations(1)))
+        assignment, best = _faster(problem, candidate, assignment, best)
     # nodes as bins: which node carries which table is exact, devices inside a node are pooled
     nodes = node_bins(problem)
     node_checks = plan_budget.node_checks(milp_size(problem, nodes))
@@ -274,9 +275,7 @@ def improvement_stage(problem: Problem, classes: Bins, guides: list, plan_budget
         bound = max(bound, by_node.bound_s if by_node.status != "infeasible" else bound)
         if by_node.weights:
             candidate = heuristic(problem, by_node.weights, Work(plan_budget.placement_evaluations(1)))
-            value = problem.makespan_s(candidate) if candidate is not None else np.inf
-            if value < best:
-                assignment, best = candidate, value
+            assignment, best = _faster(problem, candidate, assignment, best)
     exact_checks = plan_budget.exact_checks(milp_size(problem))
     if exact_checks and best > bound * (1 + AT_BOUND):
         exact: SolveResult = solve(problem, device_bins(problem), integer=True, work_limit=exact_checks,
