@@ -425,9 +425,16 @@ def build_problem(tables: Sequence[EmbeddingTable], dev: DeviceArrays, global_ba
                         for t, table in enumerate(tables))
     problem = Problem(tuple(tables), dev, global_batch, optimizer, all_options)
     kept: list[tuple[Option, ...]] = []
+    renumbered: dict[tuple[int, int], int] = {}  # (table, option index before) -> option index kept
     for t, options in enumerate(all_options):
-        usable = tuple(option for o, option in enumerate(options) if np.isfinite(problem.unit_alone_s(t, o)))
+        usable = [o for o in range(len(options)) if np.isfinite(problem.unit_alone_s(t, o))]
         if not usable:
             raise table_does_not_fit(tables[t], dev, optimizer)
-        kept.append(usable)
-    return Problem(tuple(tables), dev, global_batch, optimizer, tuple(kept))
+        renumbered.update(((t, o), k) for k, o in enumerate(usable))
+        kept.append(tuple(options[o] for o in usable))
+    final = Problem(tuple(tables), dev, global_batch, optimizer, tuple(kept))
+    # the units built above depend only on the option and position, so they carry over under the new index (the
+    # bounds do not: a unit alone counts the least all-to-all traffic of the other tables' kept options)
+    final._units.update(((t, renumbered[t, o], p), unit) for (t, o, p), unit in problem._units.items()
+                        if (t, o) in renumbered)
+    return final
