@@ -68,7 +68,7 @@ class DeviceArrays:
 
     def group(self, members: Sequence[int]) -> CommGroup:
         """The CommGroup of some device indices (slowest member's links for a mixed group)."""
-        key = tuple(int(i) for i in members)
+        key = tuple(np.asarray(members, dtype=np.int64).tolist())
         group = self._groups.get(key)
         if group is None:
             group = self._groups[key] = comm_group(self.cluster, [self.ids[i] for i in key])

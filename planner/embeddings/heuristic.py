@@ -85,17 +85,30 @@ class _State:
         self.work.spend()
         return self.problem.device_time_s(self.loads())
 
+    def times_of(self, devices: np.ndarray) -> np.ndarray:
+        """``times()[devices]``, for the price of one evaluation like ``times()``, computed on those devices only."""
+        self.work.spend()
+        return self.problem.device_time_s(self.loads(), devices)
+
     def makespan(self) -> float:
         return float(self.times().max())
 
     def apply_unit(self, t: int, o: int, p: int, sign: float) -> None:
         problem = self.problem
         u = problem.unit(t, o, p)
-        self.compute[u.devices] += sign * u.compute_s
-        self.ids_recv[u.devices] += sign * u.ids_recv_bytes
-        self.pool_send[u.devices] += sign * u.pool_send_bytes
-        self.hbm[u.devices] += sign * u.hbm_bytes
-        self.host[u.devices] += sign * u.host_bytes
+        if len(u.devices) == 1:  # a device-scope unit: scalar updates, far cheaper than index arrays
+            d = int(u.devices[0])
+            self.compute[d] += sign * u.compute_s[0]
+            self.ids_recv[d] += sign * u.ids_recv_bytes[0]
+            self.pool_send[d] += sign * u.pool_send_bytes[0]
+            self.hbm[d] += sign * u.hbm_bytes[0]
+            self.host[d] += sign * u.host_bytes[0]
+        else:
+            self.compute[u.devices] += sign * u.compute_s
+            self.ids_recv[u.devices] += sign * u.ids_recv_bytes
+            self.pool_send[u.devices] += sign * u.pool_send_bytes
+            self.hbm[u.devices] += sign * u.hbm_bytes
+            self.host[u.devices] += sign * u.host_bytes
         key = problem.fused_key(problem.options[t][o], p)
         if key is not None:
             before = self.fused.get(key, 0)
@@ -192,7 +205,7 @@ class _State:
             if np.any(self.hbm[u.devices] > dev.hbm_capacity_bytes[u.devices] * (1 + 1e-12)) or np.any(
                     self.host[u.devices] > dev.host_capacity_bytes[u.devices] * (1 + 1e-12)):
                 return np.inf
-            return float(self.times()[u.devices].max())
+            return float(self.times_of(u.devices).max())
         finally:
             self.apply_unit(t, o, p, -1.0)
 

@@ -78,15 +78,16 @@ def lookup_traffic_bytes(lookups: float, pooled: float, width: int, dtype_bytes:
     return forward + backward
 
 
+def even_sizes(total: int, parts: int) -> np.ndarray:
+    """Sizes of ``total`` split into ``parts`` nearly equal pieces (larger ones first)."""
+    base, extra = divmod(total, parts)
+    return base + (np.arange(parts) < extra).astype(np.int64)
+
+
 def even_split(total: int, parts: int) -> list[tuple[int, int]]:
     """[start, end) ranges of ``total`` split into ``parts`` nearly equal pieces (larger ones first)."""
-    base, extra = divmod(total, parts)
-    ranges, start = [], 0
-    for p in range(parts):
-        size = base + (1 if p < extra else 0)
-        ranges.append((start, start + size))
-        start += size
-    return ranges
+    ends = np.cumsum(even_sizes(total, parts)).tolist()
+    return list(zip([0] + ends[:-1], ends))
 
 
 @dataclass(frozen=True)
@@ -187,7 +188,13 @@ class Problem:
         return tuple(seen.values())
 
     def base_time_s(self) -> np.ndarray:
-        return self.dev.a2a_latency_s * 3.0  # ids forward, pooled outputs forward, their gradients backward
+        return self._base_time_s
+
+    @cached_property
+    def _base_time_s(self) -> np.ndarray:
+        base = self.dev.a2a_latency_s * 3.0  # ids forward, pooled outputs forward, their gradients backward
+        base.setflags(write=False)
+        return base
 
     def fused_key(self, option: Option, position: int) -> tuple[str, int] | None:
         """Collectives of one kind run fused across tables (as TorchRec does), so their latency is paid once
@@ -213,11 +220,13 @@ class Problem:
             cached = self._latency[key] = (members, latency)
         return cached
 
-    def device_time_s(self, loads: Loads) -> np.ndarray:
-        """Embedding time per device: latency + compute + ids all-to-all + 2 x pooled all-to-all."""
-        a2a_bytes = (np.maximum(loads.ids_recv_bytes, loads.ids_send_bytes)
-                     + 2.0 * np.maximum(loads.pool_send_bytes, loads.pool_recv_bytes))
-        return self.base_time_s() + loads.latency_s + loads.compute_s + self.dev.a2a_s_per_byte * a2a_bytes
+    def device_time_s(self, loads: Loads, devices: np.ndarray | slice = slice(None)) -> np.ndarray:
+        """Embedding time per device (of ``devices`` only, when given): latency + compute + ids all-to-all +
+        2 x pooled all-to-all."""
+        a2a_bytes = (np.maximum(loads.ids_recv_bytes[devices], loads.ids_send_bytes)
+                     + 2.0 * np.maximum(loads.pool_send_bytes[devices], loads.pool_recv_bytes))
+        return (self.base_time_s()[devices] + loads.latency_s[devices] + loads.compute_s[devices]
+                + self.dev.a2a_s_per_byte[devices] * a2a_bytes)
 
     # ----------------------------------------------------------------------------------- units
     def unit(self, t: int, o: int, position: int) -> UnitLoad:
@@ -253,7 +262,7 @@ class Problem:
             mem = np.full(q, shard_memory_bytes(table.rows, table.dim, table.dtype_bytes, self.optimizer, True))
             zero = np.zeros(q)
             return UnitLoad(members, compute, zero, zero, mem, zero)
-        rows = np.array([end - start for start, end in even_split(table.rows, q)], dtype=float)
+        rows = even_sizes(table.rows, q).astype(float)
         share = rows / table.rows
         lookups = batch * table.pooling_factor * share
         traffic = lookup_traffic_bytes(lookups, batch, table.dim, table.dtype_bytes, state)
