@@ -85,11 +85,6 @@ class _State:
         self.work.spend()
         return self.problem.device_time_s(self.loads())
 
-    def times_of(self, devices: np.ndarray) -> np.ndarray:
-        """``times()[devices]``, for the price of one evaluation like ``times()``, computed on those devices only."""
-        self.work.spend()
-        return self.problem.device_time_s(self.loads(), devices)
-
     def makespan(self) -> float:
         return float(self.times().max())
 
@@ -197,17 +192,24 @@ class _State:
         return True
 
     def unit_worst_time(self, t: int, o: int, p: int) -> float:
-        """The slowest touched device's time after adding unit (t, o) at p; inf when it does not fit."""
-        self.apply_unit(t, o, p, 1.0)
-        try:
-            u = self.problem.unit(t, o, p)
-            dev = self.problem.dev
-            if np.any(self.hbm[u.devices] > dev.hbm_capacity_bytes[u.devices] * (1 + 1e-12)) or np.any(
-                    self.host[u.devices] > dev.host_capacity_bytes[u.devices] * (1 + 1e-12)):
-                return np.inf
-            return float(self.times_of(u.devices).max())
-        finally:
-            self.apply_unit(t, o, p, -1.0)
+        """The slowest touched device's time if unit (t, o) were added at p (one evaluation); inf when it does
+        not fit. The state is left as it was."""
+        problem = self.problem
+        u, dev = problem.unit(t, o, p), problem.dev
+        d = u.devices
+        hbm, host = self.hbm[d] + u.hbm_bytes, self.host[d] + u.host_bytes
+        if (hbm > dev.hbm_capacity_bytes[d] * (1 + 1e-12)).any() or (
+                host > dev.host_capacity_bytes[d] * (1 + 1e-12)).any():
+            return np.inf
+        self.work.spend()
+        latency = self.latency[d]
+        key = problem.fused_key(problem.options[t][o], p)
+        if key is not None and self.fused.get(key, 0) == 0:
+            # the unit starts its fused collective, whose members are the unit's devices (its node's, or all)
+            latency = latency + problem.fused_latency(key)[1]
+        loads = Loads(self.compute[d] + u.compute_s, self.ids_recv[d] + u.ids_recv_bytes,
+                      self.pool_send[d] + u.pool_send_bytes, hbm, host, self.ids_send, self.pool_recv, latency)
+        return float(problem.device_time_s(loads, d).max())
 
     def place_table(self, t: int, o: int) -> bool:
         self.choose(t, o)

@@ -221,11 +221,11 @@ class Problem:
         return cached
 
     def device_time_s(self, loads: Loads, devices: np.ndarray | slice = slice(None)) -> np.ndarray:
-        """Embedding time per device (of ``devices`` only, when given): latency + compute + ids all-to-all +
-        2 x pooled all-to-all."""
-        a2a_bytes = (np.maximum(loads.ids_recv_bytes[devices], loads.ids_send_bytes)
-                     + 2.0 * np.maximum(loads.pool_send_bytes[devices], loads.pool_recv_bytes))
-        return (self.base_time_s()[devices] + loads.latency_s[devices] + loads.compute_s[devices]
+        """Embedding time per device: latency + compute + ids all-to-all + 2 x pooled all-to-all. The per-device
+        arrays of ``loads`` hold the devices ``devices`` selects (all of them by default)."""
+        a2a_bytes = (np.maximum(loads.ids_recv_bytes, loads.ids_send_bytes)
+                     + 2.0 * np.maximum(loads.pool_send_bytes, loads.pool_recv_bytes))
+        return (self.base_time_s()[devices] + loads.latency_s + loads.compute_s
                 + self.dev.a2a_s_per_byte[devices] * a2a_bytes)
 
     # ----------------------------------------------------------------------------------- units
