@@ -280,8 +280,7 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, work_limit: int | None
             for p in positions:
                 target = int(rep[p]) if option.scope == "device" else p
                 unit = problem.unit(t, o, target)
-                if (unit.hbm_bytes > dev.hbm_capacity_bytes[unit.devices]).any() or (
-                        unit.host_bytes > dev.host_capacity_bytes[unit.devices]).any():
+                if not problem.unit_fits(unit):
                     continue  # one unit alone already overflows this position
                 upper = option.units if option.scope == "device" else 1
                 if bins.aggregated and option.scope == "device":

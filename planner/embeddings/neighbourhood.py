@@ -359,8 +359,7 @@ def solve_neighbourhood(problem: Problem, assignment: Assignment, hood: Neighbou
             cols = []
             for p in targets:
                 unit = problem.unit(t, o, p)
-                if np.any(unit.hbm_bytes > dev.hbm_capacity_bytes[unit.devices]) or np.any(
-                        unit.host_bytes > dev.host_capacity_bytes[unit.devices]):
+                if not problem.unit_fits(unit):
                     continue
                 if option.scope == "global":
                     col = z  # a global option is placed once it is chosen

@@ -352,6 +352,25 @@ class Problem:
         pooled = np.array([min(o.pool_recv_bytes for o in options) for options in self.options])
         return ids, pooled
 
+    def fits_somewhere(self, t: int, o: int) -> bool:
+        """Whether one unit of table ``t``'s option ``o`` fits in memory on some position (then its time alone
+        is finite)."""
+        option, dev = self.options[t][o], self.dev
+        if option.scope == "device":
+            capacity = dev.host_capacity_bytes if option.host else dev.hbm_capacity_bytes
+            return bool(np.any(option.memory_bytes <= capacity))
+        return bool(self._fitting_positions(t, o))
+
+    def _fitting_positions(self, t: int, o: int) -> list[int]:
+        """The distinct positions (node-wide and global options) where one unit of (t, o) fits in memory."""
+        return [p for p in self.distinct_positions(self.options[t][o]) if self.unit_fits(self.unit(t, o, p))]
+
+    def unit_fits(self, unit: UnitLoad) -> bool:
+        """Whether ``unit`` alone fits in its devices' memory."""
+        dev = self.dev
+        return not (np.any(unit.hbm_bytes > dev.hbm_capacity_bytes[unit.devices])
+                    or np.any(unit.host_bytes > dev.host_capacity_bytes[unit.devices]))
+
     def _unit_alone_s(self, t: int, o: int) -> float:
         option, dev = self.options[t][o], self.dev
         # every device sends at least the ids of every table and receives their pooled outputs (the least
@@ -368,11 +387,8 @@ class Problem:
             times = np.where(option.memory_bytes <= capacity, times, np.inf)
             return float(times.min())
         best = np.inf
-        for p in self.distinct_positions(option):
+        for p in self._fitting_positions(t, o):
             u = self.unit(t, o, p)
-            if np.any(u.hbm_bytes > dev.hbm_capacity_bytes[u.devices]) or np.any(
-                    u.host_bytes > dev.host_capacity_bytes[u.devices]):
-                continue
             a2a = np.maximum(u.ids_recv_bytes, ids_send) + 2.0 * np.maximum(u.pool_send_bytes, pool_recv)
             key = self.fused_key(option, p)
             latency = self.fused_latency(key)[1] if key is not None else 0.0
@@ -436,14 +452,13 @@ def build_problem(tables: Sequence[EmbeddingTable], dev: DeviceArrays, global_ba
     kept: list[tuple[Option, ...]] = []
     renumbered: dict[tuple[int, int], int] = {}  # (table, option index before) -> option index kept
     for t, options in enumerate(all_options):
-        usable = [o for o in range(len(options)) if np.isfinite(problem.unit_alone_s(t, o))]
+        usable = [o for o in range(len(options)) if problem.fits_somewhere(t, o)]
         if not usable:
             raise table_does_not_fit(tables[t], dev, optimizer)
         renumbered.update(((t, o), k) for k, o in enumerate(usable))
         kept.append(tuple(options[o] for o in usable))
     final = Problem(tuple(tables), dev, global_batch, optimizer, tuple(kept))
-    # the units built above depend only on the option and position, so they carry over under the new index (the
-    # bounds do not: a unit alone counts the least all-to-all traffic of the other tables' kept options)
+    # the units built above depend only on the option and position, so they carry over under the new index
     final._units.update(((t, renumbered[t, o], p), unit) for (t, o, p), unit in problem._units.items()
                         if (t, o) in renumbered)
     return final
