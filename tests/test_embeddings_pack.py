@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 
 import numpy as np
@@ -57,3 +58,40 @@ def test_packing_is_deterministic():
     choice = guide_choice(problem, relaxed.weights)
     runs = {target_pack(problem, choice, relaxed.bound_s, 3 * relaxed.bound_s, Work(20_000)) for _ in range(2)}
     assert len(runs) == 1
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_trial_placement_is_the_time_after_adding_the_unit_and_changes_nothing(seed):
+    """unit_worst_time(t, o, p) is, to the last bit, the slowest touched device's time once the unit is added
+    (inf when it overflows memory), it spends one evaluation when it fits, and the state is bitwise the same
+    afterwards (adding and then removing a unit would leave rounding behind)."""
+    problem = small_problem(seed, 6)
+    choice = guide_choice(problem, [tuple(1.0 if o == 0 else 0.0 for o in range(len(options)))
+                                    for options in problem.options])
+    state = greedy(problem, choice, Work(np.inf))
+    assert state is not None
+    fields = ("compute", "ids_recv", "pool_send", "hbm", "host", "latency")
+    trials = 0
+    for t, options in enumerate(problem.options):
+        for o, option in enumerate(options):
+            if option.scope == "device":
+                continue
+            for p in problem.positions(option):
+                before = {name: getattr(state, name).copy() for name in fields}
+                fused, left = dict(state.fused), state.work.left
+                got = state.unit_worst_time(t, o, p)
+                for name in fields:
+                    assert np.array_equal(getattr(state, name), before[name]), name
+                assert state.fused == fused
+                reference = copy.deepcopy(state)
+                reference.apply_unit(t, o, p, 1.0)
+                unit = problem.unit(t, o, p)
+                overflow = (np.any(reference.hbm[unit.devices] > problem.dev.hbm_capacity_bytes[unit.devices]
+                                   * (1 + 1e-12))
+                            or np.any(reference.host[unit.devices] > problem.dev.host_capacity_bytes[unit.devices]
+                                      * (1 + 1e-12)))
+                expected = np.inf if overflow else float(reference.times()[unit.devices].max())
+                assert got == expected
+                assert state.work.left == left - (0 if overflow else 1)
+                trials += 1
+    assert trials > 0
