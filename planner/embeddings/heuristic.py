@@ -90,21 +90,21 @@ class _State:
 
     def apply_unit(self, t: int, o: int, p: int, sign: float) -> None:
         problem = self.problem
+        option = problem.options[t][o]
+        if option.scope == "device":  # one device: scalar updates, with no UnitLoad built per device
+            self.compute[p] += sign * problem.device_unit_s(option, p)
+            self.ids_recv[p] += sign * option.ids_recv_bytes
+            self.pool_send[p] += sign * option.pool_send_bytes
+            self.hbm[p] += sign * (0.0 if option.host else option.memory_bytes)
+            self.host[p] += sign * (option.memory_bytes if option.host else 0.0)
+            return  # per-device options run no fused collective
         u = problem.unit(t, o, p)
-        if len(u.devices) == 1:  # a device-scope unit: scalar updates, far cheaper than index arrays
-            d = int(u.devices[0])
-            self.compute[d] += sign * u.compute_s[0]
-            self.ids_recv[d] += sign * u.ids_recv_bytes[0]
-            self.pool_send[d] += sign * u.pool_send_bytes[0]
-            self.hbm[d] += sign * u.hbm_bytes[0]
-            self.host[d] += sign * u.host_bytes[0]
-        else:
-            self.compute[u.devices] += sign * u.compute_s
-            self.ids_recv[u.devices] += sign * u.ids_recv_bytes
-            self.pool_send[u.devices] += sign * u.pool_send_bytes
-            self.hbm[u.devices] += sign * u.hbm_bytes
-            self.host[u.devices] += sign * u.host_bytes
-        key = problem.fused_key(problem.options[t][o], p)
+        self.compute[u.devices] += sign * u.compute_s
+        self.ids_recv[u.devices] += sign * u.ids_recv_bytes
+        self.pool_send[u.devices] += sign * u.pool_send_bytes
+        self.hbm[u.devices] += sign * u.hbm_bytes
+        self.host[u.devices] += sign * u.host_bytes
+        key = problem.fused_key(option, p)
         if key is not None:
             before = self.fused.get(key, 0)
             after = before + int(sign)

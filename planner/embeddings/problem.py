@@ -236,13 +236,17 @@ class Problem:
             cached = self._units[key] = self._make_unit(self.options[t][o], position)
         return cached
 
+    def device_unit_s(self, option: Option, position: int) -> float:
+        """The lookup time of one unit of a device-scope ``option`` on device ``position``."""
+        bw = self.dev.host_Bps[position] if option.host else self.dev.lookup_Bps[position]
+        return option.lookup_bytes / bw
+
     def _make_unit(self, option: Option, position: int) -> UnitLoad:
         table, dev = self.tables[option.table], self.dev
         if option.scope == "device":
-            bw = dev.host_Bps[position] if option.host else dev.lookup_Bps[position]
             mem = np.array([option.memory_bytes])
             zero = np.zeros(1)
-            return UnitLoad(np.array([position]), np.array([option.lookup_bytes / bw]),
+            return UnitLoad(np.array([position]), np.array([self.device_unit_s(option, position)]),
                             np.array([option.ids_recv_bytes]), np.array([option.pool_send_bytes]),
                             zero if option.host else mem, mem if option.host else zero)
         batch = float(self.global_batch)
