@@ -13,10 +13,13 @@ one of its steps costs in evaluations:
   evaluations per row of the sub-MILP (the search charges its solves so);
 - a unit of the option search by kind (patterns.py) is 1 / patterns.EVALUATION_WORK evaluations.
 
-So the counts shrink as tables x devices grow, and the budget's CPU time stays about the same on 10 tables as
-on 5,000 (benchmarks/embedding_generated.py measures it; the ratios above were measured with its cases on a
-2-core x86 machine, see benchmarks/results/embeddings.md). Every count is a count, never seconds:
-the same problem and options give the same plan on any machine.
+So the counts shrink as tables x devices grow. What they do not cover grows with the problem: the class LP
+relaxation (solved whatever the budget), a greedy pass that must finish once started, and HiGHS's root node,
+whose time per interrupt check varies tenfold between models of the same size; so sets of thousands of tables,
+or hundreds on hundreds of devices, take longer than small ones (benchmarks/embedding_generated.py measures it;
+the ratios above were measured with its cases on a 2-core x86 machine, see benchmarks/results/embeddings.md).
+The packing against a target (heuristic.target_pack) draws on the placement share again. Every count is a
+count, never seconds: the same problem and options give the same plan on any machine.
 """
 
 from __future__ import annotations
