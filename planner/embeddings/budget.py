@@ -15,9 +15,10 @@ one of its steps costs in evaluations:
 
 So the counts shrink as tables x devices grow. What they do not cover grows with the problem: the class LP
 relaxation (solved whatever the budget), a greedy pass that must finish once started, and HiGHS's root node,
-whose time per interrupt check varies more than tenfold between models of one size; so sets of thousands of tables,
-or hundreds on hundreds of devices, take longer than small ones (benchmarks/embedding_generated.py measures it;
-the ratios above were measured with its cases on a 2-core x86 machine, see benchmarks/results/embeddings.md).
+whose time per interrupt check varies more than tenfold between models of one size; so sets of thousands of
+tables, or hundreds on hundreds of devices, take longer than small ones (benchmarks/embedding_generated.py
+measures it; the ratios above were measured with its cases on a 2-core x86 machine, see
+benchmarks/results/embeddings.md).
 The packing against a target (heuristic.target_pack) draws on the placement share again. Every count is a
 count, never seconds: the same problem and options give the same plan on any machine.
 """
