@@ -359,11 +359,15 @@ class Problem:
     def fits_somewhere(self, t: int, o: int) -> bool:
         """Whether one unit of table ``t``'s option ``o`` fits in memory on some position (then its time alone
         is finite)."""
-        option, dev = self.options[t][o], self.dev
+        option = self.options[t][o]
         if option.scope == "device":
-            capacity = dev.host_capacity_bytes if option.host else dev.hbm_capacity_bytes
-            return bool(np.any(option.memory_bytes <= capacity))
+            return bool(np.any(self._device_fits(option)))
         return bool(self._fitting_positions(t, o))
+
+    def _device_fits(self, option: Option) -> np.ndarray:
+        """Per device, whether one unit of a device-scope ``option`` fits in its memory (host or HBM)."""
+        capacity = self.dev.host_capacity_bytes if option.host else self.dev.hbm_capacity_bytes
+        return option.memory_bytes <= capacity
 
     def _fitting_positions(self, t: int, o: int) -> list[int]:
         """The distinct positions (node-wide and global options) where one unit of (t, o) fits in memory."""
@@ -387,8 +391,7 @@ class Problem:
             bw = dev.host_Bps if option.host else dev.lookup_Bps
             a2a = max(option.ids_recv_bytes, ids_send) + 2.0 * max(option.pool_send_bytes, pool_recv)
             times = self.base_time_s() + option.lookup_bytes / bw + dev.a2a_s_per_byte * a2a
-            capacity = dev.host_capacity_bytes if option.host else dev.hbm_capacity_bytes
-            times = np.where(option.memory_bytes <= capacity, times, np.inf)
+            times = np.where(self._device_fits(option), times, np.inf)
             return float(times.min())
         best = np.inf
         for p in self._fitting_positions(t, o):
