@@ -12,7 +12,7 @@ from embedding_checks import check_plan_memory, check_result
 from embedding_fixtures import cluster, node, small_node
 from planner.embeddings import shard_tables
 from planner.embeddings.devices import device_arrays
-from planner.embeddings.milp import class_bins, device_bins, node_bins, resolve_integer, solve
+from planner.embeddings.milp import class_bins, device_bins, model_rows, node_bins, resolve_integer, solve
 from planner.embeddings.problem import build_problem
 from planner.types import EmbeddingTable
 from planner.solver import SolverOptions
@@ -322,3 +322,30 @@ def test_rows_load_without_their_zero_coefficients():
     entries = {(r, int(matrix.index_[k])): matrix.value_[k]
                for r in range(3) for k in range(matrix.start_[r], matrix.start_[r + 1])}
     assert entries == {(0, 0): 1.0, (2, 2): 2.0, (2, 1): -1.0}
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_lp_adds_only_violated_floors_and_keeps_the_value_of_every_floor(seed, monkeypatch):
+    """The class LP writes a table's floor (f2) only once its solution violates it. Its value is the LP's with
+    every floor (here: every floor added in the first round), although it leaves most floors out on 4 nodes of
+    8 A100s and 40 tables; the MILP re-solved from it gets the floors it left out, and its row count is the one
+    the budget sized it by (model_rows)."""
+    from planner.embeddings import milp
+
+    rng = np.random.default_rng(seed)
+    tables = tuple(EmbeddingTable(f"t{i}", int(10 ** rng.uniform(2, 8)), int(rng.choice([16, 64, 128])),
+                                  float(rng.choice([1, 20, 100]))) for i in range(40))
+    problem = build_problem(tables, device_arrays(cluster((A100, 4))), 65536, "adagrad")
+    lazy = solve(problem, class_bins(problem), integer=False, keep=True)
+    every_floor = len(problem.options)
+    left_out = len(lazy.handle.floors[1])
+    assert 0 < left_out < every_floor  # some floors bind here, most do not
+    with monkeypatch.context() as patched:
+        patched.setattr(milp._Floors, "violated", lambda floors, values: list(range(len(floors.tables))))
+        full = solve(problem, class_bins(problem), integer=False, keep=True)
+    assert full.handle.floors[1] == ()
+    assert lazy.objective_s == pytest.approx(full.objective_s, rel=1e-9)
+    rows = model_rows(lazy)
+    assert rows == model_rows(full) == int(full.handle.highs.getNumRow())
+    resolve_integer(problem, lazy, work_limit=20)
+    assert int(lazy.handle.highs.getNumRow()) == rows

@@ -25,7 +25,8 @@ Constraints
       devices (row-wise, data-parallel; least over devices), and the global fused collectives' latency
   (f2) T >= base + compute(t,o) + G + latency + a2a_s_per_byte (A_t + 2 P_t), A_t >= max(IS, ids t's unit
       receives), P_t >= max(PR, pooled bytes t's unit sends): (f) with the all-to-all floor that follows every
-      table's choice (each term its least over devices; valid cut, the main one on 64-128 devices)
+      table's choice (each term its least over devices; valid cut, the main one on 64-128 devices); an LP
+      gets only the floors its solution violates, a MILP all of them (see _Floors)
   (f3) (class and node bins, models up to PIGEONHOLE_MAX_VARIABLES) T >= base + G + latency + k c
       + a2a_s_per_byte (A + 2 P) for the device that holds k >= U / n_b of the U units of width >= w in bin b,
       k integer in the MILP (pigeonhole; valid cut)
@@ -144,6 +145,7 @@ class Kept:
     choice: dict[tuple[int, int], int]
     integral: np.ndarray
     bins: Bins
+    floors: tuple[_Floors, tuple[int, ...]] | None = None  # the floors (f2) an LP left out: all, which
 
 
 def device_bins(problem: Problem) -> Bins:
@@ -296,7 +298,9 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, work_limit: int | None
         lp.row(zs, [1.0] * len(zs), 1.0, 1.0)  # (a)
         alones.append(alone)
     G = _add_table_cuts(lp, problem, T, choice, fused, alones)
-    IS, PR, latency = _add_traffic_cuts(lp, problem, T, G, choice, fused, ids_send, pool_recv)
+    IS, PR, latency, floors = _add_traffic_cuts(lp, problem, T, G, choice, fused, ids_send, pool_recv)
+    if integer:
+        floors.write(lp)
     if bins.aggregated and len(integral) <= PIGEONHOLE_MAX_VARIABLES:
         integral.extend(_add_pigeonhole_cuts(lp, problem, bins, T, G, IS, PR, latency, placed, integer))
 
@@ -315,9 +319,9 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, work_limit: int | None
             lp.row([A, IS] + ids_excess[b], [1.0, -size[b]] + [-1.0] * len(ids_excess[b]), 0.0, INF)
         if pool_excess[b]:
             lp.row([P, PR] + pool_excess[b], [1.0, -size[b]] + [-1.0] * len(pool_excess[b]), 0.0, INF)
-        lp.row([A] + [z for z, _ in ids_send], [1.0] + [-size[b] * c for _, c in ids_send], 0.0, INF)  # (c)
+        lp.row((A, IS), (1.0, -size[b]), 0.0, INF)  # (c)
         lp.row([A, *ids_recv[b]], [1.0] + [-c for c in ids_recv[b].values()], 0.0, INF)
-        lp.row([P] + [z for z, _ in pool_recv], [1.0] + [-size[b] * c for _, c in pool_recv], 0.0, INF)
+        lp.row((P, PR), (1.0, -size[b]), 0.0, INF)
         lp.row([P, *pool_send[b]], [1.0] + [-c for c in pool_send[b].values()], 0.0, INF)
         lp.row([T, A, P, *compute[b]], [size[b], -coef[r], -2.0 * coef[r]] + [-c for c in compute[b].values()],
                size[b] * base[r], INF)  # (d)
@@ -345,6 +349,7 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, work_limit: int | None
         highs.setSolution(len(start_values), position[np.array(list(start_values), dtype=np.int64)].astype(np.int32),
                           np.array(list(start_values.values()), dtype=np.float64))
     highs.run()
+    pending = None if integer else _lazy_floors(highs, floors.in_columns(position))
     elapsed = time.perf_counter() - start
     solved, infeasible = _outcome(highs)
     if not solved or (integer and not has_incumbent(highs)):
@@ -360,8 +365,25 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, work_limit: int | None
     kept = None
     if keep:
         kept = Kept(highs, {key: int(position[var]) for key, var in choice.items()},
-                    position[np.array(integral, dtype=np.int64)], bins)
+                    position[np.array(integral, dtype=np.int64)], bins, pending)
     return SolveResult("optimal" if proven else "feasible", objective, bound, assignment, elapsed, weights, kept)
+
+
+def _lazy_floors(highs, floors: _Floors) -> tuple[_Floors, tuple[int, ...]]:
+    """Add to a solved LP the floors (f2) its solution violates and solve it again, until it violates none (see
+    :class:`_Floors`); returns the floors and those still left out."""
+    import highspy
+
+    left = set(range(len(floors.tables)))
+    while left and highs.getModelStatus() == highspy.HighsModelStatus.kOptimal:
+        values = np.asarray(highs.getSolution().col_value)
+        violated = [t for t in floors.violated(values) if t in left]
+        if not violated:
+            break
+        floors.add(highs, violated)
+        left.difference_update(violated)
+        highs.run()
+    return floors, tuple(sorted(left))
 
 
 def _outcome(highs) -> tuple[bool, bool]:
@@ -382,7 +404,9 @@ def _outcome(highs) -> tuple[bool, bool]:
 def model_rows(relaxed: SolveResult) -> int:
     """The constraints of the model ``relaxed`` kept (solved with ``keep=True``): what one of its re-solves
     costs grows with them."""
-    return int(relaxed.handle.highs.getNumRow())
+    kept = relaxed.handle
+    left = len(kept.floors[1]) if kept.floors is not None else 0
+    return int(kept.highs.getNumRow()) + FLOOR_ROWS * left  # the MILP gets the floors the LP left out
 
 
 def resolve_integer(problem: Problem, relaxed: SolveResult, *, work_limit: int | None = None) -> SolveResult:
@@ -395,6 +419,8 @@ def resolve_integer(problem: Problem, relaxed: SolveResult, *, work_limit: int |
     kept = relaxed.handle
     start = time.perf_counter()
     highs = kept.highs
+    if kept.floors is not None and kept.floors[1]:
+        kept.floors[0].add(highs, kept.floors[1])
     set_integer(highs, kept.integral)
     highs.setOptionValue("mip_rel_gap", 1e-6)
     if work_limit is not None:
@@ -459,7 +485,7 @@ def _add_table_cuts(lp: _Model, problem: Problem, T: int, choice: dict, fused: d
 
 def _add_traffic_cuts(lp: _Model, problem: Problem, T: int, G: int, choice: dict, fused: dict,
                       ids_send: list[tuple[int, float]], pool_recv: list[tuple[int, float]]
-                      ) -> tuple[int, int, list[tuple[int, float]]]:
+                      ) -> tuple[int, int, list[tuple[int, float]], _Floors]:
     """(f2) per table t, the device d that carries a unit of t's option o (valid cut):
 
         T >= base + compute(t, o) + G + latency + a2a_s_per_byte x (A_t + 2 P_t)
@@ -468,7 +494,10 @@ def _add_traffic_cuts(lp: _Model, problem: Problem, T: int, G: int, choice: dict
 
     where G is the global work of (f) (t's own included when t's option is global). Unlike (f), the
     all-to-all floor follows the other tables' choices instead of their least. Each term is its least over
-    the devices (and positions) the unit may take, so the sum stays below every plan's slowest device."""
+    the devices (and positions) the unit may take, so the sum stays below every plan's slowest device.
+
+    Returns IS, PR, the global collectives' latency terms and the floors, which the caller writes: all of them
+    into a MILP, only those the solution violates into an LP (see :class:`_Floors`)."""
     dev = problem.dev
     base = float(problem.base_time_s().min()) * US_PER_S
     coef = float(dev.a2a_s_per_byte.min()) * US_PER_S / MB_PER_BYTE
@@ -478,9 +507,8 @@ def _add_traffic_cuts(lp: _Model, problem: Problem, T: int, G: int, choice: dict
     lp.row([PR] + [z for z, _ in pool_recv], [1.0] + [-c for _, c in pool_recv], 0.0, 0.0)
     latency = [(y, problem.fused_latency(key)[1] * US_PER_S) for key, y in sorted(fused.items())
                if key[0] in ("data_parallel", "row_wise")]
+    floors = []
     for t, options in enumerate(problem.options):
-        A = lp.var(f"At_{t}", 0, None)
-        P = lp.var(f"Pt_{t}", 0, None)
         compute, recv, send = [], [], []
         for o, option in enumerate(options):
             z = choice[t, o]
@@ -501,8 +529,8 @@ def _add_traffic_cuts(lp: _Model, problem: Problem, T: int, G: int, choice: dict
                 recv.append((z, -r * MB_PER_BYTE))
             if q:
                 send.append((z, -q * MB_PER_BYTE))
-        _add_floor_rows(lp, T, G, A, P, IS, PR, coef, base, latency, compute, recv, send)
-    return IS, PR, latency
+        floors.append(_Floor(tuple(compute), tuple(recv), tuple(send)))
+    return IS, PR, latency, _Floors(T, G, IS, PR, coef, base, tuple(latency), tuple(floors))
 
 
 def _add_pigeonhole_cuts(lp: _Model, problem: Problem, bins: Bins, T: int, G: int, IS: int, PR: int,
@@ -624,18 +652,104 @@ def _add_memory_pigeonhole_cuts(lp: _Model, problem: Problem, bins: Bins, placed
                     lp.row(big, [1.0] * len(big), -INF, j * n_b)
 
 
-def _add_floor_rows(lp: _Model, T: int, G: int, A: int, P: int, IS: int, PR: int, coef: float, base: float,
-                    latency: list[tuple[int, float]], compute: list[tuple[int, float]],
-                    recv: list[tuple[int, float]], send: list[tuple[int, float]]) -> None:
+Terms = tuple[tuple[int, float], ...]  # (column, minus its coefficient) pairs
+FLOOR_ROWS = 5  # the rows of one floor (_floor_rows)
+
+
+def _floor_rows(T: int, G: int, A: int, P: int, IS: int, PR: int, coef: float, base: float, latency: Terms,
+                compute: Terms, recv: Terms, send: Terms) -> list[tuple[list[int], list[float], float, float]]:
     """The rows of one all-to-all floor, (f2) and (f3): A >= IS, A >= ids received, P >= PR, P >= pooled bytes
     sent, T >= base + G + latency + compute + coef (A + 2 P); ``compute``, ``recv`` and ``send`` are
-    (column, minus its coefficient) pairs."""
-    lp.row((A, IS), (1.0, -1.0), 0.0, INF)
-    lp.row([A] + [v for v, _ in recv], [1.0] + [c for _, c in recv], 0.0, INF)
-    lp.row((P, PR), (1.0, -1.0), 0.0, INF)
-    lp.row([P] + [v for v, _ in send], [1.0] + [c for _, c in send], 0.0, INF)
-    lp.row([T, G, A, P] + [v for v, _ in compute] + [y for y, _ in latency],
-           [1.0, -1.0, -coef, -2.0 * coef] + [c for _, c in compute] + [-c for _, c in latency], base, INF)
+    (column, minus its coefficient) pairs, ``latency`` (column, coefficient) pairs."""
+    return [([A, IS], [1.0, -1.0], 0.0, INF),
+            ([A] + [v for v, _ in recv], [1.0] + [c for _, c in recv], 0.0, INF),
+            ([P, PR], [1.0, -1.0], 0.0, INF),
+            ([P] + [v for v, _ in send], [1.0] + [c for _, c in send], 0.0, INF),
+            ([T, G, A, P] + [v for v, _ in compute] + [y for y, _ in latency],
+             [1.0, -1.0, -coef, -2.0 * coef] + [c for _, c in compute] + [-c for _, c in latency], base, INF)]
+
+
+def _add_floor_rows(lp: _Model, T: int, G: int, A: int, P: int, IS: int, PR: int, coef: float, base: float,
+                    latency: Terms, compute: Terms, recv: Terms, send: Terms) -> None:
+    """Write one all-to-all floor's rows (:func:`_floor_rows`) into ``lp``."""
+    for row in _floor_rows(T, G, A, P, IS, PR, coef, base, latency, compute, recv, send):
+        lp.row(*row)
+
+
+@dataclass(frozen=True)
+class _Floor:
+    """One table's all-to-all floor (f2): its options' compute, ids received and pooled bytes sent, each as
+    (choice column, minus its coefficient) pairs."""
+
+    compute: Terms
+    recv: Terms
+    send: Terms
+
+
+@dataclass(frozen=True)
+class _Floors:
+    """The per-table floors (f2) and the columns and constants they share.
+
+    An LP gets them lazily: most floors of a model of thousands of tables are far from binding, and their 5
+    rows and 2 columns per table double the LP's solve. The LP is solved without them, the floors its solution
+    violates are added, and it is solved again from its basis until none is violated; the last solution is then
+    feasible for the model with every floor, and optimal for it since that model is more constrained, so the
+    bound is the same. A MILP gets every floor before it is solved (:func:`resolve_integer`)."""
+
+    T: int
+    G: int
+    IS: int
+    PR: int
+    coef: float
+    base: float
+    latency: Terms
+    tables: tuple[_Floor, ...]
+
+    def write(self, lp: _Model) -> None:
+        """Every floor into ``lp``, with its own A and P columns."""
+        for t, floor in enumerate(self.tables):
+            A = lp.var(f"At_{t}", 0, None)
+            P = lp.var(f"Pt_{t}", 0, None)
+            _add_floor_rows(lp, self.T, self.G, A, P, self.IS, self.PR, self.coef, self.base, self.latency,
+                            floor.compute, floor.recv, floor.send)
+
+    def in_columns(self, position: np.ndarray) -> _Floors:
+        """The same floors over HiGHS's column indices (``position``: creation index -> HiGHS index)."""
+        def terms(pairs: Terms) -> Terms:
+            return tuple((int(position[v]), c) for v, c in pairs)
+        return _Floors(int(position[self.T]), int(position[self.G]), int(position[self.IS]), int(position[self.PR]),
+                       self.coef, self.base, terms(self.latency),
+                       tuple(_Floor(terms(f.compute), terms(f.recv), terms(f.send)) for f in self.tables))
+
+    def violated(self, values: np.ndarray) -> list[int]:
+        """The floors above the objective T in the solution ``values`` (per column), by a relative 1e-9."""
+        def total(pairs: Terms) -> float:
+            return -sum(c * values[v] for v, c in pairs)
+        shared = self.base + values[self.G] + sum(c * values[y] for y, c in self.latency)
+        limit = values[self.T] * (1 + 1e-9) + 1e-9
+        return [t for t, f in enumerate(self.tables)
+                if shared + total(f.compute) + self.coef * (max(values[self.IS], total(f.recv))
+                                                            + 2.0 * max(values[self.PR], total(f.send))) > limit]
+
+    def add(self, highs, which: Sequence[int]) -> None:
+        """Floors ``which`` into a loaded ``highspy.Highs`` model (this object over its columns), each with two new
+        columns."""
+        first = int(highs.getNumCol())
+        n = 2 * len(which)
+        highs.addCols(n, np.zeros(n), np.zeros(n), np.full(n, INF), 0, np.zeros(0, dtype=np.int32),
+                      np.zeros(0, dtype=np.int32), np.zeros(0))
+        starts, index, values, lower, upper = [], [], [], [], []
+        for i, t in enumerate(which):
+            f = self.tables[t]
+            for columns, coefficients, low, high in _floor_rows(
+                    self.T, self.G, first + 2 * i, first + 2 * i + 1, self.IS, self.PR, self.coef, self.base,
+                    self.latency, f.compute, f.recv, f.send):
+                starts.append(len(index))
+                index.extend(columns)
+                values.extend(coefficients)
+                lower.append(low)
+                upper.append(high)
+        load_rows(highs, lower, upper, starts, index, values)
 
 
 def _dual_bound(highs, integer: bool, fallback: float) -> float:
