@@ -325,27 +325,39 @@ def test_rows_load_without_their_zero_coefficients():
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_the_lp_adds_only_violated_floors_and_keeps_the_value_of_every_floor(seed, monkeypatch):
-    """The class LP writes a table's floor (f2) only once its solution violates it. Its value is the LP's with
-    every floor (here: every floor added in the first round), although it leaves most floors out on 4 nodes of
-    8 A100s and 40 tables; the MILP re-solved from it gets the floors it left out, and its row count is the one
-    the budget sized it by (model_rows)."""
-    from planner.embeddings import milp
-
+def test_an_lp_no_milp_follows_adds_only_violated_floors_and_keeps_the_value_of_every_floor(seed):
+    """An LP that no MILP follows (``milp_checks`` gives none) writes a table's floor (f2) only once its
+    solution violates it. Its value is the LP's with every floor, although it leaves most floors out on 4
+    nodes of 8 A100s and 40 tables; it reports the rows of the model with every floor (model_rows), and a MILP
+    re-solved from it gets the floors it left out. With checks for a MILP, the LP has every floor."""
     rng = np.random.default_rng(seed)
     tables = tuple(EmbeddingTable(f"t{i}", int(10 ** rng.uniform(2, 8)), int(rng.choice([16, 64, 128])),
                                   float(rng.choice([1, 20, 100]))) for i in range(40))
     problem = build_problem(tables, device_arrays(cluster((A100, 4))), 65536, "adagrad")
-    lazy = solve(problem, class_bins(problem), integer=False, keep=True)
-    every_floor = len(problem.options)
+    sizes = []
+    lazy = solve(problem, class_bins(problem), integer=False, keep=True,
+                 milp_checks=lambda rows: sizes.append(rows) or 0)
     left_out = len(lazy.handle.floors[1])
-    assert 0 < left_out < every_floor  # some floors bind here, most do not
-    with monkeypatch.context() as patched:
-        patched.setattr(milp._Floors, "violated", lambda floors, values: list(range(len(floors.tables))))
-        full = solve(problem, class_bins(problem), integer=False, keep=True)
-    assert full.handle.floors[1] == ()
+    assert 0 < left_out < len(tables)  # some floors bind here, most do not
+    full = solve(problem, class_bins(problem), integer=False, keep=True, milp_checks=lambda rows: 20)
+    assert full.handle.floors is None
     assert lazy.objective_s == pytest.approx(full.objective_s, rel=1e-9)
-    rows = model_rows(lazy)
-    assert rows == model_rows(full) == int(full.handle.highs.getNumRow())
+    assert sizes == [model_rows(lazy)] and model_rows(lazy) == model_rows(full) == int(full.handle.highs.getNumRow())
     resolve_integer(problem, lazy, work_limit=20)
-    assert int(lazy.handle.highs.getNumRow()) == rows
+    assert int(lazy.handle.highs.getNumRow()) == model_rows(full)
+
+
+def test_moving_rows_keeps_each_row_whole():
+    from planner.embeddings.milp import _Model
+
+    lp = _Model()
+    columns = [lp.var(f"x{i}", 0, None) for i in range(4)]
+    rows = [((0, 1), (1.0, 2.0), 0.0, 1.0), ((2,), (3.0,), 1.0, 2.0), ((1, 2, 3), (4.0, 5.0, 6.0), 2.0, 3.0),
+            ((3,), (7.0,), 3.0, 4.0), ((0, 3), (8.0, 9.0), 4.0, 5.0)]
+    for row in rows:
+        lp.row(*row)
+    lp.move_rows(3, 1)  # rows 3 and 4 go ahead of rows 1 and 2
+    got = [(tuple(lp.index[lp.starts[r]:(lp.starts + [len(lp.index)])[r + 1]]),
+            tuple(lp.values[lp.starts[r]:(lp.starts + [len(lp.index)])[r + 1]]), lp.row_lower[r], lp.row_upper[r])
+           for r in range(lp.rows)]
+    assert got == [rows[0], rows[3], rows[4], rows[1], rows[2]] and len(columns) == 4

@@ -144,7 +144,7 @@ def test_shard_tables_with_the_search_fits_memory_is_deterministic_and_no_worse(
     from planner.embeddings import shard_tables
 
     c = cluster((small_node(A100, 2), 2), (small_node(V100, 2), 2))
-    tables = _mixed_tables(6)
+    tables = _mixed_tables(0)
     calls = []
 
     def spy(problem, assignment, settings, target_s):

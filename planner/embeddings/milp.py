@@ -25,8 +25,8 @@ Constraints
       devices (row-wise, data-parallel; least over devices), and the global fused collectives' latency
   (f2) T >= base + compute(t,o) + G + latency + a2a_s_per_byte (A_t + 2 P_t), A_t >= max(IS, ids t's unit
       receives), P_t >= max(PR, pooled bytes t's unit sends): (f) with the all-to-all floor that follows every
-      table's choice (each term its least over devices; valid cut, the main one on 64-128 devices); an LP
-      gets only the floors its solution violates, a MILP all of them (see _Floors)
+      table's choice (each term its least over devices; valid cut, the main one on 64-128 devices); an LP no
+      MILP follows gets only the floors its solution violates (see _Floors)
   (f3) (class and node bins, models up to PIGEONHOLE_MAX_VARIABLES) T >= base + G + latency + k c
       + a2a_s_per_byte (A + 2 P) for the device that holds k >= U / n_b of the U units of width >= w in bin b,
       k integer in the MILP (pigeonhole; valid cut)
@@ -47,7 +47,7 @@ import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -119,6 +119,20 @@ class _Model:
         self.row_lower.append(low)
         self.row_upper.append(high)
 
+    @property
+    def rows(self) -> int:
+        return len(self.starts)
+
+    def move_rows(self, first: int, to: int) -> None:
+        """Move the rows from ``first`` on to position ``to``, ahead of the rows from ``to`` to ``first``."""
+        a, b = self.starts[to], self.starts[first]
+        tail = len(self.index) - b
+        self.starts[to:] = [s - b + a for s in self.starts[first:]] + [s + tail for s in self.starts[to:first]]
+        self.index[a:] = self.index[b:] + self.index[a:b]
+        self.values[a:] = self.values[b:] + self.values[a:b]
+        self.row_lower[to:] = self.row_lower[first:] + self.row_lower[to:first]
+        self.row_upper[to:] = self.row_upper[first:] + self.row_upper[to:first]
+
     def load(self, highs, objective: int) -> np.ndarray:
         """Send the model to ``highs`` (minimise column ``objective``); returns each column's HiGHS index."""
         n = len(self.names)
@@ -183,14 +197,18 @@ def node_bins(problem: Problem) -> Bins:
 
 def solve(problem: Problem, bins: Bins, *, integer: bool, work_limit: int | None = None,
           time_limit_s: float | None = None, keep: bool = False, excess: bool = True,
-          incumbent: Sequence[tuple[int, Sequence[int]]] | None = None) -> SolveResult:
+          incumbent: Sequence[tuple[int, Sequence[int]]] | None = None,
+          milp_checks: Callable[[int], int] | None = None) -> SolveResult:
     """Solve the LP (``integer=False``) or the MILP over ``bins``. ``work_limit`` stops a MILP after that many
     of HiGHS's interrupt checks (deterministic, see :class:`CheckLimit`; None: to optimality);
     ``time_limit_s`` is a wall-clock limit for callers that want one (benchmarks), off by default because it
     makes the answer depend on the machine's speed. ``excess=False`` leaves the cut (f4) out (a guide for the
     heuristic: the cut moves the LP's option weights, not always toward options whole devices balance).
     ``incumbent`` (per-device bins only) is a plan handed to HiGHS as its first incumbent: its integer variables
-    are fixed from it and HiGHS completes the rest, so the search prunes against it from the start."""
+    are fixed from it and HiGHS completes the rest, so the search prunes against it from the start.
+    ``milp_checks`` gives the interrupt checks a MILP re-solved from this LP would get for the model's rows;
+    where it gives none, no MILP follows and the LP leaves out the floors (f2) its solution does not violate
+    (see :class:`_Floors`)."""
     import highspy
 
     start = time.perf_counter()
@@ -299,8 +317,7 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, work_limit: int | None
         alones.append(alone)
     G = _add_table_cuts(lp, problem, T, choice, fused, alones)
     IS, PR, latency, floors = _add_traffic_cuts(lp, problem, T, G, choice, fused, ids_send, pool_recv)
-    if integer:
-        floors.write(lp)
+    floors_at = lp.rows
     if bins.aggregated and len(integral) <= PIGEONHOLE_MAX_VARIABLES:
         integral.extend(_add_pigeonhole_cuts(lp, problem, bins, T, G, IS, PR, latency, placed, integer))
 
@@ -331,6 +348,11 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, work_limit: int | None
             lp.row(list(host[b]), list(host[b].values()), -INF, host_cap[b] * GB_PER_BYTE)
     if bins.aggregated:
         _add_memory_pigeonhole_cuts(lp, problem, bins, placed)
+    lazy = not integer and milp_checks is not None and not milp_checks(lp.rows + FLOOR_ROWS * len(floors.tables))
+    if not lazy:  # every floor, in its place after (f)
+        end = lp.rows
+        floors.write(lp)
+        lp.move_rows(end, floors_at)
     start_values: dict[int, float] = {}
     if integer:
         if incumbent is not None and not bins.aggregated:
@@ -349,7 +371,7 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, work_limit: int | None
         highs.setSolution(len(start_values), position[np.array(list(start_values), dtype=np.int64)].astype(np.int32),
                           np.array(list(start_values.values()), dtype=np.float64))
     highs.run()
-    pending = None if integer else _lazy_floors(highs, floors.in_columns(position))
+    pending = _lazy_floors(highs, floors.in_columns(position)) if lazy else None
     elapsed = time.perf_counter() - start
     solved, infeasible = _outcome(highs)
     if not solved or (integer and not has_incumbent(highs)):
@@ -690,11 +712,11 @@ class _Floor:
 class _Floors:
     """The per-table floors (f2) and the columns and constants they share.
 
-    An LP gets them lazily: most floors of a model of thousands of tables are far from binding, and their 5
-    rows and 2 columns per table double the LP's solve. The LP is solved without them, the floors its solution
-    violates are added, and it is solved again from its basis until none is violated; the last solution is then
-    feasible for the model with every floor, and optimal for it since that model is more constrained, so the
-    bound is the same. A MILP gets every floor before it is solved (:func:`resolve_integer`)."""
+    An LP that no MILP follows gets them lazily: most floors of a model of thousands of tables are far from
+    binding, and their 5 rows and 2 columns per table double the LP's solve. The LP is solved without them, the
+    floors its solution violates are added, and it is solved again from its basis until none is violated; the
+    last solution is then feasible for the model with every floor, and optimal for it since that model is more
+    constrained, so the bound is the same. Every other model gets every floor, in its place after (f)."""
 
     T: int
     G: int

@@ -185,7 +185,7 @@ def bound_stage(problem: Problem, classes: Bins, plan_budget: Budget) -> tuple[f
     """The class LP's bound and the class MILP's (integral option choices), and the guides: per table, weights
     over its options that the placement starts from."""
     class_size = milp_size(problem, classes)
-    relaxed = solve(problem, classes, integer=False, keep=True)
+    relaxed = solve(problem, classes, integer=False, keep=True, milp_checks=plan_budget.bound_checks)
     if relaxed.status == "infeasible":
         raise _too_big_in_total(problem)
     bound = relaxed.bound_s if relaxed.status in ("optimal", "feasible") else 0.0
@@ -205,7 +205,8 @@ def bound_stage(problem: Problem, classes: Bins, plan_budget: Budget) -> tuple[f
     if plain_guides:
         # the class LP and MILP without the excess cut (f4), which moves the option weights, not always toward
         # options whole devices can balance; only guides, so from the guides' share of the budget
-        plain = solve(problem, classes, integer=False, keep=True, excess=False)
+        plain = solve(problem, classes, integer=False, keep=True, excess=False,
+                      milp_checks=lambda rows: plan_budget.guide_checks(rows, guide_milps))
         plain_checks = plan_budget.guide_checks(model_rows(plain), guide_milps)
         if plain_checks:
             guides.extend(g for g in (resolve_integer(problem, plain, work_limit=plain_checks).weights,) if g)
@@ -385,7 +386,8 @@ def _guide_without_node_options(problem: Problem, plan_budget: Budget, guide_mil
     keep = [tuple(o for o, option in enumerate(options) if option.scope != "node") for options in problem.options]
     flat = Problem(problem.tables, problem.dev, problem.global_batch, problem.optimizer,
                    tuple(tuple(problem.options[t][o] for o in kept) for t, kept in enumerate(keep)))
-    relaxed = solve(flat, class_bins(flat), integer=False, keep=True)
+    relaxed = solve(flat, class_bins(flat), integer=False, keep=True,
+                    milp_checks=lambda rows: plan_budget.guide_checks(rows, guide_milps))
     if relaxed.status == "infeasible":
         return tuple(tuple(0.0 for _ in options) for options in problem.options)
     checks = plan_budget.guide_checks(model_rows(relaxed), guide_milps)
