@@ -64,12 +64,14 @@ def test_packing_is_deterministic():
 def test_a_trial_placement_is_the_time_after_adding_the_unit_and_changes_nothing(seed):
     """unit_worst_time(t, o, p) is, to the last bit, the slowest touched device's time once the unit is added
     (inf when it overflows memory), it spends one evaluation when it fits, and the state is bitwise the same
-    afterwards (adding and then removing a unit would leave rounding behind)."""
+    afterwards (adding and then removing a unit would leave rounding behind); unit_worst_times gives every
+    position's (or the tried ones') in one call, for the same work."""
     problem = small_problem(seed, 6)
     choice = guide_choice(problem, [tuple(1.0 if o == 0 else 0.0 for o in range(len(options)))
                                     for options in problem.options])
     state = greedy(problem, choice, Work(np.inf))
     assert state is not None
+    state.work = Work(1e9)  # finite, so that what each trial spends shows
     fields = ("compute", "ids_recv", "pool_send", "hbm", "host", "latency")
     trials = 0
     for t, options in enumerate(problem.options):
@@ -94,4 +96,12 @@ def test_a_trial_placement_is_the_time_after_adding_the_unit_and_changes_nothing
                 assert got == expected
                 assert state.work.left == left - (0 if overflow else 1)
                 trials += 1
+            # every position at once: the same values, the same work, and only the positions tried
+            left = state.work.left
+            each = [state.unit_worst_time(t, o, p) for p in problem.positions(option)]
+            spent = left - state.work.left
+            together = state.unit_worst_times(t, o)
+            assert together.tolist() == each and left - state.work.left == 2 * spent
+            tried = np.arange(len(each)) % 2 == 0
+            assert state.unit_worst_times(t, o, tried).tolist() == [w if k else np.inf for w, k in zip(each, tried)]
     assert trials > 0

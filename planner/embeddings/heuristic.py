@@ -180,13 +180,11 @@ class _State:
                 times = self.additive_load(t, o)
             p = int(np.argmin(np.where(fits, times, np.inf)))
         else:
-            best, p = np.inf, -1
-            for position in self.problem.positions(option):
-                worst = self.unit_worst_time(t, o, position)
-                if worst < best:
-                    best, p = worst, position
-            if p < 0:
+            worst = self.unit_worst_times(t, o)
+            i = int(np.argmin(worst))  # the first of the least
+            if not np.isfinite(worst[i]):
                 return False
+            p = self.problem.unit_stack(t, o).positions[i]
         self.apply_unit(t, o, p, 1.0)
         self.positions[t].append(p)
         return True
@@ -194,22 +192,30 @@ class _State:
     def unit_worst_time(self, t: int, o: int, p: int) -> float:
         """The slowest touched device's time if unit (t, o) were added at p (one evaluation); inf when it does
         not fit. The state is left as it was."""
+        stack = self.problem.unit_stack(t, o)
+        tried = np.zeros(len(stack.positions), dtype=bool)
+        tried[stack.index[p]] = True
+        return float(self.unit_worst_times(t, o, tried)[stack.index[p]])
+
+    def unit_worst_times(self, t: int, o: int, tried: np.ndarray | None = None) -> np.ndarray:
+        """unit_worst_time at each position of (t, o) (``problem.positions`` order) where ``tried`` (default:
+        all), inf elsewhere; one evaluation per tried position where the unit fits."""
         problem = self.problem
-        u, dev = problem.unit(t, o, p), problem.dev
-        d = u.devices
+        stack, dev = problem.unit_stack(t, o), problem.dev
+        u, d = stack.unit, stack.unit.devices
         hbm, host = self.hbm[d] + u.hbm_bytes, self.host[d] + u.host_bytes
-        if (hbm > dev.hbm_capacity_bytes[d] * (1 + 1e-12)).any() or (
-                host > dev.host_capacity_bytes[d] * (1 + 1e-12)).any():
-            return np.inf
-        self.work.spend()
-        latency = self.latency[d]
-        key = problem.fused_key(problem.options[t][o], p)
-        if key is not None and self.fused.get(key, 0) == 0:
-            # the unit starts its fused collective, whose members are the unit's devices (its node's, or all)
-            latency = latency + problem.fused_latency(key)[1]
+        over = (hbm > dev.hbm_capacity_bytes[d] * (1 + 1e-12)) | (host > dev.host_capacity_bytes[d] * (1 + 1e-12))
+        fits = ~np.logical_or.reduceat(over, stack.starts)
+        if tried is not None:
+            fits &= tried
+        self.work.spend(int(fits.sum()))
+        # a unit that starts its fused collective pays its latency on the unit's devices (its node's, or all)
+        starts = np.array([key is not None and self.fused.get(key, 0) == 0 for key in stack.fused])
+        latency = self.latency[d] + np.repeat(np.where(starts, stack.latency_s, 0.0), stack.sizes)
         loads = Loads(self.compute[d] + u.compute_s, self.ids_recv[d] + u.ids_recv_bytes,
                       self.pool_send[d] + u.pool_send_bytes, hbm, host, self.ids_send, self.pool_recv, latency)
-        return float(problem.device_time_s(loads, d).max())
+        worst = np.maximum.reduceat(problem.device_time_s(loads, d), stack.starts)
+        return np.where(fits, worst, np.inf)
 
     def place_table(self, t: int, o: int) -> bool:
         self.choose(t, o)
@@ -485,9 +491,11 @@ def _move_unit(state: _State, device: int, limit: float) -> bool:
             target = int(np.argmin(np.where(fits, times, np.inf)))
             ok = bool(fits[target]) and times[target] < limit
         else:
-            options = [(state.unit_worst_time(t, o, k), k) for k in problem.positions(option) if k != p_old]
-            best = min(options, default=(np.inf, -1))
-            target, ok = best[1], best[0] < limit
+            stack = problem.unit_stack(t, o)
+            tried = np.array([k != p_old for k in stack.positions])
+            worst = state.unit_worst_times(t, o, tried)
+            i = int(np.argmin(worst))  # the first of the least
+            target, ok = stack.positions[i], worst[i] < limit
         if ok:
             state.apply_unit(t, o, target, 1.0)
             after = state.times()
@@ -625,9 +633,10 @@ def _place_under(state: _State, t: int, o: int, target_s: float) -> bool:
             under = fits & (times <= target_s)
             p = int(np.argmax(np.where(under, times, -np.inf))) if under.any() else -1
         else:
-            worst = [(state.unit_worst_time(t, o, k), k) for k in problem.positions(option)]
-            under_k = [(w, k) for w, k in worst if w <= target_s]
-            p = max(under_k)[1] if under_k else -1
+            worst = state.unit_worst_times(t, o)
+            under = np.flatnonzero(worst <= target_s)
+            # the highest time at or below the target; of equal ones, the last position
+            p = problem.unit_stack(t, o).positions[under[worst[under] == worst[under].max()][-1]] if len(under) else -1
         if p < 0:
             for k in placed:
                 state.apply_unit(t, o, k, -1.0)

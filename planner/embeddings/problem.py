@@ -122,6 +122,21 @@ class UnitLoad:
 
 
 @dataclass(frozen=True)
+class UnitStack:
+    """One unit of an option at each of its positions (``Problem.positions`` order), end to end: position i's
+    devices and loads are ``devices[starts[i]:starts[i + 1]]`` and alike; ``fused`` is each position's fused
+    collective (None for all-to-all options) and ``latency_s`` its latency (0 without one)."""
+
+    positions: tuple[int, ...]
+    index: dict[int, int]  # position -> its place in ``positions``
+    starts: np.ndarray
+    sizes: np.ndarray
+    unit: UnitLoad  # every position's unit, end to end
+    fused: tuple[tuple[str, int] | None, ...]
+    latency_s: np.ndarray
+
+
+@dataclass(frozen=True)
 class Loads:
     """Per-device totals of a (partial) assignment, and the embedding time they give."""
 
@@ -145,6 +160,7 @@ class Problem:
     optimizer: str
     options: tuple[tuple[Option, ...], ...]  # per table
     _units: dict[tuple[int, int, int], UnitLoad] = field(default_factory=dict, repr=False)
+    _stacks: dict[tuple[int, int], UnitStack] = field(default_factory=dict, repr=False)
     _latency: dict[tuple[str, int], tuple[np.ndarray, float]] = field(default_factory=dict, repr=False)
     _alone: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
     _size: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
@@ -234,6 +250,23 @@ class Problem:
         cached = self._units.get(key)
         if cached is None:
             cached = self._units[key] = self._make_unit(self.options[t][o], position)
+        return cached
+
+    def unit_stack(self, t: int, o: int) -> UnitStack:
+        """Option o of table t's unit at every position, end to end (for trying all positions at once)."""
+        cached = self._stacks.get((t, o))
+        if cached is None:
+            option = self.options[t][o]
+            positions = tuple(self.positions(option))
+            units = [self.unit(t, o, p) for p in positions]
+            sizes = np.array([len(u.devices) for u in units])
+            fused = tuple(self.fused_key(option, p) for p in positions)
+            joined = UnitLoad(*(np.concatenate([getattr(u, name) for u in units])
+                                for name in ("devices", "compute_s", "ids_recv_bytes", "pool_send_bytes", "hbm_bytes",
+                                             "host_bytes")))
+            cached = self._stacks[t, o] = UnitStack(
+                positions, {p: i for i, p in enumerate(positions)}, np.concatenate(([0], np.cumsum(sizes)[:-1])),
+                sizes, joined, fused, np.array([self.fused_latency(k)[1] if k is not None else 0.0 for k in fused]))
         return cached
 
     def device_unit_s(self, option: Option, position: int) -> float:
