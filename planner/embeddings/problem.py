@@ -33,6 +33,7 @@ from typing import Sequence
 import numpy as np
 
 from planner.embeddings.devices import DeviceArrays, bandwidth_time_s, collective_latency_s
+from planner.hardware.collectives import CommGroup
 from planner.errors import ConfigError
 from planner.types import EmbeddingTable
 
@@ -161,6 +162,7 @@ class Problem:
     options: tuple[tuple[Option, ...], ...]  # per table
     _units: dict[tuple[int, int, int], UnitLoad] = field(default_factory=dict, repr=False)
     _stacks: dict[tuple[int, int], UnitStack] = field(default_factory=dict, repr=False)
+    _spread: dict[tuple, tuple[np.ndarray, ...]] = field(default_factory=dict, repr=False)
     _latency: dict[tuple[str, int], tuple[np.ndarray, float]] = field(default_factory=dict, repr=False)
     _alone: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
     _size: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
@@ -275,19 +277,31 @@ class Problem:
         return option.lookup_bytes / bw
 
     def _make_unit(self, option: Option, position: int) -> UnitLoad:
-        table, dev = self.tables[option.table], self.dev
+        dev = self.dev
         if option.scope == "device":
             mem = np.array([option.memory_bytes])
             zero = np.zeros(1)
             return UnitLoad(np.array([position]), np.array([self.device_unit_s(option, position)]),
                             np.array([option.ids_recv_bytes]), np.array([option.pool_send_bytes]),
                             zero if option.host else mem, mem if option.host else zero)
-        batch = float(self.global_batch)
         members = np.array(dev.nodes[position] if option.scope == "node" else range(dev.count), dtype=int)
-        q = len(members)
         bw = dev.host_Bps[members] if option.host else dev.lookup_Bps[members]
-        state = state_elements(self.optimizer, table.dim)
         group = dev.group(members)
+        # the loads depend on the members only through their lookup bandwidths and their links: nodes alike in
+        # both share them
+        key = (option, group, bw.tobytes())
+        loads = self._spread.get(key)
+        if loads is None:
+            loads = self._spread[key] = self._spread_loads(option, bw, group)
+        return UnitLoad(members, *loads)
+
+    def _spread_loads(self, option: Option, bw: np.ndarray, group: CommGroup) -> tuple[np.ndarray, ...]:
+        """A node-wide or global unit's loads on its members (lookup bandwidths ``bw``, links ``group``):
+        compute, ids received, pooled bytes sent, HBM and host memory."""
+        table = self.tables[option.table]
+        batch = float(self.global_batch)
+        q = len(bw)
+        state = state_elements(self.optimizer, table.dim)
         if option.sharding == "data_parallel":
             local = batch / q
             traffic = lookup_traffic_bytes(local * table.pooling_factor, local, table.dim, table.dtype_bytes, state)
@@ -298,7 +312,7 @@ class Problem:
             compute = traffic / bw + bandwidth_time_s("all_reduce", table_bytes, group)
             mem = np.full(q, shard_memory_bytes(table.rows, table.dim, table.dtype_bytes, self.optimizer, True))
             zero = np.zeros(q)
-            return UnitLoad(members, compute, zero, zero, mem, zero)
+            return compute, zero, zero, mem, zero
         rows = even_sizes(table.rows, q).astype(float)
         share = rows / table.rows
         lookups = batch * table.pooling_factor * share
@@ -310,8 +324,7 @@ class Problem:
         mem = shard_memory_bytes(rows, table.dim, table.dtype_bytes, self.optimizer)
         zero = np.zeros(q)
         pool_send = np.full(q, batch / q * table.dim * OUTPUT_BYTES) if option.scope == "node" else zero
-        return UnitLoad(members, compute, lookups * IDS_BYTES, pool_send, zero if option.host else mem,
-                        mem if option.host else zero)
+        return compute, lookups * IDS_BYTES, pool_send, zero if option.host else mem, mem if option.host else zero
 
     # ------------------------------------------------------------------------------ evaluation
     def evaluate(self, assignment: Sequence[tuple[int, Sequence[int]]]) -> Loads:
