@@ -159,7 +159,7 @@ class Kept:
     choice: dict[tuple[int, int], int]
     integral: np.ndarray
     bins: Bins
-    floors: tuple[_Floors, tuple[int, ...]] | None = None  # the floors (f2) an LP left out: all, which
+    floors: tuple[_Floors, tuple[int, ...]] | None = None  # a lazy LP's floors (f2), and those it left out
 
 
 def device_bins(problem: Problem) -> Bins:
@@ -518,8 +518,8 @@ def _add_traffic_cuts(lp: _Model, problem: Problem, T: int, G: int, choice: dict
     all-to-all floor follows the other tables' choices instead of their least. Each term is its least over
     the devices (and positions) the unit may take, so the sum stays below every plan's slowest device.
 
-    Returns IS, PR, the global collectives' latency terms and the floors, which the caller writes: all of them
-    into a MILP, only those the solution violates into an LP (see :class:`_Floors`)."""
+    Returns IS, PR, the global collectives' latency terms and the floors, which the caller writes: all of them,
+    except into an LP no MILP follows, which gets those its solution violates (see :class:`_Floors`)."""
     dev = problem.dev
     base = float(problem.base_time_s().min()) * US_PER_S
     coef = float(dev.a2a_s_per_byte.min()) * US_PER_S / MB_PER_BYTE
