@@ -299,7 +299,9 @@ def _first_feasible(problem: Problem, prefs: list[list[int]], work: Work) -> tup
     return None
 
 
-def _tables_on(state: _State, device: int) -> list[int]:
+def _tables_on(state: _State, device: int, spread: bool = True) -> list[int]:
+    """The tables with a unit on ``device``, largest unit first; without those spread over every device (row-wise,
+    data-parallel) unless ``spread``."""
     problem = state.problem
     found = []
     for t, o in enumerate(state.option):
@@ -310,7 +312,7 @@ def _tables_on(state: _State, device: int) -> list[int]:
             found.append(t)
         elif option.scope == "node" and any(device in problem.dev.nodes[k] for k in state.positions[t]):
             found.append(t)
-        elif option.scope == "global":
+        elif option.scope == "global" and spread:
             found.append(t)
     found.sort(key=lambda t: (-state.problem.unit_size_s(t, state.option[t]), t))
     return found
@@ -477,11 +479,9 @@ def _swap_node_units(state: _State, device: int, limit: float, times: np.ndarray
 def _move_unit(state: _State, device: int, limit: float) -> bool:
     """Move one unit off ``device`` to where every touched device ends below ``limit``."""
     problem = state.problem
-    for t in _tables_on(state, device):
+    for t in _tables_on(state, device, spread=False):  # a table on every device cannot move off one
         o = state.option[t]
         option = problem.options[t][o]
-        if option.scope == "global":
-            continue
         p_old = device if option.scope == "device" else next(
             k for k in state.positions[t] if device in problem.dev.nodes[k])
         state.apply_unit(t, o, p_old, -1.0)
