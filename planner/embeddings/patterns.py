@@ -390,6 +390,9 @@ class _Model:
                     runs.pop()
 
         walk(list(range(count)), start.compute_s, start.ids_recv, start.pool_send, start.hbm, start.host)
+        # walk refers to itself through its closure, a cycle that would keep every configuration it saw alive
+        # until the cyclic garbage collector's next full pass: clearing the name frees them now
+        del walk
 
     # --------------------------------------------------------------------------------- the MILP
     def feasible(self, enumerated, limit_s: float, checks: int, work: Work):

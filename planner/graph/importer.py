@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 from pathlib import Path
@@ -10,6 +9,7 @@ from typing import Iterator, Mapping
 
 import onnx
 
+from planner.collector import collector_paused
 from planner.errors import ModelError
 from planner.graph import layers as layer_detection
 from planner.graph.moe import ROUTED_EXPERT, MoEMatch, detect_moe
@@ -55,13 +55,8 @@ def _import(model: onnx.ModelProto, dims: Mapping[str, int] | None, name: str, w
             allow_unknown_ops: bool) -> LayerGraph:
     # the import allocates a few objects per node and frees nothing until the end: the cyclic garbage
     # collector's full passes over a 100k-node graph cost a quarter of the time and find nothing
-    paused = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused():
         return _import_graph(model, dims, name, where, allow_unknown_ops)
-    finally:
-        if paused:
-            gc.enable()
 
 
 def _import_graph(model: onnx.ModelProto, dims: Mapping[str, int] | None, name: str, where: str,
