@@ -2,9 +2,10 @@
 
 The ONNX import and the embedding sharder allocate millions of small objects and keep most of them until they
 return; each full pass of the cyclic collector walks every live object, finds nothing to free, and costs a
-tenth of a second or more on large inputs, a fifth or more of the stage's time in all. Reference counting
-still frees what these stages drop (they are written to make no reference cycles), so pausing the collector
-changes their memory little. Pauses nest and may overlap across threads: the collector is back in the state it
+tenth of a second or more on large inputs, up to a fifth of the sharder's time and a quarter of the import's.
+Reference counting still frees what these stages drop: the sharder makes no reference cycles, the import a
+few hundred objects' worth per model whatever its size, so pausing the collector changes their memory little.
+Pauses nest and may overlap across threads: the collector is back in the state it
 was in before the first pause once the last one ends.
 """
 
