@@ -23,7 +23,8 @@ _was_enabled = False
 
 @contextmanager
 def collector_paused() -> Iterator[None]:
-    """Run the ``with`` block with the cyclic garbage collector disabled."""
+    """Run the ``with`` block (or, as ``@collector_paused()``, each call of a function) with the cyclic garbage
+    collector disabled."""
     global _depth, _was_enabled
     with _lock:
         if _depth == 0:

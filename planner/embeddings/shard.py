@@ -83,6 +83,9 @@ class EmbeddingResult:
     optimizer: str = "adagrad"
 
 
+# the search keeps its caches and candidates until it returns: the cyclic collector's full passes would walk
+# them all and free nothing
+@collector_paused()
 def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Sequence[int] | None,
                  global_batch: int, *, optimizer: str = "adagrad",
                  memory_budget_bytes: Mapping[int, float] | None = None,
@@ -102,43 +105,41 @@ def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Se
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)
         raise ConfigError(f"embedding table {dup!r} appears twice; table names must be unique")
-    # the search keeps its caches and candidates until it returns: pause the cyclic collector's full passes
-    with collector_paused():
-        dev = device_arrays(cluster, devices, memory_budget_bytes, allow_host)
-        problem = build_problem(tables, dev, global_batch, optimizer)
-        assignment, bound, best, method, proven = search(problem, options)
-        plan_budget = budget(options)
-        if assignment is not None and plan_budget.pricing_solves > 0 and best > bound * (1 + DEEP_FIRST_GAP) \
-                and not proven:
-            deep = deep_stage(problem, assignment, best, bound, plan_budget)
-            bound = max(bound, deep.bound_s)
-            if deep.assignment is not None:
-                assignment, best, method = deep.assignment, deep.best_s, "heuristic"
-        if assignment is None:
-            raise InfeasibleError(
-                f"no placement of the {len(tables)} embedding tables fits the devices' memory within the "
-                f"search's work budget (work {options.work:g}); add devices, give the search more work, or use a "
-                "smaller optimizer")
-        bound = min(bound, best)  # HiGHS's tolerances can put a proven bound a hair above the plan it proves
-        proven = proven or best <= bound * (1 + 1e-9)
-        gap = (best - bound) / bound if bound > 0 else 0.0
-        loads = problem.evaluate(assignment)
-        times = problem.device_time_s(loads)
-        log.info("embeddings: %d tables on %d devices, %.6f s (bound %.6f s, gap %.2f%%, %s) in %.2f s",
-                 len(tables), dev.count, best, bound, 100 * gap, method, time.perf_counter() - start)
-        return EmbeddingResult(
-            placements=placements(problem, assignment),
-            embedding_time_s=float(best),
-            lower_bound_s=float(bound),
-            per_device_time_s={d: float(times[i]) for i, d in enumerate(dev.ids)},
-            per_device_memory_bytes={d: float(loads.hbm_bytes[i]) for i, d in enumerate(dev.ids)},
-            proven_optimal=bool(proven),
-            method=method,
-            gap=float(max(gap, 0.0)),
-            per_device_host_memory_bytes={d: float(loads.host_bytes[i]) for i, d in enumerate(dev.ids)},
-            solve_time_s=time.perf_counter() - start,
-            optimizer=optimizer,
-        )
+    dev = device_arrays(cluster, devices, memory_budget_bytes, allow_host)
+    problem = build_problem(tables, dev, global_batch, optimizer)
+    assignment, bound, best, method, proven = search(problem, options)
+    plan_budget = budget(options)
+    if assignment is not None and plan_budget.pricing_solves > 0 and best > bound * (1 + DEEP_FIRST_GAP) \
+            and not proven:
+        deep = deep_stage(problem, assignment, best, bound, plan_budget)
+        bound = max(bound, deep.bound_s)
+        if deep.assignment is not None:
+            assignment, best, method = deep.assignment, deep.best_s, "heuristic"
+    if assignment is None:
+        raise InfeasibleError(
+            f"no placement of the {len(tables)} embedding tables fits the devices' memory within the "
+            f"search's work budget (work {options.work:g}); add devices, give the search more work, or use a "
+            "smaller optimizer")
+    bound = min(bound, best)  # HiGHS's tolerances can put a proven bound a hair above the plan it proves
+    proven = proven or best <= bound * (1 + 1e-9)
+    gap = (best - bound) / bound if bound > 0 else 0.0
+    loads = problem.evaluate(assignment)
+    times = problem.device_time_s(loads)
+    log.info("embeddings: %d tables on %d devices, %.6f s (bound %.6f s, gap %.2f%%, %s) in %.2f s",
+             len(tables), dev.count, best, bound, 100 * gap, method, time.perf_counter() - start)
+    return EmbeddingResult(
+        placements=placements(problem, assignment),
+        embedding_time_s=float(best),
+        lower_bound_s=float(bound),
+        per_device_time_s={d: float(times[i]) for i, d in enumerate(dev.ids)},
+        per_device_memory_bytes={d: float(loads.hbm_bytes[i]) for i, d in enumerate(dev.ids)},
+        proven_optimal=bool(proven),
+        method=method,
+        gap=float(max(gap, 0.0)),
+        per_device_host_memory_bytes={d: float(loads.host_bytes[i]) for i, d in enumerate(dev.ids)},
+        solve_time_s=time.perf_counter() - start,
+        optimizer=optimizer,
+    )
 
 
 class Found(NamedTuple):

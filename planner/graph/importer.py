@@ -51,16 +51,11 @@ def import_model_proto(model: onnx.ModelProto, dims: Mapping[str, int] | None = 
     return _import(own, dims, name, name, allow_unknown_ops)
 
 
+# the import allocates a few objects per node and frees nothing until the end: the cyclic garbage collector's full
+# passes over a 100k-node graph cost a quarter of the time and find nothing
+@collector_paused()
 def _import(model: onnx.ModelProto, dims: Mapping[str, int] | None, name: str, where: str,
             allow_unknown_ops: bool) -> LayerGraph:
-    # the import allocates a few objects per node and frees nothing until the end: the cyclic garbage
-    # collector's full passes over a 100k-node graph cost a quarter of the time and find nothing
-    with collector_paused():
-        return _import_graph(model, dims, name, where, allow_unknown_ops)
-
-
-def _import_graph(model: onnx.ModelProto, dims: Mapping[str, int] | None, name: str, where: str,
-                  allow_unknown_ops: bool) -> LayerGraph:
     _check_dims(dims, where)
     graph = build(model, dims, where)
     check_sizes(graph, where)
