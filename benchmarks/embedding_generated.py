@@ -192,8 +192,8 @@ def _summary_line(label: str, rows: list[dict]) -> str:
             f"{s['not_finished']} | {'yes' if s['passes'] else 'no'} |")
 
 
-def write_comparison(path: Path, before: list[dict], after: list[dict]) -> None:
-    """Both runs' summaries against the pass criteria, and every case side by side."""
+def comparison(before: list[dict], after: list[dict]) -> str:
+    """Both runs' summaries against the pass criteria, and every case side by side (markdown)."""
     def gap(r):
         return "not finished" if r["gap"] is None else f"{r['gap'] * 100:.2f}"
 
@@ -218,8 +218,7 @@ def write_comparison(path: Path, before: list[dict], after: list[dict]) -> None:
         lines.append(f"| {a['case']} | {a['tables']} | {a['gpus']} | {a['devices']} | {a['global_batch']} | {cap} | "
                      f"{gap(b)} | {gap(a)} | {cpu(b)} | {cpu(a)} | {ms(b, 'embedding_lower_bound_s')} | "
                      f"{ms(a, 'embedding_lower_bound_s')} | {ms(b, 'embedding_s')} | {ms(a, 'embedding_s')} |")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
 
 
 def main() -> int:
@@ -233,7 +232,7 @@ def main() -> int:
     parser.add_argument("--label", default="Generated table sets")
     parser.add_argument("--list", action="store_true", help="print the drawn cases and stop")
     parser.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"), default=None,
-                        help="write --markdown from two runs' JSON lines, side by side, and stop")
+                        help="compare two runs' JSON lines side by side (to --markdown, else to stdout) and stop")
     parser.add_argument("--timeout", type=float, default=0.0, metavar="S",
                         help="run each case in a child process and stop it after S seconds of wall time (it is "
                              "then recorded as not finished); 0: in this process, no limit")
@@ -241,7 +240,12 @@ def main() -> int:
     if args.compare:
         before, after = ([json.loads(line) for line in Path(f).read_text().splitlines() if line.strip()]
                          for f in args.compare)
-        write_comparison(Path(args.markdown), before, after)
+        text = comparison(before, after)
+        if args.markdown:
+            Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.markdown).write_text(text)
+        else:
+            print(text, end="")
         return 0
     cases = draw_cases(args.seed, args.cases)
     if args.only:
