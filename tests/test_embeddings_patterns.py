@@ -262,3 +262,47 @@ def test_shard_tables_with_the_option_search_fits_memory_is_deterministic_and_no
     monkeypatch.setattr(shard_module, "improve_choice", lambda problem, assignment, *args: assignment)
     without = shard_tables(tables, c, None, 16384, options=SolverOptions(work=0.1))
     assert result.embedding_time_s < without.embedding_time_s
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_count_that_skips_a_walk_never_exceeds_what_the_walk_lists(seed, monkeypatch):
+    """The walk of device configurations is skipped when a count of the configurations it surely lists (every
+    kind that fits alone, every pair that fits for sure) passes its budget. The count never exceeds what the
+    walk lists, and with it enumeration gives up at exactly the budgets it gave up at without it."""
+    problem = _kinds(seed, memory_bytes=GiB)
+    choice = [next(o for o, option in enumerate(options) if option.sharding == "table_wise" and not option.host)
+              for options in problem.options]
+    model = patterns._Model.build(problem, choice)
+    slowest = max(problem.unit_alone_s(t, o) for t, o in enumerate(choice))
+    original = patterns._surely_listed
+    calls, counted = [], []
+
+    def recorded(*args):
+        calls.append(args)
+        return 0
+
+    def spied(*args):
+        counted.append(original(*args))
+        return counted[-1]
+
+    for limit in (0.9 * slowest, 1.5 * slowest, 3.0 * slowest, np.inf):
+        calls.clear()
+        with monkeypatch.context() as m:
+            m.setattr(patterns, "_surely_listed", recorded)
+            full = model.enumerate(limit, 10 ** 6)
+        listed = [len(times) for per_class in full for _, _, times in per_class]
+        assert len(calls) == len(listed)  # one walk of device configurations per (node class, node pattern)
+        for args, count in zip(calls, listed):
+            assert 1 + original(*args) <= count
+        total = sum(listed)
+        for budget in sorted({1, total // 3, total // 2, total - 1, total, total + 1} - {0}):
+            with monkeypatch.context() as m:
+                m.setattr(patterns, "_surely_listed", lambda *args: 0)
+                without = model.enumerate(limit, budget)
+            with monkeypatch.context() as m:
+                m.setattr(patterns, "_surely_listed", spied)
+                counted.clear()
+                with_count = model.enumerate(limit, budget)
+            assert (with_count is None) == (without is None) == (total > budget)
+            if budget == 1 and total > 2:
+                assert 1 + counted[0] > budget  # the first walk is skipped, not walked to its budget

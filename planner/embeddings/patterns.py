@@ -56,6 +56,10 @@ _CHECK_WORK = 2000.0
 # work: an evaluation costs about five of its units of CPU
 EVALUATION_WORK = 5.0
 
+# The relative margin by which a sum of loads counted without listing it must stay inside a limit (the sums'
+# rounding is far below it).
+SURE_MARGIN = 1e-9
+
 # places an option choice below a bound, charging a work count: (choice, upper_s, work) -> plan or None
 Placer = Callable[[Sequence[int], float, Work], "Assignment | None"]
 
@@ -347,13 +351,17 @@ class _Model:
         first_time = time_of(start.compute_s, start.ids_recv, start.pool_send, has_node_units)
         if start.hbm > hbm_cap or start.host > host_cap or first_time > limit_s:
             return
-        out.append(((), start, first_time))
-        left[0] -= 1
         any_node = has_node_units or node_level
         # with non-negative steps every load only grows down the walk, and so (rounding being monotone) does
         # each kind's time and memory on top of it: a kind that does not fit at a step (or is used up) does not
         # fit below it either, so each step hands down only the kinds that fit at it, not all kinds
         grows = s_per_byte >= 0 and min(map(min, steps), default=0.0) >= 0
+        if grows and 1 + _surely_listed(steps, caps, start, any_node, time_of, limit_s, s_per_byte, hbm_cap,
+                                        host_cap) > left[0]:
+            left[0] = -1  # the walk would pass the budget: what it would find is not used
+            return
+        out.append(((), start, first_time))
+        left[0] -= 1
 
         def walk(candidates: list[int], c: float, ir: float, ps: float, hbm: float, host: float) -> None:
             fitting: list[int] = []  # the candidates that fit, and the loads and time with each
@@ -510,6 +518,34 @@ class _Model:
                                     t, _o = device_pool[kind].pop(0)
                                     positions[t].append(int(i))
         return tuple((int(o), tuple(positions[t])) for t, o in enumerate(self.choice))
+
+
+def _surely_listed(steps: Sequence[tuple[float, float, float, float, float]], caps: Sequence[int], start: _Loads,
+                   any_node: bool, time_of: Callable[[float, float, float, bool], float], limit_s: float,
+                   s_per_byte: float, hbm_cap: float, host_cap: float) -> int:
+    """How many nonempty multisets the configuration walk lists on top of ``start`` at least: every kind that
+    fits alone (timed as the walk times it, ``any_node`` saying whether the node's latency is paid below the
+    start), and every pair of them that fits for sure. A pair fits for sure when each of its kinds takes at
+    most half the memory left and the start's time plus each kind's own lookups and all-to-all bytes, counted
+    as if no other traffic hid them, stays within ``limit_s`` (a kind adds at most that to any device's time);
+    a relative margin keeps the sums' rounding inside. Counting them costs a sort, where listing them walks every
+    configuration up to the budget."""
+    fits = [j for j, (dc, dir_, dps, dhbm, dhost) in enumerate(steps)
+            if caps[j] >= 1 and start.hbm + dhbm <= hbm_cap and start.host + dhost <= host_cap
+            and time_of(start.compute_s + dc, start.ids_recv + dir_, start.pool_send + dps, any_node) <= limit_s]
+    sure = 1.0 - SURE_MARGIN
+    room_hbm, room_host = (hbm_cap * sure - start.hbm) / 2.0, (host_cap * sure - start.host) / 2.0
+    half = np.array([j for j in fits if steps[j][3] <= room_hbm and steps[j][4] <= room_host], dtype=int)
+    if not half.size:
+        return len(fits)
+    kinds = np.asarray(steps, dtype=float)[half]
+    alone = kinds[:, 0] + s_per_byte * (kinds[:, 1] + 2.0 * kinds[:, 2])
+    room = limit_s * sure - time_of(start.compute_s, start.ids_recv, start.pool_send, any_node)
+    twice = int(np.count_nonzero((2.0 * alone <= room) & (np.asarray(caps)[half] >= 2)))
+    alone.sort()
+    # per kind (in sorted order), the later kinds whose time added to its own stays within the room
+    within = np.searchsorted(alone, room - alone, side="right") - np.arange(1, len(alone) + 1)
+    return len(fits) + twice + int(np.maximum(within, 0).sum())
 
 
 @dataclass(frozen=True)
