@@ -65,7 +65,7 @@ class StagePlan:
     expert_tp: int = 1  # ranks each expert's matrices are split over (Megatron-Core's default: tp)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a plan may hold a million shards
 class EmbeddingShard:
     device: int
     rows: tuple[int, int]  # [start, end)

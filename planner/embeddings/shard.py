@@ -441,19 +441,22 @@ def placements(problem: Problem, assignment) -> tuple[EmbeddingPlacement, ...]:
         memory = "host" if option.host else "hbm"
         shards: list[EmbeddingShard] = []
         sharding = option.sharding
+        # one range object per table serves all its shards: a data-parallel table on a thousand devices has a
+        # thousand shards, and a plan may hold a million
+        all_rows, all_cols = (0, table.rows), (0, table.dim)
         if option.sharding == "data_parallel":
-            shards = [EmbeddingShard(d, (0, table.rows), (0, table.dim), memory) for d in dev.ids]
+            shards = [EmbeddingShard(d, all_rows, all_cols, memory) for d in dev.ids]
         elif option.scope == "device":
             cols = even_split(table.dim, option.units)
             for (c0, c1), p in zip(cols, positions):
-                shards.append(EmbeddingShard(dev.ids[p], (0, table.rows), (c0, c1), memory))
+                shards.append(EmbeddingShard(dev.ids[p], all_rows, (c0, c1), memory))
             if option.sharding == "column_wise" and len({dev.node_of[p] for p in positions}) == 1 \
                     and len(dev.nodes) > 1:
                 sharding = "table_column_wise"  # TorchRec's TWCW: every column shard inside one node
         else:
             members = dev.nodes[positions[0]] if option.scope == "node" else range(dev.count)
             for (r0, r1), i in zip(even_split(table.rows, len(members)), members):
-                shards.append(EmbeddingShard(dev.ids[i], (r0, r1), (0, table.dim), memory))
+                shards.append(EmbeddingShard(dev.ids[i], (r0, r1), all_cols, memory))
         kernel = "fused_uvm" if option.host else "fused"
         out.append(EmbeddingPlacement(table=table.name, sharding=sharding, shards=tuple(shards),
                                       compute_kernel=kernel))
