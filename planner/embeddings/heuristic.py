@@ -303,18 +303,18 @@ def _tables_on(state: _State, device: int, spread: bool = True) -> list[int]:
     """The tables with a unit on ``device``, largest unit first; without those spread over every device (row-wise,
     data-parallel) unless ``spread``."""
     problem = state.problem
+    node = int(problem.dev.node_of[device])  # node-wide units sit at their node's index
     found = []
-    for t, o in enumerate(state.option):
-        if o is None:
+    for t, (o, positions) in enumerate(zip(state.option, state.positions)):
+        if o is None or not (spread or device in positions or node in positions):
             continue
-        option = problem.options[t][o]
-        if option.scope == "device" and device in state.positions[t]:
+        scope = problem.options[t][o].scope
+        if scope == "global":
+            if spread:
+                found.append(t)
+        elif (device if scope == "device" else node) in positions:
             found.append(t)
-        elif option.scope == "node" and any(device in problem.dev.nodes[k] for k in state.positions[t]):
-            found.append(t)
-        elif option.scope == "global" and spread:
-            found.append(t)
-    found.sort(key=lambda t: (-state.problem.unit_size_s(t, state.option[t]), t))
+    found.sort(key=lambda t: (-problem.unit_size_s(t, state.option[t]), t))
     return found
 
 

@@ -299,8 +299,7 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, work_limit: int | None
             pos_vars = []
             for p in positions:
                 target = int(rep[p]) if option.scope == "device" else p
-                unit = problem.unit(t, o, target)
-                if not problem.unit_fits(unit):
+                if not problem.fits_at(t, o, target):
                     continue  # one unit alone already overflows this position
                 upper = option.units if option.scope == "device" else 1
                 if bins.aggregated and option.scope == "device":

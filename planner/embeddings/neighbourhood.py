@@ -358,9 +358,9 @@ def solve_neighbourhood(problem: Problem, assignment: Assignment, hood: Neighbou
             targets = hood.devices if option.scope == "device" else hood.nodes if option.scope == "node" else (0,)
             cols = []
             for p in targets:
-                unit = problem.unit(t, o, p)
-                if not problem.unit_fits(unit):
+                if not problem.fits_at(t, o, p):
                     continue
+                unit = problem.unit(t, o, p)
                 if option.scope == "global":
                     col = z  # a global option is placed once it is chosen
                 else:

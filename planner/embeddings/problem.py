@@ -166,6 +166,7 @@ class Problem:
     _latency: dict[tuple[str, int], tuple[np.ndarray, float]] = field(default_factory=dict, repr=False)
     _alone: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
     _size: dict[tuple[int, int], float] = field(default_factory=dict, repr=False)
+    _fits: dict[tuple[int, int, int], bool] = field(default_factory=dict, repr=False)
 
     @cached_property
     def node_positions(self) -> tuple[int, ...]:
@@ -417,7 +418,15 @@ class Problem:
 
     def _fitting_positions(self, t: int, o: int) -> list[int]:
         """The distinct positions (node-wide and global options) where one unit of (t, o) fits in memory."""
-        return [p for p in self.distinct_positions(self.options[t][o]) if self.unit_fits(self.unit(t, o, p))]
+        return [p for p in self.distinct_positions(self.options[t][o]) if self.fits_at(t, o, p)]
+
+    def fits_at(self, t: int, o: int, position: int) -> bool:
+        """Whether one unit of table ``t``'s option ``o`` alone fits in memory at ``position``."""
+        key = (t, o, position)
+        cached = self._fits.get(key)
+        if cached is None:
+            cached = self._fits[key] = self.unit_fits(self.unit(t, o, position))
+        return cached
 
     def unit_fits(self, unit: UnitLoad) -> bool:
         """Whether ``unit`` alone fits in its devices' memory."""
@@ -511,7 +520,8 @@ def build_problem(tables: Sequence[EmbeddingTable], dev: DeviceArrays, global_ba
         renumbered.update(((t, o), k) for k, o in enumerate(usable))
         kept.append(tuple(options[o] for o in usable))
     final = Problem(tuple(tables), dev, global_batch, optimizer, tuple(kept))
-    # the units built above depend only on the option and position, so they carry over under the new index
-    final._units.update(((t, renumbered[t, o], p), unit) for (t, o, p), unit in problem._units.items()
-                        if (t, o) in renumbered)
+    # the units built above, and whether they fit, depend only on the option and position, so they carry over
+    # under the new index
+    for built, kept_ in ((problem._units, final._units), (problem._fits, final._fits)):
+        kept_.update(((t, renumbered[t, o], p), value) for (t, o, p), value in built.items() if (t, o) in renumbered)
     return final
