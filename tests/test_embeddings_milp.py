@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from embedding_checks import check_plan_memory, check_result
-from embedding_fixtures import cluster, node, small_node
+from embedding_fixtures import GiB, cluster, node, small_node
 from planner.embeddings import shard_tables
 from planner.embeddings.devices import device_arrays
 from planner.embeddings.milp import class_bins, device_bins, model_rows, node_bins, resolve_integer, solve
-from planner.embeddings.problem import build_problem
+from planner.embeddings.problem import Problem, build_options, build_problem
 from planner.types import EmbeddingTable
 from planner.solver import SolverOptions
 
@@ -361,3 +361,18 @@ def test_moving_rows_keeps_each_row_whole():
             tuple(lp.values[lp.starts[r]:(lp.starts + [len(lp.index)])[r + 1]]), lp.row_lower[r], lp.row_upper[r])
            for r in range(lp.rows)]
     assert got == [rows[0], rows[3], rows[4], rows[1], rows[2]] and len(columns) == 4
+
+
+def test_fit_checks_carry_over_to_the_kept_options():
+    """build_problem drops the options that fit nowhere and renumbers the rest; the fit checks it made carry over
+    under the new numbers and agree with a fresh problem's own checks."""
+    c = cluster((small_node(A100, 2, GiB), 1), (small_node(V100, 2, GiB), 1))
+    tables = (EmbeddingTable("big", 3_000_000, 64, 4.0), EmbeddingTable("small", 1_000, 16, 20.0))
+    dev = device_arrays(c)
+    problem = build_problem(tables, dev, 4096, "adagrad")
+    offered = build_options(0, tables[0], dev, 4096, "adagrad", False)
+    assert len(problem.options[0]) < len(offered)  # table-wise and data-parallel fit nowhere: dropped
+    fresh = Problem(problem.tables, dev, 4096, "adagrad", problem.options)
+    assert problem._fits
+    for (t, o, p), fits in problem._fits.items():
+        assert fits == fresh.fits_at(t, o, p)

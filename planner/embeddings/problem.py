@@ -522,6 +522,6 @@ def build_problem(tables: Sequence[EmbeddingTable], dev: DeviceArrays, global_ba
     final = Problem(tuple(tables), dev, global_batch, optimizer, tuple(kept))
     # the units built above, and whether they fit, depend only on the option and position, so they carry over
     # under the new index
-    for built, kept_ in ((problem._units, final._units), (problem._fits, final._fits)):
-        kept_.update(((t, renumbered[t, o], p), value) for (t, o, p), value in built.items() if (t, o) in renumbered)
+    for built, into in ((problem._units, final._units), (problem._fits, final._fits)):
+        into.update(((t, renumbered[t, o], p), value) for (t, o, p), value in built.items() if (t, o) in renumbered)
     return final
