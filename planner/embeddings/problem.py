@@ -425,14 +425,10 @@ class Problem:
         key = (t, o, position)
         cached = self._fits.get(key)
         if cached is None:
-            cached = self._fits[key] = self.unit_fits(self.unit(t, o, position))
+            unit, dev = self.unit(t, o, position), self.dev
+            cached = self._fits[key] = not (np.any(unit.hbm_bytes > dev.hbm_capacity_bytes[unit.devices])
+                                            or np.any(unit.host_bytes > dev.host_capacity_bytes[unit.devices]))
         return cached
-
-    def unit_fits(self, unit: UnitLoad) -> bool:
-        """Whether ``unit`` alone fits in its devices' memory."""
-        dev = self.dev
-        return not (np.any(unit.hbm_bytes > dev.hbm_capacity_bytes[unit.devices])
-                    or np.any(unit.host_bytes > dev.host_capacity_bytes[unit.devices]))
 
     def _unit_alone_s(self, t: int, o: int) -> float:
         option, dev = self.options[t][o], self.dev
