@@ -11,7 +11,9 @@ one of its steps costs in evaluations:
   classes of devices (sized from its LP relaxation, solved first);
 - a simplex iteration of a large-neighbourhood sub-MILP costs neighbourhood.ITERATION_EVALUATIONS_PER_ROW
   evaluations per row of the sub-MILP (the search charges its solves so);
-- a unit of the option search by kind (patterns.py) is 1 / patterns.EVALUATION_WORK evaluations.
+- a unit of the option search by kind (patterns.py) is 1 / patterns.EVALUATION_WORK evaluations;
+- a simplex iteration of the class LP while branching on its choices costs
+  branching.LP_ITERATION_EVALUATIONS_PER_ROW evaluations per row of the LP.
 
 So the counts shrink as tables x devices grow. What they do not cover grows with the problem: the class LP
 relaxation (solved whatever the budget), a greedy pass that must finish once started, and HiGHS's root node,
@@ -45,6 +47,9 @@ REBUILD_SHARE = 0.10
 IMPROVEMENT_SHARE = 0.20
 NODE_MILP_SHARE = 0.05
 EXACT_SHARE = 0.15
+# On top of those (which sum to 1): branching on option choices over the class LP once the plan is final
+# (branching.py), which only lifts the bound.
+BRANCH_SHARE = 0.40
 # The large-neighbourhood search frees at most one unit per round for this many evaluations of its budget.
 EVALUATIONS_PER_FREED_UNIT = 250.0
 # A MILP is worth starting only with this many checks (its root and a few nodes); fewer, and it is skipped.
@@ -106,6 +111,9 @@ class Budget:
 
     def rebuild_evaluations(self) -> float:
         return self._share(REBUILD_SHARE)
+
+    def branch_evaluations(self) -> float:
+        return self._share(BRANCH_SHARE)
 
     def neighbourhood(self) -> LnsSettings:
         """The large-neighbourhood search: the improvement share, and at most one unit freed per round for every

@@ -422,6 +422,18 @@ def _outcome(highs) -> tuple[bool, bool]:
     return status in (s.kOptimal, s.kObjectiveBound, s.kObjectiveTarget, s.kInterrupt), False
 
 
+def copy_relaxation(relaxed: SolveResult) -> Kept:
+    """A copy of the LP ``relaxed`` kept (solved with ``keep=True``), with its basis and every floor (f2) a lazy
+    LP left out, for re-solving under other column bounds while the original goes on to its MILP."""
+    kept = relaxed.handle
+    highs = quiet_highs()
+    highs.passModel(kept.highs.getModel())
+    highs.setBasis(kept.highs.getBasis())
+    if kept.floors is not None and kept.floors[1]:
+        kept.floors[0].add(highs, kept.floors[1])
+    return Kept(highs, kept.choice, kept.integral, kept.bins)
+
+
 def model_rows(relaxed: SolveResult) -> int:
     """The constraints of the model ``relaxed`` kept (solved with ``keep=True``): what one of its re-solves
     costs grows with them."""

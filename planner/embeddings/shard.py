@@ -13,6 +13,9 @@ The search runs in stages, each named by what it does:
   on clusters of a few nodes, the MILP with nodes as bins (a stronger bound, and a guide), and where the
   budget covers it the exact per-device MILP, started from the best plan (a bound, and proof of optimality
   where it closes);
+- **branching** (once the plan is final, where it is not at its bound): best-first branching on the class LP's
+  option choices, without cuts (branching.py), which lifts the bound where the LP splits a table between
+  options and the class MILP stopped inside its root;
 - **deep** (only with a budget past budget.STAGE_WORK_CAP times the default): the option search again with more
   configurations, then the bound of the configuration LP over device patterns (pattern_bound.py), and option
   choices from its LP (pattern_primal.py) placed by the heuristics and by device configurations.
@@ -37,8 +40,9 @@ from planner.embeddings.budget import (NEIGHBOURHOOD_MAX_DEVICES, NODE_MILP_MAX_
 from planner.embeddings.devices import device_arrays
 from planner.embeddings.heuristic import (Assignment, Work, greedy, heuristic, least_work_guide, local_search,
                                           guide_choice, rebuild, target_pack)
-from planner.embeddings.milp import (PIGEONHOLE_MAX_VARIABLES, Bins, SolveResult, class_bins, device_bins,
-                                    model_rows, node_bins, resolve_integer, solve)
+from planner.embeddings.branching import branch_bound
+from planner.embeddings.milp import (PIGEONHOLE_MAX_VARIABLES, Bins, Kept, SolveResult, class_bins,
+                                    copy_relaxation, device_bins, model_rows, node_bins, resolve_integer, solve)
 from planner.embeddings.neighbourhood import improve
 from planner.embeddings.pattern_bound import PatternBound, PatternBoundSettings
 from planner.embeddings.pattern_primal import choices as pattern_choices
@@ -175,19 +179,27 @@ def run_stages(problem: Problem, plan_budget: Budget, start: Assignment | None) 
     ``start``."""
     clock = time.perf_counter()
     classes = class_bins(problem)
-    bound, guides = bound_stage(problem, classes, plan_budget)
+    bound, guides, relaxation = bound_stage(problem, classes, plan_budget)
     log.debug("embeddings: bound stage %.6f s, %d guides (%.2f s)", bound, len(guides), time.perf_counter() - clock)
     assignment, best = placement_stage(problem, guides, plan_budget, start, bound)
     log.debug("embeddings: placement stage %.6f s (%.2f s)", best, time.perf_counter() - clock)
     found = improvement_stage(problem, classes, guides, plan_budget, Found(assignment, bound, best, "heuristic", False))
     log.debug("embeddings: improvement stage %.6f s, bound %.6f s (%.2f s)", found.best_s, found.bound_s,
               time.perf_counter() - clock)
+    if relaxation is not None and found.assignment is not None and not found.proven \
+            and found.best_s > found.bound_s * (1 + AT_BOUND):
+        # the plan is final; branching on the class LP's option choices only lifts the bound
+        lifted = branch_bound(problem, relaxation, found.bound_s, found.best_s, plan_budget.branch_evaluations())
+        found = found._replace(bound_s=max(found.bound_s, lifted))
+        log.debug("embeddings: branching on choices, bound %.6f s (%.2f s)", found.bound_s,
+                  time.perf_counter() - clock)
     return found
 
 
-def bound_stage(problem: Problem, classes: Bins, plan_budget: Budget) -> tuple[float, list]:
-    """The class LP's bound and the class MILP's (integral option choices), and the guides: per table, weights
-    over its options that the placement starts from."""
+def bound_stage(problem: Problem, classes: Bins, plan_budget: Budget) -> tuple[float, list, Kept | None]:
+    """The class LP's bound and the class MILP's (integral option choices), the guides (per table, weights over
+    its options that the placement starts from), and a copy of the class LP to branch on once the plan is final
+    (None where the class MILP does not run)."""
     class_size = milp_size(problem, classes)
     relaxed = solve(problem, classes, integer=False, keep=True, milp_checks=plan_budget.bound_checks)
     if relaxed.status == "infeasible":
@@ -196,6 +208,9 @@ def bound_stage(problem: Problem, classes: Bins, plan_budget: Budget) -> tuple[f
     # one option per table and whole units per class: still a relaxation of the per-device problem (any plan
     # aggregates to a solution of it), but it cannot mix options within a table
     checks = plan_budget.bound_checks(model_rows(relaxed))
+    # the LP to branch on once the plan is final (the MILP changes the kept model); where the budget does not
+    # cover the MILP, re-solving its LP with every floor costs more than the branching's share too
+    relaxation = copy_relaxation(relaxed) if checks else None
     chosen = resolve_integer(problem, relaxed, work_limit=checks) if checks else None
     guides = []
     if chosen is not None:
@@ -219,7 +234,7 @@ def bound_stage(problem: Problem, classes: Bins, plan_budget: Budget) -> tuple[f
     if node_free:
         guides.append(_guide_without_node_options(problem, plan_budget, guide_milps))
     guides.append(least_work_guide(problem))
-    return bound, guides
+    return bound, guides, relaxation
 
 
 def placement_stage(problem: Problem, guides: list, plan_budget: Budget, start: Assignment | None,
