@@ -423,14 +423,13 @@ def _outcome(highs) -> tuple[bool, bool]:
 
 
 def copy_relaxation(relaxed: SolveResult) -> Kept:
-    """A copy of the LP ``relaxed`` kept (solved with ``keep=True``), with its basis and every floor (f2) a lazy
-    LP left out, for re-solving under other column bounds while the original goes on to its MILP."""
+    """A copy of the LP ``relaxed`` kept (solved with ``keep=True``) and its basis, for re-solving under other
+    column bounds while the original goes on to its MILP. Floors (f2) a lazy LP left out stay out of the copy
+    (a weaker relaxation, still a bound)."""
     kept = relaxed.handle
     highs = quiet_highs()
     highs.passModel(kept.highs.getModel())
     highs.setBasis(kept.highs.getBasis())
-    if kept.floors is not None and kept.floors[1]:
-        kept.floors[0].add(highs, kept.floors[1])
     return Kept(highs, kept.choice, kept.integral, kept.bins)
 
 

@@ -209,7 +209,7 @@ def bound_stage(problem: Problem, classes: Bins, plan_budget: Budget) -> tuple[f
     # aggregates to a solution of it), but it cannot mix options within a table
     checks = plan_budget.bound_checks(model_rows(relaxed))
     # the LP to branch on once the plan is final (the MILP changes the kept model); where the budget does not
-    # cover the MILP, re-solving its LP with every floor costs more than the branching's share too
+    # cover the MILP, one re-solve of its LP with every floor costs more than the branching's share too
     relaxation = copy_relaxation(relaxed) if checks else None
     chosen = resolve_integer(problem, relaxed, work_limit=checks) if checks else None
     guides = []
