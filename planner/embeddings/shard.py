@@ -189,8 +189,8 @@ def run_stages(problem: Problem, plan_budget: Budget, start: Assignment | None) 
     if relaxation is not None and found.assignment is not None and not found.proven \
             and found.best_s > found.bound_s * (1 + AT_BOUND):
         # the plan is final; branching on the class LP's option choices only lifts the bound
-        lifted = branch_bound(problem, relaxation, found.bound_s, found.best_s, plan_budget.branch_evaluations())
-        found = found._replace(bound_s=max(found.bound_s, lifted))
+        found = found._replace(bound_s=branch_bound(problem, relaxation, found.bound_s, found.best_s,
+                                                    plan_budget.branch_evaluations()))
         log.debug("embeddings: branching on choices, bound %.6f s (%.2f s)", found.bound_s,
                   time.perf_counter() - clock)
     return found
