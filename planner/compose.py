@@ -26,16 +26,26 @@ pipeline and is planned with it. The estimate and the plan of a model with spars
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from planner import arguments
 from planner.cost.estimator import Calibrations
 from planner.cost.estimator import estimate as estimate_dense
 from planner.errors import InfeasibleError
 from planner.plans import Plan
 from planner.solver import SolverOptions
 from planner.types import Batching, Cluster, EmbeddingTable, Estimate, LayerGraph, ParallelConfig
+
+_MODEL_FIX = "give the LayerGraph of planner.load_model('MODEL.onnx')"
+_CLUSTER_FIX = "give the Cluster of planner.load_cluster('dgx-a100-80gb*2') or of a cluster file"
+
+
+def check_inputs(model: Any, cluster: Any, options: Any) -> None:
+    """Raise ConfigError unless the Python API got a model, a cluster and (or None) solver options."""
+    arguments.instance(model, LayerGraph, "model", _MODEL_FIX)
+    arguments.instance(cluster, Cluster, "cluster", _CLUSTER_FIX)
+    arguments.optional(options, SolverOptions, "options", "give planner.solver.SolverOptions(work=1, seed=0) or None")
 
 if TYPE_CHECKING:  # the search and the sharder are imported on first use (see search and shard)
     from planner.embeddings import EmbeddingResult
@@ -52,11 +62,11 @@ def tables_are_sparse(model: LayerGraph) -> bool:
 def sparse_tables(model: LayerGraph, tables: Any = None) -> tuple[EmbeddingTable, ...]:
     """The sparse tables to place model-parallel: those of ``tables`` (a table file or EmbeddingTables) or,
     for a DLRM or a model whose tables sit outside its pipeline layers, the model's own."""
-    if tables:
-        if isinstance(tables, (str, os.PathLike)):
-            from planner.embeddings import load_tables  # noqa: PLC0415 - only models with tables need it
-            return tuple(load_tables(tables))
-        return tuple(tables)
+    if tables is not None:
+        from planner.embeddings.tables import given_tables  # noqa: PLC0415 - only models with tables need it
+        given = given_tables(tables)
+        if given:
+            return given
     return tuple(model.embedding_tables) if tables_are_sparse(model) else ()
 
 
@@ -137,6 +147,8 @@ def estimate(model: LayerGraph, cluster: Cluster, config: ParallelConfig, calibr
     a table file or EmbeddingTables) are sharded as a plan shards them (``options``: the sharder's work and seed)
     and their time joined. Tables that fit nowhere make the estimate infeasible, with the sharder's reason, as a
     stage that does not fit does."""
+    check_inputs(model, cluster, options)
+    arguments.instance(config, ParallelConfig, "config", "give planner.ParallelConfig(global_batch=..., tp=, pp=, dp=)")
     sparse = sparse_tables(model, tables)
     if not sparse:
         return estimate_dense(model, cluster, config, calibration)
@@ -182,6 +194,7 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
     both: its work to the dense search and the sharder, its seed to the sharder."""
     from planner.search.api import search_dense  # noqa: PLC0415 - planner.search.search calls this module
 
+    check_inputs(model, cluster, options)
     sparse = sparse_tables(model, tables)
     finish: Callable[[Plan, Estimate], Plan] | None = None
     if sparse:

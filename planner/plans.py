@@ -14,6 +14,7 @@ the same verdicts.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
 from importlib import resources
@@ -187,11 +188,22 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str) -> "Plan":
+        """A Plan from its JSON text (a plan file's content; :func:`load_plan` reads the file), held to a plan
+        file's size limit."""
+        if not isinstance(text, str):
+            raise PlannerError(f"plan: got a {type(text).__name__}; give the plan's JSON text (Plan.to_json()), or "
+                               "read a plan file with planner.plans.load_plan(PATH)")
+        if len(text) > MAX_JSON_BYTES:
+            raise PlannerError(f"plan: the text has {len(text)} characters, over the limit of {MAX_JSON_BYTES} for "
+                               "a plan file; check that it is the plan meant")
         return cls.from_dict(load_json(text, "plan", PlannerError))
 
 
 def load_plan(path: str) -> Plan:
     """Read a plan file written by ``planner plan --out FILE`` (or ``Plan.to_json``)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise PlannerError(f"plan file: got a {type(path).__name__}; give the path of a plan file written by "
+                           "'planner plan MODEL ... --out PLAN.json'")
     try:
         text = read_input(path, PlannerError, MAX_JSON_BYTES)
     except PlannerError as exc:

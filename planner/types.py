@@ -23,9 +23,11 @@ Conventions
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from numbers import Integral
 from typing import Any, Mapping
 
+from planner.errors import ConfigError
 from planner.runtime import DEFAULT_RUNTIME
 
 # ----------------------------------------------------------------------------------------------- graph
@@ -290,6 +292,30 @@ class ParallelConfig:
     # ``expert_tp`` ranks (Megatron-Core's expert tensor parallelism); None: resolved (ep 1 on a dense model)
     ep: int | None = None
     expert_tp: int | None = None
+
+    def __post_init__(self) -> None:
+        # Wrong types from the Python API fail here, naming the field, rather than deep in a rule or formula.
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None and f.name != "global_batch":
+                continue
+            if f.name in _COUNT_FIELDS:
+                least = 0 if f.name in _ZERO_ALLOWED else 1
+                if isinstance(value, bool) or not isinstance(value, Integral) or value < least:
+                    kind = "a non-negative" if least == 0 else "a positive"
+                    raise ConfigError(f"{f.name}={value!r} must be {kind} integer")
+            elif f.name == "sequence_parallel":
+                if not isinstance(value, bool):
+                    raise ConfigError(f"sequence_parallel={value!r} must be True, False or None")
+            elif not isinstance(value, str):
+                raise ConfigError(f"{f.name}={value!r} must be a name (a string) or None")
+
+
+# ParallelConfig's integer fields; of them, ZeRO's stage counts from 0, and a tp, pp, dp or cp of 0 leaves the
+# degree to the search when the config pins a plan (estimate's rules ask for 1 or more).
+_COUNT_FIELDS = frozenset({"global_batch", "tp", "pp", "dp", "micro_batch", "vpp", "zero", "cp",
+                           "first_stage_layers", "last_stage_layers", "ep", "expert_tp"})
+_ZERO_ALLOWED = frozenset({"zero", "tp", "pp", "dp", "cp"})
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,10 @@ FORBIDDEN: dict[str, frozenset[str]] = {
 }
 # only the command line reaches the commands
 COMMANDS_IMPORTERS = frozenset({"cli", "commands"})
+# the modules at the top of planner/ that import a package, and which; cli.py and compose.py may import any
+TOP_LEVEL_IMPORTS: dict[str, frozenset[str]] = {"rules": frozenset({"hardware"}), "plans": frozenset({"hardware"})}
+ANY_PACKAGE = frozenset({"cli", "compose"})
+PACKAGES = frozenset(p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file())
 
 # (importing module, imported part) pairs known to break a rule, each with the reason it is tolerated;
 # none today
@@ -142,3 +146,14 @@ def test_architecture_doc_names_only_paths_that_exist():
     named = set(re.findall(r"`(planner/[\w/.]*?)/?`", text)) | set(re.findall(r"\bplanner/[\w/]+\.py\b", text))
     missing = sorted(p for p in named if not (ROOT.parent / p).exists())
     assert named and not missing, missing
+
+
+def test_top_level_modules_import_only_the_packages_the_doc_names():
+    """docs/architecture.md: apart from cli.py and compose.py, only rules.py and plans.py import a package
+    (hardware/); every other module at the top of planner/ imports modules beside it only."""
+    broken = [e for e in EDGES
+              if e.module.count(".") == 1 and e.part in PACKAGES and _part(e.module) not in PACKAGES
+              and _part(e.module) not in ANY_PACKAGE
+              and e.part not in TOP_LEVEL_IMPORTS.get(_part(e.module) or "", frozenset())]
+    assert not broken, "\n".join(f"{e.where}: {e.module} imports planner.{e.part}" for e in broken)
+    assert {"graph", "hardware", "cost", "search", "embeddings"} <= PACKAGES

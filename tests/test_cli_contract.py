@@ -1,4 +1,4 @@
-"""CONTRACT.md promises checked end to end through the CLI: on exit 2 stderr holds exactly one line (no
+"""The README's promises checked end to end through the CLI: on exit 2 stderr holds exactly one line (no
 progress bar before it, no traceback), and a path the user asked us to write is checked before any work."""
 
 from __future__ import annotations

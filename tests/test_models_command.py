@@ -84,9 +84,9 @@ def test_build_unwritable_path_is_one_line_exit_2(tmp_path, capsys, monkeypatch)
     assert main(["models", "build", "gpt", "--out", str(target)]) == 2
     assert "is a folder" in one_error_line(capsys)
 
-    def refuse(model, path):
-        raise PermissionError(13, "Permission denied", path)
+    def refuse(path, binary=False):
+        raise PermissionError(13, "Permission denied", str(path))
 
-    monkeypatch.setattr("planner.builders.save", refuse)  # as a read-only folder would (tests run as root)
+    monkeypatch.setattr("planner.outputs.atomic_open", refuse)  # as a read-only folder would (tests run as root)
     assert main(["models", "build", "gpt", "--out", str(tmp_path / "g.onnx")]) == 2
     assert "cannot write it (Permission denied)" in one_error_line(capsys)

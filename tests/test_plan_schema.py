@@ -36,6 +36,18 @@ def test_schema_requires_the_contract_fields():
     assert {"proven_optimal", "lower_bound_s"} <= set(s["properties"]["search"]["required"])
 
 
+def test_schema_enums_are_the_rule_books():
+    """The schema's closed lists are planner.rules' own, so a plan file with a name no rule knows is refused."""
+    from planner import rules
+
+    s = schema()
+    assert s["properties"]["optimizer"]["enum"] == list(rules.OPTIMIZERS)
+    assert s["properties"]["dtype"]["enum"] == list(rules.DTYPES)
+    assert s["properties"]["schedule"]["enum"] == list(rules.SCHEDULES)
+    assert s["properties"]["fp8_recipe"]["enum"] == [*rules.FP8_RECIPE_NAMES, None]
+    assert s["$defs"]["stage"]["properties"]["recompute"]["enum"] == list(rules.RECOMPUTE_CHOICES)
+
+
 def test_schema_command_prints_the_shipped_file(capsys):
     assert main(["schema"]) == 0
     out = capsys.readouterr().out

@@ -21,6 +21,7 @@ from typing import Mapping
 
 import onnx
 
+from planner import arguments
 from planner.builders._spec import Family, Key, Value, resolve
 from planner.builders.dlrm import FAMILY as _DLRM
 from planner.builders.moe import FAMILY as _MOE
@@ -57,15 +58,18 @@ def build(family: str, settings: Mapping[str, object] | None = None,
     ``weights_file`` is the external-data location written into every weight (default ``<family>.weights``);
     :func:`save` passes the one matching the file name it writes.
     """
+    arguments.instance(family, str, "family", f"give a family name, one of: {', '.join(FAMILIES)}")
+    arguments.optional(settings, Mapping, "settings", "give a mapping such as {'layers': 2} or None")
     spec = _family(family)
     resolved = resolve(spec, settings or {})
     return spec.build(resolved, weights_file or f"{family}.weights")
 
 
-def save(model: onnx.ModelProto, path: str) -> None:
+def save(model: onnx.ModelProto, path: str, flag: str = "path") -> None:
     """Write ``model`` to ``path`` and nothing else (no external-data file is created), whole or not at all
-    (planner.outputs.atomic_open); OS errors propagate."""
-    from planner.outputs import atomic_open  # noqa: PLC0415
+    (planner.outputs.write_bytes); a path that cannot be written is a ConfigError naming it (as ``flag``)."""
+    from planner.outputs import check_output_file, write_bytes  # noqa: PLC0415
 
-    with atomic_open(path, binary=True) as handle:
-        handle.write(model.SerializeToString())
+    arguments.instance(model, onnx.ModelProto, "model", "give the ModelProto of planner.builders.build(...)")
+    arguments.path_like(path, flag, "the .onnx file to write")
+    write_bytes(check_output_file(path, flag), model.SerializeToString(), flag)

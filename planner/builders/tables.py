@@ -13,7 +13,9 @@ finite and in its range), so a bad file is a ConfigError naming the file, the fi
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
+from numbers import Integral
 from typing import Any
 
 from planner.errors import ConfigError, suggest
@@ -48,9 +50,45 @@ def _read(path: str) -> Document:
     return document
 
 
-def _table(entry: dict[str, Any]) -> EmbeddingTable:
+def _table(entry: dict[str, Any], dtype_bytes: int = 4) -> EmbeddingTable:
     return EmbeddingTable(name=entry["name"], rows=int(entry["rows"]), dim=int(entry["dim"]),
-                          pooling_factor=float(entry.get("pooling_factor", 1)))
+                          pooling_factor=float(entry.get("pooling_factor", 1)), dtype_bytes=dtype_bytes)
+
+
+def _check_unique(tables: tuple[EmbeddingTable, ...], where: str) -> None:
+    seen: set[str] = set()
+    for table in tables:
+        if table.name in seen:
+            raise ConfigError(f"{where}: table name '{table.name}' appears twice; names must be unique")
+        seen.add(table.name)
+
+
+def check_tables(tables: Any, where: str = "tables") -> tuple[EmbeddingTable, ...]:
+    """EmbeddingTables given from Python, held to a table file's rules (the same schema, unique names) and
+    a stored width (``dtype_bytes``) of 1 to 8 bytes; returned with integral sizes."""
+    if isinstance(tables, (str, bytes, dict)) or not isinstance(tables, Iterable):
+        raise ConfigError(f"{where}: got a {type(tables).__name__}; give a table file's path or a sequence of "
+                          "planner.types.EmbeddingTable")
+    items = tuple(tables)
+    for i, table in enumerate(items):
+        if not isinstance(table, EmbeddingTable):
+            raise ConfigError(f"{where}[{i}]: got a {type(table).__name__}; give planner.types.EmbeddingTable("
+                              "name=, rows=, dim=, pooling_factor=)")
+        width = table.dtype_bytes
+        if isinstance(width, bool) or not isinstance(width, Integral) or not 1 <= width <= 8:
+            raise ConfigError(f"{where}[{i}] ('{table.name}'): dtype_bytes={width!r} must be an integer from 1 "
+                              "to 8 (4 for fp32, 2 for fp16 or bf16)")
+    entries = [{"name": t.name, "rows": _plain(t.rows), "dim": _plain(t.dim),
+                "pooling_factor": _plain(t.pooling_factor)} for t in items]
+    check(Document(data={"tables": entries}, where=where, lines={}), "tables", error=ConfigError)
+    checked = tuple(_table(entry, int(t.dtype_bytes)) for entry, t in zip(entries, items))
+    _check_unique(checked, where)
+    return checked
+
+
+def _plain(value: Any) -> Any:
+    """A numpy scalar as the Python number the schema checks (any other value as it is)."""
+    return value.item() if hasattr(value, "item") and not isinstance(value, (str, bytes)) else value
 
 
 def _widths(value: list[Any] | None) -> tuple[int, ...] | None:
@@ -72,11 +110,7 @@ def load_tables(path: str, workload: str | None = None) -> TablesSpec:
     elif workload is not None:
         raise ConfigError(f"workload='{workload}' given but tables file '{path}' has no 'workloads' list")
     tables = tuple(_table(item) for item in entry["tables"])
-    seen: set[str] = set()
-    for table in tables:
-        if table.name in seen:
-            raise ConfigError(f"tables file '{path}': table name '{table.name}' appears twice; names must be unique")
-        seen.add(table.name)
+    _check_unique(tables, f"tables file '{path}'")
     dense = entry.get("dense_features")
     return TablesSpec(tables=tables, dense_features=None if dense is None else int(dense),
                       bottom_mlp=_widths(entry.get("bottom_mlp")), top_mlp=_widths(entry.get("top_mlp")))

@@ -9,7 +9,7 @@ import sys
 from planner.assignments import split_assignments
 from planner.commands._common import add_json_flag, emit_json
 from planner.errors import ConfigError
-from planner.outputs import check_output_file, write_error
+from planner.outputs import check_output_file
 
 NAME = "models"
 HELP = "list the model families the builder knows, or build one as an ONNX graph (no weight data)"
@@ -70,10 +70,7 @@ def run(args: argparse.Namespace) -> int:
     settings = _parse_settings(args.settings)
     check_output_file(args.out, "--out", (".onnx",))
     model = build(args.family, settings, weights_file=weights_file_for(args.out))
-    try:
-        save(model, args.out)
-    except OSError as exc:
-        raise write_error(args.out, "--out", exc) from None
+    save(model, args.out, "--out")
     params = sum(_numel(t.dims) for t in model.graph.initializer)
     log.info("wrote %s: %s, %d parameters declared (weights point at %s, not written)", args.out, args.family,
              params, weights_file_for(args.out))

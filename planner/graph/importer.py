@@ -36,6 +36,9 @@ def load_model(path: str | os.PathLike, dims: Mapping[str, int] | None = None, *
     A model the ONNX checker rejects is a ModelError; so is one where ops that could not be costed (no
     cost rule, unknown shapes) carry over ``UNKNOWN_SHARE_LIMIT`` of the FLOPs, unless
     ``allow_unknown_ops`` (then they cost zero and a warning gives their share)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise ModelError(f"model path: got a {type(path).__name__}; give the path of an .onnx file (an in-memory "
+                         "ModelProto goes to planner.graph.import_model_proto)")
     model = read_model(path)
     return _import(model, dims, Path(path).stem, str(path), allow_unknown_ops)
 
@@ -104,6 +107,8 @@ def _note_routed(graph: OpGraph, layers: int) -> None:
 
 
 def _check_dims(dims: Mapping[str, int] | None, where: str) -> None:
+    if dims is not None and not isinstance(dims, Mapping):
+        raise ModelError(f"{where}: dims got a {type(dims).__name__}; give a mapping such as {{'batch': 1, 'seq': 2048}}")
     for key, value in (dims or {}).items():
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ModelError(f"{where}: dimension {key}={value!r} must be a positive integer")

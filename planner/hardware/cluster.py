@@ -39,6 +39,9 @@ _SHORTHAND_TERM = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\*\s*([^\s+
 
 def load_cluster(spec: str | os.PathLike) -> Cluster:
     """A Cluster from a file path (YAML/JSON) or a shorthand such as ``dgx-a100-80gb*16+hgx-v100-32gb*8``."""
+    if not isinstance(spec, (str, os.PathLike)):
+        raise ClusterError(f"cluster: got a {type(spec).__name__}; give a cluster file's path or a shorthand such as "
+                           "'dgx-a100-80gb*16+hgx-v100-32gb*8'")
     text = os.fspath(spec)
     path = Path(text)
     if path.suffix.lower() in (".yaml", ".yml", ".json") or "/" in text or os.sep in text or _is_file(path):

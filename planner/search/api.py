@@ -10,7 +10,7 @@ from typing import Callable
 
 import numpy as np
 
-from planner import compose
+from planner import arguments, compose
 from planner.errors import ConfigError, InfeasibleError
 from planner.hardware.efficiency import resolve_dtype
 from planner.hardware.fp8 import cost_dtype, resolve_fp8_recipe
@@ -80,14 +80,14 @@ def search_dense(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinn
     """:func:`search` of a dense model. ``finish`` (planner.compose's join of the sparse tables) is applied
     to each plan with its dense estimate before the plan's bottleneck sentence is written, so the sentence
     weighs what ``finish`` adds to ``breakdown["embedding_s"]``."""
-    if global_batch <= 0:
-        raise ConfigError(f"global_batch {global_batch}: must be a positive integer")
-    if top_k <= 0:
-        raise ConfigError(f"--top {top_k}: must be at least 1")
-    if time_limit_s is not None and not time_limit_s > 0:
-        raise ConfigError(f"--time-limit {time_limit_s}: must be a positive number of seconds")
-    if budget is not None and budget <= 0:
-        raise ConfigError(f"--budget {budget}: must be a positive number of work units")
+    global_batch = arguments.whole(global_batch, "global_batch")
+    top_k = arguments.whole(top_k, "top_k")
+    if time_limit_s is not None:
+        time_limit_s = arguments.seconds(time_limit_s, "time_limit_s")
+    if budget is not None:
+        budget = arguments.whole(budget, "budget")
+    arguments.optional(pinned, ParallelConfig, "pinned", "give planner.ParallelConfig(global_batch=..., tp=0, ...) "
+                       "(0 leaves tp, pp, dp, cp to the search) or None")
     if pinned is not None and pinned.global_batch != global_batch:
         raise ConfigError(f"pinned global_batch {pinned.global_batch} differs from global_batch {global_batch}; "
                           "give the same value (or pass pinned=None)")

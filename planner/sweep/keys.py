@@ -138,20 +138,36 @@ def parse_value(key: SweepKey, text: str) -> Value:
 
 def parse_sweeps(sweeps: Mapping[str, Sequence[str]]) -> tuple[Sweep, ...]:
     """Keys in the mapping's order, values in the order given (that fixes the grid's order)."""
+    if not isinstance(sweeps, Mapping):
+        raise ConfigError(f"sweeps: got a {type(sweeps).__name__}; give a mapping of KEY to its values, e.g. "
+                          "{'count': ['2', '4']}")
     if not sweeps:
         raise ConfigError(f"--sweep: give at least one KEY=V1,V2,... (valid keys: {valid_keys_text()})")
     parsed: list[Sweep] = []
     for text, values in sweeps.items():
+        if not isinstance(text, str):
+            raise ConfigError(f"sweeps: key {text!r} must be a name such as 'count' (valid keys: {valid_keys_text()})")
         key = parse_key(text)
         if isinstance(values, str):
             values = values.split(",")
+        if not isinstance(values, (list, tuple)):
+            raise ConfigError(f"--sweep {key.text}: got a {type(values).__name__}; give a list of values or 'A,B,C'")
         if not values:
             raise ConfigError(f"--sweep {key.text}: give at least one value")
-        typed = tuple(parse_value(key, v) for v in values)
+        typed = tuple(parse_value(key, _value_text(key, v)) for v in values)
         if len(set(typed)) != len(typed):
             raise ConfigError(f"--sweep {key.text}: a value is repeated in {','.join(map(str, values))}")
         parsed.append(Sweep(key, typed))
     return tuple(parsed)
+
+
+def _value_text(key: SweepKey, value: object) -> str:
+    """A sweep value as the text the CLI would give (a number from Python written as it prints)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    raise ConfigError(f"--sweep {key.text}: value {value!r} must be a number or its text")
 
 
 def parse_sweep_args(items: Sequence[str]) -> dict[str, list[str]]:

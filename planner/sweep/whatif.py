@@ -27,6 +27,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable, Mapping, Sequence
 
+from planner import arguments
 from planner.errors import ModelError, PlannerError
 from planner.plans import Plan
 from planner.solver import SolverOptions
@@ -316,11 +317,25 @@ def whatif(model_path: str, cluster_spec: str | Cluster, global_batch: int, swee
     from planner.hardware import catalog  # noqa: PLC0415
 
     start = time.perf_counter()
+    arguments.path_like(model_path, "model_path", "an .onnx model file (whatif imports it again at each point)")
+    global_batch = arguments.whole(global_batch, "global_batch")
+    arguments.optional(dims, Mapping, "dims", "give a mapping such as {'seq': 2048} or None")
+    arguments.optional(pinned, ParallelConfig, "pinned", "give planner.ParallelConfig(...) or None")
+    arguments.optional(options, SolverOptions, "options", "give planner.solver.SolverOptions(work=1, seed=0) or None")
+    if workers is not None:
+        workers = arguments.whole(workers, "workers")
+    if time_limit_s is not None:
+        time_limit_s = arguments.seconds(time_limit_s, "time_limit_s")
+    if budget is not None:
+        budget = arguments.whole(budget, "budget")
     parsed = parse_sweeps(sweeps)
     if not str(model_path).lower().endswith(".onnx"):
         raise ModelError(f"{model_path}: expected an .onnx model file")
     cluster = cluster_spec if isinstance(cluster_spec, Cluster) else load_cluster(cluster_spec)
     check_groups(cluster, parsed, catalog)
+    if tables is not None:  # a bad table file or table is the caller's mistake, not an infeasible point
+        from planner.embeddings.tables import given_tables  # noqa: PLC0415 - only with tables
+        tables = given_tables(tables) or None
     points = point_inputs(cluster, global_batch, dict(dims or {}), parsed, catalog)
     tasks = [PointTask(str(model_path), p, pinned, tables, time_limit_s, budget, options) for p in points]
     log.info("whatif: %d points", len(tasks))

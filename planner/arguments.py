@@ -1,0 +1,46 @@
+"""Checks of the Python API's arguments: a wrong type or value is a ConfigError naming the parameter.
+
+The CLI's parser checks its flags before any of these run; a script calling ``planner.estimate``, ``plan``,
+``whatif`` or a loader gets the same kind of one-line error instead of a TypeError from deep inside.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from numbers import Integral, Real
+from typing import Any
+
+from planner.errors import ConfigError
+
+
+def instance(value: Any, kind: type | tuple[type, ...], name: str, fix: str) -> None:
+    """Raise unless ``value`` is a ``kind``; ``fix`` says what to pass instead."""
+    if not isinstance(value, kind):
+        raise ConfigError(f"{name}: got a {type(value).__name__}; {fix}")
+
+
+def optional(value: Any, kind: type | tuple[type, ...], name: str, fix: str) -> None:
+    """:func:`instance`, where None is also accepted."""
+    if value is not None:
+        instance(value, kind, name, fix)
+
+
+def whole(value: Any, name: str, least: int = 1) -> int:
+    """``value`` as an int: an integer (not a bool) of at least ``least``."""
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < least:
+        kind = "a positive integer" if least == 1 else f"an integer of at least {least}"
+        raise ConfigError(f"{name}={value!r} must be {kind}")
+    return int(value)
+
+
+def seconds(value: Any, name: str) -> float:
+    """``value`` as a float: a finite number of seconds above 0."""
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{name}={value!r} must be a positive number of seconds")
+    return float(value)
+
+
+def path_like(value: Any, name: str, what: str) -> None:
+    """Raise unless ``value`` is a path (a str or os.PathLike); ``what`` says what the path should name."""
+    instance(value, (str, os.PathLike), name, f"give the path of {what}")
