@@ -57,6 +57,8 @@ DTYPES = tuple(DTYPE_FALLBACK)
 # Transformer Engine's FP8 scaling recipes (with dtype fp8 only; which devices run each: planner.hardware.fp8)
 FP8_RECIPE_NAMES = tuple(FP8_RECIPES)
 SCHEDULES = ("1f1b", "interleaved", "gpipe")
+# the largest micro-batch a free choice goes to (a pinned one may be larger)
+MAX_MICRO_BATCH = 1024
 INTERLEAVED = "interleaved"
 ZERO_STAGES = (0, 1, 2, 3)
 RUNTIME_NAMES = tuple(RUNTIMES)
@@ -491,6 +493,12 @@ def check_devices(tp: int, pp: int, dp: int, cluster: Cluster, cp: int = 1) -> N
                               f"has {cluster.num_devices}; {hint}")
         raise ConfigError(f"tp x pp x dp = {tp} x {pp} x {dp} = {needed} devices, but the cluster has "
                           f"{cluster.num_devices}; {hint}")
+
+
+def micro_batch_choices(per_replica: int) -> list[int]:
+    """The micro-batches a replica of ``per_replica`` samples may run when the choice is free, smallest first:
+    those that divide it, up to :data:`MAX_MICRO_BATCH` (estimate's resolution and the search's space alike)."""
+    return [d for d in divisors(per_replica) if d <= MAX_MICRO_BATCH]
 
 
 def check_batch(global_batch: int, dp: int, micro_batch: int | None) -> None:

@@ -23,7 +23,7 @@ from planner.errors import ConfigError
 from planner.graph.importer import import_model_proto
 from planner.hardware import load_cluster
 from planner.hardware.efficiency import resolve_dtype
-from planner.rules import RECOMPUTE_CHOICES, ZERO_STAGES, ModelShape, pools_touched
+from planner.rules import RECOMPUTE_CHOICES, ZERO_STAGES, ModelShape, micro_batch_choices, pools_touched
 from planner.runtime import RUNTIMES
 from planner.search.interleave import pipeline_allowed, unit_flags
 from planner.search.space import (Pins, cp_choices, enumerate_settings, experts_allowed, max_stages, settings_allowed,
@@ -133,3 +133,21 @@ def test_estimate_accepts_exactly_what_the_search_enumerates(case):
     assert (found is not None) == search_contains(model, cluster, config), (config, cluster.name, model.name)
     if found is not None:  # the choices estimate resolves are in the search's space too
         assert search_contains(model, cluster, found.config), (found.config, cluster.name, model.name)
+
+
+def test_a_free_micro_batch_is_chosen_from_the_same_values_by_estimate_and_the_search():
+    """Estimate resolves a free micro-batch among rules.micro_batch_choices and the search enumerates the same
+    ones, so a plan proven optimal is never slower than estimate's own choice (on a small model the largest
+    micro-batch wins, past the 64 the search once stopped at)."""
+    import planner
+
+    model = import_model_proto(build("gpt", {"layers": 2, "hidden": 64, "heads": 2, "vocab": 128, "seq_len": 16}),
+                               {"batch": 1})
+    cluster = load_cluster("dgx-a100-80gb*1")
+    config = ParallelConfig(global_batch=8192, tp=1, pp=1, dp=8)
+    best = planner.plan(model, cluster, 8192, pinned=config)
+    resolved = estimate(model, cluster, config)
+    assert best.micro_batch == resolved.config.micro_batch > 64
+    assert best.iteration_time_s == resolved.iteration_time_s
+    settings = enumerate_settings(cluster, 8192, Pins(tp=1, pp=1, dp=8), num_units=2)
+    assert sorted({s.micro_batch for s in settings}) == micro_batch_choices(1024)

@@ -47,7 +47,8 @@ from planner.hardware.efficiency import resolve_dtype
 from planner.hardware.fp8 import base_dtype, cost_dtype, recipe_name, resolve_fp8_recipe
 from planner.hardware.collectives import CommGroup, p2p_time_s
 from planner.rules import (TIE_TOLERANCE, ModelShape, check_config, divisors, ep_values, expert_tp_values,
-                           pipeline_units, recompute_choices, simplicity_key, stage_blocks, vpp_fits, zero_stages)
+                           micro_batch_choices, pipeline_units, recompute_choices, simplicity_key, stage_blocks,
+                           vpp_fits, zero_stages)
 from planner.runtime import Runtime, get_runtime
 from planner.types import (Batching, Breakdown, Cluster, Estimate, LayerGraph, MemoryBreakdown, NodeProfile,
                            ParallelConfig, PipelineSpec, ReplicaEstimate, ReplicaSpec, StageEstimate, StageSpec)
@@ -55,7 +56,6 @@ from planner.types import (Batching, Breakdown, Cluster, Estimate, LayerGraph, M
 log = logging.getLogger(__name__)
 
 Calibrations = Mapping[str, DeviceCalibration]
-MAX_MICRO_BATCH = 1024  # largest micro-batch the resolution tries
 FINALIST_MARGIN = 0.02  # candidates this close to the best by the fast formula are timed exactly
 # the best candidate of each other vpp this close is timed exactly too (the fast formula's error grows with vpp:
 # 40% on gpt-1.3b tp2 pp2 dp4, where vpp 2 and vpp 12 were 0.2% apart by the formula)
@@ -620,7 +620,7 @@ def _candidates(model: LayerGraph, config: ParallelConfig) -> dict[str, list]:
     tp, pp, dp, g = config.tp, config.pp, config.dp, config.global_batch
     runtime = get_runtime(config.runtime)
     per_replica = g // dp
-    mbs = [config.micro_batch] if config.micro_batch else [d for d in divisors(per_replica) if d <= MAX_MICRO_BATCH]
+    mbs = [config.micro_batch] if config.micro_batch else micro_batch_choices(per_replica)
     units = pipeline_units(model)
     if config.vpp is not None:
         vpps = [config.vpp]

@@ -148,14 +148,6 @@ class Pins:
                    expert_tp=config.expert_tp)
 
 
-def powers_of_two_upto(limit: int) -> list[int]:
-    out, value = [], 1
-    while value <= limit:
-        out.append(value)
-        value *= 2
-    return out
-
-
 def validate_pins(pins: Pins, cluster: Cluster, global_batch: int, num_layers: int,
                   num_units: int | None = None) -> None:
     """Reject pins that no plan can satisfy, with a message naming the flag (:mod:`planner.rules`;
@@ -272,8 +264,8 @@ def cp_searched(cluster: Cluster, pins: Pins) -> tuple[int, ...]:
                          for c in cp_choices(cluster, pool, pins, tp)}))
 
 
-def enumerate_settings(cluster: Cluster, global_batch: int, pins: Pins, max_micro_batch: int = 64,
-                       num_units: int = 1, interleave: bool = True) -> Iterator[Settings]:
+def enumerate_settings(cluster: Cluster, global_batch: int, pins: Pins, num_units: int = 1,
+                       interleave: bool = True) -> Iterator[Settings]:
     """Every combination of the global choices that divides the batch, deterministic order; interleaved
     settings (vpp > 1, :mod:`planner.search.interleave`) for models of ``num_units`` pipeline units when
     ``interleave`` or a pin asks for them."""
@@ -291,8 +283,7 @@ def enumerate_settings(cluster: Cluster, global_batch: int, pins: Pins, max_micr
         per_dp = global_batch // dp if global_batch % dp == 0 else 0
         if not per_dp:
             continue
-        mbs = ([pins.micro_batch] if pins.micro_batch
-               else [b for b in powers_of_two_upto(min(max_micro_batch, per_dp)) if per_dp % b == 0])
+        mbs = [pins.micro_batch] if pins.micro_batch else rules.micro_batch_choices(per_dp)
         for b in mbs:
             if per_dp % b:
                 continue
