@@ -18,7 +18,8 @@ Rules
   causal work (megatron/training/utils.py get_batch_on_this_cp_rank; Transformer Engine asserts "Sequence
   length per GPU needs to be divisible by 2").
 * devices: tp x cp x pp x dp devices at most; dp divides the global batch, dp x micro-batch too.
-* ZeRO: a stage of ``runtime.zero_stages``; with pp > 1 at most ``runtime.max_pipeline_zero``.
+* ZeRO: a stage of ``runtime.zero_stages``; with pp > 1 at most ``runtime.max_pipeline_zero``; with tp > 1 at
+  most ``runtime.max_tensor_parallel_zero``.
 * vpp > 1 (the interleaved schedule): the runtime interleaves, pp >= 2, each stage holds a positive multiple
   of vpp units (so vpp divides the units and units / vpp >= pp), the micro-batch count is a multiple of pp,
   and ZeRO is one the runtime combines with a pipeline.
@@ -283,13 +284,20 @@ def zero_stages(runtime: Runtime, pp: int | None = None) -> tuple[int, ...]:
     return runtime.zero_stages
 
 
+def tp_zero_fits(tp: int, zero: int, runtime: Runtime) -> bool:
+    """Whether the runtime combines ``tp``-way tensor parallelism with ZeRO stage ``zero``."""
+    return tp == 1 or zero <= runtime.max_tensor_parallel_zero
+
+
 def _runtimes_with(zero: int, pp: int) -> str:
     names = [r.name for r in RUNTIMES.values() if zero in zero_stages(r, pp)]
     return " or ".join(names) if names else "none"
 
 
-def check_zero(zero: int, pp: int | None, runtime: Runtime, flag: str = "zero=", pp_flag: str = "pp=") -> None:
-    """ZeRO ``zero`` is a stage ``runtime`` runs, also with ``pp`` pipeline stages (None: not fixed)."""
+def check_zero(zero: int, pp: int | None, runtime: Runtime, flag: str = "zero=", pp_flag: str = "pp=",
+               tp: int | None = None, tp_flag: str = "tp=") -> None:
+    """ZeRO ``zero`` is a stage ``runtime`` runs, also with ``pp`` pipeline stages and ``tp``-way tensor
+    parallelism (None: not fixed)."""
     check_choice(flag.rstrip("= "), zero, ZERO_STAGES)
     if zero not in runtime.zero_stages:
         raise ConfigError(f"{flag}{zero}: the {runtime.name} runtime runs ZeRO "
@@ -300,6 +308,10 @@ def check_zero(zero: int, pp: int | None, runtime: Runtime, flag: str = "zero=",
                           f"with ZeRO {runtime.max_pipeline_zero} at most; use ZeRO "
                           f"{nearest(zero, zero_stages(runtime, pp))} or pp 1, or --runtime "
                           f"{_runtimes_with(zero, pp)}")
+    if tp is not None and not tp_zero_fits(tp, zero, runtime):
+        raise ConfigError(f"{flag}{zero} with {tp_flag}{tp}: the {runtime.name} runtime combines tensor parallelism "
+                          f"with ZeRO {runtime.max_tensor_parallel_zero} at most; use ZeRO "
+                          f"{runtime.max_tensor_parallel_zero} or lower, or tp 1")
 
 
 # ------------------------------------------------------------------------------------- interleaved (vpp)
@@ -579,7 +591,7 @@ def check_config(model: LayerGraph, cluster: Cluster, config: ParallelConfig) ->
         m = Batching.of(config).num_micro_batches if config.micro_batch else None
         check_vpp_shape(config.vpp, pp, shape.num_units, m)
     if config.zero is not None:
-        check_zero(config.zero, pp, runtime)
+        check_zero(config.zero, pp, runtime, tp=tp)
     if config.first_stage_layers is not None or config.last_stage_layers is not None:
         stage_blocks(shape.num_units, pp, config.vpp or 1, config.first_stage_layers, config.last_stage_layers)
     check_numerics(config.recompute, config.optimizer, config.dtype, config.sequence_parallel, tp, runtime)

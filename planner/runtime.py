@@ -97,6 +97,8 @@ class Runtime:
     # expert tensor parallelism independent of the attention's (Megatron-Core --expert-tensor-parallel-size);
     # False: the experts are split over the tensor-parallel group, as the dense layers are
     expert_tensor_parallel: bool = False
+    # the highest ZeRO stage combined with tp > 1 (3: any the runtime runs)
+    max_tensor_parallel_zero: int = 3
     # tokens the busiest expert-parallel rank receives over the mean, the routed load's imbalance with
     # dropless routing (Megatron-Core's default: no --moe-expert-capacity-factor, no token dropped). A
     # modelling assumption, not measured here: the capacity factor 1.25 that Switch Transformers provision
@@ -136,19 +138,21 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
         expert_tensor_parallel=True),
     Runtime(
         name="deepspeed",
-        description="DeepSpeed ZeRO 0-3 with overlap_comm (tensor parallelism through Megatron-DeepSpeed or "
-                    "AutoTP); pipeline only with ZeRO 0-1, no interleaved schedule",
+        description="DeepSpeed ZeRO 0-3 with overlap_comm; tensor parallelism through AutoTP (ZeRO 0-2, no sequence "
+                    "parallelism); pipeline only with ZeRO 0-1, no interleaved schedule",
         source="DeepSpeed config docs (zero_optimization: reduce_bucket_size 5e8, overlap_comm, "
                "stage3_prefetch_bucket_size; the planner's export sets overlap_comm for ZeRO 1-3, whose "
                "optimizer reduces gradients in buckets during the backward); deepspeed/runtime/engine.py "
                "(without a ZeRO optimizer, DeepSpeedEngine.backward all-reduces the gradients after the "
                "backward pass, allreduce_gradients); deepspeed/runtime/pipe/engine.py (ZeRO-2/3 not supported with "
-               "pipeline parallelism); DeepSpeed has no virtual-pipeline schedule; Megatron-DeepSpeed README "
-               "(tensor parallelism)",
+               "pipeline parallelism); DeepSpeed has no virtual-pipeline schedule; DeepSpeed tutorial "
+               "'Automatic Tensor Parallelism (Training)' (tensor_parallel.autotp_size in the config, with ZeRO "
+               "stage 0, 1 or 2; weights split, activations not: no sequence parallelism)",
         overlap_grad_reduce=True, overlap_param_gather=False, tp_comm_overlap=False,
         grad_bucket_params=500_000_000, zero3_prefetch_layers=1, attention="flash", main_grad_bytes=4,
         zero_stages=(0, 1, 2, 3), max_pipeline_zero=1, interleaved=False, tensor_parallel=True,
-        pipeline_parallel=True, overlap_grad_reduce_min_zero=1),
+        pipeline_parallel=True, overlap_grad_reduce_min_zero=1, max_tensor_parallel_zero=2,
+        sequence_parallel=False),
     Runtime(
         name="pytorch-fsdp2",
         description="PyTorch FSDP2 (fully_shard, as torchtitan runs it): per-layer all-gather with one layer "

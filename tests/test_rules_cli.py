@@ -8,6 +8,7 @@ import json
 import pytest
 
 from planner.cli import main
+from planner.errors import ConfigError
 from planner.cost import estimate
 from planner.graph import load_model
 from planner.hardware import load_cluster
@@ -184,3 +185,21 @@ def test_the_search_keeps_to_the_2021_choices():
     model, cluster_ = load_model(GPT), load_cluster("dgx-a100-80gb*2")
     est = estimate(model, cluster_, ParallelConfig(global_batch=256, tp=2, pp=1, dp=8, runtime="megatron-lm-2021"))
     assert est.config.recompute in ("none", "full") and not est.config.sequence_parallel
+
+
+def test_deepspeed_runs_autotp_with_zero_2_at_most_and_no_sequence_parallelism(capsys):
+    """DeepSpeed's AutoTP training (the tensor parallelism its config expresses) runs with ZeRO 0-2 and splits
+    weights only: estimate refuses tp 2 with ZeRO 3 or sequence parallelism, and the search never picks them."""
+    from planner import plan
+
+    model = load_model("models/gpt-1.3b.onnx")
+    nodes = load_cluster("dgx-a100-40gb*1")
+    with pytest.raises(ConfigError, match="tensor parallelism with ZeRO 2 at most"):
+        estimate(model, nodes, ParallelConfig(64, tp=2, dp=4, zero=3, runtime="deepspeed"))
+    with pytest.raises(ConfigError, match="sequence parallelism"):
+        estimate(model, nodes, ParallelConfig(64, tp=2, dp=4, sequence_parallel=True, runtime="deepspeed"))
+    best = plan(model, nodes, 64, pinned=ParallelConfig(64, tp=2, pp=1, dp=0, runtime="deepspeed"))
+    assert best.stages[0].tp == 2 and best.zero <= 2 and not best.sequence_parallel
+    code, _, err = run(capsys, "plan", "models/gpt-1.3b.onnx", "--cluster", "dgx-a100-40gb*1", "--global-batch",
+                       "64", "--tp", "2", "--zero", "3", "--runtime", "deepspeed")
+    assert code == 2 and "--zero 3 with --tp 2" in err

@@ -33,6 +33,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from planner import rules
+from planner.runtime import get_runtime
 from planner.search.bounds import OptionProfile
 from planner.search.space import Pins, Settings, StageOption, tp_choices
 from planner.search.tables import pool_offsets
@@ -159,8 +161,12 @@ def all_splits(dps: tuple[int, int], total: int) -> list[tuple[int, int]]:
 
 
 def stage_shapes(cluster: Cluster, settings: Settings, pins: Pins) -> Iterator[tuple[StageOption, StageOption, int]]:
-    """Every (option on pool A, option on pool B, dp_A) of two pools, A < B, whose devices suffice."""
+    """Every (option on pool A, option on pool B, dp_A) of two pools, A < B, whose devices suffice and whose
+    tp the runtime runs with the settings' ZeRO."""
+    runtime = get_runtime(pins.runtime)
     for oa, ob, lo, hi in _pairs(cluster, settings.dp, pins):
+        if not all(rules.tp_zero_fits(o.tp, settings.zero, runtime) for o in (oa, ob)):
+            continue
         for da in range(lo, hi + 1):
             yield oa, ob, da
 

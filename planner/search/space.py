@@ -166,7 +166,8 @@ def validate_pins(pins: Pins, cluster: Cluster, global_batch: int, num_layers: i
     if pins.cp:
         rules.check_cp(pins.cp, shape, runtime, flag="--cp ")
     if pins.zero is not None:
-        rules.check_zero(pins.zero, pins.pp or None, runtime, flag="--zero ", pp_flag="--pp ")
+        rules.check_zero(pins.zero, pins.pp or None, runtime, flag="--zero ", pp_flag="--pp ", tp=pins.tp or None,
+                         tp_flag="--tp ")
     rules.check_numerics(pins.recompute, pins.optimizer, pins.dtype, pins.sequence_parallel, pins.tp or None,
                          runtime)
     check_expert_pins(pins)
@@ -326,11 +327,14 @@ def options_allowed(settings: Settings, options: Sequence[StageOption]) -> bool:
 
 
 def pool_options(cluster: Cluster, settings: Settings, pins: Pins) -> list[list[StageOption]]:
-    """Per pool, the stage options whose tp x cp x dp devices fit in it and whose tp x cp x dp the settings' ep
-    and expert_tp fold into (:func:`planner.rules.experts_fit`)."""
+    """Per pool, the stage options whose tp x cp x dp devices fit in it, whose tp x cp x dp the settings' ep
+    and expert_tp fold into (:func:`planner.rules.experts_fit`), and whose tp the runtime runs with the
+    settings' ZeRO (:func:`planner.rules.tp_zero_fits`)."""
+    runtime = get_runtime(pins.runtime)
     return [[StageOption(pool, tp, cp) for tp in tp_choices(cluster, pool, pins)
              for cp in cp_choices(cluster, pool, pins, tp)
-             if tp * cp * settings.dp <= group.num_devices and experts_allowed(settings, pins, tp, cp)]
+             if tp * cp * settings.dp <= group.num_devices and experts_allowed(settings, pins, tp, cp)
+             and rules.tp_zero_fits(tp, settings.zero, runtime)]
             for pool, group in enumerate(cluster.groups)]
 
 
