@@ -75,11 +75,12 @@ def mixed_plan() -> Plan:
 
 def dlrm_plan() -> Plan:
     stage = StagePlan(index=0, first_layer=0, last_layer=2, layer_names=("bottom_mlp", "interaction", "top_mlp"),
+                      layer_kinds=("mlp", "other", "mlp"),
                       device_type="a100-80gb", devices=tuple(range(16)), tp=1, dp=16, recompute="none",
                       memory_bytes_per_device=20e9, time_s=0.003)
     embeddings = (
         EmbeddingPlacement("t_small", "data_parallel",
-                           tuple(EmbeddingShard(d, (0, 1000), (0, 64)) for d in range(16))),
+                           tuple(EmbeddingShard(d, (0, 1000), (0, 64)) for d in range(16)), compute_kernel="dense"),
         EmbeddingPlacement("t_tw", "table_wise", (EmbeddingShard(9, (0, 10**6), (0, 128)),)),
         EmbeddingPlacement("t_rw", "row_wise", tuple(EmbeddingShard(d, (d * 250_000, (d + 1) * 250_000), (0, 128))
                                                      for d in range(4))),

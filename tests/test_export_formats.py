@@ -242,6 +242,7 @@ def test_torchrec_plan():
             assert set(shard) == SHARD_METADATA
             assert shard["placement"].startswith(f"rank:{shard['placement'].split('/')[0][5:]}/cuda:")
     assert tables["t_small"]["sharding_spec"] is None and tables["t_small"]["ranks"] == list(range(16))
+    assert tables["t_small"]["compute_kernel"] == "dense"  # the one kernel TorchRec's data-parallel sharder takes
     assert tables["t_rw"]["ranks"] == [0, 1, 2, 3]
     assert [s["shard_offsets"] for s in tables["t_rw"]["sharding_spec"]] == [[0, 0], [250000, 0], [500000, 0],
                                                                             [750000, 0]]
@@ -273,3 +274,19 @@ def test_searched_plan_exports_count_transformer_blocks(tmp_path):
     if best.zero < 2 or len(best.stages) == 1:  # DeepSpeed's pipeline engine refuses ZeRO-2/3
         check_deepspeed(json.loads(render(best, "deepspeed")))
     assert "Search:" in render(best, "table")
+
+
+def test_megatron_refuses_a_model_without_transformer_layers():
+    with pytest.raises(PlannerError, match="no transformer layers"):
+        render(plan_samples.dlrm_plan(), "megatron")
+
+
+def test_megatron_2021_refuses_uneven_stages_and_sizes_even_chunks():
+    uneven = dataclasses.replace(plan_samples.gpt_plan((4, 3, 3), zero=0, recompute="full", sequence_parallel=False),
+                                 runtime="megatron-lm-2021")
+    with pytest.raises(PlannerError, match="splits the layers evenly"):
+        megatron_args(uneven)
+    even = dataclasses.replace(plan_samples.gpt_plan((5, 5), vpp=2, zero=0, recompute="full",
+                                                     sequence_parallel=False), runtime="megatron-lm-2021")
+    args = megatron_args(even)  # blocks 4 + 4, two chunks of 2 per stage
+    assert args[args.index("--num-layers-per-virtual-pipeline-stage") + 1] == "2"

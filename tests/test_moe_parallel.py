@@ -183,7 +183,8 @@ def test_the_search_enumerates_ep_and_exports_it_to_megatron():
     assert all(stage.ep == 4 for stage in best.stages)
     args = megatron_args(best)
     for flag, value in (("--num-experts", "8"), ("--moe-router-topk", "2"), ("--expert-model-parallel-size", "4"),
-                        ("--expert-tensor-parallel-size", str(best.stages[0].expert_tp))):
+                        ("--expert-tensor-parallel-size", str(best.stages[0].expert_tp)),
+                        ("--moe-token-dispatcher-type", "alltoall")):  # the dispatch the cost model times
         assert args[args.index(flag) + 1] == value
     document = json.loads(best.to_json())
     assert document["stages"][0]["ep"] == 4 and document["model"]["experts"] == 8

@@ -69,6 +69,11 @@ def test_show_every_format(tmp_path, capsys, fmt):
     path = tmp_path / "plan.json"
     plan = plan_samples.dlrm_plan()
     path.write_text(plan.to_json())
+    if fmt == "megatron":  # a DLRM has no transformer layers for Megatron-LM to run
+        assert main(["show", str(path), "--format", fmt]) == 2
+        assert "no transformer layers" in capsys.readouterr().err
+        plan = plan_samples.gpt_plan()
+        path.write_text(plan.to_json())
     assert main(["show", str(path), "--format", fmt]) == 0
     assert capsys.readouterr().out == render(plan, fmt)
 

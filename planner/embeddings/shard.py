@@ -472,7 +472,9 @@ def placements(problem: Problem, assignment) -> tuple[EmbeddingPlacement, ...]:
             members = dev.nodes[positions[0]] if option.scope == "node" else range(dev.count)
             for (r0, r1), i in zip(even_split(table.rows, len(members)), members):
                 shards.append(EmbeddingShard(dev.ids[i], (r0, r1), all_cols, memory))
-        kernel = "fused_uvm" if option.host else "fused"
+        # TorchRec's kernels: a data-parallel table is a dense replica its optimizer updates with the dense
+        # part's (the one kernel its DP sharder takes); a sharded table's lookup and update are fused
+        kernel = "dense" if option.sharding == "data_parallel" else "fused_uvm" if option.host else "fused"
         out.append(EmbeddingPlacement(table=table.name, sharding=sharding, shards=tuple(shards),
                                       compute_kernel=kernel))
     return tuple(out)

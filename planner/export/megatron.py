@@ -61,10 +61,17 @@ def megatron_args(plan: Plan) -> list[str]:
     if plan.dtype not in _DTYPE_ARGS:
         raise PlannerError(f"plan: dtype {plan.dtype!r} has no Megatron-LM option; use one of {sorted(_DTYPE_ARGS)}")
     stage_layers = [transformer_layers(s) for s in plan.stages]
+    if not sum(stage_layers):
+        raise PlannerError("plan: the model has no transformer layers, so Megatron-LM's GPT training has nothing to "
+                           "run; use --format table or json (and torchrec for its embedding tables)")
     runtime = framework_runtime(plan, "megatron")
     if runtime.name == "megatron-lm-2021" and plan.zero not in runtime.zero_stages:  # no sharded optimizer yet
         raise PlannerError(f"plan: ZeRO-{plan.zero} does not run on {runtime.name} (it runs ZeRO "
                            f"{', '.join(map(str, runtime.zero_stages))}); re-plan with --runtime megatron-core")
+    if runtime.name == "megatron-lm-2021" and len(set(stage_layers)) > 1:  # no uneven pipeline in that release
+        raise PlannerError(f"plan: its stages hold {', '.join(map(str, stage_layers))} transformer layers, but "
+                           f"{runtime.name} splits the layers evenly over the pipeline stages; re-plan with "
+                           "--runtime megatron-core, whose layout options express the split")
     cp = uniform_cp(plan, "Megatron-LM")
     if cp > 1 and not runtime.context_parallel:
         raise PlannerError(f"plan: cp {cp} (context parallelism) does not run on {runtime.name}; re-plan with "
@@ -97,7 +104,9 @@ def _moe_args(plan: Plan, runtime: Runtime) -> list[str]:
     """A mixture-of-experts model's options (Megatron-Core's ``TransformerConfig.num_moe_experts`` is the
     ``--num-experts`` option; ``moe_router_topk``, ``ModelParallelConfig.expert_model_parallel_size`` and
     ``expert_tensor_parallel_size`` are named after their fields): the routed experts, the experts per token,
-    and the expert-parallel and expert tensor-parallel degrees the plan was costed with."""
+    the expert-parallel and expert tensor-parallel degrees the plan was costed with, and the all-to-all token
+    dispatcher whose dispatch and combine the cost model times (planner.cost.moe; Megatron's default is
+    ``allgather``)."""
     experts = plan.model.get("experts")
     if not experts:
         return []
@@ -111,7 +120,8 @@ def _moe_args(plan: Plan, runtime: Runtime) -> list[str]:
                                f"0 uses ep {first.ep} expert-tp {first.expert_tp}; Megatron-LM needs the same on "
                                "every stage; re-plan with --ep and --expert-tp pinned")
     return ["--num-experts", str(experts), "--moe-router-topk", str(plan.model.get("top_k", 1)),
-            "--expert-model-parallel-size", str(first.ep), "--expert-tensor-parallel-size", str(first.expert_tp)]
+            "--expert-model-parallel-size", str(first.ep), "--expert-tensor-parallel-size", str(first.expert_tp),
+            "--moe-token-dispatcher-type", "alltoall"]
 
 
 def _overlap_args(runtime: Runtime, plan: Plan, tp: int, dp: int) -> list[str]:

@@ -2,9 +2,9 @@
 
 Names follow TorchRec's ``torchrec/distributed/types.py`` (``ShardingType`` values, ``ParameterSharding``
 fields ``sharding_type``, ``compute_kernel``, ``ranks``, ``sharding_spec``), its
-``torchrec/distributed/embedding_types.py`` (``EmbeddingComputeKernel`` values ``fused``, ``fused_uvm``,
-``fused_uvm_caching``) and PyTorch's ``ShardMetadata`` (``shard_offsets``, ``shard_sizes``, ``placement``
-written ``rank:R/cuda:L``). The document maps each table name to its ``ParameterSharding`` fields, so
+``torchrec/distributed/embedding_types.py`` (``EmbeddingComputeKernel`` values ``dense``, the one kernel of a
+data-parallel table, ``fused``, ``fused_uvm``, ``fused_uvm_caching``) and PyTorch's ``ShardMetadata``
+(``shard_offsets``, ``shard_sizes``, ``placement`` written ``rank:R/cuda:L``). The document maps each table name to its ``ParameterSharding`` fields, so
 ``ParameterSharding(sharding_type=..., compute_kernel=..., ranks=..., sharding_spec=EnumerableShardingSpec(
 [ShardMetadata(**s) for s in shards]))`` rebuilds it.
 """
