@@ -309,8 +309,8 @@ def test_searched_plan_of_a_builder_gpt_splits_and_verifies(tmp_path, capsys):
     assert len(best.stages) == 2
     plan_path = tmp_path / "plan.json"
     plan_path.write_text(best.to_json())
-    argv = ["split", path, "--plan", str(plan_path), "--out-dir", str(tmp_path / "out"), "--dim", "seq=32",
-            "--verify", "--json"]
+    # no --dim: the verification binds seq to the model's own default (32), as the import does
+    argv = ["split", path, "--plan", str(plan_path), "--out-dir", str(tmp_path / "out"), "--verify", "--json"]
     assert main(argv) == 0
     verify = json.loads(capsys.readouterr().out)["verify"]
     assert verify["max_abs_difference"] <= verify["tolerance"] < 0.05

@@ -23,13 +23,15 @@ def test_mixed_shorthand_group_counts_and_ids():
     both = points[1].cluster
     assert [(g.name, g.count, g.first_device) for g in both.groups] == [("dgx-a100-80gb", 4, 0), ("dgx-h100", 1, 32)]
     assert both.num_devices == 40
+    # a point's cluster is named by what it holds, so a message about the point names it
+    assert (only_h100.name, both.name) == ("dgx-h100*1", "dgx-a100-80gb*4+dgx-h100*1")
 
 
 def test_node_swap_and_network_and_price():
     point = _inputs("dgx-a100-80gb*4", {"node": ["dgx-h200"], "inter_node_bandwidth_GBps": ["12.5"],
                                         "price_per_node_hour": ["98.3"]})[0]
     group = point.cluster.groups[0]
-    assert group.node.device.name == "h200" and group.count == 4
+    assert group.node.device.name == "h200" and group.count == 4 and point.cluster.name == "dgx-h200*4"
     assert group.node.inter_node_bandwidth_Bps == pytest.approx(12.5e9)
     assert group.price_per_node_hour == pytest.approx(98.3)
 

@@ -40,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
     if args.verify:
         from planner.export.verify import max_abs_difference, random_feeds, tolerance, weights_as_inputs
         whole = weights_as_inputs(model)
-        feeds = random_feeds(whole, {"batch": 1, **dims}, seed=0)
+        # the dims the import bound (the model's own defaults included), then the batch of one unless --dim says
+        feeds = random_feeds(whole, {"batch": 1, **dict(layers.dims), **dims}, seed=0)
         document["verify"] = {"max_abs_difference": max_abs_difference(whole, stages, feeds),
                               "tolerance": tolerance(whole, stages, feeds, TOLERANCE), "seed": 0}
     paths = write_split(args.out_dir, document, stages, args.force)

@@ -192,8 +192,10 @@ def renumber(groups: Sequence[DeviceGroup]) -> tuple[DeviceGroup, ...]:
 
 
 def with_groups(cluster: Cluster, groups: Sequence[DeviceGroup]) -> Cluster:
-    """``cluster`` with its groups replaced: empty groups dropped, device ids renumbered."""
-    return replace(cluster, groups=renumber([g for g in groups if g.count > 0]))
+    """``cluster`` with its groups replaced: empty groups dropped, device ids renumbered, and named by its
+    nodes in the shorthand (``dgx-h100*2+dgx-a100-80gb*4``), so a message about the point names what it has."""
+    kept = renumber([g for g in groups if g.count > 0])
+    return replace(cluster, groups=kept, name="+".join(f"{g.node.name}*{g.count}" for g in kept))
 
 
 def _group_indices(cluster: Cluster, key: SweepKey) -> list[int]:
