@@ -381,3 +381,13 @@ def test_corpus_model_text_not_utf8(tmp_path, field):
         model.graph.name = "pytorch"
     path = _with_bytes_replaced(model, b"pytorch", b"py\xeforch", tmp_path, "text")
     assert answer_is_clean(["inspect", str(path)]) == (0, "")  # neither is ever used
+
+
+@pytest.mark.parametrize("suffix, text", [(".json", '{"tables": [{"name": "t"}]}'), (".json", "{not json"),
+                                          (".textproto", "garbage {{"), (".onnxtxt", "<ir_version: 8> agraph (")])
+def test_a_model_in_a_text_format_that_does_not_parse_is_one_error_line(tmp_path, suffix, text):
+    # onnx.load picks the JSON or text format by the extension; their parse errors are the user's input too
+    path = tmp_path / f"model{suffix}"
+    path.write_text(text)
+    with pytest.raises(ModelError, match="not a readable ONNX model"):
+        planner.load_model(str(path))

@@ -314,3 +314,21 @@ def test_searched_plan_of_a_builder_gpt_splits_and_verifies(tmp_path, capsys):
     assert main(argv) == 0
     verify = json.loads(capsys.readouterr().out)["verify"]
     assert verify["max_abs_difference"] <= verify["tolerance"] < 0.05
+
+
+def test_split_verify_at_dims_the_model_cannot_take_is_one_error_line(tmp_path, capsys):
+    import planner
+    from planner.builders import build, save
+
+    path = str(tmp_path / "gpt.onnx")
+    save(build("gpt", {"layers": 2, "hidden": 64, "heads": 4, "vocab": 100, "seq_len": 32}), path)
+    best = planner.plan(planner.load_model(path), planner.load_cluster("dgx-a100-80gb*1"), global_batch=8,
+                        pinned=planner.ParallelConfig(global_batch=8, tp=1, pp=2, dp=0))
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(best.to_json())
+    out = tmp_path / "out"
+    argv = ["split", path, "--plan", str(plan_path), "--out-dir", str(out), "--verify", "--dim", "seq=64"]
+    assert main(argv) == 2  # 64 positions, a table of 32
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "does not run at the dims bound" in err[0] and "--dim" in err[0]
+    assert not out.exists()

@@ -44,7 +44,9 @@ def _session(model: onnx.ModelProto) -> Any:
     options = onnxruntime.SessionOptions()
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.intra_op_num_threads = 1
-    options.log_severity_level = 3  # errors only: identity dropouts leave their ratio constants unused
+    # fatal only: identity dropouts leave their ratio constants unused (a warning), and a failed run's error is
+    # raised as an exception, which the caller reports once
+    options.log_severity_level = 4
     return onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
@@ -112,10 +114,19 @@ def _batchnorm_variances(graph: onnx.GraphProto) -> set[str]:
 
 
 def run_model(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The model's outputs on ``feeds``. Inputs the model cannot take at their bound dims (a sequence longer
+    than its position table, say) are the user's binding: onnxruntime's InvalidArgument becomes a PlannerError."""
+    from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument  # noqa: PLC0415 - with _session's
+
     session = _session(model)
     names = [o.name for o in session.get_outputs()]
     wanted = {i.name for i in session.get_inputs()}
-    return dict(zip(names, session.run(names, {k: v for k, v in feeds.items() if k in wanted})))
+    try:
+        return dict(zip(names, session.run(names, {k: v for k, v in feeds.items() if k in wanted})))
+    except InvalidArgument as exc:
+        reason = " ".join(str(exc).split())[:240]
+        raise PlannerError(f"the model does not run at the dims bound for the check ({reason}); bind dims it takes "
+                           "with --dim (a sequence no longer than its position table)") from None
 
 
 def run_stages(stages: Sequence[StageModel], feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -12,10 +12,16 @@ from pathlib import Path
 from typing import Iterator
 
 import onnx
+import onnx.parser
+from google.protobuf import json_format, text_format
 from google.protobuf.message import DecodeError
 
 from planner.errors import ModelError
 
+# what onnx.load raises on a file it cannot parse: binary protobuf, or the JSON and text formats it picks by
+# the file's extension (.json, .textproto, .onnxtxt, ...)
+PARSE_ERRORS = (DecodeError, UnicodeDecodeError, ValueError, RuntimeError, json_format.Error, text_format.Error,
+                onnx.parser.ParseError)
 # protobuf refuses messages over 2 GiB; a larger file is not one ONNX model (weights beyond that live in
 # external data), and refusing it up front answers at once instead of after reading gigabytes
 MAX_FILE_BYTES = 2 ** 31
@@ -34,8 +40,9 @@ def read_model(path: str | os.PathLike) -> onnx.ModelProto:
                          f"save_as_external_data=True)) -- they are never read")
     try:
         model = onnx.load(str(file), load_external_data=False)
-    except (DecodeError, UnicodeDecodeError, ValueError, RuntimeError) as exc:
-        raise ModelError(f"{file}: not a readable ONNX model (truncated or corrupted?): {exc}") from None
+    except PARSE_ERRORS as exc:
+        raise ModelError(f"{file}: not a readable ONNX model (truncated or corrupted?): "
+                         f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}") from None
     check_structure(model, str(file))
     check_external_data(model, file.resolve().parent, str(file))
     return model
