@@ -442,6 +442,14 @@ def experts_fit(shape: ModelShape, ep: int, expert_tp: int | None, tp: int, dp: 
                                                                           sequence_parallel)
 
 
+def check_moe_runtime(shape: ModelShape, runtime: Runtime) -> None:
+    """A mixture-of-experts model runs only on a runtime with mixture-of-experts layers."""
+    if shape.experts and not runtime.moe_layers:
+        others = " or ".join(r.name for r in RUNTIMES.values() if r.moe_layers)
+        raise ConfigError(f"the model's mixture-of-experts layers ({shape.experts} routed experts) do not run on "
+                          f"{runtime.name}, which has none; use --runtime {others}")
+
+
 def check_experts(ep: int, expert_tp: int | None, tp: int | None, dp: int | None, shape: ModelShape,
                   runtime: Runtime, cp: int = 1, flag: str = "ep=", etp_flag: str = "expert_tp=",
                   sequence_parallel: bool | None = None) -> None:
@@ -459,6 +467,7 @@ def check_experts(ep: int, expert_tp: int | None, tp: int | None, dp: int | None
             raise ConfigError(f"{etp_flag}{expert_tp}: the model has no mixture-of-experts layers; leave expert "
                               "tensor parallelism out")
         return
+    check_moe_runtime(shape, runtime)
     if ep > 1 and not runtime.expert_parallel:
         others = " or ".join(r.name for r in RUNTIMES.values() if r.expert_parallel) or "none"
         raise ConfigError(f"{flag}{ep}: the {runtime.name} runtime has no expert parallelism; use ep 1 or "

@@ -33,7 +33,9 @@ class Runtime:
     # (Megatron-Core --overlap-param-gather); False: it runs exposed after the optimizer step
     overlap_param_gather: bool
     # tensor-parallel collectives overlapped with the GEMMs they feed (Transformer Engine userbuffers,
-    # Megatron-Core --tp-comm-overlap); False: they run between the GEMMs
+    # Megatron-Core --tp-comm-overlap); False: they run between the GEMMs. Only the export reads it: the cost
+    # model times the collectives exposed either way (planner.cost.comm), an upper bound on what the overlap
+    # leaves, since how much of them the GEMMs hide is not modelled
     tp_comm_overlap: bool
     # gradient-reduction bucket size in parameters (the last bucket cannot overlap the backward); 0 = one
     # bucket per layer (FSDP reduces each wrapped module's gradients on their own)
@@ -97,6 +99,8 @@ class Runtime:
     # expert tensor parallelism independent of the attention's (Megatron-Core --expert-tensor-parallel-size);
     # False: the experts are split over the tensor-parallel group, as the dense layers are
     expert_tensor_parallel: bool = False
+    # mixture-of-experts layers (a router and routed experts) at all; megatron-lm-2021 had none
+    moe_layers: bool = True
     # the highest ZeRO stage combined with tp > 1 (3: any the runtime runs)
     max_tensor_parallel_zero: int = 3
     # tokens the busiest expert-parallel rank receives over the mean, the routed load's imbalance with
@@ -121,7 +125,7 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
         overlap_grad_reduce=False, overlap_param_gather=False, tp_comm_overlap=False,
         grad_bucket_params=40_000_000, zero3_prefetch_layers=1, attention="fused-softmax", main_grad_bytes=4,
         zero_stages=(0,), max_pipeline_zero=0, interleaved=True, tensor_parallel=True, pipeline_parallel=True,
-        recompute_choices=("none", "full"), sequence_parallel=False),
+        recompute_choices=("none", "full"), sequence_parallel=False, moe_layers=False),
     Runtime(
         name="megatron-core",
         description="Megatron-Core with Transformer Engine: distributed optimizer (ZeRO-1), overlapped "

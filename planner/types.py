@@ -261,6 +261,11 @@ class Cluster:
 # ------------------------------------------------------------------------------------------ cost model
 
 
+# The largest global batch any command takes: far past any training run's (DLRM runs take millions of samples
+# per iteration), and small enough that listing its divisors (dp and micro-batch choices) stays instant.
+MAX_GLOBAL_BATCH = 1 << 30
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
     """One parallel configuration. Fields left ``None`` resolve to the best feasible choice."""
@@ -304,6 +309,9 @@ class ParallelConfig:
                 if isinstance(value, bool) or not isinstance(value, Integral) or value < least:
                     kind = "a non-negative" if least == 0 else "a positive"
                     raise ConfigError(f"{f.name}={value!r} must be {kind} integer")
+                if f.name == "global_batch" and value > MAX_GLOBAL_BATCH:
+                    raise ConfigError(f"global_batch={value} is over {MAX_GLOBAL_BATCH}, the largest the planner "
+                                      "takes; give the samples of one iteration")
             elif f.name == "sequence_parallel":
                 if not isinstance(value, bool):
                     raise ConfigError(f"sequence_parallel={value!r} must be True, False or None")

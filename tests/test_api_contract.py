@@ -126,3 +126,12 @@ def test_a_wrong_whatif_argument_is_raised_not_reported_as_an_infeasible_point(t
 def test_a_wrong_argument_to_a_loader_or_builder_is_named(call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+
+def test_a_global_batch_past_the_largest_is_refused_at_once(tiny):
+    from planner.types import MAX_GLOBAL_BATCH
+
+    with pytest.raises(planner.ConfigError, match="the largest the planner takes"):
+        planner.plan(tiny, planner.load_cluster("dgx-a100-80gb*1"), global_batch=MAX_GLOBAL_BATCH + 1)
+    with pytest.raises(planner.ConfigError, match="the largest the planner takes"):
+        planner.ParallelConfig(global_batch=10**23, dp=8)

@@ -235,3 +235,19 @@ def test_the_search_finds_expert_parallelism_with_tensor_parallelism_under_seque
     assert best.sequence_parallel and all((s.tp, s.ep, s.expert_tp) == (2, 8, 1) for s in best.stages)
     free = plan(model, cluster, 64)  # the pinned space is part of the free one (up to the tie rule's tolerance)
     assert free.iteration_time_s <= best.iteration_time_s * 1.005
+
+
+def test_a_pinned_expert_tp_no_tp_takes_is_named_before_the_search():
+    # it used to search, find nothing, and say the model did not fit in memory
+    with pytest.raises(ConfigError, match="--expert-tp 3 divides none of the tp degrees"):
+        plan(moe_model(), load_cluster("dgx-h100*1"), 64, pinned=ParallelConfig(global_batch=64, tp=0, pp=0, dp=0,
+                                                                                 expert_tp=3))
+
+
+def test_a_mixture_of_experts_is_refused_on_a_runtime_without_moe_layers():
+    cluster = load_cluster("dgx-h100*1")
+    with pytest.raises(ConfigError, match="do not run on megatron-lm-2021"):
+        plan(moe_model(), cluster, 64, pinned=ParallelConfig(global_batch=64, tp=0, pp=0, dp=0,
+                                                             runtime="megatron-lm-2021"))
+    with pytest.raises(ConfigError, match="do not run on megatron-lm-2021"):
+        estimate(moe_model(), cluster, ParallelConfig(global_batch=64, dp=8, runtime="megatron-lm-2021"))

@@ -13,7 +13,7 @@ from planner.rules import (DTYPES, FORMAT_RUNTIMES, FP8_RECIPE_NAMES, OPTIMIZERS
                            RUNTIME_NAMES, SCHEDULES, ZERO_STAGES)
 from planner.runtime import DEFAULT_RUNTIME
 from planner.solver import SolverOptions
-from planner.types import ParallelConfig
+from planner.types import MAX_GLOBAL_BATCH, ParallelConfig
 
 
 # the runtime each export format implies when --runtime is left out
@@ -62,6 +62,14 @@ def positive_int(text: str) -> int:
     return int(_positive(text, int, "an integer"))
 
 
+def global_batch_arg(text: str) -> int:
+    """``--global-batch``: a positive integer up to planner.types.MAX_GLOBAL_BATCH."""
+    value = positive_int(text)
+    if value > MAX_GLOBAL_BATCH:
+        raise argparse.ArgumentTypeError(f"{text!r} is over {MAX_GLOBAL_BATCH}, the largest the planner takes")
+    return value
+
+
 def positive_seconds(text: str) -> float:
     return float(_positive(text, float, "a number of seconds"))
 
@@ -83,7 +91,7 @@ def non_negative_int(text: str) -> int:
 def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cluster", required=True,
                         help="a cluster file (YAML/JSON) or a shorthand NODE*COUNT[+NODE*COUNT...]")
-    parser.add_argument("--global-batch", type=positive_int, required=True, metavar="N",
+    parser.add_argument("--global-batch", type=global_batch_arg, required=True, metavar="N",
                         help="samples per iteration")
     parser.add_argument("--tables", metavar="FILE",
                         help='embedding-table statistics, JSON/YAML {"tables": [{"name","rows","dim","pooling_factor"}]}')

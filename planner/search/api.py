@@ -24,7 +24,7 @@ from planner.search.build import to_plan
 from planner.search.explain import bottleneck, tie_note
 from planner.search.interleave import searched_units, unit_flags
 from planner.search.space import Pins, Settings, StageOption, cp_searched, validate_pins
-from planner.types import Cluster, Estimate, LayerGraph, ParallelConfig
+from planner.types import MAX_GLOBAL_BATCH, Cluster, Estimate, LayerGraph, ParallelConfig
 from planner.units import GIB
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ def search_dense(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinn
     """:func:`search` of a dense model. ``finish`` (planner.compose's join of the sparse tables) is applied
     to each plan with its dense estimate before the plan's bottleneck sentence is written, so the sentence
     weighs what ``finish`` adds to ``breakdown["embedding_s"]``."""
-    global_batch = arguments.whole(global_batch, "global_batch")
+    global_batch = arguments.whole(global_batch, "global_batch", most=MAX_GLOBAL_BATCH)
     top_k = arguments.whole(top_k, "top_k")
     if time_limit_s is not None:
         time_limit_s = arguments.seconds(time_limit_s, "time_limit_s")

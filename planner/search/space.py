@@ -171,6 +171,15 @@ def validate_pins(pins: Pins, cluster: Cluster, global_batch: int, num_layers: i
     rules.check_numerics(pins.recompute, pins.optimizer, pins.dtype, pins.sequence_parallel, pins.tp or None,
                          runtime)
     check_expert_pins(pins)
+    if pins.shape.experts:
+        rules.check_moe_runtime(pins.shape, runtime)
+    if pins.expert_tp is not None and not pins.tp and pins.shape.experts:
+        tps = sorted({t for p in range(len(cluster.groups)) for t in tp_choices(cluster, p, pins)})
+        hosts = [t for t in tps if pins.expert_tp in rules.expert_tp_values(pins.shape, t, runtime)]
+        if not hosts:  # no tp the search may pick takes it: say so, not "does not fit" after the search
+            valid = sorted({e for t in tps for e in rules.expert_tp_values(pins.shape, t, runtime)})
+            raise ConfigError(f"--expert-tp {pins.expert_tp} divides none of the tp degrees this cluster and model "
+                              f"allow ({', '.join(map(str, tps))}); valid: {', '.join(map(str, valid))}")
     used = max(pins.tp, 1) * max(pins.cp, 1) * max(pins.pp, 1) * max(pins.dp, 1)
     if used > cluster.num_devices:
         flags = "--tp/--cp/--pp/--dp" if pins.cp > 1 else "--tp/--pp/--dp"

@@ -17,7 +17,7 @@ from typing import Mapping, Protocol, Sequence, Union
 from planner.assignments import split_assignments
 from planner.errors import ClusterError, ConfigError, suggest
 from planner.hardware.documents import RANGES
-from planner.types import Cluster, DeviceGroup, DeviceProfile, NodeProfile
+from planner.types import MAX_GLOBAL_BATCH, Cluster, DeviceGroup, DeviceProfile, NodeProfile
 
 Value = Union[int, float, str]
 
@@ -127,7 +127,9 @@ def parse_value(key: SweepKey, text: str) -> Value:
         raise ConfigError(f"--sweep {key.text}: empty value; write e.g. --sweep {key.text}=1,2,4")
     if key.field == "count":  # the limits of a cluster file (planner.hardware.documents.RANGES)
         return _int_value(key, text, 0, int(RANGES["nodes"][1]))
-    if key.field in ("global_batch", "seq_len"):
+    if key.field == "global_batch":
+        return _int_value(key, text, 1, MAX_GLOBAL_BATCH)
+    if key.field == "seq_len":
         return _int_value(key, text, 1)
     if key.field == "inter_node_bandwidth_GBps":
         return _float_value(key, text, positive=True, maximum=RANGES["link_bandwidth_GBps"][1])
