@@ -263,7 +263,15 @@ TABLE_CASES = {
                     "a number in the file has over 4300 digits"),
     "not_a_mapping": ("t.json", "[1, 2]", "must be a mapping"),
     "truncated": ("t.json", '{"tables": [{"name": "a", "ro', "not valid JSON"),
+    # a misspelt field used to fall back to its default silently
+    "misspelt_pooling": ("t.json", '{"tables": [{"name": "a", "rows": 10, "dim": 4, "pooling_factr": 50}]}',
+                         "'tables[0]' has an unknown key 'pooling_factr' (did you mean pooling_factor?)"),
 }
+
+
+def test_a_table_file_that_is_a_folder_is_named(tiny_model, tmp_path, capsys):
+    line = error_line(estimate(tiny_model, "dgx-a100-80gb*1", tmp_path), capsys)
+    assert f"tables file '{tmp_path}' is a folder" in line, line
 
 
 @pytest.mark.parametrize("case", sorted(TABLE_CASES))

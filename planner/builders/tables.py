@@ -37,6 +37,8 @@ class TablesSpec:
 
 def _read(path: str) -> Document:
     """The file as a checked Document (a ``.json`` file is read as JSON, any other as YAML)."""
+    if os.path.isdir(path):
+        raise ConfigError(f"tables file '{path}' is a folder; give a JSON/YAML file {FORMAT}")
     if not os.path.isfile(path):
         raise ConfigError(f"tables file '{path}' does not exist; give a JSON/YAML file {FORMAT}")
     text = read_input(path, ConfigError)
