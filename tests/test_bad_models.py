@@ -391,3 +391,14 @@ def test_a_model_in_a_text_format_that_does_not_parse_is_one_error_line(tmp_path
     path.write_text(text)
     with pytest.raises(ModelError, match="not a readable ONNX model"):
         planner.load_model(str(path))
+
+
+def test_a_data_input_of_size_zero_is_refused(tmp_path):
+    # it used to plan "0 samples/s" at an iteration of 0 s
+    x = h.make_tensor_value_info("x", T.FLOAT, [0, 16])
+    y = h.make_tensor_value_info("y", T.FLOAT, [0, 16])
+    graph = h.make_graph([h.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
+    path = tmp_path / "zero.onnx"
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]), str(path))
+    with pytest.raises(ModelError, match="input 'x' has size 0 on axis 0"):
+        planner.load_model(str(path))

@@ -264,12 +264,16 @@ def check_sizes(graph: OpGraph, where: str) -> None:
 
 
 def check_input_dims(graph: onnx.GraphProto, data_inputs: Iterable[str], where: str) -> None:
-    """Once the dims are bound: no data input axis over :data:`MAX_INPUT_DIM`."""
+    """Once the dims are bound: no data input axis of size 0 (nothing to compute) or over
+    :data:`MAX_INPUT_DIM`."""
     wanted = set(data_inputs)
     for vi in graph.input:
         if vi.name not in wanted:
             continue
         for axis, d in enumerate(vi.type.tensor_type.shape.dim):
+            if d.HasField("dim_value") and d.dim_value == 0:
+                raise ModelError(f"{where}: input '{vi.name}' has size 0 on axis {axis}, so an iteration computes "
+                                 "nothing; export the model with sizes of 1 or more (or symbolic ones)")
             if d.dim_value > MAX_INPUT_DIM:
                 raise ModelError(f"{where}: input '{vi.name}' has size {d.dim_value:,} on axis {axis}, over the "
                                  f"{MAX_INPUT_DIM:,} the planner handles on one axis of a data input; pass a "
