@@ -1,19 +1,20 @@
 """The ``planner`` command line: parse, call the API, print. Each command lives in
 ``planner/commands/<name>.py`` and exposes ``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``.
 
-Exit codes: 0 success; 2 bad input or an infeasible request (one line ``planner: error: ...`` on stderr);
-1 a bug.
+Exit codes: 0 success; 2 bad input, an infeasible request or an output that cannot be written (one line
+``planner: error: ...`` on stderr); 1 a bug.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from importlib import import_module
-from typing import Sequence
+from typing import Any, Sequence, TextIO
 
-from planner.errors import PlannerError
+from planner.errors import ConfigError, PlannerError
 
 # the order in which commands are listed in --help
 COMMANDS = ("inspect", "models", "devices", "estimate", "plan", "whatif", "profile", "split", "show", "schema")
@@ -25,6 +26,58 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         sys.stderr.write(f"planner: error: {message} (see 'planner --help')\n")
         raise SystemExit(2)
+
+
+class OutputError(ConfigError):
+    """Standard output could not be written (a full disk, a closed terminal): the result is lost, and the
+    user's fix is to send the output somewhere writable."""
+
+
+class _Stdout:
+    """``sys.stdout`` while a command runs: the stream it wraps, except that an OS error from writing or
+    flushing becomes an :class:`OutputError`, so it is reported in one line like bad input, while an OS
+    error from anywhere else stays a bug. A broken pipe (the reader stopped early, as ``| head`` does) is
+    passed on unchanged; main ends quietly on it."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def _call(self, method: str, *args: Any) -> Any:
+        try:
+            return getattr(self.stream, method)(*args)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise OutputError(f"cannot write the output to stdout ({exc.strerror or exc}); send it to a "
+                              f"writable file or terminal") from None
+
+    def write(self, text: str) -> int:
+        return self._call("write", text)
+
+    def writelines(self, lines: Any) -> None:
+        self._call("writelines", lines)
+
+    def flush(self) -> None:
+        self._call("flush")
+
+    def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding, ...: the wrapped stream's
+        return getattr(self.stream, name)
+
+
+def _discard_stdout(stream: TextIO) -> None:
+    """Point the process's standard output at the null device once writing it has failed, so that the
+    interpreter's flush at exit of what is still buffered does not fail again (a second message and exit
+    code 120). Only the real stdout: a stream put in its place (a test's capture) is left alone."""
+    if stream is not sys.__stdout__:
+        return
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, stream.fileno())
+        finally:
+            os.close(null)
+    except (OSError, ValueError):  # no file descriptor behind it: nothing left to flush at exit either
+        pass
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,11 +98,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
                         format="planner: %(message)s")
     if not getattr(args, "_run", None):
-        parser.print_help(sys.stderr)
+        parser.print_usage(sys.stderr)
+        sys.stderr.write("planner: error: give a command, e.g. 'planner plan MODEL.onnx --cluster NODE*COUNT "
+                         "--global-batch N' (see 'planner --help')\n")
         return 2
+    stdout = sys.stdout
+    sys.stdout = _Stdout(stdout)  # type: ignore[assignment]
     try:
-        return int(args._run(args) or 0)
+        code = int(args._run(args) or 0)
+        sys.stdout.flush()  # a failure to write what is still buffered is reported here, not at exit
+        return code
     except PlannerError as exc:
+        if isinstance(exc, OutputError):
+            _discard_stdout(stdout)
         message = " ".join(str(exc).split())
         sys.stderr.write(f"planner: error: {message}\n")
         return 2
@@ -57,4 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write("planner: interrupted\n")
         return 130
     except BrokenPipeError:
+        _discard_stdout(stdout)
         return 0
+    finally:
+        sys.stdout = stdout

@@ -5,13 +5,16 @@ Every command that writes a file (``plan --out``, ``whatif --csv``, ``--plot``, 
 after minutes of search or measurement, and writes through :func:`atomic_open` (or :func:`write_text`,
 :func:`write_bytes`): the bytes go to a temporary file in the target's folder, which replaces the target
 (``os.replace``) only once it is complete. An interrupted or failing run therefore never leaves a truncated
-file where a good one was, and on an error the temporary file is removed. An unwritable path is a
-:class:`ConfigError` naming the flag, never a traceback.
+file where a good one was, and on an error the temporary file is removed. A target that exists and is not a
+regular file (``/dev/null``, ``/dev/stdout``, a named pipe) is written straight into instead, since replacing
+it would turn the device or pipe into a plain file. An unwritable or empty path is a :class:`ConfigError`
+naming the flag, never a traceback.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,8 +26,10 @@ TEMP_SUFFIX = ".part"  # a temporary file is named .<target name>.<random><TEMP_
 
 
 def check_output_file(path: str | os.PathLike, flag: str, suffixes: Sequence[str] = ()) -> Path:
-    """``path`` as a Path if a file can be written there: its suffix one of ``suffixes`` (lower case, with
-    the dot; any suffix when empty), not a folder, and in a folder that exists."""
+    """``path`` as a Path if a file can be written there: not empty, its suffix one of ``suffixes`` (lower
+    case, with the dot; any suffix when empty), not a folder, and in a folder that exists."""
+    if isinstance(path, str) and not path:
+        raise ConfigError(f"{flag}: the path is empty; give a file name")
     target = Path(path)
     if suffixes and target.suffix.lower() not in suffixes:
         raise ConfigError(f"{flag} {path}: write a {' or '.join(suffixes)} file")
@@ -51,11 +56,28 @@ def _new_file_mode(target: Path) -> int:
         return 0o666 & ~umask
 
 
+def _is_special(path: str | os.PathLike) -> bool:
+    """Whether ``path`` exists and is, after following symbolic links, something other than a regular file or
+    a folder. The path itself is followed, not its realpath: ``/dev/stdout`` resolves through /proc to a name
+    such as ``pipe:[123]`` that cannot be opened, while the link itself can."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:  # absent (a new file) or unreadable: the temporary-file path reports the problem
+        return False
+    return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
+
+
 @contextmanager
 def atomic_open(path: str | os.PathLike, binary: bool = False) -> Iterator[IO[Any]]:
     """A file to write ``path``'s new content to: a temporary file beside it that replaces ``path`` when the
     block ends without an exception, and is removed when it ends with one. OS errors propagate. A symbolic
-    link is written through (its target is replaced), as a plain open() would."""
+    link is written through (its target is replaced), as a plain open() would. An existing target that is
+    not a regular file (a character device, a named pipe, a socket) is opened and written directly, as a
+    plain open() would: it cannot be replaced without destroying it, and it holds no content to protect."""
+    if _is_special(path):
+        with open(path, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as handle:
+            yield handle
+        return
     target = Path(os.path.realpath(path))
     fd, temp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=TEMP_SUFFIX, dir=target.parent)
     try:

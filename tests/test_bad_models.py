@@ -383,6 +383,7 @@ def test_corpus_model_text_not_utf8(tmp_path, field):
     assert answer_is_clean(["inspect", str(path)]) == (0, "")  # neither is ever used
 
 
+@pytest.mark.filterwarnings("ignore:The onnxtxt format is experimental")
 @pytest.mark.parametrize("suffix, text", [(".json", '{"tables": [{"name": "t"}]}'), (".json", "{not json"),
                                           (".textproto", "garbage {{"), (".onnxtxt", "<ir_version: 8> agraph (")])
 def test_a_model_in_a_text_format_that_does_not_parse_is_one_error_line(tmp_path, suffix, text):

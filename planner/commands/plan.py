@@ -56,9 +56,9 @@ def run(args: argparse.Namespace) -> int:
 
     # a bad output path or solver option fails before the search, not after it
     options = solver_options_from_args(args)
-    if args.gantt:
+    if args.gantt is not None:  # an empty path is an error, not "not given"
         check_path(args.gantt, "--gantt")
-    if args.out:
+    if args.out is not None:
         check_output_file(args.out, "--out")
     model = load_model(args.model, parse_dims(args.dim), allow_unknown_ops=args.allow_unknown_ops)
     cluster = load_cluster(args.cluster)
@@ -74,9 +74,9 @@ def run(args: argparse.Namespace) -> int:
         if bar is not None:
             bar.close()
     best = result.best
-    if args.out:
+    if args.out is not None:
         write_text(args.out, best.to_json() + "\n", "--out")
-    if args.gantt:
+    if args.gantt is not None:
         from planner.report.gantt import write_plan_gantt  # matplotlib, imported only when drawing
         write_plan_gantt(best, model, cluster, args.gantt)
     if args.json:

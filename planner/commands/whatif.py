@@ -51,9 +51,9 @@ def _check_outputs(args: argparse.Namespace) -> None:
     """Fail before planning, not after minutes of it, when an output cannot be written."""
     from planner.report._figure import check_path  # noqa: PLC0415
 
-    if args.plot:
+    if args.plot is not None:  # an empty path is an error, not "not given"
         check_path(args.plot, "--plot")
-    if args.csv:
+    if args.csv is not None:
         check_output_file(args.csv, "--csv")
 
 
@@ -83,9 +83,9 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
-    if args.csv:
+    if args.csv is not None:
         write_text(args.csv, result.to_csv(), "--csv")
-    if args.plot:
+    if args.plot is not None:
         from planner.report.plots import write_whatif_plot  # noqa: PLC0415
 
         write_whatif_plot(result, args.plot)
