@@ -3,14 +3,21 @@
 A :class:`Key` says a setting's name, kind, default and range; :func:`resolve` turns user settings (strings
 from ``--set KEY=VALUE`` or Python values) into a complete, checked ``dict`` of the family's keys, raising
 :class:`~planner.errors.ConfigError` that names the key at fault and what is valid.
+
+Every number key has a maximum: a builder's time and file size grow with its keys (a block per layer, a
+position table of ``seq_len`` rows), and the importer refuses tensors past its own limits as corrupted. The
+maxima are far above any published model, and :func:`check_elements` lets a family's cross-key check refuse
+a combination whose largest tensor the importer would refuse, before anything is built.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Mapping, Union
 
 from planner.errors import ConfigError, suggest
+from planner.graph.validate import MAX_BOUND_TENSOR_ELEMENTS, MAX_INPUT_DIM, MAX_TENSOR_ELEMENTS
 
 if TYPE_CHECKING:
     import onnx
@@ -23,6 +30,22 @@ FLOAT = "float"
 STR = "str"
 INT_LIST = "int list"
 FILE = "file"
+
+# the importer's limits, which a built model must stay within: one axis of a data input (so the largest
+# seq_len), one weight's elements, and one activation's elements for one sample
+MAX_SEQ_LEN = MAX_INPUT_DIM
+MAX_WEIGHT_ELEMENTS = MAX_TENSOR_ELEMENTS
+MAX_ACTIVATION_ELEMENTS = MAX_BOUND_TENSOR_ELEMENTS
+
+# the largest sizes a builder takes, each far beyond published models (whose deepest stacks have about 100
+# blocks, widest hidden sizes about 2**14, vocabularies about 2**18 and MoE layers a few hundred experts)
+MAX_LAYERS = 1024
+MAX_HIDDEN = 2**17  # also the largest low rank of a projection (mla's q_lora_rank, kv_lora_rank)
+MAX_HEADS = 1024
+MAX_HEAD_DIM = 4096
+MAX_FFN = 2**20  # an MLP's (or one expert's) inner width
+MAX_VOCAB = 2**22  # also the largest token-type vocabulary
+MAX_EXPERTS = 4096  # routed experts per layer; also the most shared experts and the largest top_k
 
 
 @dataclass(frozen=True)
@@ -39,6 +62,7 @@ class Key:
     maximum: float | None = None
     choices: tuple[str, ...] = ()
     required: bool = False
+    max_items: int | None = None  # the longest INT_LIST
 
     def describe_default(self) -> str:
         if self.required:
@@ -54,11 +78,12 @@ class Key:
     def valid_text(self) -> str:
         if self.choices:
             return "one of " + ", ".join(self.choices)
-        bounds = [text for text in ("" if self.minimum is None else f">= {self.minimum:g}",
-                                    "" if self.maximum is None else f"<= {self.maximum:g}") if text]
+        bounds = [text for text in ("" if self.minimum is None else f">= {_number_text(self.minimum)}",
+                                    "" if self.maximum is None else f"<= {_number_text(self.maximum)}") if text]
         bound = " and ".join(bounds)
         if self.kind == INT_LIST:
-            return "a comma list of integers" + (f", each {bound}" if bound else "")
+            count = "" if self.max_items is None else f"up to {self.max_items} "
+            return f"a comma list of {count}integers" + (f", each {bound}" if bound else "")
         what = {INT: "an integer", FLOAT: "a number", STR: "a name", FILE: "a file path"}[self.kind]
         return f"{what} {bound}" if bound else what
 
@@ -78,6 +103,20 @@ class Family:
             if key.name == name:
                 return key
         raise KeyError(name)
+
+
+def _number_text(number: float) -> str:
+    """A bound as written in a message: whole numbers in full (4194304, not 4.19e+06)."""
+    return str(int(number)) if float(number).is_integer() else f"{number:g}"
+
+
+def check_elements(family: str, what: str, elements: int, limit: int, fix: str) -> None:
+    """Raise a ConfigError when the tensor ``what`` of a model about to be built would hold more than
+    ``limit`` elements (:data:`MAX_WEIGHT_ELEMENTS` or :data:`MAX_ACTIVATION_ELEMENTS`), which the importer
+    would refuse; ``fix`` names the keys to lower."""
+    if elements > limit:
+        raise ConfigError(f"{family}: {what} would hold {elements:,} elements, over the {limit:,} the model "
+                          f"importer accepts in one tensor; {fix}")
 
 
 def _range_error(family: str, key: Key, raw: object) -> ConfigError:
@@ -115,12 +154,16 @@ def _parse_value(family: str, key: Key, raw: object) -> Value:
             value = float(raw)  # type: ignore[arg-type]
         except (TypeError, ValueError):
             raise _range_error(family, key, raw) from None
+        if not math.isfinite(value):  # nan passes every comparison, inf is no setting
+            raise _range_error(family, key, raw)
         _in_range(family, key, value, raw)
         return value
     if key.kind == INT_LIST:
         items = raw.split(",") if isinstance(raw, str) else raw
         if not isinstance(items, (list, tuple)) or not items:
             raise _range_error(family, key, raw)
+        if key.max_items is not None and len(items) > key.max_items:
+            raise ConfigError(f"{family}: key '{key.name}' has {len(items)} items; expected {key.valid_text()}")
         return tuple(_parse_int(family, key, item) for item in items)
     if not isinstance(raw, str) or not raw.strip():
         raise _range_error(family, key, raw)

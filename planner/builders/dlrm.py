@@ -22,9 +22,11 @@ import onnx
 from onnx import TensorProto
 
 from planner.builders._onnx import GraphBuilder
-from planner.builders._spec import FILE, INT, INT_LIST, STR, Family, Key, Value
+from planner.builders._spec import (FILE, INT, INT_LIST, MAX_WEIGHT_ELEMENTS, STR, Family, Key, Value,
+                                    check_elements)
 from planner.builders.tables import load_tables
 from planner.errors import ConfigError
+from planner.hardware.documents import RANGES
 from planner.types import EmbeddingTable
 
 log = logging.getLogger(__name__)
@@ -34,6 +36,12 @@ BATCH = "batch"
 DEFAULT_DENSE_FEATURES = 13  # Criteo's dense features (the DLRM reference configuration)
 DEFAULT_BOTTOM_MLP = (512, 256, 64)  # DLRM reference Criteo Kaggle configuration
 DEFAULT_TOP_MLP = (512, 256, 1)
+# the sizes a tables file may give for the dense network, so --set takes what the file takes
+MAX_WIDTH = int(RANGES["dense_width"][1])  # dense features, an MLP layer's width, a cross layer's rank
+MAX_MLP_LAYERS = int(RANGES["mlp_layers"][1])  # layers of one MLP, and cross layers
+# the dot interaction's pairs, whose indices are one inline int64 constant of the model file: 2**24 of them
+# (about 5,800 tables) take 128 MiB, well inside the 2 GiB a protobuf message (and the importer) takes
+MAX_DOT_PAIRS = 2**24
 
 
 def _mlp(g: GraphBuilder, name: str, x: str, n_in: int, widths: tuple[int, ...], last: str) -> str:
@@ -148,6 +156,30 @@ def _check(cfg: dict[str, Value]) -> None:
             raise ConfigError(f"dlrm: interaction 'dot' needs every table's dim equal to the last bottom_mlp width "
                               f"({bottom[-1]}); tables {', '.join(odd[:5])} differ: set interaction=cat or change "
                               f"bottom_mlp")
+    _check_sizes(cfg, spec.tables, bottom)
+
+
+def _check_sizes(cfg: dict[str, Value], tables: tuple[EmbeddingTable, ...], bottom: tuple[int, ...]) -> None:
+    """The weights whose size the tables decide (the MLP weights alone stay within the importer's limit by
+    the keys' maxima): each table, and the weights that take the interaction's output (the first top MLP
+    layer, and dcn's cross layers)."""
+    for table in tables:
+        check_elements("dlrm", f"table '{table.name}' (rows x dim = {table.rows} x {table.dim})",
+                       table.rows * table.dim, MAX_WEIGHT_ELEMENTS, "lower its rows or dim in the tables file")
+    if cfg["interaction"] == "dot":
+        pairs = len(tables) * (len(tables) + 1) // 2  # the pairwise dots of tables + 1 vectors
+        if pairs > MAX_DOT_PAIRS:
+            raise ConfigError(f"dlrm: interaction 'dot' over {len(tables)} tables makes {pairs:,} pairs, over the "
+                              f"{MAX_DOT_PAIRS:,} a model file holds; set interaction=cat or dcn")
+        width = bottom[-1] + pairs
+    else:
+        width = bottom[-1] + sum(table.dim for table in tables)
+    after = int(tuple(cfg["top_mlp"])[0])  # type: ignore[arg-type]
+    if cfg["interaction"] == "dcn":  # the cross layers' weights take the interaction's output too
+        after = max(after, int(cfg["dcn_rank"]))
+    check_elements("dlrm", f"a weight on the {cfg['interaction']} interaction's output ({width} inputs x "
+                   f"{after})", width * after, MAX_WEIGHT_ELEMENTS,
+                   "use fewer or narrower tables, or lower the first top_mlp width or dcn_rank")
 
 
 FAMILY = Family(
@@ -157,16 +189,19 @@ FAMILY = Family(
         Key("tables", FILE, 'embedding tables, JSON/YAML {"tables": [{"name","rows","dim","pooling_factor"}]}',
             required=True),
         Key("workload", STR, "entry to use when the tables file lists several 'workloads'"),
-        Key("dense_features", INT, "dense input features", default_text="from the tables file, else 13", minimum=1),
+        Key("dense_features", INT, "dense input features", default_text="from the tables file, else 13", minimum=1,
+            maximum=MAX_WIDTH),
         Key("bottom_mlp", INT_LIST, "bottom MLP widths",
-            default_text="from the tables file, else 512,256,64", minimum=1),
+            default_text="from the tables file, else 512,256,64", minimum=1, maximum=MAX_WIDTH,
+            max_items=MAX_MLP_LAYERS),
         Key("top_mlp", INT_LIST, "top MLP widths (the last is the output width)",
-            default_text="from the tables file, else 512,256,1", minimum=1),
+            default_text="from the tables file, else 512,256,1", minimum=1, maximum=MAX_WIDTH,
+            max_items=MAX_MLP_LAYERS),
         Key("interaction", STR, "feature interaction: pairwise dots, concatenation, or DCN-v2 cross layers over "
             "the concatenation", default_text="dot, or cat when the tables' dims differ from the last bottom_mlp "
             "width", choices=("dot", "cat", "dcn")),
-        Key("dcn_layers", INT, "cross layers (interaction=dcn)", 3, minimum=1),
-        Key("dcn_rank", INT, "low rank of each cross layer (interaction=dcn)", 512, minimum=1),
+        Key("dcn_layers", INT, "cross layers (interaction=dcn)", 3, minimum=1, maximum=MAX_MLP_LAYERS),
+        Key("dcn_rank", INT, "low rank of each cross layer (interaction=dcn)", 512, minimum=1, maximum=MAX_WIDTH),
     ),
     build=build_dlrm,
     check=_check,

@@ -40,9 +40,11 @@ import onnx
 from onnx import TensorProto
 
 from planner.builders._onnx import GraphBuilder
-from planner.builders._spec import INT, STR, Family, Key, Value
+from planner.builders._spec import (INT, MAX_ACTIVATION_ELEMENTS, MAX_EXPERTS, MAX_FFN, MAX_HEAD_DIM, MAX_HEADS,
+                                    MAX_HIDDEN, MAX_LAYERS, MAX_SEQ_LEN, MAX_VOCAB, MAX_WEIGHT_ELEMENTS, STR,
+                                    Family, Key, Value, check_elements)
 from planner.builders.transformer import (_ARCH, BATCH, DTYPE, SEQ, _heads, _linear, _norm, _repeat_kv,
-                                          _rotary)
+                                          _rotary, check_attention_scores)
 from planner.errors import ConfigError
 
 NAME = "moe"
@@ -238,38 +240,68 @@ def _check(cfg: dict[str, Value]) -> None:
     if dense > layers:
         raise _bad("dense_layers", dense, f"an integer from 0 to 'layers' = {layers}")
     cfg.setdefault("dense_ffn", int(cfg["expert_ffn"]) * (top_k + int(cfg["shared_experts"])))
+    _check_sizes(cfg)
+
+
+def _check_sizes(cfg: dict[str, Value]) -> None:
+    """The tensors that can grow past the importer's limits within the keys' maxima (one sample of
+    seq_len tokens): the attention scores, the batched expert weights and activations, and the MLPs whose
+    width is a product of keys. The other weights and activations stay within the limits by the maxima."""
+    hidden, heads, seq_len = int(cfg["hidden"]), int(cfg["heads"]), int(cfg["seq_len"])
+    experts, top_k, ffn = int(cfg["experts"]), int(cfg["top_k"]), int(cfg["expert_ffn"])
+    check_attention_scores(NAME, heads, seq_len)
+    check_elements(NAME, f"one batched expert weight (experts x hidden x expert_ffn = {experts} x {hidden} x "
+                   f"{ffn})", experts * hidden * ffn, MAX_WEIGHT_ELEMENTS,
+                   "lower 'experts', 'hidden' or 'expert_ffn'")
+    capacity = -(-seq_len * top_k // experts)  # tokens per expert, as the dispatch computes it
+    check_elements(NAME, f"the expert activations of one sequence (experts x capacity x max(hidden, expert_ffn)"
+                   f" = {experts} x {capacity} x {max(hidden, ffn)})", experts * capacity * max(hidden, ffn),
+                   MAX_ACTIVATION_ELEMENTS, "lower 'seq_len', 'top_k', 'hidden' or 'expert_ffn'")
+    widths = [("(shared_experts x expert_ffn)", int(cfg["shared_experts"]) * ffn, "'shared_experts' or 'expert_ffn'")]
+    if int(cfg["dense_layers"]):
+        widths.append(("dense_ffn", int(cfg["dense_ffn"]), "'dense_ffn'"))
+    for name, width, keys in widths:
+        check_elements(NAME, f"an MLP weight (hidden x {name} = {hidden} x {width})", hidden * width,
+                       MAX_WEIGHT_ELEMENTS, f"lower 'hidden', {keys}")
+        check_elements(NAME, f"an MLP activation of one sequence (seq_len x {name} = {seq_len} x {width})",
+                       seq_len * width, MAX_ACTIVATION_ELEMENTS, f"lower 'seq_len', {keys}")
 
 
 FAMILY = Family(
     NAME,
     "mixture-of-experts decoder (router + top-k SwiGLU experts, GQA or MLA attention); defaults: Mixtral 8x7B",
     (
-        Key("layers", INT, "transformer blocks", 32, minimum=1),
-        Key("hidden", INT, "hidden size h", 4096, minimum=1),
-        Key("heads", INT, "attention (query) heads", 32, minimum=1),
+        Key("layers", INT, "transformer blocks", 32, minimum=1, maximum=MAX_LAYERS),
+        Key("hidden", INT, "hidden size h", 4096, minimum=1, maximum=MAX_HIDDEN),
+        Key("heads", INT, "attention (query) heads", 32, minimum=1, maximum=MAX_HEADS),
         Key("kv_heads", INT, "key/value heads (gqa; must divide heads)", default_text="heads/4 (gqa), heads",
-            minimum=1),
-        Key("head_dim", INT, "size of one attention head (mha/gqa)", default_text="hidden/heads", minimum=2),
-        Key("vocab", INT, "vocabulary size V", 32000, minimum=1),
-        Key("seq_len", INT, "sequence length s (default of the symbolic 'seq' dimension)", 4096, minimum=1),
+            minimum=1, maximum=MAX_HEADS),
+        Key("head_dim", INT, "size of one attention head (mha/gqa)", default_text="hidden/heads", minimum=2,
+            maximum=MAX_HEAD_DIM),
+        Key("vocab", INT, "vocabulary size V", 32000, minimum=1, maximum=MAX_VOCAB),
+        Key("seq_len", INT, "sequence length s (default of the symbolic 'seq' dimension)", 4096, minimum=1,
+            maximum=MAX_SEQ_LEN),
         Key("attention", STR, "attention kind", "gqa", choices=("mha", "gqa", "mla")),
-        Key("experts", INT, "routed experts per MoE layer", 8, minimum=1),
-        Key("top_k", INT, "experts each token is routed to (1..experts)", 2, minimum=1),
-        Key("shared_experts", INT, "experts every token goes through (DeepSeek)", 0, minimum=0),
-        Key("expert_ffn", INT, "inner (SwiGLU) width of one expert", 14336, minimum=1),
+        Key("experts", INT, "routed experts per MoE layer", 8, minimum=1, maximum=MAX_EXPERTS),
+        Key("top_k", INT, "experts each token is routed to (1..experts)", 2, minimum=1, maximum=MAX_EXPERTS),
+        Key("shared_experts", INT, "experts every token goes through (DeepSeek)", 0, minimum=0,
+            maximum=MAX_EXPERTS),
+        Key("expert_ffn", INT, "inner (SwiGLU) width of one expert", 14336, minimum=1, maximum=MAX_FFN),
         Key("router", STR, "router scoring before top-k", "softmax", choices=("softmax", "sigmoid")),
-        Key("dense_layers", INT, "first blocks with a dense MLP instead of experts", 0, minimum=0),
+        Key("dense_layers", INT, "first blocks with a dense MLP instead of experts", 0, minimum=0,
+            maximum=MAX_LAYERS),
         Key("dense_ffn", INT, "inner width of the dense MLP of those blocks",
-            default_text="expert_ffn*(top_k+shared_experts)", minimum=1),
+            default_text="expert_ffn*(top_k+shared_experts)", minimum=1, maximum=MAX_FFN),
         Key("q_lora_rank", INT, "mla: query bottleneck rank (0: a full query projection)",
-            default_text=str(MLA_DEFAULTS["q_lora_rank"]), minimum=0),
+            default_text=str(MLA_DEFAULTS["q_lora_rank"]), minimum=0, maximum=MAX_HIDDEN),
         Key("kv_lora_rank", INT, "mla: key/value latent rank", default_text=str(MLA_DEFAULTS["kv_lora_rank"]),
-            minimum=1),
+            minimum=1, maximum=MAX_HIDDEN),
         Key("qk_rope_head_dim", INT, "mla: rotary part of each query/key head",
-            default_text=str(MLA_DEFAULTS["qk_rope_head_dim"]), minimum=2),
+            default_text=str(MLA_DEFAULTS["qk_rope_head_dim"]), minimum=2, maximum=MAX_HEAD_DIM),
         Key("qk_nope_head_dim", INT, "mla: non-rotary part of each query/key head",
-            default_text=str(MLA_DEFAULTS["qk_nope_head_dim"]), minimum=1),
-        Key("v_head_dim", INT, "mla: value head size", default_text=str(MLA_DEFAULTS["v_head_dim"]), minimum=1),
+            default_text=str(MLA_DEFAULTS["qk_nope_head_dim"]), minimum=1, maximum=MAX_HEAD_DIM),
+        Key("v_head_dim", INT, "mla: value head size", default_text=str(MLA_DEFAULTS["v_head_dim"]), minimum=1,
+            maximum=MAX_HEAD_DIM),
     ),
     build_moe,
     _check,

@@ -25,7 +25,8 @@ import onnx
 from onnx import TensorProto
 
 from planner.builders._onnx import GraphBuilder
-from planner.builders._spec import FLOAT, INT, Family, Key, Value
+from planner.builders._spec import (FLOAT, INT, MAX_ACTIVATION_ELEMENTS, MAX_FFN, MAX_HEADS, MAX_HIDDEN,
+                                    MAX_LAYERS, MAX_SEQ_LEN, MAX_VOCAB, Family, Key, Value, check_elements)
 from planner.errors import ConfigError
 
 DTYPE = TensorProto.FLOAT16
@@ -269,21 +270,31 @@ def _checker(family: str):
             raise ConfigError(f"llama: head size hidden/heads = {hidden // heads} must be even for rotary "
                               f"positions; change 'hidden' or 'heads'")
         cfg.setdefault("ffn", _llama_ffn(hidden) if family == "llama" else 4 * hidden)
+        # the key maxima keep every weight and every other activation within the importer's limits
+        check_attention_scores(family, heads, int(cfg["seq_len"]))
     return check
+
+
+def check_attention_scores(family: str, heads: int, seq_len: int) -> None:
+    """The attention scores of one sequence, ``heads x seq_len x seq_len``, the largest activation of a
+    long sequence, within what the importer accepts at the default 'seq' (= seq_len)."""
+    check_elements(family, f"the attention scores of one sequence (heads x seq_len x seq_len = {heads} x "
+                   f"{seq_len} x {seq_len})", heads * seq_len * seq_len, MAX_ACTIVATION_ELEMENTS,
+                   "lower 'seq_len' or 'heads'")
 
 
 def _keys(layers: int, hidden: int, heads: int, vocab: int, seq_len: int, ffn_text: str,
           dropout: float) -> tuple[Key, ...]:
     return (
-        Key("layers", INT, "transformer blocks", layers, minimum=1),
-        Key("hidden", INT, "hidden size h", hidden, minimum=1),
-        Key("heads", INT, "attention heads a (must divide hidden)", heads, minimum=1),
+        Key("layers", INT, "transformer blocks", layers, minimum=1, maximum=MAX_LAYERS),
+        Key("hidden", INT, "hidden size h", hidden, minimum=1, maximum=MAX_HIDDEN),
+        Key("heads", INT, "attention heads a (must divide hidden)", heads, minimum=1, maximum=MAX_HEADS),
         Key("kv_heads", INT, "key/value heads (grouped-query attention; must divide heads)",
-            default_text="heads", minimum=1),
-        Key("ffn", INT, "MLP inner size", default_text=ffn_text, minimum=1),
-        Key("vocab", INT, "vocabulary size V", vocab, minimum=1),
+            default_text="heads", minimum=1, maximum=MAX_HEADS),
+        Key("ffn", INT, "MLP inner size", default_text=ffn_text, minimum=1, maximum=MAX_FFN),
+        Key("vocab", INT, "vocabulary size V", vocab, minimum=1, maximum=MAX_VOCAB),
         Key("seq_len", INT, "sequence length s (default of the symbolic 'seq' dimension; position table size)",
-            seq_len, minimum=1),
+            seq_len, minimum=1, maximum=MAX_SEQ_LEN),
         Key("dropout", FLOAT, "dropout probability; 0 leaves the Dropout nodes out", dropout, minimum=0.0,
             maximum=0.9),
     )
@@ -301,5 +312,5 @@ FAMILIES = (
             _keys(32, 4096, 32, 32000, 4096, "256*ceil(8*hidden/3/256)", 0.0)),
     _family("bert", "BERT encoder (post-LN, token types, padding mask, tied MLM head); defaults: BERT-base",
             _keys(12, 768, 12, 30522, 512, "4*hidden", 0.1)
-            + (Key("type_vocab", INT, "token-type vocabulary", 2, minimum=1),)),
+            + (Key("type_vocab", INT, "token-type vocabulary", 2, minimum=1, maximum=MAX_VOCAB),)),
 )
