@@ -258,3 +258,19 @@ def test_in_flight_counts_by_hand():
 
     assert in_flight_ascending(5, 3).tolist() == [1, 2, 3, 3, 3]
     assert in_flight_ascending(4, 8, 2).tolist() == [2.5, 3.5, 4.5, 5.5]
+
+
+def test_neighbouring_groups_of_one_node_plan_as_one_pool():
+    """Racks of one node type listed apart are one pool to the search (a stage spans at most two pools), so
+    they plan as the shorthand with their count does; the plan still lists the groups as given."""
+    import planner
+    from planner.builders import build
+    from planner.graph import import_model_proto
+
+    model = import_model_proto(build("gpt", {"layers": 4, "hidden": 64, "heads": 2, "vocab": 128, "seq_len": 64}),
+                               {"batch": 1})
+    apart = planner.plan(model, planner.load_cluster("+".join(["dgx-a100-80gb*1"] * 4)), global_batch=64)
+    together = planner.plan(model, planner.load_cluster("dgx-a100-80gb*4"), global_batch=64)
+    assert apart.iteration_time_s == together.iteration_time_s and apart.search.proven_optimal
+    assert [s.devices for s in apart.stages] == [s.devices for s in together.stages]
+    assert len(apart.cluster["groups"]) == 4

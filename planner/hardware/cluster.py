@@ -199,6 +199,21 @@ def _assemble(groups: list[tuple[str, NodeProfile, int]], prices: list[float | N
 
 # ----------------------------------------------------------------------------------------- device lookup
 
+def pooled(cluster: Cluster) -> Cluster:
+    """``cluster`` with each run of neighbouring groups of the same node and price as one group (the first's
+    name, their nodes together): the same devices, numbered the same, and the same costs, since the cost model
+    sees a node's profile, never its group. The search places stages on pools of groups, so racks of one node
+    type listed apart plan as one pool. ``cluster`` itself when no two neighbours match."""
+    merged: list[DeviceGroup] = []
+    for group in cluster.groups:
+        last = merged[-1] if merged else None
+        if last is not None and last.node == group.node and last.price_per_node_hour == group.price_per_node_hour:
+            merged[-1] = dataclasses.replace(last, count=last.count + group.count)
+        else:
+            merged.append(group)
+    return cluster if len(merged) == len(cluster.groups) else dataclasses.replace(cluster, groups=tuple(merged))
+
+
 def locate(cluster: Cluster, device: int) -> tuple[int, int]:
     """(group index, node index within the whole cluster) of a global device id."""
     firsts, node_offsets = _layout(cluster)

@@ -12,6 +12,7 @@ import numpy as np
 
 from planner import arguments, compose
 from planner.errors import ConfigError, InfeasibleError
+from planner.hardware.cluster import pooled
 from planner.hardware.efficiency import resolve_dtype
 from planner.hardware.fp8 import cost_dtype, resolve_fp8_recipe
 from planner.plans import Plan, SearchInfo
@@ -95,6 +96,8 @@ def search_dense(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinn
         raise ConfigError(f"model {model.name!r} has no layers (pipeline units) to place")
     pins = Pins.from_config(pinned)
     runtime = get_runtime(pins.runtime)  # an unknown name fails here, before the search
+    listed = cluster  # the plan reports the groups as given; the search places stages on pools of them
+    cluster = pooled(cluster)
     devices = [g.node.device for g in cluster.groups]
     dtype = resolve_dtype(devices, pinned.dtype if pinned is not None else None)
     recipe = resolve_fp8_recipe(devices, dtype, pinned.fp8_recipe if pinned is not None else None)
@@ -118,7 +121,7 @@ def search_dense(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinn
     for cand in outcome.candidates:
         # a simpler plan taken over a faster one is not itself the proven optimum
         slower = outcome.fastest is not None and cand.time_s > outcome.fastest.time_s
-        timed = to_plan(model, cluster, cand.spec, cand.estimate,
+        timed = to_plan(model, listed, cand.spec, cand.estimate,
                         dataclasses.replace(info, proven_optimal=info.proven_optimal and not slower), "")
         embedding_s = 0.0
         if finish is not None:
