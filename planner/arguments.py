@@ -29,7 +29,7 @@ def optional(value: Any, kind: type | tuple[type, ...], name: str, fix: str) -> 
 def whole(value: Any, name: str, least: int = 1, most: int | None = None) -> int:
     """``value`` as an int: an integer (not a bool) of at least ``least`` and at most ``most`` (None: any)."""
     if isinstance(value, bool) or not isinstance(value, Integral) or value < least:
-        kind = "a positive integer" if least == 1 else f"an integer of at least {least}"
+        kind = {0: "a non-negative integer", 1: "a positive integer"}.get(least, f"an integer of at least {least}")
         raise ConfigError(f"{name}={value!r} must be {kind}")
     if most is not None and value > most:
         raise ConfigError(f"{name}={value} is over {most}, the largest the planner takes")

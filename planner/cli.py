@@ -39,10 +39,12 @@ class _Stdout:
     error from anywhere else stays a bug. A broken pipe (the reader stopped early, as ``| head`` does) is
     passed on unchanged; main ends quietly on it."""
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO | None) -> None:
         self.stream = stream
 
     def _call(self, method: str, *args: Any) -> Any:
+        if self.stream is None:  # the process started with stdout closed (``>&-``)
+            raise OutputError("cannot write the output: stdout is closed; send it to a file or a terminal")
         try:
             return getattr(self.stream, method)(*args)
         except BrokenPipeError:
@@ -68,7 +70,7 @@ def _discard_stdout(stream: TextIO) -> None:
     """Point the process's standard output at the null device once writing it has failed, so that the
     interpreter's flush at exit of what is still buffered does not fail again (a second message and exit
     code 120). Only the real stdout: a stream put in its place (a test's capture) is left alone."""
-    if stream is not sys.__stdout__:
+    if stream is None or stream is not sys.__stdout__:  # closed from the start, or a test's capture
         return
     try:
         null = os.open(os.devnull, os.O_WRONLY)

@@ -56,10 +56,16 @@ def _new_file_mode(target: Path) -> int:
         return 0o666 & ~umask
 
 
+# where the system keeps the names of open streams (/dev/stdout, /dev/fd/N, /proc/self/fd/N)
+_STREAM_DIRS = ("/dev/", "/proc/")
+
+
 def _is_special(path: str | os.PathLike) -> bool:
     """Whether ``path`` exists and is, after following symbolic links, something other than a regular file or
     a folder. The path itself is followed, not its realpath: ``/dev/stdout`` resolves through /proc to a name
     such as ``pipe:[123]`` that cannot be opened, while the link itself can."""
+    if str(path).startswith(_STREAM_DIRS):  # /dev/stdout redirected to a file: replacing it would cut the
+        return os.path.exists(path)          # shell's file from the rest of the output
     try:
         mode = os.stat(path).st_mode
     except OSError:  # absent (a new file) or unreadable: the temporary-file path reports the problem

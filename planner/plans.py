@@ -193,9 +193,10 @@ class Plan:
         if not isinstance(text, str):
             raise PlannerError(f"plan: got a {type(text).__name__}; give the plan's JSON text (Plan.to_json()), or "
                                "read a plan file with planner.plans.load_plan(PATH)")
-        if len(text) > MAX_JSON_BYTES:
-            raise PlannerError(f"plan: the text has {len(text)} characters, over the limit of {MAX_JSON_BYTES} for "
-                               "a plan file; check that it is the plan meant")
+        size = len(text.encode("utf-8"))
+        if size > MAX_JSON_BYTES:
+            raise PlannerError(f"plan: the text has {size} bytes, over the limit of {MAX_JSON_BYTES} for a plan "
+                               "file; check that it is the plan meant")
         return cls.from_dict(load_json(text, "plan", PlannerError))
 
 

@@ -24,9 +24,11 @@ Conventions
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from numbers import Integral
 from typing import Any, Mapping
 
+import numpy as np
+
+from planner.arguments import whole
 from planner.errors import ConfigError
 from planner.runtime import DEFAULT_RUNTIME
 
@@ -300,21 +302,19 @@ class ParallelConfig:
 
     def __post_init__(self) -> None:
         # Wrong types from the Python API fail here, naming the field, rather than deep in a rule or formula.
+        # Numpy scalars are stored as the Python int or bool the rules compare with.
         for f in fields(self):
             value = getattr(self, f.name)
             if value is None and f.name != "global_batch":
                 continue
             if f.name in _COUNT_FIELDS:
                 least = 0 if f.name in _ZERO_ALLOWED else 1
-                if isinstance(value, bool) or not isinstance(value, Integral) or value < least:
-                    kind = "a non-negative" if least == 0 else "a positive"
-                    raise ConfigError(f"{f.name}={value!r} must be {kind} integer")
-                if f.name == "global_batch" and value > MAX_GLOBAL_BATCH:
-                    raise ConfigError(f"global_batch={value} is over {MAX_GLOBAL_BATCH}, the largest the planner "
-                                      "takes; give the samples of one iteration")
+                most = MAX_GLOBAL_BATCH if f.name == "global_batch" else None
+                object.__setattr__(self, f.name, whole(value, f.name, least, most))
             elif f.name == "sequence_parallel":
-                if not isinstance(value, bool):
+                if not isinstance(value, (bool, np.bool_)):
                     raise ConfigError(f"sequence_parallel={value!r} must be True, False or None")
+                object.__setattr__(self, f.name, bool(value))
             elif not isinstance(value, str):
                 raise ConfigError(f"{f.name}={value!r} must be a name (a string) or None")
 

@@ -290,3 +290,11 @@ def test_megatron_2021_refuses_uneven_stages_and_sizes_even_chunks():
                                                      sequence_parallel=False), runtime="megatron-lm-2021")
     args = megatron_args(even)  # blocks 4 + 4, two chunks of 2 per stage
     assert args[args.index("--num-layers-per-virtual-pipeline-stage") + 1] == "2"
+
+
+def test_deepspeed_refuses_zero_3_with_tensor_parallelism():
+    # a plan file written before the rule, or for another runtime: AutoTP trains with ZeRO 0-2
+    plan = dataclasses.replace(plan_samples.gpt_plan((10,), tp=2, dp=8, zero=3, sequence_parallel=False),
+                               runtime="deepspeed")
+    with pytest.raises(PlannerError, match="ZeRO-3 cannot run in DeepSpeed"):
+        render(plan, "deepspeed")

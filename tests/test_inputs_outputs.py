@@ -193,3 +193,10 @@ def test_an_os_error_outside_stdout_is_not_reported_as_an_output_error(monkeypat
     monkeypatch.setattr("planner.commands.schema.schema_text", broken)
     with pytest.raises(OSError, match="Input/output error"):
         main(["schema"])
+
+
+def test_a_closed_stdout_is_one_error_line(capsys, monkeypatch) -> None:
+    # a process started with `>&-` has sys.stdout None
+    monkeypatch.setattr(sys, "stdout", None)
+    assert main(["schema"]) == 2
+    assert "stdout is closed" in capsys.readouterr().err.strip().splitlines()[-1]

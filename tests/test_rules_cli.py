@@ -203,3 +203,22 @@ def test_deepspeed_runs_autotp_with_zero_2_at_most_and_no_sequence_parallelism(c
     code, _, err = run(capsys, "plan", "models/gpt-1.3b.onnx", "--cluster", "dgx-a100-40gb*1", "--global-batch",
                        "64", "--tp", "2", "--zero", "3", "--runtime", "deepspeed")
     assert code == 2 and "--zero 3 with --tp 2" in err
+
+
+def test_estimate_resolves_a_free_zero_deepspeed_runs_with_its_tp():
+    # a free ZeRO stage was resolved among all four, so estimate picked ZeRO-3 with AutoTP for a 13B model
+    from planner.builders import build
+    from planner.graph import import_model_proto
+
+    model = import_model_proto(build("gpt", {"layers": 40, "hidden": 5120, "heads": 40}), {"batch": 1})
+    resolved = estimate(model, load_cluster("dgx-a100-40gb*1"), ParallelConfig(64, tp=2, pp=1, dp=4,
+                                                                               runtime="deepspeed"))
+    assert resolved.config.zero <= 2
+
+
+def test_numpy_scalars_in_a_parallel_config_are_plain_python_values():
+    import numpy as np
+
+    config = ParallelConfig(np.int64(64), tp=np.int32(2), pp=1, dp=np.int64(4), sequence_parallel=np.bool_(True))
+    assert type(config.tp) is int and type(config.global_batch) is int and config.sequence_parallel is True
+    assert estimate(load_model("models/gpt-1.3b.onnx"), load_cluster("dgx-a100-40gb*1"), config).config.tp == 2

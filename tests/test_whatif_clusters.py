@@ -27,6 +27,11 @@ def test_mixed_shorthand_group_counts_and_ids():
     assert (only_h100.name, both.name) == ("dgx-h100*1", "dgx-a100-80gb*4+dgx-h100*1")
 
 
+def test_a_device_swap_is_named_in_the_points_cluster():
+    point = _inputs("dgx-a100-80gb*1", {"device": ["v100-16gb"]})[0]
+    assert point.cluster.name == "dgx-a100-80gb[v100-16gb]*1"
+
+
 def test_node_swap_and_network_and_price():
     point = _inputs("dgx-a100-80gb*4", {"node": ["dgx-h200"], "inter_node_bandwidth_GBps": ["12.5"],
                                         "price_per_node_hour": ["98.3"]})[0]

@@ -48,7 +48,7 @@ from planner.hardware.fp8 import base_dtype, cost_dtype, recipe_name, resolve_fp
 from planner.hardware.collectives import CommGroup, p2p_time_s
 from planner.rules import (TIE_TOLERANCE, ModelShape, check_config, divisors, ep_values, expert_tp_values,
                            micro_batch_choices, pipeline_units, recompute_choices, simplicity_key, stage_blocks,
-                           vpp_fits, zero_stages)
+                           tp_zero_fits, vpp_fits, zero_stages)
 from planner.runtime import Runtime, get_runtime
 from planner.types import (Batching, Breakdown, Cluster, Estimate, LayerGraph, MemoryBreakdown, NodeProfile,
                            ParallelConfig, PipelineSpec, ReplicaEstimate, ReplicaSpec, StageEstimate, StageSpec)
@@ -636,7 +636,7 @@ def _candidates(model: LayerGraph, config: ParallelConfig) -> dict[str, list]:
             if not vpps:
                 raise ConfigError(f"the interleaved schedule needs the {units} layers to split into pp x vpp equal "
                                   f"chunks with vpp > 1, and none does for pp={pp}; use --schedule 1f1b")
-    zeros = zero_stages(runtime, pp)
+    zeros = [z for z in zero_stages(runtime, pp) if tp_zero_fits(tp, z, runtime)]
     shape = ModelShape.of(model)
     sp = bool(config.sequence_parallel) if config.sequence_parallel is not None else tp > 1 and runtime.sequence_parallel
     etps = [config.expert_tp] if config.expert_tp is not None else (expert_tp_values(shape, tp, runtime) or [0])

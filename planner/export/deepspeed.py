@@ -37,6 +37,10 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
         # deepspeed/runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"
         raise PlannerError(f"plan: ZeRO-{plan.zero} with {pp} pipeline stages cannot run in DeepSpeed (its "
                            "pipeline engine accepts ZeRO 0 or 1); re-plan with --zero 1, or use --format megatron")
+    if tp > 1 and plan.zero > 2:
+        # DeepSpeed's AutoTP training (tensor_parallel.autotp_size) runs with ZeRO stage 0, 1 or 2
+        raise PlannerError(f"plan: tp {tp} with ZeRO-{plan.zero} cannot run in DeepSpeed (AutoTP trains with ZeRO "
+                           "0-2); re-plan with --runtime deepspeed, or use --format megatron")
     if plan.dtype == "fp8":
         # DeepSpeed's config has bf16, fp16 and amp sections and none for fp8: FP8 GEMMs come from Transformer
         # Engine modules in the model code (or a plug-in's own section), which a config cannot switch on

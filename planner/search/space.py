@@ -159,7 +159,7 @@ def validate_pins(pins: Pins, cluster: Cluster, global_batch: int, num_layers: i
     if pins.pp:
         rules.check_pp(pins.pp, shape, runtime, flag="--pp ")
     if pins.tp:
-        valid = sorted({t for p in range(len(cluster.groups)) for t in tp_choices(cluster, p, pins)})
+        valid = cluster_tps(cluster, pins)
         if pins.tp not in valid:  # the largest node names the rule (pools of smaller ones are left out anyway)
             pool = max(range(len(cluster.groups)), key=lambda p: cluster.groups[p].node.devices_per_node)
             rules.check_tp(pins.tp, shape, cluster, runtime, [pool], flag="--tp ")
@@ -171,10 +171,9 @@ def validate_pins(pins: Pins, cluster: Cluster, global_batch: int, num_layers: i
     rules.check_numerics(pins.recompute, pins.optimizer, pins.dtype, pins.sequence_parallel, pins.tp or None,
                          runtime)
     check_expert_pins(pins)
-    if pins.shape.experts:
-        rules.check_moe_runtime(pins.shape, runtime)
+    rules.check_moe_runtime(pins.shape, runtime)
     if pins.expert_tp is not None and not pins.tp and pins.shape.experts:
-        tps = sorted({t for p in range(len(cluster.groups)) for t in tp_choices(cluster, p, pins)})
+        tps = cluster_tps(cluster, pins)
         hosts = [t for t in tps if pins.expert_tp in rules.expert_tp_values(pins.shape, t, runtime)]
         if not hosts:  # no tp the search may pick takes it: say so, not "does not fit" after the search
             valid = sorted({e for t in tps for e in rules.expert_tp_values(pins.shape, t, runtime)})
@@ -242,6 +241,11 @@ def check_schedule_pins(pins: Pins, num_units: int, global_batch: int = 0) -> No
             m = Batching(global_batch, pins.micro_batch, pins.dp).num_micro_batches
         rules.check_vpp_shape(vpp, max(pins.pp, 2), num_units, m if pins.pp else None, vpp_flag="--vpp ",
                               pp_flag="--pp ")
+
+
+def cluster_tps(cluster: Cluster, pins: Pins) -> list[int]:
+    """Every tp degree some pool of the cluster allows (:func:`tp_choices`), ascending."""
+    return sorted({t for p in range(len(cluster.groups)) for t in tp_choices(cluster, p, pins)})
 
 
 def tp_choices(cluster: Cluster, pool: int, pins: Pins) -> list[int]:

@@ -11,6 +11,7 @@ from the unchanged base cluster (a stage never mutates its input).
 from __future__ import annotations
 
 import itertools
+from numbers import Real
 from dataclasses import dataclass, replace
 from typing import Mapping, Protocol, Sequence, Union
 
@@ -167,7 +168,7 @@ def _value_text(key: SweepKey, value: object) -> str:
     """A sweep value as the text the CLI would give (a number from Python written as it prints)."""
     if isinstance(value, str):
         return value
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    if isinstance(value, Real) and not isinstance(value, bool):
         return str(value)
     raise ConfigError(f"--sweep {key.text}: value {value!r} must be a number or its text")
 
@@ -197,7 +198,12 @@ def with_groups(cluster: Cluster, groups: Sequence[DeviceGroup]) -> Cluster:
     """``cluster`` with its groups replaced: empty groups dropped, device ids renumbered, and named by its
     nodes in the shorthand (``dgx-h100*2+dgx-a100-80gb*4``), so a message about the point names what it has."""
     kept = renumber([g for g in groups if g.count > 0])
-    return replace(cluster, groups=kept, name="+".join(f"{g.node.name}*{g.count}" for g in kept))
+    # a group whose node kept its name but got another device (a ``device`` sweep) shows that device
+    swapped = {new.name for new, old in zip(groups, cluster.groups)
+               if new.node.name == old.node.name and new.node.device != old.node.device}
+    return replace(cluster, groups=kept, name="+".join(
+        f"{g.node.name}[{g.node.device.name}]*{g.count}" if g.name in swapped else f"{g.node.name}*{g.count}"
+        for g in kept))
 
 
 def _group_indices(cluster: Cluster, key: SweepKey) -> list[int]:
