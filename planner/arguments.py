@@ -13,6 +13,9 @@ from typing import Any
 
 from planner.errors import ConfigError
 
+# what to pass as ``options=`` (planner.solver.SolverOptions), said by every entry point that takes it
+SOLVER_OPTIONS_FIX = "give planner.solver.SolverOptions(work=1, seed=0) or None"
+
 
 def instance(value: Any, kind: type | tuple[type, ...], name: str, fix: str) -> None:
     """Raise unless ``value`` is a ``kind``; ``fix`` says what to pass instead."""

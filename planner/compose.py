@@ -45,7 +45,7 @@ def check_inputs(model: Any, cluster: Any, options: Any) -> None:
     """Raise ConfigError unless the Python API got a model, a cluster and (or None) solver options."""
     arguments.instance(model, LayerGraph, "model", _MODEL_FIX)
     arguments.instance(cluster, Cluster, "cluster", _CLUSTER_FIX)
-    arguments.optional(options, SolverOptions, "options", "give planner.solver.SolverOptions(work=1, seed=0) or None")
+    arguments.optional(options, SolverOptions, "options", arguments.SOLVER_OPTIONS_FIX)
 
 if TYPE_CHECKING:  # the search and the sharder are imported on first use (see search and shard)
     from planner.embeddings import EmbeddingResult

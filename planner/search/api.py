@@ -73,6 +73,18 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
                           tables=tables, backend=backend, progress=progress, budget=budget, options=options)
 
 
+def check_search_arguments(global_batch: object, time_limit_s: object, budget: object, pinned: object,
+                           options: object) -> tuple[int, float | None, int | None]:
+    """The arguments every search takes (plan's, and each what-if point's), checked: ConfigError naming the
+    one at fault; the numbers are returned as the Python int and float the search uses."""
+    arguments.optional(pinned, ParallelConfig, "pinned", "give planner.ParallelConfig(global_batch=..., tp=0, ...) "
+                       "(0 leaves tp, pp, dp, cp to the search) or None")
+    arguments.optional(options, SolverOptions, "options", arguments.SOLVER_OPTIONS_FIX)
+    return (arguments.whole(global_batch, "global_batch", most=MAX_GLOBAL_BATCH),
+            None if time_limit_s is None else arguments.seconds(time_limit_s, "time_limit_s"),
+            None if budget is None else arguments.whole(budget, "budget"))
+
+
 def search_dense(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: ParallelConfig | None = None,
                  top_k: int = 1, time_limit_s: float | None = None, backend: Backend | None = None,
                  progress: Callable[[float], None] | None = None, budget: int | None = None,
@@ -81,14 +93,8 @@ def search_dense(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinn
     """:func:`search` of a dense model. ``finish`` (planner.compose's join of the sparse tables) is applied
     to each plan with its dense estimate before the plan's bottleneck sentence is written, so the sentence
     weighs what ``finish`` adds to ``breakdown["embedding_s"]``."""
-    global_batch = arguments.whole(global_batch, "global_batch", most=MAX_GLOBAL_BATCH)
+    global_batch, time_limit_s, budget = check_search_arguments(global_batch, time_limit_s, budget, pinned, options)
     top_k = arguments.whole(top_k, "top_k")
-    if time_limit_s is not None:
-        time_limit_s = arguments.seconds(time_limit_s, "time_limit_s")
-    if budget is not None:
-        budget = arguments.whole(budget, "budget")
-    arguments.optional(pinned, ParallelConfig, "pinned", "give planner.ParallelConfig(global_batch=..., tp=0, ...) "
-                       "(0 leaves tp, pp, dp, cp to the search) or None")
     if pinned is not None and pinned.global_batch != global_batch:
         raise ConfigError(f"pinned global_batch {pinned.global_batch} differs from global_batch {global_batch}; "
                           "give the same value (or pass pinned=None)")

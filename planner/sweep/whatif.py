@@ -33,7 +33,7 @@ from planner.plans import Plan
 from planner.solver import SolverOptions
 from planner.sweep.keys import SEQ_DIM, PointInputs, Value, check_groups, parse_sweeps, point_inputs
 from planner.sweep.runner import Progress, default_workers, run_tasks
-from planner.types import MAX_GLOBAL_BATCH, Cluster, LayerGraph, ParallelConfig
+from planner.types import Cluster, LayerGraph, ParallelConfig
 
 log = logging.getLogger(__name__)
 SECONDS_PER_HOUR = 3600.0
@@ -317,17 +317,13 @@ def whatif(model_path: str, cluster_spec: str | Cluster, global_batch: int, swee
     from planner.hardware import catalog  # noqa: PLC0415
 
     start = time.perf_counter()
+    from planner.search.api import check_search_arguments  # noqa: PLC0415
+
     arguments.path_like(model_path, "model_path", "an .onnx model file (whatif imports it again at each point)")
-    global_batch = arguments.whole(global_batch, "global_batch", most=MAX_GLOBAL_BATCH)
+    global_batch, time_limit_s, budget = check_search_arguments(global_batch, time_limit_s, budget, pinned, options)
     arguments.optional(dims, Mapping, "dims", "give a mapping such as {'seq': 2048} or None")
-    arguments.optional(pinned, ParallelConfig, "pinned", "give planner.ParallelConfig(...) or None")
-    arguments.optional(options, SolverOptions, "options", "give planner.solver.SolverOptions(work=1, seed=0) or None")
     if workers is not None:
         workers = arguments.whole(workers, "workers")
-    if time_limit_s is not None:
-        time_limit_s = arguments.seconds(time_limit_s, "time_limit_s")
-    if budget is not None:
-        budget = arguments.whole(budget, "budget")
     parsed = parse_sweeps(sweeps)
     if not str(model_path).lower().endswith(".onnx"):
         raise ModelError(f"{model_path}: expected an .onnx model file")
