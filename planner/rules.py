@@ -11,7 +11,8 @@ Rules
   count, and it divides the model's attention heads and key/value heads (Megatron-LM splits heads);
   1 only where the runtime has no tensor parallelism.
 * pp: at most one pipeline unit (transformer block, or layer of a model without blocks) per stage; 1 only
-  where the runtime has no pipeline parallelism.
+  where the runtime has no pipeline parallelism; where the runtime has no uneven pipeline
+  (``runtime.uneven_pipeline``), every stage holds the same number of units, so pp (times vpp) divides them.
 * cp (context parallelism): 1, or a runtime with context parallelism (Megatron-Core through Transformer
   Engine) and a model with attention blocks whose sequence length splits into 2 x cp equal chunks: Megatron
   cuts each sequence into 2 x cp chunks and gives rank i chunks i and 2cp-1-i, so every rank does the same
@@ -264,6 +265,23 @@ def max_pipeline(shape: ModelShape, runtime: Runtime, zero: int | None = None) -
     return shape.num_units if shape.num_units else 1 << 30
 
 
+def even_split_fits(num_units: int, num_stages: int, vpp: int = 1) -> bool:
+    """Whether ``num_stages`` stages can each hold the same positive number of whole ``vpp``-unit chunks of
+    ``num_units`` units (0 units: unknown, no limit)."""
+    return num_stages == 1 or not num_units or num_units % (num_stages * vpp) == 0
+
+
+def stages_allowed(num_stages: int, num_micro_batches: int, vpp: int, num_units: int, even: bool) -> bool:
+    """Whether ``num_stages`` stages may run ``vpp`` chunks each (:func:`interleave_allowed`) and, where the
+    runtime has no uneven pipeline (``even``), split the units evenly (:func:`even_split_fits`)."""
+    return interleave_allowed(num_stages, num_micro_batches, vpp, num_units) and (
+        not even or even_split_fits(num_units, num_stages, vpp))
+
+
+def _uneven_runtimes() -> str:
+    return " or ".join(r.name for r in RUNTIMES.values() if r.uneven_pipeline and r.pipeline_parallel)
+
+
 def check_pp(pp: int, shape: ModelShape, runtime: Runtime, flag: str = "pp=") -> None:
     if pp > 1 and not runtime.pipeline_parallel:
         raise ConfigError(f"{flag}{pp}: the {runtime.name} runtime has no pipeline parallelism; use pp 1 or "
@@ -272,6 +290,10 @@ def check_pp(pp: int, shape: ModelShape, runtime: Runtime, flag: str = "pp=") ->
     if units and pp > units:
         raise ConfigError(f"{flag}{pp} is larger than the model's {units} layers (one layer per stage at most); "
                           f"nearest valid pp: {units}")
+    if not runtime.uneven_pipeline and not even_split_fits(units, pp):
+        raise ConfigError(f"{flag}{pp}: the {runtime.name} runtime splits the model's {units} layers evenly over the "
+                          f"pipeline stages, so pp must divide {units}; nearest valid pp: "
+                          f"{nearest(pp, divisors(units))}, or --runtime {_uneven_runtimes()}")
 
 
 # ------------------------------------------------------------------------------------------------- ZeRO
@@ -397,14 +419,20 @@ def check_schedule(schedule: str | None, vpp: int | None, pp: int | None, runtim
 
 
 def check_vpp_shape(vpp: int, pp: int, num_units: int, num_micro_batches: int | None,
-                    vpp_flag: str = "vpp=", pp_flag: str = "pp=") -> None:
-    """vpp > 1 on ``pp`` stages of a model of ``num_units`` units (``num_micro_batches`` None: not fixed)."""
+                    vpp_flag: str = "vpp=", pp_flag: str = "pp=", runtime: Runtime | None = None) -> None:
+    """vpp > 1 on ``pp`` stages of a model of ``num_units`` units (``num_micro_batches`` None: not fixed); on a
+    ``runtime`` without an uneven pipeline, the same whole chunks on every stage."""
     if vpp == 1:
         return
     if not vpp_fits(num_units, pp, vpp):
         raise ConfigError(f"{vpp_flag}{vpp}: {pp} stages of whole {vpp}-layer chunks need the model's {num_units} "
                           f"pipeline units (layers) to be a multiple of {vpp} and at least {pp * vpp}; nearest "
                           f"valid vpp: {nearest(vpp, valid_vpps(num_units, pp))}")
+    if runtime is not None and not runtime.uneven_pipeline and not even_split_fits(num_units, pp, vpp):
+        valid = [v for v in valid_vpps(num_units, pp) if even_split_fits(num_units, pp, v)]
+        raise ConfigError(f"{vpp_flag}{vpp}: the {runtime.name} runtime gives each of the {pp} stages the same "
+                          f"number of whole {vpp}-layer chunks, so {pp * vpp} must divide the model's {num_units} "
+                          f"layers; nearest valid vpp: {nearest(vpp, valid)}")
     if num_micro_batches is not None and num_micro_batches % pp:
         raise ConfigError(f"{vpp_flag}{vpp}: the interleaved schedule needs the number of micro-batches "
                           f"({num_micro_batches}) to be a multiple of {pp_flag}{pp}; use vpp 1 or change the "
@@ -598,10 +626,13 @@ def check_config(model: LayerGraph, cluster: Cluster, config: ParallelConfig) ->
     check_schedule(config.schedule, config.vpp, pp, runtime)
     if config.vpp is not None:
         m = Batching.of(config).num_micro_batches if config.micro_batch else None
-        check_vpp_shape(config.vpp, pp, shape.num_units, m)
+        check_vpp_shape(config.vpp, pp, shape.num_units, m, runtime=runtime)
     if config.zero is not None:
         check_zero(config.zero, pp, runtime, tp=tp)
     if config.first_stage_layers is not None or config.last_stage_layers is not None:
+        if not runtime.uneven_pipeline:
+            raise ConfigError(f"first/last stage layers: the {runtime.name} runtime splits the layers evenly over "
+                              f"the pipeline stages; leave them out, or use --runtime {_uneven_runtimes()}")
         stage_blocks(shape.num_units, pp, config.vpp or 1, config.first_stage_layers, config.last_stage_layers)
     check_numerics(config.recompute, config.optimizer, config.dtype, config.sequence_parallel, tp, runtime)
     check_recipe_choice(config.dtype, config.fp8_recipe)

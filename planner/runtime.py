@@ -57,6 +57,11 @@ class Runtime:
     interleaved: bool  # Megatron's interleaved (virtual-pipeline) 1F1B schedule
     tensor_parallel: bool
     pipeline_parallel: bool
+    # stages holding different numbers of layers (Megatron-Core --decoder-first/last-pipeline-num-layers and
+    # --pipeline-model-parallel-layout; DeepSpeed PipelineModule's partition_method; torch.distributed.pipelining
+    # splits where the user cuts); False: the layers split evenly, so pp (times vpp) divides them (Megatron-LM
+    # v2.5 megatron/model/transformer.py, ParallelTransformer asserts num_layers % pipeline size == 0)
+    uneven_pipeline: bool = True
     # the lowest ZeRO stage whose gradient reduction overlaps the backward (``overlap_grad_reduce``); below
     # it the runtime reduces after the backward pass
     overlap_grad_reduce_min_zero: int = 0
@@ -125,7 +130,7 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
         overlap_grad_reduce=False, overlap_param_gather=False, tp_comm_overlap=False,
         grad_bucket_params=40_000_000, zero3_prefetch_layers=1, attention="fused-softmax", main_grad_bytes=4,
         zero_stages=(0,), max_pipeline_zero=0, interleaved=True, tensor_parallel=True, pipeline_parallel=True,
-        recompute_choices=("none", "full"), sequence_parallel=False, moe_layers=False),
+        recompute_choices=("none", "full"), sequence_parallel=False, moe_layers=False, uneven_pipeline=False),
     Runtime(
         name="megatron-core",
         description="Megatron-Core with Transformer Engine: distributed optimizer (ZeRO-1), overlapped "

@@ -69,3 +69,46 @@ def test_estimate_cli_takes_the_first_and_last_counts(tmp_path, capsys):
     assert blocks == [1, 3, 3, 3]
     assert main(["estimate", *base, "--first-stage-layers", "2", "--last-stage-layers", "3"]) == 2
     assert "nearest valid" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------- a runtime without an uneven pipeline
+
+
+def _blocks_per_stage(model, plan) -> list[int]:
+    kinds = {layer.name: layer.kind for layer in model.layers}
+    return [sum(1 for name in stage.layer_names if kinds[name] == "block") for stage in plan.stages]
+
+
+def test_megatron_lm_2021_search_splits_the_blocks_evenly():
+    """GPT-2 small's head (a 50k-word vocabulary) makes the last stage slow, so on two A10 stages the search
+    gives the first stage more blocks where the runtime lets it (7 + 5 on megatron-core); megatron-lm-2021
+    asserts an even split (num_layers % pp == 0), so its plans hold equal block counts on every stage and the
+    Megatron export takes them."""
+    import dataclasses
+
+    import planner
+    from planner.export.megatron import megatron_args
+    from planner.graph import load_model
+
+    model = load_model("models/gpt2-124m.onnx")
+    cluster = load_cluster("a10*4")
+    pinned = ParallelConfig(global_batch=96, tp=1, pp=2, dp=2, vpp=1)
+    core = planner.plan(model, cluster, 96, pinned=pinned)
+    assert len(set(_blocks_per_stage(model, core))) > 1  # the uneven split wins where it is allowed
+    old = planner.plan(model, cluster, 96, pinned=dataclasses.replace(pinned, runtime="megatron-lm-2021"))
+    assert _blocks_per_stage(model, old) == [6, 6]
+    assert megatron_args(old)[2:4] == ["--pipeline-model-parallel-size", "2"]
+
+
+@pytest.mark.parametrize("config, words", [
+    (dict(tp=1, pp=5, dp=1), "pp must divide 12; nearest valid pp: 4 or 6"),
+    (dict(tp=1, pp=2, dp=1, first_stage_layers=5), "splits the layers evenly"),
+    (dict(tp=1, pp=4, dp=1, vpp=2, micro_batch=1), "8 must divide the model's 12 layers; nearest valid vpp: 1 or 3"),
+])
+def test_megatron_lm_2021_refuses_uneven_stages_naming_the_fix(config, words):
+    proto = build("gpt", {"layers": 12, "hidden": 128, "heads": 2, "vocab": 256, "seq_len": 64})
+    model = import_model_proto(proto, {"batch": 1}, name="gpt-12")
+    cluster = load_cluster("dgx-a100-80gb*1")
+    with pytest.raises(ConfigError, match=words):
+        estimate(model, cluster, ParallelConfig(global_batch=8, runtime="megatron-lm-2021", **config))
+    estimate(model, cluster, ParallelConfig(global_batch=8, runtime="megatron-core", **config))  # allowed there

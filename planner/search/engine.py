@@ -45,8 +45,8 @@ from planner.search.backend import Backend
 from planner.search.interleave import chunk_mask, partition_allowed, pipeline_allowed
 from planner.search.bounds import Profiles, QuickSettingsBound, lower_bounds, settings_lower_bound
 from planner.search.partition import score, solve_partition, stage_bounds
-from planner.search.space import Layout, Pins, Settings, StageOption, enumerate_settings, max_stages, options_allowed, \
-    ordered_layouts, pool_options, settings_allowed
+from planner.search.space import Layout, Pins, Settings, StageOption, enumerate_settings, even_split, max_stages, \
+    options_allowed, ordered_layouts, pool_options, settings_allowed
 from planner.search.tables import allocate
 from planner.solver import SolverOptions
 from planner.types import Cluster, Estimate, PipelineSpec, ReplicaSpec, StageSpec
@@ -209,10 +209,11 @@ def _blocks(profiles: Profiles, cluster: Cluster, settings: Settings, choice: _E
     counts, full = _count_grid(list(choice.counts), num_layers, pins.pp,
                                min(num_layers, max_stages(settings, pins.shape.num_units)), choice.lows)
     m = settings.num_micro_batches(global_batch)
-    if settings.vpp > 1:
+    even = even_split(settings)
+    if settings.vpp > 1 or even:
         totals = counts.sum(axis=1)
         stage_counts = np.unique(totals)
-        allowed = stage_counts[[pipeline_allowed(int(t), m, settings.vpp, num_units) for t in stage_counts]]
+        allowed = stage_counts[[pipeline_allowed(int(t), m, settings.vpp, num_units, even) for t in stage_counts]]
         counts = counts[np.isin(totals, allowed)]
     if not len(counts):
         return [], full
@@ -331,6 +332,7 @@ class _Search:
             improved = False
             cuts = current.last_layers[:-1]
             V = current.settings.vpp
+            per_stage = sum(self.units) // len(current.last_layers) if even_split(current.settings) else None
             for k in range(len(cuts)):
                 for step in ((-1, 1) if V == 1 else (-V, V)):
                     if self.out_of_limits():
@@ -339,7 +341,7 @@ class _Search:
                     moved[k] += step
                     lo = moved[k - 1] + 1 if k > 0 else 0
                     hi = moved[k + 1] - 1 if k + 1 < len(moved) else L - 2
-                    if not lo <= moved[k] <= hi or not partition_allowed(self.units, (*moved, L - 1), V):
+                    if not lo <= moved[k] <= hi or not partition_allowed(self.units, (*moved, L - 1), V, per_stage):
                         continue
                     if score(S, G, (*moved, L - 1))[0] * (1 - 1e-6) > current.time_s:
                         continue  # its bound already exceeds the time to beat: not timed
@@ -373,7 +375,7 @@ def settings_bound(profiles: Profiles, cluster: Cluster, settings: Settings, num
     these settings when the caller has them."""
     m = settings.num_micro_batches(global_batch)
     num_units = num_layers if num_units is None else num_units
-    if settings.vpp > 1 and not _interleavable(m, settings.vpp, num_units, num_layers):
+    if settings.vpp > 1 and not _interleavable(m, settings.vpp, num_units, num_layers, even_split(settings)):
         return np.inf
     if options is None:
         options = tuple(o for opts in pool_options(cluster, settings, pins) for o in opts)
@@ -386,9 +388,9 @@ def settings_bound(profiles: Profiles, cluster: Cluster, settings: Settings, num
 
 
 @functools.lru_cache(maxsize=4096)
-def _interleavable(num_micro_batches: int, vpp: int, num_units: int, num_layers: int) -> bool:
+def _interleavable(num_micro_batches: int, vpp: int, num_units: int, num_layers: int, even: bool) -> bool:
     """Whether some stage count may interleave ``vpp`` chunks (a pure function of its arguments)."""
-    return any(pipeline_allowed(P, num_micro_batches, vpp, num_units) for P in range(2, num_layers + 1))
+    return any(pipeline_allowed(P, num_micro_batches, vpp, num_units, even) for P in range(2, num_layers + 1))
 
 
 @dataclass(frozen=True)
@@ -452,7 +454,7 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
     log.info("search: %d settings", len(settings_list))
     profiles = Profiles(backend)
     state = _Search(backend, cluster, global_batch, top_k, limits, start, units, tie_tolerance)
-    masks: dict[int, np.ndarray | None] = {}
+    masks: dict[tuple[int, int | None], np.ndarray | None] = {}
     # every pool's options, by the settings' fields pool_options reads (dp; ep, expert tp, sequence parallelism)
     per_dp: dict[tuple, tuple[StageOption, ...]] = {}
 
@@ -572,9 +574,14 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
                     state.offer(cand)
                 continue
             S, G = backend.stage_matrices(layout, settings, global_batch)
-            if settings.vpp > 1:  # every stage a whole number of equal chunks
-                mask = masks.setdefault(settings.vpp, chunk_mask(units, settings.vpp))
-                S = np.where(mask[None], S, np.inf)
+            # every stage a whole number of equal chunks; the same number of units on every stage where the
+            # runtime has no uneven pipeline
+            per_stage = num_units // layout.num_stages if even_split(settings) else None
+            key = (settings.vpp, per_stage)
+            if key not in masks:
+                masks[key] = chunk_mask(units, settings.vpp, per_stage)
+            if masks[key] is not None:
+                S = np.where(masks[key][None], S, np.inf)
             part = solve_partition(S, G, state.cutoff())
             if part is None:
                 continue  # no partition fits, or none can beat the K-th best
@@ -595,4 +602,5 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
                    bounded=bounded, solved=solved, timed=state.timed, complete_space=complete,
                    timed_out=timed_out, bound_violations=state.violations, time_s=time.perf_counter() - start,
                    work=state.work, fastest=fastest, vpp_values=tuple(sorted({s.vpp for s in settings_list})),
-                   uneven=any(min(num_layers, max_stages(s, num_units)) > 1 for s in settings_list))
+                   uneven=any(min(num_layers, max_stages(s, num_units)) > 1 and not even_split(s)
+                              for s in settings_list))

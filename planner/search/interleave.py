@@ -10,7 +10,8 @@ stage runs them as ``vpp`` chunks of equal size, chunk ``v`` of stage ``s`` bein
 The cost model gives each chunk ``1/vpp`` of its stage's forward and backward time, which is exactly that
 even split for identical blocks; the plan lists a stage's layers as one range (how much of the model it
 holds), and the Megatron exporter writes the chunks. Uneven splits stay allowed across stages (stage ``s``
-has ``n_s / vpp`` units per chunk, ``n_s`` its own), which Megatron-LM expresses with a pipeline layout.
+has ``n_s / vpp`` units per chunk, ``n_s`` its own), which Megatron-LM expresses with a pipeline layout, except
+on a runtime without an uneven pipeline (``Runtime.uneven_pipeline``), where every stage holds the same units.
 
 Searched values: every ``vpp`` the rule book allows for the model's transformer blocks
 (:func:`planner.rules.valid_vpps`: the blocks split into whole chunks over at least two stages, so ``vpp``
@@ -41,7 +42,7 @@ from typing import Sequence
 
 import numpy as np
 
-from planner.rules import INTERLEAVED, interleave_allowed, valid_vpps
+from planner.rules import INTERLEAVED, stages_allowed, valid_vpps
 
 def schedule_for(vpp: int) -> str:
     return INTERLEAVED if vpp > 1 else "1f1b"
@@ -70,10 +71,10 @@ def warmup(stage: int, num_stages: int, num_micro_batches: int, vpp: int = 1) ->
     return total if m == P else min(2 * (P - stage - 1) + (V - 1) * P, total)
 
 
-def pipeline_allowed(num_stages: int, num_micro_batches: int, vpp: int, num_units: int) -> bool:
-    """Whether ``num_stages`` stages may interleave ``vpp`` chunks each (always true for vpp = 1):
-    :func:`planner.rules.interleave_allowed`."""
-    return interleave_allowed(num_stages, num_micro_batches, vpp, num_units)
+def pipeline_allowed(num_stages: int, num_micro_batches: int, vpp: int, num_units: int, even: bool = False) -> bool:
+    """Whether ``num_stages`` stages may interleave ``vpp`` chunks each (always true for vpp = 1) and, with
+    ``even`` (a runtime without an uneven pipeline), split the units evenly: :func:`planner.rules.stages_allowed`."""
+    return stages_allowed(num_stages, num_micro_batches, vpp, num_units, even)
 
 
 @dataclass(frozen=True)
@@ -100,25 +101,29 @@ def least_delta(num_stages: int, num_micro_batches: int, vpp: int = 1) -> float:
     return max(0, num_micro_batches * vpp - warmup(0, num_stages, num_micro_batches, vpp) - 1) / vpp
 
 
-def chunk_mask(units: Sequence[int], vpp: int) -> np.ndarray | None:
+def chunk_mask(units: Sequence[int], vpp: int, per_stage: int | None = None) -> np.ndarray | None:
     """``ok[i, j]``: a stage holding layers i..j has a positive multiple of ``vpp`` pipeline units
-    (``units[l]`` is 1 for a pipeline unit, 0 for an embedding or head layer); None when vpp = 1."""
-    if vpp == 1:
+    (``units[l]`` is 1 for a pipeline unit, 0 for an embedding or head layer), exactly ``per_stage`` of them
+    where given (a runtime that splits the units evenly); None when neither restricts."""
+    if vpp == 1 and per_stage is None:
         return None
     c = np.concatenate(([0], np.cumsum(np.asarray(units, dtype=int))))
     count = c[None, 1:] - c[:-1, None]
     upper = np.triu(np.ones((len(units), len(units)), dtype=bool))
-    return upper & (count > 0) & (count % vpp == 0)
+    ok = upper & (count > 0) & (count % vpp == 0)
+    return ok if per_stage is None else ok & (count == per_stage)
 
 
-def partition_allowed(units: Sequence[int], last_layers: Sequence[int], vpp: int) -> bool:
-    """Whether every stage of a partition (``last_layers``, inclusive) holds whole chunks."""
-    if vpp == 1:
+def partition_allowed(units: Sequence[int], last_layers: Sequence[int], vpp: int, per_stage: int | None = None
+                      ) -> bool:
+    """Whether every stage of a partition (``last_layers``, inclusive) holds whole chunks, ``per_stage`` units
+    each where given (:func:`chunk_mask`)."""
+    if vpp == 1 and per_stage is None:
         return True
     first = 0
     for last in last_layers:
         count = sum(units[first:last + 1])
-        if count == 0 or count % vpp:
+        if count == 0 or count % vpp or (per_stage is not None and count != per_stage):
             return False
         first = last + 1
     return True

@@ -240,7 +240,7 @@ def check_schedule_pins(pins: Pins, num_units: int, global_batch: int = 0) -> No
         if pins.pp and pins.micro_batch and pins.dp and global_batch:
             m = Batching(global_batch, pins.micro_batch, pins.dp).num_micro_batches
         rules.check_vpp_shape(vpp, max(pins.pp, 2), num_units, m if pins.pp else None, vpp_flag="--vpp ",
-                              pp_flag="--pp ")
+                              pp_flag="--pp ", runtime=runtime if pins.pp else None)
 
 
 def cluster_tps(cluster: Cluster, pins: Pins) -> list[int]:
@@ -306,7 +306,8 @@ def enumerate_settings(cluster: Cluster, global_batch: int, pins: Pins, num_unit
                     for sp in sps:
                         for vpp in vpps:
                             if vpp > 1 and (zero > runtime.max_pipeline_zero or not _may_interleave(
-                                    per_dp // b, vpp, num_units, n // (dp * max(pins.tp, 1)), pins.pp)):
+                                    per_dp // b, vpp, num_units, n // (dp * max(pins.tp, 1)), pins.pp,
+                                    not runtime.uneven_pipeline)):
                                 continue
                             for ep, etp in experts:
                                 yield Settings(micro_batch=b, dp=dp, zero=zero, recompute=rc, sequence_parallel=sp,
@@ -314,16 +315,23 @@ def enumerate_settings(cluster: Cluster, global_batch: int, pins: Pins, num_unit
                                                dtype=pins.dtype, runtime=pins.runtime, ep=ep, expert_tp=etp)
 
 
-def _may_interleave(num_micro_batches: int, vpp: int, num_units: int, most_stages: int, pinned_pp: int) -> bool:
-    """Whether some stage count may interleave ``vpp`` chunks (:func:`planner.search.interleave.pipeline_allowed`)
-    with at most ``most_stages`` stages of dp replicas: ZeRO <= 1 is checked by the caller."""
+def _may_interleave(num_micro_batches: int, vpp: int, num_units: int, most_stages: int, pinned_pp: int,
+                    even: bool) -> bool:
+    """Whether some stage count may interleave ``vpp`` chunks (:func:`planner.search.interleave.pipeline_allowed`;
+    ``even``: the runtime splits the units evenly) with at most ``most_stages`` stages of dp replicas: ZeRO <= 1
+    is checked by the caller."""
     counts = [pinned_pp] if pinned_pp else range(2, most_stages + 1)
-    return any(pipeline_allowed(P, num_micro_batches, vpp, num_units) for P in counts if P <= most_stages)
+    return any(pipeline_allowed(P, num_micro_batches, vpp, num_units, even) for P in counts if P <= most_stages)
 
 
 def settings_allowed(settings: Settings, pins: Pins) -> bool:
     """ZeRO shards over data-parallel ranks: with dp = 1 every stage is the same plan as ZeRO-0."""
     return not (settings.dp == 1 and settings.zero > 0 and pins.zero is None)
+
+
+def even_split(settings: Settings) -> bool:
+    """Whether the settings' runtime splits the pipeline units evenly over the stages (no uneven pipeline)."""
+    return not get_runtime(settings.runtime).uneven_pipeline
 
 
 def max_stages(settings: Settings, num_units: int) -> int:
