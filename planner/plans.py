@@ -22,7 +22,8 @@ from typing import Any
 
 from planner.errors import PlannerError
 from planner.hardware.documents import MAX_JSON_BYTES, expand_ranges, load_json, non_finite, read_input
-from planner.runtime import DEFAULT_RUNTIME
+from planner.rules import INTERLEAVED
+from planner.runtime import DEFAULT_RUNTIME, get_runtime
 from planner.types import Batching, Cluster, LayerGraph
 
 SCHEMA_VERSION = 1
@@ -266,8 +267,23 @@ def schema_errors(document: Any) -> list[str]:
 
 def _consistency_errors(plan: dict[str, Any]) -> list[str]:
     """What a schema cannot say: stages numbered in order over contiguous layers, names matching ranges,
-    shard ranges non-empty. Only called on a schema-valid document."""
+    shard ranges non-empty, a runtime this process knows, the schedule its vpp names, replica groups adding up
+    to their stage, and the global batch equal to micro-batch x micro-batches x stage 0's dp (what the
+    exporters write). Only called on a schema-valid document."""
     out: list[str] = []
+    try:
+        get_runtime(plan.get("runtime", DEFAULT_RUNTIME))
+    except PlannerError as exc:
+        out.append(f"plan.runtime: {exc} (a runtime made with planner.register_runtime must be registered before "
+                   "its plans are read)")
+    vpp = plan.get("vpp", 1)
+    if (vpp > 1) != (plan["schedule"] == INTERLEAVED):
+        out.append(f"plan.schedule: {plan['schedule']!r} with vpp {vpp}: vpp > 1 is the {INTERLEAVED} schedule, "
+                   "vpp 1 any other")
+    dp = plan["stages"][0]["dp"]
+    if plan["micro_batch"] * plan["num_micro_batches"] * dp != plan["global_batch"]:
+        out.append(f"plan.global_batch: {plan['global_batch']} is not micro_batch {plan['micro_batch']} x "
+                   f"num_micro_batches {plan['num_micro_batches']} x dp {dp}")
     previous_last = -1
     for i, stage in enumerate(plan["stages"]):
         where = f"plan.stages[{i}]"
@@ -313,6 +329,12 @@ def _device_errors(stage: dict[str, Any], where: str, num_devices: Any) -> list[
         out.append(f"{where}.devices: a device is listed twice")
     if replicas and sorted(devices) != sorted(d for r in replicas for d in r["devices"]):
         out.append(f"{where}.devices: not the devices of its replica groups")
+    if replicas and sum(r["dp"] for r in replicas) != stage["dp"]:
+        out.append(f"{where}.replicas: their dp add up to {sum(r['dp'] for r in replicas)}, not the stage's "
+                   f"{stage['dp']}")
+    if replicas and abs(sum(r["batch_share"] for r in replicas) - 1) > 1e-6:
+        out.append(f"{where}.replicas: their batch shares add up to {sum(r['batch_share'] for r in replicas):g}, "
+                   "not 1")
     if isinstance(num_devices, int) and any(d >= num_devices for d in devices):
         out.append(f"{where}.devices: device {max(devices)} is not in the cluster of {num_devices} devices")
     return out

@@ -159,6 +159,25 @@ def test_stage_devices_must_match_tp_dp_and_the_cluster(change, message):
         Plan.from_dict(document)
 
 
+@pytest.mark.parametrize("change,message", [
+    (lambda d: d.update(runtime="megatron-2030"), r"plan\.runtime: runtime 'megatron-2030' is not one of"),
+    (lambda d: d.update(global_batch=30), r"plan\.global_batch: 30 is not micro_batch 1 x num_micro_batches 16 x dp 2"),
+    (lambda d: d.update(micro_batch=3), r"plan\.global_batch: 32 is not micro_batch 3 x"),
+    (lambda d: d.update(vpp=2), r"plan\.schedule: '1f1b' with vpp 2"),
+    (lambda d: d.update(schedule="interleaved"), r"plan\.schedule: 'interleaved' with vpp 1"),
+    (lambda d: d["stages"][1]["replicas"][0].update(batch_share=0.3), r"batch shares add up to 0\.9, not 1"),
+    (lambda d: d["stages"][1].update(dp=5), r"stages\[1\]\.replicas: their dp add up to 4, not the stage's 5"),
+    (lambda d: d["stages"][1]["replicas"][0].pop("batch_share"), r"replicas\[0\]: 'batch_share' is a required"),
+])
+def test_a_hand_edited_plan_the_exporters_would_misread_is_refused(change, message):
+    """A plan whose runtime, schedule, batch arithmetic or replica groups disagree would print as a false
+    identity ("63 = 8 x 1 x 8") and export launch options the framework refuses; each is named instead."""
+    document = plan_samples.mixed_plan().to_dict()
+    change(document)
+    with pytest.raises(PlannerError, match=message):
+        Plan.from_dict(document)
+
+
 def test_wrong_schema_version_and_bad_json():
     document = plan_samples.gpt_plan().to_dict()
     document["schema_version"] = 2

@@ -188,7 +188,8 @@ def plan_over(graph: LayerGraph, counts: list[int]):
     kinds = [layer.kind for layer in graph.layers]
     base = plan_samples.gpt_plan()
     stages = plan_samples.stages_from_split(counts, names, kinds, 1, 1, 1)
-    return base.__class__(**{**base.__dict__, "stages": stages})
+    return base.__class__(**{**base.__dict__, "stages": stages,
+                             "num_micro_batches": base.global_batch // base.micro_batch})  # dp 1
 
 
 EXPORTS = os.path.join(os.path.dirname(__file__), "fixtures", "exports")
