@@ -201,21 +201,25 @@ def evaluate(nodes: list[Node], const: set[str], shapes: dict, initial: dict[str
     for node in nodes:
         if not node.outputs or node.outputs[0] not in const:
             continue
-        if node.op_type in ("Shape", "Size"):
+        # the proto's op and inputs: an earlier pass may have turned this node into a Constant (inject), whose
+        # attributes and inputs are no longer those of its op_type (a Shape's start and end)
+        op_type = node.proto.op_type
+        if op_type in ("Shape", "Size"):
             shape = shapes.get(node.inputs[0])
             if shape is None:
                 continue
-            if node.op_type == "Size":
+            if op_type == "Size":
                 values[node.outputs[0]] = np.array(numel_of(shape), np.int64)
             else:
                 start, end = node.attr("start", 0), node.attr("end", len(shape))
                 values[node.outputs[0]] = np.array(shape[start:end], np.int64)
             continue
-        fn = EVALUATORS.get(node.op_type)
+        fn = EVALUATORS.get(op_type)
         if fn is None or len(node.outputs) != 1:
             continue
-        ins = [values.get(t) if t else None for t in node.inputs]
-        required = [v for t, v in zip(node.inputs, ins) if t]
+        inputs = node.proto.input  # none once turned into a Constant
+        ins = [values.get(t) if t else None for t in inputs]
+        required = [v for t, v in zip(inputs, ins) if t]
         if any(v is None or v.dtype.kind not in "biuf" for v in required):
             continue
         try:
