@@ -17,10 +17,12 @@ from typing import Mapping
 import onnx
 
 from planner.errors import ModelError
+from planner.graph import gather_bounds
 from planner.graph.inputs import batch_dim_name, bind_dims, classify_inputs, reaches_param_slot
 from planner.graph.ir import FLOAT_TYPES, Node, OpGraph, numel_of
 from planner.graph.validate import check_input_dims, check_model
-from planner.graph.shapes import Shapes, Types, fill_shape_gaps, fold_and_reinfer, infer_shapes, prepare
+from planner.graph.shapes import Shapes, Types, fill_shape_gaps, fold_and_reinfer, infer_shapes, prepare, \
+    small_initializers
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +65,7 @@ def build(model: onnx.ModelProto, dims: Mapping[str, int] | None, name: str) -> 
                  consumers=cons, batch=user_batch if static_batch == 1 else static_batch,
                  static_batch=static_batch, dims=shown, family=family)
     fill_shape_gaps(op)
+    op.warnings.extend(gather_bounds.overruns(nodes, const, shapes, small_initializers(model)))
     return op
 
 

@@ -74,10 +74,7 @@ def fold_and_reinfer(model: onnx.ModelProto, nodes: list[Node], const: set[str],
     for _ in range(3):
         if not missing:
             break
-        initial = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
-                   if t.data_location != TensorProto.EXTERNAL and 0 < numel_of(t.dims) <= fold.MAX_ELEMENTS
-                   and t.data_type in _NUMERIC and has_data(t) and _data_size_ok(t)}
-        values = fold.evaluate(nodes, const, shapes, initial)
+        values = fold.evaluate(nodes, const, shapes, small_initializers(model))
         if not fold.inject(nodes, values):
             break
         shapes, types = infer_shapes(model, declared, name)
@@ -89,6 +86,14 @@ def fold_and_reinfer(model: onnx.ModelProto, nodes: list[Node], const: set[str],
 
 
 _NUMERIC = FLOAT_TYPES | frozenset(INT_BYTES)
+
+
+def small_initializers(model: onnx.ModelProto) -> dict[str, "fold.Value"]:
+    """The values of the initializers small enough for :mod:`planner.graph.fold` to read (inline numeric data
+    of at most ``fold.MAX_ELEMENTS`` elements that matches its dims: shapes and indices, never weights)."""
+    return {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
+            if t.data_location != TensorProto.EXTERNAL and 0 < numel_of(t.dims) <= fold.MAX_ELEMENTS
+            and t.data_type in _NUMERIC and has_data(t) and _data_size_ok(t)}
 
 
 def _data_size_ok(t: TensorProto) -> bool:
