@@ -29,9 +29,9 @@ Rules
   one, so inside a node; a planner restriction, Megatron-Core allows more); ep x expert_tp divides
   tp x cp x dp (Megatron-Core folds the experts' ranks into the stage's: megatron/core/parallel_state.py,
   ``initialize_model_parallel`` raises unless the world size is a multiple of expert_tp x ep x pp);
-  expert_tp other than tp only where the runtime has expert tensor parallelism; ep > 1 with tp > 1 only with
-  sequence parallelism (Megatron-Core MoE README: "When using MoE with expert parallelism and tensor
-  parallelism, sequence parallelism must be enabled").
+  expert_tp other than tp only where the runtime has expert tensor parallelism; tp > 1 only with sequence
+  parallelism where the runtime requires it (``Runtime.moe_tensor_parallel_needs_sequence_parallel``:
+  Megatron-Core's MoELayer refuses to train otherwise, whatever ep).
 * enums: recompute, optimizer, dtype, schedule, runtime, each spelled once here (the search plans the 1F1B
   and interleaved schedules; GPipe, which holds every micro-batch's activations, is estimated only).
 
@@ -450,12 +450,10 @@ def expert_tp_values(shape: ModelShape, tp: int, runtime: Runtime) -> list[int]:
     return divisors(tp) if runtime.expert_tensor_parallel else [tp]
 
 
-def ep_values(shape: ModelShape, tp: int, dp: int, expert_tp: int, runtime: Runtime, cp: int = 1,
-              sequence_parallel: bool | None = None) -> list[int]:
+def ep_values(shape: ModelShape, tp: int, dp: int, expert_tp: int, runtime: Runtime, cp: int = 1) -> list[int]:
     """The expert-parallel degrees: divisors of the routed experts with ep x expert_tp dividing
-    tp x cp x dp (1 alone on a dense model, where the runtime has no expert parallelism, or with tp > 1
-    and sequence parallelism off: ``sequence_parallel`` False)."""
-    if not shape.experts or not runtime.expert_parallel or (tp > 1 and sequence_parallel is False):
+    tp x cp x dp (1 alone on a dense model or where the runtime has no expert parallelism)."""
+    if not shape.experts or not runtime.expert_parallel:
         return [1]
     return [e for e in divisors(shape.experts) if (tp * cp * dp) % (e * expert_tp) == 0]
 
@@ -465,9 +463,17 @@ def experts_fit(shape: ModelShape, ep: int, expert_tp: int | None, tp: int, dp: 
     """Whether (ep, expert_tp; None: tp) is allowed with these degrees (:func:`check_experts` as a test)."""
     if not shape.experts:
         return ep == 1 and expert_tp in (None, tp)
+    if _moe_needs_sequence_parallel(runtime, tp, sequence_parallel):
+        return False
     etp = tp if expert_tp is None else expert_tp
-    return etp in expert_tp_values(shape, tp, runtime) and ep in ep_values(shape, tp, dp, etp, runtime, cp,
-                                                                          sequence_parallel)
+    return etp in expert_tp_values(shape, tp, runtime) and ep in ep_values(shape, tp, dp, etp, runtime, cp)
+
+
+def _moe_needs_sequence_parallel(runtime: Runtime, tp: int | None, sequence_parallel: bool | None) -> bool:
+    """Whether a mixture-of-experts layer with ``tp`` and ``sequence_parallel`` (None: not fixed) breaks the
+    runtime's rule that tensor-parallel MoE layers train with sequence parallelism."""
+    return runtime.moe_tensor_parallel_needs_sequence_parallel and tp is not None and tp > 1 \
+        and sequence_parallel is False
 
 
 def check_moe_runtime(shape: ModelShape, runtime: Runtime) -> None:
@@ -508,10 +514,10 @@ def check_experts(ep: int, expert_tp: int | None, tp: int | None, dp: int | None
                           f"tensor-parallel group; leave expert_tp out, or --runtime megatron-core")
     if tp is None:
         return
-    if ep > 1 and tp > 1 and sequence_parallel is False:
-        raise ConfigError(f"{flag}{ep} with tp={tp} needs sequence parallelism (Megatron-Core requires it for "
-                          "expert parallelism with tensor parallelism); drop --no-sequence-parallel, or use ep 1 "
-                          "or tp 1")
+    if _moe_needs_sequence_parallel(runtime, tp, sequence_parallel):
+        raise ConfigError(f"tp={tp} without sequence parallelism: the {runtime.name} runtime trains "
+                          "mixture-of-experts layers with tensor parallelism only under sequence parallelism; drop "
+                          "--no-sequence-parallel (Python: sequence_parallel=None or True), or use tp 1")
     etp = tp if expert_tp is None else expert_tp
     valid_etp = expert_tp_values(shape, tp, runtime)
     if etp not in valid_etp:

@@ -106,6 +106,10 @@ class Runtime:
     expert_tensor_parallel: bool = False
     # mixture-of-experts layers (a router and routed experts) at all; megatron-lm-2021 had none
     moe_layers: bool = True
+    # a mixture-of-experts layer trains with tp > 1 only under sequence parallelism (Megatron-Core's MoELayer
+    # raises "During training, performance may degrade if MoE and tensor parallelism are enabled without also
+    # enabling sequence parallelism": megatron/core/transformer/moe/moe_layer.py)
+    moe_tensor_parallel_needs_sequence_parallel: bool = False
     # the highest ZeRO stage combined with tp > 1 (3: any the runtime runs)
     max_tensor_parallel_zero: int = 3
     # tokens the busiest expert-parallel rank receives over the mean, the routed load's imbalance with
@@ -144,7 +148,7 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
         grad_bucket_params=40_000_000, zero3_prefetch_layers=1, attention="flash", main_grad_bytes=4,
         zero_stages=(0, 1), max_pipeline_zero=1, interleaved=True, tensor_parallel=True, pipeline_parallel=True,
         grad_bucket_params_per_rank=1_000_000, context_parallel=True, expert_parallel=True,
-        expert_tensor_parallel=True),
+        expert_tensor_parallel=True, moe_tensor_parallel_needs_sequence_parallel=True),
     Runtime(
         name="deepspeed",
         description="DeepSpeed ZeRO 0-3 with overlap_comm; tensor parallelism through AutoTP (ZeRO 0-2, no sequence "

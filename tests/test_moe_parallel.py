@@ -218,17 +218,21 @@ def _moe_file() -> str:
     return path
 
 
-def test_expert_parallelism_with_tensor_parallelism_needs_sequence_parallelism():
-    with pytest.raises(ConfigError, match="needs sequence parallelism"):
-        estimate(moe_model(), load_cluster("dgx-h100*1"),
-                 ParallelConfig(global_batch=16, tp=2, dp=4, ep=2, sequence_parallel=False))
-    left_free = estimate(moe_model(), load_cluster("dgx-h100*1"),
-                         ParallelConfig(global_batch=16, tp=2, dp=4, sequence_parallel=False))
-    assert left_free.config.ep == 1
+@pytest.mark.parametrize("ep", [1, 2, None])
+def test_tensor_parallel_moe_layers_need_sequence_parallelism_whatever_ep(ep):
+    """Megatron-Core's MoELayer refuses to train with tp > 1 and sequence parallelism off, ep 1 included;
+    tp 1 runs without it, and left free, sequence parallelism is taken."""
+    cluster = load_cluster("dgx-h100*1")
+    with pytest.raises(ConfigError, match="tp=2 without sequence parallelism"):
+        estimate(moe_model(), cluster, ParallelConfig(global_batch=16, tp=2, dp=4, ep=ep, sequence_parallel=False))
+    assert estimate(moe_model(), cluster, ParallelConfig(global_batch=16, tp=2, dp=4, ep=ep)).config.sequence_parallel
+    estimate(moe_model(), cluster, ParallelConfig(global_batch=16, tp=1, dp=8, ep=ep, sequence_parallel=False))
+    best = plan(moe_model(), cluster, 16, pinned=ParallelConfig(global_batch=16, tp=2, pp=0, dp=0, ep=ep))
+    assert best.sequence_parallel
 
 
 def test_the_search_finds_expert_parallelism_with_tensor_parallelism_under_sequence_parallelism():
-    """ep > 1 with tp > 1 exists only with sequence parallelism: the search, with sequence parallelism left free,
+    """MoE with tp > 1 exists only with sequence parallelism: the search, with sequence parallelism left free,
     must find it (the stage options of one settings are not those of the same settings without it)."""
     model, cluster = moe_model(), load_cluster("dgx-h100*2")
     best = plan(model, cluster, 64, pinned=ParallelConfig(global_batch=64, tp=2, pp=0, dp=0, ep=8, expert_tp=1))

@@ -642,7 +642,7 @@ def _candidates(model: LayerGraph, config: ParallelConfig) -> dict[str, list]:
     etps = [config.expert_tp] if config.expert_tp is not None else (expert_tp_values(shape, tp, runtime) or [0])
     experts = [(ep, etp) for etp in etps
                for ep in ([config.ep] if config.ep is not None else ep_values(shape, tp, dp, etp or tp, runtime,
-                                                                              config.cp or 1, sp))]
+                                                                              config.cp or 1))]
     return {
         # ep and expert_tp left out: every pair the rules allow (1 and none on a dense model)
         "experts": experts,

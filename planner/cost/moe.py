@@ -14,7 +14,7 @@ tensor-parallel fastest, so the expert-parallel group of a stage's first rank is
 
 Per MoE layer and micro-batch, on one rank (Megatron-Core's ``MoEAlltoAllTokenDispatcher``): the rank holds
 ``T = tokens x micro_batch / tp`` tokens (sequence parallelism splits them over the tensor-parallel ranks;
-without it the dispatcher takes its rank's share of the replicated ones), and sends each to its ``top_k``
+with tp > 1 Megatron-Core trains MoE layers only under it: ``planner.rules``), and sends each to its ``top_k``
 experts: the dispatch all-to-all over the expert-parallel group moves ``T x top_k x hidden`` elements per
 rank, the combine all-to-all the same back; the backward pass runs both again on the gradients, so four
 all-to-alls per layer and micro-batch (``A = T x top_k x hidden x bytes`` each, what each rank sends in
