@@ -255,3 +255,17 @@ def test_a_mixture_of_experts_is_refused_on_a_runtime_without_moe_layers():
                                                              runtime="megatron-lm-2021"))
     with pytest.raises(ConfigError, match="do not run on megatron-lm-2021"):
         estimate(moe_model(), cluster, ParallelConfig(global_batch=64, dp=8, runtime="megatron-lm-2021"))
+
+
+def test_the_optimizer_step_updates_each_experts_share_over_the_expert_data_parallel_group():
+    """Under ZeRO-1 a rank updates 1/dp of the dense parameters and 1/expert_dp of its experts'; with tp 1 a
+    rank holds experts/ep of them and expert_dp = dp/ep, so its share of the experts, and the step's time,
+    does not change with ep. Without ZeRO every rank updates all it holds, which falls with ep."""
+    cluster = load_cluster("dgx-h100*2")
+    sharded = [estimate(moe_model(), cluster, ParallelConfig(global_batch=16, tp=1, dp=16, micro_batch=1, ep=ep,
+                                                             zero=1)).breakdown.optimizer_s for ep in (1, 2, 4, 8)]
+    assert sharded == pytest.approx([sharded[0]] * 4, rel=1e-9)
+    whole = [estimate(moe_model(), cluster, ParallelConfig(global_batch=16, tp=1, dp=16, micro_batch=1, ep=ep,
+                                                           zero=0)).breakdown.optimizer_s for ep in (1, 8)]
+    assert whole[1] < whole[0] / 2
+    assert sharded[0] < whole[1]

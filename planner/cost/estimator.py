@@ -241,7 +241,7 @@ def _placement(model: LayerGraph, cluster: Cluster, stages: tuple[StageSpec, ...
             sync = _combine(sync, _gather_rows(zero, len(rows), expert))
         syncs.append(sync)
         opt_s.append(np.array([optimizer_time_s(p[i], nodes[i].device, optimizer, zero, row_dp[i], dtype, cals[i],
-                                                runtime)
+                                                runtime, p_expert[i], row_edp[i])
                                for i in range(len(rows))]))
     return _Placement(
         stages=stages, rows=tuple(rows), nodes=tuple(nodes), cals=tuple(cals), row_stage=np.array(row_stage),

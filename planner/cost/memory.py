@@ -180,6 +180,16 @@ def fixed_overhead_bytes(runtime: Runtime | str | None = None) -> float:
     return float(rt.cuda_context_bytes + rt.gemm_workspace_bytes + rt.nccl_buffer_bytes)
 
 
+def shard_params(params_per_rank, sharded: bool, dp, expert_params_per_rank=0.0, expert_dp=1.0):
+    """Parameters whose state a rank keeps (and updates) when that state is ``sharded`` by ZeRO: the dense
+    ones over ``dp`` ranks, the routed experts' ``expert_params_per_rank`` over ``expert_dp`` (Megatron-Core's
+    distributed optimizer shards the expert buffers over the expert-data-parallel group); all of them
+    otherwise. Arguments may be numpy arrays."""
+    if not sharded:
+        return params_per_rank
+    return (params_per_rank - expert_params_per_rank) / dp + expert_params_per_rank / expert_dp
+
+
 def memory_terms(params_per_rank, activation_bytes_per_micro_batch, micro_batches_in_flight, zero: int, dp,
                  optimizer: str, dtype: str, transient_bytes=0.0, runtime: Runtime | str | None = None, *,
                  expert_params_per_rank=0.0, expert_dp=1.0) -> tuple:
@@ -189,12 +199,9 @@ def memory_terms(params_per_rank, activation_bytes_per_micro_batch, micro_batche
     (Megatron-Core's distributed optimizer shards the expert buffers over the expert-data-parallel group)."""
     rt = get_runtime(runtime)
     per_weight, per_gradient, per_state = parameter_bytes(optimizer, dtype, rt)
-    dense = params_per_rank - expert_params_per_rank
 
     def held(per_param: float, sharded: bool):
-        if not sharded:
-            return params_per_rank * per_param
-        return dense * per_param / dp + expert_params_per_rank * per_param / expert_dp
+        return per_param * shard_params(params_per_rank, sharded, dp, expert_params_per_rank, expert_dp)
 
     weights = held(per_weight + fp8_weight_copy_bytes(dtype), zero >= 3)
     gradients = held(per_gradient, zero >= 2)

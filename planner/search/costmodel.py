@@ -69,6 +69,13 @@ class CostModelBackend:
             self._tables[("experts",) + key] = lc.expert_params_per_rank
         return hit
 
+    def _expert_params(self, option: StageOption, settings: Settings) -> np.ndarray:
+        """Per layer, the routed experts' parameters per rank (zeros on a dense model)."""
+        self.layer_table(option, settings)
+        return self._tables[("experts", option, settings.micro_batch, settings.recompute,
+                             settings.sequence_parallel, settings.dtype, settings.runtime, settings.ep,
+                             settings.expert_tp)]
+
     def _expert_dp(self, option: StageOption, settings: Settings) -> float:
         """The expert-data-parallel degree of a stage (planner.cost.moe.expert_dp; dp on a dense model)."""
         if not self.model_has_experts:
@@ -134,12 +141,7 @@ class CostModelBackend:
         hit = self._segments.get(key)
         if hit is None:
             _, _, params, act, peak = self._segments_of(option, settings)
-            experts = 0.0
-            if self.model_has_experts:
-                self.layer_table(option, settings)
-                table_key = (option, settings.micro_batch, settings.recompute, settings.sequence_parallel,
-                             settings.dtype, settings.runtime, settings.ep, settings.expert_tp)
-                experts = segment_sums(self._tables[("experts",) + table_key])
+            experts = segment_sums(self._expert_params(option, settings)) if self.model_has_experts else 0.0
             zero, one = (stage_memory(params, act, n, settings.zero, settings.dp * option.cp, settings.optimizer,
                                       settings.dtype,
                                       peak, settings.runtime, expert_params_per_rank=experts,
@@ -236,9 +238,11 @@ class CostModelBackend:
         sync = dp_sync(settings.zero, params, group, settings.dtype, runtime, np.cumsum(grad), grad[0],
                        np.cumsum(gather), gather[0])
         out = sync_tail_s(sync, runtime, np.cumsum(t.backward_s), np.cumsum(t.forward_s))
+        experts = np.cumsum(self._expert_params(option, settings))
+        edp = self._expert_dp(option, settings)
         out = out + np.array([optimizer_time_s(float(p), device, settings.optimizer, settings.zero,
-                                               settings.dp * option.cp,
-                                               settings.dtype, cal, settings.runtime) for p in params])
+                                               settings.dp * option.cp, settings.dtype, cal, settings.runtime,
+                                               float(e), edp) for p, e in zip(params, experts)])
         self._tails[key] = out
         return out
 
