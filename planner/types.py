@@ -80,6 +80,10 @@ class TransformerDims:
     gated_mlp: bool = False
     dropout: bool = True
     causal: bool = True
+    # width per head of queries and keys, and of values (0: hidden / heads); wider heads than hidden / heads
+    # (Gemma), or keys wider than values (multi-head latent attention: 192 against 128)
+    head_dim: int = 0
+    v_head_dim: int = 0
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,27 @@ def test_kv_exchange_volume_hand_count() -> None:
     assert exchange_bytes(dims, 1, 2, 1, "bf16") == (0.0, 0.0)
 
 
+@pytest.mark.parametrize("attention, keys, width", [
+    # heads twice hidden / heads wide (Gemma-like): 2 K/V heads of 128 for keys and values
+    ("gqa", {"hidden": 512, "heads": 8, "kv_heads": 2, "head_dim": 128}, 2 * 2 * 128),
+    # heads narrower than hidden / heads
+    ("gqa", {"hidden": 512, "heads": 8, "kv_heads": 2, "head_dim": 32}, 2 * 2 * 32),
+    # DeepSeek's multi-head latent attention: every head's key 128 + 64 wide, its value 128
+    ("mla", {"hidden": 1024, "heads": 16}, 16 * (192 + 128)),
+])
+def test_the_ring_moves_the_keys_and_values_the_attention_reads(attention, keys, width) -> None:
+    """Transformer Engine sends the K and V tensors the attention reads, whatever their widths per head: the
+    importer reads them from the attention products (Q·Kᵀ's Q, P·V's V), so a K/V chunk of s / cp tokens holds
+    ``width`` elements per token (tp 1), not 2 x kv_heads x hidden / heads."""
+    settings = {"layers": 1, "vocab": 256, "seq_len": 1024, "experts": 4, "top_k": 2, "expert_ffn": 256,
+                "attention": attention, **keys}
+    model = import_model_proto(build("moe", settings), {"batch": 1}, name=f"moe-{attention}")
+    dims = next(layer.transformer for layer in model.layers if layer.transformer is not None)
+    assert kv_chunk_bytes(dims, 1, 1, 4, "bf16") == 256 * width * 2
+    if attention == "gqa":
+        assert (dims.kv_heads, dims.head_dim) == (keys["kv_heads"], keys["head_dim"])  # tp must divide 2
+
+
 def test_ring_ranks_are_tp_apart() -> None:
     """Megatron-Core's rank order is tp fastest, then cp: the ring of tp rank 0 takes every tp-th device."""
     assert ring_ranks(tuple(range(100, 132)), 4, 8) == (100, 104, 108, 112, 116, 120, 124, 128)

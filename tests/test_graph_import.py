@@ -31,7 +31,7 @@ def test_gpt_layers_params_and_flops(named):
     for block in graph.layers[1:-1]:
         assert block.flops_forward == pytest.approx(gpt_block_flops(H, A, S))
         assert block.transformer == planner.types.TransformerDims(hidden=H, heads=A, seq_len=S, ffn=4 * H,
-                                                                  kv_heads=A)
+                                                                  kv_heads=A, head_dim=H // A, v_head_dim=H // A)
         assert block.input_bytes == block.output_bytes == S * H * 2
     # head: final LN (8sh) and the LM head matmul (2shV)
     assert graph.layers[-1].flops_forward == pytest.approx(8 * S * H + 2 * S * H * V)

@@ -23,8 +23,9 @@ Transformer Engine's ``AttnFuncWithCPAndKVP2P``
 rank in ``cp`` steps around a ring of the cp ranks. Forward: at step ``j`` it waits for the K/V chunk
 received during step ``j - 1``, posts the send of the chunk in hand to the next rank and the receive of the
 next one (``i < cp_size - 1``), and computes the attention of its queries against the chunk in hand. So
-``cp - 1`` transfers of the rank's K and V (``2 b (s / cp) (kv_heads / tp) head_dim`` elements at the
-activation width; grouped-query attention moves the narrow K and V) each hide behind one step's attention,
+``cp - 1`` transfers of the rank's K and V (``b (s / cp) (kv_heads / tp) (head_dim + v_head_dim)`` elements
+at the activation width; grouped-query attention moves the narrow K and V, multi-head latent attention its
+per-head keys and values) each hide behind one step's attention,
 and what is exposed is ``(cp - 1) max(0, transfer - step)``. Backward: the same ring, K/V forward with the
 accumulated dK/dV: step 0 sends K/V, steps ``1 .. cp - 2`` K/V together with dK/dV (one ``2 x kv`` buffer),
 step ``cp - 1`` dK/dV alone (``p2p_comm_buffers`` of ``(2, *kv.shape)``, ``kv.dtype``), each hidden behind
@@ -53,10 +54,12 @@ from planner.types import Cluster, Layer, TransformerDims
 
 def kv_chunk_bytes(dims: TransformerDims, micro_batch: float, tp: int, cp: int, dtype: str) -> float:
     """Bytes of K and V one rank holds of its ``1/cp`` of each sequence of a micro-batch, on one of ``tp``
-    tensor-parallel ranks: ``2 b (s / cp) (kv_heads / tp) head_dim`` elements of the activation width."""
-    head_dim = dims.hidden / dims.heads
+    tensor-parallel ranks: ``b (s / cp) (kv_heads / tp) (head_dim + v_head_dim)`` elements of the activation
+    width."""
+    default = dims.hidden / dims.heads
+    width = (dims.head_dim or default) + (dims.v_head_dim or dims.head_dim or default)  # a key and a value
     kv_heads = dims.kv_heads or dims.heads
-    return 2.0 * micro_batch * (dims.seq_len / cp) * (kv_heads / tp) * head_dim * dtype_bytes(dtype)
+    return micro_batch * (dims.seq_len / cp) * (kv_heads / tp) * width * dtype_bytes(dtype)
 
 
 def exchange_bytes(dims: TransformerDims, micro_batch: float, tp: int, cp: int, dtype: str) -> tuple[float, float]:

@@ -7,7 +7,10 @@ fed by a MatMul. Then (per sample, from shapes):
 * ``heads`` = the score's head dim (or its leading dim / batch when heads are folded into the batch);
 * ``ffn`` = the input width of the last weighted MatMul that maps back to ``hidden`` from a wider tensor
   (FC2 / down projection);
-* ``kv_heads`` = width of the K projection / head size, where K and V projections are narrower than Q;
+* ``head_dim`` = the width per head of Q and K (the last dim of Q in Q·Kᵀ), ``v_head_dim`` that of V (of V
+  in P·V); ``hidden / heads`` where the products do not show them;
+* ``kv_heads`` = width of the K projection (the weighted MatMul the key operand of Q·Kᵀ comes from) /
+  head_dim, where it is not fused with Q; else the narrowest projection narrower than Q / head_dim;
   ``heads`` where keys and values are up-projected per head from a low-rank latent (DeepSeek's multi-head
   latent attention: a weighted MatMul from a width below ``hidden`` to a wider one that is not ``hidden``);
 * ``gated_mlp`` when two weighted MatMuls map ``hidden`` to ``ffn`` (SwiGLU's gate and up projections), or
@@ -77,19 +80,62 @@ def detect_dims(graph: OpGraph, members: list[Node], output: str | None,
         ffn = mlp_ffn
     elif not ffn:
         ffn = max((n for n in widths if n != hidden and n != 3 * hidden), default=4 * hidden)
-    head_dim = hidden // heads if heads else 0
+    path = _score_path(graph, graph.producer.get(softmax.inputs[0])) or []
+    after = _probability_path(graph, softmax.outputs[0], set(n.index for n in members)) if softmax.outputs else None
+    default = hidden // heads if heads else 0
+    head_dim = _operand_width(graph, path[0], 0) if path else 0
+    v_head_dim = _operand_width(graph, after[-1], 1) if after else 0
+    head_dim, v_head_dim = head_dim or default, v_head_dim or head_dim or default
     kv_heads = heads
-    narrow = [n for n in widths if n < hidden and n != ffn]
-    if narrow and head_dim:
+    inside = {node.index for node in members}
+    key_width = _projection_width(graph, graph.nodes[path[0]], inside) if path else 0
+    narrow = [n for n in widths if n < heads * head_dim and n != ffn]  # narrower than the query projection
+    if key_width and head_dim and key_width % head_dim == 0:
+        kv_heads = key_width // head_dim
+    elif narrow and head_dim:
         kv_heads = min(narrow) // head_dim or heads
     if kv_heads and (latent or heads % kv_heads):
         kv_heads = heads  # keys and values come per head from a shared latent, not from narrow K/V heads
     gated = bool(mlp_ffn) or (ffn != hidden and (widths.count(ffn) >= 2 or 2 * ffn in widths))
     dropout = any(node.op_type == "Dropout" for node in members)
-    path = _score_path(graph, graph.producer.get(softmax.inputs[0])) or []
     causal = any(_static_mask(graph, graph.nodes[i], seq) for i in path)
     return TransformerDims(hidden=hidden, heads=heads, seq_len=seq, ffn=ffn, kv_heads=kv_heads, gated_mlp=gated,
-                           dropout=dropout, causal=causal)
+                           dropout=dropout, causal=causal, head_dim=head_dim, v_head_dim=v_head_dim)
+
+
+def _projection_width(graph: OpGraph, product: Node, inside: set[int]) -> int:
+    """The output width of the weighted MatMul the key operand of Q·Kᵀ (``product``) comes from, through the
+    ops between (transposes, reshapes, rotary embedding, the repeat of grouped K heads): ``kv_heads x
+    head_dim``; 0 where that projection is not found, or also feeds the queries (a fused QKV projection)."""
+    def projections(tensor: str) -> set[int]:
+        found, stack, seen = set(), [tensor], set()
+        while stack and len(seen) < 64:
+            index = graph.producer.get(stack.pop())
+            if index is None or index in seen or index not in inside:
+                continue
+            seen.add(index)
+            node = graph.nodes[index]
+            if weighted_matmul(graph, node):
+                found.add(index)
+                continue
+            stack.extend(t for t in node.inputs if t and t not in graph.const)
+        return found
+
+    if product.op_type != "MatMul" or len(product.inputs) < 2:
+        return 0
+    keys, queries = projections(product.inputs[1]), projections(product.inputs[0])
+    if len(keys) != 1 or keys & queries:
+        return 0
+    w = graph.shapes.get(graph.nodes[next(iter(keys))].outputs[0])
+    return int(w[-1]) if w else 0
+
+
+def _operand_width(graph: OpGraph, index: int, slot: int) -> int:
+    """The last dim of input ``slot`` of the attention product ``index`` (Q of Q·Kᵀ: the key width per head;
+    V of P·V: the value width per head), 0 where it is not a MatMul with that shape known."""
+    node = graph.nodes[index]
+    shape = graph.shapes.get(node.inputs[slot]) if node.op_type == "MatMul" and len(node.inputs) > slot else None
+    return int(shape[-1]) if shape and len(shape) >= 2 else 0
 
 
 def _static_mask(graph: OpGraph, node: Node, seq: int) -> bool:
