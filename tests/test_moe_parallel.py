@@ -24,7 +24,7 @@ from planner.graph.importer import import_model_proto
 from planner.graph.moe import ROUTED_EXPERT
 from planner.hardware import load_cluster
 from planner.hardware.collectives import collective_time_s
-from planner.runtime import get_runtime
+from planner.runtime import Runtime, get_runtime
 from planner.search.api import plan
 from planner.types import LayerGraph, ParallelConfig
 
@@ -269,3 +269,21 @@ def test_the_optimizer_step_updates_each_experts_share_over_the_expert_data_para
                                                            zero=0)).breakdown.optimizer_s for ep in (1, 8)]
     assert whole[1] < whole[0] / 2
     assert sharded[0] < whole[1]
+
+
+def test_the_busiest_ranks_expert_intermediates_carry_the_routing_imbalance():
+    """The busiest expert-parallel rank routes 1.25x the mean rows through its experts: its dispatch buffer
+    and the routed experts' saved intermediates (SwiGLU: gate and up outputs plus the GEMM input, 2 + 2 + 2
+    bytes per element in bf16) are both that much larger, per MoE block and micro-batch in flight."""
+    model, cluster = moe_model(), load_cluster("dgx-h100*2")
+    node = cluster.groups[0].node
+    group = dp_group(cluster, ep_group_devices(range(16), 8, 1), _cal(node))
+
+    def activations(runtime: Runtime) -> float:
+        lc = layer_costs(model, node, 1, 1, "none", False, "bf16", _cal(node), runtime, ep=8, expert_tp=1,
+                         ep_group=group)
+        return float(sum(lc.activation_bytes[i] for i in moe_layers(model)))
+
+    extra = activations(get_runtime("megatron-core")) - activations(BALANCED)
+    per_block = 0.25 * (K * F * S * (2 + 2 + 2) + S * K * H * 2)  # intermediates + dispatch buffer
+    assert extra == pytest.approx(len(moe_layers(model)) * per_block, rel=1e-12)

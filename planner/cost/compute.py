@@ -314,11 +314,16 @@ def _tp_sharded_params(layer: Layer, tp: int) -> float:
 
 
 def _activation_bytes(layer: Layer, tp: int, mb: float, sp: bool, recompute: str, dtype: str,
-                      attention: str) -> tuple[float, float]:
-    """(held per micro-batch, held with no recompute) for one layer on one rank."""
+                      attention: str, routed_load: float = 1.0) -> tuple[float, float]:
+    """(held per micro-batch, held with no recompute) for one layer on one rank; ``routed_load``: the rows a
+    mixture-of-experts rank routes through its experts over the mean (``ExpertParallel.load``), which widen
+    the routed share of the MLP's saved intermediates as they lengthen its GEMMs and dispatch buffer."""
     dims = layer.transformer
     if dims is not None and layer.kind == "block":
-        shape = dict(ffn=dims.ffn, kv_heads=dims.kv_heads, gated_mlp=dims.gated_mlp, dropout=dims.dropout,
+        ffn = dims.ffn
+        if layer.moe is not None:  # the routed experts' active width, on the busiest rank
+            ffn += (routed_load - 1.0) * layer.moe.top_k * layer.moe.expert_ffn
+        shape = dict(ffn=ffn, kv_heads=dims.kv_heads, gated_mlp=dims.gated_mlp, dropout=dims.dropout,
                      dtype=dtype, attention=attention)
         held = transformer_activation_bytes(dims.seq_len, mb, dims.hidden, dims.heads, tp, sp, recompute, **shape)
         full = transformer_activation_bytes(dims.seq_len, mb, dims.hidden, dims.heads, tp, sp, "none", **shape)
@@ -405,7 +410,7 @@ def _one_layer(layer: Layer, node: NodeProfile, tp: int, mb: float, recompute: s
     kernel_fwd = core
     if attention == "flash":
         core = 0.0  # FlashAttention keeps no score tensor: selective recompute has nothing to re-run
-    held, full = _activation_bytes(layer, tp, mb, sp, recompute, dtype, attention)
+    held, full = _activation_bytes(layer, tp, mb, sp, recompute, dtype, attention, par.load if par else 1.0)
     output = layer.output_bytes * activation_scale(dtype) * mb / tp  # the boundary tensor at the dtype's width
     params = _tp_sharded_params(layer, tp)
     ep_fwd = ep_bwd = expert_params = 0.0
