@@ -108,6 +108,23 @@ def test_node_type_and_price_and_global_keys():
     assert point.global_batch == 128 and dict(point.dims)["seq"] == 4096
 
 
+def test_keys_apply_node_first_whatever_the_flag_order():
+    """A node replaces the whole profile, so a link or device change given before it must not be lost: the
+    flags in either order give the same cluster."""
+    orders = ({"inter_node_bandwidth_GBps": ["1"], "fake-a100.node": ["fake-h100"], "fake-a100.device": ["a100"]},
+              {"fake-a100.device": ["a100"], "fake-a100.node": ["fake-h100"], "inter_node_bandwidth_GBps": ["1"]})
+    clusters = [points_for(sweeps)[0].cluster for sweeps in orders]
+    assert clusters[0] == clusters[1]
+    group = clusters[0].groups[0]
+    assert group.node.inter_node_bandwidth_Bps == 1e9 and group.node.device.name == "a100"
+
+
+def test_two_keys_setting_one_field_of_a_group_are_refused():
+    with pytest.raises(ConfigError, match="--sweep count and --sweep fake-a100.count both set the count of group"):
+        points_for({"count": ["1", "2"], "fake-a100.count": ["4"]})
+    points_for({"fake-h100.count": ["1"], "fake-a100.count": ["4"]})  # different groups: fine
+
+
 def test_all_counts_zero_is_an_infeasible_point_not_a_crash():
     points = points_for({"count": ["0"]})
     assert points[0].cluster is None and "no nodes" in points[0].reason
@@ -273,3 +290,14 @@ def test_a_point_carries_its_plans_expert_parallelism():
     mixed = replace(plan, stages=(replace(plan.stages[0], ep=2),) + plan.stages[1:])
     assert len(plan.stages) > 1 and summarize((), mixed, cluster, 64, None).ep is None
     assert TABLE_COLUMNS.index("ep") == TABLE_COLUMNS.index("cp") + 1
+
+
+def test_summary_lists_each_replica_group_of_a_mixed_stage():
+    """A stage served by two device types lists each group's own tp and dp, not the stage's merged ones."""
+    import plan_samples
+    from planner.hardware import load_cluster
+    from planner.sweep.whatif import summarize
+
+    point = summarize((), plan_samples.mixed_plan(), load_cluster("dgx-a100-80gb*3"), 32, None)
+    assert point.stages == "a100-80gb tp4 dp2 layers 0-3; v100-32gb tp4 dp2 + a100-80gb tp4 dp2 layers 4-7"
+    assert point.tp == 4 and point.dp is None  # the stages' dp differ: 2, and 2 + 2

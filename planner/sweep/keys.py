@@ -238,11 +238,17 @@ def _set_field(group: DeviceGroup, field: str, value: Value, catalog: Catalog) -
 
 
 def check_groups(cluster: Cluster, sweeps: Sequence[Sweep], catalog: Catalog) -> None:
-    """Raise ConfigError now, before any planning, for a group prefix the cluster lacks or a node or device
-    name the catalog lacks."""
+    """Raise ConfigError now, before any planning, for a group prefix the cluster lacks, two keys that set the
+    same field of one group (``count`` and ``GROUP.count``: one would silently overwrite the other), or a
+    node or device name the catalog lacks."""
+    owner: dict[tuple[int, str], str] = {}
     for sweep in sweeps:
         if sweep.key.field in GROUP_FIELDS:
-            _group_indices(cluster, sweep.key)
+            for index in _group_indices(cluster, sweep.key):
+                other = owner.setdefault((index, sweep.key.field), sweep.key.text)
+                if other != sweep.key.text:
+                    raise ConfigError(f"--sweep {other} and --sweep {sweep.key.text} both set the {sweep.key.field} "
+                                      f"of group {cluster.groups[index].name!r}; keep one of them")
         if sweep.key.field in ("node", "device"):
             lookup = catalog.get_node if sweep.key.field == "node" else catalog.get_device
             for value in sweep.values:
@@ -250,6 +256,10 @@ def check_groups(cluster: Cluster, sweeps: Sequence[Sweep], catalog: Catalog) ->
                     lookup(str(value))
                 except ClusterError as exc:
                     raise ConfigError(f"--sweep {sweep.key.text}: {exc}") from None
+
+
+# fields applied before the others: a node replaces the profile a device or link change would edit
+_APPLY_ORDER = {"node": 0, "device": 1}
 
 
 def grid(sweeps: Sequence[Sweep]) -> list[tuple[tuple[str, Value], ...]]:
@@ -260,13 +270,15 @@ def grid(sweeps: Sequence[Sweep]) -> list[tuple[tuple[str, Value], ...]]:
 
 def point_inputs(cluster: Cluster, global_batch: int, dims: Mapping[str, int], sweeps: Sequence[Sweep],
                  catalog: Catalog) -> list[PointInputs]:
-    """Every grid point's cluster, batch and dims, derived from the base inputs (applied in key order)."""
+    """Every grid point's cluster, batch and dims, derived from the base inputs: a group's node first (it
+    replaces the whole node profile), then its device, then the rest, whatever the order of the flags."""
     points: list[PointInputs] = []
     for settings in grid(sweeps):
         groups = list(cluster.groups)
         batch = global_batch
         point_dims = dict(dims)
-        for sweep, (_, value) in zip(sweeps, settings):
+        ordered = sorted(zip(sweeps, settings), key=lambda pair: _APPLY_ORDER.get(pair[0].key.field, 2))
+        for sweep, (_, value) in ordered:
             field = sweep.key.field
             if field == "global_batch":
                 batch = int(value)
