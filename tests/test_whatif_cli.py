@@ -38,3 +38,20 @@ def test_sweep_is_required(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["whatif", "m.onnx", "--cluster", "x*1", "--global-batch", "8"])
     assert exc.value.code == 2 and "--sweep" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, field, value", [
+    (["--ep", "2"], "ep", 2), (["--expert-tp", "1"], "expert_tp", 1), (["--fp8-recipe", "mxfp8"], "fp8_recipe", "mxfp8"),
+    (["--tp", "2"], "tp", 2), (["--optimizer", "sgd"], "optimizer", "sgd"),
+])
+def test_every_pin_flag_alone_reaches_the_sweep(flags, field, value):
+    """whatif pins what plan pins: a flag given alone (--ep 2 without any other pin) was dropped."""
+    from planner.cli import build_parser
+    from planner.commands.whatif import _pinned
+
+    args = build_parser().parse_args(["whatif", "m.onnx", "--global-batch", "8", "--cluster", "a10*1",
+                                      "--sweep", "count=1", *flags])
+    assert getattr(_pinned(args), field) == value
+    nothing = build_parser().parse_args(["whatif", "m.onnx", "--global-batch", "8", "--cluster", "a10*1",
+                                         "--sweep", "count=1"])
+    assert _pinned(nothing) is None

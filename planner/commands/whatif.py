@@ -13,6 +13,7 @@ from planner.outputs import check_output_file, write_text
 from planner.sweep.keys import GLOBAL_FIELDS, GROUP_FIELDS, parse_sweep_args, parse_sweeps
 from planner.progress import terminal_bar
 from planner.sweep.runner import BACKENDS
+from planner.types import ParallelConfig
 
 HELP = "re-plan across a sweep (GPU count, device mix, bandwidth, batch, sequence length, price)"
 
@@ -58,12 +59,10 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 
 def _pinned(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    """The pinned choices as a ParallelConfig (0 = searched), or None when nothing is pinned."""
-    names = ("tp", "pp", "dp", "cp", "micro_batch", "vpp", "zero", "recompute", "sequence_parallel", "schedule", "runtime",
-             "dtype")
-    if all(getattr(args, n) is None for n in names) and args.optimizer == "adam":
-        return None
-    return config_from_args(args, defaults_to_one=False)
+    """The pinned choices as a ParallelConfig (0 = searched), or None when nothing is pinned (every flag
+    config_from_args reads at its default)."""
+    config = config_from_args(args, defaults_to_one=False)
+    return None if config == ParallelConfig(global_batch=config.global_batch, tp=0, pp=0, dp=0) else config
 
 
 def run(args: argparse.Namespace) -> int:
