@@ -60,7 +60,7 @@ class WhatIfPoint:
     dp: int | None = None
     micro_batch: int | None = None
     num_micro_batches: int | None = None
-    stages: str = ""  # one entry per stage: "device_type tpT dpD layers A-B"
+    stages: str = ""  # one entry per stage: "device_type tpT dpD layers A-B" ("... + device_type tpT dpD" per group)
     proven_optimal: bool | None = None  # under the cost model (False when a limit cut the search)
     lower_bound_s: float | None = None  # no plan of the point's space is faster (the search's proven bound)
     reason: str = ""  # why infeasible, or empty
@@ -244,8 +244,8 @@ def summarize(settings: tuple[tuple[str, Value], ...], plan: Plan, cluster: Clus
     dps = [s.dp for s in plan.stages]
     cps = [r.cp for s in plan.stages for r in (s.replicas or (s,))]
     eps = [r.ep for s in plan.stages for r in (s.replicas or (s,))]
-    stages = "; ".join(f"{s.device_type} tp{s.tp} dp{s.dp} layers {s.first_layer}-{s.last_layer}"
-                       for s in plan.stages)
+    stages = "; ".join(" + ".join(f"{g.device_type} tp{g.tp} dp{g.dp}" for g in (s.replicas or (s,)))
+                       + f" layers {s.first_layer}-{s.last_layer}" for s in plan.stages)
     return WhatIfPoint(
         settings=settings, feasible=True, iteration_time_s=plan.iteration_time_s,
         throughput_samples_per_s=throughput,
