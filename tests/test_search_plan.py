@@ -139,8 +139,17 @@ def test_pins_no_plan_can_satisfy_are_named(tiny):
 
 def test_model_too_large_is_infeasible_with_memory_needed():
     big = gpt(layers=24, hidden=8192, heads=64, seq=2048, vocab=51200)  # 19B parameters, 300+ GB of states
-    with pytest.raises(InfeasibleError, match=r"GiB.*add devices"):
+    with pytest.raises(InfeasibleError, match=r"GiB.*add devices \(at least \d+ x v100"):
         planner.plan(big, load_cluster("hgx-v100-16gb*1"), global_batch=8)
+
+
+def test_infeasible_advice_does_not_ask_for_devices_the_cluster_has():
+    """19B parameters' states on 24 V100s of 16 GB: they would fill 21 of the 24, but no split into whole
+    layers leaves room for the rest; the advice says so instead of "at least 21 x v100"."""
+    big = gpt(layers=24, hidden=8192, heads=64, seq=2048, vocab=51200)
+    with pytest.raises(InfeasibleError, match=r"would fill 21 x v100-16gb of the 24 devices") as caught:
+        planner.plan(big, load_cluster("hgx-v100-16gb*3"), global_batch=8)
+    assert "at least" not in str(caught.value)
 
 
 def test_cli_infeasible_exits_2_with_one_line(tmp_path, capsys):

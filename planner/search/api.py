@@ -168,9 +168,14 @@ def _why_infeasible(model: LayerGraph, cluster: Cluster, global_batch: int, pins
     pinned = [f"--{name.replace('_', '-')}" for name in ("tp", "pp", "dp", "micro_batch", "zero", "recompute")
               if getattr(pins, name) not in (None, 0)]
     fix = (f"unpin {', '.join(pinned)} so the search may shard further, or " if pinned else "")
+    if need_devices > cluster.num_devices:
+        more = f"add devices (at least {need_devices} x {largest.name} just for the model states)"
+    else:  # the states alone would fit evenly spread; activations, buffers and whole layers per stage do not
+        more = (f"add devices (the model states alone would fill {need_devices} x {largest.name} of the "
+                f"{cluster.num_devices} devices, leaving too little for activations, buffers and whole layers per "
+                "stage)")
     return (f"no plan of {model.name!r} fits {cluster.name or 'the cluster'} at global batch {global_batch}: "
             f"its weights, gradients and optimizer states take {state / GIB:.1f} GiB "
             f"(plus {act / GIB:.2f} GiB of activations per sample with full recompute), while the cluster's "
             f"{cluster.num_devices} devices hold {have / GIB:.1f} GiB in all and sharding is limited by tp "
-            f"within a node and one layer per stage; {fix}add devices (at least {need_devices} x "
-            f"{largest.name} just for the model states), or use a smaller model")
+            f"within a node and one layer per stage; {fix}{more}, or use a smaller model")
