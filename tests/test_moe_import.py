@@ -156,6 +156,37 @@ def test_built_deepseek_like_dense_layers_shared_experts_and_mla():
         assert layer.active_params == layer.params - 8 * 3 * 64 * 32 * 6 // 8
 
 
+@pytest.mark.parametrize("q_lora_rank", [24, 80])  # below and above hidden
+def test_latent_attention_splits_as_megatron_core_does(q_lora_rank):
+    """Multi-head latent attention under tensor parallelism: the down-projections to the latents run whole on
+    every rank (Megatron-Core's duplicated linear_q_down_proj / linear_kv_down_proj, the latents normalised
+    whole), the up-projections split by columns, the output projection by rows: one all-reduce per attention,
+    as in ordinary attention, not one after each up-projection."""
+    from planner.cost import layer_costs
+    from planner.cost.calibration import calibration_for
+    from planner.hardware import load_cluster
+
+    cfg = {"layers": 1, "hidden": 64, "heads": 4, "vocab": 100, "seq_len": 32, "attention": "mla",
+           "q_lora_rank": q_lora_rank, "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16,
+           "v_head_dim": 16, "experts": 8, "top_k": 2, "expert_ffn": 32, "dense_layers": 1, "dense_ffn": 128}
+    graph = import_model_proto(build("moe", cfg), {"batch": 1})
+    block = next(layer for layer in graph.layers if layer.kind == "block")
+    splits = {op.name.split("/")[-2]: op.tp_split for op in block.ops if op.gemm and op.role != "attention-core"}
+    assert splits == {"q_a_proj": "replicated", "q_b_proj": "column", "kv_a_proj_with_mqa": "replicated",
+                      "kv_b_proj": "column", "o_proj": "row", "gate_proj": "column", "up_proj": "column",
+                      "down_proj": "row"}
+    llama = import_model_proto(build("llama", {"layers": 1, "hidden": 64, "heads": 4, "vocab": 100, "seq_len": 32,
+                                               "ffn": 128}), {"batch": 1})
+    node = load_cluster("dgx-h100*1").groups[0].node
+    cal = calibration_for(node.device.name, "megatron-core")
+
+    def tp_comm_s(model) -> float:
+        costs = layer_costs(model, node, 2, 1, "none", True, "bf16", cal, "megatron-core")
+        return float(sum(t for t, layer in zip(costs.tp_comm_s, model.layers) if layer.kind == "block"))
+
+    assert tp_comm_s(graph) == pytest.approx(tp_comm_s(llama), rel=1e-12)
+
+
 def test_estimate_runs_on_a_built_moe_with_its_active_flops():
     from planner.cost.estimator import estimate
     from planner.hardware.cluster import load_cluster

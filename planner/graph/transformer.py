@@ -27,7 +27,8 @@ tensor size.
 Megatron split: weighted MatMuls that read the full hidden tensor are "column" (QKV, FC1, gate/up); the
 weighted MatMuls that produce hidden from the split tensor are "row" (attention out, FC2); everything computed
 from a column output before a row MatMul is "sharded"; the rest (norms, residual adds, dropout on hidden)
-is "replicated".
+is "replicated", as are multi-head latent attention's down-projections to its latents (every rank computes
+them whole, and the up-projections that read the latents are "column").
 """
 
 from __future__ import annotations
@@ -64,12 +65,10 @@ def detect_dims(graph: OpGraph, members: list[Node], output: str | None,
     latent = False
     widths: list[int] = []
     for node in members:
-        if not weighted_matmul(graph, node):
+        kn = _weight_kn(graph, node)
+        if kn is None:
             continue
-        w = graph.shapes.get(node.inputs[1])
-        if not w or len(w) != 2:
-            continue
-        k, n = (w[1], w[0]) if node.op_type == "Gemm" and node.attr("transB", 0) else (w[0], w[1])
+        k, n = kn
         if n == hidden and k > hidden:
             ffn = k
         if k == hidden:
@@ -103,27 +102,32 @@ def detect_dims(graph: OpGraph, members: list[Node], output: str | None,
                            dropout=dropout, causal=causal, head_dim=head_dim, v_head_dim=v_head_dim)
 
 
+def _feeding_projections(graph: OpGraph, tensor: str, inside: set[int]) -> set[int]:
+    """The weighted MatMuls of the block (node indices in ``inside``) that ``tensor`` is computed from through
+    ops without weights (reshapes, transposes, norms, slices, rotary embedding), not past them."""
+    found: set[int] = set()
+    stack, seen = [tensor], set()
+    while stack and len(seen) < 64:  # a bound on the walk: these chains are a few ops long
+        index = graph.producer.get(stack.pop())
+        if index is None or index in seen or index not in inside:
+            continue
+        seen.add(index)
+        node = graph.nodes[index]
+        if weighted_matmul(graph, node):
+            found.add(index)
+            continue
+        stack.extend(t for t in node.inputs if t and t not in graph.const)
+    return found
+
+
 def _projection_width(graph: OpGraph, product: Node, inside: set[int]) -> int:
     """The output width of the weighted MatMul the key operand of Q·Kᵀ (``product``) comes from, through the
     ops between (transposes, reshapes, rotary embedding, the repeat of grouped K heads): ``kv_heads x
     head_dim``; 0 where that projection is not found, or also feeds the queries (a fused QKV projection)."""
-    def projections(tensor: str) -> set[int]:
-        found, stack, seen = set(), [tensor], set()
-        while stack and len(seen) < 64:
-            index = graph.producer.get(stack.pop())
-            if index is None or index in seen or index not in inside:
-                continue
-            seen.add(index)
-            node = graph.nodes[index]
-            if weighted_matmul(graph, node):
-                found.add(index)
-                continue
-            stack.extend(t for t in node.inputs if t and t not in graph.const)
-        return found
-
     if product.op_type != "MatMul" or len(product.inputs) < 2:
         return 0
-    keys, queries = projections(product.inputs[1]), projections(product.inputs[0])
+    keys = _feeding_projections(graph, product.inputs[1], inside)
+    queries = _feeding_projections(graph, product.inputs[0], inside)
     if len(keys) != 1 or keys & queries:
         return 0
     w = graph.shapes.get(graph.nodes[next(iter(keys))].outputs[0])
@@ -222,13 +226,40 @@ def _from_matmul(graph: OpGraph, index: int | None, depth: int = 6) -> bool:
     return False
 
 
+def _weight_kn(graph: OpGraph, node: Node) -> tuple[int, int] | None:
+    """(input width, output width) of a weighted MatMul or Gemm whose weight shape is known, else None."""
+    if not weighted_matmul(graph, node):
+        return None
+    w = graph.shapes.get(node.inputs[1])
+    if not w or len(w) != 2:
+        return None
+    return (w[1], w[0]) if node.op_type == "Gemm" and node.attr("transB", 0) else (w[0], w[1])
+
+
+def _latent_down_projections(graph: OpGraph, members: list[Node], hidden: int) -> set[int]:
+    """The weighted MatMuls from ``hidden`` to a latent that an up-projection (from a width other than
+    ``hidden`` to a wider one that is not ``hidden``) reads, through norms and slices: multi-head
+    latent attention's query and key/value down-projections. Megatron-Core runs them whole on every
+    tensor-parallel rank (``linear_q_down_proj`` / ``linear_kv_down_proj`` as duplicated linears; the latent
+    is normalised whole) and splits the up-projections by columns, so no all-reduce follows them."""
+    inside = {node.index for node in members}
+    found: set[int] = set()
+    for node in members:
+        kn = _weight_kn(graph, node)
+        if kn is None or not (kn[0] != hidden and kn[1] != hidden and kn[1] > kn[0]):
+            continue
+        found |= {i for i in _feeding_projections(graph, node.inputs[0], inside)
+                  if (_weight_kn(graph, graph.nodes[i]) or (0, 0))[0] == hidden}
+    return found
+
+
 def tp_splits(graph: OpGraph, members: list[Node], dims: TransformerDims,
               replicated: set[int] | None = None, weighted: set[int] | None = None) -> dict[int, str]:
     """Megatron split of every member node, by node index; ``replicated``: weighted MatMuls every rank
     computes whole (a mixture of experts' router, whose scores pick the tokens of the split experts);
     ``weighted``: MatMuls on weights computed from parameters by data-dependent gathers (routed experts),
     split like weighted MatMuls."""
-    keep = replicated or set()
+    keep = (replicated or set()) | _latent_down_projections(graph, members, dims.hidden)
     also = weighted or set()
     split: set[str] = set()  # tensors split across tensor-parallel ranks
     out: dict[int, str] = {}
