@@ -274,6 +274,9 @@ def test_builder_fp16_bert_splits_within_fp16_rounding(tmp_path):
     # onnxruntime keeps consecutive fp16 ops in fp32 inside the whole model; the stage boundaries round
     assert 1e-4 < allowed < 0.05
     assert max_abs_difference(whole, stages, feeds) <= allowed
+    # each boundary rounds once more: two boundaries allow twice the rounding of one
+    one = split_plan(model, plan_over(graph, [1, count - 1]), graph)
+    assert tolerance(whole, stages, feeds) - 1e-4 == pytest.approx(2 * (tolerance(whole, one, feeds) - 1e-4))
 
 
 def test_split_command_writes_and_verifies(tmp_path, capsys):

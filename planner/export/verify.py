@@ -145,17 +145,17 @@ _HALF_EPSILON = {onnx.TensorProto.FLOAT16: 2.0**-11, onnx.TensorProto.BFLOAT16: 
 
 def tolerance(model: onnx.ModelProto, stages: Sequence[StageModel], feeds: Mapping[str, np.ndarray],
               absolute: float = 1e-4) -> float:
-    """The largest difference a correct split may show: ``absolute``, plus, when a boundary tensor is fp16 or
-    bf16, two roundings to that type at the scale of the outputs. (onnxruntime's CPU provider computes many
-    fp16 ops in fp32 and keeps consecutive ones in fp32; a stage boundary stores the tensor in its declared
-    type, so the split rounds where the whole model did not.)"""
+    """The largest difference a correct split may show: ``absolute``, plus, for every stage boundary that
+    hands on an fp16 or bf16 tensor, two roundings to that type at the scale of the outputs. (onnxruntime's CPU
+    provider computes many fp16 ops in fp32 and keeps consecutive ones in fp32; a stage boundary stores the
+    tensor in its declared type, so the split rounds where the whole model did not, once per boundary.)"""
     types = {v.name: v.type.tensor_type.elem_type for s in stages for v in s.model.graph.output}
-    epsilon = max((_HALF_EPSILON.get(types.get(o.name, 0), 0.0) for s in stages for o in s.outputs if o.to_stages),
-                  default=0.0)
-    if epsilon == 0.0:
+    per_boundary = [max((_HALF_EPSILON.get(types.get(o.name, 0), 0.0) for o in s.outputs if o.to_stages),
+                        default=0.0) for s in stages]
+    if not any(per_boundary):
         return absolute
     scale = max(float(np.abs(np.asarray(v, dtype=np.float64)).max()) for v in run_model(model, feeds).values())
-    return absolute + 2 * epsilon * scale
+    return absolute + 2 * sum(per_boundary) * scale
 
 
 def max_abs_difference(model: onnx.ModelProto, stages: Sequence[StageModel],
