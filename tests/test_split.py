@@ -138,7 +138,10 @@ def test_plan_stages_map_to_layers_and_files(tmp_path):
     names = [layer.name for layer in layers.layers]
     kinds = ["block"] * 5
     plan = plan_samples.gpt_plan()
-    plan = plan.__class__(**{**plan.__dict__, "stages": plan_samples.stages_from_split([2, 3], names, kinds, 1, 1, 1)})
+    with pytest.raises(PlannerError, match="made for model 'gpt-test' of 350,000,000 parameters, but 'cnn' has 0"):
+        stage_node_names(plan, layers)  # a plan of another model, whatever its layer names
+    plan = plan.__class__(**{**plan.__dict__, "model": {**plan.model, "params": layers.params},
+                             "stages": plan_samples.stages_from_split([2, 3], names, kinds, 1, 1, 1)})
     groups = stage_node_names(plan, layers)
     stages = split_model(model, groups)
     assert max_abs_difference(model, stages, random_feeds(model, DIMS, seed=2)) <= 1e-4
@@ -188,7 +191,7 @@ def plan_over(graph: LayerGraph, counts: list[int]):
     kinds = [layer.kind for layer in graph.layers]
     base = plan_samples.gpt_plan()
     stages = plan_samples.stages_from_split(counts, names, kinds, 1, 1, 1)
-    return base.__class__(**{**base.__dict__, "stages": stages,
+    return base.__class__(**{**base.__dict__, "stages": stages, "model": {**base.model, "params": graph.params},
                              "num_micro_batches": base.global_batch // base.micro_batch})  # dp 1
 
 

@@ -29,6 +29,11 @@ MANIFEST = "manifest.json"
 def stage_node_names(plan: Plan, layers: LayerGraph) -> list[set[str]]:
     """The ONNX node names of each plan stage; PlannerError when the plan does not fit the model's layers."""
     count = len(layers.layers)
+    planned_params = plan.model.get("params")
+    if isinstance(planned_params, int) and planned_params != layers.params:
+        raise PlannerError(f"plan: made for model {plan.model.get('name')!r} of {planned_params:,} parameters, but "
+                           f"{layers.name!r} has {layers.params:,}; plan this model ('planner plan MODEL ... --out "
+                           "PLAN.json') and split with that plan")
     if plan.stages[-1].last_layer != count - 1:
         raise PlannerError(f"plan: the stages cover layers 0..{plan.stages[-1].last_layer} but the model has "
                            f"{count} layers (0..{count - 1}); was the plan made for this model and these --dim values?")
