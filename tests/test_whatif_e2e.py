@@ -11,6 +11,7 @@ import sys
 import pytest
 
 import planner.graph
+from planner.errors import ConfigError
 from planner.builders import build, save
 from planner.cli import main
 from planner.solver import SolverOptions
@@ -95,11 +96,16 @@ def test_model_imported_once_per_distinct_dims(files, monkeypatch):
 
 
 def test_pinned_choice_that_cannot_fit_is_an_infeasible_row(files):
+    """tp 2 is refused on a cluster of single-GPU nodes and runs once the L4s are 8-GPU nodes: the refused
+    point is a row; when every point refuses the pins, they are the mistake, as in plan."""
     model, cluster = files
     pinned = ParallelConfig(global_batch=8, tp=2, pp=0, dp=0)  # single-GPU nodes cannot hold tp=2
-    result = whatif(model, cluster, 8, {"l4.count": ["1", "2"]}, pinned=pinned, workers=1)
-    assert [p.feasible for p in result.points] == [False, False]
-    assert all("tp" in p.reason for p in result.points)
+    result = whatif(model, cluster, 8, {"l4.node": ["l4", "dgx-a100-80gb"]}, pinned=pinned, workers=1)
+    assert [p.feasible for p in result.points] == [False, True]
+    assert "tp" in result.points[0].reason and "refused" not in result.points[0].to_dict()
+    with pytest.raises(ConfigError, match="every point of the sweep refuses the pinned configuration; the first: "
+                                          "--tp 2"):
+        whatif(model, cluster, 8, {"l4.count": ["1", "2"]}, pinned=pinned, workers=1)
 
 
 def test_cli_table_csv_json_plot(files, tmp_path, capsys):

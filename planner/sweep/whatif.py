@@ -7,7 +7,9 @@
 Each grid point is the whole pipeline run again with its inputs changed (planner.sweep.keys derives them);
 points run on local worker processes or Ray (planner.sweep.runner) and come back in grid order, so the result
 does not depend on the number of workers. A point that cannot be planned (the model does not fit, a pinned
-choice does not divide the devices) is a row with ``feasible=False`` and the planner's reason.
+choice does not divide the devices) is a row with ``feasible=False`` and the planner's reason; when every
+point refuses the pinned configuration, the pins are the mistake and ``whatif`` raises ConfigError, as ``plan``
+does.
 
 Cost: ``cost_per_hour`` is the price of the nodes the plan uses (a node counts whole when the plan uses any
 of its devices; one would not rent the rest), known only when those nodes' groups have ``price_per_node_hour``;
@@ -28,7 +30,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable, Mapping, Sequence
 
 from planner import arguments
-from planner.errors import ModelError, PlannerError
+from planner.errors import ConfigError, ModelError, PlannerError
 from planner.plans import Plan
 from planner.solver import SolverOptions
 from planner.sweep.keys import SEQ_DIM, PointInputs, Value, check_groups, parse_sweeps, point_inputs
@@ -67,6 +69,9 @@ class WhatIfPoint:
     cp: int | None = None  # context-parallel degree; None when stages differ
     ep: int | None = None  # expert-parallel degree (mixtures of experts; 1 on dense models); None when stages differ
     search_time_s: float = field(default=0.0, compare=False)  # wall time of planning this point (varies)
+    # the planner refused the pinned configuration on this point (a ConfigError), as opposed to finding no
+    # plan that fits; not an output column (whatif raises when every point refuses)
+    refused: bool = False
 
     @property
     def setting(self) -> dict[str, Value]:
@@ -75,19 +80,20 @@ class WhatIfPoint:
     def row(self) -> dict[str, Any]:
         """Flat columns: the swept keys first, then the numbers (the CSV row; no timings)."""
         values = asdict(self)
-        del values["settings"], values["search_time_s"]
+        del values["settings"], values["search_time_s"], values["refused"]
         return {**dict(self.settings), **values}
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form: the timing sits under ``search``, the only part that varies between runs."""
         values = asdict(self)
+        del values["refused"]
         timing = {"time_s": values.pop("search_time_s")}
         return {**values, "settings": dict(self.settings), "search": timing}
 
 
 #: the columns after the swept keys, in CSV and table order
 COLUMNS = tuple(f.name for f in WhatIfPoint.__dataclass_fields__.values()
-                if f.name not in ("settings", "search_time_s"))
+                if f.name not in ("settings", "search_time_s", "refused"))
 TABLE_COLUMNS = ("feasible", "iteration_time_s", "throughput_samples_per_s", "cost_per_million_tokens",
                  "devices_used", "pp", "tp", "cp", "ep", "dp", "micro_batch", "reason")
 
@@ -293,7 +299,8 @@ def _evaluate(task: PointTask) -> WhatIfPoint:
                            time_limit_s=task.time_limit_s, tables=task.tables, budget=task.budget,
                            options=task.options)
     except PlannerError as exc:
-        return infeasible(inputs, " ".join(str(exc).split()), seq_len)
+        point = infeasible(inputs, " ".join(str(exc).split()), seq_len)
+        return replace(point, refused=isinstance(exc, ConfigError))
     return summarize(inputs.settings, best, inputs.cluster, inputs.global_batch, seq_len)
 
 
@@ -336,6 +343,8 @@ def whatif(model_path: str, cluster_spec: str | Cluster, global_batch: int, swee
     tasks = [PointTask(str(model_path), p, pinned, tables, time_limit_s, budget, options) for p in points]
     log.info("whatif: %d points", len(tasks))
     results = run_tasks(evaluate_point, tasks, workers=workers, backend=backend, progress=progress)
+    if results and all(p.refused for p in results):  # the pins are the mistake, not the points
+        raise ConfigError(f"every point of the sweep refuses the pinned configuration; the first: {results[0].reason}")
     name = cluster.name or (cluster_spec if isinstance(cluster_spec, str) else "")
     used_workers = workers or (default_workers() if backend == "process" else None)
     return WhatIfResult(points=tuple(results), keys=tuple(s.key.text for s in parsed), model=str(model_path),
