@@ -185,6 +185,9 @@ def test_absurd_bound_dimension(tmp_path):
             argv=("--dim", f"seq={MAX_INPUT_DIM * 2}"))
     refused(path, "tensor 'y' would have shape [1, 1024, 2097152, 2097152]", "over 2**48", "--dim",
             argv=("--dim", f"seq={2 ** 21}"))
+    # the batch is bound to 1 for the per-sample costs, but inspect and estimate scale by it
+    refused(path, f"--dim batch={10 ** 26:,} is over the {MAX_INPUT_DIM:,}", "smaller --dim",
+            argv=("--dim", "seq=64", "--dim", f"batch={10 ** 26}"))
 
 
 def test_truncated_and_flipped_files(tmp_path):

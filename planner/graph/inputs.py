@@ -11,6 +11,12 @@ import onnx
 from planner.errors import ModelError, suggest
 from planner.graph.ir import FLOAT_TYPES, Node
 
+# the largest dimension of a data input, after binding (a --dim value or a static size): ONNX data
+# propagation materialises index vectors of that length (a Range over the batch feeding a Loop), in time and
+# memory linear in it -- about a second and 400 MB at this size, gigabytes beyond; no training sequence or
+# batch axis per sample comes near it
+MAX_INPUT_DIM = 2 ** 22
+
 
 PARAM_SLOTS = {
     "Conv": (1, 2), "ConvTranspose": (1, 2), "Gemm": (1, 2), "BatchNormalization": (1, 2, 3, 4),
@@ -120,6 +126,9 @@ def bind_dims(graph: onnx.GraphProto, data_inputs: list[str], dims: Mapping[str,
                              f"rebuild the model with 'planner models build'") from None
     batch_dim = batch_dim_name(graph, data_inputs)
     user_batch = int(dims.get(batch_dim or "batch", dims.get("batch", 1)))
+    if user_batch > MAX_INPUT_DIM:  # costs are per sample, but inspect and estimate scale them by it
+        raise ModelError(f"{name}: --dim {batch_dim or 'batch'}={user_batch:,} is over the {MAX_INPUT_DIM:,} the "
+                         "planner handles on one axis of a data input; pass a smaller --dim")
     bound: dict[str, int] = {}
     for inp, pos, dim in _input_dim_names(graph, data_inputs):
         if dim == batch_dim:

@@ -18,6 +18,7 @@ from onnx import TensorProto
 
 from planner.errors import ModelError, suggest
 from planner.graph import fold
+from planner.graph.inputs import MAX_INPUT_DIM
 from planner.graph.ir import Node, OpGraph, numel_of
 from planner.graph.shapes import has_data
 
@@ -33,12 +34,6 @@ MAX_TENSOR_ELEMENTS = 2 ** 40
 # of a million-token sequence are heads x 2**40 elements, which FlashAttention never materialises (128 heads:
 # 2**47); beyond this a --dim is absurd
 MAX_BOUND_TENSOR_ELEMENTS = 2 ** 48
-
-# the largest dimension of a data input, after binding (a --dim value or a static size): ONNX data
-# propagation materialises index vectors of that length (a Range over the batch feeding a Loop), in time and
-# memory linear in it -- about a second and 400 MB at this size, gigabytes beyond; no training sequence or
-# batch axis per sample comes near it
-MAX_INPUT_DIM = 2 ** 22
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 
