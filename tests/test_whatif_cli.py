@@ -55,3 +55,10 @@ def test_every_pin_flag_alone_reaches_the_sweep(flags, field, value):
     nothing = build_parser().parse_args(["whatif", "m.onnx", "--global-batch", "8", "--cluster", "a10*1",
                                          "--sweep", "count=1"])
     assert _pinned(nothing) is None
+
+
+def test_csv_and_plot_on_one_file_are_refused(capsys, tmp_path):
+    target = str(tmp_path / "out.png")
+    line = _run_error(["whatif", "m.onnx", "--global-batch", "8", "--cluster", "a10*1", "--sweep", "count=1",
+                       "--csv", target, "--plot", target], capsys)
+    assert "--csv and --plot both name" in line
