@@ -296,3 +296,17 @@ def test_cycle_error_names_a_node_on_the_cycle_not_one_waiting_behind_it():
                          [h.make_tensor_value_info("out", T.FLOAT, [1, 4])])
     with pytest.raises(ModelError, match="cycle through node 'in_cycle_add'"):
         import_model_proto(h.make_model(graph))
+
+
+def test_onnxruntime_fused_gemm_is_costed_as_a_gemm():
+    """com.microsoft::FusedGemm (a Gemm with its activation fused, as onnxruntime's optimiser writes it) is
+    counted as its Gemm: 2 m n k plus the bias, not as an unknown op at a FLOP per element."""
+    w = h.make_tensor("w", T.FLOAT, [256, 512], np.zeros(256 * 512, dtype=np.float32))
+    b = h.make_tensor("b", T.FLOAT, [512], np.zeros(512, dtype=np.float32))
+    node = h.make_node("FusedGemm", ["x", "w", "b"], ["y"], domain="com.microsoft", activation="Relu", name="fc")
+    graph = h.make_graph([node], "g", [h.make_tensor_value_info("x", T.FLOAT, [4, 256])],
+                         [h.make_tensor_value_info("y", T.FLOAT, [4, 512])], initializer=[w, b])
+    proto = h.make_model(graph, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)])
+    model = import_model_proto(proto, {})
+    assert model.flops_forward * model.batch == 2 * 4 * 512 * 256 + 4 * 512
+    assert not [w for w in model.warnings if "no cost rule" in w]

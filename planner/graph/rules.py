@@ -241,6 +241,7 @@ ZERO_FLOP_OPS = frozenset(_MOVE_OPS) | VIEW_OPS
 RULES: dict[str, Rule] = {
     "MatMul": _matmul, "Gemm": _gemm, "Conv": _conv, "ConvTranspose": _conv_transpose, "Einsum": _einsum,
     "FusedMatMul": _matmul, "MatMulInteger": _matmul, "QLinearMatMul": _matmul,
+    "FusedGemm": _gemm,  # com.microsoft: Gemm with its activation fused (counted as the Gemm's arithmetic)
     **{op: _elementwise(per) for op, per in FLOPS_PER_ELEMENT.items()},
     **dict.fromkeys(("Sum", "Mean"), _variadic),
     **dict.fromkeys(("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",

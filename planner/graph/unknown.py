@@ -30,6 +30,7 @@ from planner.types import OpCost
 UNKNOWN_SHARE_LIMIT = 0.01
 
 _MATMULS = frozenset({"MatMul", "FusedMatMul", "MatMulInteger", "QLinearMatMul"})
+_GEMMS = frozenset({"Gemm", "FusedGemm"})
 _CONVS = frozenset({"Conv", "ConvTranspose"})
 
 
@@ -126,9 +127,9 @@ def _estimate(graph: OpGraph, node: Node, data: int) -> tuple[float | None, int]
     """(estimated FLOPs or None, guessed elements of its outputs) of an op that could not be costed;
     ``data``: the elements of its largest data input (0: unknown)."""
     weight = graph.shapes.get(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] else None
-    if data and weight and len(weight) >= 2 and node.op_type in _MATMULS | {"Gemm"} | _CONVS:
+    if data and weight and len(weight) >= 2 and node.op_type in _MATMULS | _GEMMS | _CONVS:
         # k: input features; n: multiply-adds per input element; features: output features
-        if node.op_type == "Gemm":
+        if node.op_type in _GEMMS:
             k, features = (weight[1], weight[0]) if node.attr("transB", 0) else (weight[0], weight[1])
             n = features
         elif node.op_type in _CONVS:
