@@ -276,9 +276,23 @@ def test_searched_plan_exports_count_transformer_blocks(tmp_path):
     assert "Search:" in render(best, "table")
 
 
-def test_megatron_refuses_a_model_without_transformer_layers():
+def test_megatron_refuses_a_model_without_transformer_layers(capsys, monkeypatch):
     with pytest.raises(PlannerError, match="no transformer layers"):
         render(plan_samples.dlrm_plan(), "megatron")
+    # plan --format megatron refuses before searching, not after
+    import os
+
+    import planner.search
+    from planner.cli import main
+
+    def no_search(*args, **kwargs):
+        raise AssertionError("searched")
+
+    monkeypatch.setattr(planner.search, "search", no_search)
+    model = os.path.join(os.path.dirname(__file__), "..", "models", "dlrm-criteo.onnx")
+    argv = ["plan", model, "--cluster", "dgx-a100-80gb*1", "--global-batch", "4096", "--format", "megatron"]
+    assert main(argv) == 2
+    assert "no transformer layers" in capsys.readouterr().err
 
 
 def test_megatron_2021_refuses_uneven_stages_and_sizes_even_chunks():

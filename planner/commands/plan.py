@@ -61,6 +61,10 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None:
         check_output_file(args.out, "--out")
     model = load_model(args.model, parse_dims(args.dim), allow_unknown_ops=args.allow_unknown_ops)
+    if args.format == "megatron":  # refused now, not after the search
+        from planner.export.megatron import check_transformer_layers  # noqa: PLC0415
+
+        check_transformer_layers(sum(1 for layer in model.layers if layer.kind == "block"), args.model)
     cluster = load_cluster(args.cluster)
     # --format megatron/deepspeed plans for that framework's runtime (an explicit --runtime must produce it)
     pinned = dataclasses.replace(config_from_args(args, defaults_to_one=False),

@@ -54,6 +54,13 @@ def transformer_layers(stage: StagePlan) -> int:
     return sum(1 for kind in stage.layer_kinds if kind == "block")
 
 
+def check_transformer_layers(count: int, what: str) -> None:
+    """Megatron-LM's GPT training runs transformer layers: refuse a model (or its plan) with none."""
+    if not count:
+        raise PlannerError(f"{what}: the model has no transformer layers, so Megatron-LM's GPT training has nothing "
+                           "to run; use --format table or json (and torchrec for its embedding tables)")
+
+
 def megatron_args(plan: Plan) -> list[str]:
     """Megatron-LM command-line arguments (an argv list) that run ``plan``."""
     tp, _dp = require_uniform(plan, "Megatron-LM")
@@ -61,9 +68,7 @@ def megatron_args(plan: Plan) -> list[str]:
     if plan.dtype not in _DTYPE_ARGS:
         raise PlannerError(f"plan: dtype {plan.dtype!r} has no Megatron-LM option; use one of {sorted(_DTYPE_ARGS)}")
     stage_layers = [transformer_layers(s) for s in plan.stages]
-    if not sum(stage_layers):
-        raise PlannerError("plan: the model has no transformer layers, so Megatron-LM's GPT training has nothing to "
-                           "run; use --format table or json (and torchrec for its embedding tables)")
+    check_transformer_layers(sum(stage_layers), "plan")
     runtime = framework_runtime(plan, "megatron")
     if runtime.name == "megatron-lm-2021" and plan.zero not in runtime.zero_stages:  # no sharded optimizer yet
         raise PlannerError(f"plan: ZeRO-{plan.zero} does not run on {runtime.name} (it runs ZeRO "
