@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import planner.graph
-from planner.errors import ConfigError
+from planner.errors import ConfigError, ModelError
 from planner.builders import build, save
 from planner.cli import main
 from planner.solver import SolverOptions
@@ -159,3 +159,9 @@ def test_api_names_stay_functions_after_their_modules_are_imported():
             "print(planner.plan.__module__, planner.whatif.__module__, planner.Plan.__name__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["planner.search.api", "planner.sweep.whatif", "Plan"]
+
+
+def test_a_swept_seq_len_the_model_cannot_take_names_the_sweep(files):
+    model, cluster = files
+    with pytest.raises(ModelError, match=r"^--sweep seq_len=8388608: .*size 8,388,608 on axis 1"):
+        whatif(model, cluster, 8, {"seq_len": ["64", str(2 ** 23)]}, workers=1)

@@ -288,7 +288,13 @@ def _evaluate(task: PointTask) -> WhatIfPoint:
     dims = dict(inputs.dims)
     if inputs.cluster is None:
         return infeasible(inputs, inputs.reason, dims.get(SEQ_DIM))
-    model = _load_model(task.model_path, inputs.dims)
+    try:
+        model = _load_model(task.model_path, inputs.dims)
+    except ModelError as exc:  # a swept seq_len is bound as the model's `seq` dim: say which flag set it
+        swept = [f"{key}={value}" for key, value in inputs.settings if key == "seq_len"]
+        if swept:
+            raise ModelError(f"--sweep {swept[0]}: {exc}") from None
+        raise
     inputs = replace(inputs, cluster=_shared_nodes(inputs.cluster))
     seq_len = dict(model.dims).get(SEQ_DIM, dims.get(SEQ_DIM))
     pinned = task.pinned
