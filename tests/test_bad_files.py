@@ -118,7 +118,7 @@ CLUSTER_CASES = {
     "very_deep_block": ("c.yaml", "groups:\n" + "- " * 20_000 + "x\n", "malformed YAML/JSON"),
     "deep_json": ("c.json", '{"groups": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested deeper than"),
     "complex_key": ("c.yaml", "? [groups]\n: 1\n", "a key must be plain text"),
-    "not_utf8": ("c.yaml", b"groups: [{node: t4, count: 1}] # \xff\xfe\n", "cannot be read"),
+    "not_utf8": ("c.yaml", b"groups: [{node: t4, count: 1}] # \xff\xfe\n", "is not a UTF-8 text file"),
     "truncated": ("c.yaml", "groups:\n  - {node: dgx-a100-80gb, cou", "malformed YAML/JSON"),
     "a_date": ("c.yaml", "groups: [{node: t4, count: 2024-01-01}]\n", "'groups[0].count' must be an integer"),
     "no_such_date": ("c.yaml", "groups: [{node: t4, count: 2024-13-45}]\n",
@@ -137,6 +137,19 @@ def test_bad_cluster_file(case, tmp_path, capsys):
     path.write_bytes(text if isinstance(text, bytes) else text.encode())
     line = error_line(devices(path), capsys)
     assert str(path) in line and words in line, line
+
+
+@pytest.mark.parametrize("profile, kind", [("devices/h100-sxm.yaml", "device"), ("nodes/dgx-h100.yaml", "node"),
+                                           ("onnx", "binary")])
+def test_a_file_of_another_kind_given_as_the_cluster_is_named(profile, kind, tiny_model, capsys):
+    """A device or node profile, or an ONNX model, passed to --cluster says what it is and what a cluster is,
+    not "unknown key 'vendor'" or a UTF-8 decoding error."""
+    path = tiny_model if profile == "onnx" else str(ROOT / "hardware_profiles" / profile)
+    line = error_line(devices(path), capsys)
+    if kind == "binary":
+        assert line.endswith("is not a UTF-8 text file (a binary file such as an ONNX model?); give a YAML/JSON file")
+    else:
+        assert f"this is a {kind} profile, not a cluster file" in line and "dgx-h100*4" in line
 
 
 def test_an_oversized_cluster_file_is_refused_before_it_is_read(tmp_path, capsys):

@@ -90,6 +90,12 @@ def _cluster_from_document(doc: Document, base_dir: Path) -> Cluster:
     if not isinstance(doc.data, dict):
         raise ClusterError(f"{doc.where}: a cluster file must be a mapping with a 'groups' list, e.g. "
                            "groups: [{node: dgx-a100-80gb, count: 4}]")
+    if "groups" not in doc.data:  # a profile of one device or one node given where a cluster was wanted
+        kind = "device" if "peak_flops_per_s" in doc.data else "node" if "devices_per_node" in doc.data else None
+        if kind is not None:
+            raise ClusterError(f"{doc.where}: this is a {kind} profile, not a cluster file; a cluster file lists "
+                               "groups of nodes, e.g. groups: [{node: dgx-h100, count: 4}], or use a shorthand "
+                               "such as dgx-h100*4")
     check(doc, "cluster")
     data = doc.data
     groups: list[tuple[str, NodeProfile, int]] = []

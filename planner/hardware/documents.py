@@ -167,7 +167,10 @@ def read_input(path: str | os.PathLike, error: type[PlannerError] = ClusterError
             text = handle.read(max_bytes + 1)
     except FileNotFoundError:
         raise error(f"{file}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError:
+        raise error(f"{file}: is not a UTF-8 text file (a binary file such as an ONNX model?); give a YAML/JSON "
+                    "file") from None
+    except OSError as exc:
         raise error(f"{file}: cannot be read ({exc})") from None
     if len(text) > max_bytes:  # the file grew while it was read
         raise error(f"{file}: over the limit of {_size_text(max_bytes)} for a {_kind(file, max_bytes)} input file")
