@@ -63,6 +63,9 @@ def check_model(model: onnx.ModelProto, nodes: list[Node], where: str) -> None:
             vi.type.tensor_type.ClearField("shape")
         onnx.shape_inference.infer_shapes(skeleton, check_type=True, strict_mode=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        if not str(exc).strip():  # some Python builds hand back an empty message where it would not decode
+            raise ModelError(f"{where}: not a valid ONNX model, and the checker's complaint could not be read (a name "
+                             "or string in it is probably not valid UTF-8); the file is corrupted") from None
         raise ModelError(f"{where}: not a valid ONNX model: {checker_message(exc)}; fix or re-export "
                          f"the model") from None
     except UnicodeDecodeError:
