@@ -85,3 +85,17 @@ def test_gpt3_175b_fits_on_1024_a100s():
     cluster = load_cluster("dgx-a100-80gb*128")
     est = estimate(model, cluster, ParallelConfig(global_batch=1536, tp=8, pp=16, dp=8))
     assert est.feasible and est.memory_per_device_bytes < 80e9
+
+
+def test_attention_tensors_are_counted_at_their_head_widths():
+    """Q, K and V are saved at their own widths per head (a d_k, a_kv d_k, a_kv d_v) and the output projection's
+    input at a d_v: multi-head latent attention's 192-wide keys and 128-wide values on 16 heads of a
+    1,024-wide model save more than three hidden-wide tensors; with d = hidden / heads nothing changes."""
+
+    s, b, h, a = 256, 1, 1024, 16
+    common = dict(kv_heads=a, dropout=False, attention="flash")
+    base = transformer_activation_bytes(s, b, h, a, **common)
+    assert transformer_activation_bytes(s, b, h, a, head_dim=64, v_head_dim=64, **common) == base
+    mla = transformer_activation_bytes(s, b, h, a, head_dim=192, v_head_dim=128, **common)
+    w = g = 2  # bf16
+    assert mla - base == s * b * (w * (a * 192 + a * (192 + 128)) + g * a * 128 - (w * 3 * h + g * h))

@@ -6,7 +6,9 @@ Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
 what one block saves for its backward pass, for a GPT block (ffn = 4h, GELU, multi-head attention, dropout,
 2-byte activations, 1-byte dropout masks): ``s b h (34 + 5 a s / h)``. :func:`transformer_activation_bytes`
 counts the same tensors from the block's real dimensions; with sequence length ``s``, micro-batch ``b``,
-hidden ``h``, ``a`` heads, ``h_kv = kv_heads x h / a`` (grouped-query attention: narrower K and V), MLP width
+hidden ``h``, ``a`` heads of ``d_k`` (queries and keys) and ``d_v`` (values) per head (``h / a`` unless the
+block says otherwise: wider heads, or multi-head latent attention's 192 and 128), ``a_kv`` key/value heads
+(grouped-query attention: narrower K and V), MLP width
 ``f``, activation width ``w`` (the training dtype: 4 bytes for fp32/tf32, 2 for bf16/fp16 and fp8), GEMM-input
 width ``g`` (``w``; under fp8 1 byte plus the recipe's scales, where Transformer Engine saves the inputs of its
 fp8 GEMMs as fp8 tensors for the weight gradient) and ``d`` = 1 byte of dropout mask per element where the block has dropout (0 without):
@@ -22,11 +24,11 @@ Per token, replicated across tensor-parallel ranks (divided by ``t`` only under 
 
 Per token, split over the ``t`` tensor-parallel ranks::
 
-    Q, K, V (inputs of Q K^T and of P V)   w (h + 2 h_kv)        (6 sbh)
-    output-projection input                g h                   (2 sbh)
+    Q, K, V (inputs of Q K^T and of P V)   w (a d_k + a_kv d_k + a_kv d_v)   (6 sbh)
+    output-projection input                g a d_v               (2 sbh)
     MLP activation input                   w f  (gated: 2 w f, the gate and up projections both)  (8 sbh)
     MLP output-GEMM input                  g f                   (8 sbh)
-    T = w (h + 2 h_kv) + g h + (w (1 + gated) + g) f             (24 sbh)
+    T = w (a d_k + a_kv (d_k + d_v)) + g a d_v + (w (1 + gated) + g) f   (24 sbh with d_k = d_v = h / a)
 
 Per head and (query, key) pair, split over ``t``: the softmax output ``w``, its dropout mask ``d`` and the
 dropout output ``d w`` (the input of P V), ``S = w + d (1 + w)`` (Korthikanti 5 a s^2 b). With FlashAttention
@@ -131,21 +133,24 @@ def check_recompute(recompute: str) -> None:
 def transformer_activation_bytes(seq_len: int, micro_batch: int, hidden: int, heads: int, tp: int = 1,
                                  sequence_parallel: bool = False, recompute: str = "none", *,
                                  ffn: int | None = None, kv_heads: int | None = None, gated_mlp: bool = False,
-                                 dropout: bool = True, dtype: str = "bf16", attention: str = "fused-softmax") -> float:
+                                 dropout: bool = True, dtype: str = "bf16", attention: str = "fused-softmax",
+                                 head_dim: float = 0, v_head_dim: float = 0) -> float:
     """Bytes one transformer block keeps for its backward pass, per tensor-parallel rank (see the module
     docstring for the derivation). Defaults: Korthikanti's GPT block (ffn = 4h, MHA, GELU, dropout, bf16)
     with the scores in memory."""
     check_recompute(recompute)
     s, b, h, a, t = float(seq_len), float(micro_batch), float(hidden), float(heads), float(tp)
     f = float(ffn if ffn else 4 * hidden)
-    h_kv = h * (kv_heads or heads) / a
+    d_k = float(head_dim or h / a)
+    d_v = float(v_head_dim or d_k)
+    a_kv = float(kv_heads or heads)
     w, g = float(dtype_bytes(dtype)), float(gemm_input_bytes(dtype))
     d = float(DROPOUT_MASK_BYTES) if dropout else 0.0
     split_seq = t if sequence_parallel else 1.0
     if recompute == "full":
         return w * s * b * h / split_seq
     replicated = (2.0 * w + 2.0 * g + 2.0 * d) * h
-    split = w * (h + 2.0 * h_kv) + g * h + (w * (2.0 if gated_mlp else 1.0) + g) * f
+    split = w * (a * d_k + a_kv * (d_k + d_v)) + g * a * d_v + (w * (2.0 if gated_mlp else 1.0) + g) * f
     if attention == "flash":
         scores = FP32_BYTES * a * s * b  # the log-sum-exp statistics; selective recompute has nothing to drop
     elif recompute == "selective":
