@@ -179,8 +179,12 @@ def test_the_worst_json_under_the_size_limit_is_answered_in_time(tiny_model, tmp
     assert "takes at most 100000 items" in error_line(estimate(tiny_model, "dgx-a100-80gb*1", path), capsys)
 
 
-def test_a_folder_is_not_a_cluster_file(tmp_path, capsys):
+def test_a_folder_is_not_a_cluster_file(tmp_path, capsys, monkeypatch):
     assert "is not a file" in error_line(devices(str(tmp_path) + "/"), capsys)
+    # a folder named without a slash (`--cluster hardware_profiles`) is a folder too, not an unknown node
+    (tmp_path / "profiles").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert error_line(devices("profiles"), capsys) == "planner: error: profiles: is not a file; give a YAML/JSON file"
 
 
 # ------------------------------------------------------------------------------ device and node profiles

@@ -44,15 +44,16 @@ def load_cluster(spec: str | os.PathLike) -> Cluster:
                            "'dgx-a100-80gb*16+hgx-v100-32gb*8'")
     text = os.fspath(spec)
     path = Path(text)
-    if path.suffix.lower() in (".yaml", ".yml", ".json") or "/" in text or os.sep in text or _is_file(path):
-        return _cluster_from_document(read_document(path), path.parent)  # a missing file: "no such file"
+    if path.suffix.lower() in (".yaml", ".yml", ".json") or "/" in text or os.sep in text or (text and _exists(path)):
+        # a missing file: "no such file"; a folder: "is not a file"
+        return _cluster_from_document(read_document(path), path.parent)
     return parse_shorthand(text)
 
 
-def _is_file(path: Path) -> bool:
-    """Whether ``path`` names a file; a text no file can have (too long a name) names none."""
+def _exists(path: Path) -> bool:
+    """Whether ``path`` names a file or folder; a text no file can have (too long a name) names none."""
     try:
-        return path.is_file()
+        return path.exists()
     except (OSError, ValueError):
         return False
 
