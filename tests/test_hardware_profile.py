@@ -155,6 +155,7 @@ def test_profile_without_onnxruntime_says_what_to_install(tmp_path, monkeypatch,
     (["--out", "missing-dir/p.yaml"], "does not exist"),
     (["--out", "p.yaml", "--clock", "cpu"], "--threads 1"),
     (["--out", "p.yaml", "--model", "absent.onnx"], "no such file"),
+    (["--out", "p.yaml", "--dim", "seq=128"], "--dim binds the dimensions of --model, and no --model was given"),
 ])
 def test_profile_bad_arguments(argv, message, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)

@@ -35,6 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     out = check_output_file(args.out, "--out", (".yaml", ".yml"))
     dims = parse_dims(args.dim)
+    if dims and not args.model:  # --dim binds the model's dimensions; without one it would do nothing
+        raise ConfigError("--dim binds the dimensions of --model, and no --model was given; add --model "
+                          "MODEL.onnx or drop --dim")
     model = profiler.load_model_file(args.model) if args.model else None  # fail early on a bad model
     if args.threads < 0:
         raise ConfigError(f"--threads {args.threads}: give 0 (onnxruntime's default) or a positive count")
