@@ -85,6 +85,16 @@ class TransformerDims:
     head_dim: int = 0
     v_head_dim: int = 0
 
+    @property
+    def key_dim(self) -> float:
+        """Width per head of queries and keys (``head_dim``, else hidden / heads)."""
+        return self.head_dim or self.hidden / self.heads
+
+    @property
+    def value_dim(self) -> float:
+        """Width per head of values (``v_head_dim``, else the key width)."""
+        return self.v_head_dim or self.key_dim
+
 
 @dataclass(frozen=True)
 class MoEDims:

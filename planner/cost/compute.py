@@ -324,7 +324,7 @@ def _activation_bytes(layer: Layer, tp: int, mb: float, sp: bool, recompute: str
         if layer.moe is not None:  # the routed experts' active width, on the busiest rank
             ffn += (routed_load - 1.0) * layer.moe.top_k * layer.moe.expert_ffn
         shape = dict(ffn=ffn, kv_heads=dims.kv_heads, gated_mlp=dims.gated_mlp, dropout=dims.dropout,
-                     dtype=dtype, attention=attention, head_dim=dims.head_dim, v_head_dim=dims.v_head_dim)
+                     dtype=dtype, attention=attention, head_dim=dims.key_dim, v_head_dim=dims.value_dim)
         held = transformer_activation_bytes(dims.seq_len, mb, dims.hidden, dims.heads, tp, sp, recompute, **shape)
         full = transformer_activation_bytes(dims.seq_len, mb, dims.hidden, dims.heads, tp, sp, "none", **shape)
         return held, full

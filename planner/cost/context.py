@@ -56,10 +56,8 @@ def kv_chunk_bytes(dims: TransformerDims, micro_batch: float, tp: int, cp: int, 
     """Bytes of K and V one rank holds of its ``1/cp`` of each sequence of a micro-batch, on one of ``tp``
     tensor-parallel ranks: ``b (s / cp) (kv_heads / tp) (head_dim + v_head_dim)`` elements of the activation
     width."""
-    default = dims.hidden / dims.heads
-    width = (dims.head_dim or default) + (dims.v_head_dim or dims.head_dim or default)  # a key and a value
     kv_heads = dims.kv_heads or dims.heads
-    return micro_batch * (dims.seq_len / cp) * (kv_heads / tp) * width * dtype_bytes(dtype)
+    return micro_batch * (dims.seq_len / cp) * (kv_heads / tp) * (dims.key_dim + dims.value_dim) * dtype_bytes(dtype)
 
 
 def exchange_bytes(dims: TransformerDims, micro_batch: float, tp: int, cp: int, dtype: str) -> tuple[float, float]:

@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from planner.graph import fold
-from planner.graph.ir import Node
+from planner.graph.ir import Node, OpGraph
 
 Values = dict[str, np.ndarray]
 
@@ -26,19 +26,20 @@ _KEEPS_VALUES = frozenset({"Unsqueeze", "Squeeze", "Reshape", "Expand", "Cast", 
                            "Transpose"})
 
 
-def overruns(nodes: list[Node], const: set[str], shapes: dict, initial: Values) -> list[str]:
-    """One warning per Gather whose constant indices reach past its table's first dimension (axis 0)."""
-    producer = {t: node for node in nodes for t in node.outputs if t}
-    lookups = [node for node in nodes
+def overruns(graph: OpGraph, initial: Values) -> list[str]:
+    """One warning per Gather whose constant indices reach past its table's first dimension (axis 0);
+    ``initial``: the small initializers' values (``planner.graph.shapes.small_initializers``)."""
+    const, shapes = graph.const, graph.shapes
+    lookups = [node for node in graph.nodes
                if node.op_type == "Gather" and len(node.inputs) >= 2 and node.attr("axis", 0) == 0
                and node.inputs[1] in const and shapes.get(node.inputs[0])]
     if not lookups:
         return []
-    values = fold.evaluate(_ancestors(lookups, producer, const), const, shapes, initial)
+    values = fold.evaluate(_ancestors(lookups, graph), const, shapes, initial)
     out = []
     for node in lookups:
         rows = shapes[node.inputs[0]][0]
-        top = _largest(node.inputs[1], producer, values)
+        top = _largest(node.inputs[1], graph, values)
         if top is not None and top >= rows:
             out.append(f"Gather '{node.name or node.inputs[0]}' reads row {top} of '{node.inputs[0]}', which has "
                        f"{rows} rows, at the dims given: the model as exported cannot run at them (a learned "
@@ -47,26 +48,31 @@ def overruns(nodes: list[Node], const: set[str], shapes: dict, initial: Values) 
     return out
 
 
-def _ancestors(lookups: list[Node], producer: dict[str, Node], const: set[str]) -> list[Node]:
+def _producer(graph: OpGraph, tensor: str) -> Node | None:
+    index = graph.producer.get(tensor)
+    return None if index is None else graph.nodes[index]
+
+
+def _ancestors(lookups: list[Node], graph: OpGraph) -> list[Node]:
     """The constant nodes the lookups' indices are computed from, in topological order."""
     seen: dict[int, Node] = {}
     stack = [node.inputs[1] for node in lookups]
     while stack:
-        node = producer.get(stack.pop())
-        if node is None or node.index in seen or not all(t in const for t in node.outputs if t):
+        node = _producer(graph, stack.pop())
+        if node is None or node.index in seen or not all(t in graph.const for t in node.outputs if t):
             continue
         seen[node.index] = node
         stack.extend(t for t in node.inputs if t)
     return [seen[i] for i in sorted(seen)]
 
 
-def _largest(tensor: str, producer: dict[str, Node], values: Values) -> int | None:
+def _largest(tensor: str, graph: OpGraph, values: Values) -> int | None:
     """The largest value ``tensor`` can hold (None: not known without evaluating a large tensor)."""
     for _ in range(64):  # chains of value-keeping ops are short; a bound stops a corrupted cycle
         known = values.get(tensor)
         if known is not None:
             return int(np.max(known)) if known.size and known.dtype.kind in "iu" else None
-        node = producer.get(tensor)
+        node = _producer(graph, tensor)
         if node is None:
             return None
         if node.op_type == "Range":

@@ -65,7 +65,7 @@ def build(model: onnx.ModelProto, dims: Mapping[str, int] | None, name: str) -> 
                  consumers=cons, batch=user_batch if static_batch == 1 else static_batch,
                  static_batch=static_batch, dims=shown, family=family)
     fill_shape_gaps(op)
-    op.warnings.extend(gather_bounds.overruns(nodes, const, shapes, small_initializers(model)))
+    op.warnings.extend(gather_bounds.overruns(op, small_initializers(model)))
     return op
 
 

@@ -80,13 +80,13 @@ def detect_dims(graph: OpGraph, members: list[Node], output: str | None,
     elif not ffn:
         ffn = max((n for n in widths if n != hidden and n != 3 * hidden), default=4 * hidden)
     path = _score_path(graph, graph.producer.get(softmax.inputs[0])) or []
-    after = _probability_path(graph, softmax.outputs[0], set(n.index for n in members)) if softmax.outputs else None
+    inside = {node.index for node in members}
+    after = _probability_path(graph, softmax.outputs[0], inside) if softmax.outputs else None
     default = hidden // heads if heads else 0
     head_dim = _operand_width(graph, path[0], 0) if path else 0
     v_head_dim = _operand_width(graph, after[-1], 1) if after else 0
     head_dim, v_head_dim = head_dim or default, v_head_dim or head_dim or default
     kv_heads = heads
-    inside = {node.index for node in members}
     key_width = _projection_width(graph, graph.nodes[path[0]], inside) if path else 0
     narrow = [n for n in widths if n < heads * head_dim and n != ffn]  # narrower than the query projection
     if key_width and head_dim and key_width % head_dim == 0:

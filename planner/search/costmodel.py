@@ -46,9 +46,14 @@ class CostModelBackend:
     def _cal(self, option: StageOption, settings: Settings) -> DeviceCalibration:
         return calibration_for(self.cluster.groups[option.pool].node.device.name, settings.runtime)
 
+    @staticmethod
+    def _table_key(option: StageOption, settings: Settings) -> tuple:
+        """What a stage option's per-layer costs depend on (the settings' dp, ZeRO and optimizer do not)."""
+        return (option, settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype,
+                settings.runtime, settings.ep, settings.expert_tp)
+
     def layer_table(self, option: StageOption, settings: Settings) -> LayerTable:
-        key = (option, settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype,
-               settings.runtime, settings.ep, settings.expert_tp)
+        key = self._table_key(option, settings)
         hit = self._tables.get(key)
         if hit is None:
             node = self.cluster.groups[option.pool].node
@@ -72,9 +77,7 @@ class CostModelBackend:
     def _expert_params(self, option: StageOption, settings: Settings) -> np.ndarray:
         """Per layer, the routed experts' parameters per rank (zeros on a dense model)."""
         self.layer_table(option, settings)
-        return self._tables[("experts", option, settings.micro_batch, settings.recompute,
-                             settings.sequence_parallel, settings.dtype, settings.runtime, settings.ep,
-                             settings.expert_tp)]
+        return self._tables[("experts",) + self._table_key(option, settings)]
 
     def _expert_dp(self, option: StageOption, settings: Settings) -> float:
         """The expert-data-parallel degree of a stage (planner.cost.moe.expert_dp; dp on a dense model)."""
@@ -124,8 +127,7 @@ class CostModelBackend:
 
     def _segments_of(self, option: StageOption, settings: Settings) -> tuple[np.ndarray, ...]:
         """(forward, backward, params per rank, activation bytes, transient peak) per segment i..j."""
-        key = (option, settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype,
-               settings.runtime, settings.ep, settings.expert_tp)
+        key = self._table_key(option, settings)
         hit = self._segments.get(key)
         if hit is None:
             t = self.layer_table(option, settings)

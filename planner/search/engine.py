@@ -564,6 +564,7 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
                 heapq.heappush(heap, block)
             continue
         blocks = [(o.pool, o.tp, c, o.cp) for o, c in zip(entry.options, entry.counts)]
+        even = even_split(settings)
         for layout in ordered_layouts(blocks):
             solved += 1
             state.work += 1
@@ -576,7 +577,7 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
             S, G = backend.stage_matrices(layout, settings, global_batch)
             # every stage a whole number of equal chunks; the same number of units on every stage where the
             # runtime has no uneven pipeline
-            per_stage = num_units // layout.num_stages if even_split(settings) else None
+            per_stage = num_units // layout.num_stages if even else None
             key = (settings.vpp, per_stage)
             if key not in masks:
                 masks[key] = chunk_mask(units, settings.vpp, per_stage)

@@ -273,12 +273,12 @@ def point_inputs(cluster: Cluster, global_batch: int, dims: Mapping[str, int], s
     """Every grid point's cluster, batch and dims, derived from the base inputs: a group's node first (it
     replaces the whole node profile), then its device, then the rest, whatever the order of the flags."""
     points: list[PointInputs] = []
+    order = sorted(range(len(sweeps)), key=lambda i: _APPLY_ORDER.get(sweeps[i].key.field, 2))
     for settings in grid(sweeps):
         groups = list(cluster.groups)
         batch = global_batch
         point_dims = dict(dims)
-        ordered = sorted(zip(sweeps, settings), key=lambda pair: _APPLY_ORDER.get(pair[0].key.field, 2))
-        for sweep, (_, value) in ordered:
+        for sweep, (_, value) in ((sweeps[i], settings[i]) for i in order):
             field = sweep.key.field
             if field == "global_batch":
                 batch = int(value)
