@@ -15,8 +15,8 @@ import numpy as np
 
 from planner.hardware.cluster import locate
 from planner.cost.memory import micro_batches_in_flight
-from planner.search.backend import LayerTable, bound_matrices, segment_max, segment_sums
-from planner.search.interleave import bound_coefficients
+from planner.search.backend import FIRST, LayerTable, bound_matrices, segment_max, segment_sums
+from planner.search.interleave import bound_coefficients, warmup
 from planner.search.space import Layout, Settings, StageOption
 from planner.types import Breakdown, Cluster, Estimate, LayerGraph, MemoryBreakdown, ParallelConfig, \
     PipelineSpec, StageEstimate
@@ -91,7 +91,10 @@ class SyntheticBackend:
     def capacity_bytes(self, option: StageOption) -> float:
         return float(self.cluster.groups[option.pool].node.device.memory_bytes)
 
-    def stage_matrices(self, layout: Layout, settings: Settings, global_batch: int
+    def exposures(self, settings: Settings) -> tuple[str, ...]:
+        return (FIRST,)  # its time counts stage 0's synchronisation alone
+
+    def stage_matrices(self, layout: Layout, settings: Settings, global_batch: int, exposure: str = FIRST
                        ) -> tuple[np.ndarray, np.ndarray]:
         m = settings.num_micro_batches(global_batch)
         P = layout.num_stages
@@ -107,8 +110,8 @@ class SyntheticBackend:
             memory = self.stage_bytes(params, act, in_flight, peak, option, settings)
             fits.append(memory <= self.capacity_bytes(option))
         t0 = self.layer_table(layout.options[0], settings)
-        tail0 = self._tail_s(np.cumsum(t0.params_per_rank), layout.options[0], settings)
-        return bound_matrices(fwd, bwd, sends, fits, tail0, m, settings.vpp)
+        tail0 = self._tail_s(segment_sums(t0.params_per_rank), layout.options[0], settings)
+        return bound_matrices(fwd, bwd, sends, fits, [tail0] + [None] * (P - 1), m, settings.vpp)
 
     # ------------------------------------------------------------------ plain re-evaluation
     def evaluate(self, spec: PipelineSpec) -> Estimate:
@@ -129,7 +132,7 @@ class SyntheticBackend:
         co = bound_coefficients(P, m, V)
         firsts = [StageOption(locate(self.cluster, st.replicas[0].devices[0])[0], st.replicas[0].tp)
                   for st in spec.stages]
-        per, sends, g_terms, stages, feasible, worst = [], [], [], [], True, 0.0
+        per, sends, g_terms, stages, work, feasible, worst = [], [], [], [], [], True, 0.0
         tail = 0.0
         for k, stage in enumerate(spec.stages):
             slots, tails, memories = [], [], []
@@ -158,6 +161,7 @@ class SyntheticBackend:
             per.append(f + b / V)
             sends.append(co.hops[k] * send)
             g_terms.append(co.gamma * b + co.delta[k] * f)
+            work.append((f, b, send))
             if k == 0:
                 tail = max(tails)
             mem, cap, opt = max(memories, key=lambda x: x[0].total_bytes / x[1])
@@ -166,6 +170,17 @@ class SyntheticBackend:
                                         devices=tuple(d for r in stage.replicas for d in r.devices),
                                         tp=stage.replicas[0].tp, dp=dp, forward_s=f, backward_s=b, memory=mem,
                                         memory_capacity_bytes=cap))
+        # the hand-off cycles with each neighbour, one stage's side of each
+        for k in range(P - 1):
+            w = [warmup(s_, P, m, V) for s_ in (k, k + 1)]
+            if w[0] >= m * V or w[0] == w[1]:
+                continue
+            span = w[0] - w[1] + 1
+            n = (m * V - w[0] + span - 2) // span
+            for s_, w_ in zip((k, k + 1), w):
+                f, b, _ = work[s_]
+                g_terms.append(((m * V - 1 - span * n) * b + max(0, m * V - 1 - w_ - span * n) * f) / V
+                               + n * (2 * work[k][2] + (f + b) / V))
         pipeline = sum(per) + sum(sends) + max(g_terms)
         total = pipeline + tail
         c = int(np.argmax(per))

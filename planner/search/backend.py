@@ -22,6 +22,33 @@ T >= sum_k S_k + max_k G_k with
 which is exact for identical stages (the textbook (m + P - 1)(f + b)) and is what
 :func:`planner.search.partition.solve_partition` minimises. The interleaved schedule has a bound of the same
 shape with other weights (:mod:`planner.search.interleave`); ``bound_matrices`` builds either.
+
+The steady state hands micro-batches back and forth over each link. In 1F1B, stage k runs F_{w+i}, B_i
+in turn and stage k+1 (warm-up w - 1 when w = w_k = P - k - 1 <= m) runs F_{w+i}, B_{i+1}; a forward needs
+the previous stage's forward of the same micro-batch, a backward the next stage's backward, each one
+transfer later. So B_i on k is followed by F_{w+i+1} on k, F_{w+i+1} and B_{i+2} on k+1, and B_{i+2} on k:
+every two micro-batches, the chain passes 2 c_k + f_k + b_k + f_{k+1} + b_{k+1}. A chain through micro-batch
+0's forward to the last stage and backward to k, n_k = floor((m - w) / 2) such cycles, stage k's remaining
+work and the last micro-batch's way back to stage 0 gives T >= sum_k S_k + G'_k with
+
+    G'_k = (m - 1 - 2n) b_k + max(0, m - 1 - w_k - 2n) f_k + n (2 c_k + f_k + b_k + f_{k+1} + b_{k+1}),
+
+and the same chain entered at stage k+1 gives the terms for k+1 (with its own w). Left without the
+neighbour's f + b, each is a G of one stage's segment (its link c_k read at its last layer, or the incoming
+one at its first), so G_k takes the largest: over slow links (2 c > f + b) the steady state is bound by
+the transfers, which the G above leaves to the fill alone. For two identical stages the full chain is
+exactly what the event simulation of :mod:`planner.cost.schedule` gives.
+
+Every stage's synchronisation counts, not only stage 0's. Stage k's last backward ends
+d_k = sum_{i<k} (b_i / V + c_i) before stage 0's (V chunks per stage, V = 1 without interleaving), so
+T >= pipeline + r_k - d_k for every k, and for weights w_k >= 0 summing to one
+
+    T >= pipeline + sum_k w_k (r_k - d_k) = pipeline + sum_k (w_k r_k - W_k (b_k / V + c_k)),  W_k = sum_{i>k} w_i,
+
+again a sum over stages. w = (1, 0, ..., 0) (``FIRST``) is the bound above; equal weights (``MEAN``) count
+the mean of the stages' synchronisations, which binds when slow links make it longer than a micro-batch. The
+search takes the larger of the two optima (:data:`EXPOSURES`). The subtraction needs b_k at least the cost
+model's, so ZeRO-3 (whose b_k here is a lower bound) uses ``FIRST`` alone.
 """
 
 from __future__ import annotations
@@ -31,9 +58,13 @@ from typing import Protocol
 
 import numpy as np
 
-from planner.search.interleave import bound_coefficients
+from planner.search.interleave import bound_coefficients, warmup
 from planner.search.space import Layout, Settings, StageOption
 from planner.types import Estimate, PipelineSpec
+
+FIRST = "first"  # stage 0's synchronisation alone
+MEAN = "mean"  # the stages' mean
+EXPOSURES = (FIRST, MEAN)
 
 
 @dataclass(frozen=True, eq=False)
@@ -68,9 +99,14 @@ class Backend(Protocol):
         transient; a segment fits when this is at most ``capacity_bytes``."""
         ...
 
-    def stage_matrices(self, layout: Layout, settings: Settings, global_batch: int
+    def stage_matrices(self, layout: Layout, settings: Settings, global_batch: int, exposure: str = FIRST
                        ) -> tuple[np.ndarray, np.ndarray]:
-        """(S, G) of the bound above, shape (P, L, L), S = inf where a segment does not fit in memory."""
+        """(S, G) of the bound above with the ``exposure`` weighting, shape (P, L, L), S = inf where a segment
+        does not fit in memory."""
+        ...
+
+    def exposures(self, settings: Settings) -> tuple[str, ...]:
+        """The weightings whose bounds hold for ``settings`` (each a lower bound; the search takes the larger)."""
         ...
 
     def evaluate(self, spec: PipelineSpec) -> Estimate:
@@ -113,21 +149,55 @@ def segment_max(values: np.ndarray) -> np.ndarray:
     return out
 
 
-def warmup(stage: int, num_stages: int, num_micro_batches: int) -> int:
-    """Forwards a 1F1B stage runs before its first backward."""
-    return min(num_stages - stage - 1, num_micro_batches)
+def handoff_cycles(num_stages: int, num_micro_batches: int, vpp: int = 1) -> list[tuple[int, int]]:
+    """For the stages k and k + 1: (n_k, the backward operations each cycle spans) of the steady-state chain
+    through both (module docstring). A cycle spans w_k - w_{k+1} + 1 operations (2 in 1F1B, 3 between
+    interleaved stages), and n_k = floor((m V - w_k + d - 1) / (d + 1)) with d = w_k - w_{k+1}; none when stage
+    k has no steady state."""
+    P, m, V = num_stages, num_micro_batches, vpp
+    total = m * V
+    out = []
+    for k in range(P - 1):
+        w, d = warmup(k, P, m, V), warmup(k, P, m, V) - warmup(k + 1, P, m, V)
+        out.append(((total - w + d - 1) // (d + 1) if w < total and d >= 1 else 0, d + 1))
+    return out
+
+
+def _handoff_g(f: np.ndarray, b: np.ndarray, c: np.ndarray, m: int, vpp: int, warm: int, cycle: tuple[int, int]
+               ) -> np.ndarray:
+    """A stage's G through n hand-off cycles of ``span`` operations with a neighbour over a link of c seconds
+    (the neighbour's own forward and backward left out): with chunks of f / V and b / V,
+    (m V - 1 - span n) b / V + max(0, m V - 1 - w - span n) f / V + n (2c + (f + b) / V)."""
+    n, span = cycle
+    total = m * vpp
+    per_b = (total - 1 - span * n + n) / vpp
+    per_f = (max(0, total - 1 - warm - span * n) + n) / vpp
+    return per_b * b + per_f * f + 2.0 * n * c
+
+
+def exposure_weights(exposure: str, num_stages: int) -> np.ndarray:
+    """The weights w_k of the synchronisation term (module docstring) for ``exposure`` in :data:`EXPOSURES`."""
+    if exposure == FIRST:
+        return np.eye(1, num_stages).ravel()
+    return np.full(num_stages, 1.0 / num_stages)
 
 
 def bound_matrices(forward: list[np.ndarray], backward: list[np.ndarray], p2p: list[np.ndarray | None],
-                   fits: list[np.ndarray], tail0: np.ndarray, num_micro_batches: int, vpp: int = 1
-                   ) -> tuple[np.ndarray, np.ndarray]:
+                   fits: list[np.ndarray], tails: list[np.ndarray | None], num_micro_batches: int, vpp: int = 1,
+                   exposure: str = FIRST) -> tuple[np.ndarray, np.ndarray]:
     """(S, G) from per-stage segment matrices: ``forward[k][i, j]``, ``backward[k][i, j]``, the send time
     ``p2p[k][j]`` after layer j (for the last stage: back to stage 0, used only between interleaved chunks;
-    None = no transfer), ``fits[k][i, j]`` and stage 0's tail ``tail0[j]`` when it holds layers 0..j. With
-    ``vpp > 1`` the interleaved schedule's bound (:mod:`planner.search.interleave`)."""
+    None = no transfer), ``fits[k][i, j]`` and ``tails[k][i, j]``, stage k's exposed synchronisation and
+    optimizer step when it holds layers i..j (None where its weight is 0: with ``FIRST`` only stage 0's row
+    0 is read). With ``vpp > 1`` the interleaved schedule's bound (:mod:`planner.search.interleave`)."""
     P = len(forward)
     L = forward[0].shape[0]
-    co = bound_coefficients(P, num_micro_batches, vpp)
+    m = num_micro_batches
+    co = bound_coefficients(P, m, vpp)
+    cycles = handoff_cycles(P, m, vpp)
+    warm = [warmup(k, P, m, vpp) for k in range(P)]
+    w = exposure_weights(exposure, P)
+    later = np.cumsum(w[::-1])[::-1] - w  # W_k = sum of the weights after k
     S = np.empty((P, L, L))
     G = np.empty((P, L, L))
     for k in range(P):
@@ -135,9 +205,17 @@ def bound_matrices(forward: list[np.ndarray], backward: list[np.ndarray], p2p: l
         s = f + co.backward_weight * b if vpp > 1 else f + b
         if p2p[k] is not None and co.hops[k] > 0:
             s = s + co.hops[k] * np.asarray(p2p[k])[None, :]
-        if k == 0:
-            s = s + np.asarray(tail0, dtype=float)[None, :]
+        if w[k] > 0:
+            s = s + w[k] * np.asarray(tails[k], dtype=float)
+        if later[k] > 0:  # the head start of stage k + 1 and after: this stage's last backward and send
+            s = s - later[k] * (b / vpp + (0.0 if p2p[k] is None else np.asarray(p2p[k])[None, :]))
         g = co.gamma * b + co.delta[k] * f
+        # the steady state's hand-offs with each neighbour (module docstring)
+        if k + 1 < P and cycles[k][0] > 0:
+            g = np.maximum(g, _handoff_g(f, b, np.asarray(p2p[k])[None, :], m, vpp, warm[k], cycles[k]))
+        if k > 0 and cycles[k - 1][0] > 0:
+            incoming = np.concatenate(([0.0], np.asarray(p2p[k - 1])[:-1]))[:, None]  # sent after layer i - 1
+            g = np.maximum(g, _handoff_g(f, b, incoming, m, vpp, warm[k], cycles[k - 1]))
         ok = fits[k] & np.isfinite(s)
         S[k] = np.where(ok, s, np.inf)
         G[k] = np.where(ok, g, np.inf)

@@ -6,10 +6,10 @@ It builds, for a stage served by one replica group, what ``planner.cost.estimato
 same functions: forward/backward/activation sums over the stage's layers, the largest transient, the
 boundary transfer to the next stage's first device, what ZeRO-2/3's per-micro-batch collectives add to
 each micro-batch (``planner.cost.comm``: exactly for ZeRO-2, the lower bound
-``zero3_exposed_lower_s`` of ZeRO-3's layer recurrence), and for stage 0 the once-per-iteration
-synchronisation (``planner.cost.comm.sync_tail_s``) plus the optimizer step.
-``tests/test_search_costmodel.py`` checks that the bound it builds never exceeds what ``estimate_pipeline``
-returns, and equals it for identical stages.
+``zero3_exposed_lower_s`` of ZeRO-3's layer recurrence), and each stage's once-per-iteration
+synchronisation (``planner.cost.comm.sync_tail_s``) plus the optimizer step, weighted as
+``planner.search.backend`` says. ``tests/test_search_costmodel.py`` checks that the bound it builds never
+exceeds what ``estimate_pipeline`` returns, under each weighting, and equals it for one stage.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from planner.cost.moe import ep_group_devices, expert_dp, resolved_expert_tp
 from planner.hardware.cluster import locate
 from planner.hardware.collectives import CommGroup, p2p_time_s
 from planner.runtime import get_runtime
-from planner.search.backend import LayerTable, bound_matrices, segment_max, segment_sums
+from planner.search.backend import (EXPOSURES, FIRST, LayerTable, bound_matrices, exposure_weights, segment_max,
+                                    segment_sums)
 from planner.search.space import Layout, Settings, StageOption
 from planner.search.tables import allocate
 from planner.types import Cluster, Estimate, LayerGraph, PipelineSpec
@@ -40,7 +41,7 @@ class CostModelBackend:
     _tables: dict = field(default_factory=dict, compare=False, repr=False)
     _p2p: dict = field(default_factory=dict, compare=False, repr=False)
     _segments: dict = field(default_factory=dict, compare=False, repr=False)
-    _tails: dict = field(default_factory=dict, compare=False, repr=False)
+    _tail_cache: dict = field(default_factory=dict, compare=False, repr=False)
     _collectives: dict = field(default_factory=dict, compare=False, repr=False)
 
     def _cal(self, option: StageOption, settings: Settings) -> DeviceCalibration:
@@ -152,12 +153,17 @@ class CostModelBackend:
             self._segments[key] = hit
         return hit
 
-    def stage_matrices(self, layout: Layout, settings: Settings, global_batch: int
+    def exposures(self, settings: Settings) -> tuple[str, ...]:
+        # ZeRO-3's backward here is a lower bound of the cost model's, so no stage's head start is subtracted
+        return (FIRST,) if settings.zero == 3 else EXPOSURES
+
+    def stage_matrices(self, layout: Layout, settings: Settings, global_batch: int, exposure: str = FIRST
                        ) -> tuple[np.ndarray, np.ndarray]:
         m = settings.num_micro_batches(global_batch)
         P = layout.num_stages
         devices = allocate(self.cluster, layout, settings)
-        fwd, bwd, sends, fits = [], [], [], []
+        weights = exposure_weights(exposure, P)
+        fwd, bwd, sends, fits, tails = [], [], [], [], []
         for k, option in enumerate(layout.options):
             f, b, params, act, peak = self._segments_of(option, settings)
             extra_f, extra_b = self._zero_per_micro_batch(option, devices[k], settings)
@@ -175,8 +181,9 @@ class CostModelBackend:
             in_flight = micro_batches_in_flight(k, P, m, settings.schedule, settings.vpp)
             empty, per_micro_batch = self._memory_of(option, settings)
             fits.append(empty + in_flight * per_micro_batch <= self.capacity_bytes(option))
-        return bound_matrices(fwd, bwd, sends, fits, self._tail0(layout.options[0], devices[0], settings), m,
-                              settings.vpp)
+            # stage 0 starts at layer 0: its prefixes are all it needs
+            tails.append(None if weights[k] == 0 else self._tails(option, devices[k], settings, first=k == 0))
+        return bound_matrices(fwd, bwd, sends, fits, tails, m, settings.vpp, exposure)
 
     def _dp(self, option: StageOption, devices: tuple[int, ...], settings: Settings
             ) -> tuple[CommGroup, dict[str, np.ndarray]]:
@@ -222,11 +229,13 @@ class CostModelBackend:
         self._segments[key] = hit
         return hit
 
-    def _tail0(self, option: StageOption, devices: tuple[int, ...], settings: Settings) -> np.ndarray:
-        """Stage 0's exposed once-per-iteration synchronisation plus optimizer step when it holds layers
-        0..j, for every j (``planner.cost.comm.sync_tail_s`` of the prefixes)."""
-        key = (option, settings, devices)
-        hit = self._tails.get(key)
+    def _tails(self, option: StageOption, devices: tuple[int, ...], settings: Settings, first: bool
+               ) -> np.ndarray:
+        """A stage's exposed once-per-iteration synchronisation plus optimizer step when it holds layers i..j
+        (``planner.cost.comm.sync_tail_s`` of the segments, NaN below the diagonal); ``first``: only the
+        prefixes 0..j, as a vector."""
+        key = (option, settings, devices, first)
+        hit = self._tail_cache.get(key)
         if hit is not None:
             return hit
         t = self.layer_table(option, settings)
@@ -234,18 +243,26 @@ class CostModelBackend:
         group, layer = self._dp(option, devices, settings)
         runtime = get_runtime(settings.runtime)
         device = self.cluster.groups[option.pool].node.device
-        params = np.cumsum(t.params_per_rank)
+        sums = np.cumsum if first else segment_sums
         grad = layer["all_reduce" if settings.zero == 0 else "reduce_scatter"]
         gather = layer["all_gather"]
-        sync = dp_sync(settings.zero, params, group, settings.dtype, runtime, np.cumsum(grad), grad[0],
-                       np.cumsum(gather), gather[0])
-        out = sync_tail_s(sync, runtime, np.cumsum(t.backward_s), np.cumsum(t.forward_s))
-        experts = np.cumsum(self._expert_params(option, settings))
+        params = sums(t.params_per_rank)
+        # the collectives' edge buckets: each segment's first layer
+        edge_grad, edge_gather = (grad[0], gather[0]) if first else (grad[:, None], gather[:, None])
+        sync = dp_sync(settings.zero, params, group, settings.dtype, runtime, sums(grad), edge_grad, sums(gather),
+                       edge_gather)
+        out = sync_tail_s(sync, runtime, sums(t.backward_s), sums(t.forward_s))
+        experts = sums(self._expert_params(option, settings))
         edp = self._expert_dp(option, settings)
-        out = out + np.array([optimizer_time_s(float(p), device, settings.optimizer, settings.zero,
-                                               settings.dp * option.cp, settings.dtype, cal, settings.runtime,
-                                               float(e), edp) for p, e in zip(params, experts)])
-        self._tails[key] = out
+        # the step's time is not affine in the parameters (memory efficiency grows with size): one call per
+        # distinct segment; blocks of identical layers share most of them
+        cells = np.arange(len(params)) if first else np.triu_indices(len(params))
+        pairs, where = np.unique(np.stack((params[cells], experts[cells])), axis=1, return_inverse=True)
+        steps = np.array([optimizer_time_s(float(p), device, settings.optimizer, settings.zero,
+                                           settings.dp * option.cp, settings.dtype, cal, settings.runtime,
+                                           float(e), edp) for p, e in pairs.T])
+        out[cells] = out[cells] + steps[where.ravel()]
+        self._tail_cache[key] = out
         return out
 
     def evaluate(self, spec: PipelineSpec) -> Estimate:

@@ -44,7 +44,7 @@ from planner.search import hetero
 from planner.search.backend import Backend
 from planner.search.interleave import chunk_mask, partition_allowed, pipeline_allowed
 from planner.search.bounds import Profiles, QuickSettingsBound, lower_bounds, settings_lower_bound
-from planner.search.partition import score, solve_partition, stage_bounds
+from planner.search.partition import Partition, score, solve_partition, stage_bounds
 from planner.search.space import Layout, Pins, Settings, StageOption, enumerate_settings, even_split, max_stages, \
     options_allowed, ordered_layouts, pool_options, settings_allowed
 from planner.search.tables import allocate
@@ -355,6 +355,25 @@ class _Search:
         return current
 
 
+def _least_bound_partition(backend: Backend, layout: Layout, settings: Settings, global_batch: int,
+                           mask: np.ndarray | None, cutoff: float) -> Partition | None:
+    """The partition minimising the layout's bound under each of the backend's weightings of the stages'
+    synchronisation (:data:`planner.search.backend.EXPOSURES`), the one whose optimum is highest, with that
+    optimum: every partition's time is at least each optimum. None when no partition fits or a weighting
+    proves that none beats ``cutoff``."""
+    best = None
+    for exposure in backend.exposures(settings):
+        S, G = backend.stage_matrices(layout, settings, global_batch, exposure)
+        if mask is not None:
+            S = np.where(mask[None], S, np.inf)
+        part = solve_partition(S, G, cutoff)
+        if part is None:
+            return None
+        if best is None or part.objective > best.objective:
+            best = part
+    return best
+
+
 def _same(a: Candidate, b: Candidate) -> bool:
     return a.settings == b.settings and a.layout == b.layout and a.last_layers == b.last_layers \
         and a.groups == b.groups
@@ -574,16 +593,13 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
                     state.least_layout_bound = min(state.least_layout_bound, cand.time_s)
                     state.offer(cand)
                 continue
-            S, G = backend.stage_matrices(layout, settings, global_batch)
             # every stage a whole number of equal chunks; the same number of units on every stage where the
             # runtime has no uneven pipeline
             per_stage = num_units // layout.num_stages if even else None
             key = (settings.vpp, per_stage)
             if key not in masks:
                 masks[key] = chunk_mask(units, settings.vpp, per_stage)
-            if masks[key] is not None:
-                S = np.where(masks[key][None], S, np.inf)
-            part = solve_partition(S, G, state.cutoff())
+            part = _least_bound_partition(backend, layout, settings, global_batch, masks[key], state.cutoff())
             if part is None:
                 continue  # no partition fits, or none can beat the K-th best
             state.least_layout_bound = min(state.least_layout_bound, part.objective)
