@@ -26,6 +26,8 @@ _LAZY = {
     "load_model": "planner.graph:load_model",
     "load_cluster": "planner.hardware:load_cluster",
     "estimate": "planner.compose:estimate",
+    "estimate_plan": "planner.compose:estimate_plan",
+    "load_plan": "planner.plans:load_plan",
     "plan": "planner.search:plan",
     "whatif": "planner.sweep.whatif:whatif",
     "Plan": "planner.plans:Plan",

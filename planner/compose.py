@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from planner import arguments
-from planner.cost.estimator import Calibrations
+from planner.cost.estimator import Calibrations, estimate_pipeline
 from planner.cost.estimator import estimate as estimate_dense
-from planner.errors import InfeasibleError
-from planner.plans import Plan
+from planner.errors import ConfigError, InfeasibleError
+from planner.plans import Plan, pipeline_spec
 from planner.solver import SolverOptions
 from planner.types import Batching, Cluster, EmbeddingTable, Estimate, LayerGraph, ParallelConfig
 
@@ -166,6 +166,28 @@ def estimate(model: LayerGraph, cluster: Cluster, config: ParallelConfig, calibr
         memory_per_device_bytes=joined.memory_per_device_bytes,
         breakdown=dataclasses.replace(dense.breakdown, embedding_s=joined.embedding_s),
         embeddings=result.placements, notes=(*dense.notes, note))
+
+
+def estimate_plan(model: LayerGraph, cluster: Cluster, plan: Plan, calibration: Calibrations | None = None
+                  ) -> Estimate:
+    """Re-time ``plan``'s own placement (its stages' layers, devices, replica groups and batch shares, its
+    degrees, schedule, ZeRO stage, recompute, dtype and runtime; :func:`planner.plans.pipeline_spec`) on
+    ``cluster``, which numbers its devices as the plan's did: what the same plan takes on another profile of
+    the devices or the network. Plans of models with embedding tables are refused (their table placement is
+    not re-timed; :func:`estimate` re-shards the tables of a configuration)."""
+    check_inputs(model, cluster, None)
+    arguments.instance(plan, Plan, "plan", "give a planner.plans.Plan, e.g. planner.plans.load_plan('PLAN.json')")
+    if plan.embeddings or sparse_tables(model):
+        raise ConfigError("plan: re-timing a plan's embedding-table placement is not supported; estimate its "
+                          "configuration instead (--tp/--pp/--dp and the other flags; the tables are sharded again)")
+    planned = plan.model.get("params")
+    if isinstance(planned, (int, float)) and planned != model.params:
+        raise ConfigError(f"plan: it was made for a model of {planned:,} parameters ({plan.model.get('name', '?')}), "
+                          f"not {model.params:,} ({model.name}); give the model the plan was made for")
+    if plan.cluster.get("num_devices", cluster.num_devices) > cluster.num_devices:
+        raise ConfigError(f"plan: it places {plan.cluster['num_devices']} devices' worth of a cluster, --cluster has "
+                          f"{cluster.num_devices}; give a cluster with the plan's device numbering")
+    return estimate_pipeline(model, cluster, pipeline_spec(plan), calibration)
 
 
 def with_tables(plan: Plan, dense: Estimate, tables: EmbeddingResult) -> Plan:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from functools import lru_cache
 from importlib import resources
 from typing import Any
@@ -24,7 +24,8 @@ from planner.errors import PlannerError
 from planner.hardware.documents import MAX_JSON_BYTES, expand_ranges, load_json, non_finite, read_input
 from planner.rules import INTERLEAVED
 from planner.runtime import DEFAULT_RUNTIME, get_runtime
-from planner.types import Batching, Cluster, LayerGraph
+from planner.hardware.fp8 import cost_dtype
+from planner.types import Batching, Cluster, LayerGraph, PipelineSpec, ReplicaSpec, StageSpec
 
 SCHEMA_VERSION = 1
 
@@ -214,6 +215,45 @@ def load_plan(path: str) -> Plan:
         return Plan.from_json(text)
     except PlannerError as exc:
         raise PlannerError(f"{path}: {exc}") from None
+
+
+def pipeline_spec(plan: Plan, recompute: str | None = None) -> PipelineSpec:
+    """The PipelineSpec of ``plan``'s placement, as the cost model times it: one StageSpec per pipeline stage,
+    its replica groups as listed (a stage without ``replicas`` is one group), the plan's degrees, schedule,
+    ZeRO stage, dtype and runtime. ``recompute``: the mode of the spec (None: the plan's, which every stage
+    must share; :func:`planner.report.gantt.plan_pipeline_specs` gives one spec per mode of a hand-mixed plan).
+    Plans that list interleaved model chunks (``pp x vpp`` stages, chunk k on the devices of chunk k mod pp)
+    are folded to ``pp`` stages of the same number of layers each, the cost model's view of an interleaved
+    pipeline (it times a stage's chunks as equal parts)."""
+    stages = list(plan.stages)
+    modes = sorted({s.recompute for s in stages})
+    if recompute is None and len(modes) > 1:
+        raise PlannerError(f"plan: its stages use the recompute modes {', '.join(modes)}; the cost model times one "
+                           "mode per plan; set every stage's 'recompute' to one of them")
+    vpp = max(plan.vpp, 1)
+    if vpp > 1 and len(stages) % vpp == 0 and len(stages) > 1 and \
+            stages[0].devices == stages[len(stages) // vpp].devices:
+        pp = len(stages) // vpp
+        sizes = [sum(c.last_layer - c.first_layer + 1 for c in stages[s::pp]) for s in range(pp)]
+        firsts = [sum(sizes[:s]) for s in range(pp)]
+        stages = [replace(stages[s], first_layer=firsts[s], last_layer=firsts[s] + sizes[s] - 1) for s in range(pp)]
+    groups = [s.replicas or (ReplicaPlan(s.device_type, s.devices, s.tp, s.dp, 1.0, s.memory_bytes_per_device,
+                                         s.time_s, s.cp, s.ep, s.expert_tp),) for s in stages]
+    eps = {r.ep for g in groups for r in g}
+    expert_tps = {r.expert_tp for g in groups for r in g if r.expert_tp != r.tp}
+    if len(eps) > 1 or len(expert_tps) > 1:
+        raise PlannerError(f"plan: its replica groups use ep {sorted(eps)} and expert_tp "
+                           f"{sorted({r.expert_tp for g in groups for r in g})}; the cost model times one "
+                           "expert-parallel degree per plan and one expert tp (or each group's tp)")
+    spec_stages = tuple(StageSpec(first_layer=s.first_layer, last_layer=s.last_layer,
+                                  replicas=tuple(ReplicaSpec(devices=tuple(r.devices), tp=r.tp, dp=r.dp,
+                                                             batch_share=r.batch_share, cp=r.cp) for r in g))
+                        for s, g in zip(stages, groups))
+    return PipelineSpec(stages=spec_stages, global_batch=plan.global_batch, micro_batch=plan.micro_batch, vpp=vpp,
+                        zero=plan.zero, recompute=recompute or modes[0], sequence_parallel=plan.sequence_parallel,
+                        schedule=plan.schedule, optimizer=plan.optimizer,
+                        dtype=cost_dtype(plan.dtype, plan.fp8_recipe), runtime=plan.runtime,
+                        ep=eps.pop() if eps else 1, expert_tp=expert_tps.pop() if expert_tps else 0)
 
 
 def moe_summary(model: LayerGraph) -> dict[str, Any]:

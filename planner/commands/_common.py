@@ -88,10 +88,10 @@ def non_negative_int(text: str) -> int:
     return value
 
 
-def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
+def add_cluster_flags(parser: argparse.ArgumentParser, global_batch_required: bool = True) -> None:
     parser.add_argument("--cluster", required=True,
                         help="a cluster file (YAML/JSON) or a shorthand NODE*COUNT[+NODE*COUNT...]")
-    parser.add_argument("--global-batch", type=global_batch_arg, required=True, metavar="N",
+    parser.add_argument("--global-batch", type=global_batch_arg, required=global_batch_required, metavar="N",
                         help="samples per iteration")
     parser.add_argument("--tables", metavar="FILE",
                         help='embedding-table statistics, JSON/YAML {"tables": [{"name","rows","dim","pooling_factor"}]}')
@@ -128,7 +128,7 @@ def add_config_flags(parser: argparse.ArgumentParser, required: bool = False) ->
                              "(default: estimate turns it on when tp > 1, plan searches both; "
                              "--no-sequence-parallel keeps it off)")
     parser.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule")
-    parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adam")
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, help=f"optimizer (default: {ParallelConfig.optimizer})")
     parser.add_argument("--runtime", choices=RUNTIME_NAMES,
                         help=f"training stack, which bounds ZeRO, interleaving and overlap (default: "
                              f"{DEFAULT_RUNTIME}; with 'plan --format' the format's framework: {_IMPLIED})")
@@ -163,7 +163,7 @@ def config_from_args(args: argparse.Namespace, defaults_to_one: bool = True) -> 
         recompute=args.recompute,
         sequence_parallel=args.sequence_parallel,
         schedule=args.schedule,
-        optimizer=args.optimizer,
+        optimizer=args.optimizer if args.optimizer is not None else ParallelConfig.optimizer,
         dtype=args.dtype,
         runtime=args.runtime,
         fp8_recipe=args.fp8_recipe,

@@ -11,6 +11,7 @@ from planner.commands._common import (add_cluster_flags, add_config_flags, add_j
                                       config_from_args, emit_json, parse_dims, positive_int,
                                       solver_options_from_args, tables_from_args)
 from planner.commands._common import add_allow_unknown_ops_flag
+from planner.errors import ConfigError
 from planner.types import Batching, Estimate, LayerGraph, MemoryBreakdown
 from planner.units import GIB
 
@@ -19,9 +20,13 @@ HELP = "predict the iteration time, throughput and memory of one parallel config
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL", help="an ONNX file")
-    add_cluster_flags(parser)
+    add_cluster_flags(parser, global_batch_required=False)
     add_allow_unknown_ops_flag(parser)
-    add_config_flags(parser, required=True)
+    parser.add_argument("--plan", metavar="PLAN.json",
+                        help="re-time this plan file's own placement (stages, devices, replica groups, degrees) on "
+                             "--cluster instead of a configuration: what the same plan takes on another profile of "
+                             "the devices or the network; replaces --global-batch and the configuration flags")
+    add_config_flags(parser)
     for end in ("first", "last"):  # Megatron-Core's uneven pipeline (planner.rules.stage_blocks)
         parser.add_argument(f"--{end}-stage-layers", type=positive_int,
                             help=f"transformer layers of the {end} pipeline stage (Megatron-Core's "
@@ -96,16 +101,44 @@ def _print_table(model: LayerGraph, estimate: Estimate) -> None:
         out.write(f"note: {note}\n")
 
 
+# what a plan file fixes: none of these may come with --plan
+_PLAN_FIXES = ("global_batch", "tp", "pp", "dp", "cp", "micro_batch", "vpp", "zero", "recompute", "sequence_parallel",
+               "schedule", "optimizer", "runtime", "dtype", "fp8_recipe", "ep", "expert_tp", "first_stage_layers",
+               "last_stage_layers", "tables", "workload")
+
+
+def _flags(names: list[str]) -> str:
+    return " ".join("--" + name.replace("_", "-") for name in names)
+
+
 def run(args: argparse.Namespace) -> int:
-    from planner.compose import estimate
+    from planner.compose import estimate, estimate_plan
     from planner.graph import load_model
     from planner.hardware import load_cluster
+    from planner.plans import load_plan
 
-    config = config_from_args(args)
-    options = solver_options_from_args(args)  # a bad option fails before any work
+    if args.plan is not None:
+        given = [flag for flag in _PLAN_FIXES if getattr(args, flag) is not None]
+        if given:
+            raise ConfigError(f"--plan fixes the configuration; drop {_flags(given)} (or drop --plan to estimate a "
+                              "configuration)")
+        plan = load_plan(args.plan)
+    else:
+        missing = [flag for flag in ("global_batch", "tp", "pp", "dp") if getattr(args, flag) is None]
+        if missing:
+            raise ConfigError(f"estimate needs {_flags(missing)} (a configuration), or --plan PLAN.json (a plan "
+                              "file's placement)")
+        config = config_from_args(args)
+        options = solver_options_from_args(args)  # a bad option fails before any work
     cluster = load_cluster(args.cluster)
     model = load_model(args.model, parse_dims(args.dim), allow_unknown_ops=args.allow_unknown_ops)
-    result = estimate(model, cluster, config, tables=tables_from_args(args), options=options)
+    if args.plan is None:
+        result = estimate(model, cluster, config, tables=tables_from_args(args), options=options)
+    else:
+        try:
+            result = estimate_plan(model, cluster, plan)
+        except ConfigError as exc:
+            raise ConfigError(f"{args.plan}: {exc}") from None
     if args.json:
         emit_json(estimate_document(model, result))
     else:

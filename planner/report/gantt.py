@@ -7,17 +7,14 @@ forward, backward and point-to-point sends coloured) and memory per device by ki
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
 from planner.errors import ConfigError
-from planner.hardware.fp8 import cost_dtype
-from planner.plans import Plan
+from planner.plans import Plan, pipeline_spec
 from planner.report._figure import check_path, pyplot, save
 from planner.units import GIB
-from planner.types import (Cluster, LayerGraph, MemoryBreakdown, PipelineSpec, ReplicaSpec,
-                           StageEstimate, StageSpec)
+from planner.types import Cluster, LayerGraph, MemoryBreakdown, PipelineSpec, StageEstimate
 
 KIND_COLOURS = {"forward": "tab:blue", "backward": "tab:orange", "send": "tab:grey"}
 MEMORY_KINDS = (("weights_bytes", "weights", "tab:blue"), ("gradients_bytes", "gradients", "tab:orange"),
@@ -116,29 +113,8 @@ def draw_memory(ax: Any, stages_memory: Sequence[tuple[str, MemoryBreakdown]],
 def plan_pipeline_specs(plan: Plan) -> dict[str, PipelineSpec]:
     """The PipelineSpec a Plan was estimated with, one per recompute mode its stages use (a PipelineSpec has
     one mode; the cost model times and sizes each stage from its own layers, so stage ``s`` is read from the
-    spec of its own mode). One StageSpec per pipeline stage, its replica groups as listed (a stage without
-    ``replicas`` is one group). Plans that list interleaved model chunks (``pp x vpp`` stages, chunk k on the
-    devices of chunk k mod pp) are folded to ``pp`` stages of the same number of layers each, the cost
-    model's view of an interleaved pipeline (it times a stage's chunks as equal parts)."""
-    stages = list(plan.stages)
-    vpp = max(plan.vpp, 1)
-    if vpp > 1 and len(stages) % vpp == 0 and len(stages) > 1 and \
-            stages[0].devices == stages[len(stages) // vpp].devices:
-        pp = len(stages) // vpp
-        sizes = [sum(c.last_layer - c.first_layer + 1 for c in stages[s::pp]) for s in range(pp)]
-        firsts = [sum(sizes[:s]) for s in range(pp)]
-        stages = [replace(stages[s], first_layer=firsts[s], last_layer=firsts[s] + sizes[s] - 1) for s in range(pp)]
-    spec_stages = tuple(
-        StageSpec(first_layer=s.first_layer, last_layer=s.last_layer,
-                  replicas=tuple(ReplicaSpec(devices=tuple(r.devices), tp=r.tp, dp=r.dp, batch_share=r.batch_share)
-                                 for r in s.replicas)
-                  or (ReplicaSpec(devices=tuple(s.devices), tp=s.tp, dp=s.dp),))
-        for s in stages)
-    return {mode: PipelineSpec(stages=spec_stages, global_batch=plan.global_batch, micro_batch=plan.micro_batch,
-                               vpp=vpp, zero=plan.zero, recompute=mode, sequence_parallel=plan.sequence_parallel,
-                               schedule=plan.schedule, optimizer=plan.optimizer,
-                               dtype=cost_dtype(plan.dtype, plan.fp8_recipe), runtime=plan.runtime)
-            for mode in sorted({s.recompute for s in stages})}
+    spec of its own mode): :func:`planner.plans.pipeline_spec` for each."""
+    return {mode: pipeline_spec(plan, mode) for mode in sorted({s.recompute for s in plan.stages})}
 
 
 def plan_stage_estimates(plan: Plan, model: LayerGraph, cluster: Cluster) -> tuple[StageEstimate, ...]:

@@ -1,0 +1,96 @@
+"""`planner estimate --plan` and `planner.estimate_plan`: a plan file's own placement re-timed, equal to the
+plan's time on the cluster it was made for, slower on a slower network; misuse exits 2 with one line."""
+
+import json
+
+import pytest
+
+import planner
+from planner.builders import build, save
+from planner.cli import main
+from planner.graph import import_model_proto
+from planner.plans import load_plan
+
+MIXED = "dgx-a100-80gb*1+hgx-v100-32gb*1"
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    """A GPT model file, its graph, and plans (one per case) written to files."""
+    root = tmp_path_factory.mktemp("estimate_plan")
+    proto = build("gpt", {"layers": 6, "hidden": 1024, "heads": 16, "vocab": 32000, "seq_len": 512})
+    save(proto, str(root / "gpt.onnx"))
+    model = import_model_proto(proto, {"batch": 1, "seq": 512}, name="gpt")
+    plans = {
+        "mixed": planner.plan(model, planner.load_cluster(MIXED), 64),
+        "pipeline": planner.plan(model, planner.load_cluster("dgx-a100-80gb*2"), 64,
+                                 pinned=planner.ParallelConfig(global_batch=64, tp=2, pp=2, dp=4, vpp=2)),
+    }
+    paths = {}
+    for name, plan in plans.items():
+        paths[name] = root / f"{name}.json"
+        paths[name].write_text(plan.to_json())
+    slow = root / "slow.yaml"
+    slow.write_text("name: slow\ngroups:\n  - {node: dgx-a100-80gb, count: 2, inter_node_bandwidth_GBps: 5}\n")
+    return root, model, plans, paths, slow
+
+
+@pytest.mark.parametrize("case,cluster", [("mixed", MIXED), ("pipeline", "dgx-a100-80gb*2")])
+def test_a_plan_re_times_to_its_own_time(made, case, cluster):
+    _, model, plans, paths, _ = made
+    plan = load_plan(str(paths[case]))
+    estimate = planner.estimate_plan(model, planner.load_cluster(cluster), plan)
+    assert estimate.feasible
+    assert estimate.iteration_time_s == pytest.approx(plans[case].iteration_time_s, rel=1e-9)
+    assert [(s.first_layer, s.last_layer, s.devices) for s in estimate.stages] == \
+        [(s.first_layer, s.last_layer, s.devices) for s in plans[case].stages]
+
+
+def test_the_same_plan_on_a_slower_network_takes_longer(made, capsys):
+    root, _, plans, paths, slow = made
+    assert main(["estimate", str(root / "gpt.onnx"), "--cluster", str(slow), "--plan", str(paths["pipeline"]),
+                 "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["iteration_time_s"] > plans["pipeline"].iteration_time_s
+    assert document["config"]["pp"] == 2 and document["config"]["vpp"] == 2
+
+
+@pytest.mark.parametrize("extra,needles", [
+    (["--tp", "2"], ["--plan fixes the configuration", "drop --tp"]),
+    (["--global-batch", "64", "--optimizer", "sgd"], ["drop --global-batch --optimizer"]),
+])
+def test_configuration_flags_with_a_plan_exit_2(made, capsys, extra, needles):
+    root, _, _, paths, _ = made
+    code = main(["estimate", str(root / "gpt.onnx"), "--cluster", "dgx-a100-80gb*2", "--plan", str(paths["pipeline"]),
+                 *extra])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert all(needle in err[0] for needle in needles)
+
+
+def test_estimate_without_a_configuration_or_a_plan_names_both(made, capsys):
+    root, *_ = made
+    code = main(["estimate", str(root / "gpt.onnx"), "--cluster", "dgx-a100-80gb*2", "--tp", "2"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "--global-batch --pp --dp" in err[0] and "--plan PLAN.json" in err[0]
+
+
+def test_a_plan_for_another_model_or_a_smaller_cluster_is_refused(made, capsys, tmp_path):
+    root, _, _, paths, _ = made
+    other = tmp_path / "other.onnx"
+    save(build("gpt", {"layers": 4, "hidden": 1024, "heads": 16, "vocab": 32000, "seq_len": 512}), str(other))
+    code = main(["estimate", str(other), "--cluster", "dgx-a100-80gb*2", "--plan", str(paths["pipeline"])])
+    err = capsys.readouterr().err
+    assert code == 2 and str(paths["pipeline"]) in err and "give the model the plan was made for" in err
+    code = main(["estimate", str(root / "gpt.onnx"), "--cluster", "dgx-a100-80gb*1", "--plan", str(paths["pipeline"])])
+    err = capsys.readouterr().err
+    assert code == 2 and "16 devices" in err and "--cluster has 8" in err
+
+
+def test_a_plan_with_embedding_tables_is_refused():
+    model = planner.load_model("models/dlrm-criteo.onnx")
+    cluster = planner.load_cluster("dgx-a100-80gb*1")
+    plan = planner.plan(model, cluster, 4096)
+    with pytest.raises(planner.ConfigError, match="embedding-table placement is not supported"):
+        planner.estimate_plan(model, cluster, plan)
