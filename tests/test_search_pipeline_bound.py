@@ -6,18 +6,18 @@ import numpy as np
 import pytest
 
 from planner.cost import simulate_pipeline
-from planner.search.backend import bound_matrices, handoff_cycles, segment_sums
+from planner.search.backend import FIRST, HANDOFFS, bound_matrices, handoff_cycles, segment_sums
 from planner.search.partition import score
 
 
-def one_layer_stages(f, b, c, m, vpp=1):
+def one_layer_stages(f, b, c, m, vpp=1, exposure=FIRST):
     """The bound of P stages holding one layer each, stage k taking f[k], b[k] and sending in c[k]."""
     P = len(f)
     full = [segment_sums(np.full(P, x)) for x in f], [segment_sums(np.full(P, x)) for x in b]
     sends = [np.full(P, c[k]) if k + 1 < P or vpp > 1 else None for k in range(P)]
     fits = [np.ones((P, P), dtype=bool)] * P
     tails = [np.zeros((P, P))] + [None] * (P - 1)
-    S, G = bound_matrices(*full, sends, fits, tails, m, vpp)
+    S, G = bound_matrices(*full, sends, fits, tails, m, vpp, exposure)
     return score(S, G, tuple(range(P)))[0]
 
 
@@ -33,15 +33,19 @@ def test_bound_never_exceeds_the_simulated_pipeline(seed):
     links = c if vpp > 1 else np.append(c[:-1], 0.0)
     schedule = "interleaved" if vpp > 1 else "1f1b"
     simulated = simulate_pipeline(f, b, m, schedule, vpp, links, record_events=False).iteration_time_s
-    assert one_layer_stages(f, b, c, m, vpp) <= simulated * (1 + 1e-12)
+    for exposure in (FIRST, HANDOFFS):
+        assert one_layer_stages(f, b, c, m, vpp, exposure) <= simulated * (1 + 1e-12)
 
 
 def test_slow_link_bounds_the_steady_state():
     """Two stages, f 1, b 2, a 5 s link, 9 micro-batches: the simulation takes (m + 1)(f + b + c) = 80 s;
     the bound counts the fill (2 (f + b) + 2c = 16) and four hand-off cycles of 2c + f + b on one side
-    (52), where the link-blind bound had (m - 1) b + (m - 2) f = 23."""
+    (52), where the link-blind bound had (m - 1) b + (m - 2) f = 23; with both sides, all of it."""
     assert simulate_pipeline([1, 1], [2, 2], 9, "1f1b", 1, [5, 0], record_events=False).iteration_time_s == 80
     assert one_layer_stages([1.0, 1.0], [2.0, 2.0], [5.0, 0.0], 9) == pytest.approx(68.0)
+    # half on the largest G (52), half on the mean of the links' whole chains, both stages' f + b in each
+    # cycle (here one link: 64, and 16 + 64 is the simulation's 80)
+    assert one_layer_stages([1.0, 1.0], [2.0, 2.0], [5.0, 0.0], 9, exposure=HANDOFFS) == pytest.approx(74.0)
 
 
 def test_slow_link_bounds_the_interleaved_steady_state():

@@ -47,8 +47,18 @@ T >= pipeline + r_k - d_k for every k, and for weights w_k >= 0 summing to one
 
 again a sum over stages. w = (1, 0, ..., 0) (``FIRST``) is the bound above; equal weights (``MEAN``) count
 the mean of the stages' synchronisations, which binds when slow links make it longer than a micro-batch. The
-search takes the larger of the two optima (:data:`EXPOSURES`). The subtraction needs b_k at least the cost
-model's, so ZeRO-3 (whose b_k here is a lower bound) uses ``FIRST`` alone.
+subtraction needs b_k at least the cost model's, so ZeRO-3 (whose b_k here is a lower bound) leaves ``MEAN`` out.
+
+The whole hand-off chain of a link, both neighbours' f + b in it, is not a G of one segment, but the mean of
+the links' chains is a sum over stages: max over the chains >= their mean, so with H_k the chain of link k
+entered at stage k (G'_k above, n_k = 0 where the link has no steady state, the chain then stage k's own)
+
+    T >= sum_k S_k + theta max_k G_k + ((1 - theta) / (P - 1)) sum_{k<P-1} H_k + r_0   (0 <= theta <= 1),
+
+each H_k split into its stage-k part and n_k (f_{k+1} + b_{k+1}) / V, both added to the S of their stage
+(``HANDOFFS``, theta = 1/2: with theta = 0 a partition could lower the mean by giving one stage all the work).
+Over slow links, where every link's chain binds and the stages are balanced, the mean is the largest. The search takes the largest optimum of the weightings the settings allow
+(:data:`EXPOSURES`).
 """
 
 from __future__ import annotations
@@ -64,7 +74,11 @@ from planner.types import Estimate, PipelineSpec
 
 FIRST = "first"  # stage 0's synchronisation alone
 MEAN = "mean"  # the stages' mean
-EXPOSURES = (FIRST, MEAN)
+HANDOFFS = "handoffs"  # stage 0's synchronisation, and the mean of the links' hand-off chains in place of G
+EXPOSURES = (FIRST, MEAN, HANDOFFS)
+# HANDOFFS: the weight of the largest G against the mean of the links' chains (any value in [0, 1] is a bound;
+# half keeps a partition from lowering the mean by making one stage carry the work)
+_LARGEST_G_SHARE = 0.5
 
 
 @dataclass(frozen=True, eq=False)
@@ -177,7 +191,7 @@ def _handoff_g(f: np.ndarray, b: np.ndarray, c: np.ndarray, m: int, vpp: int, wa
 
 def exposure_weights(exposure: str, num_stages: int) -> np.ndarray:
     """The weights w_k of the synchronisation term (module docstring) for ``exposure`` in :data:`EXPOSURES`."""
-    if exposure == FIRST:
+    if exposure in (FIRST, HANDOFFS):
         return np.eye(1, num_stages).ravel()
     return np.full(num_stages, 1.0 / num_stages)
 
@@ -216,6 +230,13 @@ def bound_matrices(forward: list[np.ndarray], backward: list[np.ndarray], p2p: l
         if k > 0 and cycles[k - 1][0] > 0:
             incoming = np.concatenate(([0.0], np.asarray(p2p[k - 1])[:-1]))[:, None]  # sent after layer i - 1
             g = np.maximum(g, _handoff_g(f, b, incoming, m, vpp, warm[k], cycles[k - 1]))
+        if exposure == HANDOFFS and P > 1:  # this stage's parts of the mean of the links' chains
+            share = (1.0 - _LARGEST_G_SHARE) / (P - 1)
+            if k + 1 < P:
+                s = s + share * _handoff_g(f, b, np.asarray(p2p[k])[None, :], m, vpp, warm[k], cycles[k])
+            if k > 0:
+                s = s + share * cycles[k - 1][0] * (f + b) / vpp
+            g = _LARGEST_G_SHARE * g
         ok = fits[k] & np.isfinite(s)
         S[k] = np.where(ok, s, np.inf)
         G[k] = np.where(ok, g, np.inf)

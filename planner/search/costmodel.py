@@ -27,8 +27,8 @@ from planner.cost.moe import ep_group_devices, expert_dp, resolved_expert_tp
 from planner.hardware.cluster import locate
 from planner.hardware.collectives import CommGroup, p2p_time_s
 from planner.runtime import get_runtime
-from planner.search.backend import (EXPOSURES, FIRST, LayerTable, bound_matrices, exposure_weights, segment_max,
-                                    segment_sums)
+from planner.search.backend import (EXPOSURES, FIRST, MEAN, LayerTable, bound_matrices, exposure_weights,
+                                    segment_max, segment_sums)
 from planner.search.space import Layout, Settings, StageOption
 from planner.search.tables import allocate
 from planner.types import Cluster, Estimate, LayerGraph, PipelineSpec
@@ -155,7 +155,7 @@ class CostModelBackend:
 
     def exposures(self, settings: Settings) -> tuple[str, ...]:
         # ZeRO-3's backward here is a lower bound of the cost model's, so no stage's head start is subtracted
-        return (FIRST,) if settings.zero == 3 else EXPOSURES
+        return tuple(e for e in EXPOSURES if e != MEAN) if settings.zero == 3 else EXPOSURES
 
     def stage_matrices(self, layout: Layout, settings: Settings, global_batch: int, exposure: str = FIRST
                        ) -> tuple[np.ndarray, np.ndarray]:
