@@ -94,3 +94,20 @@ def test_a_plan_with_embedding_tables_is_refused():
     plan = planner.plan(model, cluster, 4096)
     with pytest.raises(planner.ConfigError, match="embedding-table placement is not supported"):
         planner.estimate_plan(model, cluster, plan)
+
+
+def test_expert_and_context_parallel_plans_re_time_to_their_own_time():
+    """ep and an expert tp other than tp (a mixture of experts), and cp (a long sequence), carried over."""
+    cluster = planner.load_cluster("dgx-h100*2")
+    cases = [("moe", {"layers": 2, "hidden": 1024, "heads": 8, "experts": 8, "top_k": 2, "vocab": 32000,
+                      "seq_len": 1024}, 1024, 64, {"ep": 8, "tp": 2}),
+             ("llama", {"layers": 4, "hidden": 1024, "heads": 8, "vocab": 32000, "seq_len": 16384}, 16384, 16,
+              {"cp": 2})]
+    for family, params, seq, global_batch, pins in cases:
+        model = import_model_proto(build(family, params), {"batch": 1, "seq": seq}, name=family)
+        pinned = planner.ParallelConfig(global_batch=global_batch, **{"tp": 0, "pp": 0, "dp": 0, **pins})
+        plan = planner.Plan.from_json(planner.plan(model, cluster, global_batch, pinned=pinned).to_json())
+        stage = plan.stages[0]
+        assert (stage.ep, stage.expert_tp, stage.tp) == (8, 1, 2) if family == "moe" else stage.cp == 2
+        estimate = planner.estimate_plan(model, cluster, plan)
+        assert estimate.iteration_time_s == pytest.approx(plan.iteration_time_s, rel=1e-9)
