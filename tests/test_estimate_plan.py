@@ -85,7 +85,7 @@ def test_a_plan_for_another_model_or_a_smaller_cluster_is_refused(made, capsys, 
     assert code == 2 and str(paths["pipeline"]) in err and "give the model the plan was made for" in err
     code = main(["estimate", str(root / "gpt.onnx"), "--cluster", "dgx-a100-80gb*1", "--plan", str(paths["pipeline"])])
     err = capsys.readouterr().err
-    assert code == 2 and "16 devices" in err and "--cluster has 8" in err
+    assert code == 2 and "16 devices" in err and "the cluster has 8" in err
 
 
 def test_a_plan_with_embedding_tables_is_refused():
@@ -111,3 +111,37 @@ def test_expert_and_context_parallel_plans_re_time_to_their_own_time():
         assert (stage.ep, stage.expert_tp, stage.tp) == (8, 1, 2) if family == "moe" else stage.cp == 2
         estimate = planner.estimate_plan(model, cluster, plan)
         assert estimate.iteration_time_s == pytest.approx(plan.iteration_time_s, rel=1e-9)
+
+
+def test_whatif_re_times_a_fixed_plan_at_every_point(made):
+    """``whatif --plan``: the plan's placement at each point, slower on the slower network; a point whose
+    cluster lacks the plan's devices is an infeasible row saying so."""
+    root, _, plans, paths, _ = made
+    plan = load_plan(str(paths["pipeline"]))
+    result = planner.whatif(str(root / "gpt.onnx"), "dgx-a100-80gb*2", 64,
+                            {"inter_node_bandwidth_GBps": ["5", "100"], "count": ["1", "2"]},
+                            dims={"seq": 512}, plan=plan, workers=1)
+    small5, full5, small100, full100 = result.points
+    assert not small5.feasible and "the cluster has 8" in small5.reason
+    assert full5.feasible and full100.feasible and full5.iteration_time_s > full100.iteration_time_s
+    assert full100.pp == 2 and full100.proven_optimal is None and full100.lower_bound_s is None
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"pinned": planner.ParallelConfig(global_batch=64, tp=2, pp=0, dp=0)}, "drop the pinned configuration"),
+    ({"sweeps": {"global_batch": ["32", "64"]}}, "--sweep global_batch"),
+    ({"global_batch": 32}, "its global batch is 64"),
+])
+def test_whatif_with_a_plan_refuses_what_contradicts_it(made, kwargs, needle):
+    root, _, _, paths, _ = made
+    arguments = {"global_batch": 64, "sweeps": {"inter_node_bandwidth_GBps": ["5"]}, **kwargs}
+    with pytest.raises(planner.ConfigError, match=needle):
+        planner.whatif(str(root / "gpt.onnx"), "dgx-a100-80gb*2", arguments.pop("global_batch"),
+                       arguments.pop("sweeps"), plan=load_plan(str(paths["pipeline"])), workers=1, **arguments)
+
+
+def test_whatif_needs_a_global_batch_or_a_plan(made, capsys):
+    root, *_ = made
+    code = main(["whatif", str(root / "gpt.onnx"), "--cluster", "dgx-a100-80gb*2", "--sweep", "count=1,2"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--global-batch N (or --plan PLAN.json" in err[0]

@@ -28,7 +28,10 @@ def _keys_help() -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL", help="ONNX model file")
-    add_cluster_flags(parser)
+    add_cluster_flags(parser, global_batch_required=False)
+    parser.add_argument("--plan", metavar="PLAN.json",
+                        help="re-time this plan file's own placement at every point instead of re-planning: what "
+                             "the same plan takes on the changed cluster (its global batch; no pins or tables)")
     add_config_flags(parser, required=False)
     parser.add_argument("--sweep", action="append", required=True, metavar="KEY=V1,V2,...",
                         help="values to try (repeat for a grid; the first key varies slowest). Keys: "
@@ -76,13 +79,22 @@ def run(args: argparse.Namespace) -> int:
     parse_sweeps(sweeps)  # unknown keys and bad values fail before the model or the cluster is read
     options = solver_options_from_args(args)
     _check_outputs(args)
+    plan = None
+    if args.plan is not None:
+        from planner.plans import load_plan  # noqa: PLC0415
+
+        plan = load_plan(args.plan)
+        if args.global_batch is None:
+            args.global_batch = plan.global_batch
+    elif args.global_batch is None:
+        raise ConfigError("whatif needs --global-batch N (or --plan PLAN.json, whose global batch it takes)")
     bar = terminal_bar("whatif")
     try:
         result = whatif(args.model, args.cluster, args.global_batch, sweeps, dims=parse_dims(args.dim),
                         pinned=_pinned(args), tables=tables_from_args(args), workers=args.workers,
                         backend=args.backend, time_limit_s=args.time_limit,
                         progress=bar.count if bar is not None else None, budget=args.budget,
-                        options=options)
+                        options=options, plan=plan)
     finally:
         if bar is not None:
             bar.close()

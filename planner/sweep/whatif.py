@@ -31,7 +31,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from planner import arguments
 from planner.errors import ConfigError, ModelError, PlannerError
-from planner.plans import Plan
+from planner.plans import Plan, SearchInfo
 from planner.solver import SolverOptions
 from planner.sweep.keys import SEQ_DIM, PointInputs, Value, check_groups, parse_sweeps, point_inputs
 from planner.sweep.runner import Progress, default_workers, run_tasks
@@ -188,6 +188,7 @@ class PointTask:
     time_limit_s: float | None = None
     budget: int | None = None
     options: SolverOptions | None = None
+    plan: Plan | None = None  # re-time this plan's placement at the point instead of planning
 
 
 @functools.lru_cache(maxsize=8)
@@ -297,6 +298,8 @@ def _evaluate(task: PointTask) -> WhatIfPoint:
         raise
     inputs = replace(inputs, cluster=_shared_nodes(inputs.cluster))
     seq_len = dict(model.dims).get(SEQ_DIM, dims.get(SEQ_DIM))
+    if task.plan is not None:
+        return _retimed(task.plan, model, inputs, seq_len)
     pinned = task.pinned
     if isinstance(pinned, ParallelConfig):
         pinned = replace(pinned, global_batch=inputs.global_batch)
@@ -310,6 +313,24 @@ def _evaluate(task: PointTask) -> WhatIfPoint:
     return summarize(inputs.settings, best, inputs.cluster, inputs.global_batch, seq_len)
 
 
+def _retimed(plan: Plan, model: LayerGraph, inputs: PointInputs, seq_len: int | None) -> WhatIfPoint:
+    """A point of a fixed plan: its own placement re-timed on the point's cluster (not searched, so neither
+    proven optimal nor bounded); infeasible where the placement does not fit or does not exist there."""
+    from planner.compose import estimate_plan  # noqa: PLC0415
+
+    try:
+        estimate = estimate_plan(model, inputs.cluster, plan)
+    except PlannerError as exc:
+        return infeasible(inputs, " ".join(str(exc).split()), seq_len)
+    if not estimate.feasible:
+        return infeasible(inputs, estimate.reason, seq_len)
+    retimed = replace(plan, iteration_time_s=estimate.iteration_time_s,
+                      throughput_samples_per_s=estimate.throughput_samples_per_s,
+                      search=SearchInfo(algorithm="the plan's placement re-timed"))
+    point = summarize(inputs.settings, retimed, inputs.cluster, plan.global_batch, seq_len)
+    return replace(point, proven_optimal=None, lower_bound_s=None)
+
+
 # ------------------------------------------------------------------------------------------ the sweep
 
 
@@ -317,8 +338,11 @@ def whatif(model_path: str, cluster_spec: str | Cluster, global_batch: int, swee
            *, dims: Mapping[str, int] | None = None, pinned: Any = None, tables: Any = None,
            workers: int | None = None, backend: str = "process", time_limit_s: float | None = None,
            progress: Progress | None = None, budget: int | None = None,
-           options: SolverOptions | None = None) -> WhatIfResult:
-    """Re-plan ``model_path`` at every point of the grid ``sweeps`` (key -> values, first key slowest).
+           options: SolverOptions | None = None, plan: Plan | None = None) -> WhatIfResult:
+    """Re-plan ``model_path`` at every point of the grid ``sweeps`` (key -> values, first key slowest), or with
+    ``plan``, re-time that plan's own placement at every point (:func:`planner.compose.estimate_plan`: what the
+    same plan takes on the changed cluster; ``global_batch`` must be the plan's, and no pins, tables or
+    global-batch sweep go with it).
 
     ``cluster_spec`` is a cluster file, a shorthand or a Cluster. ``pinned`` and ``tables`` go to
     ``planner.search.plan`` unchanged. ``workers`` defaults to min(2, CPUs); ``backend`` is ``"process"``
@@ -338,6 +362,8 @@ def whatif(model_path: str, cluster_spec: str | Cluster, global_batch: int, swee
     if workers is not None:
         workers = arguments.whole(workers, "workers")
     parsed = parse_sweeps(sweeps)
+    if plan is not None:
+        _check_fixed_plan(plan, global_batch, pinned, tables, [s.key.text for s in parsed])
     if not str(model_path).lower().endswith(".onnx"):
         raise ModelError(f"{model_path}: expected an .onnx model file")
     cluster = cluster_spec if isinstance(cluster_spec, Cluster) else load_cluster(cluster_spec)
@@ -346,7 +372,7 @@ def whatif(model_path: str, cluster_spec: str | Cluster, global_batch: int, swee
         from planner.embeddings.tables import given_tables  # noqa: PLC0415 - only with tables
         tables = given_tables(tables) or None
     points = point_inputs(cluster, global_batch, dict(dims or {}), parsed, catalog)
-    tasks = [PointTask(str(model_path), p, pinned, tables, time_limit_s, budget, options) for p in points]
+    tasks = [PointTask(str(model_path), p, pinned, tables, time_limit_s, budget, options, plan) for p in points]
     log.info("whatif: %d points", len(tasks))
     results = run_tasks(evaluate_point, tasks, workers=workers, backend=backend, progress=progress)
     if results and all(p.refused for p in results):  # the pins are the mistake, not the points
@@ -355,3 +381,17 @@ def whatif(model_path: str, cluster_spec: str | Cluster, global_batch: int, swee
     used_workers = workers or (default_workers() if backend == "process" else None)
     return WhatIfResult(points=tuple(results), keys=tuple(s.key.text for s in parsed), model=str(model_path),
                         cluster=name, workers=used_workers, backend=backend, elapsed_s=time.perf_counter() - start)
+
+
+def _check_fixed_plan(plan: Any, global_batch: int, pinned: Any, tables: Any, keys: Sequence[str]) -> None:
+    """Raise ConfigError where the inputs of a fixed-plan sweep contradict the plan."""
+    arguments.instance(plan, Plan, "plan", "give a planner.plans.Plan, e.g. planner.plans.load_plan('PLAN.json')")
+    if pinned is not None or tables is not None:
+        raise ConfigError("plan: a fixed plan is re-timed, not searched; drop the pinned configuration and the "
+                          "tables (or the plan, to re-plan each point)")
+    if global_batch != plan.global_batch:
+        raise ConfigError(f"plan: its global batch is {plan.global_batch}, not {global_batch}; give "
+                          f"--global-batch {plan.global_batch} or leave it out")
+    if "global_batch" in keys:
+        raise ConfigError("--sweep global_batch: a fixed plan has its own global batch; sweep it without --plan "
+                          "(each point re-planned)")
