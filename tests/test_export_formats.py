@@ -55,13 +55,16 @@ MEGATRON_OPTIONS = {
 # "enabled", ZERO_OPTIMIZATION), deepspeed/runtime/zero/config.py ("stage", "overlap_comm", "reduce_bucket_size",
 # "allgather_bucket_size"),
 # deepspeed/runtime/config.py get_pipeline_config ("stages", "partition", "activation_checkpoint_interval",
-# free-form: ours adds "stage_layers"), deepspeed/runtime/tensor_parallel/config.py ("autotp_size").
+# free-form: ours adds "stage_layers"), deepspeed/runtime/tensor_parallel/config.py ("autotp_size"),
+# deepspeed/runtime/activation_checkpointing/config.py (ACT_CHKPT and its six keys).
 DEEPSPEED_KEYS = {
     "train_batch_size": None, "train_micro_batch_size_per_gpu": None, "gradient_accumulation_steps": None,
     "bf16": {"enabled"}, "fp16": {"enabled"},
     "zero_optimization": {"stage", "overlap_comm", "reduce_bucket_size", "allgather_bucket_size"},
     "pipeline": {"stages", "partition", "activation_checkpoint_interval", "stage_layers"},
     "tensor_parallel": {"autotp_size"},
+    "activation_checkpointing": {"partition_activations", "contiguous_memory_optimization", "cpu_checkpointing",
+                                 "number_checkpoints", "synchronize_checkpoint_boundary", "profile"},
 }
 DEEPSPEED_PARTITION_METHODS = {"uniform", "parameters"}  # deepspeed/runtime/pipe/module.py _partition_layers
 
@@ -218,6 +221,18 @@ def test_deepspeed_config():
     assert config["pipeline"]["stages"] == 3 and config["pipeline"]["partition"] in DEEPSPEED_PARTITION_METHODS
     assert config["pipeline"]["activation_checkpoint_interval"] == 1
     assert config["pipeline"]["stage_layers"] == [[0, 3], [4, 6], [7, 9]]
+
+
+def test_deepspeed_config_keeps_full_recompute_without_pipeline_stages():
+    """With one stage there is no pipeline section to carry the recompute: the activation_checkpointing
+    section does, one checkpoint per transformer block; without recompute neither appears."""
+    plan = plan_samples.gpt_plan((10,), tp=1, dp=8, zero=1, recompute="full")
+    config = json.loads(render(plan, "deepspeed"))
+    check_deepspeed(config)
+    assert "pipeline" not in config and config["activation_checkpointing"]["partition_activations"] is False
+    assert config["activation_checkpointing"]["number_checkpoints"] == sum(
+        kind == "block" for stage in plan.stages for kind in stage.layer_kinds)
+    assert "activation_checkpointing" not in deepspeed_config(plan_samples.gpt_plan((10,), tp=1, dp=8))
 
 
 def test_deepspeed_refuses_zero2_with_pipeline_and_interleaving():

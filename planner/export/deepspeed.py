@@ -5,7 +5,9 @@ Key names are those of DeepSpeed's ``deepspeed/runtime/constants.py`` (``train_b
 ``zero_optimization`` with ``stage``, ``overlap_comm``, ``reduce_bucket_size``, ``allgather_bucket_size``:
 ``deepspeed/runtime/zero/config.py``; overlap and bucket size are the deepspeed runtime's),
 ``deepspeed/runtime/config.py:get_pipeline_config`` (the
-``pipeline`` section: ``stages``, ``partition``, ``activation_checkpoint_interval``) and
+``pipeline`` section: ``stages``, ``partition``, ``activation_checkpoint_interval``),
+``deepspeed/runtime/activation_checkpointing/config.py`` (the ``activation_checkpointing`` section, written for
+full recompute without pipeline stages: the model's layers then call ``deepspeed.checkpointing.checkpoint``) and
 ``deepspeed/runtime/tensor_parallel/config.py`` (``tensor_parallel.autotp_size``). The pipeline section is a
 free-form dictionary in DeepSpeed; ours adds ``stage_layers``, the plan's layer range of each stage, for
 building the ``PipelineModule``'s partition.
@@ -66,8 +68,15 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
     }
     if tp > 1:
         config["tensor_parallel"] = {"autotp_size": tp}
+    full = any(s.recompute == "full" for s in plan.stages)
+    if full and pp == 1:
+        # without a PipelineModule to checkpoint every layer, the model's layers call
+        # deepspeed.checkpointing.checkpoint, which this section configures (DeepSpeed's defaults: the plan's
+        # cost keeps each layer's whole input, not partitioned over ranks nor moved to the host)
+        config["activation_checkpointing"] = {
+            "partition_activations": False, "contiguous_memory_optimization": False, "cpu_checkpointing": False,
+            "number_checkpoints": _blocks(plan), "synchronize_checkpoint_boundary": False, "profile": False}
     if pp > 1:
-        full = any(s.recompute == "full" for s in plan.stages)
         even = len({s.last_layer - s.first_layer for s in plan.stages}) == 1
         config["pipeline"] = {
             "stages": pp,
@@ -76,6 +85,13 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
             "stage_layers": [[s.first_layer, s.last_layer] for s in plan.stages],
         }
     return config
+
+
+def _blocks(plan: Plan) -> int | None:
+    """The transformer blocks of the plan (the layers full recompute checkpoints); None when the plan does not
+    name its layers' kinds."""
+    blocks = sum(kind == "block" for stage in plan.stages for kind in stage.layer_kinds)
+    return blocks if blocks > 0 else None
 
 
 def _zero_optimization(plan: Plan) -> dict[str, Any]:
