@@ -184,9 +184,10 @@ def estimate_plan(model: LayerGraph, cluster: Cluster, plan: Plan, calibration: 
     if isinstance(planned, (int, float)) and planned != model.params:
         raise ConfigError(f"plan: it was made for a model of {planned:,} parameters ({plan.model.get('name', '?')}), "
                           f"not {model.params:,} ({model.name}); give the model the plan was made for")
-    if plan.cluster.get("num_devices", cluster.num_devices) > cluster.num_devices:
-        raise ConfigError(f"plan: it places {plan.cluster['num_devices']} devices' worth of a cluster, the cluster "
-                          f"has {cluster.num_devices}; give a cluster with the plan's device numbering")
+    highest = max(plan.devices, default=-1)
+    if highest >= cluster.num_devices:
+        raise ConfigError(f"plan: it uses device {highest}, the cluster has {cluster.num_devices} devices "
+                          f"(0..{cluster.num_devices - 1}); give a cluster with the plan's device numbering")
     return estimate_pipeline(model, cluster, pipeline_spec(plan), calibration)
 
 

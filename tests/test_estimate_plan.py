@@ -85,7 +85,7 @@ def test_a_plan_for_another_model_or_a_smaller_cluster_is_refused(made, capsys, 
     assert code == 2 and str(paths["pipeline"]) in err and "give the model the plan was made for" in err
     code = main(["estimate", str(root / "gpt.onnx"), "--cluster", "dgx-a100-80gb*1", "--plan", str(paths["pipeline"])])
     err = capsys.readouterr().err
-    assert code == 2 and "16 devices" in err and "the cluster has 8" in err
+    assert code == 2 and "uses device 15" in err and "the cluster has 8 devices" in err
 
 
 def test_a_plan_with_embedding_tables_is_refused():
@@ -122,9 +122,13 @@ def test_whatif_re_times_a_fixed_plan_at_every_point(made):
                             {"inter_node_bandwidth_GBps": ["5", "100"], "count": ["1", "2"]},
                             dims={"seq": 512}, plan=plan, workers=1)
     small5, full5, small100, full100 = result.points
-    assert not small5.feasible and "the cluster has 8" in small5.reason
+    assert not small5.feasible and "the cluster has 8 devices" in small5.reason
     assert full5.feasible and full100.feasible and full5.iteration_time_s > full100.iteration_time_s
     assert full100.pp == 2 and full100.proven_optimal is None and full100.lower_bound_s is None
+    # at the cluster the plan was made for (dgx-a100-80gb's own bandwidth), its own time
+    same = planner.whatif(str(root / "gpt.onnx"), "dgx-a100-80gb*2", 64, {"count": ["2"]}, dims={"seq": 512},
+                          plan=plan, workers=1).points[0]
+    assert same.iteration_time_s == pytest.approx(plans["pipeline"].iteration_time_s, rel=1e-9)
 
 
 @pytest.mark.parametrize("kwargs,needle", [
