@@ -149,3 +149,13 @@ def test_whatif_needs_a_global_batch_or_a_plan(made, capsys):
     code = main(["whatif", str(root / "gpt.onnx"), "--cluster", "dgx-a100-80gb*2", "--sweep", "count=1,2"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "--global-batch N (or --plan PLAN.json" in err[0]
+
+
+def test_the_table_gives_each_stage_its_tp_and_dp(made, capsys):
+    root, _, plans, paths, _ = made
+    assert main(["estimate", str(root / "gpt.onnx"), "--cluster", "dgx-a100-80gb*2", "--plan",
+                 str(paths["pipeline"])]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.split()[:4] == ["stage", "layers", "device", "tp"])
+    rows = [line.split() for line in lines[header + 1:header + 3]]
+    assert [(int(r[3]), int(r[4])) for r in rows] == [(s.tp, s.dp) for s in plans["pipeline"].stages]

@@ -83,7 +83,9 @@ def _print_table(model: LayerGraph, estimate: Estimate) -> None:
     cfg = estimate.config
     out = sys.stdout
     out.write(f"model {model.name}: {model.params / 1e9:.2f}B parameters\n")
-    out.write(f"config: tp={cfg.tp} cp={cfg.cp} pp={cfg.pp} dp={cfg.dp} micro-batch={cfg.micro_batch} vpp={cfg.vpp} "
+    tps = sorted({s.tp for s in estimate.stages})  # a mixed plan's stages may each have their own
+    tp = cfg.tp if len(tps) == 1 else "/".join(map(str, tps)) + " (per stage)"
+    out.write(f"config: tp={tp} cp={cfg.cp} pp={cfg.pp} dp={cfg.dp} micro-batch={cfg.micro_batch} vpp={cfg.vpp} "
               f"schedule={cfg.schedule} zero={cfg.zero} recompute={cfg.recompute} "
               f"sequence-parallel={'yes' if cfg.sequence_parallel else 'no'} optimizer={cfg.optimizer} dtype={cfg.dtype} "
               f"{f'fp8-recipe={cfg.fp8_recipe} ' if cfg.fp8_recipe else ''}runtime={cfg.runtime}"
@@ -93,9 +95,10 @@ def _print_table(model: LayerGraph, estimate: Estimate) -> None:
               f"{'fits' if estimate.feasible else 'DOES NOT FIT: ' + estimate.reason}\n")
     parts = estimate.breakdown.to_dict()
     out.write("breakdown: " + ", ".join(f"{k[:-2]} {v:.4f} s" for k, v in parts.items() if v) + "\n")
-    out.write(f"{'stage':>5} {'layers':>9} {'device':>12} {'fwd ms':>9} {'bwd ms':>9} {'mem GiB':>8}\n")
-    for s in estimate.stages:
-        out.write(f"{s.index:>5} {f'{s.first_layer}-{s.last_layer}':>9} {s.device_type:>12} "
+    out.write(f"{'stage':>5} {'layers':>9} {'device':>12} {'tp':>3} {'dp':>4} {'fwd ms':>9} {'bwd ms':>9} "
+              f"{'mem GiB':>8}\n")
+    for s in estimate.stages:  # a stage's own tp and dp: a plan's stages may differ from the config's
+        out.write(f"{s.index:>5} {f'{s.first_layer}-{s.last_layer}':>9} {s.device_type:>12} {s.tp:>3} {s.dp:>4} "
                   f"{s.forward_s * 1e3:>9.2f} {s.backward_s * 1e3:>9.2f} {s.memory.total_bytes / GIB:>8.1f}\n")
     for note in estimate.notes:
         out.write(f"note: {note}\n")
