@@ -26,6 +26,7 @@ pipeline and is planned with it. The estimate and the plan of a model with spars
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -157,29 +158,37 @@ def estimate(model: LayerGraph, cluster: Cluster, config: ParallelConfig, calibr
         result = shard(sparse, cluster, dense, options)
     except InfeasibleError as exc:
         return dataclasses.replace(dense, feasible=False, reason=dense.reason or f"embedding tables: {exc}")
-    joined = join(dense, result)
-    note = (f"{len(sparse)} embedding tables sharded model-parallel over the {len(result.per_device_memory_bytes)} "
-            f"devices ({result.method}, {result.embedding_time_s * 1e3:.3g} ms, lower bound "
-            f"{result.lower_bound_s * 1e3:.3g} ms)")
+    return _with_tables(dense, result, f"{len(sparse)} embedding tables sharded model-parallel over the "
+                                       f"{len(result.per_device_memory_bytes)} devices ({result.method}, "
+                                       f"{result.embedding_time_s * 1e3:.3g} ms, lower bound "
+                                       f"{result.lower_bound_s * 1e3:.3g} ms)")
+
+
+def _with_tables(dense: Estimate, tables: EmbeddingResult, note: str) -> Estimate:
+    """The estimate of ``dense`` with the ``tables`` joined in (:func:`join`), their placement and ``note``."""
+    joined = join(dense, tables)
     return dataclasses.replace(
         dense, iteration_time_s=joined.iteration_time_s, throughput_samples_per_s=joined.throughput_samples_per_s,
         memory_per_device_bytes=joined.memory_per_device_bytes,
         breakdown=dataclasses.replace(dense.breakdown, embedding_s=joined.embedding_s),
-        embeddings=result.placements, notes=(*dense.notes, note))
+        embeddings=tables.placements, notes=(*dense.notes, note))
 
 
-def estimate_plan(model: LayerGraph, cluster: Cluster, plan: Plan, calibration: Calibrations | None = None
-                  ) -> Estimate:
+def estimate_plan(model: LayerGraph, cluster: Cluster, plan: Plan, calibration: Calibrations | None = None,
+                  *, tables: Any = None) -> Estimate:
     """Re-time ``plan``'s own placement (its stages' layers, devices, replica groups and batch shares, its
     degrees, schedule, ZeRO stage, recompute, dtype and runtime; :func:`planner.plans.pipeline_spec`) on
     ``cluster``, which numbers its devices as the plan's did: what the same plan takes on another profile of
-    the devices or the network. Plans of models with embedding tables are refused (their table placement is
-    not re-timed; :func:`estimate` re-shards the tables of a configuration)."""
+    the devices or the network. Sparse tables (the model's, or ``tables`` as :func:`estimate` takes them) keep
+    the plan's placement (:func:`planner.embeddings.retime.retime_placements`), in the memory the dense part
+    leaves; a placement that no longer fits makes the estimate infeasible."""
     check_inputs(model, cluster, None)
     arguments.instance(plan, Plan, "plan", "give a planner.plans.Plan, e.g. planner.plans.load_plan('PLAN.json')")
-    if plan.embeddings or sparse_tables(model):
-        raise ConfigError("plan: re-timing a plan's embedding-table placement is not supported; estimate its "
-                          "configuration instead (--tp/--pp/--dp and the other flags; the tables are sharded again)")
+    sparse = sparse_tables(model, tables)
+    if bool(sparse) != bool(plan.embeddings):
+        raise ConfigError("plan: it places embedding tables and the model has none (give the tables it was made "
+                          "for: --tables FILE)" if plan.embeddings else "plan: the model has embedding tables and "
+                          "the plan places none; give the plan made for these tables")
     planned = plan.model.get("params")
     if isinstance(planned, (int, float)) and planned != model.params:
         raise ConfigError(f"plan: it was made for a model of {planned:,} parameters ({plan.model.get('name', '?')}), "
@@ -188,7 +197,20 @@ def estimate_plan(model: LayerGraph, cluster: Cluster, plan: Plan, calibration: 
     if highest >= cluster.num_devices:
         raise ConfigError(f"plan: it uses device {highest}, the cluster has {cluster.num_devices} devices "
                           f"(0..{cluster.num_devices - 1}); give a cluster with the plan's device numbering")
-    return estimate_pipeline(model, cluster, pipeline_spec(plan), calibration)
+    if not sparse:
+        return estimate_pipeline(model, cluster, pipeline_spec(plan), calibration)
+    from planner.embeddings import table_optimizer  # noqa: PLC0415 - only models with tables
+    from planner.embeddings.retime import retime_placements  # noqa: PLC0415
+
+    dense = estimate_pipeline(dense_part(model), cluster, pipeline_spec(plan), calibration)
+    budget = tables_memory_budget_bytes(dense)
+    result = retime_placements(sparse, cluster, sorted(budget), plan.global_batch, plan.embeddings,
+                               optimizer=table_optimizer(plan.optimizer), memory_budget_bytes=budget)
+    if not math.isfinite(result.embedding_time_s):
+        return dataclasses.replace(dense, feasible=False, reason=dense.reason or "embedding tables: the plan's "
+                                   "placement does not fit in the memory the dense part leaves on this cluster")
+    return _with_tables(dense, result, f"{len(sparse)} embedding tables at the plan's placement "
+                                       f"({result.embedding_time_s * 1e3:.3g} ms)")
 
 
 def with_tables(plan: Plan, dense: Estimate, tables: EmbeddingResult) -> Plan:

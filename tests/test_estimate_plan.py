@@ -1,6 +1,7 @@
 """`planner estimate --plan` and `planner.estimate_plan`: a plan file's own placement re-timed, equal to the
 plan's time on the cluster it was made for, slower on a slower network; misuse exits 2 with one line."""
 
+import dataclasses
 import json
 
 import pytest
@@ -88,12 +89,38 @@ def test_a_plan_for_another_model_or_a_smaller_cluster_is_refused(made, capsys, 
     assert code == 2 and "uses device 15" in err and "the cluster has 8 devices" in err
 
 
-def test_a_plan_with_embedding_tables_is_refused():
+def test_a_plan_with_embedding_tables_keeps_its_placement(tmp_path):
+    """The tables stay where the plan put them: its own time on its cluster, more over a slower network; a
+    dense model's plan is refused for a model with tables, and the reverse."""
     model = planner.load_model("models/dlrm-criteo.onnx")
-    cluster = planner.load_cluster("dgx-a100-80gb*1")
-    plan = planner.plan(model, cluster, 4096)
-    with pytest.raises(planner.ConfigError, match="embedding-table placement is not supported"):
-        planner.estimate_plan(model, cluster, plan)
+    cluster = planner.load_cluster("dgx-a100-80gb*2")
+    plan = planner.Plan.from_json(planner.plan(model, cluster, 65536).to_json())
+    estimate = planner.estimate_plan(model, cluster, plan)
+    assert estimate.iteration_time_s == pytest.approx(plan.iteration_time_s, rel=1e-9)
+    assert estimate.embeddings == plan.embeddings
+    slow = tmp_path / "slow.yaml"
+    slow.write_text("name: slow\ngroups:\n  - {node: dgx-a100-80gb, count: 2, inter_node_bandwidth_GBps: 5}\n")
+    slower = planner.estimate_plan(model, planner.load_cluster(str(slow)), plan)
+    assert slower.breakdown.embedding_s > estimate.breakdown.embedding_s
+    assert slower.embeddings == plan.embeddings
+    dense = dataclasses.replace(plan, embeddings=())
+    with pytest.raises(planner.ConfigError, match="the plan places none"):
+        planner.estimate_plan(model, cluster, dense)
+
+
+def test_a_table_placement_names_what_does_not_match(tmp_path):
+    model = planner.load_model("models/dlrm-criteo.onnx")
+    cluster = planner.load_cluster("dgx-a100-80gb*2")
+    plan = planner.plan(model, cluster, 65536)
+    first = plan.embeddings[0]
+    missing = dataclasses.replace(plan, embeddings=plan.embeddings[1:])
+    with pytest.raises(planner.ConfigError, match=f"table {first.table!r} has no placement"):
+        planner.estimate_plan(model, cluster, missing)
+    wrong = dataclasses.replace(plan, embeddings=(dataclasses.replace(first, sharding="row_wise",
+                                                                      shards=first.shards[:1]),
+                                                  *plan.embeddings[1:]))
+    with pytest.raises(planner.ConfigError, match=f"table {first.table!r}: no row_wise sharding"):
+        planner.estimate_plan(model, cluster, wrong)
 
 
 def test_expert_and_context_parallel_plans_re_time_to_their_own_time():

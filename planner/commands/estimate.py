@@ -107,7 +107,7 @@ def _print_table(model: LayerGraph, estimate: Estimate) -> None:
 # what a plan file fixes: none of these may come with --plan
 _PLAN_FIXES = ("global_batch", "tp", "pp", "dp", "cp", "micro_batch", "vpp", "zero", "recompute", "sequence_parallel",
                "schedule", "optimizer", "runtime", "dtype", "fp8_recipe", "ep", "expert_tp", "first_stage_layers",
-               "last_stage_layers", "tables", "workload")
+               "last_stage_layers")
 
 
 def _flags(names: list[str]) -> str:
@@ -139,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
         result = estimate(model, cluster, config, tables=tables_from_args(args), options=options)
     else:
         try:
-            result = estimate_plan(model, cluster, plan)
+            result = estimate_plan(model, cluster, plan, tables=tables_from_args(args))
         except ConfigError as exc:
             raise ConfigError(f"{args.plan}: {exc}") from None
     if args.json:

@@ -299,7 +299,7 @@ def _evaluate(task: PointTask) -> WhatIfPoint:
     inputs = replace(inputs, cluster=_shared_nodes(inputs.cluster))
     seq_len = dict(model.dims).get(SEQ_DIM, dims.get(SEQ_DIM))
     if task.plan is not None:
-        return _retimed(task.plan, model, inputs, seq_len)
+        return _retimed(task.plan, model, inputs, seq_len, task.tables)
     pinned = task.pinned
     if isinstance(pinned, ParallelConfig):
         pinned = replace(pinned, global_batch=inputs.global_batch)
@@ -313,13 +313,13 @@ def _evaluate(task: PointTask) -> WhatIfPoint:
     return summarize(inputs.settings, best, inputs.cluster, inputs.global_batch, seq_len)
 
 
-def _retimed(plan: Plan, model: LayerGraph, inputs: PointInputs, seq_len: int | None) -> WhatIfPoint:
+def _retimed(plan: Plan, model: LayerGraph, inputs: PointInputs, seq_len: int | None, tables: Any) -> WhatIfPoint:
     """A point of a fixed plan: its own placement re-timed on the point's cluster (not searched, so neither
     proven optimal nor bounded); infeasible where the placement does not fit or does not exist there."""
     from planner.compose import estimate_plan  # noqa: PLC0415
 
     try:
-        estimate = estimate_plan(model, inputs.cluster, plan)
+        estimate = estimate_plan(model, inputs.cluster, plan, tables=tables)
     except PlannerError as exc:
         return infeasible(inputs, " ".join(str(exc).split()), seq_len)
     if not estimate.feasible:
@@ -341,8 +341,8 @@ def whatif(model_path: str, cluster_spec: str | Cluster, global_batch: int, swee
            options: SolverOptions | None = None, plan: Plan | None = None) -> WhatIfResult:
     """Re-plan ``model_path`` at every point of the grid ``sweeps`` (key -> values, first key slowest), or with
     ``plan``, re-time that plan's own placement at every point (:func:`planner.compose.estimate_plan`: what the
-    same plan takes on the changed cluster; ``global_batch`` must be the plan's, and no pins, tables or
-    global-batch sweep go with it).
+    same plan takes on the changed cluster, its tables at its placement; ``global_batch`` must be the plan's,
+    and no pins or global-batch sweep go with it).
 
     ``cluster_spec`` is a cluster file, a shorthand or a Cluster. ``pinned`` and ``tables`` go to
     ``planner.search.plan`` unchanged. ``workers`` defaults to min(2, CPUs); ``backend`` is ``"process"``
@@ -363,7 +363,7 @@ def whatif(model_path: str, cluster_spec: str | Cluster, global_batch: int, swee
         workers = arguments.whole(workers, "workers")
     parsed = parse_sweeps(sweeps)
     if plan is not None:
-        _check_fixed_plan(plan, global_batch, pinned, tables, [s.key.text for s in parsed])
+        _check_fixed_plan(plan, global_batch, pinned, [s.key.text for s in parsed])
     if not str(model_path).lower().endswith(".onnx"):
         raise ModelError(f"{model_path}: expected an .onnx model file")
     cluster = cluster_spec if isinstance(cluster_spec, Cluster) else load_cluster(cluster_spec)
@@ -383,12 +383,12 @@ def whatif(model_path: str, cluster_spec: str | Cluster, global_batch: int, swee
                         cluster=name, workers=used_workers, backend=backend, elapsed_s=time.perf_counter() - start)
 
 
-def _check_fixed_plan(plan: Any, global_batch: int, pinned: Any, tables: Any, keys: Sequence[str]) -> None:
+def _check_fixed_plan(plan: Any, global_batch: int, pinned: Any, keys: Sequence[str]) -> None:
     """Raise ConfigError where the inputs of a fixed-plan sweep contradict the plan."""
     arguments.instance(plan, Plan, "plan", "give a planner.plans.Plan, e.g. planner.plans.load_plan('PLAN.json')")
-    if pinned is not None or tables is not None:
-        raise ConfigError("plan: a fixed plan is re-timed, not searched; drop the pinned configuration and the "
-                          "tables (or the plan, to re-plan each point)")
+    if pinned is not None:
+        raise ConfigError("plan: a fixed plan is re-timed, not searched; drop the pinned configuration (or the "
+                          "plan, to re-plan each point)")
     if global_batch != plan.global_batch:
         raise ConfigError(f"plan: its global batch is {plan.global_batch}, not {global_batch}; give "
                           f"--global-batch {plan.global_batch} or leave it out")
