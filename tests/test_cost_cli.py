@@ -62,3 +62,17 @@ def test_table_output(capsys, model_path):
     code, out, _ = run(capsys, model_path, "--cluster", "dgx-h100*1", "--global-batch", "16", "--tp", "2",
                        "--pp", "1", "--dp", "4", "--recompute", "full")
     assert code == 0 and "iteration" in out and "recompute=full" in out
+
+
+def test_a_bound_batch_axis_warns_that_it_is_not_the_micro_batch(capsys, caplog, model_path):
+    """--dim batch=4 shapes the import only; the warning names the flag that pins the micro-batch, and goes
+    when it is pinned."""
+    flags = [model_path, "--cluster", "dgx-a100-80gb*1", "--global-batch", "64", "--tp", "1", "--pp", "1", "--dp", "8",
+             "--dim", "batch=4"]
+    with caplog.at_level("WARNING"):
+        assert run(capsys, *flags)[0] == 0
+    assert "--dim batch=4 binds the model's batch axis" in caplog.text and "--micro-batch 4" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        assert run(capsys, *flags, "--micro-batch", "4")[0] == 0
+    assert "batch axis" not in caplog.text

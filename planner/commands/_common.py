@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from typing import Any
 
@@ -13,7 +14,9 @@ from planner.rules import (DTYPES, FORMAT_RUNTIMES, FP8_RECIPE_NAMES, OPTIMIZERS
                            RUNTIME_NAMES, SCHEDULES, ZERO_STAGES)
 from planner.runtime import DEFAULT_RUNTIME
 from planner.solver import SolverOptions
-from planner.types import MAX_GLOBAL_BATCH, ParallelConfig
+from planner.types import MAX_GLOBAL_BATCH, LayerGraph, ParallelConfig
+
+log = logging.getLogger(__name__)
 
 
 # the runtime each export format implies when --runtime is left out
@@ -46,6 +49,19 @@ def parse_dims(items: list[str]) -> dict[str, int]:
             raise ConfigError(f"--dim {item!r}: a dimension must be a positive integer")
         dims[name] = number
     return dims
+
+
+def warn_batch_dim(model: LayerGraph, dims: dict[str, int], micro_batch: int | None) -> None:
+    """Warn when ``--dim`` bound the model's batch axis and no micro-batch is pinned: the import costs one
+    sample whatever the batch axis, so the value does not become the micro-batch, which users often expect."""
+    if micro_batch is not None or model.batch <= 1:
+        return
+    bound = dict(model.dims)
+    for name, value in dims.items():
+        if value == model.batch and bound.get(name) == value:
+            log.warning("--dim %s=%d binds the model's batch axis for the import only (costs are per sample); "
+                        "the micro-batch is chosen by the planner; pin it with --micro-batch %d", name, value, value)
+            return
 
 
 def _positive(text: str, kind: type, what: str) -> int | float:

@@ -9,7 +9,7 @@ from typing import Any
 
 from planner.commands._common import (add_cluster_flags, add_config_flags, add_json_flag, add_solver_flags,
                                       config_from_args, emit_json, parse_dims, positive_int,
-                                      solver_options_from_args, tables_from_args)
+                                      solver_options_from_args, tables_from_args, warn_batch_dim)
 from planner.commands._common import add_allow_unknown_ops_flag
 from planner.errors import ConfigError
 from planner.types import Batching, Estimate, LayerGraph, MemoryBreakdown
@@ -134,8 +134,10 @@ def run(args: argparse.Namespace) -> int:
         config = config_from_args(args)
         options = solver_options_from_args(args)  # a bad option fails before any work
     cluster = load_cluster(args.cluster)
-    model = load_model(args.model, parse_dims(args.dim), allow_unknown_ops=args.allow_unknown_ops)
+    dims = parse_dims(args.dim)
+    model = load_model(args.model, dims, allow_unknown_ops=args.allow_unknown_ops)
     if args.plan is None:
+        warn_batch_dim(model, dims, args.micro_batch)
         result = estimate(model, cluster, config, tables=tables_from_args(args), options=options)
     else:
         try:

@@ -7,7 +7,7 @@ import dataclasses
 import sys
 
 from planner.commands._common import add_cluster_flags, add_config_flags, add_json_flag, config_from_args, \
-    emit_json, parse_dims, positive_int, positive_seconds, tables_from_args
+    emit_json, parse_dims, positive_int, positive_seconds, tables_from_args, warn_batch_dim
 from planner.commands._common import add_allow_unknown_ops_flag, add_solver_flags, solver_options_from_args
 from planner.outputs import check_output_file, write_text
 from planner.plans import Plan
@@ -60,7 +60,9 @@ def run(args: argparse.Namespace) -> int:
         check_path(args.gantt, "--gantt")
     if args.out is not None:
         check_output_file(args.out, "--out")
-    model = load_model(args.model, parse_dims(args.dim), allow_unknown_ops=args.allow_unknown_ops)
+    dims = parse_dims(args.dim)
+    model = load_model(args.model, dims, allow_unknown_ops=args.allow_unknown_ops)
+    warn_batch_dim(model, dims, args.micro_batch)
     if args.format == "megatron":  # refused now, not after the search
         from planner.export.megatron import check_transformer_layers  # noqa: PLC0415
 
