@@ -29,13 +29,14 @@ def retime_placements(tables: Sequence[EmbeddingTable], cluster: Cluster, device
     dev = device_arrays(cluster, devices, memory_budget_bytes)
     problem = build_problem(tables, dev, global_batch, optimizer)
     by_name = {p.table: p for p in placements}
+    index = {d: i for i, d in enumerate(dev.ids)}
     assignment = []
     for t, table in enumerate(tables):
         placement = by_name.get(table.name)
         if placement is None:
             raise ConfigError(f"embeddings: table {table.name!r} has no placement in the plan; give the tables the "
                               "plan was made for")
-        assignment.append(_match(problem, t, placement))
+        assignment.append(_match(problem, t, placement, index))
     loads = problem.evaluate(assignment)
     times = problem.device_time_s(loads)
     fits = problem.fits(loads)
@@ -49,11 +50,11 @@ def retime_placements(tables: Sequence[EmbeddingTable], cluster: Cluster, device
         optimizer=optimizer)
 
 
-def _match(problem: Problem, t: int, placement: EmbeddingPlacement) -> tuple[int, tuple[int, ...]]:
-    """(option index, unit positions) of table ``t`` that ``placement`` writes."""
-    dev = problem.dev
-    index = {d: i for i, d in enumerate(dev.ids)}
-    outside = sorted({s.device for s in placement.shards} - set(index))
+def _match(problem: Problem, t: int, placement: EmbeddingPlacement, index: Mapping[int, int]
+           ) -> tuple[int, tuple[int, ...]]:
+    """(option index, unit positions) of table ``t`` that ``placement`` writes (``index``: global device id ->
+    position among the participating devices)."""
+    outside = sorted({s.device for s in placement.shards} - index.keys())
     if outside:
         raise ConfigError(f"embeddings: table {placement.table!r} has shards on devices {outside[:4]} that are not "
                           "among the plan's devices on this cluster; give the cluster the plan was made for")
@@ -84,4 +85,4 @@ def _positions(problem: Problem, option: Option, placement: EmbeddingPlacement, 
         node = nodes.pop()
         return (node,) if node in problem.node_positions and len(shards) == len(dev.nodes[node]) else None
     # row-wise and data-parallel: a shard on every participating device
-    return (0,) if len(shards) == dev.count and {s.device for s in shards} == set(index) else None
+    return (0,) if len(shards) == dev.count and {s.device for s in shards} == index.keys() else None

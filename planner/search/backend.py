@@ -57,12 +57,13 @@ entered at stage k (G'_k above, n_k = 0 where the link has no steady state, the 
 
 each H_k split into its stage-k part and n_k (f_{k+1} + b_{k+1}) / V, both added to the S of their stage
 (``HANDOFFS``, theta = 1/2: with theta = 0 a partition could lower the mean by giving one stage all the work).
-Over slow links, where every link's chain binds and the stages are balanced, the mean is the largest. The search takes the largest optimum of the weightings the settings allow
-(:data:`EXPOSURES`).
+Over slow links, where every link's chain binds and the stages are balanced, the mean is the largest. The
+search takes the largest optimum of the weightings the settings allow (:data:`EXPOSURES`).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -163,18 +164,29 @@ def segment_max(values: np.ndarray) -> np.ndarray:
     return out
 
 
+@functools.lru_cache(maxsize=4096)
+def warmups(num_stages: int, num_micro_batches: int, vpp: int = 1) -> tuple[int, ...]:
+    """Every stage's warm-up (:func:`planner.search.interleave.warmup`); every layout's bound reads them."""
+    return tuple(warmup(k, num_stages, num_micro_batches, vpp) for k in range(num_stages))
+
+
 def handoff_cycles(num_stages: int, num_micro_batches: int, vpp: int = 1) -> list[tuple[int, int]]:
     """For the stages k and k + 1: (n_k, the backward operations each cycle spans) of the steady-state chain
     through both (module docstring). A cycle spans w_k - w_{k+1} + 1 operations (2 in 1F1B, 3 between
     interleaved stages), and n_k = floor((m V - w_k + d - 1) / (d + 1)) with d = w_k - w_{k+1}; none when stage
     k has no steady state."""
-    P, m, V = num_stages, num_micro_batches, vpp
-    total = m * V
+    return list(_handoff_cycles(num_stages, num_micro_batches, vpp))
+
+
+@functools.lru_cache(maxsize=4096)
+def _handoff_cycles(num_stages: int, num_micro_batches: int, vpp: int) -> tuple[tuple[int, int], ...]:
+    warm = warmups(num_stages, num_micro_batches, vpp)
+    total = num_micro_batches * vpp
     out = []
-    for k in range(P - 1):
-        w, d = warmup(k, P, m, V), warmup(k, P, m, V) - warmup(k + 1, P, m, V)
+    for k in range(num_stages - 1):
+        w, d = warm[k], warm[k] - warm[k + 1]
         out.append(((total - w + d - 1) // (d + 1) if w < total and d >= 1 else 0, d + 1))
-    return out
+    return tuple(out)
 
 
 def _handoff_g(f: np.ndarray, b: np.ndarray, c: np.ndarray, m: int, vpp: int, warm: int, cycle: tuple[int, int]
@@ -208,8 +220,8 @@ def bound_matrices(forward: list[np.ndarray], backward: list[np.ndarray], p2p: l
     L = forward[0].shape[0]
     m = num_micro_batches
     co = bound_coefficients(P, m, vpp)
-    cycles = handoff_cycles(P, m, vpp)
-    warm = [warmup(k, P, m, vpp) for k in range(P)]
+    cycles = _handoff_cycles(P, m, vpp)
+    warm = warmups(P, m, vpp)
     w = exposure_weights(exposure, P)
     later = np.cumsum(w[::-1])[::-1] - w  # W_k = sum of the weights after k
     S = np.empty((P, L, L))
@@ -225,15 +237,16 @@ def bound_matrices(forward: list[np.ndarray], backward: list[np.ndarray], p2p: l
             s = s - later[k] * (b / vpp + (0.0 if p2p[k] is None else np.asarray(p2p[k])[None, :]))
         g = co.gamma * b + co.delta[k] * f
         # the steady state's hand-offs with each neighbour (module docstring)
-        if k + 1 < P and cycles[k][0] > 0:
-            g = np.maximum(g, _handoff_g(f, b, np.asarray(p2p[k])[None, :], m, vpp, warm[k], cycles[k]))
+        outgoing = _handoff_g(f, b, np.asarray(p2p[k])[None, :], m, vpp, warm[k], cycles[k]) if k + 1 < P else None
+        if outgoing is not None and cycles[k][0] > 0:
+            g = np.maximum(g, outgoing)
         if k > 0 and cycles[k - 1][0] > 0:
             incoming = np.concatenate(([0.0], np.asarray(p2p[k - 1])[:-1]))[:, None]  # sent after layer i - 1
             g = np.maximum(g, _handoff_g(f, b, incoming, m, vpp, warm[k], cycles[k - 1]))
         if exposure == HANDOFFS and P > 1:  # this stage's parts of the mean of the links' chains
             share = (1.0 - _LARGEST_G_SHARE) / (P - 1)
-            if k + 1 < P:
-                s = s + share * _handoff_g(f, b, np.asarray(p2p[k])[None, :], m, vpp, warm[k], cycles[k])
+            if outgoing is not None:
+                s = s + share * outgoing
             if k > 0:
                 s = s + share * cycles[k - 1][0] * (f + b) / vpp
             g = _LARGEST_G_SHARE * g
