@@ -15,7 +15,8 @@ import numpy as np
 
 from planner.hardware.cluster import locate
 from planner.cost.memory import micro_batches_in_flight
-from planner.search.backend import FIRST, LayerTable, bound_matrices, segment_max, segment_sums
+from planner.search.backend import (FIRST, LayerTable, bound_matrices, least_boundary, segment_max, segment_sums,
+                                    send_target)
 from planner.search.interleave import bound_coefficients, warmup
 from planner.search.space import Layout, Settings, StageOption
 from planner.types import Breakdown, Cluster, Estimate, LayerGraph, MemoryBreakdown, ParallelConfig, \
@@ -91,6 +92,15 @@ class SyntheticBackend:
     def capacity_bytes(self, option: StageOption) -> float:
         return float(self.cluster.groups[option.pool].node.device.memory_bytes)
 
+    def send_floors(self, layout: Layout, settings: Settings) -> list[float]:
+        P = layout.num_stages
+        out = []
+        for k, option in enumerate(layout.options):
+            to = send_target(P, settings.vpp, k)
+            least = least_boundary(self.layer_table(option, settings).output_bytes, k + 1 == P)
+            out.append(0.0 if to is None else float(self._p2p_s(least, option, layout.options[to])))
+        return out
+
     def exposures(self, settings: Settings) -> tuple[str, ...]:
         return (FIRST,)  # its time counts stage 0's synchronisation alone
 
@@ -104,7 +114,7 @@ class SyntheticBackend:
             f, b, params, act, peak = self._segments(option, settings)
             fwd.append(f)
             bwd.append(b)
-            to = k + 1 if k + 1 < P else (0 if settings.vpp > 1 else None)
+            to = send_target(P, settings.vpp, k)
             sends.append(None if to is None else self._p2p_s(t.output_bytes, option, layout.options[to]))
             in_flight = micro_batches_in_flight(k, P, m, settings.schedule, settings.vpp)
             memory = self.stage_bytes(params, act, in_flight, peak, option, settings)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from planner.search import engine
-from planner.search.bounds import Profiles, lower_bounds
+from planner.search.bounds import Profiles, layout_floor, lower_bounds
 from planner.search.interleave import partition_allowed, pipeline_allowed, schedule_for
 from planner.search.partition import score
 from planner.search.space import Pins, Settings, StageOption, ordered_layouts
@@ -29,14 +29,17 @@ def model_with_small_ends(seed: int, layers: int, scale: float):
 def best_time(backend, settings: Settings, options, counts, layers: int, global_batch: int) -> float:
     """The least bound-model time (sum S + max G, what the synthetic backend times) over every order
     of the blocks and every partition (interleaved: every stage whole chunks of layers): inf when none fits."""
-    best = np.inf
     blocks = [(o.pool, o.tp, c) for o, c in zip(options, counts)]
-    P = sum(counts)
-    for layout in ordered_layouts(blocks):
-        S, G = backend.stage_matrices(layout, settings, global_batch)
-        for cuts in itertools.combinations(range(layers - 1), P - 1):
-            if partition_allowed((1,) * layers, (*cuts, layers - 1), settings.vpp):
-                best = min(best, score(S, G, (*cuts, layers - 1))[0])
+    return min(layout_time(backend, settings, layout, layers, global_batch) for layout in ordered_layouts(blocks))
+
+
+def layout_time(backend, settings: Settings, layout, layers: int, global_batch: int) -> float:
+    """The least bound-model time of one layout over its partitions (inf when none fits)."""
+    best = np.inf
+    S, G = backend.stage_matrices(layout, settings, global_batch)
+    for cuts in itertools.combinations(range(layers - 1), layout.num_stages - 1):
+        if partition_allowed((1,) * layers, (*cuts, layers - 1), settings.vpp):
+            best = min(best, score(S, G, (*cuts, layers - 1))[0])
     return best
 
 
@@ -78,7 +81,7 @@ def test_block_and_corner_bounds_never_exceed_the_optimum(seed):
 
 def check_interleaved_and_box_bounds(seed: int) -> int:
     """Block bounds of the interleaved schedule (its stages' larger in-flight memory, whole chunks of layers
-    per stage) and box bounds (a choice's counts from ``lows`` to its corner: the layers every stage holds
+    per stage), each layout's floor (the block's bound with the layout's least transfers) and box bounds (a choice's counts from ``lows`` to its corner: the layers every stage holds
     taken at the least counts) stay at or below every plan they cover; returns the plans that fit."""
     rng = np.random.default_rng(500 + seed)
     layers = int(rng.integers(4, 9))
@@ -99,8 +102,13 @@ def check_interleaved_and_box_bounds(seed: int) -> int:
         P = sum(counts)
         if P * vpp > layers or (vpp > 1 and (P < 2 or not pipeline_allowed(P, m, vpp, layers))):
             continue
-        truths[counts] = truth = best_time(backend, settings, options, counts, layers, global_batch)
         bound = lower_bounds(plist, np.array([counts]), m, vpp=vpp)[0]
+        times = []
+        for layout in ordered_layouts([(o.pool, o.tp, n) for o, n in zip(options, counts)]):
+            times.append(layout_time(backend, settings, layout, layers, global_batch))
+            floor = layout_floor(profiles, layout, settings, m, bound)  # the block's bound with its transfers
+            assert bound <= floor <= times[-1] * (1 + 1e-9), (counts, layout, bound, floor, times[-1])
+        truths[counts] = truth = min(times)
         assert bound <= truth * (1 + 1e-9), (counts, bound, truth)
     for lows in itertools.product(*[range(1, cap + 1) for cap in caps]):
         highs = tuple(int(rng.integers(lo, cap + 1)) for lo, cap in zip(lows, caps))

@@ -11,6 +11,7 @@ from planner.cost import estimate_pipeline
 from planner.graph import import_model_proto
 from planner.hardware import load_cluster
 from planner.search.backend import FIRST, MEAN
+from planner.search.bounds import Profiles, layout_floor, lower_bounds
 from planner.search.costmodel import CostModelBackend
 from planner.search.engine import pipeline_spec
 from planner.search.interleave import partition_allowed, unit_flags
@@ -124,20 +125,29 @@ def test_bound_over_slow_links_never_exceeds_the_cost_model(slow_links, seed):
     rng = np.random.default_rng(300 + seed)
     L = len(model.layers)
     units = unit_flags([layer.kind for layer in model.layers])
-    V = 1 if seed % 3 else 2
-    P = int(rng.integers(2, 5)) if V == 1 else 2
+    layout, settings, global_batch = slow_layout(rng, seed, varied=False)
+    P, V = layout.num_stages, settings.vpp
     allowed = [(*cuts, L - 1) for cuts in itertools.combinations(range(L - 1), P - 1)
                if partition_allowed(units, (*cuts, L - 1), V)]
     last = allowed[int(rng.integers(len(allowed)))]
-    # two stages: a node or both nodes of a type each (a data-parallel group across nodes at dp 8, tp 2);
-    # more: a node each, the types alternating
+    _assert_bound_at_most_the_cost_model(model, cluster, backend, settings, layout, last, global_batch)
+
+
+def slow_layout(rng: np.random.Generator, seed: int, varied: bool) -> tuple[Layout, Settings, int]:
+    """A seeded layout over the slow links: two stages of a node or both nodes of a type each (a data-parallel
+    group across nodes at dp 8, tp 2), or more of a node each, the types alternating; ``varied``: micro-batches
+    of 1 or 2, and two one-node stages on one type too. Every third seed interleaves two stages."""
+    V = 1 if seed % 3 else 2
+    P = int(rng.integers(2, 5)) if V == 1 else 2
     dp, tp = (8, int(rng.choice([1, 2]))) if P == 2 else (int(rng.choice([4, 8])), 0)
-    options = tuple(StageOption(k % 2, tp or 8 // dp) for k in range(P))
-    settings = Settings(micro_batch=1, dp=dp, zero=int(rng.integers(0, 3)),
+    pools = [int(rng.integers(0, 2))] * 2 if varied and P == 2 and tp == 1 else \
+        [(k + (seed if varied else 0)) % 2 for k in range(P)]
+    micro_batch = int(rng.choice([1, 2])) if varied else 1
+    settings = Settings(micro_batch=micro_batch, dp=dp, zero=int(rng.integers(0, 3)),
                         recompute=str(rng.choice(["none", "full"])), sequence_parallel=False,
                         schedule="interleaved" if V > 1 else "1f1b", vpp=V)
-    global_batch = settings.dp * P * int(rng.integers(2, 9))
-    _assert_bound_at_most_the_cost_model(model, cluster, backend, settings, Layout(options), last, global_batch)
+    global_batch = dp * micro_batch * P * int(rng.integers(2, 9))
+    return Layout(tuple(StageOption(pool, tp or 8 // dp) for pool in pools)), settings, global_batch
 
 
 def test_later_stages_synchronisation_lifts_the_bound(slow_links):
@@ -151,3 +161,38 @@ def test_later_stages_synchronisation_lifts_the_bound(slow_links):
     first, mean = (score(*backend.stage_matrices(layout, settings, 32, e), last)[0] for e in (FIRST, MEAN))
     assert first < 0.7 * time_s
     assert 0.8 * time_s < mean <= time_s
+
+
+def layout_floor_case(slow_links, seed: int) -> tuple[float, float, float]:
+    """(the block's bound, the layout's floor, the least DP bound over the layout's partitions and weightings)
+    of a seeded layout over 10 GB/s links."""
+    model, cluster, backend = slow_links
+    rng = np.random.default_rng(700 + seed)
+    L = len(model.layers)
+    units = unit_flags([layer.kind for layer in model.layers])
+    layout, settings, global_batch = slow_layout(rng, seed, varied=True)
+    P, V, options = layout.num_stages, settings.vpp, layout.options
+    m = settings.num_micro_batches(global_batch)
+    profiles = Profiles(backend)
+    distinct = sorted(set(options))
+    block = lower_bounds([profiles.get(o, settings) for o in distinct],
+                         np.array([[options.count(o) for o in distinct]]), m, vpp=V)[0]
+    floor = layout_floor(profiles, layout, settings, m, block)
+    least = np.inf
+    for cuts in itertools.combinations(range(L - 1), P - 1):
+        if partition_allowed(units, (*cuts, L - 1), V):
+            least = min(least, max(score(*backend.stage_matrices(layout, settings, global_batch, e),
+                                         (*cuts, L - 1))[0] for e in backend.exposures(settings)))
+    return block, floor, least
+
+
+def test_layout_floor_never_exceeds_the_layouts_bound(slow_links):
+    """A layout's floor from its block's bound and its least transfers (what the search prunes layouts by
+    before building their matrices) is at most the DP bound of every partition of that layout under every
+    weighting, and over these slow links the transfers lift it well above the block's bound on some."""
+    lifted = 0
+    for seed in range(12):
+        block, floor, least = layout_floor_case(slow_links, seed)
+        assert floor <= least * (1 + 1e-9), (seed, floor, least)
+        lifted += floor > 1.05 * block
+    assert lifted >= 3

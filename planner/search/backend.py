@@ -120,6 +120,12 @@ class Backend(Protocol):
         does not fit in memory."""
         ...
 
+    def send_floors(self, layout: Layout, settings: Settings) -> list[float]:
+        """Per stage, the least time its send (to :func:`send_target`) takes over the layers it may end at
+        (:func:`least_boundary`; 0 where it sends nothing): at most every ``p2p`` entry ``stage_matrices``
+        reads, and cheap, for bounding a layout before its matrices are built."""
+        ...
+
     def exposures(self, settings: Settings) -> tuple[str, ...]:
         """The weightings whose bounds hold for ``settings`` (each a lower bound; the search takes the larger)."""
         ...
@@ -189,8 +195,8 @@ def _handoff_cycles(num_stages: int, num_micro_batches: int, vpp: int) -> tuple[
     return tuple(out)
 
 
-def _handoff_g(f: np.ndarray, b: np.ndarray, c: np.ndarray, m: int, vpp: int, warm: int, cycle: tuple[int, int]
-               ) -> np.ndarray:
+def handoff_g(f: np.ndarray | float, b: np.ndarray | float, c: np.ndarray | float, m: int, vpp: int, warm: int,
+              cycle: tuple[int, int]) -> np.ndarray | float:
     """A stage's G through n hand-off cycles of ``span`` operations with a neighbour over a link of c seconds
     (the neighbour's own forward and backward left out): with chunks of f / V and b / V,
     (m V - 1 - span n) b / V + max(0, m V - 1 - w - span n) f / V + n (2c + (f + b) / V)."""
@@ -199,6 +205,19 @@ def _handoff_g(f: np.ndarray, b: np.ndarray, c: np.ndarray, m: int, vpp: int, wa
     per_b = (total - 1 - span * n + n) / vpp
     per_f = (max(0, total - 1 - warm - span * n) + n) / vpp
     return per_b * b + per_f * f + 2.0 * n * c
+
+
+def send_target(num_stages: int, vpp: int, k: int) -> int | None:
+    """The stage that stage k sends its boundary to: the next, and the last stage back to stage 0 only between
+    interleaved chunks (None: it sends nothing)."""
+    return k + 1 if k + 1 < num_stages else (0 if vpp > 1 else None)
+
+
+def least_boundary(output_bytes: np.ndarray, last: bool) -> float:
+    """The least boundary a stage may send: over the layers it may end at (j <= L - 2), or the last layer's
+    for the last stage (which always ends there)."""
+    values = np.asarray(output_bytes, dtype=float)
+    return float(values[-1] if last or len(values) == 1 else values[:-1].min())
 
 
 def exposure_weights(exposure: str, num_stages: int) -> np.ndarray:
@@ -237,12 +256,12 @@ def bound_matrices(forward: list[np.ndarray], backward: list[np.ndarray], p2p: l
             s = s - later[k] * (b / vpp + (0.0 if p2p[k] is None else np.asarray(p2p[k])[None, :]))
         g = co.gamma * b + co.delta[k] * f
         # the steady state's hand-offs with each neighbour (module docstring)
-        outgoing = _handoff_g(f, b, np.asarray(p2p[k])[None, :], m, vpp, warm[k], cycles[k]) if k + 1 < P else None
+        outgoing = handoff_g(f, b, np.asarray(p2p[k])[None, :], m, vpp, warm[k], cycles[k]) if k + 1 < P else None
         if outgoing is not None and cycles[k][0] > 0:
             g = np.maximum(g, outgoing)
         if k > 0 and cycles[k - 1][0] > 0:
             incoming = np.concatenate(([0.0], np.asarray(p2p[k - 1])[:-1]))[:, None]  # sent after layer i - 1
-            g = np.maximum(g, _handoff_g(f, b, incoming, m, vpp, warm[k], cycles[k - 1]))
+            g = np.maximum(g, handoff_g(f, b, incoming, m, vpp, warm[k], cycles[k - 1]))
         if exposure == HANDOFFS and P > 1:  # this stage's parts of the mean of the links' chains
             share = (1.0 - _LARGEST_G_SHARE) / (P - 1)
             if outgoing is not None:

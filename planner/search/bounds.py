@@ -43,9 +43,9 @@ import itertools
 import numpy as np
 
 from planner.cost.memory import micro_batches_in_flight
-from planner.search.backend import Backend
-from planner.search.interleave import least_delta, schedule_for
-from planner.search.space import Settings, StageOption
+from planner.search.backend import Backend, handoff_cycles, handoff_g, warmups
+from planner.search.interleave import bound_coefficients, least_delta, schedule_for
+from planner.search.space import Layout, Settings, StageOption
 
 
 @dataclass(frozen=True, eq=False)
@@ -457,6 +457,47 @@ def _stack(profiles: list[OptionProfile], memo: dict | None) -> _Stack:
         hit = _Stack(profiles)
         if memo is not None:
             memo[key] = hit
+    return hit
+
+
+def layout_floor(profiles: Profiles, layout: Layout, settings: Settings, num_micro_batches: int, block_s: float
+                 ) -> float:
+    """A lower bound on one layout's DP bound from its block's (``block_s``, a bound of this module, which
+    leaves transfers out) and the stages' least send times (:meth:`Backend.send_floors`), without the
+    layout's matrices: the fill holds each stage's least send times its hops on the critical path
+    (:func:`planner.search.interleave.bound_coefficients`), and a link's steady-state hand-off chain
+    (:func:`planner.search.backend.handoff_g`, with the side's least layer) holds its cycles' transfers on top
+    of the fill's least work."""
+    P, m, V = layout.num_stages, num_micro_batches, settings.vpp
+    floors = profiles.backend.send_floors(layout, settings)
+    hops = bound_coefficients(P, m, V).hops
+    fill = sum(h * c for h, c in zip(hops.tolist(), floors))
+    if P == 1 or not any(floors):
+        return block_s + fill
+    memo = profiles.count_memo
+    key = ("least work", frozenset(layout.options), settings)
+    least = memo.get(key)
+    if least is None:
+        work = [p.forward_s + p.backward_s / V for p in (profiles.get(o, settings) for o in key[1])]
+        least = memo[key] = float(np.minimum.reduce(work).sum())
+    cycles, warm = handoff_cycles(P, m, V), warmups(P, m, V)
+    chains = 0.0
+    for k, (n, span) in enumerate(cycles):
+        if n == 0 or floors[k] == 0:
+            continue
+        for side in (k, k + 1):
+            f, b = _least_passes(profiles, layout.options[side], settings)
+            chains = max(chains, handoff_g(f, b, floors[k], m, V, warm[side], (n, span)))
+    return max(block_s, least + chains) + fill
+
+
+def _least_passes(profiles: Profiles, option: StageOption, settings: Settings) -> tuple[float, float]:
+    """The least forward and backward of one layer of ``option``: a stage's, since it holds a layer or more."""
+    key = ("least passes", option, settings)
+    hit = profiles.count_memo.get(key)
+    if hit is None:
+        prof = profiles.get(option, settings)
+        hit = profiles.count_memo[key] = (float(prof.forward_s.min()), float(prof.backward_s.min()))
     return hit
 
 

@@ -28,9 +28,9 @@ from planner.hardware.cluster import locate
 from planner.hardware.collectives import CommGroup, p2p_time_s
 from planner.runtime import get_runtime
 from planner.search.backend import (EXPOSURES, FIRST, MEAN, LayerTable, bound_matrices, exposure_weights,
-                                    segment_max, segment_sums)
+                                    least_boundary, segment_max, segment_sums, send_target)
 from planner.search.space import Layout, Settings, StageOption
-from planner.search.tables import allocate
+from planner.search.tables import allocate, first_devices
 from planner.types import Cluster, Estimate, LayerGraph, PipelineSpec
 
 
@@ -39,7 +39,8 @@ class CostModelBackend:
     model: LayerGraph
     cluster: Cluster
     _tables: dict = field(default_factory=dict, compare=False, repr=False)
-    _p2p: dict = field(default_factory=dict, compare=False, repr=False)
+    _p2p: dict = field(default_factory=dict, compare=False, repr=False)  # per pair of node positions
+    _p2p_pairs: dict = field(default_factory=dict, compare=False, repr=False)  # per pair of devices
     _segments: dict = field(default_factory=dict, compare=False, repr=False)
     _tail_cache: dict = field(default_factory=dict, compare=False, repr=False)
     _collectives: dict = field(default_factory=dict, compare=False, repr=False)
@@ -111,20 +112,30 @@ class CostModelBackend:
     def capacity_bytes(self, option: StageOption) -> float:
         return float(self.cluster.groups[option.pool].node.device.memory_bytes)
 
+    def _p2p_coefficients(self, src: int, dst: int, option: StageOption, settings: Settings
+                          ) -> tuple[float, float]:
+        """(fixed seconds, seconds per byte) of a boundary transfer from device ``src`` to ``dst`` (the time is
+        affine in the bytes, so two probes per pair of node positions)."""
+        pair = (src, dst, option, settings.runtime)
+        coef = self._p2p_pairs.get(pair)
+        if coef is None:
+            key = (locate(self.cluster, src), locate(self.cluster, dst), option, settings.runtime)
+            coef = self._p2p.get(key)
+            if coef is None:
+                scale = self._cal(option, settings).comm_scale
+                t1, t2 = (p2p_time_s(self.cluster, src, dst, x) / scale for x in (1e6, 2e6))
+                slope = (t2 - t1) / 1e6
+                coef = (t1 - slope * 1e6, slope)
+                self._p2p[key] = coef
+            self._p2p_pairs[pair] = coef
+        return coef
+
     def _send_s(self, src: int, dst: int, output_bytes: np.ndarray, option: StageOption,
                 settings: Settings) -> np.ndarray:
-        """Boundary transfer times after each layer from device ``src`` to ``dst`` (affine in the bytes, so
-        two probes per device pair)."""
-        key = (locate(self.cluster, src), locate(self.cluster, dst), option, settings.runtime)
-        coef = self._p2p.get(key)
-        if coef is None:
-            scale = self._cal(option, settings).comm_scale
-            t1, t2 = (p2p_time_s(self.cluster, src, dst, x) / scale for x in (1e6, 2e6))
-            slope = (t2 - t1) / 1e6
-            coef = (t1 - slope * 1e6, slope)
-            self._p2p[key] = coef
+        """Boundary transfer times after each layer from device ``src`` to ``dst``."""
+        fixed, per_byte = self._p2p_coefficients(src, dst, option, settings)
         out = np.asarray(output_bytes, dtype=float)
-        return np.where(out > 0, coef[0] + coef[1] * out, 0.0)
+        return np.where(out > 0, fixed + per_byte * out, 0.0)
 
     def _segments_of(self, option: StageOption, settings: Settings) -> tuple[np.ndarray, ...]:
         """(forward, backward, params per rank, activation bytes, transient peak) per segment i..j."""
@@ -169,21 +180,47 @@ class CostModelBackend:
             extra_f, extra_b = self._zero_per_micro_batch(option, devices[k], settings)
             fwd.append(f + extra_f)
             bwd.append(b + extra_b)
-            # the last stage sends back to stage 0 only between interleaved chunks
-            to = k + 1 if k + 1 < P else (0 if settings.vpp > 1 else None)
-            if to is None:
-                sends.append(None)
-            else:
-                output_bytes = self.layer_table(option, settings).output_bytes
-                if k + 1 == P:  # the wrap-around carries a chunk boundary: the cost model's figure (estimator._work)
-                    output_bytes = np.full_like(output_bytes, output_bytes[:-1].max(initial=0.0))
-                sends.append(self._send_s(devices[k][0], devices[to][0], output_bytes, option, settings))
+            sends.append(self._sends(layout, settings, devices, k))
             in_flight = micro_batches_in_flight(k, P, m, settings.schedule, settings.vpp)
             empty, per_micro_batch = self._memory_of(option, settings)
             fits.append(empty + in_flight * per_micro_batch <= self.capacity_bytes(option))
             # stage 0 starts at layer 0: its prefixes are all it needs
             tails.append(None if weights[k] == 0 else self._tails(option, devices[k], settings, first=k == 0))
         return bound_matrices(fwd, bwd, sends, fits, tails, m, settings.vpp, exposure)
+
+    def _sends(self, layout: Layout, settings: Settings, devices: list[tuple[int, ...]], k: int
+               ) -> np.ndarray | None:
+        """Stage k's send time after each layer (None where it sends nothing)."""
+        to = send_target(layout.num_stages, settings.vpp, k)
+        if to is None:
+            return None
+        return self._send_s(devices[k][0], devices[to][0], self._boundary_bytes(layout, settings, k)[0],
+                            layout.options[k], settings)
+
+    def _boundary_bytes(self, layout: Layout, settings: Settings, k: int) -> tuple[np.ndarray, float]:
+        """Stage k's boundary bytes after each layer, and the least over the layers it may end at."""
+        option = layout.options[k]
+        key = ("boundary", option, settings, k + 1 == layout.num_stages)
+        hit = self._segments.get(key)
+        if hit is None:
+            output_bytes = self.layer_table(option, settings).output_bytes
+            if k + 1 == layout.num_stages:  # the wrap-around carries a chunk boundary: the cost model's figure
+                output_bytes = np.full_like(output_bytes, output_bytes[:-1].max(initial=0.0))
+            hit = self._segments[key] = (output_bytes, least_boundary(output_bytes, k + 1 == layout.num_stages))
+        return hit
+
+    def send_floors(self, layout: Layout, settings: Settings) -> list[float]:
+        firsts = first_devices(self.cluster, layout, settings)
+        out = []
+        for k, option in enumerate(layout.options):
+            to = send_target(layout.num_stages, settings.vpp, k)
+            least = 0.0 if to is None else self._boundary_bytes(layout, settings, k)[1]
+            if least > 0:
+                fixed, per_byte = self._p2p_coefficients(firsts[k], firsts[to], option, settings)
+                out.append(fixed + per_byte * least)
+            else:
+                out.append(0.0)
+        return out
 
     def _dp(self, option: StageOption, devices: tuple[int, ...], settings: Settings
             ) -> tuple[CommGroup, dict[str, np.ndarray]]:

@@ -9,9 +9,11 @@ One heap of nodes, each with a lower bound on every plan below it (:mod:`planner
    halves, each bounded at its corners (what falls with the counts at its largest, the layers every stage
    must hold at its least); a smaller one has each set of stage blocks bounded exactly (every combination
    of counts, or whole pools past ``MAX_GRID`` combinations, which makes the space incomplete);
-4. a set of blocks: for each order of its pools the partition DP
-   (:func:`planner.search.partition.solve_partition`) finds the partition minimising the lower bound of
-   :mod:`planner.search.backend` (the layout's bound), and the cost model times that partition exactly.
+4. a set of blocks: for each order of its pools, unless the blocks' bound with that layout's least
+   transfers already reaches the cutoff (:func:`planner.search.bounds.layout_floor`, no matrices built), the
+   partition DP (:func:`planner.search.partition.solve_partition`) finds the partition minimising the lower
+   bound of :mod:`planner.search.backend` (the layout's bound), and the cost model times that partition
+   exactly.
 The search stops when the least bound in the heap reaches the K-th best time: every unvisited plan is
 provably no faster. Nodes whose bound already reaches it when they are created are never stored.
 
@@ -43,7 +45,7 @@ from planner.rules import simplicity_key
 from planner.search import hetero
 from planner.search.backend import Backend
 from planner.search.interleave import chunk_mask, partition_allowed, pipeline_allowed
-from planner.search.bounds import Profiles, QuickSettingsBound, lower_bounds, settings_lower_bound
+from planner.search.bounds import Profiles, QuickSettingsBound, layout_floor, lower_bounds, settings_lower_bound
 from planner.search.partition import Partition, score, solve_partition, stage_bounds
 from planner.search.space import Layout, Pins, Settings, StageOption, enumerate_settings, even_split, max_stages, \
     options_allowed, ordered_layouts, pool_options, settings_allowed
@@ -596,6 +598,9 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
             # every stage a whole number of equal chunks; the same number of units on every stage where the
             # runtime has no uneven pipeline
             per_stage = num_units // layout.num_stages if even else None
+            if layout_floor(profiles, layout, settings, settings.num_micro_batches(global_batch),
+                            entry.bound_s) >= state.cutoff():
+                continue  # its block's bound with the layout's least transfers cannot beat the K-th best
             key = (settings.vpp, per_stage)
             if key not in masks:
                 masks[key] = chunk_mask(units, settings.vpp, per_stage)

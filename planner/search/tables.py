@@ -12,13 +12,18 @@ def pool_offsets(cluster: Cluster) -> list[int]:
     return [group.first_device for group in cluster.groups]
 
 
-def allocate(cluster: Cluster, layout: Layout, settings: Settings) -> list[tuple[int, ...]]:
-    """Stage k takes the next ``tp * dp`` devices of its pool, in order; tp groups are contiguous and,
-    because tp divides the node size, each lies inside one node."""
+def first_devices(cluster: Cluster, layout: Layout, settings: Settings) -> list[int]:
+    """Each stage's first device: stage k takes the next ``tp * dp`` devices of its pool, in order."""
     cursor = pool_offsets(cluster)
     out = []
     for option in layout.options:
-        size = option.ranks * settings.dp
-        out.append(tuple(range(cursor[option.pool], cursor[option.pool] + size)))
-        cursor[option.pool] += size
+        out.append(cursor[option.pool])
+        cursor[option.pool] += option.ranks * settings.dp
     return out
+
+
+def allocate(cluster: Cluster, layout: Layout, settings: Settings) -> list[tuple[int, ...]]:
+    """Stage k takes the next ``tp * dp`` devices of its pool, in order (:func:`first_devices`); tp groups are
+    contiguous and, because tp divides the node size, each lies inside one node."""
+    return [tuple(range(first, first + option.ranks * settings.dp))
+            for first, option in zip(first_devices(cluster, layout, settings), layout.options)]
