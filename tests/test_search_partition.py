@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from planner.search.backend import segment_sums
-from planner.search.partition import score, solve_partition, stage_bounds
+from planner.search.partition import partitions_below, score, solve_partition, stage_bounds
 from tests.solvers.ilp import solve_partition_ilp
 
 
@@ -67,3 +67,22 @@ def test_cutoff_prunes_only_what_cannot_win():
     assert solve_partition(S, G, cutoff=best.objective) is None
     again = solve_partition(S, G, cutoff=best.objective * 1.001 + 1e-9)
     assert again is not None and again.objective == pytest.approx(best.objective)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_partitions_below_equals_brute_force(seed):
+    """Every partition below the cutoff under each (S, G) pair, none other; None past the node limit."""
+    rng = np.random.default_rng(900 + seed)
+    P = int(rng.integers(1, 5))
+    L = int(rng.integers(P, 9))
+    pairs = []
+    for _ in range(int(rng.integers(1, 3))):
+        allowed = np.triu(np.ones((L, L), dtype=bool)) & (rng.uniform(size=(L, L)) > 0.1)
+        pairs.append((np.where(allowed[None], rng.uniform(0, 1, (P, L, L)), np.inf), rng.uniform(0, 3, (P, L, L))))
+    cutoff = float(rng.uniform(1, 6))
+    want = [(*cuts, L - 1) for cuts in itertools.combinations(range(L - 1), P - 1)
+            if all(score(S, G, (*cuts, L - 1))[0] < cutoff for S, G in pairs)]
+    found, nodes = partitions_below(pairs, cutoff, 10 ** 6)
+    assert sorted(found) == want and nodes >= len(want)
+    if want and P > 1:
+        assert partitions_below(pairs, cutoff, 1) == (None, 1)

@@ -15,7 +15,10 @@ One heap of nodes, each with a lower bound on every plan below it (:mod:`planner
    bound of :mod:`planner.search.backend` (the layout's bound), and the cost model times that partition
    exactly.
 The search stops when the least bound in the heap reaches the K-th best time: every unvisited plan is
-provably no faster. Nodes whose bound already reaches it when they are created are never stored.
+provably no faster. Nodes whose bound already reaches it when they are created are never stored. Then the
+visited layouts whose bound is below the K-th best, least bound first, have their other partitions below it
+timed too (:meth:`_Search.exhaust`): the bound's best partition need not be the fastest, above all over slow
+links, where the bound is loosest.
 
 With a tie tolerance (``run(tie_tolerance=...)``, which ``planner.plan`` sets to
 ``planner.rules.TIE_TOLERANCE``) the cutoff is at least that fraction above the fastest time, so every plan
@@ -23,7 +26,8 @@ within it is timed, and the simplest of those (lower ZeRO, less recompute, small
 returned first.
 
 The best plan is proven optimal under the cost model when its time does not exceed the least bound of any
-layout (visited or not); otherwise the plan's ``lower_bound_s`` says how far from optimal it can be.
+layout (visited or not) whose partitions below that bound were not all timed; otherwise the plan's
+``lower_bound_s`` says how far from optimal it can be.
 :class:`Limits` (the work limit of planner.solver.SolverOptions, an explicit work budget, a wall-clock time) may
 stop it earlier, never before a plan is found.
 """
@@ -46,7 +50,7 @@ from planner.search import hetero
 from planner.search.backend import Backend
 from planner.search.interleave import chunk_mask, partition_allowed, pipeline_allowed
 from planner.search.bounds import Profiles, QuickSettingsBound, layout_floor, lower_bounds, settings_lower_bound
-from planner.search.partition import Partition, score, solve_partition, stage_bounds
+from planner.search.partition import Partition, partitions_below, score, solve_partition, stage_bounds
 from planner.search.space import Layout, Pins, Settings, StageOption, enumerate_settings, even_split, max_stages, \
     options_allowed, ordered_layouts, pool_options, settings_allowed
 from planner.search.tables import allocate
@@ -62,6 +66,11 @@ MAX_GRID = 20000  # stage-count combinations per choice before mixed layouts fal
 # a box of stage counts with more combinations than this is split in halves (each bounded at its corners)
 # rather than bounded count by count: large boxes are mostly pruned whole
 BOX_GRID = 256
+# partial partitions a visited layout's enumeration below the K-th best may take before the layout keeps its bound,
+# and how many of them make a work unit (a unit is about one partition DP or one timing by the cost model; a
+# partial partition costs a small fraction of that, measured in benchmarks/results/search.md)
+EXHAUST_NODES = 20_000
+NODES_PER_WORK_UNIT = 200
 _REL_TOL = 1e-9
 # The work limit (in work units, see Limits) of SolverOptions(work=1); SolverOptions.work multiplies it. An exact
 # search gains nothing from stopping early, so the default is a deterministic safety stop rather than a trade of
@@ -247,13 +256,16 @@ class _Search:
             return True
         return self.limits.time_s is not None and time.perf_counter() - self.start > self.limits.time_s
 
+    def kth(self) -> float:
+        """The K-th best time (inf until K plans are found): what a plan must beat to enter the result."""
+        return self.best[-1].time_s if len(self.best) >= self.top_k else np.inf
+
     def cutoff(self) -> float:
         """Plans at or above this time cannot enter the result: the K-th best time, or past it the tie
         tolerance above the fastest (the simpler plans there are still wanted)."""
-        kth = self.best[-1].time_s if len(self.best) >= self.top_k else np.inf
         if self.tie_tolerance > 0 and self.best:
-            return max(kth, self.best[0].time_s * (1.0 + self.tie_tolerance))
-        return kth
+            return max(self.kth(), self.best[0].time_s * (1.0 + self.tie_tolerance))
+        return self.kth()
 
     def time(self, settings: Settings, layout: Layout, last: tuple[int, ...], bound: float | None,
              check: bool = True) -> Candidate | None:
@@ -320,6 +332,45 @@ class _Search:
         return Candidate(time_s, settings, Layout((StageOption(first.pool, first.tp),)), (num_layers - 1,), time_s,
                          spec, estimate, stage.groups)
 
+    def exhaust(self, visited: list[_Visited], settings_list: list[Settings], masks: dict) -> bool:
+        """Time the other partitions of the visited layouts whose bound is below the K-th best time, least
+        bound first (:func:`planner.search.partition.partitions_below`): the DP timed only the partition that
+        minimises the layout's bound, and another may time faster. A layout whose partitions below it are all
+        timed no longer bounds the result; the others (too many partitions, or a limit reached) keep their
+        bound in ``least_layout_bound``. Returns whether a limit stopped it."""
+        for layout_visit in sorted(visited):
+            if layout_visit.bound_s >= self.kth():
+                return False  # the rest are bounded at or above the K-th best
+            if self.out_of_limits():
+                self.least_layout_bound = min(self.least_layout_bound, layout_visit.bound_s)
+                self.limits.log_stop(self.work)
+                return True
+            settings = settings_list[layout_visit.settings_index]
+            mask = masks[layout_visit.mask_key]
+            pairs = []
+            for exposure in self.backend.exposures(settings):
+                S, G = self.backend.stage_matrices(layout_visit.layout, settings, self.global_batch, exposure)
+                pairs.append((S if mask is None else np.where(mask[None], S, np.inf), G))
+            found, nodes = partitions_below(pairs, self.kth(), EXHAUST_NODES)
+            self.work += 1 + nodes // NODES_PER_WORK_UNIT
+            if found is None:
+                self.least_layout_bound = min(self.least_layout_bound, layout_visit.bound_s)
+                continue
+            for last in found:
+                if last == layout_visit.last_layers:
+                    continue
+                if self.out_of_limits():
+                    self.least_layout_bound = min(self.least_layout_bound, layout_visit.bound_s)
+                    self.limits.log_stop(self.work)
+                    return True
+                bound = max(score(S, G, last)[0] for S, G in pairs)
+                if bound >= self.kth():
+                    continue  # the K-th best improved since the enumeration
+                cand = self.time(settings, layout_visit.layout, last, bound)
+                if cand is not None:
+                    self.offer(cand)
+        return False
+
     def refine(self, cand: Candidate) -> Candidate:
         """Hill-climb the layer cuts of a plan whose time exceeds its layout's bound (the bound is exact for
         identical stages; uneven ones may time better after moving a cut by one layer). Stops at a local
@@ -355,6 +406,19 @@ class _Search:
                 if improved:
                     break
         return current
+
+
+@dataclass(frozen=True, order=True)
+class _Visited:
+    """A layout the search partitioned: its least bound, the order it came in (ties), its settings' index, the
+    chunk mask's key and the partition the DP chose (timed)."""
+
+    bound_s: float
+    order: int
+    settings_index: int = field(compare=False)
+    layout: Layout = field(compare=False)
+    mask_key: tuple = field(compare=False)
+    last_layers: tuple[int, ...] = field(compare=False)
 
 
 def _least_bound_partition(backend: Backend, layout: Layout, settings: Settings, global_batch: int,
@@ -517,6 +581,7 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
                           _HETERO))
     heapq.heapify(queue)
     heap: list[_Entry] = []
+    visited: list[_Visited] = []  # the layouts partitioned, with their bounds
     expanded = bounded = solved = 0
     complete = True
     timed_out = False
@@ -607,10 +672,15 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
             part = _least_bound_partition(backend, layout, settings, global_batch, masks[key], state.cutoff())
             if part is None:
                 continue  # no partition fits, or none can beat the K-th best
-            state.least_layout_bound = min(state.least_layout_bound, part.objective)
+            visited.append(_Visited(part.objective, len(visited), entry.settings_index, layout, key,
+                                    part.last_layers))
             cand = state.time(settings, layout, part.last_layers, part.objective)
             if cand is not None:
                 state.offer(cand)
+    if timed_out:
+        state.least_layout_bound = min([state.least_layout_bound, *(v.bound_s for v in visited)])
+    else:
+        timed_out = state.exhaust(visited, settings_list, masks)
     if state.best and state.best[0].time_s > state.best[0].bound_s * (1 + _REL_TOL):
         state.offer(state.refine(state.best[0]))
     if progress is not None:

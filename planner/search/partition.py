@@ -179,3 +179,48 @@ def solve_partition(S: np.ndarray, G: np.ndarray, cutoff: float = np.inf) -> Par
     if best >= cutoff:
         return None
     return Partition(best_last, best, runs)
+
+
+def partitions_below(pairs: list[tuple[np.ndarray, np.ndarray]], cutoff: float, max_nodes: int
+                     ) -> tuple[list[tuple[int, ...]] | None, int]:
+    """Every partition whose objective under each (S, G) pair is below ``cutoff`` (depth first over the
+    stages' last layers, a branch dropped once a pair's partial sum of S plus its least completion, plus the
+    larger of the partial max of G and its least completion, reaches the cutoff), as tuples of last layers
+    (None when that takes more than ``max_nodes`` partial partitions), and the partial partitions visited."""
+    P, L, _ = pairs[0][0].shape
+    if P > L or P == 0:
+        return [], 0
+    rests, tops, sums, bottlenecks = [], [], [], []
+    for S, G in pairs:
+        # rest[k, i], top[k, i]: least sum of S and least max of G over stages k.. holding layers i..
+        rest = np.full((P + 1, L + 1), np.inf)
+        top = np.full((P + 1, L + 1), np.inf)
+        rest[P, L], top[P, L] = 0.0, -np.inf
+        for k in range(P - 1, -1, -1):
+            rest[k, :L] = (S[k] + rest[k + 1, 1:][None, :]).min(axis=1)
+            top[k, :L] = np.maximum(np.where(np.isfinite(S[k]), G[k], np.inf), top[k + 1, 1:][None, :]).min(axis=1)
+        rests.append(rest.tolist())
+        tops.append(top.tolist())
+        sums.append(S.tolist())
+        bottlenecks.append(G.tolist())
+    pairs_range = range(len(pairs))
+    out: list[tuple[int, ...]] = []
+    nodes = 0
+    stack: list[tuple[int, int, tuple[float, ...], tuple[float, ...], tuple[int, ...]]] = [
+        (0, 0, (0.0,) * len(pairs), (-np.inf,) * len(pairs), ())]
+    while stack:
+        k, i, partial, worst, cuts = stack.pop()
+        ends = range(L - 1, L) if k == P - 1 else range(i, L - P + k + 1)
+        for j in ends:
+            nodes += 1
+            if nodes > max_nodes:
+                return None, max_nodes
+            s = tuple(partial[e] + sums[e][k][i][j] for e in pairs_range)
+            g = tuple(max(worst[e], bottlenecks[e][k][i][j]) for e in pairs_range)
+            if any(s[e] + rests[e][k + 1][j + 1] + max(g[e], tops[e][k + 1][j + 1]) >= cutoff for e in pairs_range):
+                continue
+            if k == P - 1:
+                out.append((*cuts, j))
+            else:
+                stack.append((k + 1, j + 1, s, g, (*cuts, j)))
+    return out, nodes
