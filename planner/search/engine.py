@@ -71,6 +71,9 @@ BOX_GRID = 256
 # partial partition costs a small fraction of that, measured in benchmarks/results/search.md)
 EXHAUST_NODES = 20_000
 NODES_PER_WORK_UNIT = 200
+# partitions below the K-th best a layout may have for them all to be timed (each timing is a cost-model estimate):
+# past it the layout keeps its bound
+EXHAUST_PLANS = 256
 _REL_TOL = 1e-9
 # The work limit (in work units, see Limits) of SolverOptions(work=1); SolverOptions.work multiplies it. An exact
 # search gains nothing from stopping early, so the default is a deterministic safety stop rather than a trade of
@@ -341,6 +344,9 @@ class _Search:
         for layout_visit in sorted(visited):
             if layout_visit.bound_s >= self.kth():
                 return False  # the rest are bounded at or above the K-th best
+            if not np.isfinite(self.kth()):  # fewer than K plans: every partition would be wanted
+                self.least_layout_bound = min(self.least_layout_bound, layout_visit.bound_s)
+                return False
             if self.out_of_limits():
                 self.least_layout_bound = min(self.least_layout_bound, layout_visit.bound_s)
                 self.limits.log_stop(self.work)
@@ -353,19 +359,20 @@ class _Search:
                 pairs.append((S if mask is None else np.where(mask[None], S, np.inf), G))
             found, nodes = partitions_below(pairs, self.kth(), EXHAUST_NODES)
             self.work += 1 + nodes // NODES_PER_WORK_UNIT
-            if found is None:
+            if found is None or len(found) > EXHAUST_PLANS:
                 self.least_layout_bound = min(self.least_layout_bound, layout_visit.bound_s)
                 continue
-            for last in found:
+            bounds = {last: max(score(S, G, last)[0] for S, G in pairs) for last in found}
+            for last in sorted(found, key=lambda last: (bounds[last], last)):
                 if last == layout_visit.last_layers:
                     continue
                 if self.out_of_limits():
                     self.least_layout_bound = min(self.least_layout_bound, layout_visit.bound_s)
                     self.limits.log_stop(self.work)
                     return True
-                bound = max(score(S, G, last)[0] for S, G in pairs)
+                bound = bounds[last]
                 if bound >= self.kth():
-                    continue  # the K-th best improved since the enumeration
+                    break  # the K-th best improved since the enumeration: the rest are bounded above it
                 cand = self.time(settings, layout_visit.layout, last, bound)
                 if cand is not None:
                     self.offer(cand)
