@@ -48,9 +48,10 @@ def test_real_cost_model_matches_exhaustive_enumeration(tiny, shorthand):
 
 
 @pytest.mark.parametrize("global_batch", [64])
-def test_search_over_slow_links_proves_the_exhaustive_optimum(tmp_path, global_batch):
+def test_search_over_slow_links_proves_the_exhaustive_optimum(tmp_path, global_batch, monkeypatch):
     """Over 10 GB/s links the partition minimising a layout's bound is often not its fastest; the search times
-    the layout's other partitions below the best time, so it proves the optimum exhaustive enumeration finds."""
+    the layout's other partitions below the best time, so it proves the optimum exhaustive enumeration finds.
+    With no enumeration allowed the layouts keep their bounds: not proven, the bound still below the optimum."""
     path = tmp_path / "slow.yaml"
     path.write_text("name: slow\ngroups:\n"
                     "  - {node: dgx-h100, count: 1, inter_node_bandwidth_GBps: 10}\n"
@@ -65,6 +66,10 @@ def test_search_over_slow_links_proves_the_exhaustive_optimum(tmp_path, global_b
     assert found.proven_optimal
     assert found.candidates[0].time_s == pytest.approx(truth.best_time_s, rel=1e-9)
     assert found.lower_bound_s == pytest.approx(truth.best_time_s, rel=1e-6)
+    monkeypatch.setattr(engine, "EXHAUST_TOTAL_NODES", 0)
+    capped = engine.run(backend, cluster, len(model.layers), global_batch, pins)
+    assert not capped.proven_optimal
+    assert capped.lower_bound_s < truth.best_time_s <= capped.candidates[0].time_s * (1 + 1e-9)
 
 
 def spec_of(plan: Plan) -> PipelineSpec:

@@ -71,6 +71,8 @@ BOX_GRID = 256
 # partial partition costs a small fraction of that, measured in benchmarks/results/search.md)
 EXHAUST_NODES = 20_000
 NODES_PER_WORK_UNIT = 200
+# partial partitions all the enumerations of one search may take: past it the layouts left keep their bounds
+EXHAUST_TOTAL_NODES = 200_000
 # partitions below the K-th best a layout may have for them all to be timed (each timing is a cost-model estimate):
 # past it the layout keeps its bound
 EXHAUST_PLANS = 256
@@ -339,12 +341,15 @@ class _Search:
         """Time the other partitions of the visited layouts whose bound is below the K-th best time, least
         bound first (:func:`planner.search.partition.partitions_below`): the DP timed only the partition that
         minimises the layout's bound, and another may time faster. A layout whose partitions below it are all
-        timed no longer bounds the result; the others (too many partitions, or a limit reached) keep their
-        bound in ``least_layout_bound``. Returns whether a limit stopped it."""
+        timed no longer bounds the result; the others (too many partitions, the enumerations' share of work
+        spent, or a limit reached) keep their bound in ``least_layout_bound``. Returns whether a limit stopped
+        it."""
+        left = EXHAUST_TOTAL_NODES
         for layout_visit in sorted(visited):
             if layout_visit.bound_s >= self.kth():
                 return False  # the rest are bounded at or above the K-th best
-            if not np.isfinite(self.kth()):  # fewer than K plans: every partition would be wanted
+            # fewer than K plans (every partition would be wanted), or the enumerations' share spent
+            if not np.isfinite(self.kth()) or left <= 0:
                 self.least_layout_bound = min(self.least_layout_bound, layout_visit.bound_s)
                 return False
             if self.out_of_limits():
@@ -357,7 +362,8 @@ class _Search:
             for exposure in self.backend.exposures(settings):
                 S, G = self.backend.stage_matrices(layout_visit.layout, settings, self.global_batch, exposure)
                 pairs.append((S if mask is None else np.where(mask[None], S, np.inf), G))
-            found, nodes = partitions_below(pairs, self.kth(), EXHAUST_NODES)
+            found, nodes = partitions_below(pairs, self.kth(), min(EXHAUST_NODES, left))
+            left -= nodes
             self.work += 1 + nodes // NODES_PER_WORK_UNIT
             if found is None or len(found) > EXHAUST_PLANS:
                 self.least_layout_bound = min(self.least_layout_bound, layout_visit.bound_s)
