@@ -4,11 +4,13 @@
 counts its own work in deterministic units (never the clock), so the same input and options give the same plan
 on any machine:
 
-- the dense search (planner.search) counts layouts partitioned plus plans timed; its limit is
-  ``planner.search.engine.DEFAULT_WORK_UNITS x work``, sized so that the default runs every measured case to
-  completion with a wide margin (the same plan as a search without a limit). Less work may stop it early with
-  the best plan found and its lower bound (then not proven optimal); more only matters to a search larger than
-  any measured. An explicit ``budget`` (``planner plan --budget N``) caps it further: the smaller applies;
+- the dense search (planner.search) counts layouts partitioned plus plans timed (and, in smaller shares,
+  layouts skipped by their transfers' bound and partial partitions enumerated:
+  :class:`planner.search.engine.Limits`); its limit is ``planner.search.engine.DEFAULT_WORK_UNITS x work``,
+  sized so that the default runs every measured case to completion with a wide margin (the same plan as a
+  search without a limit). Less work may stop it early with the best plan found and its lower bound (then not
+  proven optimal); more only matters to a search larger than any measured. An explicit ``budget``
+  (``planner plan --budget N``) caps it further: the smaller applies;
 - the embedding-table sharder (planner.embeddings) counts evaluations of every device's time; its default budget
   (planner.embeddings.budget.DEFAULT_EVALUATIONS) buys a plan near its bound, and more work gets closer.
 

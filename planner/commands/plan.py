@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="stop searching after S seconds, once a plan is found (the plan then says whether it "
                              "is proven optimal, and its lower bound)")
     parser.add_argument("--budget", type=positive_int, metavar="N",
-                        help="stop the dense search after N work units (layouts partitioned plus plans timed), "
+                        help="stop the dense search after N work units (mostly layouts partitioned plus plans timed), "
                              "once a plan is found: like --time-limit, but the same result on any machine; "
                              "with --work, the smaller limit applies")
     add_solver_flags(parser)

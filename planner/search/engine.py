@@ -71,6 +71,8 @@ BOX_GRID = 256
 # partial partition costs a small fraction of that, measured in benchmarks/results/search.md)
 EXHAUST_NODES = 20_000
 NODES_PER_WORK_UNIT = 200
+# layouts bounded by their least transfers per work unit (a floor costs a small fraction of a partition DP)
+FLOORS_PER_WORK_UNIT = 8
 # partial partitions all the enumerations of one search may take: past it the layouts left keep their bounds
 EXHAUST_TOTAL_NODES = 200_000
 # partitions below the K-th best a layout may have for them all to be timed (each timing is a cost-model estimate):
@@ -495,10 +497,11 @@ def _interleavable(num_micro_batches: int, vpp: int, num_units: int, num_layers:
 class Limits:
     """When to stop before the search is complete, once it holds a plan (a limit never ends a search that has
     found none). Work units are deterministic on any machine: one per layout whose partition the DP solves and
-    one per plan the cost model times (the costly steps; bounding settings and stage-count grids is not
-    counted). ``work_units`` is the work limit of the search's SolverOptions (:meth:`of`; None: past any
-    count), ``budget`` an explicit cap in work units; the smaller of the two applies (:attr:`units`), since
-    either asks the search to stop there. ``time_s`` is wall clock."""
+    one per plan the cost model times (the costly steps), one per ``FLOORS_PER_WORK_UNIT`` layouts skipped by
+    their transfers' bound and one per ``NODES_PER_WORK_UNIT`` partial partitions enumerated (bounding
+    settings and stage-count grids is not counted). ``work_units`` is the work limit of the search's
+    SolverOptions (:meth:`of`; None: past any count), ``budget`` an explicit cap in work units; the smaller of
+    the two applies (:attr:`units`), since either asks the search to stop there. ``time_s`` is wall clock."""
 
     time_s: float | None = None
     budget: int | None = None
@@ -595,7 +598,7 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
     heapq.heapify(queue)
     heap: list[_Entry] = []
     visited: list[_Visited] = []  # the layouts partitioned, with their bounds
-    expanded = bounded = solved = 0
+    expanded = bounded = solved = floored = 0
     complete = True
     timed_out = False
     unvisited = np.inf
@@ -666,8 +669,8 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
         even = even_split(settings)
         for layout in ordered_layouts(blocks):
             solved += 1
-            state.work += 1
             if layout.num_stages == 1:
+                state.work += 1
                 cand = state.time(settings, layout, (num_layers - 1,), None)
                 if cand is not None:
                     state.least_layout_bound = min(state.least_layout_bound, cand.time_s)
@@ -676,9 +679,12 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
             # every stage a whole number of equal chunks; the same number of units on every stage where the
             # runtime has no uneven pipeline
             per_stage = num_units // layout.num_stages if even else None
+            floored += 1
+            state.work += floored % FLOORS_PER_WORK_UNIT == 0
             if layout_floor(profiles, layout, settings, settings.num_micro_batches(global_batch),
                             entry.bound_s) >= state.cutoff():
                 continue  # its block's bound with the layout's least transfers cannot beat the K-th best
+            state.work += 1
             key = (settings.vpp, per_stage)
             if key not in masks:
                 masks[key] = chunk_mask(units, settings.vpp, per_stage)
