@@ -470,8 +470,7 @@ def layout_floor(profiles: Profiles, layout: Layout, settings: Settings, num_mic
     of the fill's least work."""
     P, m, V = layout.num_stages, num_micro_batches, settings.vpp
     floors = profiles.backend.send_floors(layout, settings)
-    hops = bound_coefficients(P, m, V).hops
-    fill = sum(h * c for h, c in zip(hops.tolist(), floors))
+    fill = sum(h * c for h, c in zip(_hops(P, m, V), floors))
     if P == 1 or not any(floors):
         return block_s + fill
     memo = profiles.count_memo
@@ -481,14 +480,21 @@ def layout_floor(profiles: Profiles, layout: Layout, settings: Settings, num_mic
         work = [p.forward_s + p.backward_s / V for p in (profiles.get(o, settings) for o in key[1])]
         least = memo[key] = float(np.minimum.reduce(work).sum())
     cycles, warm = handoff_cycles(P, m, V), warmups(P, m, V)
+    passes = {o: _least_passes(profiles, o, settings) for o in key[1]}
     chains = 0.0
     for k, (n, span) in enumerate(cycles):
         if n == 0 or floors[k] == 0:
             continue
         for side in (k, k + 1):
-            f, b = _least_passes(profiles, layout.options[side], settings)
+            f, b = passes[layout.options[side]]
             chains = max(chains, handoff_g(f, b, floors[k], m, V, warm[side], (n, span)))
     return max(block_s, least + chains) + fill
+
+
+@functools.lru_cache(maxsize=4096)
+def _hops(num_stages: int, num_micro_batches: int, vpp: int) -> tuple[float, ...]:
+    """Each stage's transfers on the critical path (:func:`planner.search.interleave.bound_coefficients`)."""
+    return tuple(bound_coefficients(num_stages, num_micro_batches, vpp).hops.tolist())
 
 
 def _least_passes(profiles: Profiles, option: StageOption, settings: Settings) -> tuple[float, float]:

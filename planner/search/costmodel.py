@@ -211,10 +211,19 @@ class CostModelBackend:
 
     def send_floors(self, layout: Layout, settings: Settings) -> list[float]:
         firsts = first_devices(self.cluster, layout, settings)
+        P = layout.num_stages
+        inner: dict[StageOption, float] = {}  # an option's least boundary but for the last stage's
         out = []
         for k, option in enumerate(layout.options):
-            to = send_target(layout.num_stages, settings.vpp, k)
-            least = 0.0 if to is None else self._boundary_bytes(layout, settings, k)[1]
+            to = send_target(P, settings.vpp, k)
+            if to is None:
+                out.append(0.0)
+                continue
+            least = inner.get(option) if k + 1 < P else None
+            if least is None:
+                least = self._boundary_bytes(layout, settings, k)[1]
+                if k + 1 < P:
+                    inner[option] = least
             if least > 0:
                 fixed, per_byte = self._p2p_coefficients(firsts[k], firsts[to], option, settings)
                 out.append(fixed + per_byte * least)
