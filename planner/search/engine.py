@@ -41,7 +41,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -347,44 +347,43 @@ class _Search:
         spent, or a limit reached) keep their bound in ``least_layout_bound``. Returns whether a limit stopped
         it."""
         left = EXHAUST_TOTAL_NODES
-        for layout_visit in sorted(visited):
-            if layout_visit.bound_s >= self.kth():
+        for visit in sorted(visited):
+            if visit.bound_s >= self.kth():
                 return False  # the rest are bounded at or above the K-th best
             # fewer than K plans (every partition would be wanted), or the enumerations' share spent
             if not np.isfinite(self.kth()) or left <= 0:
-                self.least_layout_bound = min(self.least_layout_bound, layout_visit.bound_s)
-                return False
+                return self._keep(visit, stopped=False)
             if self.out_of_limits():
-                self.least_layout_bound = min(self.least_layout_bound, layout_visit.bound_s)
-                self.limits.log_stop(self.work)
-                return True
-            settings = settings_list[layout_visit.settings_index]
-            mask = masks[layout_visit.mask_key]
-            pairs = []
-            for exposure in self.backend.exposures(settings):
-                S, G = self.backend.stage_matrices(layout_visit.layout, settings, self.global_batch, exposure)
-                pairs.append((S if mask is None else np.where(mask[None], S, np.inf), G))
+                return self._keep(visit, stopped=True)
+            settings = settings_list[visit.settings_index]
+            pairs = list(_masked_matrices(self.backend, visit.layout, settings, self.global_batch,
+                                         masks[visit.mask_key]))
             found, nodes = partitions_below(pairs, self.kth(), min(EXHAUST_NODES, left))
             left -= nodes
             self.work += 1 + nodes // NODES_PER_WORK_UNIT
             if found is None or len(found) > EXHAUST_PLANS:
-                self.least_layout_bound = min(self.least_layout_bound, layout_visit.bound_s)
+                self._keep(visit, stopped=False)
                 continue
             bounds = {last: max(score(S, G, last)[0] for S, G in pairs) for last in found}
             for last in sorted(found, key=lambda last: (bounds[last], last)):
-                if last == layout_visit.last_layers:
+                if last == visit.last_layers:
                     continue
                 if self.out_of_limits():
-                    self.least_layout_bound = min(self.least_layout_bound, layout_visit.bound_s)
-                    self.limits.log_stop(self.work)
-                    return True
-                bound = bounds[last]
-                if bound >= self.kth():
+                    return self._keep(visit, stopped=True)
+                if bounds[last] >= self.kth():
                     break  # the K-th best improved since the enumeration: the rest are bounded above it
-                cand = self.time(settings, layout_visit.layout, last, bound)
+                cand = self.time(settings, visit.layout, last, bounds[last])
                 if cand is not None:
                     self.offer(cand)
         return False
+
+    def _keep(self, visit: _Visited, stopped: bool) -> bool:
+        """A visited layout keeps its bound in ``least_layout_bound`` (with a limit's stop logged when
+        ``stopped``); returns ``stopped``."""
+        self.least_layout_bound = min(self.least_layout_bound, visit.bound_s)
+        if stopped:
+            self.limits.log_stop(self.work)
+        return stopped
 
     def refine(self, cand: Candidate) -> Candidate:
         """Hill-climb the layer cuts of a plan whose time exceeds its layout's bound (the bound is exact for
@@ -436,6 +435,15 @@ class _Visited:
     last_layers: tuple[int, ...] = field(compare=False)
 
 
+def _masked_matrices(backend: Backend, layout: Layout, settings: Settings, global_batch: int,
+                    mask: np.ndarray | None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The layout's (S, G) under each of the backend's weightings, S infinite where ``mask`` (whole chunks per
+    stage, :func:`planner.search.interleave.chunk_mask`) forbids a segment; built as they are read."""
+    for exposure in backend.exposures(settings):
+        S, G = backend.stage_matrices(layout, settings, global_batch, exposure)
+        yield (S if mask is None else np.where(mask[None], S, np.inf)), G
+
+
 def _least_bound_partition(backend: Backend, layout: Layout, settings: Settings, global_batch: int,
                            mask: np.ndarray | None, cutoff: float) -> Partition | None:
     """The partition minimising the layout's bound under each of the backend's weightings of the stages'
@@ -443,10 +451,7 @@ def _least_bound_partition(backend: Backend, layout: Layout, settings: Settings,
     optimum: every partition's time is at least each optimum. None when no partition fits or a weighting
     proves that none beats ``cutoff``."""
     best = None
-    for exposure in backend.exposures(settings):
-        S, G = backend.stage_matrices(layout, settings, global_batch, exposure)
-        if mask is not None:
-            S = np.where(mask[None], S, np.inf)
+    for S, G in _masked_matrices(backend, layout, settings, global_batch, mask):
         part = solve_partition(S, G, cutoff)
         if part is None:
             return None
