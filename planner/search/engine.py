@@ -357,7 +357,7 @@ class _Search:
                 return self._keep(visit, stopped=True)
             settings = settings_list[visit.settings_index]
             pairs = list(_masked_matrices(self.backend, visit.layout, settings, self.global_batch,
-                                         masks[visit.mask_key]))
+                                          masks[visit.mask_key]))
             found, nodes = partitions_below(pairs, self.kth(), min(EXHAUST_NODES, left))
             left -= nodes
             self.work += 1 + nodes // NODES_PER_WORK_UNIT
