@@ -282,3 +282,25 @@ def test_neighbouring_groups_of_one_node_plan_as_one_pool():
     assert apart.iteration_time_s == together.iteration_time_s and apart.search.proven_optimal
     assert [s.devices for s in apart.stages] == [s.devices for s in together.stages]
     assert len(apart.cluster["groups"]) == 4
+
+
+def test_groups_of_one_node_listed_apart_are_named(caplog):
+    """Groups of one node with another type between them cannot pool (a pool's devices run in one block of
+    ids): the search says which, and how to let them pool; neighbours and distinct nodes say nothing."""
+    import logging
+
+    import planner
+    from planner.builders import build
+    from planner.graph import import_model_proto
+    from planner.hardware.cluster import apart_twins
+    from planner.search import api
+
+    assert apart_twins(planner.load_cluster("dgx-h100*1+dgx-a100-80gb*1+dgx-h100*2")) == [("dgx-h100", "dgx-h100_2")]
+    assert apart_twins(planner.load_cluster("dgx-h100*1+dgx-h100*2+dgx-a100-80gb*1")) == []
+    model = import_model_proto(build("gpt", {"layers": 4, "hidden": 64, "heads": 2, "vocab": 128, "seq_len": 64}),
+                               {"batch": 1})
+    api._warn_apart.cache_clear()  # said once per process: another test may have said it
+    with caplog.at_level(logging.WARNING, logger="planner.search.api"):
+        planner.plan(model, planner.load_cluster("dgx-h100*1+dgx-a100-80gb*1+dgx-h100*1"), global_batch=64)
+    assert any("'dgx-h100' and 'dgx-h100_2'" in r.getMessage() and "list them together" in r.getMessage()
+               for r in caplog.records)

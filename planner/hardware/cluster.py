@@ -221,6 +221,15 @@ def pooled(cluster: Cluster) -> Cluster:
     return cluster if len(merged) == len(cluster.groups) else dataclasses.replace(cluster, groups=tuple(merged))
 
 
+def apart_twins(cluster: Cluster) -> list[tuple[str, str]]:
+    """Pairs of group names (the first of each run of neighbours, as :func:`pooled` keeps them) with the same
+    node and price that are not neighbours: the search places no stage across them (a pool's devices are
+    numbered in one run), so listing them next to each other can give a faster plan."""
+    groups = pooled(cluster).groups
+    return [(a.name, b.name) for i, a in enumerate(groups) for b in groups[i + 1:]
+            if a.node == b.node and a.price_per_node_hour == b.price_per_node_hour]
+
+
 def locate(cluster: Cluster, device: int) -> tuple[int, int]:
     """(group index, node index within the whole cluster) of a global device id."""
     firsts, node_offsets = _layout(cluster)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 from dataclasses import dataclass
@@ -12,7 +13,7 @@ import numpy as np
 
 from planner import arguments, compose
 from planner.errors import ConfigError, InfeasibleError
-from planner.hardware.cluster import pooled
+from planner.hardware.cluster import apart_twins, pooled
 from planner.hardware.efficiency import resolve_dtype
 from planner.hardware.fp8 import cost_dtype, resolve_fp8_recipe
 from planner.plans import Plan, SearchInfo
@@ -85,6 +86,14 @@ def check_search_arguments(global_batch: object, time_limit_s: object, budget: o
             None if budget is None else arguments.whole(budget, "budget"))
 
 
+@functools.lru_cache(maxsize=64)
+def _warn_apart(first: str, second: str) -> None:
+    """Say once per process (a what-if sweep plans the same groups at every point) that two groups of one node
+    cannot pool."""
+    log.warning("cluster groups %r and %r have the same node but are not listed next to each other: no stage or "
+                "replica group spans both; list them together to let the search pool them", first, second)
+
+
 def search_dense(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: ParallelConfig | None = None,
                  top_k: int = 1, time_limit_s: float | None = None, backend: Backend | None = None,
                  progress: Callable[[float], None] | None = None, budget: int | None = None,
@@ -103,6 +112,8 @@ def search_dense(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinn
     pins = Pins.from_config(pinned)
     runtime = get_runtime(pins.runtime)  # an unknown name fails here, before the search
     listed = cluster  # the plan reports the groups as given; the search places stages on pools of them
+    for first, second in apart_twins(cluster):
+        _warn_apart(first, second)
     cluster = pooled(cluster)
     devices = [g.node.device for g in cluster.groups]
     dtype = resolve_dtype(devices, pinned.dtype if pinned is not None else None)
