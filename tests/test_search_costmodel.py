@@ -196,3 +196,22 @@ def test_layout_floor_never_exceeds_the_layouts_bound(slow_links):
         assert floor <= least * (1 + 1e-9), (seed, floor, least)
         lifted += floor > 1.05 * block
     assert lifted >= 3
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+@pytest.mark.parametrize("tp, ep", [(2, 8), (1, 4), (2, 2)])
+def test_bound_is_exact_for_one_stage_of_experts(zero, tp, ep):
+    """The routed experts' gradients are reduced over their own data-parallel group (every ep x expert_tp-th
+    rank) where it differs from the stage's: the bound's synchronisation is the cost model's."""
+    model = import_model_proto(build("moe", {"layers": 2, "hidden": 256, "heads": 8, "kv_heads": 4, "vocab": 512,
+                                             "seq_len": 128, "experts": 8, "top_k": 2, "expert_ffn": 512}),
+                               {"batch": 1}, name="moe-test")
+    cluster = load_cluster("dgx-h100*2")
+    backend = CostModelBackend(model, cluster)
+    settings = Settings(micro_batch=1, dp=16 // tp, zero=zero, recompute="none", sequence_parallel=tp > 1, ep=ep,
+                        expert_tp=1)
+    layout = Layout((StageOption(0, tp),))
+    S, G = backend.stage_matrices(layout, settings, 64)
+    last = (len(model.layers) - 1,)
+    estimate = estimate_pipeline(model, cluster, pipeline_spec(cluster, 64, settings, layout, last))
+    assert score(S, G, last)[0] == pytest.approx(estimate.iteration_time_s, rel=1e-9)

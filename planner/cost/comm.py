@@ -180,6 +180,15 @@ def dp_sync(zero: int, params: np.ndarray, group: CommGroup, dtype: str, runtime
                                             first_gather_s))
 
 
+def one_after_other(a: DpSync, b: DpSync) -> DpSync:
+    """Two buffers' synchronisations one after the other on the link (Megatron-Core keeps the experts'
+    gradients in their own buffers, reduced over the expert-data-parallel group): the times and bytes add,
+    the unhidden edge bucket is the larger one."""
+    def join(x: Pass, y: Pass) -> Pass:
+        return Pass(x.total_s + y.total_s, np.maximum(x.edge_s, y.edge_s), x.sent_bytes + y.sent_bytes)
+    return DpSync(a.zero, join(a.grad, b.grad), join(a.gather, b.gather))
+
+
 def sync_tail_s(sync: DpSync, runtime: Runtime, last_backward_s: np.ndarray | float,
                 first_forward_s: np.ndarray | float) -> np.ndarray:
     """What the once-per-iteration synchronisation adds after a stage's last backward: the gradient

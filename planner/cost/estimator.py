@@ -34,7 +34,8 @@ import numpy as np
 
 from planner.cost.calibration import DeviceCalibration, calibration_for
 from planner.cost.comm import (ZERO_STAGES, DpSync, Pass, dp_bytes_per_iteration, dp_group, dp_sync,
-                               layer_collective_s, micro_batch_reduce_s, sync_tail_s, zero3_exposed_s)
+                               layer_collective_s, micro_batch_reduce_s, one_after_other, sync_tail_s,
+                               zero3_exposed_s)
 from planner.cost.compute import layer_costs
 from planner.cost.context import layers_exchange_s
 from planner.cost.moe import ep_group_devices, expert_dp_devices, resolved_expert_tp
@@ -171,15 +172,6 @@ def _expert_groups(model: LayerGraph, cluster: Cluster, r: ReplicaSpec, cal: Dev
     return (ep, etp, group), edp
 
 
-def _combine(a: DpSync, b: DpSync) -> DpSync:
-    """Two buffers' synchronisations one after the other on the link (Megatron-Core keeps the experts'
-    gradients in their own buffers, reduced over the expert-data-parallel group): the times and bytes add,
-    the unhidden edge bucket is the larger one."""
-    def join(x: Pass, y: Pass) -> Pass:
-        return Pass(x.total_s + y.total_s, np.maximum(x.edge_s, y.edge_s), x.sent_bytes + y.sent_bytes)
-    return DpSync(a.zero, join(a.grad, b.grad), join(a.gather, b.gather))
-
-
 def _placement(model: LayerGraph, cluster: Cluster, stages: tuple[StageSpec, ...], optimizer: str, dtype: str,
                calibrations: Calibrations | None, runtime: Runtime, ep: int = 1, expert_tp: int = 0) -> _Placement:
     rows, nodes, cals, row_stage, groups, stage_dp, row_dp, stage_replicas = [], [], [], [], [], [], [], []
@@ -238,7 +230,7 @@ def _placement(model: LayerGraph, cluster: Cluster, stages: tuple[StageSpec, ...
         if p_expert.any() and zero < 3:  # the experts' gradients over their own data-parallel group
             expert = [([i], dp_sync(zero, p_expert[[i]], edp_groups[i], dtype, runtime))
                       for i in range(len(rows)) if edp_groups[i] is not None]
-            sync = _combine(sync, _gather_rows(zero, len(rows), expert))
+            sync = one_after_other(sync, _gather_rows(zero, len(rows), expert))
         syncs.append(sync)
         opt_s.append(np.array([optimizer_time_s(p[i], nodes[i].device, optimizer, zero, row_dp[i], dtype, cals[i],
                                                 runtime, p_expert[i], row_edp[i])

@@ -20,10 +20,10 @@ import numpy as np
 
 from planner.cost import estimate_pipeline, layer_costs, optimizer_time_s, stage_memory
 from planner.cost.calibration import DeviceCalibration, calibration_for
-from planner.cost.comm import (dp_group, dp_sync, layer_collective_s, micro_batch_reduce_s, sync_tail_s,
-                               zero3_exposed_lower_s)
+from planner.cost.comm import (dp_group, dp_sync, layer_collective_s, micro_batch_reduce_s, one_after_other,
+                               sync_tail_s, zero3_exposed_lower_s)
 from planner.cost.memory import micro_batches_in_flight
-from planner.cost.moe import ep_group_devices, expert_dp, resolved_expert_tp
+from planner.cost.moe import ep_group_devices, expert_dp, expert_dp_devices, resolved_expert_tp
 from planner.hardware.cluster import locate
 from planner.hardware.collectives import CommGroup, p2p_time_s
 from planner.runtime import get_runtime
@@ -244,6 +244,20 @@ class CostModelBackend:
             self._collectives[key] = hit
         return hit
 
+    def _expert_dp_group(self, option: StageOption, devices: tuple[int, ...], settings: Settings
+                         ) -> CommGroup | None:
+        """The expert-data-parallel group of a stage's first rank, as the cost model folds it
+        (``planner.cost.moe.expert_dp_devices``); None where it is the stage's data-parallel group."""
+        etp = resolved_expert_tp(option.tp, settings.expert_tp)
+        if not self.model_has_experts or settings.ep * etp == option.tp:
+            return None
+        key = ("edp", option, devices, settings.ep, etp, settings.runtime)
+        hit = self._collectives.get(key)
+        if hit is None:
+            hit = self._collectives[key] = dp_group(self.cluster, expert_dp_devices(devices, settings.ep, etp),
+                                                    self._cal(option, settings))
+        return hit
+
     def _zero_per_micro_batch(self, option: StageOption, devices: tuple[int, ...], settings: Settings
                               ) -> tuple[np.ndarray | float, np.ndarray | float]:
         """What ZeRO-2/3's collectives add to each micro-batch's forward and backward, per segment i..j:
@@ -295,10 +309,15 @@ class CostModelBackend:
         params = sums(t.params_per_rank)
         # the collectives' edge buckets: each segment's first layer
         edge_grad, edge_gather = (grad[0], gather[0]) if first else (grad[:, None], gather[:, None])
-        sync = dp_sync(settings.zero, params, group, settings.dtype, runtime, sums(grad), edge_grad, sums(gather),
-                       edge_gather)
-        out = sync_tail_s(sync, runtime, sums(t.backward_s), sums(t.forward_s))
         experts = sums(self._expert_params(option, settings))
+        edp_group = self._expert_dp_group(option, devices, settings)
+        # as the cost model: the routed experts' gradients in their own buffers, over their own group
+        dense = params - experts if edp_group is not None and settings.zero < 3 else params
+        sync = dp_sync(settings.zero, dense, group, settings.dtype, runtime, sums(grad), edge_grad, sums(gather),
+                       edge_gather)
+        if edp_group is not None and settings.zero < 3:
+            sync = one_after_other(sync, dp_sync(settings.zero, experts, edp_group, settings.dtype, runtime))
+        out = sync_tail_s(sync, runtime, sums(t.backward_s), sums(t.forward_s))
         edp = self._expert_dp(option, settings)
         # the step's time is not affine in the parameters (memory efficiency grows with size): one call per
         # distinct segment; blocks of identical layers share most of them
