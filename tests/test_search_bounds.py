@@ -284,23 +284,26 @@ def test_neighbouring_groups_of_one_node_plan_as_one_pool():
     assert len(apart.cluster["groups"]) == 4
 
 
-def test_groups_of_one_node_listed_apart_are_named(caplog):
-    """Groups of one node with another type between them cannot pool (a pool's devices run in one block of
-    ids): the search says which, and how to let them pool; neighbours and distinct nodes say nothing."""
-    import logging
-
+def test_groups_of_one_node_listed_apart_plan_as_one_pool():
+    """Groups of one node with another type between them are moved next to each other for the search (a
+    pool's devices run in one block of ids), so they plan as if listed together; the plan names the devices
+    by their ids as listed, each stage on devices of its own type."""
     import planner
-    from planner.builders import build
-    from planner.graph import import_model_proto
-    from planner.hardware.cluster import apart_twins
-    from planner.search import api
+    from planner.hardware.cluster import arranged, locate
 
-    assert apart_twins(planner.load_cluster("dgx-h100*1+dgx-a100-80gb*1+dgx-h100*2")) == [("dgx-h100", "dgx-h100_2")]
-    assert apart_twins(planner.load_cluster("dgx-h100*1+dgx-h100*2+dgx-a100-80gb*1")) == []
-    model = import_model_proto(build("gpt", {"layers": 4, "hidden": 64, "heads": 2, "vocab": 128, "seq_len": 64}),
-                               {"batch": 1})
-    api._warn_apart.cache_clear()  # said once per process: another test may have said it
-    with caplog.at_level(logging.WARNING, logger="planner.search.api"):
-        planner.plan(model, planner.load_cluster("dgx-h100*1+dgx-a100-80gb*1+dgx-h100*1"), global_batch=64)
-    assert any("'dgx-h100' and 'dgx-h100_2'" in r.getMessage() and "list them together" in r.getMessage()
-               for r in caplog.records)
+    cluster = planner.load_cluster("dgx-h100*1+dgx-a100-80gb*1+dgx-h100*2")
+    moved, ids = arranged(cluster)
+    assert [g.name for g in moved.groups] == ["dgx-h100", "dgx-h100_2", "dgx-a100-80gb"]
+    assert ids == (*range(0, 8), *range(16, 32), *range(8, 16))
+    assert arranged(planner.load_cluster("dgx-h100*1+dgx-h100*2+dgx-a100-80gb*1"))[1] is None
+    model = planner.load_model("models/gpt-1.3b.onnx")
+    listed = planner.load_cluster("dgx-h100*2+dgx-a100-80gb*2+dgx-h100*2")
+    apart = planner.plan(model, listed, global_batch=256)
+    together = planner.plan(model, planner.load_cluster("dgx-h100*4+dgx-a100-80gb*2"), global_batch=256)
+    assert apart.iteration_time_s == pytest.approx(together.iteration_time_s, rel=1e-12)
+    assert apart.search.proven_optimal and len(apart.cluster["groups"]) == 3 and len(apart.stages) > 1
+    for stage in apart.stages:
+        assert {listed.groups[locate(listed, d)[0]].node.device.name for d in stage.devices} == {stage.device_type}
+    # re-timed as placed, on the cluster as listed (what `planner estimate --plan` does)
+    assert planner.estimate_plan(model, listed, apart).iteration_time_s == pytest.approx(apart.iteration_time_s,
+                                                                                          rel=1e-9)

@@ -13,7 +13,7 @@ import os
 import re
 from bisect import bisect_right
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from planner.errors import ClusterError
 from planner.hardware import catalog
@@ -209,8 +209,8 @@ def _assemble(groups: list[tuple[str, NodeProfile, int]], prices: list[float | N
 def pooled(cluster: Cluster) -> Cluster:
     """``cluster`` with each run of neighbouring groups of the same node and price as one group (the first's
     name, their nodes together): the same devices, numbered the same, and the same costs, since the cost model
-    sees a node's profile, never its group. The search places stages on pools of groups, so racks of one node
-    type listed apart plan as one pool. ``cluster`` itself when no two neighbours match."""
+    sees a node's profile, never its group. The search pools the groups of :func:`arranged`, so the groups of one
+    node plan as one pool wherever they are listed. ``cluster`` itself when no two neighbours match."""
     merged: list[DeviceGroup] = []
     for group in cluster.groups:
         last = merged[-1] if merged else None
@@ -221,13 +221,34 @@ def pooled(cluster: Cluster) -> Cluster:
     return cluster if len(merged) == len(cluster.groups) else dataclasses.replace(cluster, groups=tuple(merged))
 
 
-def apart_twins(cluster: Cluster) -> list[tuple[str, str]]:
-    """Pairs of group names (the first of each run of neighbours, as :func:`pooled` keeps them) with the same
-    node and price that are not neighbours: the search places no stage across them (a pool's devices are
-    numbered in one run), so listing them next to each other can give a faster plan."""
-    groups = pooled(cluster).groups
-    return [(a.name, b.name) for i, a in enumerate(groups) for b in groups[i + 1:]
-            if a.node == b.node and a.price_per_node_hour == b.price_per_node_hour]
+def renumber(groups: Sequence[DeviceGroup]) -> tuple[DeviceGroup, ...]:
+    """Groups with device ids numbered consecutively from 0 in the given order (``first_device``)."""
+    renumbered: list[DeviceGroup] = []
+    next_device = 0
+    for group in groups:
+        renumbered.append(dataclasses.replace(group, first_device=next_device))
+        next_device += group.num_devices
+    return tuple(renumbered)
+
+
+def arranged(cluster: Cluster) -> tuple[Cluster, tuple[int, ...] | None]:
+    """``cluster`` with every group moved up behind the earlier groups of the same node and price (so that
+    :func:`pooled` pools them: a pool's devices are one run of ids), renumbered; and for each of its device
+    ids, the id the device has in ``cluster``. ``(cluster, None)`` when no group moves. The cost model sees
+    nodes, never their order, so a plan on the arranged cluster times the same with its ids mapped back."""
+    kinds: list[list[DeviceGroup]] = []
+    for group in cluster.groups:
+        kind = next((k for k in kinds if k[0].node == group.node
+                     and k[0].price_per_node_hour == group.price_per_node_hour), None)
+        if kind is None:
+            kinds.append([group])
+        else:
+            kind.append(group)
+    order = [group for kind in kinds for group in kind]
+    if order == list(cluster.groups):
+        return cluster, None
+    listed = tuple(d for g in order for d in range(g.first_device, g.first_device + g.num_devices))
+    return dataclasses.replace(cluster, groups=renumber(order)), listed
 
 
 def locate(cluster: Cluster, device: int) -> tuple[int, int]:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
-import logging
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -13,7 +11,7 @@ import numpy as np
 
 from planner import arguments, compose
 from planner.errors import ConfigError, InfeasibleError
-from planner.hardware.cluster import apart_twins, pooled
+from planner.hardware.cluster import arranged, pooled
 from planner.hardware.efficiency import resolve_dtype
 from planner.hardware.fp8 import cost_dtype, resolve_fp8_recipe
 from planner.plans import Plan, SearchInfo
@@ -22,14 +20,13 @@ from planner.runtime import get_runtime
 from planner.solver import SolverOptions
 from planner.search import engine
 from planner.search.backend import Backend
-from planner.search.build import to_plan
+from planner.search.build import relabelled, to_plan
 from planner.search.explain import bottleneck, tie_note
 from planner.search.interleave import searched_units, unit_flags
 from planner.search.space import Pins, Settings, StageOption, cp_searched, validate_pins
 from planner.types import MAX_GLOBAL_BATCH, Cluster, Estimate, LayerGraph, ParallelConfig
 from planner.units import GIB
 
-log = logging.getLogger(__name__)
 
 ALGORITHM = "branch-and-bound over settings x stage blocks; bottleneck DP on a critical-path bound per layout"
 
@@ -86,14 +83,6 @@ def check_search_arguments(global_batch: object, time_limit_s: object, budget: o
             None if budget is None else arguments.whole(budget, "budget"))
 
 
-@functools.lru_cache(maxsize=64)
-def _warn_apart(first: str, second: str) -> None:
-    """Say once per process (a what-if sweep plans the same groups at every point) that two groups of one node
-    cannot pool."""
-    log.warning("cluster groups %r and %r have the same node but are not listed next to each other: no stage or "
-                "replica group spans both; list them together to let the search pool them", first, second)
-
-
 def search_dense(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: ParallelConfig | None = None,
                  top_k: int = 1, time_limit_s: float | None = None, backend: Backend | None = None,
                  progress: Callable[[float], None] | None = None, budget: int | None = None,
@@ -112,9 +101,8 @@ def search_dense(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinn
     pins = Pins.from_config(pinned)
     runtime = get_runtime(pins.runtime)  # an unknown name fails here, before the search
     listed = cluster  # the plan reports the groups as given; the search places stages on pools of them
-    for first, second in apart_twins(cluster):
-        _warn_apart(first, second)
-    cluster = pooled(cluster)
+    arranged_cluster, listed_ids = arranged(cluster)
+    cluster = pooled(arranged_cluster)
     devices = [g.node.device for g in cluster.groups]
     dtype = resolve_dtype(devices, pinned.dtype if pinned is not None else None)
     recipe = resolve_fp8_recipe(devices, dtype, pinned.fp8_recipe if pinned is not None else None)
@@ -138,15 +126,17 @@ def search_dense(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinn
     for cand in outcome.candidates:
         # a simpler plan taken over a faster one is not itself the proven optimum
         slower = outcome.fastest is not None and cand.time_s > outcome.fastest.time_s
-        timed = to_plan(model, listed, cand.spec, cand.estimate,
+        spec, estimate = (cand.spec, cand.estimate) if listed_ids is None else \
+            relabelled(cand.spec, cand.estimate, listed_ids)
+        timed = to_plan(model, listed, spec, estimate,
                         dataclasses.replace(info, proven_optimal=info.proven_optimal and not slower), "")
         embedding_s = 0.0
         if finish is not None:
-            timed = finish(timed, cand.estimate)
+            timed = finish(timed, estimate)
             embedding_s = float(timed.breakdown.get("embedding_s", 0.0))
         # the sentence weighs each part's share of the whole iteration, embeddings included
         built.append(dataclasses.replace(timed, bottleneck=bottleneck(
-            cand.estimate, cand.settings.num_micro_batches(global_batch), embedding_s)))
+            estimate, cand.settings.num_micro_batches(global_batch), embedding_s)))
     if outcome.fastest is not None:  # the tie rule's choice, said in the explanation
         note = tie_note(outcome.candidates[0], outcome.fastest, TIE_TOLERANCE)
         built[0] = dataclasses.replace(built[0], bottleneck=f"{built[0].bottleneck} {note}".strip())

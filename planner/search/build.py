@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from planner.hardware.cluster import locate
 from planner.hardware.efficiency import peak_flops_per_s
 from planner.hardware.fp8 import base_dtype, recipe_name
@@ -53,3 +55,17 @@ def to_plan(model: LayerGraph, cluster: Cluster, spec: PipelineSpec, estimate: E
         dtype=base_dtype(spec.dtype), fp8_recipe=recipe_name(spec.dtype), runtime=spec.runtime,
         memory_per_device_bytes=float(estimate.memory_per_device_bytes), bottleneck=bottleneck,
         physical_bound_s=physical_bound_s(model, cluster, spec))
+
+
+def relabelled(spec: PipelineSpec, estimate: Estimate, ids: tuple[int, ...]) -> tuple[PipelineSpec, Estimate]:
+    """A plan's spec and estimate with every device id ``d`` replaced by ``ids[d]`` (the search's arranged
+    cluster back to the listed one, :func:`planner.hardware.cluster.arranged`)."""
+    def mapped(devices: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(ids[d] for d in devices)
+
+    stages = tuple(replace(stage, replicas=tuple(replace(r, devices=mapped(r.devices)) for r in stage.replicas))
+                   for stage in spec.stages)
+    timed = tuple(replace(stage, devices=mapped(stage.devices),
+                          replicas=tuple(replace(r, devices=mapped(r.devices)) for r in stage.replicas))
+                  for stage in estimate.stages)
+    return replace(spec, stages=stages), replace(estimate, stages=timed)

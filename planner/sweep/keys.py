@@ -17,6 +17,7 @@ from typing import Mapping, Protocol, Sequence, Union
 
 from planner.assignments import split_assignments
 from planner.errors import ClusterError, ConfigError, suggest
+from planner.hardware.cluster import renumber
 from planner.hardware.documents import RANGES
 from planner.types import MAX_GLOBAL_BATCH, Cluster, DeviceGroup, DeviceProfile, NodeProfile
 
@@ -182,16 +183,6 @@ def parse_sweep_args(items: Sequence[str]) -> dict[str, list[str]]:
 
 
 # ----------------------------------------------------------------------------------------------- clusters
-
-
-def renumber(groups: Sequence[DeviceGroup]) -> tuple[DeviceGroup, ...]:
-    """Groups with device ids numbered consecutively from 0 in the given order (``first_device``)."""
-    renumbered: list[DeviceGroup] = []
-    next_device = 0
-    for group in groups:
-        renumbered.append(replace(group, first_device=next_device))
-        next_device += group.num_devices
-    return tuple(renumbered)
 
 
 def with_groups(cluster: Cluster, groups: Sequence[DeviceGroup]) -> Cluster:
