@@ -297,7 +297,7 @@ class ParallelConfig:
     sequence_parallel: bool | None = None
     schedule: str | None = None  # "1f1b" | "interleaved" | "gpipe"
     optimizer: str = "adam"  # "adam" | "sgd" | "adagrad"
-    dtype: str | None = None  # "fp32" | "tf32" | "bf16" | "fp16" | "fp8"; None: bf16 (fp16 where bf16 is missing)
+    dtype: str | None = None  # "fp32" | "tf32" | "bf16" | "fp16" | "fp8"; None: bf16 (fp16, then fp32, where missing)
     runtime: str | None = None  # the training stack (planner.runtime.RUNTIMES); None: DEFAULT_RUNTIME
     # Transformer Engine's FP8 scaling recipe, with dtype "fp8" only (planner.hardware.fp8.FP8_RECIPES):
     # "delayed" | "blockwise" | "mxfp8"; None: delayed under fp8

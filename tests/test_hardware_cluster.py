@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from planner.cli import main
-from planner.errors import ClusterError
+from planner.errors import ClusterError, ConfigError
 from planner.hardware import load_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -214,3 +214,19 @@ def test_our_validator_and_the_json_schema_agree(path):
             jsonschema.validate(bad, SCHEMA)
         with pytest.raises(ClusterError):
             check(Document(data=bad, where=path.name, lines={}), "cluster")
+
+
+def test_the_default_dtype_is_one_every_device_runs():
+    """bf16 where every device runs it, else the next of fp16 and fp32 they all run: a device profiled with an
+    fp32 peak alone (planner profile --device cpu) trains in fp32, which --dtype bf16 would refuse."""
+    from planner.hardware.efficiency import resolve_dtype
+
+    def devices(text: str) -> list:
+        return [g.node.device for g in load_cluster(text).groups]
+
+    profiled = str(Path(__file__).resolve().parents[1] / "hardware_profiles" / "clusters" / "profiled-cpu.yaml")
+    assert resolve_dtype(devices("dgx-a100-80gb*1"), None) == "bf16"
+    assert resolve_dtype(devices("dgx-a100-80gb*1+hgx-v100-32gb*1"), None) == "fp16"
+    assert resolve_dtype(devices(profiled), None) == "fp32"
+    with pytest.raises(ConfigError, match="cannot run it"):
+        resolve_dtype(devices(profiled), "bf16")

@@ -149,8 +149,8 @@ def add_config_flags(parser: argparse.ArgumentParser, required: bool = False) ->
                         help=f"training stack, which bounds ZeRO, interleaving and overlap (default: "
                              f"{DEFAULT_RUNTIME}; with 'plan --format' the format's framework: {_IMPLIED})")
     parser.add_argument("--dtype", choices=DTYPES,
-                        help="training dtype; every device must run it (default: bf16, or fp16 on devices "
-                             "without bf16)")
+                        help="training dtype; every device must run it (default: bf16, or the first of fp16 "
+                             "and fp32 that every device runs where one lacks bf16)")
     parser.add_argument("--fp8-recipe", choices=FP8_RECIPE_NAMES,
                         help="Transformer Engine FP8 scaling recipe, with --dtype fp8 only: delayed (per-tensor "
                              "scales from an amax history; the default), blockwise (fp32 scales per 1x128 and "

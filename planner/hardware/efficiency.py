@@ -33,31 +33,29 @@ DTYPE_FALLBACK: dict[str, tuple[str, ...]] = {
     "fp8": ("fp8", "bf16", "fp16", "fp32"),
 }
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
-_OTHER_HALF = {"bf16": "fp16", "fp16": "bf16"}
-
-
-def runnable_dtype(devices: Iterable[DeviceProfile], dtype: str) -> str:
-    """``dtype``, or the other 16-bit format where some device lacks ``dtype`` and every device runs the other:
-    V100s, T4s and Turing cards run fp16 but not bf16, so a plan for them must say fp16 (its Megatron-LM and
-    DeepSpeed exports pass the flag on). The cost is the same; only the format the plan names changes."""
-    other = _OTHER_HALF.get(dtype)
-    profiles = list(devices)
-    if other and not all(p.peak_flops_per_s.get(dtype) for p in profiles) \
-            and all(p.peak_flops_per_s.get(other) for p in profiles):
-        return other
-    return dtype
 
 
 DEFAULT_DTYPE = "bf16"
 
 
+def default_dtype(devices: Iterable[DeviceProfile]) -> str:
+    """The training dtype when none is asked for: bf16, or the next format of ``DTYPE_FALLBACK["bf16"]`` that
+    every device runs where some device lacks it: fp16 on V100s, T4s and Turing cards (a plan for them must
+    say fp16; its Megatron-LM and DeepSpeed exports pass the flag on), fp32 on a device profiled with an fp32
+    peak alone (``planner profile --device cpu``). bf16 when no format is common to all of them."""
+    profiles = list(devices)
+    for dtype in DTYPE_FALLBACK[DEFAULT_DTYPE]:
+        if all(p.peak_flops_per_s.get(dtype) for p in profiles):
+            return dtype
+    return DEFAULT_DTYPE
+
+
 def resolve_dtype(devices: Iterable[DeviceProfile], dtype: str | None) -> str:
-    """The training dtype of a plan. Left out (``None``): bf16, or fp16 where some device lacks bf16
-    (:func:`runnable_dtype`). Asked for: every device must have a peak for it, else ConfigError naming
+    """The training dtype of a plan. Left out (``None``): :func:`default_dtype`. Asked for: every device must have a peak for it, else ConfigError naming
     the devices and the dtypes all of them run."""
     profiles = list(devices)
     if dtype is None:
-        return runnable_dtype(profiles, DEFAULT_DTYPE)
+        return default_dtype(profiles)
     if dtype not in DTYPE_FALLBACK:
         raise ConfigError(f"dtype {dtype!r} is not one of {', '.join(DTYPE_FALLBACK)}")
     lacking = sorted({p.name for p in profiles if not p.peak_flops_per_s.get(dtype)})
