@@ -33,12 +33,38 @@ def check_output_file(path: str | os.PathLike, flag: str, suffixes: Sequence[str
     target = Path(path)
     if suffixes and target.suffix.lower() not in suffixes:
         raise ConfigError(f"{flag} {path}: write a {' or '.join(suffixes)} file")
-    if target.is_dir():
-        raise ConfigError(f"{flag} {path}: is a folder; give a file name")
-    parent = target.parent
-    if not parent.is_dir():
-        raise ConfigError(f"{flag} {path}: folder {str(parent)!r} does not exist; create it first")
+    try:
+        if target.is_dir():
+            raise ConfigError(f"{flag} {path}: is a folder; give a file name")
+        parent = target.parent
+        if not parent.is_dir():
+            what = f"{str(parent)!r} is not a folder" if parent.exists() else \
+                f"folder {str(parent)!r} does not exist; create it first"
+            raise ConfigError(f"{flag} {path}: {what}")
+        os.stat(target)
+    except FileNotFoundError:  # a new file
+        pass
+    except OSError as exc:  # a name too long, a loop of links
+        raise ConfigError(f"{flag} {path}: cannot write there ({exc.strerror or exc}); choose another path") from None
     return target
+
+
+def check_distinct(outputs: Sequence[tuple[str, str | os.PathLike | None]],
+                   inputs: Sequence[tuple[str, str | os.PathLike | None]]) -> None:
+    """Refuse a run whose output path (``(flag, path)``, None: not given) names one of its input files or
+    another output: writing it would destroy what the run reads, or the first output."""
+    seen: dict[str, str] = {}
+    for name, path in inputs:
+        if path is not None and os.path.isfile(path):
+            seen.setdefault(os.path.realpath(path), name)
+    for flag, path in outputs:
+        if path is None:
+            continue
+        real = os.path.realpath(path)
+        if real in seen:
+            raise ConfigError(f"{flag} {path}: is also {seen[real]}, which the run would overwrite; give "
+                              "another path")
+        seen[real] = flag
 
 
 def write_error(path: str | os.PathLike, flag: str, exc: OSError) -> ConfigError:

@@ -392,3 +392,42 @@ def test_the_limits_keep_the_catalogs_largest_numbers_inside():
     assert max(g.count for c in clusters for g in c.groups) < RANGES["nodes"][1]
     peak = max(v for n in catalog.device_names() for v in catalog.get_device(n).peak_flops_per_s.values())
     assert peak * 100 < RANGES["flops_per_s"][1]
+
+
+# ----------------------------------------------------------------------------- paths the system refuses
+
+def test_a_model_path_that_is_not_a_regular_file_is_refused_before_reading(capsys):
+    """/dev/zero never ends: it is refused by its kind, not read until memory runs out."""
+    assert error_line(["inspect", "/dev/zero"], capsys) == (
+        "planner: error: /dev/zero: is not a regular file; give the path of an .onnx model file")
+
+
+def test_paths_the_system_cannot_take_are_one_line(tiny_model, tmp_path, capsys):
+    long_name = "a" * 300
+    line = error_line(["inspect", str(tmp_path / f"{long_name}.onnx")], capsys)
+    assert line.startswith("planner: error: ") and "cannot read it (File name too long)" in line
+    line = error_line(["plan", tiny_model, "--cluster", "dgx-a100-80gb*1", "--global-batch", "16",
+                       "--out", str(tmp_path / f"{long_name}.json")], capsys)
+    assert line.startswith("planner: error: --out ") and "cannot write there (File name too long)" in line
+    line = error_line(["models", "build", "gpt", "--out", f"{tiny_model}/x.onnx"], capsys)
+    assert line == f"planner: error: --out {tiny_model}/x.onnx: {tiny_model!r} is not a folder"
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text('groups:\n  - node: {device_file: "a\\0b.yaml", devices_per_node: 1, '
+                       'inter_node_bandwidth_GBps: 1}\n    count: 1\n')
+    line = error_line(devices(cluster), capsys)
+    assert line.startswith(f"planner: error: {cluster}:2: device profile ") and "embedded null byte" in line
+
+
+def test_an_output_that_names_an_input_is_refused_before_it_is_read(tiny_model, tmp_path, capsys):
+    """plan --out on its own model (or cluster file, or --gantt on --out) would destroy what the run reads."""
+    model = tmp_path / "m.onnx"
+    shutil.copy(tiny_model, model)
+    before = model.read_bytes()
+    line = error_line(["plan", str(model), "--cluster", "dgx-a100-80gb*1", "--global-batch", "16", "--out",
+                       str(model)], capsys)
+    assert line == f"planner: error: --out {model}: is also the model, which the run would overwrite; give another path"
+    assert model.read_bytes() == before
+    out = str(tmp_path / "p.png")
+    line = error_line(["plan", str(model), "--cluster", "dgx-a100-80gb*1", "--global-batch", "16", "--out", out,
+                       "--gantt", out], capsys)
+    assert line.startswith(f"planner: error: --gantt {out}: is also --out")

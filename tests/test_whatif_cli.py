@@ -61,4 +61,4 @@ def test_csv_and_plot_on_one_file_are_refused(capsys, tmp_path):
     target = str(tmp_path / "out.png")
     line = _run_error(["whatif", "m.onnx", "--global-batch", "8", "--cluster", "a10*1", "--sweep", "count=1",
                        "--csv", target, "--plot", target], capsys)
-    assert "--csv and --plot both name" in line
+    assert f"--plot {target}: is also --csv, which the run would overwrite" in line

@@ -9,7 +9,7 @@ import sys
 from planner.commands._common import add_cluster_flags, add_config_flags, add_json_flag, config_from_args, \
     emit_json, parse_dims, positive_int, positive_seconds, tables_from_args, warn_batch_dim
 from planner.commands._common import add_allow_unknown_ops_flag, add_solver_flags, solver_options_from_args
-from planner.outputs import check_output_file, write_text
+from planner.outputs import check_distinct, check_output_file, write_text
 from planner.plans import Plan
 from planner.report import FORMATS, render
 from planner.rules import runtime_for_format
@@ -60,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
         check_path(args.gantt, "--gantt")
     if args.out is not None:
         check_output_file(args.out, "--out")
+    check_distinct([("--out", args.out), ("--gantt", args.gantt)],
+                   [("the model", args.model), ("--cluster", args.cluster), ("--tables", args.tables)])
     dims = parse_dims(args.dim)
     model = load_model(args.model, dims, allow_unknown_ops=args.allow_unknown_ops)
     warn_batch_dim(model, dims, args.micro_batch)

@@ -11,7 +11,7 @@ import yaml
 from planner.commands._common import add_dim_flag, add_json_flag, emit_json, parse_dims
 from planner.errors import ConfigError
 from planner.hardware import profiler
-from planner.outputs import check_output_file, write_text
+from planner.outputs import check_distinct, check_output_file, write_text
 
 HELP = "measure the local device (GEMMs, memory bandwidth, per-op overhead) and write a device profile"
 log = logging.getLogger(__name__)
@@ -34,6 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     out = check_output_file(args.out, "--out", (".yaml", ".yml"))
+    check_distinct([("--out", args.out)], [("--model", args.model)])
     dims = parse_dims(args.dim)
     if dims and not args.model:  # --dim binds the model's dimensions; without one it would do nothing
         raise ConfigError("--dim binds the dimensions of --model, and no --model was given; add --model "

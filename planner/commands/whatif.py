@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from planner.commands._common import (add_cluster_flags, add_config_flags, add_json_flag, add_solver_flags,
                                       config_from_args, emit_json, parse_dims, positive_int, positive_seconds,
                                       solver_options_from_args, tables_from_args)
 from planner.errors import ConfigError
-from planner.outputs import check_output_file, write_text
+from planner.outputs import check_distinct, check_output_file, write_text
 from planner.sweep.keys import GLOBAL_FIELDS, GROUP_FIELDS, parse_sweep_args, parse_sweeps
 from planner.progress import terminal_bar
 from planner.sweep.runner import BACKENDS
@@ -61,8 +60,9 @@ def _check_outputs(args: argparse.Namespace) -> None:
         check_path(args.plot, "--plot")
     if args.csv is not None:
         check_output_file(args.csv, "--csv")
-    if args.plot is not None and args.csv is not None and os.path.realpath(args.plot) == os.path.realpath(args.csv):
-        raise ConfigError(f"--csv and --plot both name {args.csv}, so one would overwrite the other; give two paths")
+    check_distinct([("--csv", args.csv), ("--plot", args.plot)],
+                   [("the model", args.model), ("--cluster", args.cluster), ("--tables", args.tables),
+                    ("--plan", args.plan)])
 
 
 def _pinned(args: argparse.Namespace):  # type: ignore[no-untyped-def]

@@ -8,6 +8,7 @@ readable sentence naming the file and the problem.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Iterator
 
@@ -30,16 +31,24 @@ MAX_FILE_BYTES = 2 ** 31
 def read_model(path: str | os.PathLike) -> onnx.ModelProto:
     """Parse ``path`` as an ONNX model without loading external weight data."""
     file = Path(path)
-    if not file.exists():
-        raise ModelError(f"{file}: no such file; give the path of an .onnx model")
-    if file.is_dir():
+    try:
+        info = file.stat()
+    except FileNotFoundError:
+        raise ModelError(f"{file}: no such file; give the path of an .onnx model") from None
+    except OSError as exc:
+        raise ModelError(f"{file}: cannot read it ({exc.strerror or exc}); give the path of an .onnx model") from None
+    if stat.S_ISDIR(info.st_mode):
         raise ModelError(f"{file}: is a directory; give the path of an .onnx model file")
-    if file.stat().st_size > MAX_FILE_BYTES:
-        raise ModelError(f"{file}: {file.stat().st_size / 2**30:.1f} GiB, over the 2 GiB an ONNX file can hold "
+    if not stat.S_ISREG(info.st_mode):  # a device or a pipe: it may never end
+        raise ModelError(f"{file}: is not a regular file; give the path of an .onnx model file")
+    if info.st_size > MAX_FILE_BYTES:
+        raise ModelError(f"{file}: {info.st_size / 2**30:.1f} GiB, over the 2 GiB an ONNX file can hold "
                          f"(protobuf's limit); save the weights as external data (onnx.save_model(..., "
                          f"save_as_external_data=True)) -- they are never read")
     try:
         model = onnx.load(str(file), load_external_data=False)
+    except OSError as exc:
+        raise ModelError(f"{file}: cannot read it ({exc.strerror or exc}); give a readable .onnx model") from None
     except PARSE_ERRORS as exc:
         raise ModelError(f"{file}: not a readable ONNX model (truncated or corrupted?): "
                          f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}") from None

@@ -143,7 +143,12 @@ def get_node(name: str) -> NodeProfile:
 
 def load_device_file(path: str | os.PathLike) -> DeviceProfile:
     """A device profile from a file, e.g. one written by ``planner profile``."""
-    return _load_device(str(Path(path).resolve()))
+    try:
+        resolved = Path(path).resolve()
+    except (OSError, ValueError) as exc:  # a NUL byte, a loop of links
+        raise ClusterError(f"{str(path)!r} is not a usable path ({exc}); give the path of a device profile "
+                           "file") from None
+    return _load_device(str(resolved))
 
 
 def is_device_file(text: str) -> bool:
