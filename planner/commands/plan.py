@@ -7,7 +7,7 @@ import dataclasses
 import sys
 
 from planner.commands._common import add_cluster_flags, add_config_flags, add_json_flag, config_from_args, \
-    emit_json, parse_dims, positive_int, positive_seconds, tables_from_args, warn_batch_dim
+    emit_json, non_negative_int, parse_dims, positive_int, positive_seconds, tables_from_args, warn_batch_dim
 from planner.commands._common import add_allow_unknown_ops_flag, add_solver_flags, solver_options_from_args
 from planner.outputs import check_distinct, check_output_file, write_text
 from planner.plans import Plan
@@ -22,7 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_cluster_flags(parser)
     add_allow_unknown_ops_flag(parser)
     add_config_flags(parser, required=False)
-    parser.add_argument("--top", type=positive_int, default=1, metavar="K", help="also list the K-1 next best plans")
+    parser.add_argument("--top", type=non_negative_int, default=0, metavar="K",
+                        help="also list the K next best plans (alternatives)")
     parser.add_argument("--time-limit", type=positive_seconds, metavar="S",
                         help="stop searching after S seconds, once a plan is found (the plan then says whether it "
                              "is proven optimal, and its lower bound)")
@@ -75,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
                                  runtime=runtime_for_format(args.format, args.runtime))
     bar = terminal_bar("searching")
     try:
-        result = search(model, cluster, args.global_batch, pinned=pinned, top_k=args.top,
+        result = search(model, cluster, args.global_batch, pinned=pinned, top_k=args.top + 1,
                         time_limit_s=args.time_limit, tables=tables_from_args(args), progress=bar,
                         budget=args.budget, options=options)
     finally:
