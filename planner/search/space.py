@@ -320,7 +320,8 @@ def _may_interleave(num_micro_batches: int, vpp: int, num_units: int, most_stage
     """Whether some stage count may interleave ``vpp`` chunks (:func:`planner.search.interleave.pipeline_allowed`;
     ``even``: the runtime splits the units evenly) with at most ``most_stages`` stages of dp replicas: ZeRO <= 1
     is checked by the caller."""
-    counts = [pinned_pp] if pinned_pp else range(2, most_stages + 1)
+    # vpp chunks of whole units per stage: at most num_units // vpp stages (planner.rules.vpp_fits)
+    counts = [pinned_pp] if pinned_pp else range(2, min(most_stages, num_units // vpp) + 1)
     return any(pipeline_allowed(P, num_micro_batches, vpp, num_units, even) for P in counts if P <= most_stages)
 
 
