@@ -651,6 +651,13 @@ def simplicity_key(zero: int, recompute: str, tp: int, pp: int) -> tuple[int, in
     return zero, RECOMPUTE_CHOICES.index(recompute), tp, pp
 
 
+def format_launches(fmt: str, runtime: str) -> bool:
+    """Whether ``fmt``'s launch options (``FORMAT_RUNTIMES``) run ``runtime``: always for a format of no
+    framework (table, json)."""
+    allowed = FORMAT_RUNTIMES.get(fmt)
+    return allowed is None or get_runtime(runtime).name in allowed
+
+
 def runtime_for_format(fmt: str, runtime: str | None) -> str | None:
     """The runtime a plan printed as ``fmt`` is made for: the asked one, which must be able to produce the
     format; or, left out, the format's framework (None: the default runtime)."""
@@ -660,7 +667,7 @@ def runtime_for_format(fmt: str, runtime: str | None) -> str | None:
     if runtime is None:
         return allowed[0]
     name = get_runtime(runtime).name
-    if name not in allowed:
+    if not format_launches(fmt, name):
         raise ConfigError(f"--runtime {name} cannot produce --format {fmt}, which writes the launch options of "
                           f"{' or '.join(allowed)}; use --runtime {allowed[0]}, or leave --runtime out")
     return name

@@ -106,3 +106,27 @@ def test_show_torchrec_without_tables_exit_2(tmp_path, capsys):
     path.write_text(plan_samples.gpt_plan().to_json())
     assert main(["show", str(path), "--format", "torchrec"]) == 2
     assert "no embedding tables" in capsys.readouterr().err
+
+
+def test_show_warns_when_the_format_launches_another_runtime(tmp_path, capsys, caplog):
+    """A plan timed for megatron-core, written as DeepSpeed's options: written, and the user told that its
+    times were for another runtime."""
+    import logging
+
+    path = tmp_path / "plan.json"
+    path.write_text(plan_samples.dlrm_plan().to_json())
+    with caplog.at_level(logging.WARNING, logger="planner.commands.show"):
+        assert main(["show", str(path), "--format", "deepspeed"]) == 0
+    assert any("planned for the megatron-core runtime" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="planner.commands.show"):
+        assert main(["show", str(path), "--format", "torchrec"]) == 0
+    assert not caplog.records
+
+
+def test_json_and_another_format_are_refused(tmp_path, capsys):
+    path = tmp_path / "plan.json"
+    path.write_text(plan_samples.gpt_plan().to_json())
+    assert main(["show", str(path), "--format", "megatron", "--json"]) == 2
+    assert "--json prints the plan as JSON and --format megatron" in capsys.readouterr().err
+    assert main(["show", str(path), "--format", "json", "--json"]) == 0

@@ -27,6 +27,15 @@ def add_json_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print exactly one JSON document on stdout")
 
 
+def output_format(args: argparse.Namespace) -> str:
+    """The format of ``--format`` and ``--json`` (the same as ``--format json``); both, asking for two different
+    outputs, are refused."""
+    if args.json and args.format not in ("table", "json"):
+        raise ConfigError(f"--json prints the plan as JSON and --format {args.format} as {args.format}'s options; "
+                          "give one of them")
+    return "json" if args.json else args.format
+
+
 def emit_json(document: Any) -> None:
     """Print one deterministic JSON document on stdout."""
     sys.stdout.write(json.dumps(document, indent=2, sort_keys=True) + "\n")

@@ -7,7 +7,8 @@ import dataclasses
 import sys
 
 from planner.commands._common import add_cluster_flags, add_config_flags, add_json_flag, config_from_args, \
-    emit_json, non_negative_int, parse_dims, positive_int, positive_seconds, tables_from_args, warn_batch_dim
+    emit_json, non_negative_int, output_format, parse_dims, positive_int, positive_seconds, tables_from_args, \
+    warn_batch_dim
 from planner.commands._common import add_allow_unknown_ops_flag, add_solver_flags, solver_options_from_args
 from planner.outputs import check_distinct, check_output_file, write_text
 from planner.plans import Plan
@@ -57,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
 
     # a bad output path or solver option fails before the search, not after it
     options = solver_options_from_args(args)
+    output_format(args)
     if args.gantt is not None:  # an empty path is an error, not "not given"
         check_path(args.gantt, "--gantt")
     if args.out is not None:

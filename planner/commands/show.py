@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
+from planner.commands._common import output_format
 from planner.plans import load_plan
 from planner.report import FORMATS, render
+from planner.rules import format_launches
+
+log = logging.getLogger(__name__)
 
 HELP = "render a saved plan (table, json, megatron, deepspeed, torchrec)"
 
@@ -18,6 +23,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    fmt = output_format(args)
     plan = load_plan(args.plan)
-    sys.stdout.write(render(plan, "json" if args.json else args.format))
+    text = render(plan, fmt)
+    if not format_launches(fmt, plan.runtime):  # the options are written, but the plan was timed for another
+        log.warning("%s was planned for the %s runtime, not the one --format %s launches: its times, and which "
+                    "plan is fastest, may differ there; plan with --format %s for a plan timed for it", args.plan,
+                    plan.runtime, fmt, fmt)
+    sys.stdout.write(text)
     return 0
