@@ -156,6 +156,10 @@ def test_profile_without_onnxruntime_says_what_to_install(tmp_path, monkeypatch,
     (["--out", "p.yaml", "--clock", "cpu"], "--threads 1"),
     (["--out", "p.yaml", "--model", "absent.onnx"], "no such file"),
     (["--out", "p.yaml", "--dim", "seq=128"], "--dim binds the dimensions of --model, and no --model was given"),
+    (["--out", "p.yaml", "--name", "a100-80gb"], "the catalog has a device of that name"),
+    (["--out", "p.yaml", "--name", "My CPU"], "use lower-case letters"),
+    (["--out", "p.yaml", "--name", ""], "use lower-case letters"),
+    (["--out", "p.yaml", "--threads", "100000"], "logical cores"),
 ])
 def test_profile_bad_arguments(argv, message, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)

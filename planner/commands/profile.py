@@ -4,17 +4,36 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import re
 import sys
 
 import yaml
 
 from planner.commands._common import add_dim_flag, add_json_flag, emit_json, parse_dims
 from planner.errors import ConfigError
-from planner.hardware import profiler
+from planner.hardware import catalog, profiler
 from planner.outputs import check_distinct, check_output_file, write_text
 
 HELP = "measure the local device (GEMMs, memory bandwidth, per-op overhead) and write a device profile"
 log = logging.getLogger(__name__)
+
+
+# a profile's device name: shown in plans, written in cluster files (lower case, as the catalog's)
+_NAME = re.compile(r"[a-z0-9][a-z0-9._+-]*\Z")
+
+
+def check_name(name: str | None) -> None:
+    """``--name``: lower-case letters, digits and ``. _ + -``, and not a catalog device's (a plan could not
+    tell the two apart)."""
+    if name is None:
+        return
+    if not _NAME.match(name):
+        raise ConfigError(f"--name {name!r}: use lower-case letters, digits, '.', '_', '+' or '-', starting with a "
+                          "letter or digit (it names the device in plans and cluster files)")
+    if name in catalog.device_names():
+        raise ConfigError(f"--name {name}: the catalog has a device of that name, which plans could not tell apart "
+                          f"from this one; choose another, e.g. local-{name}")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,8 +59,11 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--dim binds the dimensions of --model, and no --model was given; add --model "
                           "MODEL.onnx or drop --dim")
     model = profiler.load_model_file(args.model) if args.model else None  # fail early on a bad model
-    if args.threads < 0:
-        raise ConfigError(f"--threads {args.threads}: give 0 (onnxruntime's default) or a positive count")
+    check_name(args.name)
+    cores = os.cpu_count() or 1
+    if not 0 <= args.threads <= cores:
+        raise ConfigError(f"--threads {args.threads}: give 0 (onnxruntime's default) or a count up to this machine's "
+                          f"{cores} logical cores")
     runner = profiler.Runner(args.device, args.threads, args.clock)
     runner.check()
     prepared = profiler.prepare_model(runner, model, dims) if model is not None else None  # fail early
