@@ -226,6 +226,23 @@ def test_dlrm_takes_dense_sizes_from_a_workload_entry():
     assert config["top_mlp"] == (64, 1)
 
 
+def test_dlrm_takes_the_interaction_a_workload_entry_names(tmp_path):
+    """MLPerf's DLRM-DCNv2 entry names "dcn(3 layers, low rank 512)": built as DCN-v2, unless the user says."""
+    config = resolve_settings("dlrm", {"tables": REFERENCE, "workload": "mlperf-dlrm-dcnv2"})
+    assert (config["interaction"], config["dcn_layers"], config["dcn_rank"]) == ("dcn", 3, 512)
+    config = resolve_settings("dlrm", {"tables": REFERENCE, "workload": "mlperf-dlrm-dcnv2", "interaction": "cat"})
+    assert config["interaction"] == "cat" and "dcn_layers" not in config
+    path = tmp_path / "t.json"
+    tables = [{"name": "a", "rows": 100, "dim": 16, "pooling_factor": 1}]
+    for text, expected in (("dcn(2 layers, low rank 8)", ("dcn", 2, 8)), ("DCN", ("dcn", 3, 512))):
+        path.write_text(json.dumps({"tables": tables, "interaction": text}))
+        config = resolve_settings("dlrm", {"tables": str(path)})
+        assert (config["interaction"], config["dcn_layers"], config["dcn_rank"]) == expected
+    path.write_text(json.dumps({"tables": tables, "interaction": "attention"}))
+    with pytest.raises(ConfigError, match="interaction 'attention' is not dot, cat or dcn"):
+        resolve_settings("dlrm", {"tables": str(path)})
+
+
 # ------------------------------------------------------------------------------------------- errors
 @pytest.mark.parametrize("family,settings,words", [
     ("gpt", {"hiden": 8}, ["'hiden'", "did you mean hidden", "valid keys", "seq_len"]),

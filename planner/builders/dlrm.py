@@ -134,6 +134,31 @@ def build_dlrm(cfg: Mapping[str, Value], weights_file: str) -> onnx.ModelProto:
     return g.model(f"dlrm-{len(spec.tables)}tables", metadata)
 
 
+# DCN-v2's cross network where neither the user nor the tables file sizes it: the MLPerf DLRM-DCNv2 reference's
+# (three cross layers of low rank 512, MLCommons training_results_v3.0 dlrm_dcnv2)
+DCN_LAYERS, DCN_RANK = 3, 512
+# a tables file's interaction: dot, cat, or DCN-v2 as the workloads file writes it, "dcn(3 layers, low rank 512)"
+_INTERACTION = re.compile(r"\s*(dot|cat|dcn)\s*(?:\(\s*(\d+)\s*layers?\s*,\s*low rank\s*(\d+)\s*\))?\s*\Z",
+                          re.IGNORECASE)
+
+
+def _named_interaction(text: str) -> dict[str, Value]:
+    """The builder keys of the interaction a tables file names (``dcn(N layers, low rank R)`` also sets
+    ``dcn_layers`` and ``dcn_rank``)."""
+    match = _INTERACTION.match(text)
+    if match is None:
+        raise ConfigError(f"dlrm: the tables file's interaction {text!r} is not dot, cat or dcn(N layers, low rank R); "
+                          "set interaction=dot, cat or dcn to build one of them")
+    kind, layers, rank = match.groups()
+    keys: dict[str, Value] = {"interaction": kind.lower()}
+    if layers is not None:
+        if not 1 <= int(layers) <= MAX_MLP_LAYERS or not 1 <= int(rank) <= MAX_WIDTH:
+            raise ConfigError(f"dlrm: the tables file's interaction {text!r} has {layers} cross layers of rank {rank}; "
+                              f"the builder takes 1 to {MAX_MLP_LAYERS} layers of rank 1 to {MAX_WIDTH}")
+        keys.update(dcn_layers=int(layers), dcn_rank=int(rank))
+    return keys
+
+
 def _check(cfg: dict[str, Value]) -> None:
     """Fill dense sizes from the tables file where the user gave none; check the dot interaction's dims."""
     spec = load_tables(str(cfg["tables"]), cfg.get("workload"))  # type: ignore[arg-type]
@@ -143,6 +168,9 @@ def _check(cfg: dict[str, Value]) -> None:
         if key not in cfg:
             cfg[key] = from_file if from_file is not None else default
     bottom = tuple(cfg["bottom_mlp"])  # type: ignore[arg-type]
+    if "interaction" not in cfg and spec.interaction is not None:
+        for key, value in _named_interaction(spec.interaction).items():
+            cfg.setdefault(key, value)
     if "interaction" not in cfg:
         # pairwise dots need every table's dim equal to the bottom MLP's output; concatenation takes any dims
         same = all(t.dim == bottom[-1] for t in spec.tables)
@@ -150,6 +178,9 @@ def _check(cfg: dict[str, Value]) -> None:
         if not same:
             log.warning("dlrm: the tables' dims differ from the last bottom_mlp width (%d), so the interaction is "
                         "'cat' (concatenation); set interaction=dot with equal dims for pairwise dots", bottom[-1])
+    if cfg["interaction"] == "dcn":
+        cfg.setdefault("dcn_layers", DCN_LAYERS)
+        cfg.setdefault("dcn_rank", DCN_RANK)
     if cfg["interaction"] == "dot":
         odd = [t.name for t in spec.tables if t.dim != bottom[-1]]
         if odd:
@@ -200,8 +231,10 @@ FAMILY = Family(
         Key("interaction", STR, "feature interaction: pairwise dots, concatenation, or DCN-v2 cross layers over "
             "the concatenation", default_text="dot, or cat when the tables' dims differ from the last bottom_mlp "
             "width", choices=("dot", "cat", "dcn")),
-        Key("dcn_layers", INT, "cross layers (interaction=dcn)", 3, minimum=1, maximum=MAX_MLP_LAYERS),
-        Key("dcn_rank", INT, "low rank of each cross layer (interaction=dcn)", 512, minimum=1, maximum=MAX_WIDTH),
+        Key("dcn_layers", INT, "cross layers (interaction=dcn)", default_text=f"the tables file's, else {DCN_LAYERS}",
+            minimum=1, maximum=MAX_MLP_LAYERS),
+        Key("dcn_rank", INT, "low rank of each cross layer (interaction=dcn)",
+            default_text=f"the tables file's, else {DCN_RANK}", minimum=1, maximum=MAX_WIDTH),
     ),
     build=build_dlrm,
     check=_check,

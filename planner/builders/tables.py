@@ -33,6 +33,7 @@ class TablesSpec:
     dense_features: int | None = None
     bottom_mlp: tuple[int, ...] | None = None
     top_mlp: tuple[int, ...] | None = None
+    interaction: str | None = None  # the feature interaction the file names, as written (e.g. "dcn(3 layers, ...)")
 
 
 def _read(path: str) -> Document:
@@ -114,5 +115,7 @@ def load_tables(path: str, workload: str | None = None) -> TablesSpec:
     tables = tuple(_table(item) for item in entry["tables"])
     _check_unique(tables, f"tables file '{path}'")
     dense = entry.get("dense_features")
+    interaction = entry.get("interaction")
     return TablesSpec(tables=tables, dense_features=None if dense is None else int(dense),
-                      bottom_mlp=_widths(entry.get("bottom_mlp")), top_mlp=_widths(entry.get("top_mlp")))
+                      bottom_mlp=_widths(entry.get("bottom_mlp")), top_mlp=_widths(entry.get("top_mlp")),
+                      interaction=None if interaction is None else str(interaction))
