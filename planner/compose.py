@@ -26,6 +26,8 @@ pipeline and is planned with it. The estimate and the plan of a model with spars
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -37,6 +39,8 @@ from planner.errors import ConfigError, InfeasibleError
 from planner.plans import Plan, pipeline_spec
 from planner.solver import SolverOptions
 from planner.types import Batching, Cluster, EmbeddingTable, Estimate, LayerGraph, ParallelConfig
+
+log = logging.getLogger(__name__)
 
 _MODEL_FIX = "give the LayerGraph of planner.load_model('MODEL.onnx')"
 _CLUSTER_FIX = "give the Cluster of planner.load_cluster('dgx-a100-80gb*2') or of a cluster file"
@@ -67,8 +71,29 @@ def sparse_tables(model: LayerGraph, tables: Any = None) -> tuple[EmbeddingTable
         from planner.embeddings.tables import given_tables  # noqa: PLC0415 - only models with tables need it
         given = given_tables(tables)
         if given:
+            own = tuple(t.name for t in model.embedding_tables) if tables_are_sparse(model) else ()
+            # a file names a table as its feature ("cat_0"), the graph as its weight ("embed.cat_0.weight")
+            parts = {part for name in own for part in (name, *name.split("."))}
+            if not parts & {t.name for t in given}:
+                _warn_foreign_tables(model.name, own, tuple(t.name for t in given))
             return given
     return tuple(model.embedding_tables) if tables_are_sparse(model) else ()
+
+
+@functools.lru_cache(maxsize=64)
+def _warn_foreign_tables(model: str, own: tuple[str, ...], given: tuple[str, ...]) -> None:
+    """Say once per process (a what-if sweep places the tables at every point) that the given tables share no
+    name with the model's sparse tables: they stand in for its tables, or are added to a model that has none."""
+    def names(values: tuple[str, ...]) -> str:
+        return ", ".join(values[:3]) + (f" and {len(values) - 3} more" if len(values) > 3 else "")
+
+    if own:
+        log.warning("the %d given tables (%s) share no name with model %r's %d embedding tables (%s): they are "
+                    "placed in their stead; check the tables file and its workload", len(given), names(given), model,
+                    len(own), names(own))
+    else:
+        log.warning("model %r has no sparse embedding tables; the %d given tables (%s) are placed beside its layers "
+                    "as sparse tables", model, len(given), names(given))
 
 
 def dense_part(model: LayerGraph) -> LayerGraph:

@@ -5,6 +5,7 @@ join them alike, never silently ignoring them; the cost model knows nothing of t
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 from pathlib import Path
 
@@ -182,3 +183,31 @@ def test_only_compose_knows_both_dense_and_sparse(package, forbidden):
         bad = sorted(name for name in _imported(path)
                      if any(name == f or name.startswith(f + ".") for f in forbidden))
         assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
+
+
+def test_given_tables_that_share_no_name_with_the_models_are_named(caplog):
+    """--tables gives statistics of the model's own tables (a file names them by feature, "cat_0"; the graph by
+    weight, "embed.cat_0.weight"): a file whose tables match none of them, or given to a model without sparse
+    tables, is used as given and said once."""
+    import logging
+
+    from planner.compose import _warn_foreign_tables, sparse_tables
+
+    dlrm = load_model(str(ROOT / "models" / "dlrm-criteo.onnx"))
+    gpt = load_model(str(ROOT / "models" / "gpt2-124m.onnx"))
+    criteo = load_tables(ROOT / "benchmarks" / "data" / "embedding_workloads.json", "criteo-kaggle-dlrm")
+    other = load_tables(ROOT / "benchmarks" / "data" / "embedding_workloads.json", "mlperf-dlrm-dcnv2")
+    _warn_foreign_tables.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="planner.compose"):
+        assert sparse_tables(dlrm, criteo) == tuple(criteo)
+    assert not caplog.records
+    with caplog.at_level(logging.WARNING, logger="planner.compose"):
+        sparse_tables(gpt, criteo)
+        sparse_tables(gpt, criteo)
+    assert [r.getMessage().split(";")[0] for r in caplog.records] == [
+        "model 'gpt2-124m' has no sparse embedding tables"]
+    caplog.clear()
+    renamed = [dataclasses.replace(t, name=f"feature_{i}") for i, t in enumerate(other)]
+    with caplog.at_level(logging.WARNING, logger="planner.compose"):
+        sparse_tables(dlrm, renamed)
+    assert "share no name with model 'dlrm-criteo''s 26 embedding tables" in caplog.records[0].getMessage()
