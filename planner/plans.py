@@ -46,6 +46,10 @@ class ReplicaPlan:
     expert_tp: int = 1  # ranks each expert's matrices are split over
 
 
+# the fields a replica group's JSON takes from its stage, beside its own
+_STAGE_FIELDS_OF_A_GROUP = ("index", "first_layer", "last_layer", "layer_names", "recompute")
+
+
 @dataclass(frozen=True)
 class StagePlan:
     index: int
@@ -152,7 +156,12 @@ class Plan:
 
     # ------------------------------------------------------------------ serialisation
     def to_dict(self) -> dict[str, Any]:
-        return _jsonable(asdict(self))
+        document = _jsonable(asdict(self))
+        # a replica group lists the fields of its stage too (the Plan JSON's contract): the stage's own
+        for stage in document["stages"]:
+            for group in stage["replicas"]:
+                group.update({key: stage[key] for key in _STAGE_FIELDS_OF_A_GROUP})
+        return document
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent, sort_keys=True)

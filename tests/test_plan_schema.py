@@ -185,3 +185,19 @@ def test_wrong_schema_version_and_bad_json():
         Plan.from_dict(document)
     with pytest.raises(PlannerError, match="not valid JSON"):
         Plan.from_json("{")
+
+
+def test_a_replica_group_lists_the_fields_of_its_stage():
+    """The contract: a stage served by several device types lists each replica group "with the same fields";
+    a group's index, layers and recompute are its stage's, and a plan read back is the same plan."""
+    plan = plan_samples.mixed_plan()
+    document = plan.to_dict()
+    stage_fields = set(schema()["$defs"]["stage"]["required"])
+    for stage in document["stages"]:
+        for group in stage["replicas"]:
+            assert stage_fields <= set(group)
+            assert all(group[k] == stage[k] for k in ("index", "first_layer", "last_layer", "layer_names",
+                                                      "recompute"))
+    assert any(stage["replicas"] for stage in document["stages"])
+    validate(document)
+    assert Plan.from_dict(document) == plan
