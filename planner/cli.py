@@ -99,8 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
                         format="planner: %(message)s")
-    if not getattr(args, "_run", None):
-        parser.print_usage(sys.stderr)
+    if not getattr(args, "_run", None):  # one line, as every other mistake
         sys.stderr.write("planner: error: give a command, e.g. 'planner plan MODEL.onnx --cluster NODE*COUNT "
                          "--global-batch N' (see 'planner --help')\n")
         return 2
