@@ -41,7 +41,8 @@ def _read(path: str) -> Document:
     if os.path.isdir(path):
         raise ConfigError(f"tables file '{path}' is a folder; give a JSON/YAML file {FORMAT}")
     if not os.path.isfile(path):
-        raise ConfigError(f"tables file '{path}' does not exist; give a JSON/YAML file {FORMAT}")
+        what = "is not a regular file" if os.path.exists(path) else "does not exist"
+        raise ConfigError(f"tables file '{path}' {what}; give a JSON/YAML file {FORMAT}")
     text = read_input(path, ConfigError)
     if path.lower().endswith(".json"):
         document = Document(data=load_json(text, path, ConfigError), where=path, lines={})
