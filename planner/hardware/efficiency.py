@@ -51,8 +51,8 @@ def default_dtype(devices: Iterable[DeviceProfile]) -> str:
 
 
 def resolve_dtype(devices: Iterable[DeviceProfile], dtype: str | None) -> str:
-    """The training dtype of a plan. Left out (``None``): :func:`default_dtype`. Asked for: every device must have a peak for it, else ConfigError naming
-    the devices and the dtypes all of them run."""
+    """The training dtype of a plan. Left out (``None``): :func:`default_dtype`. Asked for: every device must
+    have a peak for it, else ConfigError naming the devices and the dtypes all of them run."""
     profiles = list(devices)
     if dtype is None:
         return default_dtype(profiles)
