@@ -20,8 +20,28 @@ from planner.errors import ConfigError, PlannerError
 COMMANDS = ("inspect", "models", "devices", "estimate", "plan", "whatif", "profile", "split", "show", "schema")
 
 
+class _Once(argparse._StoreAction):
+    """An option that takes one value: given twice (``--tp 2 ... --tp 4``), it is refused rather than the last
+    one silently taken."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        given = namespace.__dict__.setdefault("_given_once", {})
+        if self.dest in given:
+            parser.error(f"{option_string} is given twice ({given[self.dest]}, then {option_string} {values}); "
+                         "give it once")
+        given[self.dest] = f"{option_string} {values}"
+        super().__call__(parser, namespace, values, option_string)
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports usage errors as one line and exit code 2, like PlannerError."""
+    """argparse that reports usage errors as one line and exit code 2, like PlannerError, and refuses an
+    option of one value given twice."""
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        if args and str(args[0]).startswith("-") and kwargs.get("action", "store") == "store":
+            kwargs["action"] = _Once
+        return super().add_argument(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         sys.stderr.write(f"planner: error: {message} (see 'planner --help')\n")

@@ -30,8 +30,9 @@ def tiny_model(tmp_path_factory) -> str:
     return str(path)
 
 
-def plan_argv(model: str, out: Path, *extra: str) -> list[str]:
-    return ["plan", model, "--cluster", "dgx-a100-80gb*1", "--global-batch", "8", "--out", str(out), *extra]
+def plan_argv(model: str, out: Path, *extra: str, global_batch: int = 8) -> list[str]:
+    return ["plan", model, "--cluster", "dgx-a100-80gb*1", "--global-batch", str(global_batch), "--out", str(out),
+            *extra]
 
 
 def leftovers(folder: Path) -> list[str]:
@@ -89,7 +90,7 @@ def test_a_killed_plan_out_leaves_the_earlier_plan(tiny_model, tmp_path, capsys)
         from test_atomic_writes import cut_writes, killed
         from planner.cli import main
         cut_writes(pytest.MonkeyPatch(), killed)
-        sys.exit(main({plan_argv(tiny_model, out, "--global-batch", "16")!r}))
+        sys.exit(main({plan_argv(tiny_model, out, global_batch=16)!r}))
     """)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True, timeout=120)
@@ -107,7 +108,7 @@ def test_a_failing_plan_out_leaves_the_earlier_plan_and_no_temporary_file(tiny_m
     before = out.read_bytes()
     capsys.readouterr()
     cut_writes(monkeypatch)
-    assert main(plan_argv(tiny_model, out, "--global-batch", "16")) == 2
+    assert main(plan_argv(tiny_model, out, global_batch=16)) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"planner: error: --out {out}: cannot write it (No space left on device); choose a writable path"]
     assert out.read_bytes() == before

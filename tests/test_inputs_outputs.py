@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from planner.builders import build, save
-from planner.cli import main
+from planner.cli import build_parser, main
 from planner.errors import ConfigError
 from planner.outputs import atomic_open, check_output_file, write_bytes, write_text
 
@@ -200,3 +200,16 @@ def test_a_closed_stdout_is_one_error_line(capsys, monkeypatch) -> None:
     monkeypatch.setattr(sys, "stdout", None)
     assert main(["schema"]) == 2
     assert "stdout is closed" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_an_option_of_one_value_given_twice_is_refused(capsys) -> None:
+    """`--tp 2 ... --tp 4` took the last one without a word; options that collect (--set, --dim, --sweep)
+    still take many."""
+    with pytest.raises(SystemExit) as stop:
+        main(["estimate", "m.onnx", "--cluster", "a10*1", "--global-batch", "8", "--tp", "2", "--tp", "4"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["planner: error: --tp is given twice (--tp 2, then --tp 4); give it once (see 'planner --help')"]
+    args = build_parser().parse_args(["models", "build", "gpt", "--set", "layers=2", "--set", "hidden=64",
+                                      "--out", "g.onnx"])
+    assert args.settings == ["layers=2", "hidden=64"]
