@@ -87,6 +87,24 @@ class Runtime:
     # the bucket grows with the data-parallel group: max(grad_bucket_params, this x dp) parameters
     # (Megatron-Core's DistributedDataParallel default bucket_size = max(40M, 1M x dp)); 0 = fixed
     grad_bucket_params_per_rank: int = 0
+    # bytes per parameter the data-parallel gradient reduction moves: 4 = in fp32 (Megatron reduces its fp32
+    # main-grad buffer; FSDP2 as torchtitan runs it, MixedPrecisionPolicy reduce_dtype=float32), 0 = in the
+    # training dtype (DeepSpeed's communication_data_type defaults to the weights' dtype)
+    grad_reduce_bytes: int = 0
+    # training dtypes whose gradients stay at the weights' width, buffer and reduction, where the two fields
+    # above say fp32 (Megatron forces fp32 gradient accumulation and all-reduce for bf16 only; fp16 keeps
+    # fp16 gradients unless --accumulate-allreduce-grads-in-fp32: megatron/training/arguments.py)
+    native_grad_dtypes: tuple[str, ...] = ()
+    # the fp32 parameters are the optimizer's master copy and the model computes from 16-bit copies gathered
+    # or cast from them (FSDP2's MixedPrecisionPolicy keeps no other high-precision copy: PyTorch docs,
+    # torch.distributed.fsdp.MixedPrecisionPolicy); fully_shard shards those fp32 parameters at ZeRO-2 too,
+    # where reshard_after_forward=False keeps the gathered 16-bit copy from forward to backward
+    fp32_parameters: bool = False
+    # each tensor-parallel rank sends only its 1/tp slice of a stage's output to the next stage, which
+    # all-gathers it over NVLink (Megatron-LM v2.5 --scatter-gather-tensors-in-pipeline, on by default;
+    # Narayanan et al. SC'21 Sec. 4.1); without it a rank sends the whole tensor unless sequence parallelism
+    # already splits it
+    p2p_scatter_gather: bool = False
 
     # the recompute choices and sequence parallelism the framework offers: Megatron-LM before v3.0 (2022) had
     # only --checkpoint-activations (full recompute); selective recompute and sequence parallelism came with
@@ -130,17 +148,22 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
         description="Megatron-LM as in Narayanan et al. SC'21: local DDP, gradients all-reduced after the "
                     "backward pass, fused scale-mask-softmax, no distributed optimizer",
         source="Narayanan et al., SC'21, Sections 3-4 (gradient all-reduce after the pipeline flush); "
-               "Megatron-LM v2.5 megatron/model/fused_softmax.py, megatron/model/distributed.py",
+               "Megatron-LM v2.5 megatron/model/fused_softmax.py, megatron/model/distributed.py, "
+               "megatron/arguments.py (bf16 forces fp32 gradient accumulation and all-reduce; fp16 keeps fp16 "
+               "gradients by default)",
         overlap_grad_reduce=False, overlap_param_gather=False, tp_comm_overlap=False,
         grad_bucket_params=40_000_000, zero3_prefetch_layers=1, attention="fused-softmax", main_grad_bytes=4,
         zero_stages=(0,), max_pipeline_zero=0, interleaved=True, tensor_parallel=True, pipeline_parallel=True,
-        recompute_choices=("none", "full"), sequence_parallel=False, moe_layers=False, uneven_pipeline=False),
+        recompute_choices=("none", "full"), sequence_parallel=False, moe_layers=False, uneven_pipeline=False,
+        grad_reduce_bytes=4, native_grad_dtypes=("fp16",), p2p_scatter_gather=True),
     Runtime(
         name="megatron-core",
         description="Megatron-Core with Transformer Engine: distributed optimizer (ZeRO-1), overlapped "
                     "gradient reduce-scatter and parameter all-gather, tp-comm overlap, FlashAttention",
         source="Megatron-Core docs, distributed optimizer (bf16 params, fp32 main grads: 6 + 12/d bytes per "
-               "parameter) and DistributedDataParallelConfig (bucket_size max(40M, 1M x dp)); Megatron-LM "
+               "parameter; fp16 params and grads: 4 + 16/d) and DistributedDataParallelConfig (bucket_size "
+               "max(40M, 1M x dp)); megatron/training/arguments.py (bf16 forces "
+               "accumulate_allreduce_grads_in_fp32: gradients reduced in fp32); Megatron-LM "
                "README performance table (overlap-grad-reduce, overlap-param-gather, tp-comm-overlap); "
                "megatron/core/transformer/moe/README.md (expert parallelism, expert tensor parallelism, "
                "dropless routing by default)",
@@ -148,7 +171,8 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
         grad_bucket_params=40_000_000, zero3_prefetch_layers=1, attention="flash", main_grad_bytes=4,
         zero_stages=(0, 1), max_pipeline_zero=1, interleaved=True, tensor_parallel=True, pipeline_parallel=True,
         grad_bucket_params_per_rank=1_000_000, context_parallel=True, expert_parallel=True,
-        expert_tensor_parallel=True, moe_tensor_parallel_needs_sequence_parallel=True),
+        expert_tensor_parallel=True, moe_tensor_parallel_needs_sequence_parallel=True, grad_reduce_bytes=4,
+        native_grad_dtypes=("fp16",)),
     Runtime(
         name="deepspeed",
         description="DeepSpeed ZeRO 0-3 with overlap_comm; tensor parallelism through AutoTP (ZeRO 0-2, no sequence "
@@ -171,12 +195,14 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
         description="PyTorch FSDP2 (fully_shard, as torchtitan runs it): per-layer all-gather with one layer "
                     "prefetched and per-layer reduce-scatter, DTensor tensor parallelism, "
                     "torch.distributed.pipelining schedules including interleaved 1F1B",
-        source="PyTorch docs torch.distributed.fsdp.fully_shard (reshard_after_forward, implicit prefetch); "
-               "torchtitan docs (FSDP2 + TP + PP, Interleaved1F1B); ZeRO-2 = reshard_after_forward=False",
+        source="PyTorch docs torch.distributed.fsdp.fully_shard (reshard_after_forward, implicit prefetch) and "
+               "MixedPrecisionPolicy (fp32 sharded parameters, 16-bit compute copies); torchtitan docs (FSDP2 + "
+               "TP + PP, Interleaved1F1B) and its config (mixed_precision_param bfloat16, mixed_precision_reduce "
+               "float32); ZeRO-2 = reshard_after_forward=False",
         overlap_grad_reduce=True, overlap_param_gather=True, tp_comm_overlap=False,
-        grad_bucket_params=0, zero3_prefetch_layers=1, attention="flash", main_grad_bytes=0,
+        grad_bucket_params=0, zero3_prefetch_layers=1, attention="flash", main_grad_bytes=4,
         zero_stages=(0, 2, 3), max_pipeline_zero=3, interleaved=True, tensor_parallel=True,
-        pipeline_parallel=True),
+        pipeline_parallel=True, grad_reduce_bytes=4, fp32_parameters=True),
 )}
 
 DEFAULT_RUNTIME = "megatron-core"

@@ -5,11 +5,13 @@ distributed-optimizer bytes per parameter, and GEMM efficiency against shape."""
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from planner.builders import build
 from planner.cost import estimate, layer_costs, stage_memory, transformer_activation_bytes
 from planner.cost.calibration import DeviceCalibration
+from planner.cost.comm import dp_group, dp_sync
 from planner.cost.compute import _gemm_time_s
 from planner.graph import import_model_proto
 from planner.graph.transformer import ATTENTION_CORE
@@ -175,6 +177,47 @@ def test_distributed_optimizer_bytes_per_parameter(d):
         runtime = dataclasses.replace(get_runtime(FLASH), name=f"grads-{main_grad}", main_grad_bytes=main_grad)
         mem = stage_memory(1e9, 0.0, 0, 1, d, "adam", dtype, runtime=runtime)
         assert mem.weights_bytes + mem.gradients_bytes + mem.optimizer_bytes == pytest.approx(1e9 * per_param)
+
+
+@pytest.mark.parametrize("d", [1, 8])
+def test_built_in_runtimes_keep_the_state_their_frameworks_keep(d):
+    # bytes per parameter (weights + gradients + states) with the state sharded over d as each runtime does:
+    # Megatron-Core's distributed optimizer table (bf16 with fp32 main grads 6 + 12/d, fp16 grads 4 + 16/d);
+    # FSDP2's fp32 sharded parameters as the master, fp32 gradients and Adam's moments, 16/d, plus the
+    # gathered bf16 copy that ZeRO-2 (reshard_after_forward=False) keeps from forward to backward
+    expected = {("megatron-core", "bf16", 1): 6 + 12 / d, ("megatron-core", "fp16", 1): 4 + 16 / d,
+                ("megatron-lm-2021", "fp16", 0): 20, ("pytorch-fsdp2", "bf16", 3): 16 / d,
+                ("pytorch-fsdp2", "bf16", 2): 2 + 16 / d, ("pytorch-fsdp2", "bf16", 0): 16}
+    for (runtime, dtype, zero), per_param in expected.items():
+        mem = stage_memory(1e9, 0.0, 0, zero, d, "adam", dtype, runtime=runtime)
+        held = mem.weights_bytes + mem.gradients_bytes + mem.optimizer_bytes
+        assert held == pytest.approx(1e9 * per_param), (runtime, dtype, zero)
+
+
+@pytest.mark.parametrize("runtime,dtype,width", [("megatron-core", "bf16", 4), ("megatron-core", "fp8", 4),
+                                                 ("megatron-core", "fp16", 2), ("megatron-lm-2021", "bf16", 4),
+                                                 ("pytorch-fsdp2", "bf16", 4), ("deepspeed", "bf16", 2)])
+def test_gradients_are_reduced_at_the_runtimes_width(runtime, dtype, width):
+    # Megatron reduces its fp32 main grads (bf16 forces it; fp16 keeps fp16 gradients), torchtitan's FSDP2
+    # reduces in fp32, DeepSpeed in the weights' dtype; the weights are gathered in the training dtype
+    cluster = load_cluster("dgx-a100-80gb*2")
+    group = dp_group(cluster, tuple(range(16)), DeviceCalibration())
+    sync = dp_sync(1, np.asarray(1e9), group, dtype, get_runtime(runtime))
+    ring = 15 / 16
+    assert float(sync.grad.sent_bytes) == pytest.approx(ring * 1e9 * width)
+    assert float(sync.gather.sent_bytes) == pytest.approx(ring * 1e9 * 2)
+
+
+@pytest.mark.parametrize("runtime,sp,split", [("megatron-core", False, 1), ("megatron-core", True, 4),
+                                              ("megatron-lm-2021", False, 4), ("deepspeed", False, 1)])
+def test_stage_hand_off_is_what_each_tensor_parallel_rank_sends(runtime, sp, split):
+    # Megatron-Core sends the whole [s, b, h] activation from every tensor-parallel rank unless sequence
+    # parallelism splits it; Megatron-LM v2.5 scatters it over the tp ranks and gathers it after the send
+    model = gpt(2, 1024, 16, 2048, 32000)
+    costs = layer_costs(model, catalog.get_node(NODE), 4, 2, "none", sp, runtime=runtime)
+    block = _blocks(model)[0]
+    seq, micro_batch, hidden, width = 2048, 2, 1024, 2
+    assert costs.output_bytes[block] == pytest.approx(seq * micro_batch * hidden * width / split)
 
 
 # ------------------------------------------------------------------------------------------ small models

@@ -102,15 +102,17 @@ def test_expert_parameters_are_divided_by_ep_and_expert_tp():
 
 def test_expert_gradients_synchronise_over_expert_data_parallel_ranks_only():
     """ZeRO-0 all-reduce bytes per rank: the dense parameters over dp, the experts over expert dp =
-    tp x dp / (ep x expert_tp); with ep = dp the experts have no replica and send nothing."""
+    tp x dp / (ep x expert_tp); with ep = dp the experts have no replica and send nothing. Megatron-Core
+    reduces bf16 training's gradients in fp32."""
     model, cluster = moe_model(), load_cluster("dgx-h100*1")
+    width = 4
     experts = sum(layer.moe.expert_params for layer in model.layers if layer.moe is not None)
     dense = model.params - experts
     for ep in (1, 2, 4, 8):
         est = estimate(model, cluster, ParallelConfig(global_batch=16, tp=1, pp=1, dp=8, zero=0, ep=ep, expert_tp=1,
                                                        micro_batch=2))
         edp = expert_dp(1, 8, ep, 1)
-        expected = 2 * 7 / 8 * dense * 2 + (2 * (edp - 1) / edp * experts / ep * 2 if edp > 1 else 0.0)
+        expected = 2 * 7 / 8 * dense * width + (2 * (edp - 1) / edp * experts / ep * width if edp > 1 else 0.0)
         assert est.stages[0].dp_bytes == pytest.approx(expected, rel=1e-9), ep
 
 

@@ -169,10 +169,11 @@ def test_model_too_large_is_infeasible_with_memory_needed():
 
 
 def test_infeasible_advice_does_not_ask_for_devices_the_cluster_has():
-    """19B parameters' states on 24 V100s of 16 GB: they would fill 21 of the 24, but no split into whole
-    layers leaves room for the rest; the advice says so instead of "at least 21 x v100"."""
+    """19B parameters' states on 24 V100s of 16 GB (fp16: Megatron's 20 bytes per parameter): they would fill
+    24 of the 24, but no split into whole layers leaves room for the rest; the advice says so instead of "at
+    least 24 x v100"."""
     big = gpt(layers=24, hidden=8192, heads=64, seq=2048, vocab=51200)
-    with pytest.raises(InfeasibleError, match=r"would fill 21 x v100-16gb of the 24 devices") as caught:
+    with pytest.raises(InfeasibleError, match=r"would fill 24 x v100-16gb of the 24 devices") as caught:
         planner.plan(big, load_cluster("hgx-v100-16gb*3"), global_batch=8)
     assert "at least" not in str(caught.value)
 

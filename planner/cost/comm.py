@@ -30,6 +30,10 @@ behind the backward of the micro-batch that produced it (``overlap_grad_reduce``
 without the flag it runs after the backward, whole. The weights' all-gather of ZeRO-1/2 hides behind the
 next forward, bucket by bucket, never the first (``overlap_param_gather``). ZeRO-3's per-layer gathers are
 timed by a layer-pipelined recurrence (:func:`zero3_exposed_s`).
+
+Widths. The gradients are reduced at the runtime's reduction width (Megatron and FSDP2 as torchtitan runs
+it: fp32 for 16-bit bf16 training; ``planner.cost.memory.gradient_reduce_bytes``), the weights gathered in
+the training dtype.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from typing import Sequence
 import numpy as np
 
 from planner.cost.calibration import DeviceCalibration
-from planner.cost.memory import dtype_bytes
+from planner.cost.memory import dtype_bytes, gradient_reduce_bytes
 from planner.errors import ConfigError
 from planner.hardware.collectives import CommGroup, collective_time_s, collective_times_s, comm_group, sent_bytes
 from planner.runtime import Runtime, get_runtime
@@ -113,19 +117,27 @@ class Pass:
     sent_bytes: np.ndarray  # what each rank sends
 
 
-def layer_collective_s(kind: str, layer_params: np.ndarray, group: CommGroup, dtype: str) -> np.ndarray:
+def param_bytes(kind: str, dtype: str, runtime: Runtime) -> int:
+    """Bytes per parameter a data-parallel collective of ``kind`` moves: the gradients' reduction width for
+    a reduction, the training dtype for the weights' all-gather (module docstring, Widths)."""
+    return dtype_bytes(dtype) if kind == "all_gather" else gradient_reduce_bytes(dtype, runtime)
+
+
+def layer_collective_s(kind: str, layer_params: np.ndarray, group: CommGroup, dtype: str,
+                       runtime: Runtime) -> np.ndarray:
     """One collective per layer over its own parameters (FSDP's per-module collectives, ZeRO-3)."""
-    return collective_times_s(kind, np.asarray(layer_params, dtype=float) * dtype_bytes(dtype), group)
+    return collective_times_s(kind, np.asarray(layer_params, dtype=float) * param_bytes(kind, dtype, runtime),
+                              group)
 
 
-def bucketed_pass(kind: str, params: np.ndarray, group: CommGroup, dtype: str, bucket: float,
+def bucketed_pass(kind: str, params: np.ndarray, group: CommGroup, dtype: str, runtime: Runtime, bucket: float,
                   layers_s: np.ndarray | float = 0.0, first_layer_s: np.ndarray | float = 0.0) -> Pass:
     """A pass of ``kind`` over ``params`` parameters per rank in buckets of ``bucket`` parameters (equal
     buckets, ``ceil(params / bucket)`` of them). ``bucket = 0``: one bucket per layer, whose times the caller
     gives summed over the pass's layers (``layers_s``) and for the first layer of the stage (the last one
     the backward reaches, the first one the forward needs: ``first_layer_s``)."""
     params = np.asarray(params, dtype=float)
-    width = dtype_bytes(dtype)
+    width = param_bytes(kind, dtype, runtime)
     sent = np.asarray(sent_bytes(kind, params * width, group.size), dtype=float)
     if group.size <= 1:
         zero = np.zeros_like(params)
@@ -169,15 +181,15 @@ def dp_sync(zero: int, params: np.ndarray, group: CommGroup, dtype: str, runtime
         raise ConfigError(f"zero={zero} is not a ZeRO stage; use 0, 1, 2 or 3")
     bucket = 0.0 if zero == 3 else bucket_params(runtime, group.size, runtime.overlaps_grad_reduce(zero))
     grad_kind = "all_reduce" if zero == 0 else "reduce_scatter"
-    grad = bucketed_pass(grad_kind, params, group, dtype, bucket, layer_grad_s, first_grad_s)
+    grad = bucketed_pass(grad_kind, params, group, dtype, runtime, bucket, layer_grad_s, first_grad_s)
     if zero == 0:
         none = np.zeros_like(grad.total_s)
         return DpSync(zero, grad, Pass(none, none, none))
     # ZeRO-1/2 gather the weights in the same buckets when they overlap the gather (Megatron-Core's
     # overlap-param-gather runs per bucket), else in one call after the step
     gather_bucket = 0.0 if zero == 3 else bucket_params(runtime, group.size, runtime.overlap_param_gather)
-    return DpSync(zero, grad, bucketed_pass("all_gather", params, group, dtype, gather_bucket, layer_gather_s,
-                                            first_gather_s))
+    return DpSync(zero, grad, bucketed_pass("all_gather", params, group, dtype, runtime, gather_bucket,
+                                            layer_gather_s, first_gather_s))
 
 
 def one_after_other(a: DpSync, b: DpSync) -> DpSync:

@@ -411,7 +411,11 @@ def _one_layer(layer: Layer, node: NodeProfile, tp: int, mb: float, recompute: s
     if attention == "flash":
         core = 0.0  # FlashAttention keeps no score tensor: selective recompute has nothing to re-run
     held, full = _activation_bytes(layer, tp, mb, sp, recompute, dtype, attention, par.load if par else 1.0)
-    output = layer.output_bytes * activation_scale(dtype) * mb / tp  # the boundary tensor at the dtype's width
+    # the boundary tensor at the dtype's width, as each tensor-parallel rank sends it to the next stage: its
+    # sequence shard under sequence parallelism or Megatron-LM's scatter-gather, else the whole tensor
+    # (Megatron-Core's get_tensor_shapes divides the sequence by tp only with sequence_parallel)
+    split = tp if sp or runtime.p2p_scatter_gather else 1
+    output = layer.output_bytes * activation_scale(dtype) * mb / split
     params = _tp_sharded_params(layer, tp)
     ep_fwd = ep_bwd = expert_params = 0.0
     if par is not None:

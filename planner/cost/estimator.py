@@ -218,7 +218,7 @@ def _placement(model: LayerGraph, cluster: Cluster, stages: tuple[StageSpec, ...
     per_layer = {kind: np.zeros_like(padded) for kind in ("all_reduce", "reduce_scatter", "all_gather")}
     for group, idx in alike.items():
         for kind, out in per_layer.items():
-            out[idx] = layer_collective_s(kind, padded[idx], group, dtype)
+            out[idx] = layer_collective_s(kind, padded[idx], group, dtype, runtime)
     syncs, opt_s = [], []
     for zero in ZERO_STAGES:
         grad = per_layer["all_reduce" if zero == 0 else "reduce_scatter"]

@@ -48,13 +48,17 @@ Weights, gradients and optimizer states
 ---------------------------------------
 As the runtime keeps them (``planner.runtime.Runtime``), per parameter: weights in the training dtype (``w``;
 fp8 training keeps bf16 weights), the gradient buffer at ``runtime.main_grad_bytes`` (4: Megatron's fp32 main
-grads) or the weights' width (0); a mixed-precision optimizer (16-bit weights) adds an fp32 master copy (4),
+grads, except for the dtypes in ``runtime.native_grad_dtypes``: Megatron's fp16 gradients stay fp16) or the
+weights' width (0); a mixed-precision optimizer (16-bit weights) adds an fp32 master copy (4),
 the optimizer's moments (Adam: 2 x 4; SGD with momentum, Adagrad: 4) and, where the gradient buffer is
 16-bit, the fp32 copy of the gradient it steps on (4; Megatron's ``main_param.grad``). These reproduce the
 table of Megatron-Core's distributed optimizer (docs, "Distributed Optimizer"): fp16 params and grads 20 and
 ``4 + 16/d`` bytes, bf16 params with fp32 main grads 18 and ``6 + 12/d``, fp32 params and grads 16 and
 ``8 + 8/d``. ZeRO stage 1 divides the optimizer states by ``dp``, stage 2 also the gradients, stage 3 also
-the weights (Rajbhandari et al. 2020, Sec. 5).
+the weights (Rajbhandari et al. 2020, Sec. 5). A runtime with ``fp32_parameters`` (FSDP2's
+MixedPrecisionPolicy) keeps fp32 weights that are themselves the master, fp32 gradients and the moments:
+Adam 16 bytes, all divided by ``dp`` from ZeRO-2 on (fully_shard shards the parameters there too), plus at
+ZeRO-2 the gathered 16-bit copy (``w``) that reshard_after_forward=False keeps from forward to backward.
 
 FP8 weight copies: under fp8 every rank also keeps, beside its bf16 weights, their fp8 copies in both
 orientations (rowwise for the forward GEMM, columnwise for the input-gradient GEMM) with the recipe's weight
@@ -160,12 +164,35 @@ def transformer_activation_bytes(seq_len: int, micro_batch: int, hidden: int, he
     return s * b * replicated / split_seq + (s * b * split + scores) / t
 
 
+def _fp32_or_native(fp32_bytes: int, dtype: str, rt: Runtime) -> int:
+    """``fp32_bytes`` (a runtime's 4 for fp32, or 0) per parameter, or the training dtype's width where it
+    is 0 or the runtime keeps ``dtype``'s gradients native."""
+    width = dtype_bytes(dtype)
+    if not fp32_bytes or base_dtype(dtype) in rt.native_grad_dtypes:
+        return width
+    return max(width, fp32_bytes)
+
+
+def gradient_buffer_bytes(dtype: str, runtime: Runtime | str | None = None) -> int:
+    """Bytes per parameter of the gradient buffer the optimizer reads (``Runtime.main_grad_bytes``)."""
+    rt = get_runtime(runtime)
+    return _fp32_or_native(rt.main_grad_bytes, dtype, rt)
+
+
+def gradient_reduce_bytes(dtype: str, runtime: Runtime | str | None = None) -> int:
+    """Bytes per parameter the data-parallel gradient reduction moves (``Runtime.grad_reduce_bytes``)."""
+    rt = get_runtime(runtime)
+    return _fp32_or_native(rt.grad_reduce_bytes, dtype, rt)
+
+
 def parameter_bytes(optimizer: str, dtype: str, runtime: Runtime | str | None = None) -> tuple[float, float, float]:
-    """(weights, gradients, optimizer states) bytes per parameter, before ZeRO (module docstring)."""
+    """(weights, gradients, optimizer states) bytes per parameter, before ZeRO (module docstring). A runtime
+    with ``fp32_parameters`` holds fp32 weights that are the optimizer's master: its 16-bit copies are the
+    gathered working weights of ``memory_terms``, not a persistent state."""
     check_optimizer(optimizer)
     rt = get_runtime(runtime)
-    weights = float(dtype_bytes(dtype))
-    gradients = float(rt.main_grad_bytes or weights)
+    weights = float(FP32_BYTES if rt.fp32_parameters else dtype_bytes(dtype))
+    gradients = float(gradient_buffer_bytes(dtype, rt))
     mixed = weights < FP32_BYTES
     states = _MOMENT_BYTES[optimizer]
     if mixed:
@@ -208,7 +235,13 @@ def memory_terms(params_per_rank, activation_bytes_per_micro_batch, micro_batche
     def held(per_param: float, sharded: bool):
         return per_param * shard_params(params_per_rank, sharded, dp, expert_params_per_rank, expert_dp)
 
-    weights = held(per_weight + fp8_weight_copy_bytes(dtype), zero >= 3)
+    if rt.fp32_parameters:
+        # fp32 parameters sharded with the gradients; at ZeRO-2 the gathered 16-bit copy stays from forward to
+        # backward (at ZeRO-3 it is the per-layer transient the caller adds)
+        working = dtype_bytes(dtype) if zero == 2 and dtype_bytes(dtype) < FP32_BYTES else 0.0
+        weights = held(per_weight, zero >= 2) + held(working + fp8_weight_copy_bytes(dtype), zero >= 3)
+    else:
+        weights = held(per_weight + fp8_weight_copy_bytes(dtype), zero >= 3)
     gradients = held(per_gradient, zero >= 2)
     states = held(per_state, zero >= 1)
     activations = activation_bytes_per_micro_batch * micro_batches_in_flight

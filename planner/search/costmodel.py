@@ -239,7 +239,8 @@ class CostModelBackend:
         if hit is None:
             group = dp_group(self.cluster, devices[::option.tp], self._cal(option, settings))
             params = self.layer_table(option, settings).params_per_rank
-            hit = (group, {kind: layer_collective_s(kind, params, group, settings.dtype)
+            runtime = get_runtime(settings.runtime)
+            hit = (group, {kind: layer_collective_s(kind, params, group, settings.dtype, runtime)
                            for kind in ("all_reduce", "reduce_scatter", "all_gather")})
             self._collectives[key] = hit
         return hit
