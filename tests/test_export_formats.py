@@ -204,7 +204,7 @@ def check_deepspeed(config: dict) -> None:
             assert set(value) <= DEEPSPEED_KEYS[key], (key, value)
 
 
-def test_deepspeed_config():
+def test_deepspeed_config(caplog):
     plan = plan_samples.gpt_plan((4, 3, 3), tp=4, dp=2, zero=1, recompute="full")
     config = json.loads(render(plan, "deepspeed"))
     check_deepspeed(config)
@@ -218,9 +218,19 @@ def test_deepspeed_config():
                                            "allgather_bucket_size": bucket}
     assert config["bf16"] == {"enabled": True} and config["fp16"] == {"enabled": False}
     assert config["tensor_parallel"] == {"autotp_size": 4}
-    assert config["pipeline"]["stages"] == 3 and config["pipeline"]["partition"] in DEEPSPEED_PARTITION_METHODS
+    # no partition_method takes the uneven stages' boundaries: left out, with a warning naming stage_layers
+    assert config["pipeline"]["stages"] == 3 and "partition" not in config["pipeline"]
+    assert "pipeline.stage_layers" in caplog.text
     assert config["pipeline"]["activation_checkpoint_interval"] == 1
     assert config["pipeline"]["stage_layers"] == [[0, 3], [4, 6], [7, 9]]
+    even = deepspeed_config(plan_samples.gpt_plan((5, 5), tp=1, dp=8, zero=1))
+    assert even["pipeline"]["partition"] in DEEPSPEED_PARTITION_METHODS
+    assert even["pipeline"]["partition"] == "uniform"
+
+
+def test_deepspeed_refuses_a_plan_with_embedding_tables():
+    with pytest.raises(PlannerError, match="embedding tables .* use --format torchrec"):
+        render(plan_samples.dlrm_plan(), "deepspeed")
 
 
 def test_deepspeed_config_keeps_full_recompute_without_pipeline_stages():

@@ -69,9 +69,11 @@ def test_show_every_format(tmp_path, capsys, fmt):
     path = tmp_path / "plan.json"
     plan = plan_samples.dlrm_plan()
     path.write_text(plan.to_json())
-    if fmt == "megatron":  # a DLRM has no transformer layers for Megatron-LM to run
+    if fmt in ("megatron", "deepspeed"):
+        # a DLRM has no transformer layers for Megatron-LM to run, and its tables no ds_config key
         assert main(["show", str(path), "--format", fmt]) == 2
-        assert "no transformer layers" in capsys.readouterr().err
+        assert ("no transformer layers" if fmt == "megatron" else "use --format torchrec") in \
+            capsys.readouterr().err
         plan = plan_samples.gpt_plan()
         path.write_text(plan.to_json())
     assert main(["show", str(path), "--format", fmt]) == 0
@@ -114,11 +116,12 @@ def test_show_warns_when_the_format_launches_another_runtime(tmp_path, capsys, c
     import logging
 
     path = tmp_path / "plan.json"
-    path.write_text(plan_samples.dlrm_plan().to_json())
+    path.write_text(plan_samples.gpt_plan().to_json())
     with caplog.at_level(logging.WARNING, logger="planner.commands.show"):
         assert main(["show", str(path), "--format", "deepspeed"]) == 0
     assert any("planned for the megatron-core runtime" in r.getMessage() for r in caplog.records)
     caplog.clear()
+    path.write_text(plan_samples.dlrm_plan().to_json())
     with caplog.at_level(logging.WARNING, logger="planner.commands.show"):
         assert main(["show", str(path), "--format", "torchrec"]) == 0
     assert not caplog.records

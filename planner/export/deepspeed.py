@@ -10,21 +10,32 @@ Key names are those of DeepSpeed's ``deepspeed/runtime/constants.py`` (``train_b
 full recompute without pipeline stages: the model's layers then call ``deepspeed.checkpointing.checkpoint``) and
 ``deepspeed/runtime/tensor_parallel/config.py`` (``tensor_parallel.autotp_size``). The pipeline section is a
 free-form dictionary in DeepSpeed; ours adds ``stage_layers``, the plan's layer range of each stage, for
-building the ``PipelineModule``'s partition.
+building the ``PipelineModule``'s partition. DeepSpeed splits a ``PipelineModule`` by its ``partition_method``
+(``deepspeed/runtime/pipe/module.py`` ``_partition_layers``: ``uniform``, ``parameters``, ``type:REGEX``), none
+of which takes explicit boundaries: ``partition`` is written ``uniform`` where the plan's stages hold equal
+numbers of layers, and left out (with a warning) where they do not, for the model code to apply
+``stage_layers``.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from planner.errors import PlannerError
 from planner.export._uniform import framework_runtime, pipeline_degree, require_uniform
 from planner.plans import Plan
 
+log = logging.getLogger(__name__)
+
 
 def deepspeed_config(plan: Plan) -> dict[str, Any]:
     """The ds_config that runs ``plan``."""
+    if plan.embeddings:
+        raise PlannerError(f"plan: its {len(plan.embeddings)} embedding tables are placed by TorchRec sharding types, "
+                           "which a ds_config cannot express (DeepSpeed would keep a whole copy of every table on "
+                           "every rank); use --format torchrec for the tables' sharding plan")
     tp, dp = require_uniform(plan, "DeepSpeed")
     pp = pipeline_degree(plan)
     cp = max(stage.cp for stage in plan.stages)
@@ -77,13 +88,15 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
             "partition_activations": False, "contiguous_memory_optimization": False, "cpu_checkpointing": False,
             "number_checkpoints": _blocks(plan), "synchronize_checkpoint_boundary": False, "profile": False}
     if pp > 1:
-        even = len({s.last_layer - s.first_layer for s in plan.stages}) == 1
-        config["pipeline"] = {
-            "stages": pp,
-            "partition": "uniform" if even else "parameters",
-            "activation_checkpoint_interval": 1 if full else 0,
-            "stage_layers": [[s.first_layer, s.last_layer] for s in plan.stages],
-        }
+        stage_layers = [[s.first_layer, s.last_layer] for s in plan.stages]
+        config["pipeline"] = {"stages": pp, "activation_checkpoint_interval": 1 if full else 0,
+                              "stage_layers": stage_layers}
+        if len({last - first for first, last in stage_layers}) == 1:
+            config["pipeline"]["partition"] = "uniform"
+        else:
+            log.warning("the plan's %d pipeline stages hold different numbers of layers (%s), which no DeepSpeed "
+                        "partition_method reproduces; build the PipelineModule's stages from pipeline.stage_layers "
+                        "in the model code", pp, ", ".join(f"{last - first + 1}" for first, last in stage_layers))
     return config
 
 
