@@ -138,6 +138,10 @@ class Layer:
     transformer: TransformerDims | None = None
     input_bytes: float = 0.0  # boundary tensor(s) received from the previous layer
     moe: MoEDims | None = None  # its mixture-of-experts MLP, where it has one
+    # weights this layer reads that an earlier layer owns (and counts in its params), as (owner index,
+    # parameters): a tied LM head reads the word embedding. A stage holding this layer but not its owner keeps
+    # a copy (planner.cost.memory.stage_tied_params)
+    tied_params: tuple[tuple[int, int], ...] = ()
 
     @property
     def active_params(self) -> int:

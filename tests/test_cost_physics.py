@@ -220,6 +220,26 @@ def test_stage_hand_off_is_what_each_tensor_parallel_rank_sends(runtime, sp, spl
     assert costs.output_bytes[block] == pytest.approx(seq * micro_batch * hidden * width / split)
 
 
+def test_a_tied_head_on_a_later_stage_holds_a_copy_of_the_word_embedding():
+    # the builder's GPT ties its LM head to the word embedding: Megatron allocates the head's weight on the
+    # last stage when pp > 1, with its own gradient and optimizer state
+    model = gpt(4, 1024, 16, 1024, 32000)
+    head = model.layers[-1]
+    assert head.kind == "head" and head.tied_params == ((0, 32000 * 1024),)
+    assert not _llama().layers[-1].tied_params  # Llama's head is untied
+    cluster = load_cluster("dgx-a100-80gb*1")
+    config = dict(global_batch=8, tp=2, dp=2, zero=0, micro_batch=1, recompute="none", sequence_parallel=False)
+    one = estimate(model, cluster, ParallelConfig(pp=1, **config))
+    two = estimate(model, cluster, ParallelConfig(pp=2, **config))
+    width = 2  # bf16 weights
+    held = sum(stage.memory.weights_bytes for stage in two.stages) - one.stages[0].memory.weights_bytes
+    assert held == pytest.approx(32000 * 1024 / 2 * width)
+    last = two.stages[-1]
+    costs = layer_costs(model, catalog.get_node(NODE), 2, 1, "none", False)
+    own = float(costs.params_per_rank[last.first_layer:last.last_layer + 1].sum())
+    assert last.memory.weights_bytes == pytest.approx((own + 32000 * 1024 / 2) * width)
+
+
 # ------------------------------------------------------------------------------------------ small models
 
 def test_gemm_at_small_m_is_slower_per_flop():

@@ -151,16 +151,17 @@ def slow_layout(rng: np.random.Generator, seed: int, varied: bool) -> tuple[Layo
 
 
 def test_later_stages_synchronisation_lifts_the_bound(slow_links):
-    """Stage 0 holds the embedding alone and stage 1 the rest, each synchronising over two nodes: the bound
-    of stage 0's synchronisation alone is under 70% of the plan's time, the mean of both stages' over 80%."""
+    """Stage 0 holds the embedding alone and stage 1 the rest with its copy of the tied word embedding, each
+    synchronising over two nodes: the bound of stage 0's synchronisation alone is under 60% of the plan's
+    time, the mean of both stages' over 70%."""
     model, cluster, backend = slow_links
     settings = Settings(micro_batch=1, dp=8, zero=1, recompute="none", sequence_parallel=False)
     layout = Layout((StageOption(0, 2), StageOption(1, 2)))
     last = (0, len(model.layers) - 1)
     time_s = estimate_pipeline(model, cluster, pipeline_spec(cluster, 32, settings, layout, last)).iteration_time_s
     first, mean = (score(*backend.stage_matrices(layout, settings, 32, e), last)[0] for e in (FIRST, MEAN))
-    assert first < 0.7 * time_s
-    assert 0.8 * time_s < mean <= time_s
+    assert first < 0.6 * time_s
+    assert 0.7 * time_s < mean <= time_s
 
 
 def layout_floor_case(slow_links, seed: int) -> tuple[float, float, float]:
@@ -215,3 +216,19 @@ def test_bound_is_exact_for_one_stage_of_experts(zero, tp, ep):
     last = (len(model.layers) - 1,)
     estimate = estimate_pipeline(model, cluster, pipeline_spec(cluster, 64, settings, layout, last))
     assert score(S, G, last)[0] == pytest.approx(estimate.iteration_time_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("cut", [0, 2, 4])
+def test_stage_memory_of_the_search_is_the_cost_models_with_a_tied_head(slow_links, cut):
+    """The search's memory of a segment (affine in the micro-batches in flight) is the cost model's, the last
+    stage's copy of the tied word embedding included (the fixture's GPT ties its head)."""
+    model, cluster, backend = slow_links
+    assert model.layers[-1].tied_params
+    settings = Settings(micro_batch=1, dp=8, zero=1, recompute="none", sequence_parallel=False)
+    layout = Layout((StageOption(0, 2), StageOption(1, 2)))
+    last = (cut, len(model.layers) - 1)
+    est = estimate_pipeline(model, cluster, pipeline_spec(cluster, 32, settings, layout, last))
+    for stage, option, (i, j) in zip(est.stages, layout.options, ((0, cut), (cut + 1, last[1]))):
+        fixed, per_micro_batch = backend._memory_of(option, settings)
+        in_flight = len(est.stages) - stage.index  # 1F1B
+        assert stage.memory.total_bytes == pytest.approx(fixed[i, j] + in_flight * per_micro_batch[i, j], rel=1e-9)

@@ -39,7 +39,7 @@ from planner.cost.comm import (ZERO_STAGES, DpSync, Pass, dp_bytes_per_iteration
 from planner.cost.compute import layer_costs
 from planner.cost.context import layers_exchange_s
 from planner.cost.moe import ep_group_devices, expert_dp_devices, resolved_expert_tp
-from planner.cost.memory import dtype_bytes, memory_terms, micro_batches_in_flight
+from planner.cost.memory import dtype_bytes, memory_terms, micro_batches_in_flight, stage_tied_params
 from planner.cost.optimizer import optimizer_time_s
 from planner.cost.schedule import SCHEDULES, pipeline_time
 from planner.errors import ConfigError
@@ -190,7 +190,8 @@ def _placement(model: LayerGraph, cluster: Cluster, stages: tuple[StageSpec, ...
             nodes.append(node)
             cals.append(cal)
             row_stage.append(s)
-            params.append(float(lc.params_per_rank[sl].sum()))
+            params.append(float(lc.params_per_rank[sl].sum())
+                          + stage_tied_params(model, stage.first_layer, stage.last_layer, r.tp))
             largest.append(float(lc.params_per_rank[sl].max()))
             layer_params.append(lc.params_per_rank[sl])
             experts.append(par)

@@ -83,7 +83,7 @@ from planner.hardware.efficiency import DTYPE_BYTES as OPERAND_BYTES
 from planner.hardware.fp8 import FP8, base_dtype, scale_bytes, weight_scale_bytes
 from planner.runtime import Runtime, get_runtime
 from planner.rules import OPTIMIZERS, RECOMPUTE_CHOICES
-from planner.types import MemoryBreakdown
+from planner.types import LayerGraph, MemoryBreakdown
 
 # bytes per element of weights and activations in each training dtype: tf32 is an fp32 format computed on
 # tensor cores (fp32 storage); fp8 training keeps 16-bit weights and activations and casts GEMM inputs to fp8
@@ -200,6 +200,28 @@ def parameter_bytes(optimizer: str, dtype: str, runtime: Runtime | str | None = 
         if gradients < FP32_BYTES:
             states += FP32_BYTES  # the fp32 copy of the 16-bit gradient the step reads
     return weights, gradients, states
+
+
+def stage_tied_params(model: LayerGraph, first: int, last: int, tp: int) -> float:
+    """Parameters per rank that a stage holding layers ``first..last`` keeps as its own copy of weights an
+    earlier stage owns (``Layer.tied_params``: a tied LM head's word embedding). Megatron allocates the output
+    layer's weight on the last stage when pp > 1 and keeps it in step with the first stage's by an all-reduce
+    of their gradients (megatron/core/models/common/language_module: ``setup_embeddings_and_output_layer``,
+    ``shared_embedding_or_output_weight``; megatron/core/distributed/finalize_model_grads.py
+    ``_allreduce_word_embedding_grads``): the copy has its gradient and optimizer state like any weight.
+    Split over ``tp`` as the vocabulary-parallel embedding is. That all-reduce, once per iteration between two
+    ranks, is not timed."""
+    return sum(p for layer in model.layers[first:last + 1] for owner, p in layer.tied_params if owner < first) / tp
+
+
+def segment_tied_params(model: LayerGraph, tp: int) -> np.ndarray:
+    """:func:`stage_tied_params` of every segment ``i..j`` (``[i, j]``, zero below the diagonal)."""
+    n = len(model.layers)
+    out = np.zeros((n, n))
+    for k, layer in enumerate(model.layers):
+        for owner, p in layer.tied_params:
+            out[owner + 1:k + 1, k:] += p / tp  # segments that start after the owner and reach layer k
+    return out
 
 
 def optimizer_state_bytes_per_param(optimizer: str, dtype: str, runtime: Runtime | str | None = None) -> float:

@@ -209,19 +209,24 @@ def _layers(graph: OpGraph, units: list[layer_detection.Unit], costs: dict[int, 
     n = len(units)
     params = [0] * n
     saved_bytes = [0.0] * n
-    assigned: set[str] = set()
+    owner: dict[str, int] = {}  # parameter root -> the layer that counts it (its first user)
+    tied: list[dict[int, int]] = [{} for _ in range(n)]  # per layer: owner layer -> parameters it reads there
     b = graph.static_batch
     members = [graph.nodes[i] for i in sorted(layer_of)]
     fused, aliases = fused_sources(graph, members), nan_guards(graph, members)
     for k, unit in enumerate(units):
         counted: set[str] = set()  # a tensor saved by ops of two layers lives on both their stages
+        read_roots: set[str] = set()  # roots of earlier layers this layer reads (counted once per layer)
         for i in sorted(unit.nodes):
             node = graph.nodes[i]
             for t in node.inputs:
                 for root in graph.param_roots.get(t, ()):
-                    if root not in assigned:
-                        assigned.add(root)
+                    if root not in owner:
+                        owner[root] = k
                         params[k] += graph.params.get(root, 0)
+                    elif owner[root] != k and root not in read_roots:
+                        read_roots.add(root)
+                        tied[k][owner[root]] = tied[k].get(owner[root], 0) + graph.params.get(root, 0)
             for tensor, per_elem in saved_for_backward(View(node, graph), fused, aliases):
                 if tensor in counted:
                     continue
@@ -274,7 +279,8 @@ def _layers(graph: OpGraph, units: list[layer_detection.Unit], costs: dict[int, 
         result.append(Layer(index=k, name=unit.name, kind=kind, params=params[k],
                             flops_forward=float(sum(op.flops for op in ops)), activation_bytes=saved_bytes[k],
                             output_bytes=crossing[k + 1], ops=tuple(ops), transformer=transformer,
-                            input_bytes=crossing[k], moe=match.dims if match else None))
+                            input_bytes=crossing[k], moe=match.dims if match else None,
+                            tied_params=tuple(sorted(tied[k].items()))))
     return result
 
 

@@ -22,7 +22,7 @@ from planner.cost import estimate_pipeline, layer_costs, optimizer_time_s, stage
 from planner.cost.calibration import DeviceCalibration, calibration_for
 from planner.cost.comm import (dp_group, dp_sync, layer_collective_s, micro_batch_reduce_s, one_after_other,
                                sync_tail_s, zero3_exposed_lower_s)
-from planner.cost.memory import micro_batches_in_flight
+from planner.cost.memory import micro_batches_in_flight, segment_tied_params
 from planner.cost.moe import ep_group_devices, expert_dp, expert_dp_devices, resolved_expert_tp
 from planner.hardware.cluster import locate
 from planner.hardware.collectives import CommGroup, p2p_time_s
@@ -143,8 +143,9 @@ class CostModelBackend:
         hit = self._segments.get(key)
         if hit is None:
             t = self.layer_table(option, settings)
-            hit = (segment_sums(t.forward_s), segment_sums(t.backward_s), segment_sums(t.params_per_rank),
-                   segment_sums(t.act_bytes), segment_max(t.peak_bytes))
+            params = segment_sums(t.params_per_rank) + segment_tied_params(self.model, option.tp)
+            hit = (segment_sums(t.forward_s), segment_sums(t.backward_s), params, segment_sums(t.act_bytes),
+                   segment_max(t.peak_bytes))
             self._segments[key] = hit
         return hit
 
@@ -307,7 +308,9 @@ class CostModelBackend:
         sums = np.cumsum if first else segment_sums
         grad = layer["all_reduce" if settings.zero == 0 else "reduce_scatter"]
         gather = layer["all_gather"]
-        params = sums(t.params_per_rank)
+        # a segment's copies of weights an earlier stage owns; a prefix 0..j holds their owners
+        params = segment_tied_params(self.model, option.tp) + sums(t.params_per_rank) if not first \
+            else sums(t.params_per_rank)
         # the collectives' edge buckets: each segment's first layer
         edge_grad, edge_gather = (grad[0], gather[0]) if first else (grad[:, None], gather[:, None])
         experts = sums(self._expert_params(option, settings))
