@@ -102,7 +102,35 @@ def parse_megatron(text: str) -> dict[str, list[str]]:
             assert len(values) == 1, option
         else:
             assert len(values) == 1 and values[0] in kind, (option, values)
+    check_megatron_split(options)
     return options
+
+
+# megatron/training/arguments.py (validate_args): "No more than one of the following arguments can be set at the
+# same time"; a layout gives vpp by its number of chunks
+VIRTUAL_STAGE_OPTIONS = {"--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
+                         "--pipeline-model-parallel-layout"}
+
+
+def check_megatron_split(options: dict[str, list[str]]) -> None:
+    """The pipeline-split options together as Megatron-LM accepts them: at most one of the virtual-stage
+    options; first/last stage counts above 0 and never beside a layout
+    (megatron/core/transformer/transformer_config.py, TransformerConfig.__post_init__); a layout of pp x vpp
+    chunks with one "E" first, one "L" last and as many "t" as --num-layers
+    (megatron/core/transformer/pipeline_parallel_layer_layout.py, validate_layer_layout)."""
+    assert len(VIRTUAL_STAGE_OPTIONS & set(options)) <= 1, sorted(VIRTUAL_STAGE_OPTIONS & set(options))
+    ends = {"--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"} & set(options)
+    for option in ends:
+        assert int(options[option][0]) > 0, (option, options[option])
+    layout = options.get("--pipeline-model-parallel-layout")
+    if layout is None:
+        return
+    assert not ends, ends
+    chunks = layout[0].split("|")
+    assert len(chunks) % int(options["--pipeline-model-parallel-size"][0]) == 0, layout
+    flat = "".join(chunks)
+    assert set(flat) <= {"E", "t", "L"} and flat.count("E") == flat.count("L") == 1, layout
+    assert flat[0] == "E" and flat[-1] == "L" and flat.count("t") == int(options["--num-layers"][0]), layout
 
 
 def test_megatron_uniform_plan():
@@ -134,10 +162,11 @@ def test_megatron_interleaved():
     assert options["--num-virtual-stages-per-pipeline-rank"] == ["2"]
     assert options["--pipeline-model-parallel-size"] == ["2"]
     assert "--pipeline-model-parallel-layout" not in options  # 8 blocks divide evenly into 2 x 2 chunks
-    # blocks 3, 3, 2 over 3 stages x 2 chunks: round 0 gets 2, 2, 1 and round 1 gets 1, 1, 1
+    # blocks 3, 3, 2 over 3 stages x 2 chunks: round 0 gets 2, 2, 1 and round 1 gets 1, 1, 1; the layout's
+    # 6 chunks give vpp 2, so no vpp option beside it (Megatron-LM refuses both)
     options = parse_megatron(render(plan_samples.gpt_plan((4, 3, 3), vpp=2), "megatron"))
     assert options["--pipeline-model-parallel-layout"] == ["Ett|tt|t|t|t|tL"]
-    assert options["--pipeline-model-parallel-layout"][0].count("t") == int(options["--num-layers"][0])
+    assert "--num-virtual-stages-per-pipeline-rank" not in options
 
 
 def test_megatron_interleaved_uneven_first_and_last():

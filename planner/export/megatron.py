@@ -85,11 +85,7 @@ def megatron_args(plan: Plan) -> list[str]:
             "--num-layers", str(sum(stage_layers))]
     if cp > 1:  # the ring exchange of K and V the cost model times (planner.cost.context)
         args += ["--context-parallel-size", str(cp), "--cp-comm-type", "p2p"]
-    if plan.vpp > 1 and runtime.name == "megatron-lm-2021":  # that release names the chunk size instead
-        args += ["--num-layers-per-virtual-pipeline-stage", str(sum(stage_layers) // (pp * plan.vpp))]
-    elif plan.vpp > 1:
-        args += ["--num-virtual-stages-per-pipeline-rank", str(plan.vpp)]
-    args += _split_args(stage_layers, plan.vpp)
+    args += _pipeline_split_args(stage_layers, plan.vpp, runtime)
     args += _moe_args(plan, runtime)
     args += ["--micro-batch-size", str(plan.micro_batch), "--global-batch-size", str(plan.global_batch)]
     if plan.sequence_parallel and tp > 1:
@@ -141,6 +137,21 @@ def _overlap_args(runtime: Runtime, plan: Plan, tp: int, dp: int) -> list[str]:
     if runtime.tp_comm_overlap and tp > 1 and plan.sequence_parallel:
         args.append("--tp-comm-overlap")
     return args
+
+
+def _pipeline_split_args(stage_layers: list[int], vpp: int, runtime: Runtime) -> list[str]:
+    """How the transformer layers are shared out over the stages and their virtual chunks. Megatron-LM
+    takes one of ``--num-layers-per-virtual-pipeline-stage``, ``--num-virtual-stages-per-pipeline-rank`` and
+    ``--pipeline-model-parallel-layout``, and reads vpp from the layout's chunks where a layout is given
+    (megatron/training/arguments.py, validate_args: "No more than one of the following arguments can be set
+    at the same time"), so a layout is written without a vpp option. megatron-lm-2021 names the chunk size
+    (Megatron-LM v2.5 megatron/arguments.py has only --num-layers-per-virtual-pipeline-stage)."""
+    split = _split_args(stage_layers, vpp)
+    if vpp == 1 or "--pipeline-model-parallel-layout" in split:
+        return split
+    if runtime.name == "megatron-lm-2021":
+        return ["--num-layers-per-virtual-pipeline-stage", str(sum(stage_layers) // (len(stage_layers) * vpp))] + split
+    return ["--num-virtual-stages-per-pipeline-rank", str(vpp)] + split
 
 
 def _split_args(stage_layers: list[int], vpp: int) -> list[str]:
