@@ -182,6 +182,15 @@ def test_megatron_interleaved_uneven_first_and_last():
     assert "--decoder-first-pipeline-num-layers" not in options and "--pipeline-model-parallel-layout" in options
 
 
+@pytest.mark.parametrize("counts, vpp, layout", [((5, 4, 1), 1, "Etttt|tttt|L"), ((1, 5, 4), 1, "E|ttttt|tttL"),
+                                                 ((5, 4, 1), 2, "Ett|tt||tt|tt|L")])
+def test_megatron_stage_without_transformer_layers_gets_a_layout(counts, vpp, layout):
+    """A stage holding only the embedding or only the head: Megatron-Core refuses a first or last stage of 0
+    layers (TransformerConfig: "must be larger than 0"), and its layout takes a stage of only "E" or "L"."""
+    options = parse_megatron(render(plan_samples.gpt_plan(counts, vpp=vpp), "megatron"))
+    assert options["--pipeline-model-parallel-layout"] == [layout]
+
+
 @pytest.mark.parametrize("zero,expected", [(0, []), (1, ["--use-distributed-optimizer"]),
                                            (2, ["--use-megatron-fsdp", "--data-parallel-sharding-strategy"]),
                                            (3, ["--use-megatron-fsdp", "--data-parallel-sharding-strategy"])])

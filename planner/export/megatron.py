@@ -156,12 +156,16 @@ def _pipeline_split_args(stage_layers: list[int], vpp: int, runtime: Runtime) ->
 
 def _split_args(stage_layers: list[int], vpp: int) -> list[str]:
     """Nothing for an even split; ``--decoder-first/last-pipeline-num-layers`` when only the first and/or
-    last stage differ and every stage holds whole chunks (Megatron-Core gives each chunk of the first, last
-    and middle stages ``n // vpp`` layers: ``get_transformer_layer_offset``,
-    megatron/core/transformer/transformer_layer.py); ``--pipeline-model-parallel-layout`` otherwise."""
+    last stage differ, every stage holds whole chunks and none is empty (Megatron-Core gives each chunk of the
+    first, last and middle stages ``n // vpp`` layers: ``get_transformer_layer_offset``,
+    megatron/core/transformer/transformer_layer.py; ``TransformerConfig.__post_init__``,
+    megatron/core/transformer/transformer_config.py, requires both counts > 0);
+    ``--pipeline-model-parallel-layout`` otherwise, which also takes a stage of only the embedding or only
+    the loss (megatron/core/transformer/pipeline_parallel_layer_layout.py, ``parse_str_to_list``: "|"
+    separates the stages, a stage may hold no "t")."""
     if len(set(stage_layers)) == 1 and stage_layers[0] % vpp == 0:
         return []
-    if all(n % vpp == 0 for n in stage_layers):
+    if all(n > 0 and n % vpp == 0 for n in stage_layers):
         middle = stage_layers[1:-1]
         if len(set(middle)) <= 1:
             even = middle[0] if middle else None
