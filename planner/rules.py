@@ -21,7 +21,8 @@ Rules
 * devices: tp x cp x pp x dp devices at most; dp divides the global batch, dp x micro-batch too.
 * ZeRO: a stage of ``runtime.zero_stages``; with pp > 1 at most ``runtime.max_pipeline_zero``; with tp > 1 at
   most ``runtime.max_tensor_parallel_zero``.
-* vpp > 1 (the interleaved schedule): the runtime interleaves, pp >= 2, each stage holds a positive multiple
+* vpp > 1 (the interleaved schedule): the runtime interleaves, pp >= 2 (>= 3 where
+  ``runtime.interleaved_min_stages`` says so: Megatron-LM v2.5), each stage holds a positive multiple
   of vpp units (so vpp divides the units and units / vpp >= pp), the micro-batch count is a multiple of pp,
   and ZeRO is one the runtime combines with a pipeline.
 * ep, expert_tp (mixture-of-experts models only; ``runtime.expert_parallel``): ep divides the routed experts
@@ -32,6 +33,7 @@ Rules
   expert_tp other than tp only where the runtime has expert tensor parallelism; tp > 1 only with sequence
   parallelism where the runtime requires it (``Runtime.moe_tensor_parallel_needs_sequence_parallel``:
   Megatron-Core's MoELayer refuses to train otherwise, whatever ep).
+* dtype fp8: only on a runtime that trains it (``runtime.fp8``).
 * enums: recompute, optimizer, dtype, schedule, runtime, each spelled once here (the search plans the 1F1B
   and interleaved schedules; GPipe, which holds every micro-batch's activations, is estimated only).
 
@@ -46,7 +48,7 @@ from typing import Iterable, Sequence
 
 from planner.errors import ConfigError, suggest
 from planner.hardware.efficiency import DTYPE_FALLBACK
-from planner.hardware.fp8 import FP8_RECIPES, base_dtype, check_recipe_choice
+from planner.hardware.fp8 import FP8, FP8_RECIPES, base_dtype, check_recipe_choice
 from planner.runtime import RUNTIMES, Runtime, get_runtime
 from planner.types import Batching, Cluster, LayerGraph, ParallelConfig
 
@@ -271,10 +273,12 @@ def even_split_fits(num_units: int, num_stages: int, vpp: int = 1) -> bool:
     return num_stages == 1 or not num_units or num_units % (num_stages * vpp) == 0
 
 
-def stages_allowed(num_stages: int, num_micro_batches: int, vpp: int, num_units: int, even: bool) -> bool:
-    """Whether ``num_stages`` stages may run ``vpp`` chunks each (:func:`interleave_allowed`) and, where the
-    runtime has no uneven pipeline (``even``), split the units evenly (:func:`even_split_fits`)."""
-    return interleave_allowed(num_stages, num_micro_batches, vpp, num_units) and (
+def stages_allowed(num_stages: int, num_micro_batches: int, vpp: int, num_units: int, even: bool,
+                   min_stages: int = 2) -> bool:
+    """Whether ``num_stages`` stages may run ``vpp`` chunks each (:func:`interleave_allowed`, on at least
+    ``min_stages`` stages: ``Runtime.interleaved_min_stages``) and, where the runtime has no uneven pipeline
+    (``even``), split the units evenly (:func:`even_split_fits`)."""
+    return interleave_allowed(num_stages, num_micro_batches, vpp, num_units, min_stages) and (
         not even or even_split_fits(num_units, num_stages, vpp))
 
 
@@ -339,17 +343,19 @@ def check_zero(zero: int, pp: int | None, runtime: Runtime, flag: str = "zero=",
 # ------------------------------------------------------------------------------------- interleaved (vpp)
 
 
-def vpp_fits(num_units: int, num_stages: int, vpp: int) -> bool:
-    """Whether ``num_stages`` stages can each hold a positive multiple of ``vpp`` of ``num_units`` units."""
+def vpp_fits(num_units: int, num_stages: int, vpp: int, min_stages: int = 2) -> bool:
+    """Whether ``num_stages`` stages (at least ``min_stages``, the runtime's
+    ``Runtime.interleaved_min_stages``) can each hold a positive multiple of ``vpp`` of ``num_units`` units."""
     if vpp == 1:
         return True
-    return num_stages >= 2 and num_units % vpp == 0 and num_units // vpp >= num_stages
+    return num_stages >= max(2, min_stages) and num_units % vpp == 0 and num_units // vpp >= num_stages
 
 
-def interleave_allowed(num_stages: int, num_micro_batches: int, vpp: int, num_units: int) -> bool:
+def interleave_allowed(num_stages: int, num_micro_batches: int, vpp: int, num_units: int,
+                       min_stages: int = 2) -> bool:
     """Whether ``num_stages`` stages may interleave ``vpp`` chunks each (always true for vpp = 1): the
-    chunks fit and the micro-batches are a multiple of the stages."""
-    return vpp == 1 or (vpp_fits(num_units, num_stages, vpp) and num_micro_batches % num_stages == 0)
+    chunks fit (:func:`vpp_fits`) and the micro-batches are a multiple of the stages."""
+    return vpp == 1 or (vpp_fits(num_units, num_stages, vpp, min_stages) and num_micro_batches % num_stages == 0)
 
 
 def valid_vpps(num_units: int, num_stages: int) -> list[int]:
@@ -416,6 +422,11 @@ def check_schedule(schedule: str | None, vpp: int | None, pp: int | None, runtim
         raise ConfigError("the interleaved schedule needs vpp > 1; use --vpp 2 or more, or --schedule 1f1b")
     if schedule == INTERLEAVED and pp == 1:
         raise ConfigError("the interleaved schedule needs pipeline parallelism (pp > 1); use --schedule 1f1b")
+    if interleaved and pp is not None and 1 < pp < runtime.interleaved_min_stages:
+        what = f"{vpp_flag}{vpp}" if vpp is not None and vpp > 1 else f"{flag}{schedule}"
+        raise ConfigError(f"{what} with {pp_flag}{pp}: the {runtime.name} runtime runs the interleaved schedule on "
+                          f"{runtime.interleaved_min_stages} pipeline stages or more; use pp "
+                          f"{runtime.interleaved_min_stages} or more, or vpp 1 (--schedule 1f1b)")
 
 
 def check_vpp_shape(vpp: int, pp: int, num_units: int, num_micro_batches: int | None,
@@ -600,6 +611,10 @@ def check_numerics(recompute: str | None, optimizer: str, dtype: str | None, seq
     check_choice("optimizer", optimizer, OPTIMIZERS)
     if dtype is not None:
         check_choice("dtype", base_dtype(dtype), DTYPES)
+        if base_dtype(dtype) == FP8 and not runtime.fp8:
+            others = " or ".join(r.name for r in RUNTIMES.values() if r.fp8)
+            raise ConfigError(f"dtype fp8: the {runtime.name} runtime has no fp8 training; use --dtype bf16, or "
+                              f"--runtime {others}")
     if sequence_parallel and tp == 1:
         raise ConfigError("sequence parallelism needs tensor parallelism (tp > 1); drop --sequence-parallel "
                           "or use tp 2 or more")

@@ -62,6 +62,11 @@ class Runtime:
     # splits where the user cuts); False: the layers split evenly, so pp (times vpp) divides them (Megatron-LM
     # v2.5 megatron/model/transformer.py, ParallelTransformer asserts num_layers % pipeline size == 0)
     uneven_pipeline: bool = True
+    # the fewest pipeline stages the interleaved schedule runs on: Megatron-LM v2.5 megatron/arguments.py
+    # (parse_args) asserts "pipeline-model-parallel size should be greater than 2 with interleaved schedule";
+    # Megatron-Core's validate_args (megatron/training/arguments.py) asks for more than 2 only with
+    # --no-overlap-p2p-communication, its default being the overlap, which runs on 2
+    interleaved_min_stages: int = 2
     # the lowest ZeRO stage whose gradient reduction overlaps the backward (``overlap_grad_reduce``); below
     # it the runtime reduces after the backward pass
     overlap_grad_reduce_min_zero: int = 0
@@ -111,6 +116,9 @@ class Runtime:
     # Korthikanti et al. 2022
     recompute_choices: tuple[str, ...] = ("none", "selective", "full")
     sequence_parallel: bool = True
+    # fp8 GEMMs through Transformer Engine (Megatron-Core --fp8-format/--fp8-recipe); Megatron-LM v2.5 predates
+    # it: its megatron/arguments.py (_add_mixed_precision_args) offers --fp16 and --bf16 only
+    fp8: bool = True
     # context parallelism as Megatron-Core runs it through Transformer Engine: the sequence split over cp
     # ranks (2 x cp chunks, rank i holding chunks i and 2cp-1-i), K and V passed around a ring of
     # point-to-point sends overlapped with the attention of the chunk in hand (planner.cost.context)
@@ -150,12 +158,13 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
         source="Narayanan et al., SC'21, Sections 3-4 (gradient all-reduce after the pipeline flush); "
                "Megatron-LM v2.5 megatron/model/fused_softmax.py, megatron/model/distributed.py, "
                "megatron/arguments.py (bf16 forces fp32 gradient accumulation and all-reduce; fp16 keeps fp16 "
-               "gradients by default)",
+               "gradients by default; interleaved schedule only with pipeline-model-parallel size > 2)",
         overlap_grad_reduce=False, overlap_param_gather=False, tp_comm_overlap=False,
         grad_bucket_params=40_000_000, zero3_prefetch_layers=1, attention="fused-softmax", main_grad_bytes=4,
         zero_stages=(0,), max_pipeline_zero=0, interleaved=True, tensor_parallel=True, pipeline_parallel=True,
         recompute_choices=("none", "full"), sequence_parallel=False, moe_layers=False, uneven_pipeline=False,
-        grad_reduce_bytes=4, native_grad_dtypes=("fp16",), p2p_scatter_gather=True),
+        grad_reduce_bytes=4, native_grad_dtypes=("fp16",), p2p_scatter_gather=True, interleaved_min_stages=3,
+        fp8=False),
     Runtime(
         name="megatron-core",
         description="Megatron-Core with Transformer Engine: distributed optimizer (ZeRO-1), overlapped "

@@ -196,6 +196,41 @@ def test_the_search_keeps_to_the_2021_choices():
     assert est.config.recompute in ("none", "full") and not est.config.sequence_parallel
 
 
+@pytest.mark.parametrize("command", ["estimate", "plan"])
+def test_megatron_lm_2021_interleaves_on_three_stages_or_more(capsys, command):
+    """Megatron-LM v2.5's parse_args asserts pipeline-model-parallel size > 2 for the interleaved schedule:
+    estimate and a pinned search refuse vpp 2 at pp 2 in one line naming the fix."""
+    pins = ["--tp", "1", "--dp", "8"] if command == "estimate" else []
+    code, _, err = run(capsys, command, *README, "--runtime", "megatron-lm-2021", "--pp", "2", "--vpp", "2", *pins)
+    assert code == 2
+    line = one_error_line(err)
+    assert "megatron-lm-2021 runtime runs the interleaved schedule on 3 pipeline stages or more" in line
+    assert "use pp 3 or more, or vpp 1" in line
+
+
+def test_megatron_lm_2021_has_no_fp8(capsys):
+    """Megatron-LM v2.5 offers --fp16 and --bf16 only (megatron/arguments.py): estimate refuses fp8 on it."""
+    code, _, err = run(capsys, "estimate", GPT, "--cluster", "dgx-h100*1", "--global-batch", "256", "--runtime",
+                       "megatron-lm-2021", "--tp", "1", "--pp", "1", "--dp", "8", "--dtype", "fp8")
+    assert code == 2
+    assert "megatron-lm-2021 runtime has no fp8 training; use --dtype bf16" in one_error_line(err)
+
+
+def test_the_search_does_not_interleave_two_stages_on_megatron_lm_2021(tmp_path, capsys):
+    """With pp 2 pinned the search picks 1F1B on megatron-lm-2021 (megatron-core may interleave two stages)."""
+    path = tmp_path / "plan.json"
+    code, _, err = run(capsys, "plan", *README, "--runtime", "megatron-lm-2021", "--recompute", "full", "--pp", "2",
+                       "--out", str(path))
+    assert code == 0, err
+    assert load_plan(str(path)).vpp == 1
+    pins = Pins(pp=2, runtime="megatron-lm-2021")
+    from planner.search.space import enumerate_settings
+
+    assert {s.vpp for s in enumerate_settings(load_cluster("dgx-a100-80gb*2"), 256, pins, num_units=24)} == {1}
+    pins = Pins(pp=2, runtime="megatron-core")
+    assert max(s.vpp for s in enumerate_settings(load_cluster("dgx-a100-80gb*2"), 256, pins, num_units=24)) > 1
+
+
 def test_deepspeed_runs_autotp_with_zero_2_at_most_and_no_sequence_parallelism(capsys):
     """DeepSpeed's AutoTP training (the tensor parallelism its config expresses) runs with ZeRO 0-2 and splits
     weights only: estimate refuses tp 2 with ZeRO 3 or sequence parallelism, and the search never picks them."""

@@ -621,7 +621,8 @@ def _candidates(model: LayerGraph, config: ParallelConfig) -> dict[str, list]:
         vpps = [1]
     else:
         # left free: 1F1B, and the splits into pp x vpp equal chunks (a pinned vpp may also split unevenly)
-        vpps = [1] + [v for v in divisors(units) if v > 1 and units % (pp * v) == 0 and vpp_fits(units, pp, v)]
+        vpps = [1] + [v for v in divisors(units) if v > 1 and units % (pp * v) == 0
+                      and vpp_fits(units, pp, v, runtime.interleaved_min_stages)]
         if config.first_stage_layers is not None or config.last_stage_layers is not None:
             vpps = [v for v in [1, *divisors(units)[1:]] if _splits(units, pp, v, config)]  # whole chunks per stage
         if config.schedule == "interleaved":

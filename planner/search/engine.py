@@ -51,8 +51,8 @@ from planner.search.backend import Backend
 from planner.search.interleave import chunk_mask, partition_allowed, pipeline_allowed
 from planner.search.bounds import Profiles, QuickSettingsBound, layout_floor, lower_bounds, settings_lower_bound
 from planner.search.partition import Partition, partitions_below, score, solve_partition, stage_bounds
-from planner.search.space import Layout, Pins, Settings, StageOption, enumerate_settings, even_split, max_stages, \
-    options_allowed, ordered_layouts, pool_options, settings_allowed
+from planner.search.space import Layout, Pins, Settings, StageOption, enumerate_settings, even_split, \
+    interleaved_min_stages, max_stages, options_allowed, ordered_layouts, pool_options, settings_allowed
 from planner.search.tables import allocate
 from planner.solver import SolverOptions
 from planner.types import Cluster, Estimate, PipelineSpec, ReplicaSpec, StageSpec
@@ -231,7 +231,9 @@ def _blocks(profiles: Profiles, cluster: Cluster, settings: Settings, choice: _E
     if settings.vpp > 1 or even:
         totals = counts.sum(axis=1)
         stage_counts = np.unique(totals)
-        allowed = stage_counts[[pipeline_allowed(int(t), m, settings.vpp, num_units, even) for t in stage_counts]]
+        least = interleaved_min_stages(settings)
+        allowed = stage_counts[[pipeline_allowed(int(t), m, settings.vpp, num_units, even, least)
+                                for t in stage_counts]]
         counts = counts[np.isin(totals, allowed)]
     if not len(counts):
         return [], full
@@ -480,7 +482,8 @@ def settings_bound(profiles: Profiles, cluster: Cluster, settings: Settings, num
     these settings when the caller has them."""
     m = settings.num_micro_batches(global_batch)
     num_units = num_layers if num_units is None else num_units
-    if settings.vpp > 1 and not _interleavable(m, settings.vpp, num_units, num_layers, even_split(settings)):
+    if settings.vpp > 1 and not _interleavable(m, settings.vpp, num_units, num_layers, even_split(settings),
+                                               interleaved_min_stages(settings)):
         return np.inf
     if options is None:
         options = tuple(o for opts in pool_options(cluster, settings, pins) for o in opts)
@@ -493,9 +496,11 @@ def settings_bound(profiles: Profiles, cluster: Cluster, settings: Settings, num
 
 
 @functools.lru_cache(maxsize=4096)
-def _interleavable(num_micro_batches: int, vpp: int, num_units: int, num_layers: int, even: bool) -> bool:
+def _interleavable(num_micro_batches: int, vpp: int, num_units: int, num_layers: int, even: bool,
+                   min_stages: int = 2) -> bool:
     """Whether some stage count may interleave ``vpp`` chunks (a pure function of its arguments)."""
-    return any(pipeline_allowed(P, num_micro_batches, vpp, num_units, even) for P in range(2, num_layers + 1))
+    return any(pipeline_allowed(P, num_micro_batches, vpp, num_units, even, min_stages)
+               for P in range(2, num_layers + 1))
 
 
 @dataclass(frozen=True)

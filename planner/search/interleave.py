@@ -2,7 +2,7 @@
 to its model chunks, and the coefficients of the critical-path bound for either schedule.
 
 Rules (:mod:`planner.rules`, as ``planner.cost`` times them). ``vpp > 1`` needs a runtime with the
-interleaved schedule, at least two stages, a number of micro-batches ``m`` that is a multiple of the stage
+interleaved schedule, at least two stages (``Runtime.interleaved_min_stages``: three on Megatron-LM v2.5), a number of micro-batches ``m`` that is a multiple of the stage
 count ``P`` (the cost model refuses the interleaved schedule otherwise) and a ZeRO stage the runtime combines
 with a pipeline (``Runtime.max_pipeline_zero``). Each stage's pipeline units
 (transformer blocks, or every layer of a model without blocks) must be a positive multiple of ``vpp``: the
@@ -48,12 +48,13 @@ def schedule_for(vpp: int) -> str:
     return INTERLEAVED if vpp > 1 else "1f1b"
 
 
-def vpp_choices(pinned_vpp: int | None, pinned_schedule: str | None, num_units: int) -> list[int]:
+def vpp_choices(pinned_vpp: int | None, pinned_schedule: str | None, num_units: int, min_stages: int = 2
+                ) -> list[int]:
     """The vpp values the search tries under the pins (``num_units`` pipeline units in the model): 1 and
-    every value whose chunks fit two stages or more."""
+    every value whose chunks fit ``min_stages`` stages or more (the runtime's ``interleaved_min_stages``)."""
     if pinned_vpp is not None:
         return [pinned_vpp]
-    values = sorted({1, *valid_vpps(num_units, 2)})
+    values = sorted({1, *valid_vpps(num_units, max(2, min_stages))})
     if pinned_schedule == INTERLEAVED:
         return [v for v in values if v > 1]
     if pinned_schedule is not None:
@@ -71,10 +72,12 @@ def warmup(stage: int, num_stages: int, num_micro_batches: int, vpp: int = 1) ->
     return total if m == P else min(2 * (P - stage - 1) + (V - 1) * P, total)
 
 
-def pipeline_allowed(num_stages: int, num_micro_batches: int, vpp: int, num_units: int, even: bool = False) -> bool:
-    """Whether ``num_stages`` stages may interleave ``vpp`` chunks each (always true for vpp = 1) and, with
-    ``even`` (a runtime without an uneven pipeline), split the units evenly: :func:`planner.rules.stages_allowed`."""
-    return stages_allowed(num_stages, num_micro_batches, vpp, num_units, even)
+def pipeline_allowed(num_stages: int, num_micro_batches: int, vpp: int, num_units: int, even: bool = False,
+                     min_stages: int = 2) -> bool:
+    """Whether ``num_stages`` stages may interleave ``vpp`` chunks each (always true for vpp = 1; at least
+    ``min_stages`` stages) and, with ``even`` (a runtime without an uneven pipeline), split the units evenly:
+    :func:`planner.rules.stages_allowed`."""
+    return stages_allowed(num_stages, num_micro_batches, vpp, num_units, even, min_stages)
 
 
 @dataclass(frozen=True)

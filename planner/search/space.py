@@ -291,7 +291,8 @@ def enumerate_settings(cluster: Cluster, global_batch: int, pins: Pins, num_unit
     sps = ([pins.sequence_parallel] if pins.sequence_parallel is not None
            else list(rules.sequence_parallel_choices(runtime, pins.tp or None)))
     asked = interleave or pins.vpp is not None or pins.schedule == INTERLEAVED
-    vpps = vpp_choices(pins.vpp, pins.schedule, num_units) if asked and runtime.interleaved else [1]
+    least = runtime.interleaved_min_stages
+    vpps = vpp_choices(pins.vpp, pins.schedule, num_units, least) if asked and runtime.interleaved else [1]
     experts = expert_choices(pins)
     for dp in dps:
         per_dp = global_batch // dp if global_batch % dp == 0 else 0
@@ -307,7 +308,7 @@ def enumerate_settings(cluster: Cluster, global_batch: int, pins: Pins, num_unit
                         for vpp in vpps:
                             if vpp > 1 and (zero > runtime.max_pipeline_zero or not _may_interleave(
                                     per_dp // b, vpp, num_units, n // (dp * max(pins.tp, 1)), pins.pp,
-                                    not runtime.uneven_pipeline)):
+                                    not runtime.uneven_pipeline, least)):
                                 continue
                             for ep, etp in experts:
                                 yield Settings(micro_batch=b, dp=dp, zero=zero, recompute=rc, sequence_parallel=sp,
@@ -316,13 +317,14 @@ def enumerate_settings(cluster: Cluster, global_batch: int, pins: Pins, num_unit
 
 
 def _may_interleave(num_micro_batches: int, vpp: int, num_units: int, most_stages: int, pinned_pp: int,
-                    even: bool) -> bool:
+                    even: bool, min_stages: int = 2) -> bool:
     """Whether some stage count may interleave ``vpp`` chunks (:func:`planner.search.interleave.pipeline_allowed`;
-    ``even``: the runtime splits the units evenly) with at most ``most_stages`` stages of dp replicas: ZeRO <= 1
-    is checked by the caller."""
+    ``even``: the runtime splits the units evenly; ``min_stages``: its fewest interleaved stages) with at most
+    ``most_stages`` stages of dp replicas: ZeRO <= 1 is checked by the caller."""
     # vpp chunks of whole units per stage: at most num_units // vpp stages (planner.rules.vpp_fits)
     counts = [pinned_pp] if pinned_pp else range(2, min(most_stages, num_units // vpp) + 1)
-    return any(pipeline_allowed(P, num_micro_batches, vpp, num_units, even) for P in counts if P <= most_stages)
+    return any(pipeline_allowed(P, num_micro_batches, vpp, num_units, even, min_stages)
+               for P in counts if P <= most_stages)
 
 
 def settings_allowed(settings: Settings, pins: Pins) -> bool:
@@ -333,6 +335,11 @@ def settings_allowed(settings: Settings, pins: Pins) -> bool:
 def even_split(settings: Settings) -> bool:
     """Whether the settings' runtime splits the pipeline units evenly over the stages (no uneven pipeline)."""
     return not get_runtime(settings.runtime).uneven_pipeline
+
+
+def interleaved_min_stages(settings: Settings) -> int:
+    """The fewest stages the settings' runtime interleaves (``Runtime.interleaved_min_stages``)."""
+    return get_runtime(settings.runtime).interleaved_min_stages
 
 
 def max_stages(settings: Settings, num_units: int) -> int:
