@@ -50,6 +50,18 @@ MEGATRON_OPTIONS = {
     "--context-parallel-size": "value", "--cp-comm-type": ("p2p", "all_gather", "a2a", "a2a+p2p"),
 }
 
+# NVIDIA/Megatron-LM tag v2.5 (megatron-lm-2021): megatron/arguments.py. _add_distributed_args:
+# --tensor-model-parallel-size, --pipeline-model-parallel-size, --num-layers-per-virtual-pipeline-stage;
+# _add_network_size_args: --num-layers; _add_training_args: --micro-batch-size, --global-batch-size,
+# --checkpoint-activations, --checkpoint-num-layers; _add_mixed_precision_args: --fp16, --bf16. parse_args
+# calls parser.parse_args(), so an option outside these fails.
+MEGATRON_V25_OPTIONS = {
+    "--tensor-model-parallel-size": "value", "--pipeline-model-parallel-size": "value", "--num-layers": "value",
+    "--num-layers-per-virtual-pipeline-stage": "value", "--micro-batch-size": "value",
+    "--global-batch-size": "value", "--checkpoint-activations": "flag", "--checkpoint-num-layers": "value",
+    "--fp16": "flag", "--bf16": "flag",
+}
+
 # microsoft/DeepSpeed @ 38327e07f6cd39b63418f60cedd1651b0be3e7c3: deepspeed/runtime/constants.py
 # (TRAIN_BATCH_SIZE, TRAIN_MICRO_BATCH_SIZE_PER_GPU, GRADIENT_ACCUMULATION_STEPS, BFLOAT16 / FP16 with
 # "enabled", ZERO_OPTIMIZATION), deepspeed/runtime/zero/config.py ("stage", "overlap_comm", "reduce_bucket_size",
@@ -81,21 +93,22 @@ TORCHREC_PARAMETER_SHARDING = {"sharding_type", "compute_kernel", "ranks", "shar
 SHARD_METADATA = {"shard_offsets", "shard_sizes", "placement"}
 
 
-def parse_megatron(text: str) -> dict[str, list[str]]:
-    """The options of rendered Megatron arguments, checking every option and value against the lists."""
+def parse_megatron(text: str, known: dict[str, object] = MEGATRON_OPTIONS) -> dict[str, list[str]]:
+    """The options of rendered Megatron arguments, checking every option and value against the lists
+    (``known``: Megatron-LM's options; MEGATRON_V25_OPTIONS for a megatron-lm-2021 plan)."""
     body = " ".join(line.rstrip("\\") for line in text.splitlines() if not line.startswith("#"))
     tokens = shlex.split(body)
     options: dict[str, list[str]] = {}
     for token in tokens:
         if token.startswith("--"):
-            assert token in MEGATRON_OPTIONS, f"{token} is not a Megatron-LM option"
+            assert token in known, f"{token} is not a Megatron-LM option"
             assert token not in options, f"{token} given twice"
             options[token] = []
             current = token
         else:
             options[current].append(token)
     for option, values in options.items():
-        kind = MEGATRON_OPTIONS[option]
+        kind = known[option]
         if kind == "flag":
             assert values == [], option
         elif kind == "value":
@@ -363,10 +376,30 @@ def test_megatron_2021_refuses_uneven_stages_and_sizes_even_chunks():
                                  runtime="megatron-lm-2021")
     with pytest.raises(PlannerError, match="splits the layers evenly"):
         megatron_args(uneven)
-    even = dataclasses.replace(plan_samples.gpt_plan((5, 5), vpp=2, zero=0, recompute="full",
+    even = dataclasses.replace(plan_samples.gpt_plan((5, 4, 5), vpp=2, zero=0, recompute="full",
                                                      sequence_parallel=False), runtime="megatron-lm-2021")
-    args = megatron_args(even)  # blocks 4 + 4, two chunks of 2 per stage
-    assert args[args.index("--num-layers-per-virtual-pipeline-stage") + 1] == "2"
+    options = parse_megatron(render(even, "megatron"), MEGATRON_V25_OPTIONS)  # blocks 4 + 4 + 4, chunks of 2
+    assert options["--num-layers-per-virtual-pipeline-stage"] == ["2"]
+    # v2.5 names full recompute --checkpoint-activations, one layer per checkpoint
+    assert "--checkpoint-activations" in options and options["--checkpoint-num-layers"] == ["1"]
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(counts=(5, 5), vpp=2), "runs the interleaved schedule on 3 pipeline stages or more; use pp 3"),
+    (dict(recompute="selective"), "recompute selective"),
+    (dict(tp=2, sequence_parallel=True), "sequence parallelism"),
+    (dict(dtype="fp8"), "has no fp8 training"),
+])
+def test_megatron_2021_refuses_what_megatron_lm_v25_does_not_run(change, words):
+    """Megatron-LM v2.5 (megatron/arguments.py) interleaves only more than 2 stages and has no selective
+    recompute, sequence parallelism or fp8: the export refuses such a plan file in one line."""
+    dtype = change.pop("dtype", "bf16")
+    base = dict(zero=0, recompute="full", sequence_parallel=False, tp=4)
+    plan = plan_samples.gpt_plan(**{**base, **change})
+    plan = dataclasses.replace(plan, runtime="megatron-lm-2021", dtype=dtype)
+    with pytest.raises(PlannerError, match=words) as info:
+        render(plan, "megatron")
+    assert "\n" not in str(info.value) and str(info.value).startswith("plan: ")
 
 
 def test_deepspeed_refuses_zero_3_with_tensor_parallelism():

@@ -9,19 +9,22 @@ overlap_param_gather) and ``ModelParallelConfig.tp_comm_overlap``. The test ``te
 holds the list with its sources.
 
 The options follow the plan's runtime (``framework_runtime``): megatron-core's overlaps are switched on
-where its cost was predicted with them; megatron-lm-2021 has none of them, no distributed optimizer, and
-names interleaving by the layers per virtual stage.
+where its cost was predicted with them; megatron-lm-2021 is written with Megatron-LM v2.5's options only
+(megatron/arguments.py there: its parse_args refuses any other): no overlaps, no distributed optimizer, full
+recompute as ``--checkpoint-activations --checkpoint-num-layers 1``, interleaving as
+``--num-layers-per-virtual-pipeline-stage``, an even split only. A plan that breaks the rule book for its
+runtime (planner.rules: schedule, recompute, sequence parallelism, dtype) is refused, not written.
 """
 
 from __future__ import annotations
 
 import shlex
 
-from planner.errors import PlannerError
+from planner.errors import ConfigError, PlannerError
 from planner.export._uniform import framework_runtime, pipeline_degree, require_uniform, uniform_cp
 from planner.hardware.fp8 import DEFAULT_FP8_RECIPE, FP8, FP8_RECIPES
 from planner.plans import Plan, StagePlan
-from planner.rules import RECOMPUTE_CHOICES
+from planner.rules import RECOMPUTE_CHOICES, check_numerics, check_schedule, check_vpp_shape
 from planner.runtime import Runtime
 
 # ZeRO stage -> Megatron options. ZeRO-1 (optimizer states sharded) is Megatron's distributed optimizer;
@@ -77,6 +80,8 @@ def megatron_args(plan: Plan) -> list[str]:
         raise PlannerError(f"plan: its stages hold {', '.join(map(str, stage_layers))} transformer layers, but "
                            f"{runtime.name} splits the layers evenly over the pipeline stages; re-plan with "
                            "--runtime megatron-core, whose layout options express the split")
+    recompute = max((s.recompute for s in plan.stages), key=RECOMPUTE_CHOICES.index)
+    _check_rules(plan, runtime, recompute, tp, pp, sum(stage_layers))
     cp = uniform_cp(plan, "Megatron-LM")
     if cp > 1 and not runtime.context_parallel:
         raise PlannerError(f"plan: cp {cp} (context parallelism) does not run on {runtime.name}; re-plan with "
@@ -90,15 +95,39 @@ def megatron_args(plan: Plan) -> list[str]:
     args += ["--micro-batch-size", str(plan.micro_batch), "--global-batch-size", str(plan.global_batch)]
     if plan.sequence_parallel and tp > 1:
         args.append("--sequence-parallel")
-    recompute = max((s.recompute for s in plan.stages), key=RECOMPUTE_CHOICES.index)
-    if recompute == "selective":
-        args += ["--recompute-granularity", "selective"]
-    elif recompute == "full":
-        args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    args += _recompute_args(recompute, runtime)
     args += list(_ZERO_ARGS[plan.zero])
     args += _overlap_args(runtime, plan, tp, _dp * cp)  # gradients reduce over the dp x cp ranks
     args += list(_DTYPE_ARGS[plan.dtype]) + _fp8_args(plan)
     return args
+
+
+def _check_rules(plan: Plan, runtime: Runtime, recompute: str, tp: int, pp: int, num_layers: int) -> None:
+    """The rule book's verdict on what the options express (planner.rules: the schedule and vpp, the split
+    into whole chunks, recompute, sequence parallelism and dtype against the runtime), for a plan file
+    written by hand or before a rule."""
+    try:
+        check_schedule(plan.schedule, plan.vpp, pp, runtime)
+        if plan.vpp > 1:
+            check_vpp_shape(plan.vpp, pp, num_layers, None, runtime=runtime)
+        check_numerics(recompute, plan.optimizer, plan.dtype, plan.sequence_parallel, tp, runtime)
+    except ConfigError as exc:
+        raise PlannerError(f"plan: {exc}") from None
+
+
+def _recompute_args(recompute: str, runtime: Runtime) -> list[str]:
+    """Activation recompute: megatron-lm-2021 has only full recompute, ``--checkpoint-activations`` with
+    ``--checkpoint-num-layers`` layers per checkpoint (Megatron-LM v2.5 megatron/arguments.py,
+    _add_training_args); Megatron-Core names the granularity, and full recompute of each layer on its own is
+    ``--recompute-method uniform --recompute-num-layers 1`` (megatron/core/transformer/transformer_config.py:
+    recompute_granularity, recompute_method, recompute_num_layers)."""
+    if recompute == "full" and runtime.name == "megatron-lm-2021":
+        return ["--checkpoint-activations", "--checkpoint-num-layers", "1"]
+    if recompute == "full":
+        return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    if recompute == "selective":
+        return ["--recompute-granularity", "selective"]
+    return []
 
 
 def _moe_args(plan: Plan, runtime: Runtime) -> list[str]:
