@@ -48,6 +48,8 @@ MEGATRON_OPTIONS = {
     # megatron/core/model_parallel_config.py: context_parallel_size; megatron/training/arguments.py
     # (_add_distributed_args): --cp-comm-type, choices of TransformerConfig.cp_comm_type
     "--context-parallel-size": "value", "--cp-comm-type": ("p2p", "all_gather", "a2a", "a2a+p2p"),
+    # megatron/training/config/training_config.py: CheckpointConfig.ckpt_format
+    "--ckpt-format": ("torch", "torch_dist", "torch_dcp", "fsdp_dtensor"),
 }
 
 # NVIDIA/Megatron-LM tag v2.5 (megatron-lm-2021): megatron/arguments.py. _add_distributed_args:
@@ -211,8 +213,13 @@ def test_megatron_zero_and_full_recompute(zero, expected):
     options = parse_megatron(render(plan_samples.gpt_plan(zero=zero, recompute="full"), "megatron"))
     for option in expected:
         assert option in options
+    text = render(plan_samples.gpt_plan(zero=zero, recompute="full"), "megatron")
     if zero >= 2:
         assert options["--data-parallel-sharding-strategy"] == [["optim_grads", "optim_grads_params"][zero - 2]]
+        # Megatron-FSDP asserts the fsdp_dtensor checkpoint format and CUDA_DEVICE_MAX_CONNECTIONS != 1
+        assert options["--ckpt-format"] == ["fsdp_dtensor"] and "CUDA_DEVICE_MAX_CONNECTIONS" in text
+    else:
+        assert "--ckpt-format" not in options and "CUDA_DEVICE_MAX_CONNECTIONS" not in text
     assert options["--recompute-granularity"] == ["full"] and options["--recompute-method"] == ["uniform"]
 
 

@@ -5,8 +5,8 @@ turns into options (``megatron/training/argument_utils.py``: ``--`` + field name
 ``ModelParallelConfig`` (tensor/pipeline sizes, sequence parallelism, bf16/fp16), ``TransformerConfig``
 (num_layers, recompute_*), ``TrainingConfig`` (micro/global batch), ``DistributedDataParallelConfig``
 (use_distributed_optimizer, use_megatron_fsdp, data_parallel_sharding_strategy, overlap_grad_reduce,
-overlap_param_gather) and ``ModelParallelConfig.tp_comm_overlap``. The test ``tests/test_export_formats.py``
-holds the list with its sources.
+overlap_param_gather), ``ModelParallelConfig.tp_comm_overlap`` and ``CheckpointConfig.ckpt_format``
+(fsdp_dtensor with Megatron-FSDP). The test ``tests/test_export_formats.py`` holds the list with its sources.
 
 The options follow the plan's runtime (``framework_runtime``): megatron-core's overlaps are switched on
 where its cost was predicted with them; megatron-lm-2021 is written with Megatron-LM v2.5's options only
@@ -28,13 +28,19 @@ from planner.rules import RECOMPUTE_CHOICES, check_numerics, check_schedule, che
 from planner.runtime import Runtime
 
 # ZeRO stage -> Megatron options. ZeRO-1 (optimizer states sharded) is Megatron's distributed optimizer;
-# ZeRO-2/3 are Megatron-FSDP's sharding strategies "optim_grads" and "optim_grads_params".
+# ZeRO-2/3 are Megatron-FSDP's sharding strategies "optim_grads" and "optim_grads_params", whose checkpoints
+# Megatron writes only as fsdp_dtensor (megatron/training/arguments.py, validate_args: "Megatron-FSDP requires
+# the `fsdp_dtensor` checkpointing format"; CheckpointConfig.ckpt_format defaults to torch_dist)
+_FSDP_ARGS = ("--use-megatron-fsdp", "--ckpt-format", "fsdp_dtensor", "--data-parallel-sharding-strategy")
 _ZERO_ARGS = {
     0: (),
     1: ("--use-distributed-optimizer",),
-    2: ("--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads"),
-    3: ("--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"),
+    2: (*_FSDP_ARGS, "optim_grads"),
+    3: (*_FSDP_ARGS, "optim_grads_params"),
 }
+# what the environment of a Megatron-FSDP run must hold: validate_args asserts "FSDP requires
+# CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset"
+_FSDP_NOTE = "# Megatron-FSDP: leave CUDA_DEVICE_MAX_CONNECTIONS unset or above 1 (Megatron-LM refuses 1 with it)"
 # fp8 trains bf16 weights with fp8 GEMMs (the format and recipe follow: _fp8_args); tf32 is fp32 training
 # with tensor-core GEMMs, PyTorch's default on Ampere and later
 _DTYPE_ARGS = {"bf16": ("--bf16",), "fp16": ("--fp16",), "fp32": (), "tf32": (), "fp8": ("--bf16",)}
@@ -225,6 +231,8 @@ def render_megatron(plan: Plan) -> str:
              "# pass them to pretrain_gpt.py (or your training script) after the model-size arguments"]
     if not plan.stages[0].layer_kinds:
         lines.append("# the plan has no layer kinds: every layer is counted as a transformer layer")
+    if "--use-megatron-fsdp" in args:
+        lines.append(_FSDP_NOTE)
     for stage in plan.stages:
         lines.append(f"# stage {stage.index}: layers {stage.first_layer}-{stage.last_layer} "
                      f"({transformer_layers(stage)} transformer) on {stage.device_type}")
