@@ -13,11 +13,11 @@ BYTES_PER_GB = 1e9
 
 def table_does_not_fit(table: EmbeddingTable, dev: DeviceArrays, optimizer: str) -> InfeasibleError:
     """InfeasibleError naming ``table``, the bytes it needs and what the devices offer."""
-    from planner.embeddings.problem import even_split, shard_memory_bytes
+    from planner.embeddings.problem import block_sizes, shard_memory_bytes
 
     total = shard_memory_bytes(table.rows, table.dim, table.dtype_bytes, optimizer)
-    largest_rows = even_split(table.rows, dev.count)[0]
-    per_device = shard_memory_bytes(largest_rows[1] - largest_rows[0], table.dim, table.dtype_bytes, optimizer)
+    largest_rows = int(block_sizes(table.rows, dev.count)[0])  # the first rank's block is the largest
+    per_device = shard_memory_bytes(largest_rows, table.dim, table.dtype_bytes, optimizer)
     hbm = float(np.min(dev.hbm_capacity_bytes))
     host = float(np.min(dev.host_capacity_bytes))
     where = f"{hbm / BYTES_PER_GB:.3g} GB of device memory" + (f" and {host / BYTES_PER_GB:.3g} GB of host memory" if host else "")

@@ -15,6 +15,8 @@ Cost model (one training iteration, forward + backward, global batch ``B``, ``n`
   of its node's NIC (or the remote node's, if slower).
 * Row-wise (over all devices) reduce-scatters the partial pooled outputs forward and all-gathers their gradients
   backward; table-row-wise does the same inside one node, then an all-to-all of ``B / k`` pooled rows per device.
+  Both split a table's rows in TorchRec's blocks (:func:`block_sizes`): a device looks up, and holds, its
+  block's share of the rows.
 * Data-parallel tables are looked up locally on ``b`` samples, then all-reduce the dense table gradient and
   update every replica.
 
@@ -86,8 +88,30 @@ def even_sizes(total: int, parts: int) -> np.ndarray:
 
 
 def even_split(total: int, parts: int) -> list[tuple[int, int]]:
-    """[start, end) ranges of ``total`` split into ``parts`` nearly equal pieces (larger ones first)."""
-    ends = np.cumsum(even_sizes(total, parts)).tolist()
+    """[start, end) ranges of ``total`` split into ``parts`` nearly equal pieces (larger ones first): a
+    table's columns over its column shards."""
+    return _ranges(even_sizes(total, parts))
+
+
+def block_sizes(rows: int, parts: int) -> np.ndarray:
+    """Rows per rank of a table of ``rows`` rows split row-wise over ``parts`` ranks, as TorchRec splits it:
+    ``ceil(rows / parts)`` on each rank in order, what is left on the next, none on the rest (a small table
+    leaves the last ranks empty). TorchRec's planner writes these shards
+    (torchrec/distributed/sharding_plan.py, ``calculate_shard_sizes_and_offsets`` and
+    ``_calculate_rw_shard_sizes_and_offsets``; table-row-wise splits over a node's ranks), and its training
+    input distribution sends id ``i`` to rank ``i // ceil(rows / parts)`` (torchrec/distributed/sharding/
+    rw_sharding.py, ``RwSparseFeaturesDist``), so any other split looks ids up on the wrong rank."""
+    block = -(-rows // parts)
+    return np.clip(rows - block * np.arange(parts, dtype=np.int64), 0, block)
+
+
+def block_split(rows: int, parts: int) -> list[tuple[int, int]]:
+    """[start, end) row ranges of the ranks of :func:`block_sizes` (empty ones last)."""
+    return _ranges(block_sizes(rows, parts))
+
+
+def _ranges(sizes: np.ndarray) -> list[tuple[int, int]]:
+    ends = np.cumsum(sizes).tolist()
     return list(zip([0] + ends[:-1], ends))
 
 
@@ -314,7 +338,7 @@ class Problem:
             mem = np.full(q, shard_memory_bytes(table.rows, table.dim, table.dtype_bytes, self.optimizer, True))
             zero = np.zeros(q)
             return compute, zero, zero, mem, zero
-        rows = even_sizes(table.rows, q).astype(float)
+        rows = block_sizes(table.rows, q).astype(float)  # the members in order hold TorchRec's row blocks
         share = rows / table.rows
         lookups = batch * table.pooling_factor * share
         traffic = lookup_traffic_bytes(lookups, batch, table.dim, table.dtype_bytes, state)

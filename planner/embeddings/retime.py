@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+import numpy as np
+
 from planner.embeddings.devices import device_arrays
-from planner.embeddings.problem import Option, Problem, build_problem
+from planner.embeddings.problem import Option, Problem, block_sizes, build_problem
 from planner.embeddings.shard import EmbeddingResult
 from planner.errors import ConfigError
-from planner.plans import EmbeddingPlacement
+from planner.plans import EmbeddingPlacement, EmbeddingShard
 from planner.types import Cluster, EmbeddingTable
 
 
@@ -78,11 +80,21 @@ def _positions(problem: Problem, option: Option, placement: EmbeddingPlacement, 
     shards = placement.shards
     if option.scope == "device":
         return tuple(index[s.device] for s in shards) if len(shards) == option.units else None
+    rows = problem.tables[option.table].rows
     if option.scope == "node":
         nodes = {int(dev.node_of[index[s.device]]) for s in shards}
         if len(nodes) != 1:
             return None
         node = nodes.pop()
-        return (node,) if node in problem.node_positions and len(shards) == len(dev.nodes[node]) else None
-    # row-wise and data-parallel: a shard on every participating device
-    return (0,) if len(shards) == dev.count and {s.device for s in shards} == index.keys() else None
+        return (node,) if node in problem.node_positions and _holds_rows(shards, rows, len(dev.nodes[node])) \
+            else None
+    if option.sharding == "data_parallel":  # a replica on every participating device
+        return (0,) if len(shards) == dev.count and {s.device for s in shards} == index.keys() else None
+    return (0,) if _holds_rows(shards, rows, dev.count) else None
+
+
+def _holds_rows(shards: Sequence[EmbeddingShard], rows: int, members: int) -> bool:
+    """Whether ``shards`` (on distinct devices) are as many as the ranks that hold rows when ``rows`` rows are
+    split row-wise over ``members`` ranks: shard.placements leaves out the ranks whose block is empty."""
+    held = int(np.count_nonzero(block_sizes(rows, members)))
+    return len(shards) == held and len({s.device for s in shards}) == held

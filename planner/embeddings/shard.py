@@ -48,7 +48,7 @@ from planner.embeddings.pattern_bound import PatternBound, PatternBoundSettings
 from planner.embeddings.pattern_primal import choices as pattern_choices
 from planner.embeddings.pattern_primal import without_node_units
 from planner.embeddings.patterns import improve_choice, pattern_place
-from planner.embeddings.problem import Problem, build_problem, even_split, shard_memory_bytes
+from planner.embeddings.problem import Problem, block_split, build_problem, even_split, shard_memory_bytes
 from planner.errors import ConfigError, InfeasibleError
 from planner.plans import EmbeddingPlacement, EmbeddingShard
 from planner.solver import SolverOptions
@@ -469,9 +469,13 @@ def placements(problem: Problem, assignment) -> tuple[EmbeddingPlacement, ...]:
                     and len(dev.nodes) > 1:
                 sharding = "table_column_wise"  # TorchRec's TWCW: every column shard inside one node
         else:
+            # TorchRec's row blocks over the members in device order (problem.block_sizes); a member whose block
+            # is empty holds no shard (a Plan's shard ranges are non-empty), and the TorchRec export writes its
+            # empty shard back
             members = dev.nodes[positions[0]] if option.scope == "node" else range(dev.count)
-            for (r0, r1), i in zip(even_split(table.rows, len(members)), members):
-                shards.append(EmbeddingShard(dev.ids[i], (r0, r1), all_cols, memory))
+            for (r0, r1), i in zip(block_split(table.rows, len(members)), members):
+                if r1 > r0:
+                    shards.append(EmbeddingShard(dev.ids[i], (r0, r1), all_cols, memory))
         # TorchRec's kernels: a data-parallel table is a dense replica its optimizer updates with the dense
         # part's (the one kernel its DP sharder takes); a sharded table's lookup and update are fused
         kernel = "dense" if option.sharding == "data_parallel" else "fused_uvm" if option.host else "fused"
