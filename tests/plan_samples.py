@@ -82,8 +82,9 @@ def dlrm_plan() -> Plan:
         EmbeddingPlacement("t_small", "data_parallel",
                            tuple(EmbeddingShard(d, (0, 1000), (0, 64)) for d in range(16)), compute_kernel="dense"),
         EmbeddingPlacement("t_tw", "table_wise", (EmbeddingShard(9, (0, 10**6), (0, 128)),)),
-        EmbeddingPlacement("t_rw", "row_wise", tuple(EmbeddingShard(d, (d * 250_000, (d + 1) * 250_000), (0, 128))
-                                                     for d in range(4))),
+        # row-wise over all 16 devices in TorchRec's blocks of ceil(1_000_003 / 16) = 62_501 rows
+        EmbeddingPlacement("t_rw", "row_wise", tuple(EmbeddingShard(d, (d * 62_501, min((d + 1) * 62_501, 1_000_003)),
+                                                                    (0, 128)) for d in range(16))),
         EmbeddingPlacement("t_cw", "column_wise", (EmbeddingShard(10, (0, 5000), (0, 64)),
                                                    EmbeddingShard(11, (0, 5000), (64, 128)))),
         EmbeddingPlacement("t_host", "table_wise", (EmbeddingShard(12, (0, 10**8), (0, 128), memory="host"),)),

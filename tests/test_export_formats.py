@@ -15,6 +15,7 @@ from planner.errors import PlannerError
 from planner.export.deepspeed import deepspeed_config
 from planner.export.megatron import megatron_args
 from planner.export.torchrec import torchrec_plan
+from planner.plans import EmbeddingPlacement, EmbeddingShard
 from planner.report import render
 from planner.runtime import get_runtime
 
@@ -314,7 +315,8 @@ def test_torchrec_plan():
     plan = plan_samples.dlrm_plan()
     document = json.loads(render(plan, "torchrec"))
     assert document == torchrec_plan(plan)
-    assert document["world_size"] == 16
+    # the sample uses every device of its 16, so rank r runs on device r
+    assert document["world_size"] == 16 and document["rank_devices"] == list(range(16))
     tables = document["plan"]
     assert set(tables) == {"t_small", "t_tw", "t_rw", "t_cw", "t_host"}
     for name, sharding in tables.items():
@@ -326,13 +328,68 @@ def test_torchrec_plan():
             assert shard["placement"].startswith(f"rank:{shard['placement'].split('/')[0][5:]}/cuda:")
     assert tables["t_small"]["sharding_spec"] is None and tables["t_small"]["ranks"] == list(range(16))
     assert tables["t_small"]["compute_kernel"] == "dense"  # the one kernel TorchRec's data-parallel sharder takes
-    assert tables["t_rw"]["ranks"] == [0, 1, 2, 3]
-    assert [s["shard_offsets"] for s in tables["t_rw"]["sharding_spec"]] == [[0, 0], [250000, 0], [500000, 0],
-                                                                            [750000, 0]]
+    # row-wise spans every rank, in TorchRec's blocks of ceil(rows / world_size) rows
+    assert tables["t_rw"]["ranks"] == list(range(16))
+    assert [s["shard_sizes"] for s in tables["t_rw"]["sharding_spec"]] == [[62_501, 128]] * 15 + [[62_488, 128]]
+    assert [s["shard_offsets"][0] for s in tables["t_rw"]["sharding_spec"]] == [62_501 * r for r in range(16)]
     assert tables["t_cw"]["sharding_spec"][1] == {"shard_offsets": [0, 64], "shard_sizes": [5000, 64],
                                                   "placement": "rank:11/cuda:3"}  # node 1, local device 3
     assert tables["t_tw"]["sharding_spec"][0]["placement"] == "rank:9/cuda:1"
     assert tables["t_host"]["compute_kernel"] == "fused_uvm"
+
+
+def _on_devices(plan, devices: list[int], cluster: dict):
+    """``plan`` moved to ``devices`` (device i of the plan -> devices[i]) of a larger ``cluster``."""
+    move = dict(enumerate(devices))
+    stages = tuple(dataclasses.replace(s, devices=tuple(move[d] for d in s.devices)) for s in plan.stages)
+    embeddings = tuple(dataclasses.replace(p, shards=tuple(dataclasses.replace(s, device=move[s.device])
+                                                           for s in p.shards)) for p in plan.embeddings)
+    return dataclasses.replace(plan, cluster=cluster, stages=stages, embeddings=embeddings)
+
+
+def test_torchrec_ranks_number_the_devices_the_plan_uses():
+    """TorchRec's ranks are the job's process ranks 0..world_size-1, not cluster device ids: a plan on nodes 0
+    and 2 of a 4-node cluster (devices 0-7 and 16-23) is a job of 16 ranks; rank_devices says which device
+    each rank runs on, and cuda:L stays the device's index on its node."""
+    cluster = {**plan_samples.CLUSTER_2x8, "num_devices": 32,
+               "groups": [{**plan_samples.CLUSTER_2x8["groups"][0], "count": 4, "devices": 32}]}
+    devices = list(range(8)) + list(range(16, 24))
+    document = torchrec_plan(_on_devices(plan_samples.dlrm_plan(), devices, cluster))
+    assert document["world_size"] == 16 and document["rank_devices"] == devices
+    tables = document["plan"]
+    # TorchRec replicates a data-parallel table on every rank (sharding_plan.py, data_parallel_sharding)
+    assert tables["t_small"]["ranks"] == list(range(16))
+    assert tables["t_rw"]["ranks"] == list(range(16))
+    assert tables["t_tw"]["ranks"] == [9] and tables["t_tw"]["sharding_spec"][0]["placement"] == "rank:9/cuda:1"
+    assert [s["placement"] for s in tables["t_cw"]["sharding_spec"]] == ["rank:10/cuda:2", "rank:11/cuda:3"]
+
+
+def test_torchrec_writes_the_empty_row_blocks():
+    """10 rows row-wise over 16 ranks: blocks of 1 row on ranks 0-9. The plan lists no shard where a rank holds
+    no rows; TorchRec's plans list one for every rank (sharding_plan.py, _calculate_rw_shard_sizes_and_offsets
+    and row_wise_sharding; RwPooledEmbeddingSharding reads rank r's shard as shards[r]), so the export writes
+    empty ones for ranks 10-15 at offset 10. Table-row-wise does the same over its node's ranks."""
+    plan = plan_samples.dlrm_plan()
+    few = EmbeddingPlacement("t_few", "row_wise", tuple(EmbeddingShard(d, (d, d + 1), (0, 64)) for d in range(10)))
+    node = EmbeddingPlacement("t_node", "table_row_wise",
+                              tuple(EmbeddingShard(8 + r, (2 * r, 2 * r + 2), (0, 64)) for r in range(5)))
+    tables = torchrec_plan(dataclasses.replace(plan, embeddings=plan.embeddings + (few, node)))["plan"]
+    assert tables["t_few"]["ranks"] == list(range(16))
+    assert [s["shard_sizes"] for s in tables["t_few"]["sharding_spec"]] == [[1, 64]] * 10 + [[0, 64]] * 6
+    assert [s["shard_offsets"] for s in tables["t_few"]["sharding_spec"]] == [[r, 0] for r in range(10)] + [[10, 0]] * 6
+    assert tables["t_node"]["ranks"] == list(range(8, 16))
+    assert [s["shard_sizes"][0] for s in tables["t_node"]["sharding_spec"]] == [2] * 5 + [0] * 3
+    assert tables["t_node"]["sharding_spec"][7]["placement"] == "rank:15/cuda:7"
+
+
+def test_torchrec_refuses_rows_not_in_torchrecs_blocks():
+    """A row-wise table split otherwise (an even split, or over some of the ranks only) would have TorchRec
+    look its ids up on the wrong ranks: refused, naming the table."""
+    plan = plan_samples.dlrm_plan()
+    even = EmbeddingPlacement("t_even", "row_wise", tuple(EmbeddingShard(d, (d * 250_000, (d + 1) * 250_000), (0, 128))
+                                                          for d in range(4)))
+    with pytest.raises(PlannerError, match="table 't_even' is row_wise, but its shards are not TorchRec's row blocks"):
+        torchrec_plan(dataclasses.replace(plan, embeddings=plan.embeddings + (even,)))
 
 
 def test_torchrec_without_embeddings_is_an_error():

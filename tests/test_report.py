@@ -49,7 +49,7 @@ def test_table_mixed_replicas_and_gap_and_embeddings():
     close = dataclasses.replace(plan_samples.mixed_plan(), iteration_time_s=0.45002)
     assert "within 0.0044% of the lower bound" in render(close, "table")  # not "0.0%": a gap, however small
     text = render(plan_samples.dlrm_plan(), "table")
-    assert "t_rw     row_wise       4       0-3      hbm" in text
+    assert "t_rw     row_wise       16      0-15     hbm" in text
     assert "embedding lower bound 3.50 ms" in text
 
 

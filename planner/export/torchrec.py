@@ -4,28 +4,63 @@ Names follow TorchRec's ``torchrec/distributed/types.py`` (``ShardingType`` valu
 fields ``sharding_type``, ``compute_kernel``, ``ranks``, ``sharding_spec``), its
 ``torchrec/distributed/embedding_types.py`` (``EmbeddingComputeKernel`` values ``dense``, the one kernel of a
 data-parallel table, ``fused``, ``fused_uvm``, ``fused_uvm_caching``) and PyTorch's ``ShardMetadata``
-(``shard_offsets``, ``shard_sizes``, ``placement`` written ``rank:R/cuda:L``). The document maps each table name to its ``ParameterSharding`` fields, so
-``ParameterSharding(sharding_type=..., compute_kernel=..., ranks=..., sharding_spec=EnumerableShardingSpec(
-[ShardMetadata(**s) for s in shards]))`` rebuilds it.
+(``shard_offsets``, ``shard_sizes``, ``placement`` written ``rank:R/cuda:L``).
+
+The document is ``{"world_size": N, "rank_devices": [...], "plan": {table: ParameterSharding fields}}``:
+
+* ranks are process ranks 0..N-1 of the training job, one per device the plan uses, numbered in ascending
+  device id; ``rank_devices[r]`` is the cluster's device id that rank ``r`` runs on (launch rank ``r`` on that
+  device), and ``cuda:L`` in a placement is that device's CUDA index on its node;
+* a data-parallel table lists every rank (TorchRec replicates it on all of them: sharding_plan.py,
+  ``data_parallel_sharding``);
+* a row-wise table has one shard per rank, a table-row-wise table one per rank of its node, in rank order,
+  with TorchRec's row blocks (sharding_plan.py, ``_calculate_rw_shard_sizes_and_offsets``); ranks whose block
+  is empty get an empty shard (size 0 rows at offset ``rows``), as TorchRec's own plans have, because its
+  row-wise sharding reads the shard of rank ``r`` as ``shards[r]`` (sharding/rw_sharding.py).
+
+So ``ParameterSharding(sharding_type=..., compute_kernel=..., ranks=..., sharding_spec=EnumerableShardingSpec(
+[ShardMetadata(**s) for s in shards]))`` rebuilds each table's entry.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Sequence
 
 from planner.errors import PlannerError
-from planner.plans import EmbeddingPlacement, Plan
+from planner.plans import EmbeddingPlacement, EmbeddingShard, Plan
+from planner.embeddings.problem import block_split
+
+_REMAKE = "re-create the plan with 'planner plan ... --out FILE'"
+
+
+def _locate(plan: Plan, device: int) -> tuple[tuple[int, int], int]:
+    """((group index, node index in the group), CUDA index on the node) of global device ``device``, from the
+    plan's cluster groups."""
+    for index, group in enumerate(plan.cluster.get("groups", ())):
+        start, total = group["first_device"], group["devices"]
+        if start <= device < start + total:
+            per_node = total // group["count"]
+            return (index, (device - start) // per_node), (device - start) % per_node
+    raise PlannerError(f"plan: device {device} is in no group of the plan's cluster summary (cluster.groups); "
+                       f"{_REMAKE}")
 
 
 def local_device(plan: Plan, device: int) -> int:
     """The CUDA index on its node of global device ``device``, from the plan's cluster groups."""
-    for group in plan.cluster.get("groups", ()):
-        start, total = group["first_device"], group["devices"]
-        if start <= device < start + total:
-            return (device - start) % (total // group["count"])
-    raise PlannerError(f"plan: device {device} is in no group of the plan's cluster summary (cluster.groups); "
-                       "re-create the plan with 'planner plan ... --out FILE'")
+    return _locate(plan, device)[1]
+
+
+def rank_devices(plan: Plan) -> list[int]:
+    """The job's devices in rank order: rank ``r`` runs on global device ``rank_devices(plan)[r]``.
+
+    A TorchRec job is one process per device, and the same processes train the dense part (data-parallel
+    under DistributedModelParallel) and look up the tables, so the job's devices are those of the plan's
+    stages and replica groups together with those holding a table shard. A searched plan shards the tables
+    over the dense part's devices (planner.compose.shard), so the two agree; devices the plan leaves idle are
+    not in the job, and the ranks follow the device ids in ascending order, the order the sharder lays a
+    row-wise table's blocks in (planner.embeddings.devices.DeviceArrays.ids)."""
+    return sorted(plan.devices | {s.device for p in plan.embeddings for s in p.shards})
 
 
 def _kernel(placement: EmbeddingPlacement) -> str:
@@ -34,23 +69,53 @@ def _kernel(placement: EmbeddingPlacement) -> str:
     return placement.compute_kernel
 
 
+def _row_blocks(placement: EmbeddingPlacement, shards: Sequence[EmbeddingShard], members: Sequence[int],
+                rank: dict[int, int]) -> list[tuple[int, tuple[int, int], tuple[int, int]]]:
+    """(rank, rows, cols) of every member rank of a row-wise (all ranks) or table-row-wise (a node's ranks)
+    table in rank order: its shards, then an empty shard for each rank whose block is empty. Raises
+    PlannerError when the shards are not TorchRec's blocks over ``members``: TorchRec would route the ids of
+    one block to a rank holding other rows."""
+    rows = max(s.rows[1] for s in shards)
+    cols = (min(s.cols[0] for s in shards), max(s.cols[1] for s in shards))
+    blocks = list(zip(members, block_split(rows, len(members))))
+    given = [(rank[s.device], s.rows) for s in shards]
+    if given != [(r, span) for r, span in blocks if span[1] > span[0]]:
+        where = "of its node" if placement.sharding == "table_row_wise" else "of the job"
+        raise PlannerError(f"plan: table {placement.table!r} is {placement.sharding}, but its shards are not "
+                           f"TorchRec's row blocks ({blocks[0][1][1]} rows on each of the {len(members)} ranks "
+                           f"{where} in rank order, what is left on the next); {_REMAKE}")
+    return [(r, span, cols) for r, span in blocks]
+
+
 def torchrec_plan(plan: Plan) -> dict[str, Any]:
-    """``{"world_size": N, "plan": {table: ParameterSharding fields}}`` for the plan's embedding tables."""
+    """``{"world_size": N, "rank_devices": [...], "plan": {table: ParameterSharding fields}}`` for the plan's
+    embedding tables (see the module docstring)."""
     if not plan.embeddings:
         raise PlannerError("plan: the plan has no embedding tables, so there is no TorchRec sharding plan; "
                            "use --format table, json, megatron or deepspeed")
+    devices = rank_devices(plan)
+    rank = {device: r for r, device in enumerate(devices)}
     tables: dict[str, Any] = {}
     for placement in plan.embeddings:
-        shards = sorted(placement.shards, key=lambda s: (s.rows[0], s.cols[0], s.device))
-        ranks = [s.device for s in shards]
+        shards = sorted(placement.shards, key=lambda s: (s.rows[0], s.cols[0], rank[s.device]))
         spec = None
-        if placement.sharding != "data_parallel":
-            spec = [{"shard_offsets": [s.rows[0], s.cols[0]],
-                     "shard_sizes": [s.rows[1] - s.rows[0], s.cols[1] - s.cols[0]],
-                     "placement": f"rank:{s.device}/cuda:{local_device(plan, s.device)}"} for s in shards]
+        if placement.sharding == "data_parallel":
+            ranks = list(range(len(devices)))
+        else:
+            if placement.sharding == "row_wise":
+                cells = _row_blocks(placement, shards, range(len(devices)), rank)
+            elif placement.sharding == "table_row_wise":
+                node = _locate(plan, shards[0].device)[0]
+                members = [r for r, d in enumerate(devices) if _locate(plan, d)[0] == node]
+                cells = _row_blocks(placement, shards, members, rank)
+            else:
+                cells = [(rank[s.device], s.rows, s.cols) for s in shards]
+            ranks = [r for r, _, _ in cells]
+            spec = [{"shard_offsets": [rows[0], cols[0]], "shard_sizes": [rows[1] - rows[0], cols[1] - cols[0]],
+                     "placement": f"rank:{r}/cuda:{local_device(plan, devices[r])}"} for r, rows, cols in cells]
         tables[placement.table] = {"sharding_type": placement.sharding, "compute_kernel": _kernel(placement),
                                    "ranks": ranks, "sharding_spec": spec}
-    return {"world_size": int(plan.cluster.get("num_devices", 0)), "plan": tables}
+    return {"world_size": len(devices), "rank_devices": devices, "plan": tables}
 
 
 def render_torchrec(plan: Plan) -> str:
