@@ -14,7 +14,7 @@ import plan_samples
 from planner.errors import PlannerError
 from planner.export.deepspeed import deepspeed_config
 from planner.export.megatron import megatron_args
-from planner.export.torchrec import torchrec_plan
+from planner.export.torchrec import torchrec_plan, torchrec_table_name
 from planner.plans import EmbeddingPlacement, EmbeddingShard
 from planner.report import render
 from planner.runtime import get_runtime
@@ -390,6 +390,43 @@ def test_torchrec_refuses_rows_not_in_torchrecs_blocks():
                                                           for d in range(4)))
     with pytest.raises(PlannerError, match="table 't_even' is row_wise, but its shards are not TorchRec's row blocks"):
         torchrec_plan(dataclasses.replace(plan, embeddings=plan.embeddings + (even,)))
+
+
+def test_torchrec_keys_tables_by_torchrecs_table_name():
+    """A table imported from ONNX is named by its weight (``embed.cat_0.weight``); TorchRec keys its plan by the
+    EmbeddingBagConfig name, ``cat_0`` (sharding_plan.py, construct_module_sharding_plan looks up
+    ``f"{table_name}.weight"``). A tables file's names are kept; two tables that would share a name are
+    refused."""
+    assert torchrec_table_name("embed.cat_0.weight") == "cat_0"
+    assert torchrec_table_name("model.sparse.embedding_bags.t_ads.weight") == "t_ads"
+    assert torchrec_table_name("cat_0") == "cat_0" and torchrec_table_name("emb_weights") == "emb_weights"
+    plan = plan_samples.dlrm_plan()
+    dotted = tuple(dataclasses.replace(p, table=f"embed.{p.table}.weight") for p in plan.embeddings)
+    document = torchrec_plan(dataclasses.replace(plan, embeddings=dotted))
+    assert document == torchrec_plan(plan)
+    twice = (dotted[0], dataclasses.replace(dotted[1], table=f"other.{plan.embeddings[0].table}.weight"))
+    with pytest.raises(PlannerError, match="tables 'embed.t_small.weight' and 'other.t_small.weight' are both "
+                                           "TorchRec table 't_small'"):
+        torchrec_plan(dataclasses.replace(plan, embeddings=twice))
+
+
+def test_torchrec_export_of_a_planned_dlrm(capsys):
+    """`planner plan models/dlrm-criteo.onnx --cluster "dgx-h100*8" --global-batch 2048 --format torchrec`: the
+    plan uses 2 of the 64 devices, so the job is 2 ranks, and the tables carry TorchRec's names."""
+    from pathlib import Path
+
+    from planner.cli import main
+
+    model = str(Path(__file__).resolve().parents[1] / "models" / "dlrm-criteo.onnx")
+    assert main(["plan", model, "--cluster", "dgx-h100*8", "--global-batch", "2048", "--format", "torchrec"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    world = document["world_size"]
+    assert world == len(document["rank_devices"]) < 64
+    assert set(document["plan"]) == {f"cat_{i}" for i in range(26)}
+    for entry in document["plan"].values():
+        assert set(entry["ranks"]) <= set(range(world))
+        if entry["sharding_type"] == "data_parallel":
+            assert entry["ranks"] == list(range(world))
 
 
 def test_torchrec_without_embeddings_is_an_error():

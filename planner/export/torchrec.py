@@ -18,6 +18,10 @@ The document is ``{"world_size": N, "rank_devices": [...], "plan": {table: Param
   is empty get an empty shard (size 0 rows at offset ``rows``), as TorchRec's own plans have, because its
   row-wise sharding reads the shard of rank ``r`` as ``shards[r]`` (sharding/rw_sharding.py).
 
+Tables are keyed by TorchRec's table name (:func:`torchrec_table_name`), the ``EmbeddingBagConfig.name`` of
+the table: a table file's name as it is, the ONNX graph's weight name without its module path and
+``.weight``.
+
 So ``ParameterSharding(sharding_type=..., compute_kernel=..., ranks=..., sharding_spec=EnumerableShardingSpec(
 [ShardMetadata(**s) for s in shards]))`` rebuilds each table's entry.
 """
@@ -63,6 +67,35 @@ def rank_devices(plan: Plan) -> list[int]:
     return sorted(plan.devices | {s.device for p in plan.embeddings for s in p.shards})
 
 
+def torchrec_table_name(name: str) -> str:
+    """TorchRec's name of the plan's table ``name``: the last dot-separated part, without a trailing
+    ``.weight`` (``embed.cat_0.weight`` -> ``cat_0``; a table file's ``cat_0`` stays ``cat_0``).
+
+    A table imported from an ONNX graph is named by its weight, the PyTorch parameter's path
+    (``embed.cat_0.weight``). TorchRec keys a sharding plan by the table's ``EmbeddingBagConfig.name``, whose
+    weight is ``<name>.weight`` (torchrec/distributed/sharding_plan.py, ``construct_module_sharding_plan``
+    looks up ``f"{table_name}.weight"``); EmbeddingBagCollection registers each table as
+    ``embedding_bags[config.name]`` (torchrec/modules/embedding_modules.py), an ``nn.ModuleDict`` key, which
+    cannot hold a dot (torch/nn/modules/module.py, ``Module.add_module``). So the part after the last dot of the module path is the only name TorchRec can
+    have given the table."""
+    stem = name[:-len(".weight")] if name.endswith(".weight") else name
+    return stem.rsplit(".", 1)[-1] or name
+
+
+def _table_names(plan: Plan) -> list[str]:
+    """:func:`torchrec_table_name` of each of the plan's tables, in order. Raises PlannerError when two tables
+    get one name: TorchRec's EmbeddingBagCollection refuses a name twice."""
+    names = [torchrec_table_name(p.table) for p in plan.embeddings]
+    seen: dict[str, str] = {}
+    for placement, name in zip(plan.embeddings, names):
+        if name in seen:
+            raise PlannerError(f"plan: tables {seen[name]!r} and {placement.table!r} are both TorchRec table "
+                               f"{name!r}; re-create the plan with the tables named uniquely in a tables file "
+                               "('planner plan ... --tables FILE')")
+        seen[name] = placement.table
+    return names
+
+
 def _kernel(placement: EmbeddingPlacement) -> str:
     if placement.compute_kernel == "fused" and any(s.memory == "host" for s in placement.shards):
         return "fused_uvm"  # the table lives in host memory, read through unified virtual memory
@@ -96,7 +129,7 @@ def torchrec_plan(plan: Plan) -> dict[str, Any]:
     devices = rank_devices(plan)
     rank = {device: r for r, device in enumerate(devices)}
     tables: dict[str, Any] = {}
-    for placement in plan.embeddings:
+    for placement, name in zip(plan.embeddings, _table_names(plan)):
         shards = sorted(placement.shards, key=lambda s: (s.rows[0], s.cols[0], rank[s.device]))
         spec = None
         if placement.sharding == "data_parallel":
@@ -113,8 +146,8 @@ def torchrec_plan(plan: Plan) -> dict[str, Any]:
             ranks = [r for r, _, _ in cells]
             spec = [{"shard_offsets": [rows[0], cols[0]], "shard_sizes": [rows[1] - rows[0], cols[1] - cols[0]],
                      "placement": f"rank:{r}/cuda:{local_device(plan, devices[r])}"} for r, rows, cols in cells]
-        tables[placement.table] = {"sharding_type": placement.sharding, "compute_kernel": _kernel(placement),
-                                   "ranks": ranks, "sharding_spec": spec}
+        tables[name] = {"sharding_type": placement.sharding, "compute_kernel": _kernel(placement),
+                        "ranks": ranks, "sharding_spec": spec}
     return {"world_size": len(devices), "rank_devices": devices, "plan": tables}
 
 
