@@ -367,8 +367,9 @@ def test_torchrec_ranks_number_the_devices_the_plan_uses():
 def test_torchrec_writes_the_empty_row_blocks():
     """10 rows row-wise over 16 ranks: blocks of 1 row on ranks 0-9. The plan lists no shard where a rank holds
     no rows; TorchRec's plans list one for every rank (sharding_plan.py, _calculate_rw_shard_sizes_and_offsets
-    and row_wise_sharding; RwPooledEmbeddingSharding reads rank r's shard as shards[r]), so the export writes
-    empty ones for ranks 10-15 at offset 10. Table-row-wise does the same over its node's ranks."""
+    and row_wise_sharding; rw_sharding.py, BaseRwEmbeddingSharding._shard, reads rank r's shard as
+    shards[r]), so the export writes empty ones for ranks 10-15 at offset 10. Table-row-wise does the same over
+    its node's ranks."""
     plan = plan_samples.dlrm_plan()
     few = EmbeddingPlacement("t_few", "row_wise", tuple(EmbeddingShard(d, (d, d + 1), (0, 64)) for d in range(10)))
     node = EmbeddingPlacement("t_node", "table_row_wise",

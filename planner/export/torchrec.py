@@ -16,7 +16,8 @@ The document is ``{"world_size": N, "rank_devices": [...], "plan": {table: Param
 * a row-wise table has one shard per rank, a table-row-wise table one per rank of its node, in rank order,
   with TorchRec's row blocks (sharding_plan.py, ``_calculate_rw_shard_sizes_and_offsets``); ranks whose block
   is empty get an empty shard (size 0 rows at offset ``rows``), as TorchRec's own plans have, because its
-  row-wise sharding reads the shard of rank ``r`` as ``shards[r]`` (sharding/rw_sharding.py).
+  row-wise sharding reads the shard of rank ``r`` as ``shards[r]`` (sharding/rw_sharding.py,
+  ``BaseRwEmbeddingSharding._shard``).
 
 Tables are keyed by TorchRec's table name (:func:`torchrec_table_name`), the ``EmbeddingBagConfig.name`` of
 the table: a table file's name as it is, the ONNX graph's weight name without its module path and
