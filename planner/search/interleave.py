@@ -2,9 +2,10 @@
 to its model chunks, and the coefficients of the critical-path bound for either schedule.
 
 Rules (:mod:`planner.rules`, as ``planner.cost`` times them). ``vpp > 1`` needs a runtime with the
-interleaved schedule, at least two stages (``Runtime.interleaved_min_stages``: three on Megatron-LM v2.5), a number of micro-batches ``m`` that is a multiple of the stage
-count ``P`` (the cost model refuses the interleaved schedule otherwise) and a ZeRO stage the runtime combines
-with a pipeline (``Runtime.max_pipeline_zero``). Each stage's pipeline units
+interleaved schedule, at least two stages (``Runtime.interleaved_min_stages``: three on Megatron-LM v2.5), a
+number of micro-batches ``m`` that is a multiple of the stage count ``P`` (the cost model refuses the
+interleaved schedule otherwise) and a ZeRO stage the runtime combines with a pipeline
+(``Runtime.max_pipeline_zero``). Each stage's pipeline units
 (transformer blocks, or every layer of a model without blocks) must be a positive multiple of ``vpp``: the
 stage runs them as ``vpp`` chunks of equal size, chunk ``v`` of stage ``s`` being virtual stage ``v P + s``.
 The cost model gives each chunk ``1/vpp`` of its stage's forward and backward time, which is exactly that
