@@ -268,12 +268,18 @@ def pipeline_spec(plan: Plan, recompute: str | None = None) -> PipelineSpec:
 def moe_summary(model: LayerGraph) -> dict[str, Any]:
     """The mixture-of-experts entries of a Plan's ``model`` (none for a dense model): the routed experts of
     its MoE layers (the most of any), the experts each token is sent to, the MoE layers and the parameters one
-    token uses. The Megatron exporter writes the first two as --num-experts and --moe-router-topk."""
+    token uses; and what the Megatron exporter needs to build the same layers: one routed expert's MLP width,
+    the shared experts (in multiples of that width), the router's scoring and, per transformer block in order,
+    whether it is a mixture-of-experts layer (1) or dense (0)."""
     layers = [layer.moe for layer in model.layers if layer.moe is not None]
     if not layers:
         return {}
+    routers = [m.router for m in layers]
     return {"experts": max(m.experts for m in layers), "top_k": max(m.top_k for m in layers),
-            "moe_layers": len(layers), "active_params": model.active_params}
+            "moe_layers": len(layers), "active_params": model.active_params,
+            "expert_ffn": max(m.expert_ffn for m in layers), "shared_experts": max(m.shared_experts for m in layers),
+            "router": max(set(routers), key=routers.count),
+            "moe_layer_pattern": [int(layer.moe is not None) for layer in model.layers if layer.kind == "block"]}
 
 
 def cluster_summary(cluster: Cluster) -> dict[str, Any]:

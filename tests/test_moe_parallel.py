@@ -26,6 +26,7 @@ from planner.hardware import load_cluster
 from planner.hardware.collectives import collective_time_s
 from planner.runtime import Runtime, get_runtime
 from planner.search.api import plan
+from planner.plans import schema_errors
 from planner.types import LayerGraph, ParallelConfig
 
 H, F, E, K, S, HEADS = 256, 512, 8, 2, 128, 8
@@ -190,8 +191,24 @@ def test_the_search_enumerates_ep_and_exports_it_to_megatron():
         assert args[args.index(flag) + 1] == value
     document = json.loads(best.to_json())
     assert document["stages"][0]["ep"] == 4 and document["model"]["experts"] == 8
+    # the layers Megatron builds are the model's: expert width, and no shared expert nor dense layer here
+    assert args[args.index("--moe-ffn-hidden-size") + 1] == str(KEYS["expert_ffn"])
+    assert "--moe-shared-expert-intermediate-size" not in args and "--moe-layer-freq" not in args
     with pytest.raises(PlannerError, match="DeepSpeed sets it in the model code"):
         render_deepspeed(best)
+
+
+def test_megatron_builds_the_same_moe_layers():
+    # a DeepSeek-like stack: a dense first block, two shared experts, sigmoid routing
+    keys = dict(KEYS, layers=4, shared_experts=2, dense_layers=1, router="sigmoid")
+    model = import_model_proto(build("moe", keys), {"batch": 1}, name="moe-shared")
+    best = plan(model, load_cluster("dgx-h100*1"), 16)
+    args = megatron_args(best)
+    assert args[args.index("--moe-ffn-hidden-size") + 1] == str(keys["expert_ffn"])
+    assert args[args.index("--moe-shared-expert-intermediate-size") + 1] == str(2 * keys["expert_ffn"])
+    assert args[args.index("--moe-layer-freq") + 1] == "([0]*1+[1]*3)"
+    assert args[args.index("--moe-router-score-function") + 1] == "sigmoid"
+    assert best.model["moe_layer_pattern"] == [0, 1, 1, 1] and schema_errors(json.loads(best.to_json())) == []
 
 
 def test_cli_ep_flag_errors_in_one_line():

@@ -18,6 +18,7 @@ runtime (planner.rules: schedule, recompute, sequence parallelism, dtype) is ref
 
 from __future__ import annotations
 
+import itertools
 import shlex
 
 from planner.errors import ConfigError, PlannerError
@@ -155,9 +156,33 @@ def _moe_args(plan: Plan, runtime: Runtime) -> list[str]:
             raise PlannerError(f"plan: stage {stage.index} uses ep {stage.ep} expert-tp {stage.expert_tp} but stage "
                                f"0 uses ep {first.ep} expert-tp {first.expert_tp}; Megatron-LM needs the same on "
                                "every stage; re-plan with --ep and --expert-tp pinned")
-    return ["--num-experts", str(experts), "--moe-router-topk", str(plan.model.get("top_k", 1)),
+    args = ["--num-experts", str(experts), "--moe-router-topk", str(plan.model.get("top_k", 1)),
             "--expert-model-parallel-size", str(first.ep), "--expert-tensor-parallel-size", str(first.expert_tp),
             "--moe-token-dispatcher-type", "alltoall"]
+    return args + _moe_layer_args(plan.model)
+
+
+def _moe_layer_args(model: dict) -> list[str]:
+    """What builds the plan's MoE layers rather than Megatron's defaults (every layer MoE, no shared expert,
+    experts as wide as ``--ffn-hidden-size``, softmax scores): ``--moe-ffn-hidden-size``,
+    ``--moe-shared-expert-intermediate-size`` (the shared experts' total width), ``--moe-layer-freq`` (a list
+    over the transformer layers, 1 for MoE, in the Python-list form megatron/training/arguments.py evaluates:
+    ``([0]*1+[1]*7)``) and ``--moe-router-score-function`` (megatron/core/transformer/transformer_config.py:
+    moe_ffn_hidden_size, moe_shared_expert_intermediate_size, moe_layer_freq, moe_router_score_function). A
+    plan written before these entries were recorded gets none of them."""
+    args: list[str] = []
+    width = model.get("expert_ffn")
+    if width:
+        args += ["--moe-ffn-hidden-size", str(width)]
+        if model.get("shared_experts"):
+            args += ["--moe-shared-expert-intermediate-size", str(model["shared_experts"] * width)]
+    pattern = model.get("moe_layer_pattern")
+    if pattern and not all(pattern):
+        runs = [(value, len(list(group))) for value, group in itertools.groupby(pattern)]
+        args += ["--moe-layer-freq", "(" + "+".join(f"[{value}]*{count}" for value, count in runs) + ")"]
+    if model.get("router") in ("softmax", "sigmoid"):
+        args += ["--moe-router-score-function", model["router"]]
+    return args
 
 
 def _overlap_args(runtime: Runtime, plan: Plan, tp: int, dp: int) -> list[str]:
