@@ -11,7 +11,7 @@ import pytest
 from planner.builders import build
 from planner.cost import estimate, layer_costs, stage_memory, transformer_activation_bytes
 from planner.cost.calibration import DeviceCalibration
-from planner.cost.comm import dp_group, dp_sync
+from planner.cost.comm import dp_group, dp_sync, tp_collective_time_s
 from planner.cost.compute import _gemm_time_s
 from planner.graph import import_model_proto
 from planner.graph.transformer import ATTENTION_CORE
@@ -206,6 +206,20 @@ def test_gradients_are_reduced_at_the_runtimes_width(runtime, dtype, width):
     ring = 15 / 16
     assert float(sync.grad.sent_bytes) == pytest.approx(ring * 1e9 * width)
     assert float(sync.gather.sent_bytes) == pytest.approx(ring * 1e9 * 2)
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_each_tensor_parallel_collective_pays_its_own_latency(sp):
+    # a GPT block has two row-parallel GEMMs (attention output, MLP down): Megatron reduces each output in its
+    # own call, forward, and the input gradient of each column-parallel GEMM that opens them, backward
+    model = gpt(2, 1024, 16, 2048, 32000)
+    node, cal = catalog.get_node(NODE), DeviceCalibration()
+    costs = layer_costs(model, node, 4, 1, "none", sp, calibration=cal)
+    one = tp_collective_time_s("reduce_scatter+all_gather" if sp else "all_reduce", 2048 * 1024 * 2, node, 4, cal)
+    assert costs.tp_comm_s[_blocks(model)[0]] == pytest.approx(4 * one, rel=1e-9)
+    twice = tp_collective_time_s("reduce_scatter+all_gather" if sp else "all_reduce", 2 * 2048 * 1024 * 2, node, 4,
+                                 cal)
+    assert 4 * one > 2 * twice  # the same bytes in fewer calls pay fewer latencies
 
 
 @pytest.mark.parametrize("runtime,sp,split", [("megatron-core", False, 1), ("megatron-core", True, 4),

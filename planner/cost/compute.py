@@ -85,7 +85,8 @@ class LayerCosts:
     ``forward_s`` and ``backward_s`` include tensor-parallel communication; ``backward_s`` includes the
     recomputation. ``activation_bytes`` is what a layer holds per micro-batch in flight; ``peak_extra_bytes``
     the extra it needs briefly while it is recomputed (full recompute). ``output_bytes`` is the boundary
-    tensor sent to the next stage per micro-batch (scattered over the tensor-parallel ranks).
+    tensor each tensor-parallel rank sends to the next stage per micro-batch (its 1/tp share under sequence
+    parallelism or the runtime's scatter-gather, else the whole tensor).
     """
 
     forward_s: np.ndarray
@@ -219,8 +220,7 @@ def _costs_of_ops(layer: Layer, node: NodeProfile, tp: int, mb: float, sp: bool,
     tensor-parallel all-reduce."""
     profile = node.device
     fwd = bwd = core_fwd = core_bwd = 0.0
-    tp_bytes_fwd = 0.0
-    tp_bytes_bwd = 0.0
+    tp_sizes: list[float] = []  # one collective per row-parallel op: its output, the full tensor
     kind = "reduce_scatter+all_gather" if sp else "all_reduce"
     has_row = has_column = False
     first_column_input = 0.0
@@ -253,7 +253,7 @@ def _costs_of_ops(layer: Layer, node: NodeProfile, tp: int, mb: float, sp: bool,
                     first_column_input = m * k * width
             elif split == "row":
                 has_row = True
-                tp_bytes_fwd += op.bytes_written * mb * scale
+                tp_sizes.append(op.bytes_written * mb * scale)
             if in_core and attention == "flash":
                 flash_products.append((m, n, k))
                 continue
@@ -270,7 +270,7 @@ def _costs_of_ops(layer: Layer, node: NodeProfile, tp: int, mb: float, sp: bool,
             shard = tp if split in ("column", "row", "sharded") or (sp and layer.kind == "block") else 1
             if split == "row":
                 has_row = True
-                tp_bytes_fwd += op.bytes_written * mb * scale
+                tp_sizes.append(op.bytes_written * mb * scale)
             flops = op.flops * mb / shard
             traffic = (op.bytes_read + op.bytes_written) * mb / shard * scale
             if in_core and attention == "fused-softmax":
@@ -295,14 +295,18 @@ def _costs_of_ops(layer: Layer, node: NodeProfile, tp: int, mb: float, sp: bool,
         core_fwd += f
         core_bwd += b
     tp_fwd = tp_bwd = 0.0
-    if tp > 1 and layer.kind == "embedding" and not has_row:
-        tp_bytes_fwd = layer.output_bytes * mb * scale  # vocabulary-parallel lookup: all-reduce of the embeddings
     if tp > 1:
-        tp_bytes_bwd = tp_bytes_fwd if has_row else (first_column_input if has_column else 0.0)
+        # each collective is its own call and pays its own latency: forward, one per row-parallel op (the
+        # vocabulary-parallel lookup's all-reduce on an embedding); backward, the input gradient of each
+        # column-parallel op that opens a row-parallel pair (of the first one, without a row-parallel op)
         if layer.kind == "embedding":
-            tp_bytes_bwd = 0.0
-        tp_fwd = tp_collective_time_s(kind, tp_bytes_fwd, node, tp, cal) if tp_bytes_fwd else 0.0
-        tp_bwd = tp_collective_time_s(kind, tp_bytes_bwd, node, tp, cal) if tp_bytes_bwd else 0.0
+            forward = tp_sizes or [layer.output_bytes * mb * scale]
+            backward: list[float] = []
+        else:
+            forward = tp_sizes
+            backward = tp_sizes if has_row else ([first_column_input] if has_column else [])
+        tp_fwd = sum(tp_collective_time_s(kind, size, node, tp, cal) for size in forward if size)
+        tp_bwd = sum(tp_collective_time_s(kind, size, node, tp, cal) for size in backward if size)
     return fwd, bwd, core_fwd, tp_fwd, tp_bwd, core_bwd
 
 
