@@ -194,7 +194,7 @@ def test_interleaving_is_decided_without_walking_stage_counts_past_the_units():
     """A cluster of millions of devices leaves n / dp stages possible; a stage holds vpp chunks of whole units,
     so counts past num_units // vpp are never tried (the enumeration of settings walked every count, minutes
     on `dgx-a100-80gb*1000000`, before any time limit was checked)."""
-    from planner.search.space import _may_interleave
+    from planner.search.space import may_interleave
 
     for m, vpp, units, even in [(8, 2, 96, False), (48, 4, 96, True), (6, 3, 24, False), (7, 2, 96, False)]:
-        assert _may_interleave(m, vpp, units, 10 ** 12, 0, even) == _may_interleave(m, vpp, units, units, 0, even)
+        assert may_interleave(m, vpp, units, 10 ** 12, 0, even) == may_interleave(m, vpp, units, units, 0, even)

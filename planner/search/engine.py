@@ -34,7 +34,6 @@ stop it earlier, never before a plan is found.
 
 from __future__ import annotations
 
-import functools
 import heapq
 import itertools
 import logging
@@ -52,7 +51,8 @@ from planner.search.interleave import chunk_mask, partition_allowed, pipeline_al
 from planner.search.bounds import Profiles, QuickSettingsBound, layout_floor, lower_bounds, settings_lower_bound
 from planner.search.partition import Partition, partitions_below, score, solve_partition, stage_bounds
 from planner.search.space import Layout, Pins, Settings, StageOption, enumerate_settings, even_split, \
-    interleaved_min_stages, max_stages, options_allowed, ordered_layouts, pool_options, settings_allowed
+    interleaved_min_stages, max_stages, may_interleave, options_allowed, ordered_layouts, pool_options, \
+    settings_allowed
 from planner.search.tables import allocate
 from planner.solver import SolverOptions
 from planner.types import Cluster, Estimate, PipelineSpec, ReplicaSpec, StageSpec
@@ -482,7 +482,7 @@ def settings_bound(profiles: Profiles, cluster: Cluster, settings: Settings, num
     these settings when the caller has them."""
     m = settings.num_micro_batches(global_batch)
     num_units = num_layers if num_units is None else num_units
-    if settings.vpp > 1 and not _interleavable(m, settings.vpp, num_units, num_layers, even_split(settings),
+    if settings.vpp > 1 and not may_interleave(m, settings.vpp, num_units, num_layers, 0, even_split(settings),
                                                interleaved_min_stages(settings)):
         return np.inf
     if options is None:
@@ -493,14 +493,6 @@ def settings_bound(profiles: Profiles, cluster: Cluster, settings: Settings, num
                                 settings.num_micro_batches(global_batch), num_layers, stages_cap,
                                 cluster.num_devices, settings.dp, floor_s, settings.vpp, profiles.count_memo,
                                 cutoff_s)
-
-
-@functools.lru_cache(maxsize=4096)
-def _interleavable(num_micro_batches: int, vpp: int, num_units: int, num_layers: int, even: bool,
-                   min_stages: int = 2) -> bool:
-    """Whether some stage count may interleave ``vpp`` chunks (a pure function of its arguments)."""
-    return any(pipeline_allowed(P, num_micro_batches, vpp, num_units, even, min_stages)
-               for P in range(2, num_layers + 1))
 
 
 @dataclass(frozen=True)

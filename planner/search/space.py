@@ -28,6 +28,7 @@ short sequences is searched as fast as without cp. A pinned ``--cp`` is any valu
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from itertools import permutations
 from typing import Iterator, Sequence
@@ -306,7 +307,7 @@ def enumerate_settings(cluster: Cluster, global_batch: int, pins: Pins, num_unit
                 for rc in recomputes:
                     for sp in sps:
                         for vpp in vpps:
-                            if vpp > 1 and (zero > runtime.max_pipeline_zero or not _may_interleave(
+                            if vpp > 1 and (zero > runtime.max_pipeline_zero or not may_interleave(
                                     per_dp // b, vpp, num_units, n // (dp * max(pins.tp, 1)), pins.pp,
                                     not runtime.uneven_pipeline, least)):
                                 continue
@@ -316,11 +317,13 @@ def enumerate_settings(cluster: Cluster, global_batch: int, pins: Pins, num_unit
                                                dtype=pins.dtype, runtime=pins.runtime, ep=ep, expert_tp=etp)
 
 
-def _may_interleave(num_micro_batches: int, vpp: int, num_units: int, most_stages: int, pinned_pp: int,
-                    even: bool, min_stages: int = 2) -> bool:
+@functools.lru_cache(maxsize=4096)
+def may_interleave(num_micro_batches: int, vpp: int, num_units: int, most_stages: int, pinned_pp: int,
+                   even: bool, min_stages: int = 2) -> bool:
     """Whether some stage count may interleave ``vpp`` chunks (:func:`planner.search.interleave.pipeline_allowed`;
     ``even``: the runtime splits the units evenly; ``min_stages``: its fewest interleaved stages) with at most
-    ``most_stages`` stages of dp replicas: ZeRO <= 1 is checked by the caller."""
+    ``most_stages`` stages (``pinned_pp`` alone where it is pinned, 0 otherwise): ZeRO <= 1 is checked by the
+    caller. A pure function of its arguments."""
     # vpp chunks of whole units per stage: at most num_units // vpp stages (planner.rules.vpp_fits)
     counts = [pinned_pp] if pinned_pp else range(2, min(most_stages, num_units // vpp) + 1)
     return any(pipeline_allowed(P, num_micro_batches, vpp, num_units, even, min_stages)
