@@ -42,6 +42,10 @@ _ZERO_ARGS = {
 # what the environment of a Megatron-FSDP run must hold: validate_args asserts "FSDP requires
 # CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset"
 _FSDP_NOTE = "# Megatron-FSDP: leave CUDA_DEVICE_MAX_CONNECTIONS unset or above 1 (Megatron-LM refuses 1 with it)"
+# and what tensor or context parallelism without it needs: validate_args requires one hardware queue before
+# Blackwell, so that the collectives run in the order the GEMMs that feed them were issued
+_STREAM_NOTE = ("# tp or cp > 1: set CUDA_DEVICE_MAX_CONNECTIONS=1 on GPUs before Blackwell (Megatron-LM's "
+                "validate_args requires it)")
 # fp8 trains bf16 weights with fp8 GEMMs (the format and recipe follow: _fp8_args); tf32 is fp32 training
 # with tensor-core GEMMs, PyTorch's default on Ampere and later
 _DTYPE_ARGS = {"bf16": ("--bf16",), "fp16": ("--fp16",), "fp32": (), "tf32": (), "fp8": ("--bf16",)}
@@ -258,6 +262,8 @@ def render_megatron(plan: Plan) -> str:
         lines.append("# the plan has no layer kinds: every layer is counted as a transformer layer")
     if "--use-megatron-fsdp" in args:
         lines.append(_FSDP_NOTE)
+    elif tp > 1 or cp > 1:
+        lines.append(_STREAM_NOTE)
     for stage in plan.stages:
         lines.append(f"# stage {stage.index}: layers {stage.first_layer}-{stage.last_layer} "
                      f"({transformer_layers(stage)} transformer) on {stage.device_type}")
