@@ -77,8 +77,8 @@ def torchrec_table_name(name: str) -> str:
     weight is ``<name>.weight`` (torchrec/distributed/sharding_plan.py, ``construct_module_sharding_plan``
     looks up ``f"{table_name}.weight"``); EmbeddingBagCollection registers each table as
     ``embedding_bags[config.name]`` (torchrec/modules/embedding_modules.py), an ``nn.ModuleDict`` key, which
-    cannot hold a dot (torch/nn/modules/module.py, ``Module.add_module``). So the part after the last dot of the module path is the only name TorchRec can
-    have given the table."""
+    cannot hold a dot (torch/nn/modules/module.py, ``Module.add_module``). So the part after the last dot of
+    the module path is the only name TorchRec can have given the table."""
     stem = name[:-len(".weight")] if name.endswith(".weight") else name
     return stem.rsplit(".", 1)[-1] or name
 
