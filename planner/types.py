@@ -245,6 +245,7 @@ class NodeProfile:
     inter_node_efficiency: float = 1.0
     nics_per_node: int = 1
     intra_node_fabric: str = ""  # "nvswitch", "nvlink-cube-mesh", "pcie", "infinity-fabric", "shared-memory"
+    host_memory_bytes: float = 0.0  # system memory (0: not given; planner.embeddings.devices assumes a ratio)
 
 
 @dataclass(frozen=True)

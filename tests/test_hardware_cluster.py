@@ -230,3 +230,20 @@ def test_the_default_dtype_is_one_every_device_runs():
     assert resolve_dtype(devices(profiled), None) == "fp32"
     with pytest.raises(ConfigError, match="cannot run it"):
         resolve_dtype(devices(profiled), "bf16")
+
+
+def test_a_node_gives_its_host_memory_to_the_embedding_sharder(tmp_path):
+    """Host (UVM) memory per GPU is the node's system memory over its GPUs where the profile gives it (DGX H200:
+    2 TB for 8 GPUs, under twice their HBM), else twice the GPU's memory; an inline node may give it too."""
+    from planner.embeddings.devices import HOST_MEMORY_PER_GPU_MEMORY, device_arrays
+
+    h200, h100 = load_cluster("dgx-h200*1"), load_cluster("dgx-h100*1")
+    assert h200.groups[0].node.host_memory_bytes == 2000e9
+    assert device_arrays(h200, None, None, True).host_capacity_bytes[0] == 2000e9 / 8
+    assert h100.groups[0].node.host_memory_bytes == 0
+    assert device_arrays(h100, None, None, True).host_capacity_bytes[0] == \
+        HOST_MEMORY_PER_GPU_MEMORY * h100.groups[0].node.device.memory_bytes
+    path = tmp_path / "inline.yaml"
+    path.write_text("groups:\n  - node: {device: t4, devices_per_node: 1, inter_node_bandwidth_GBps: 12.5, "
+                    "host_memory_GB: 64}\n    count: 2\n")
+    assert device_arrays(load_cluster(path), None, None, True).host_capacity_bytes[0] == 64e9

@@ -20,9 +20,9 @@ from planner.errors import ConfigError
 from planner.hardware.collectives import CommGroup, collective_time_s, comm_group
 from planner.types import Cluster, DeviceGroup
 
-# Host memory reachable per GPU for UVM placement, when a node profile gives none: twice the GPU's memory.
-# Source: NVIDIA DGX-1 (V100) datasheet, 512 GB system memory for 8 x 32 GB GPUs, the smallest host/GPU
-# memory ratio among the DGX datasheets (DGX A100 and DGX H100 have 2 TB for 8 x 80 GB, 3.2x).
+# Host memory reachable per GPU for UVM placement, when a node profile gives none (``host_memory_GB``): twice
+# the GPU's memory. Source: NVIDIA DGX-1 (V100) datasheet, 512 GB system memory for 8 x 32 GB GPUs (DGX A100
+# and DGX H100 have 2 TB for 8 x 80 GB, 3.2x); nodes below 2x (DGX H200 1.77x, DGX B200 1.39x) give their own.
 HOST_MEMORY_PER_GPU_MEMORY = 2.0
 # GPU <-> host bandwidth for UVM lookups, when a device profile gives none: PCIe 4.0 x16, 16 GT/s x 16 lanes
 # x 128/130 encoding = 31.5 GB/s each way (PCI-SIG PCIe 4.0 base specification).
@@ -126,7 +126,7 @@ def device_arrays(cluster: Cluster, devices: Sequence[int] | None = None,
     capacity = np.array([float(d.memory_bytes) for d in dev])
     if memory_budget_bytes is not None:
         capacity = np.array([float(memory_budget_bytes.get(d, capacity[i])) for i, d in enumerate(ids)])
-    host_cap = np.array([float(getattr(g.node, "host_memory_bytes", 0) or 0) / g.node.devices_per_node
+    host_cap = np.array([g.node.host_memory_bytes / g.node.devices_per_node
                          or HOST_MEMORY_PER_GPU_MEMORY * g.node.device.memory_bytes for g in groups])
     if not allow_host:
         host_cap = np.zeros(n)

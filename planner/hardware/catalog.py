@@ -91,6 +91,7 @@ def node_from_document(doc: Document) -> NodeProfile:
         inter_node_efficiency=float(data.get("inter_node_efficiency", 1.0)),
         nics_per_node=int(data["nics_per_node"]),
         intra_node_fabric=data.get("intra_node_fabric", ""),
+        host_memory_bytes=float(data.get("host_memory_GB", 0.0)) * GB,
     )
 
 

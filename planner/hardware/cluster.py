@@ -168,6 +168,7 @@ def _inline_node(doc: Document, path: JsonPath, spec: dict[str, Any], base_dir: 
         inter_node_efficiency=float(spec.get("inter_node_efficiency", defaults.inter_node_efficiency)),
         nics_per_node=int(spec.get("nics_per_node", 1)),
         intra_node_fabric="inline",
+        host_memory_bytes=float(spec.get("host_memory_GB", 0.0)) * GB,
     )
 
 

@@ -75,6 +75,8 @@ RANGES: dict[str, tuple[float, float]] = {
     "devices_per_node": (1, 1024),
     # one NIC per GPU of a whole NVLink domain counted as one node (GB200 NVL72: 72 ConnectX-7)
     "nics_per_node": (1, 1024),
+    # a node's system memory: 100 TB is 25x the largest DGX option (DGX B200, 4 TB)
+    "host_memory_GB": (1, 1e5),
     # an NVIDIA GPU's compute capability (major.minor): 3.0 (Kepler) .. 99.9
     "compute_capability": (3.0, 99.9),
     # US dollars per node-hour: a DGX node rents for about 100
