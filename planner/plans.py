@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from dataclasses import asdict, dataclass, field, fields, replace
 from functools import lru_cache
 from importlib import resources
@@ -274,11 +275,11 @@ def moe_summary(model: LayerGraph) -> dict[str, Any]:
     layers = [layer.moe for layer in model.layers if layer.moe is not None]
     if not layers:
         return {}
-    routers = [m.router for m in layers]
+    router = Counter(m.router for m in layers).most_common(1)[0][0]  # ties: the first layer's, deterministic
     return {"experts": max(m.experts for m in layers), "top_k": max(m.top_k for m in layers),
             "moe_layers": len(layers), "active_params": model.active_params,
             "expert_ffn": max(m.expert_ffn for m in layers), "shared_experts": max(m.shared_experts for m in layers),
-            "router": max(set(routers), key=routers.count),
+            "router": router,
             "moe_layer_pattern": [int(layer.moe is not None) for layer in model.layers if layer.kind == "block"]}
 
 

@@ -306,7 +306,8 @@ def _costs_of_ops(layer: Layer, node: NodeProfile, tp: int, mb: float, sp: bool,
             forward = tp_sizes
             backward = tp_sizes if has_row else ([first_column_input] if has_column else [])
         tp_fwd = sum(tp_collective_time_s(kind, size, node, tp, cal) for size in forward if size)
-        tp_bwd = sum(tp_collective_time_s(kind, size, node, tp, cal) for size in backward if size)
+        tp_bwd = tp_fwd if backward is forward else \
+            sum(tp_collective_time_s(kind, size, node, tp, cal) for size in backward if size)
     return fwd, bwd, core_fwd, tp_fwd, tp_bwd, core_bwd
 
 

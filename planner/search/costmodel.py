@@ -308,9 +308,9 @@ class CostModelBackend:
         sums = np.cumsum if first else segment_sums
         grad = layer["all_reduce" if settings.zero == 0 else "reduce_scatter"]
         gather = layer["all_gather"]
-        # a segment's copies of weights an earlier stage owns; a prefix 0..j holds their owners
-        params = segment_tied_params(self.model, option.tp) + sums(t.params_per_rank) if not first \
-            else sums(t.params_per_rank)
+        # a segment's parameters with its copies of weights an earlier stage owns (``_segments_of``); a prefix
+        # 0..j holds their owners
+        params = np.cumsum(t.params_per_rank) if first else self._segments_of(option, settings)[2]
         # the collectives' edge buckets: each segment's first layer
         edge_grad, edge_gather = (grad[0], gather[0]) if first else (grad[:, None], gather[:, None])
         experts = sums(self._expert_params(option, settings))
