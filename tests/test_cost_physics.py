@@ -12,10 +12,12 @@ from planner.builders import build
 from planner.cost import estimate, layer_costs, stage_memory, transformer_activation_bytes
 from planner.cost.calibration import DeviceCalibration
 from planner.cost.comm import dp_group, dp_sync, tp_collective_time_s
+from planner.cost.estimator import _megatron_spec_stages, _placement
 from planner.cost.compute import _gemm_time_s
 from planner.graph import import_model_proto
 from planner.graph.transformer import ATTENTION_CORE
 from planner.hardware import catalog, load_cluster
+from planner.hardware.collectives import collective_time_s
 from planner.runtime import get_runtime
 from planner.types import Layer, LayerGraph, ParallelConfig
 from tests.cost_models import gpt, gpt3_175b
@@ -252,6 +254,27 @@ def test_a_tied_head_on_a_later_stage_holds_a_copy_of_the_word_embedding():
     costs = layer_costs(model, catalog.get_node(NODE), 2, 1, "none", False)
     own = float(costs.params_per_rank[last.first_layer:last.last_layer + 1].sum())
     assert last.memory.weights_bytes == pytest.approx((own + 32000 * 1024 / 2) * width)
+
+
+def test_a_tied_heads_copies_are_all_reduced_between_their_stages_in_fp32():
+    # Megatron all-reduces the word embedding's fp32 main gradient between the first stage and the stage
+    # holding the head's copy after the data-parallel reduction; both stages wait for it, no other does
+    model = gpt(4, 1024, 16, 1024, 32000)
+    cluster = load_cluster("dgx-a100-80gb*2")
+    runtime = get_runtime("megatron-core")
+
+    def tied_s(model: LayerGraph, pp: int) -> np.ndarray:
+        stages = _megatron_spec_stages(model, cluster, 2, pp, 2)
+        return _placement(model, cluster, stages, "adam", "bf16", None, runtime).tied_sync_s
+
+    stages = _megatron_spec_stages(model, cluster, 2, 4, 2)
+    leaders = [stages[0].replicas[0].devices[0], stages[-1].replicas[0].devices[0]]
+    group = dp_group(cluster, leaders, DeviceCalibration())
+    expected = collective_time_s("all_reduce", 32000 * 1024 / 2 * 4, group)
+    assert expected > 0
+    assert tied_s(model, 4) == pytest.approx([expected, 0.0, 0.0, expected], rel=1e-6)
+    assert not tied_s(model, 1).any()  # one stage holds the head and its owner
+    assert not tied_s(_llama(), 2).any()  # Llama's head is untied
 
 
 # ------------------------------------------------------------------------------------------ small models

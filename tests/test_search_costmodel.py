@@ -152,16 +152,17 @@ def slow_layout(rng: np.random.Generator, seed: int, varied: bool) -> tuple[Layo
 
 def test_later_stages_synchronisation_lifts_the_bound(slow_links):
     """Stage 0 holds the embedding alone and stage 1 the rest with its copy of the tied word embedding, each
-    synchronising over two nodes: the bound of stage 0's synchronisation alone is under 60% of the plan's
-    time, the mean of both stages' over 70%."""
+    synchronising over two nodes and both all-reducing the tied weight's gradient: the mean weighting, which
+    counts stage 1's larger synchronisation too, lifts the bound above stage 0's alone, to within 15% of
+    the plan's time."""
     model, cluster, backend = slow_links
     settings = Settings(micro_batch=1, dp=8, zero=1, recompute="none", sequence_parallel=False)
     layout = Layout((StageOption(0, 2), StageOption(1, 2)))
     last = (0, len(model.layers) - 1)
     time_s = estimate_pipeline(model, cluster, pipeline_spec(cluster, 32, settings, layout, last)).iteration_time_s
     first, mean = (score(*backend.stage_matrices(layout, settings, 32, e), last)[0] for e in (FIRST, MEAN))
-    assert first < 0.6 * time_s
-    assert 0.7 * time_s < mean <= time_s
+    assert first < mean <= time_s
+    assert mean > 0.85 * time_s
 
 
 def layout_floor_case(slow_links, seed: int) -> tuple[float, float, float]:

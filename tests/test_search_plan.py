@@ -57,7 +57,10 @@ def test_search_over_slow_links_proves_the_exhaustive_optimum(tmp_path, global_b
                     "  - {node: dgx-h100, count: 1, inter_node_bandwidth_GBps: 10}\n"
                     "  - {node: dgx-a100-40gb, count: 1, inter_node_bandwidth_GBps: 10}\n")
     cluster = load_cluster(path)
-    model = gpt(layers=6)
+    # untied: a tied head's all-reduce between the end stages over these links makes one stage the fastest
+    proto = build("llama", {"layers": 6, "hidden": 1024, "heads": 16, "kv_heads": 16, "ffn": 2816, "vocab": 32000,
+                            "seq_len": 512})
+    model = import_model_proto(proto, {"batch": 1, "seq": 512}, name="llama6x1024")
     backend = CostModelBackend(model, cluster)
     pins = Pins(micro_batch=1, zero=1, recompute="selective", sequence_parallel=False)
     truth = enumerate_best(backend, cluster, len(model.layers), global_batch, pins)

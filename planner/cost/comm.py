@@ -218,6 +218,18 @@ def sync_tail_s(sync: DpSync, runtime: Runtime, last_backward_s: np.ndarray | fl
     return tail
 
 
+def tied_grad_sync_s(tied_params: np.ndarray | float, group: CommGroup, dtype: str,
+                     runtime: Runtime) -> np.ndarray:
+    """The all-reduce that keeps a tied weight's two copies in step (a tied LM head's copy of the word
+    embedding on a later stage, ``planner.cost.memory.stage_tied_params``): ``tied_params`` per rank, at the
+    gradients' reduction width, over ``group`` (the owner's rank and the copy's). Megatron-Core runs it once
+    per iteration after the data-parallel reduction has finished and before the optimizer step, on the whole
+    gradient, overlapped with nothing (megatron/core/distributed/finalize_model_grads.py:
+    ``finish_grad_sync`` then ``_allreduce_word_embedding_grads``); both stages wait for it."""
+    size_bytes = np.asarray(tied_params, dtype=float) * gradient_reduce_bytes(dtype, runtime)
+    return collective_times_s("all_reduce", size_bytes, group)
+
+
 def micro_batch_reduce_s(sync: DpSync, runtime: Runtime, backward_s: np.ndarray | float) -> np.ndarray:
     """ZeRO-2: what each micro-batch's gradient reduce-scatter adds to its backward (0 for other stages)."""
     if sync.zero != 2:

@@ -35,7 +35,7 @@ import numpy as np
 from planner.cost.calibration import DeviceCalibration, calibration_for
 from planner.cost.comm import (ZERO_STAGES, DpSync, Pass, dp_bytes_per_iteration, dp_group, dp_sync,
                                layer_collective_s, micro_batch_reduce_s, one_after_other, sync_tail_s,
-                               zero3_exposed_s)
+                               tied_grad_sync_s, zero3_exposed_s)
 from planner.cost.compute import layer_costs
 from planner.cost.context import layers_exchange_s
 from planner.cost.moe import ep_group_devices, expert_dp_devices, resolved_expert_tp
@@ -142,6 +142,7 @@ class _Placement:
     params: np.ndarray
     largest_layer_params: np.ndarray
     syncs: tuple[DpSync, ...]  # [zero], arrays per row
+    tied_sync_s: np.ndarray  # per row: the all-reduce of a tied weight's copies, after the syncs
     optimizer_s: tuple[np.ndarray, ...]  # [zero][row]
     zero3_gather_s: np.ndarray  # [row, layer]: one layer's all-gather
     zero3_reduce_s: np.ndarray  # [row, layer]: one layer's gradient reduce-scatter
@@ -236,16 +237,36 @@ def _placement(model: LayerGraph, cluster: Cluster, stages: tuple[StageSpec, ...
         opt_s.append(np.array([optimizer_time_s(p[i], nodes[i].device, optimizer, zero, row_dp[i], dtype, cals[i],
                                                 runtime, p_expert[i], row_edp[i])
                                for i in range(len(rows))]))
+    tied = _tied_sync_rows(model, cluster, stages, rows, row_stage, cals, dtype, runtime)
     return _Placement(
         stages=stages, rows=tuple(rows), nodes=tuple(nodes), cals=tuple(cals), row_stage=np.array(row_stage),
         single=len(rows) == len(stages), stage_dp=tuple(stage_dp), stage_replicas=tuple(stage_replicas),
         row_dp=np.array(row_dp, dtype=float),
         capacity=np.array([float(n.device.memory_bytes) for n in nodes]), params=p,
-        largest_layer_params=np.array(largest), syncs=tuple(syncs), optimizer_s=tuple(opt_s),
+        largest_layer_params=np.array(largest), syncs=tuple(syncs), tied_sync_s=tied, optimizer_s=tuple(opt_s),
         zero3_gather_s=per_layer["all_gather"], zero3_reduce_s=per_layer["reduce_scatter"],
         optimizer=optimizer, dtype=dtype, runtime=runtime, experts=tuple(experts), expert_params=p_expert,
         row_expert_dp=np.array(row_edp, dtype=float),
         has_experts=any(layer.moe is not None for layer in model.layers))
+
+
+def _tied_sync_rows(model: LayerGraph, cluster: Cluster, stages: tuple[StageSpec, ...], rows: list[ReplicaSpec],
+                    row_stage: list[int], cals: list[DeviceCalibration], dtype: str, runtime: Runtime) -> np.ndarray:
+    """Per row, the all-reduce of tied weights between the stage that owns them and the later stage that keeps
+    a copy (``planner.cost.comm.tied_grad_sync_s``; every row of both stages takes part), over the two
+    stages' first devices as the pipeline hand-offs are timed."""
+    out = np.zeros(len(rows))
+    stage_of = {layer: s for s, st in enumerate(stages) for layer in range(st.first_layer, st.last_layer + 1)}
+    for k, layer in enumerate(model.layers):
+        for owner, p in layer.tied_params:
+            ends = (stage_of[owner], stage_of[k])
+            if ends[0] == ends[1]:
+                continue
+            leaders = [stages[s].replicas[0].devices[0] for s in ends]
+            for i in (i for i, s in enumerate(row_stage) if s in ends):
+                out[i] += float(tied_grad_sync_s(p / rows[i].tp, dp_group(cluster, leaders, cals[i]), dtype,
+                                                 runtime))
+    return out
 
 
 def _gather_rows(zero: int, count: int, parts: list[tuple[list[int], DpSync]]) -> DpSync:
@@ -429,7 +450,7 @@ def _evaluate(work: _Work, schedule: str, vpp: int, zero: int, exact: bool,
     # them: Megatron-Core's interleaved schedule launches each chunk's reduction as soon as that chunk's
     # last backward ends (grad_sync_func per chunk in the cooldown, param_sync_func per chunk in the warm-up:
     # megatron/core/pipeline_parallel/schedules.py), so the chunks' reductions follow one another
-    sync_rows = sync_tail_s(sync, rt, work.backward_s, work.forward_s)
+    sync_rows = sync_tail_s(sync, rt, work.backward_s, work.forward_s) + pl.tied_sync_s
     stage_sync = _per_stage_max(sync_rows, pl.row_stage, pp)
     stage_opt = _per_stage_max(pl.optimizer_s[zero], pl.row_stage, pp)
     drained = np.concatenate(([0.0], np.cumsum(stage_b / vpp + p2p)[:-1]))

@@ -209,8 +209,8 @@ def stage_tied_params(model: LayerGraph, first: int, last: int, tp: int) -> floa
     of their gradients (megatron/core/models/common/language_module: ``setup_embeddings_and_output_layer``,
     ``shared_embedding_or_output_weight``; megatron/core/distributed/finalize_model_grads.py
     ``_allreduce_word_embedding_grads``): the copy has its gradient and optimizer state like any weight.
-    Split over ``tp`` as the vocabulary-parallel embedding is. That all-reduce, once per iteration between two
-    ranks, is not timed."""
+    Split over ``tp`` as the vocabulary-parallel embedding is; the all-reduce is
+    ``planner.cost.comm.tied_grad_sync_s``."""
     return sum(p for layer in model.layers[first:last + 1] for owner, p in layer.tied_params if owner < first) / tp
 
 
@@ -221,6 +221,16 @@ def segment_tied_params(model: LayerGraph, tp: int) -> np.ndarray:
     for k, layer in enumerate(model.layers):
         for owner, p in layer.tied_params:
             out[owner + 1:k + 1, k:] += p / tp  # segments that start after the owner and reach layer k
+    return out
+
+
+def prefix_tied_params(model: LayerGraph, tp: int) -> np.ndarray:
+    """Per prefix ``0..j`` (a first stage), the parameters per rank it owns whose copies a later stage keeps:
+    what its side of the tied weights' all-reduce carries."""
+    out = np.zeros(len(model.layers))
+    for k, layer in enumerate(model.layers):
+        for owner, p in layer.tied_params:
+            out[owner:k] += p / tp  # prefixes that hold the owner but not layer k
     return out
 
 

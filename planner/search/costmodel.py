@@ -21,8 +21,8 @@ import numpy as np
 from planner.cost import estimate_pipeline, layer_costs, optimizer_time_s, stage_memory
 from planner.cost.calibration import DeviceCalibration, calibration_for
 from planner.cost.comm import (dp_group, dp_sync, layer_collective_s, micro_batch_reduce_s, one_after_other,
-                               sync_tail_s, zero3_exposed_lower_s)
-from planner.cost.memory import micro_batches_in_flight, segment_tied_params
+                               sync_tail_s, tied_grad_sync_s, zero3_exposed_lower_s)
+from planner.cost.memory import micro_batches_in_flight, prefix_tied_params, segment_tied_params
 from planner.cost.moe import ep_group_devices, expert_dp, expert_dp_devices, resolved_expert_tp
 from planner.hardware.cluster import locate
 from planner.hardware.collectives import CommGroup, p2p_time_s
@@ -186,7 +186,11 @@ class CostModelBackend:
             empty, per_micro_batch = self._memory_of(option, settings)
             fits.append(empty + in_flight * per_micro_batch <= self.capacity_bytes(option))
             # stage 0 starts at layer 0: its prefixes are all it needs
-            tails.append(None if weights[k] == 0 else self._tails(option, devices[k], settings, first=k == 0))
+            # a tied weight's copies are reduced between stage 0 and the stage holding the copy, the last
+            # stage's as far as stage 0 can tell
+            partner = devices[P - 1 if k == 0 else 0][0]
+            tails.append(None if weights[k] == 0 else self._tails(option, devices[k], settings, first=k == 0,
+                                                                  partner=partner))
         return bound_matrices(fwd, bwd, sends, fits, tails, m, settings.vpp, exposure)
 
     def _sends(self, layout: Layout, settings: Settings, devices: list[tuple[int, ...]], k: int
@@ -291,12 +295,13 @@ class CostModelBackend:
         self._segments[key] = hit
         return hit
 
-    def _tails(self, option: StageOption, devices: tuple[int, ...], settings: Settings, first: bool
-               ) -> np.ndarray:
+    def _tails(self, option: StageOption, devices: tuple[int, ...], settings: Settings, first: bool,
+               partner: int) -> np.ndarray:
         """A stage's exposed once-per-iteration synchronisation plus optimizer step when it holds layers i..j
         (``planner.cost.comm.sync_tail_s`` of the segments, NaN below the diagonal); ``first``: only the
-        prefixes 0..j, as a vector."""
-        key = (option, settings, devices, first)
+        prefixes 0..j, as a vector. ``partner``: the first device of the stage a tied weight's all-reduce
+        pairs this one with (``planner.cost.comm.tied_grad_sync_s``)."""
+        key = (option, settings, devices, first, partner)
         hit = self._tail_cache.get(key)
         if hit is not None:
             return hit
@@ -322,6 +327,10 @@ class CostModelBackend:
         if edp_group is not None and settings.zero < 3:
             sync = one_after_other(sync, dp_sync(settings.zero, experts, edp_group, settings.dtype, runtime))
         out = sync_tail_s(sync, runtime, sums(t.backward_s), sums(t.forward_s))
+        tied = prefix_tied_params(self.model, option.tp) if first else segment_tied_params(self.model, option.tp)
+        if tied.any() and partner != devices[0]:
+            out = out + tied_grad_sync_s(tied, dp_group(self.cluster, [devices[0], partner], cal), settings.dtype,
+                                         runtime)
         edp = self._expert_dp(option, settings)
         # the step's time is not affine in the parameters (memory efficiency grows with size): one call per
         # distinct segment; blocks of identical layers share most of them
