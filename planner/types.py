@@ -225,6 +225,10 @@ class DeviceProfile:
     # optional: the NVIDIA compute capability (9.0 Hopper, 10.0 Blackwell); 0 = not given (another vendor, a
     # measured profile). The FP8 recipes a device runs follow from it (planner.hardware.fp8)
     compute_capability: float = 0.0
+    # optional: the link to host memory, each way (PCIe 3.0/4.0/5.0 x16, NVLink-C2C on Grace superchips);
+    # what embedding rows kept in host memory are read over. 0 = not given (planner.embeddings.devices
+    # assumes PCIe 4.0 x16)
+    host_bandwidth_Bps: float = 0.0
 
 
 @dataclass(frozen=True)

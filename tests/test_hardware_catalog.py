@@ -109,3 +109,19 @@ def test_devices_command_lists_catalog(capsys):
     assert main(["devices"]) == 0
     out = capsys.readouterr().out
     assert "a100-80gb" in out and "dgx-h100" in out
+
+
+def test_every_catalog_device_gives_its_host_link():
+    # UVM embedding rows are read over this link: PCIe 3.0 (V100, T4, Turing), 4.0 (Ampere), 5.0 (Hopper,
+    # Blackwell, MI300X), NVLink-C2C on the Grace superchips
+    links = {name: catalog.get_device(name).host_bandwidth_Bps for name in catalog.device_names()}
+    assert all(bw > 0 for bw in links.values()), links
+    assert links["v100-32gb"] == 15.75e9 and links["a100-80gb"] == 31.5e9 and links["h100-sxm"] == 63e9
+    assert links["gh200"] == 450e9
+
+
+def test_host_memory_lookups_read_over_each_devices_own_link():
+    from planner.embeddings.devices import device_arrays
+    from planner.hardware import load_cluster
+    arrays = device_arrays(load_cluster("hgx-v100-32gb*1+dgx-h100*1"))
+    assert set(arrays.host_Bps[:8]) == {15.75e9} and set(arrays.host_Bps[8:]) == {63e9}

@@ -47,6 +47,7 @@ def catalog_document() -> dict:
             "name": d.name, "vendor": d.vendor, "description": d.description,
             "peak_flops_per_s": dict(sorted(d.peak_flops_per_s.items())),
             "memory_bytes": d.memory_bytes, "memory_bandwidth_Bps": d.memory_bandwidth_Bps,
+            "host_bandwidth_Bps": d.host_bandwidth_Bps or None,
             "gemm_efficiency": [list(p) for p in d.gemm_efficiency],
             "memory_efficiency": d.memory_efficiency,
             "compute_capability": d.compute_capability or None, "fp8_recipes": list(recipes_for([d])),

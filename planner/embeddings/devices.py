@@ -102,7 +102,7 @@ def device_arrays(cluster: Cluster, devices: Sequence[int] | None = None,
 
     dev = [g.node.device for g in groups]
     lookup = np.array([d.memory_bandwidth_Bps * d.memory_efficiency for d in dev])
-    host_bw = np.array([float(getattr(d, "host_bandwidth_Bps", None) or PCIE4_X16_Bps) for d in dev])
+    host_bw = np.array([d.host_bandwidth_Bps or PCIE4_X16_Bps for d in dev])
     # achieved bandwidths, as planner.hardware.collectives uses them
     intra = np.array([g.node.intra_node_bandwidth_Bps * g.node.intra_node_efficiency for g in groups])
     intra_lat = np.array([g.node.intra_node_latency_s for g in groups])

@@ -70,6 +70,7 @@ def device_from_document(doc: Document) -> DeviceProfile:
         flash_attention_efficiency=tuple(float(x) for x in data.get("flash_attention_efficiency", ())),
         flash_attention=bool(data.get("flash_attention", True)),
         compute_capability=float(data.get("compute_capability", 0.0)),
+        host_bandwidth_Bps=float(data.get("host_bandwidth_Bps", 0.0)),
     )
 
 
