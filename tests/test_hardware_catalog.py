@@ -86,7 +86,7 @@ def test_profiles_dir_env_override(tmp_path, monkeypatch):
     (tmp_path / "devices" / "my-t4.yaml").write_text(text)
     monkeypatch.setenv(catalog.ENV_VAR, str(tmp_path))
     assert catalog.device_names() == ["my-t4"]
-    assert catalog.get_device("my-t4").memory_bytes == 16 * 2 ** 30
+    assert catalog.get_device("my-t4").memory_bytes == 15360 * 2 ** 20  # the T4 file's nvidia-smi total
     monkeypatch.setenv(catalog.ENV_VAR, str(tmp_path / "nowhere"))
     with pytest.raises(ClusterError, match="PLANNER_PROFILES_DIR"):
         catalog.device_names()
