@@ -250,6 +250,11 @@ class NodeProfile:
     nics_per_node: int = 1
     intra_node_fabric: str = ""  # "nvswitch", "nvlink-cube-mesh", "pcie", "infinity-fabric", "shared-memory"
     host_memory_bytes: float = 0.0  # system memory (0: not given; planner.embeddings.devices assumes a ratio)
+    # direct-link fabrics (a cube mesh, a full mesh): (ranks of one group on the node, the fraction of
+    # intra_node_bandwidth_Bps each of them reaches its group's peers at: its links to them over all its
+    # links), ascending; empty = a switched fabric, where every group reaches the whole
+    # (planner.hardware.collectives.intra_group_Bps)
+    intra_node_group_fraction: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 
 from planner.errors import ConfigError
 from planner.hardware import load_cluster
+from planner.cost.calibration import DeviceCalibration
+from planner.cost.comm import tp_group
 from planner.hardware.collectives import (KINDS, CommGroup, algorithm_time_s, bus_bandwidth_Bps, collective_algorithm,
-                                          collective_time_s, comm_group, p2p_time_s)
+                                          collective_time_s, comm_group, intra_group_Bps, p2p_time_s)
 
 S = 2.0 ** 30
 B, A = 100e9, 2e-6  # intra: 100 GB/s, 2 us
@@ -168,3 +171,26 @@ def test_dgx_a100_allreduce_near_published_nccl_tests():
         busbw = bus_bandwidth_Bps("all_reduce", S, g, collective_time_s("all_reduce", S, g))
         assert busbw == pytest.approx(published, rel=0.20)
         assert math.isfinite(busbw)
+
+
+def test_a_direct_link_fabric_gives_a_group_its_links_to_its_peers_only():
+    # a DGX-1 V100 pair of consecutive GPUs shares one NVLink of each GPU's six, a quad four; a switched DGX A100
+    # gives every group the whole; the tensor-parallel group and the p2p hand-off read the same
+    v100, a100 = load_cluster("hgx-v100-32gb*1"), load_cluster("dgx-a100-80gb*1")
+    node = v100.groups[0].node
+    whole = node.intra_node_bandwidth_Bps * node.intra_node_efficiency
+    assert intra_group_Bps(node, 2) == pytest.approx(whole / 6, rel=1e-3)
+    assert intra_group_Bps(node, 4) == pytest.approx(whole * 4 / 6, rel=1e-3)
+    assert intra_group_Bps(node, 8) == whole
+    assert comm_group(v100, [0, 1]).intra_bandwidth_Bps == intra_group_Bps(node, 2)
+    assert comm_group(v100, list(range(8))).intra_bandwidth_Bps == whole
+    assert tp_group(node, 2, DeviceCalibration()).intra_bandwidth_Bps == intra_group_Bps(node, 2)
+    size = 1e9
+    assert p2p_time_s(v100, 0, 1, size) == pytest.approx(size / intra_group_Bps(node, 2) + node.intra_node_latency_s)
+    switched = a100.groups[0].node
+    assert {intra_group_Bps(switched, r) for r in (2, 4, 8)} == {
+        switched.intra_node_bandwidth_Bps * switched.intra_node_efficiency}
+    # the pair's all-reduce is the slower for it: six times the bandwidth term of the whole node's rate
+    pair = comm_group(v100, [0, 1])
+    assert collective_time_s("all_reduce", size, pair) > 5 * collective_time_s(
+        "all_reduce", size, dataclasses.replace(pair, intra_bandwidth_Bps=whole, inter_bandwidth_Bps=whole))

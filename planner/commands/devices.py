@@ -60,7 +60,9 @@ def catalog_document() -> dict:
             "name": n.name, "device": n.device.name, "devices_per_node": n.devices_per_node,
             "intra_node_fabric": n.intra_node_fabric,
             "intra_node_bandwidth_Bps": n.intra_node_bandwidth_Bps, "intra_node_latency_s": n.intra_node_latency_s,
-            "intra_node_efficiency": n.intra_node_efficiency, "nics_per_node": n.nics_per_node,
+            "intra_node_efficiency": n.intra_node_efficiency,
+            "intra_node_group_fraction": [list(p) for p in n.intra_node_group_fraction] or None,
+            "nics_per_node": n.nics_per_node,
             "inter_node_bandwidth_Bps": n.inter_node_bandwidth_Bps, "inter_node_latency_s": n.inter_node_latency_s,
             "inter_node_efficiency": n.inter_node_efficiency, "source": n.source,
         })

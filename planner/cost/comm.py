@@ -47,7 +47,8 @@ import numpy as np
 from planner.cost.calibration import DeviceCalibration
 from planner.cost.memory import dtype_bytes, gradient_reduce_bytes
 from planner.errors import ConfigError
-from planner.hardware.collectives import CommGroup, collective_time_s, collective_times_s, comm_group, sent_bytes
+from planner.hardware.collectives import (CommGroup, collective_time_s, collective_times_s, comm_group,
+                                         intra_group_Bps, sent_bytes)
 from planner.runtime import Runtime, get_runtime
 from planner.types import Cluster, NodeProfile
 
@@ -56,7 +57,7 @@ ZERO_STAGES = (0, 1, 2, 3)
 
 def tp_group(node: NodeProfile, tp: int, cal: DeviceCalibration) -> CommGroup:
     """A tensor-parallel group: ``tp`` ranks inside one node, at the node's achieved intra-node bandwidth."""
-    intra = node.intra_node_bandwidth_Bps * node.intra_node_efficiency * cal.comm_scale
+    intra = intra_group_Bps(node, tp) * cal.comm_scale
     return CommGroup(size=tp, ranks_per_node=tp, intra_bandwidth_Bps=intra, intra_latency_s=node.intra_node_latency_s,
                      inter_bandwidth_Bps=intra, inter_latency_s=node.intra_node_latency_s)
 

@@ -17,7 +17,7 @@ from typing import Iterator, Mapping, Sequence
 import numpy as np
 
 from planner.errors import ConfigError
-from planner.hardware.collectives import CommGroup, collective_time_s, comm_group
+from planner.hardware.collectives import CommGroup, collective_time_s, comm_group, intra_group_Bps
 from planner.types import Cluster, DeviceGroup
 
 # Host memory reachable per GPU for UVM placement, when a node profile gives none (``host_memory_GB``): twice
@@ -104,7 +104,7 @@ def device_arrays(cluster: Cluster, devices: Sequence[int] | None = None,
     lookup = np.array([d.memory_bandwidth_Bps * d.memory_efficiency for d in dev])
     host_bw = np.array([d.host_bandwidth_Bps or PCIE4_X16_Bps for d in dev])
     # achieved bandwidths, as planner.hardware.collectives uses them
-    intra = np.array([g.node.intra_node_bandwidth_Bps * g.node.intra_node_efficiency for g in groups])
+    intra = np.array([intra_group_Bps(g.node, len(nodes[node_of[i]])) for i, g in enumerate(groups)])
     intra_lat = np.array([g.node.intra_node_latency_s for g in groups])
     inter = np.array([g.node.inter_node_bandwidth_Bps * g.node.inter_node_efficiency / g.node.devices_per_node
                       for g in groups]) / max(cluster.oversubscription, 1.0)

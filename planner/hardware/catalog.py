@@ -93,6 +93,8 @@ def node_from_document(doc: Document) -> NodeProfile:
         nics_per_node=int(data["nics_per_node"]),
         intra_node_fabric=data.get("intra_node_fabric", ""),
         host_memory_bytes=float(data.get("host_memory_GB", 0.0)) * GB,
+        intra_node_group_fraction=tuple(sorted((int(r), float(f))
+                                               for r, f in data.get("intra_node_group_fraction", ()))),
     )
 
 

@@ -216,8 +216,13 @@ def bus_bandwidth_Bps(kind: str, size_bytes: float, group: CommGroup, time_s: fl
 
 # ------------------------------------------------------------------------------------ groups of a cluster
 
-def _intra_Bps(node: NodeProfile) -> float:
-    return node.intra_node_bandwidth_Bps * node.intra_node_efficiency
+def intra_group_Bps(node: NodeProfile, ranks: int) -> float:
+    """Achieved bandwidth per device, each way, among ``ranks`` devices of one group on ``node``. On a switched
+    fabric every group reaches the node's whole per-device bandwidth; on a direct-link fabric a device reaches
+    its group's peers over its links to them only (``NodeProfile.intra_node_group_fraction``, the fraction
+    of the smallest listed group size that holds ``ranks``), the same for groups of other devices."""
+    fraction = next((f for size, f in node.intra_node_group_fraction if ranks <= size), 1.0)
+    return node.intra_node_bandwidth_Bps * fraction * node.intra_node_efficiency
 
 
 def _inter_per_device_Bps(node: NodeProfile, cluster: Cluster) -> float:
@@ -263,7 +268,7 @@ def _comm_group(cluster: Cluster, devices: tuple[int, ...]) -> CommGroup:
     return CommGroup(
         size=len(devices),
         ranks_per_node=ranks_per_node,
-        intra_bandwidth_Bps=min(_intra_Bps(node) for node in spanned),
+        intra_bandwidth_Bps=min(intra_group_Bps(node, ranks_per_node) for node in spanned),
         intra_latency_s=max(node.intra_node_latency_s for node in spanned),
         inter_bandwidth_Bps=min(_inter_per_device_Bps(node, cluster) for node in spanned) * ranks_per_node,
         inter_latency_s=max(node.inter_node_latency_s for node in spanned) + cluster.fabric_latency_s,
@@ -279,7 +284,7 @@ def p2p_time_s(cluster: Cluster, src_device: int, dst_device: int, size_bytes: f
     gd, nd = locate(cluster, dst_device)
     src, dst = cluster.groups[gs].node, cluster.groups[gd].node
     if ns == nd:
-        return size_bytes / _intra_Bps(src) + src.intra_node_latency_s
+        return size_bytes / intra_group_Bps(src, 2) + src.intra_node_latency_s
     bandwidth = min(_inter_per_device_Bps(src, cluster), _inter_per_device_Bps(dst, cluster))
     latency = max(src.inter_node_latency_s, dst.inter_node_latency_s) + cluster.fabric_latency_s
     return size_bytes / bandwidth + latency
