@@ -199,3 +199,20 @@ def test_prepare_a_builder_gpt_without_weights(tmp_path):
     gemms = [c for c in prepared.costs if c.op_class == "gemm"]
     assert gemms and all(c.flops > 0 and c.gemm for c in gemms)
     assert any(not np.issubdtype(numpy_helper.to_array(t).dtype, np.floating) for t in prepared.constants.values())
+
+
+def test_ops_timed_alone_keep_the_models_opset():
+    """A node timed alone runs at its model's opset: Gelu exists only from opset 20, which `planner models
+    build` writes."""
+    pytest.importorskip("onnxruntime")
+    from planner.hardware import profiler
+    nodes = [helper.make_node("Gelu", ["x"], ["g"]), helper.make_node("Relu", ["g"], ["y"])]
+    graph = helper.make_graph(nodes, "gelu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 64])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    model.ir_version = 9
+    runner = profiler.Runner("cpu", 1, "cpu")
+    prepared = profiler.prepare_model(runner, model, {"batch": 4})
+    times = profiler.isolated_node_times_s(runner, prepared.model, prepared.constants)
+    assert set(times) == {n.name for n in prepared.model.graph.node}
+    assert all(t > 0 for t in times.values())

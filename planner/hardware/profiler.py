@@ -118,10 +118,16 @@ class Runner:
 
 # ------------------------------------------------------------------------------------------ tiny graphs
 
-def _model(nodes, inputs, outputs, initializers=()) -> onnx.ModelProto:
+def _model(nodes, inputs, outputs, initializers=(), like: onnx.ModelProto | None = None) -> onnx.ModelProto:
+    """A graph of ``nodes``, at the profiler's own opset, or at the opsets and IR version of ``like`` (a node
+    taken from a model keeps the meaning of the opset it was written for)."""
     graph = helper.make_graph(nodes, "probe", inputs, outputs, initializer=list(initializers))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
-    model.ir_version = 8
+    if like is None:
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+        model.ir_version = 8
+    else:
+        model = helper.make_model(graph, opset_imports=list(like.opset_import))
+        model.ir_version = like.ir_version
     return model
 
 
@@ -410,8 +416,10 @@ def measure_kernel_costs(runner: Runner, op_overhead_s: float) -> dict[str, floa
 
 
 def _single_node_model(node: onnx.NodeProto, values: dict[str, onnx.ValueInfoProto],
-                       initializers: dict[str, onnx.TensorProto], copies: int) -> onnx.ModelProto:
-    """``copies`` copies of one node; its computed inputs become graph inputs, its constants stay."""
+                       initializers: dict[str, onnx.TensorProto], copies: int,
+                       source: onnx.ModelProto) -> onnx.ModelProto:
+    """``copies`` copies of one node of ``source``; its computed inputs become graph inputs, its constants
+    stay. The graph imports ``source``'s opsets: an op's definition depends on the opset version."""
     nodes, outputs = [], []
     for c in range(copies):
         clone = onnx.NodeProto()
@@ -426,10 +434,7 @@ def _single_node_model(node: onnx.NodeProto, values: dict[str, onnx.ValueInfoPro
         nodes.append(clone)
     inputs = [values[i] for i in dict.fromkeys(node.input) if i and i not in initializers]
     consts = [initializers[i] for i in dict.fromkeys(node.input) if i in initializers]
-    graph = helper.make_graph(nodes, "node", inputs, outputs, initializer=consts)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
-    model.ir_version = 8
-    return model
+    return _model(nodes, inputs, outputs, consts, like=source)
 
 
 def isolated_node_times_s(runner: Runner, model: onnx.ModelProto,
@@ -446,7 +451,7 @@ def isolated_node_times_s(runner: Runner, model: onnx.ModelProto,
     rng = np.random.default_rng(0)
     times = {}
     for node in model.graph.node:
-        build = (lambda node: lambda copies: _single_node_model(node, values, initializers, copies))(node)
+        build = (lambda node: lambda copies: _single_node_model(node, values, initializers, copies, model))(node)
         guess = _per_op_s(runner, build, 1.0, base, rng)
         times[node.name] = _per_op_s(runner, build, guess, base, rng)
     return times
