@@ -1,7 +1,10 @@
 """The local profiler behind ``planner profile``: measure this machine through onnxruntime and fit a device
 profile (the same YAML format as ``hardware_profiles/devices/``).
 
-What it measures, each op timed by onnxruntime's own profiler (kernel time, median over runs):
+What it measures, each time the fastest of several runs through onnxruntime (on a shared machine other
+processes only ever add time): a probe op is timed as a graph of copies of it by the runner's clock, less
+the cost of running a graph; a model's ops likewise, except on the CPU by the wall clock, where they are
+onnxruntime's own profiler's kernel times:
 
 * GEMMs (``MatMul``) over a sweep of square and rectangular sizes -> the peak (the fastest rate seen) and
   the efficiency curve (achieved fraction of that peak against GEMM FLOPs, from compute-bound shapes only);
@@ -460,7 +463,7 @@ def isolated_node_times_s(runner: Runner, model: onnx.ModelProto,
 @dataclass(frozen=True)
 class ModelMeasurement:
     end_to_end_s: float
-    kernel_s: dict[str, float]  # node name -> median kernel time
+    kernel_s: dict[str, float]  # node name -> its fastest time over the runs, seconds
     costs: tuple[NodeCost, ...]
 
 
