@@ -266,6 +266,9 @@ class DeviceGroup:
     count: int
     first_device: int = 0
     price_per_node_hour: float | None = None
+    # node fields the cluster file set for this group (``inter_node_bandwidth_GBps`` ...), as (NodeProfile
+    # field, value); ``node`` has them already, and a node swapped in (a what-if sweep) gets them again
+    link_overrides: tuple[tuple[str, float], ...] = ()
 
     @property
     def num_devices(self) -> int:

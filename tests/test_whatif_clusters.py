@@ -46,3 +46,17 @@ def test_catalog_errors_are_config_errors_with_suggestions():
         _inputs("dgx-a100-80gb*4", {"node": ["dgx-h10"]})
     with pytest.raises(ConfigError, match="no group 'dgx-h100'"):
         _inputs("dgx-a100-80gb*4", {"dgx-h100.count": ["1"]})
+
+
+def test_a_node_swept_in_gets_the_groups_link_overrides(tmp_path):
+    path = tmp_path / "c50.yaml"
+    path.write_text("groups:\n  - {node: dgx-a100-80gb, count: 2, inter_node_bandwidth_GBps: 50, "
+                    "intra_node_bandwidth_GBps: 100}\n")
+    same, other = _inputs(str(path), {"node": ["dgx-a100-80gb", "dgx-h100"]})
+    assert same.cluster.groups == load_cluster(str(path)).groups
+    node = other.cluster.groups[0].node
+    assert node.device.name == "h100-sxm"
+    assert (node.inter_node_bandwidth_Bps, node.intra_node_bandwidth_Bps) == (50e9, 100e9)
+    # a swept bandwidth still wins over the file's, whatever the flag order
+    swept = _inputs(str(path), {"inter_node_bandwidth_GBps": ["25"], "node": ["dgx-h100"]})[0]
+    assert swept.cluster.groups[0].node.inter_node_bandwidth_Bps == 25e9

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+import planner
 import planner.graph
 from planner.errors import ConfigError, ModelError
 from planner.builders import build, save
@@ -93,6 +94,20 @@ def test_model_imported_once_per_distinct_dims(files, monkeypatch):
     whatif(model, cluster, 8, SWEEPS, workers=1)  # 12 points, 10 planned, 2 sequence lengths
     _load_model.cache_clear()
     assert sorted(calls) == [(("seq", 32),), (("seq", 64),)]
+
+
+def test_a_node_swept_in_keeps_the_groups_link_overrides(files, tmp_path):
+    """The point that swaps a group's node for the same node is the file as it is: its group's link
+    overrides hold for the swapped-in node, so the point equals `planner plan` on the file."""
+    model, _ = files
+    cluster = tmp_path / "slow.yaml"
+    cluster.write_text("groups:\n  - {node: l4, count: 2, inter_node_bandwidth_GBps: 0.5, "
+                       "intra_node_bandwidth_GBps: 5}\n")
+    best = planner.plan(planner.load_model(model), planner.load_cluster(str(cluster)), global_batch=64)
+    point = whatif(model, str(cluster), 64, {"node": ["l4"]}, workers=1).points[0]
+    assert point.iteration_time_s == best.iteration_time_s
+    default = whatif(model, "l4*2", 64, {"node": ["l4"]}, workers=1).points[0]
+    assert default.iteration_time_s != best.iteration_time_s  # the overrides matter here
 
 
 def test_pinned_choice_that_cannot_fit_is_an_infeasible_row(files):

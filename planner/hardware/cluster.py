@@ -31,6 +31,9 @@ DEFAULT_OVERSUBSCRIPTION = 1.0  # full-bisection fat tree, as in NVIDIA's DGX Su
 # (sources in hardware_profiles/nodes/dgx-a100-80gb.yaml).
 INLINE_DEFAULTS_NODE = "dgx-a100-80gb"
 
+# a cluster file group's keys that override its node's links: file key (GB/s) -> NodeProfile field (B/s)
+LINK_OVERRIDES = {"inter_node_bandwidth_GBps": "inter_node_bandwidth_Bps",
+                  "intra_node_bandwidth_GBps": "intra_node_bandwidth_Bps"}
 MAX_NODES_PER_GROUP = int(RANGES["nodes"][1])  # a cluster file's limit, for the shorthand too
 MAX_GROUPS = int(RANGES["groups"][1])
 _WHOLE_NUMBER = re.compile(r"[+-]?[0-9]+")
@@ -101,15 +104,17 @@ def _cluster_from_document(doc: Document, base_dir: Path) -> Cluster:
     data = doc.data
     groups: list[tuple[str, NodeProfile, int]] = []
     prices: list[float | None] = []
+    overrides: list[tuple[tuple[str, float], ...]] = []
     for i, group in enumerate(data["groups"]):
         node = _group_node(doc, ("groups", i), base_dir)
-        default_name = node.name
-        groups.append((group.get("name", default_name), node, int(group["count"])))
+        overrides.append(tuple((field, float(group[key]) * GB) for key, field in LINK_OVERRIDES.items()
+                               if key in group))
+        groups.append((group.get("name", node.name), with_overrides(node, overrides[-1]), int(group["count"])))
         price = group.get("price_per_node_hour")
         prices.append(float(price) if price is not None else None)
     fabric = data.get("fabric", {})
     return _assemble(
-        groups, prices,
+        groups, prices, overrides=overrides,
         fabric_latency_s=float(fabric.get("latency_us", DEFAULT_FABRIC_LATENCY_S / US)) * US,
         oversubscription=float(fabric.get("oversubscription", DEFAULT_OVERSUBSCRIPTION)),
         name=str(data.get("name", Path(doc.where).stem)),
@@ -118,6 +123,7 @@ def _cluster_from_document(doc: Document, base_dir: Path) -> Cluster:
 
 
 def _group_node(doc: Document, path: JsonPath, base_dir: Path) -> NodeProfile:
+    """The group's node as its catalog name or inline spec gives it, before the group's overrides."""
     group: dict[str, Any] = doc.data[path[0]][path[1]]
     spec = group["node"]
     if isinstance(spec, str):
@@ -127,12 +133,13 @@ def _group_node(doc: Document, path: JsonPath, base_dir: Path) -> NodeProfile:
             raise ClusterError(f"{doc.at(path + ('node',))}: {exc}") from None
     else:
         node = _inline_node(doc, path + ("node",), spec, base_dir)
-    overrides: dict[str, float] = {}
-    if "inter_node_bandwidth_GBps" in group:
-        overrides["inter_node_bandwidth_Bps"] = float(group["inter_node_bandwidth_GBps"]) * GB
-    if "intra_node_bandwidth_GBps" in group:
-        overrides["intra_node_bandwidth_Bps"] = float(group["intra_node_bandwidth_GBps"]) * GB
-    return dataclasses.replace(node, **overrides) if overrides else node
+    return node
+
+
+def with_overrides(node: NodeProfile, overrides: Sequence[tuple[str, float]]) -> NodeProfile:
+    """``node`` with a group's link overrides (``DeviceGroup.link_overrides``) applied: how a cluster file's
+    group and a what-if sweep's swapped-in node get them."""
+    return dataclasses.replace(node, **dict(overrides)) if overrides else node
 
 
 def _inline_node(doc: Document, path: JsonPath, spec: dict[str, Any], base_dir: Path) -> NodeProfile:
@@ -184,13 +191,14 @@ def _device_file(doc: Document, path: JsonPath, text: str, base_dir: Path):
 
 def _assemble(groups: list[tuple[str, NodeProfile, int]], prices: list[float | None], *, fabric_latency_s: float,
               oversubscription: float, name: str, explicit_names: list[bool] | None = None,
-              where: str = "") -> Cluster:
+              where: str = "", overrides: list[tuple[tuple[str, float], ...]] | None = None) -> Cluster:
     explicit_names = explicit_names or [False] * len(groups)
+    overrides = overrides or [()] * len(groups)
     reserved = {g[0] for g, explicit in zip(groups, explicit_names) if explicit}
     used: set[str] = set()
     built: list[DeviceGroup] = []
     first = 0
-    for (group_name, node, count), price, explicit in zip(groups, prices, explicit_names):
+    for (group_name, node, count), price, explicit, links in zip(groups, prices, explicit_names, overrides):
         unique = group_name
         if explicit and unique in used:
             raise ClusterError(f"{where}: two groups are named {group_name!r}; group names must be unique")
@@ -199,7 +207,8 @@ def _assemble(groups: list[tuple[str, NodeProfile, int]], prices: list[float | N
             index += 1
             unique = f"{group_name}_{index}"
         used.add(unique)
-        built.append(DeviceGroup(name=unique, node=node, count=count, first_device=first, price_per_node_hour=price))
+        built.append(DeviceGroup(name=unique, node=node, count=count, first_device=first, price_per_node_hour=price,
+                                 link_overrides=links))
         first += count * node.devices_per_node
     return Cluster(groups=tuple(built), fabric_latency_s=fabric_latency_s, oversubscription=oversubscription,
                    name=name)

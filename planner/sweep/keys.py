@@ -17,7 +17,7 @@ from typing import Mapping, Protocol, Sequence, Union
 
 from planner.assignments import split_assignments
 from planner.errors import ClusterError, ConfigError, suggest
-from planner.hardware.cluster import renumber
+from planner.hardware.cluster import renumber, with_overrides
 from planner.hardware.documents import RANGES
 from planner.types import MAX_GLOBAL_BATCH, Cluster, DeviceGroup, DeviceProfile, NodeProfile
 
@@ -26,7 +26,7 @@ Value = Union[int, float, str]
 #: group fields a sweep can change, with a one-line description for messages and ``--help``
 GROUP_FIELDS: Mapping[str, str] = {
     "count": "number of nodes in the group (0 removes it)",
-    "node": "node profile name from the catalog ('planner devices')",
+    "node": "node profile name from the catalog ('planner devices'); the group's own link overrides still hold",
     "device": "device name from the catalog: the group's nodes keep their links but get this device",
     "inter_node_bandwidth_GBps": "per-node network bandwidth, GB/s each way",
     "price_per_node_hour": "price of one node for one hour",
@@ -217,8 +217,8 @@ def _group_indices(cluster: Cluster, key: SweepKey) -> list[int]:
 def _set_field(group: DeviceGroup, field: str, value: Value, catalog: Catalog) -> DeviceGroup:
     if field == "count":
         return replace(group, count=int(value))
-    if field == "node":
-        return replace(group, node=catalog.get_node(str(value)))
+    if field == "node":  # the group's own link overrides (from its cluster file) hold for any node
+        return replace(group, node=with_overrides(catalog.get_node(str(value)), group.link_overrides))
     if field == "device":
         return replace(group, node=replace(group.node, device=catalog.get_device(str(value))))
     if field == "inter_node_bandwidth_GBps":
