@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from planner.errors import ConfigError
@@ -60,3 +62,31 @@ def test_a_node_swept_in_gets_the_groups_link_overrides(tmp_path):
     # a swept bandwidth still wins over the file's, whatever the flag order
     swept = _inputs(str(path), {"inter_node_bandwidth_GBps": ["25"], "node": ["dgx-h100"]})[0]
     assert swept.cluster.groups[0].node.inter_node_bandwidth_Bps == 25e9
+
+
+PRICED = "groups:\n  - {node: hgx-v100-32gb, count: 2, price_per_node_hour: 8.0}\n  - {node: dgx-h100, count: 1}\n"
+
+
+def test_a_priced_group_given_other_hardware_loses_its_price_once_warned(tmp_path, caplog):
+    path = tmp_path / "v100p.yaml"
+    path.write_text(PRICED)
+    with caplog.at_level(logging.WARNING, logger="planner.sweep.keys"):
+        points = _inputs(str(path), {"hgx-v100-32gb.node": ["hgx-v100-32gb", "dgx-a100-80gb"],
+                                     "device": ["v100-32gb", "a100-80gb"]})
+    prices = [[g.price_per_node_hour for g in p.cluster.groups] for p in points]
+    assert prices == [[8.0, None], [None, None], [None, None], [None, None]]
+    (record,) = caplog.records  # one warning for the whole sweep, naming the group and the way to price it
+    message = record.getMessage()
+    assert ("group 'hgx-v100-32gb' on hgx-v100-32gb (a100-80gb), dgx-a100-80gb (v100-32gb), "
+            "dgx-a100-80gb (a100-80gb)") in message
+    assert "--sweep hgx-v100-32gb.price_per_node_hour=" in message
+
+
+def test_a_price_swept_with_the_hardware_holds(tmp_path, caplog):
+    path = tmp_path / "v100p.yaml"
+    path.write_text(PRICED)
+    with caplog.at_level(logging.WARNING, logger="planner.sweep.keys"):
+        points = _inputs(str(path), {"node": ["dgx-a100-80gb"], "hgx-v100-32gb.price_per_node_hour": ["20"]})
+        points += _inputs(str(path), {"dgx-h100.count": ["2"], "inter_node_bandwidth_GBps": ["25"]})
+    assert [[g.price_per_node_hour for g in p.cluster.groups] for p in points] == [[20.0, None], [8.0, None]]
+    assert caplog.records == []

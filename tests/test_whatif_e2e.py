@@ -110,6 +110,17 @@ def test_a_node_swept_in_keeps_the_groups_link_overrides(files, tmp_path):
     assert default.iteration_time_s != best.iteration_time_s  # the overrides matter here
 
 
+def test_a_group_swapped_to_other_hardware_has_no_cost(files):
+    """The L4 group's price is an L4 node's: on A10 nodes it is unknown, so the point has no cost."""
+    model, cluster = files
+    result = whatif(model, cluster, 8, {"a10.count": ["0"], "l4.node": ["l4", "a10"]}, workers=1)
+    own, swapped = result.points
+    assert own.feasible and own.cost_per_hour == pytest.approx(0.8 * own.devices_used)
+    assert swapped.feasible and (swapped.cost_per_hour, swapped.cost_per_sample,
+                                 swapped.cost_per_million_tokens) == (None, None, None)
+    assert result.pareto_front() == (0,)
+
+
 def test_pinned_choice_that_cannot_fit_is_an_infeasible_row(files):
     """tp 2 is refused on a cluster of single-GPU nodes and runs once the L4s are 8-GPU nodes: the refused
     point is a row; when every point refuses the pins, they are the mistake, as in plan."""

@@ -11,6 +11,7 @@ from the unchanged base cluster (a stage never mutates its input).
 from __future__ import annotations
 
 import itertools
+import logging
 from numbers import Real
 from dataclasses import dataclass, replace
 from typing import Mapping, Protocol, Sequence, Union
@@ -22,6 +23,7 @@ from planner.hardware.documents import RANGES
 from planner.types import MAX_GLOBAL_BATCH, Cluster, DeviceGroup, DeviceProfile, NodeProfile
 
 Value = Union[int, float, str]
+log = logging.getLogger(__name__)
 
 #: group fields a sweep can change, with a one-line description for messages and ``--help``
 GROUP_FIELDS: Mapping[str, str] = {
@@ -262,24 +264,46 @@ def grid(sweeps: Sequence[Sweep]) -> list[tuple[tuple[str, Value], ...]]:
 def point_inputs(cluster: Cluster, global_batch: int, dims: Mapping[str, int], sweeps: Sequence[Sweep],
                  catalog: Catalog) -> list[PointInputs]:
     """Every grid point's cluster, batch and dims, derived from the base inputs: a group's node first (it
-    replaces the whole node profile), then its device, then the rest, whatever the order of the flags."""
+    replaces the whole node profile), then its device, then the rest, whatever the order of the flags.
+
+    A group's price is for its own hardware: where a point swaps that for another node or device and no price
+    is swept for the group, the group has no price there (the point has no cost), and one warning says so."""
     points: list[PointInputs] = []
     order = sorted(range(len(sweeps)), key=lambda i: _APPLY_ORDER.get(sweeps[i].key.field, 2))
+    targets = [set(_group_indices(cluster, s.key)) if s.key.field in GROUP_FIELDS else set() for s in sweeps]
+    priced_by_sweep = {i for s, t in zip(sweeps, targets) if s.key.field == "price_per_node_hour" for i in t}
+    unpriced: dict[str, list[str]] = {}  # group name -> the hardware swapped in where it has no price
     for settings in grid(sweeps):
         groups = list(cluster.groups)
         batch = global_batch
         point_dims = dict(dims)
-        for sweep, (_, value) in ((sweeps[i], settings[i]) for i in order):
+        for index, sweep, value in ((i, sweeps[i], settings[i][1]) for i in order):
             field = sweep.key.field
             if field == "global_batch":
                 batch = int(value)
             elif field == "seq_len":
                 point_dims[SEQ_DIM] = int(value)
             else:
-                for i in _group_indices(cluster, sweep.key):
+                for i in targets[index]:
                     groups[i] = _set_field(groups[i], field, value, catalog)
+        for i, (group, base) in enumerate(zip(groups, cluster.groups)):
+            if base.price_per_node_hour is not None and i not in priced_by_sweep and _swapped(group, base):
+                groups[i] = replace(group, price_per_node_hour=None)
+                hardware = f"{group.node.name} ({group.node.device.name})"
+                swaps = unpriced.setdefault(base.name, [])
+                swaps += [hardware] if hardware not in swaps else []
         derived = with_groups(cluster, groups)
         reason = "" if derived.groups else "no nodes left (every group's count is 0)"
         points.append(PointInputs(settings=settings, cluster=derived if derived.groups else None,
                                   global_batch=batch, dims=tuple(sorted(point_dims.items())), reason=reason))
+    if unpriced:
+        groups_text = "; ".join(f"group {name!r} on {', '.join(swaps)}" for name, swaps in unpriced.items())
+        log.warning("whatif: no cost where a priced group gets other hardware (%s): its price_per_node_hour is for "
+                    "its own nodes; to price those points, sweep the price too, e.g. --sweep "
+                    "%s.price_per_node_hour=P1,P2", groups_text, next(iter(unpriced)))
     return points
+
+
+def _swapped(group: DeviceGroup, base: DeviceGroup) -> bool:
+    """Whether ``group`` has other hardware than ``base``: another node, or another device in it."""
+    return group.node.name != base.node.name or group.node.device != base.node.device
