@@ -1,4 +1,4 @@
-"""Runs the Ray backend checks on a local one-CPU Ray instance and prints one JSON line of results.
+"""Runs the Ray backend checks on a local two-CPU Ray instance and prints one JSON line of results.
 
 tests/test_whatif_ray.py starts this in its own process: Ray's driver installs process-wide handlers and, when its
 raylet goes away during ``ray.shutdown()``, can end the whole process. The verdict is the printed line, read
@@ -6,8 +6,10 @@ before Ray tears down, so Ray's own teardown cannot take the test session with i
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
+import time
 
 import ray
 
@@ -19,7 +21,8 @@ from whatif_fakes import failing_evaluate, fake_evaluate, points_for
 
 
 def main() -> None:
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    # two CPUs: points run side by side, so others are in flight when one fails
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     tasks = [PointTask("fake.onnx", p) for p in points_for({"fake-a100.count": ["0", "1", "2"],
                                                           "fake-h100.count": ["1", "3"]})]
     calls: list[int] = []
@@ -31,6 +34,15 @@ def main() -> None:
                          backend="ray")
     except PlannerError as exc:
         error = str(exc)
+    # every point fails: the points in flight when the first fails must be collected, or Ray prints their
+    # errors as "Unhandled error" (with tracebacks) once their references are dropped
+    try:
+        runner.run_tasks(failing_evaluate, [PointTask("fake.onnx", p) for p in
+                                            points_for({"count": ["1", "2", "3", "4"]})], backend="ray")
+    except PlannerError:
+        pass
+    gc.collect()
+    time.sleep(2.0)  # Ray reports unhandled errors from a background thread
     print(json.dumps({"matches": on_ray == local, "progress": calls, "error": error}), flush=True)
     sys.stdout.flush()
     ray.shutdown()

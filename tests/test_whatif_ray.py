@@ -1,4 +1,4 @@
-"""The Ray backend on a local one-CPU Ray instance. Ray is in the test extra, so CI runs these; an environment
+"""The Ray backend on a local two-CPU Ray instance. Ray is in the test extra, so CI runs these; an environment
 without it skips them with the reason. The Ray driver runs in a child process (tests/ray_child.py): see there."""
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def ray_results(tmp_path_factory) -> dict:
     lines = [line for line in text.splitlines() if line.startswith("{")]
     if not lines:
         pytest.fail(f"the Ray child printed no result (exit {child.returncode}):\n{text[-3000:]}")
-    return json.loads(lines[-1])
+    return {**json.loads(lines[-1]), "output": text}
 
 
 def test_ray_backend_matches_processes(ray_results):
@@ -56,3 +56,7 @@ def test_ray_backend_matches_processes(ray_results):
 
 def test_ray_backend_reraises_planner_errors(ray_results):
     assert "raised in a worker" in ray_results["error"]
+
+
+def test_a_failed_ray_sweep_collects_its_points_in_flight(ray_results):
+    assert "Unhandled error" not in ray_results["output"]

@@ -12,7 +12,8 @@ import concurrent.futures
 import logging
 import os
 from pathlib import Path
-from typing import Callable, Sequence, TypeVar
+from types import ModuleType
+from typing import Any, Callable, Sequence, TypeVar
 
 from planner.errors import ConfigError, PlannerError
 
@@ -21,6 +22,7 @@ R = TypeVar("R")
 Progress = Callable[[int, int], None]  # (points done, points in all)
 
 BACKENDS = ("process", "ray")
+ABANDON_TIMEOUT_S = 10.0  # how long a failed Ray sweep waits for its cancelled points to end
 log = logging.getLogger(__name__)
 
 
@@ -108,10 +110,25 @@ def _run_ray(fn: Callable[[T], R], tasks: Sequence[T], workers: int | None, prog
                 if progress:
                     progress(done, len(tasks))
     except BaseException:
-        for ref in pending:
-            ray.cancel(ref)
+        _abandon(ray, list(pending))
         raise
     return results  # type: ignore[return-value]
+
+
+def _abandon(ray: ModuleType, refs: list[Any], timeout_s: float = ABANDON_TIMEOUT_S) -> None:
+    """Cancel the points still in flight after one failed, and collect how each ends (its own error, or the
+    cancellation): Ray prints a task error that no one fetched as an "Unhandled error" with a traceback,
+    after the one line that already said what is wrong. Waits at most ``timeout_s`` for them."""
+    if not refs:
+        return
+    for ref in refs:
+        ray.cancel(ref)
+    ended, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    for ref in ended:
+        try:
+            ray.get(ref)
+        except Exception:  # noqa: BLE001 - the sweep re-raises the first failure; these add nothing
+            log.debug("whatif: a point in flight ended after the sweep failed", exc_info=True)
 
 
 def _ray_get(ray, ref):  # type: ignore[no-untyped-def]
