@@ -121,6 +121,20 @@ def test_a_group_swapped_to_other_hardware_has_no_cost(files):
     assert result.pareto_front() == (0,)
 
 
+def test_a_model_file_rewritten_between_sweeps_is_imported_again(files, tmp_path):
+    """One process, one path: the second sweep sees the file as it is now, not the model cached before."""
+    _, cluster = files
+    path = tmp_path / "rewritten.onnx"
+    shape = {"hidden": 64, "heads": 2, "vocab": 128, "seq_len": 64}
+    save(build("gpt", {"layers": 1, **shape}), str(path))
+    before = whatif(str(path), cluster, 8, {"l4.count": ["2"]}, workers=1).points[0]
+    save(build("gpt", {"layers": 6, **shape}), str(path))
+    after = whatif(str(path), cluster, 8, {"l4.count": ["2"]}, workers=1).points[0]
+    _load_model.cache_clear()
+    fresh = whatif(str(path), cluster, 8, {"l4.count": ["2"]}, workers=1).points[0]
+    assert after.iteration_time_s == fresh.iteration_time_s > before.iteration_time_s
+
+
 def test_pinned_choice_that_cannot_fit_is_an_infeasible_row(files):
     """tp 2 is refused on a cluster of single-GPU nodes and runs once the L4s are 8-GPU nodes: the refused
     point is a row; when every point refuses the pins, they are the mistake, as in plan."""

@@ -26,6 +26,7 @@ import functools
 import io
 import json
 import logging
+import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable, Mapping, Sequence
@@ -193,11 +194,23 @@ class PointTask:
 
 
 @functools.lru_cache(maxsize=8)
-def _load_model(path: str, dims: tuple[tuple[str, int], ...]) -> LayerGraph:
-    """Each worker imports a model once per distinct dims (a sweep of seq_len needs one import per value)."""
+def _load_model(path: str, dims: tuple[tuple[str, int], ...], version: tuple[int, int] | None = None) -> LayerGraph:
+    """Each worker imports a model once per distinct dims (a sweep of seq_len needs one import per value) and
+    file ``version`` (:func:`_file_version`: a file rewritten between two sweeps in one process is imported
+    again)."""
     from planner.graph import load_model  # noqa: PLC0415 - keeps `import planner.sweep.whatif` light
 
     return load_model(path, dict(dims))
+
+
+def _file_version(path: str) -> tuple[int, int] | None:
+    """The file's (modification time in ns, size), which change when it is rewritten; None when it cannot
+    be read (the import then says why)."""
+    try:
+        stat = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return stat.st_mtime_ns, stat.st_size
 
 
 _NODES: list = []  # this worker's distinct node profiles, one object per value (the latest few)
@@ -291,7 +304,7 @@ def _evaluate(task: PointTask) -> WhatIfPoint:
     if inputs.cluster is None:
         return infeasible(inputs, inputs.reason, dims.get(SEQ_DIM))
     try:
-        model = _load_model(task.model_path, inputs.dims)
+        model = _load_model(task.model_path, inputs.dims, _file_version(task.model_path))
     except ModelError as exc:  # a swept seq_len is bound as the model's `seq` dim: say which flag set it
         swept = [f"{key}={value}" for key, value in inputs.settings if key == "seq_len"]
         if swept:
