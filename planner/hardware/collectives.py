@@ -220,8 +220,10 @@ def intra_group_Bps(node: NodeProfile, ranks: int) -> float:
     """Achieved bandwidth per device, each way, among ``ranks`` devices of one group on ``node``. On a switched
     fabric every group reaches the node's whole per-device bandwidth; on a direct-link fabric a device reaches
     its group's peers over its links to them only (``NodeProfile.intra_node_group_fraction``, the fraction
-    of the smallest listed group size that holds ``ranks``), the same for groups of other devices."""
-    fraction = next((f for size, f in node.intra_node_group_fraction if ranks <= size), 1.0)
+    of the smallest listed group size that holds ``ranks``), the same for groups of other devices; a group of
+    every device of the node uses all of their links."""
+    fraction = 1.0 if ranks >= node.devices_per_node else next(
+        (f for size, f in node.intra_node_group_fraction if ranks <= size), 1.0)
     return node.intra_node_bandwidth_Bps * fraction * node.intra_node_efficiency
 
 
