@@ -122,7 +122,7 @@ def add_cluster_flags(parser: argparse.ArgumentParser, global_batch_required: bo
                         help='embedding-table statistics, JSON/YAML {"tables": [{"name","rows","dim","pooling_factor"}]}')
     parser.add_argument("--workload", metavar="NAME",
                         help="the entry of a --tables file that lists several 'workloads' (as "
-                             "reference/embedding_workloads.json does)")
+                             "benchmarks/data/embedding_workloads.json does)")
     add_dim_flag(parser)
 
 
