@@ -37,7 +37,8 @@ from planner.runtime import DEFAULT_RUNTIME
 
 @dataclass(frozen=True)
 class OpCost:
-    """Forward cost of one ONNX node, for one sample.
+    """Forward cost of one ONNX node, for one sample (a fused ``Attention`` node: one per kernel of the graph
+    it fuses, Q·Kᵀ, softmax and P·V, each named after the node).
 
     ``gemm`` is the (m, n, k) of the node's matrix product where it has one (MatMul, Gemm, Conv as
     implicit GEMM), with every batch-like dimension folded into ``m`` for ONE sample; the cost model uses

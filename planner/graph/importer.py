@@ -14,10 +14,11 @@ from planner.errors import ModelError
 from planner.graph import layers as layer_detection
 from planner.graph.moe import ROUTED_EXPERT, MoEMatch, detect_moe
 from planner.graph.loader import check_external_data, check_structure, read_model
-from planner.graph.ir import ACT_BYTES, FLOAT_TYPES, Node, OpGraph, act_bytes, stored_bytes
+from planner.graph.ir import ACT_BYTES, FLOAT_TYPES, Node, OpGraph, stored_bytes
 from planner.graph.opgraph import build
 from planner.graph.shapes import COSTED_AS_ZERO
-from planner.graph.rules import RULES, VIEW_OPS, View, fused_sources, nan_guards, saved_for_backward
+from planner.graph.rules import (RULES, VIEW_OPS, View, attention_stages, fused_sources, nan_guards,
+                                 saved_for_backward)
 from planner.graph.transformer import attention_core, detect_dims, tp_splits
 from planner.graph.unknown import check_unknown_ops
 from planner.graph.validate import check_sizes
@@ -116,28 +117,45 @@ def _check_dims(dims: Mapping[str, int] | None, where: str) -> None:
 
 def _cost(graph: OpGraph, node: Node, bag: EmbeddingTable | None = None) -> OpCost:
     view = View(node, graph)
-    rule = RULES.get(node.op_type)
-    flops, gemm = rule(view) if rule is not None else (0.0, None)
-    written = sum((graph.numel(t) or 0) * act_bytes(graph.types.get(t)) for t in node.outputs if t)
+    name = node.name or f"{node.op_type}_{node.index}"
     if bag is not None:
         # a Loop that sums embedding bags (TorchScript's nn.EmbeddingBag): per sample, pooling_factor rows
         # of the table read and added up into one row written
-        flops = bag.pooling_factor * bag.dim
-        read = bag.pooling_factor * bag.dim * ACT_BYTES
-        written = float(bag.dim * ACT_BYTES)
-    elif node.op_type in VIEW_OPS:
+        return OpCost(name=name, op_type=node.op_type, flops=float(bag.pooling_factor * bag.dim),
+                      bytes_read=float(bag.pooling_factor * bag.dim * ACT_BYTES),
+                      bytes_written=float(bag.dim * ACT_BYTES))
+    rule = RULES.get(node.op_type)
+    flops, gemm = rule(view) if rule is not None else (0.0, None)
+    written = sum(view.bytes_of(t) for t in node.outputs)
+    if node.op_type in VIEW_OPS:
         read = written = 0.0
     elif node.op_type in _READS_OUTPUT:
-        idx = [t for t in node.inputs[1:] if t]
-        read = written + sum((graph.numel(t) or 0) * act_bytes(graph.types.get(t)) for t in idx)
+        read = written + sum(view.bytes_of(t) for t in node.inputs[1:])
     else:
-        read = sum((graph.numel(t) or 0) * act_bytes(graph.types.get(t)) for t in node.inputs if t)
+        read = sum(view.bytes_of(t) for t in node.inputs)
+    return _per_sample(graph, OpCost(name, node.op_type, float(flops), read, written, gemm))
+
+
+def _per_sample(graph: OpGraph, op: OpCost) -> OpCost:
+    """``op`` divided by the batch fixed inside the graph (its numbers are per sample)."""
     b = graph.static_batch
-    if b > 1 and bag is None:
-        flops, read, written = flops / b, read / b, written / b
-        gemm = (max(gemm[0] // b, 1), gemm[1], gemm[2]) if gemm else None
-    return OpCost(name=node.name or f"{node.op_type}_{node.index}", op_type=node.op_type, flops=float(flops),
-                  bytes_read=float(read), bytes_written=float(written), gemm=gemm)
+    if b <= 1:
+        return op
+    gemm = (max(op.gemm[0] // b, 1), op.gemm[1], op.gemm[2]) if op.gemm else None
+    return OpCost(op.name, op.op_type, op.flops / b, op.bytes_read / b, op.bytes_written / b, gemm, op.tp_split,
+                  op.role)
+
+
+def _stages(graph: OpGraph, node: Node, op: OpCost) -> tuple[OpCost, ...]:
+    """A fused ``Attention`` node as the kernels of the graph it fuses (Q·Kᵀ, scale-mask-softmax, P·V), each
+    named after the node and with its split and role, so that the cost model times it as it times an
+    attention core written out (FlashAttention, the fused softmax or unfused kernels, as the runtime runs
+    it); any other node as itself."""
+    stages = attention_stages(View(node, graph)) if node.op_type == "Attention" else ()
+    if not stages:
+        return (op,)
+    return tuple(_per_sample(graph, OpCost(op.name, stage.op_type, stage.flops, stage.bytes_read, stage.bytes_written,
+                                           stage.gemm, op.tp_split, op.role)) for stage in stages)
 
 
 def _warn_unknown(graph: OpGraph, compute: list[Node]) -> None:
@@ -276,6 +294,7 @@ def _layers(graph: OpGraph, units: list[layer_detection.Unit], costs: dict[int, 
                     role.update({i: ROUTED_EXPERT for i in match.experts})
                 ops = [_with_split(op, split.get(node.index, "replicated"), role.get(node.index, ""))
                        for op, node in zip(ops, members)]
+        ops = [stage for op, node in zip(ops, members) for stage in _stages(graph, node, op)]
         result.append(Layer(index=k, name=unit.name, kind=kind, params=params[k],
                             flops_forward=float(sum(op.flops for op in ops)), activation_bytes=saved_bytes[k],
                             output_bytes=crossing[k + 1], ops=tuple(ops), transformer=transformer,

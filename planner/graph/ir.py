@@ -54,12 +54,14 @@ class Node:
     scope: tuple[str, ...] = ()
 
     def attr(self, name: str, default: Any) -> Any:
-        """An attribute's value, of the same kind as ``default`` (int, list of ints, or bytes)."""
+        """An attribute's value, of the same kind as ``default`` (int, float, list of ints, or bytes)."""
         for a in self.proto.attribute:
             if a.name == name:
                 value = onnx.helper.get_attribute_value(a)
                 if isinstance(default, int) and isinstance(value, int):
                     return value
+                if isinstance(default, float) and isinstance(value, (int, float)):
+                    return float(value)
                 if isinstance(default, list) and isinstance(value, list) and all(isinstance(v, int) for v in value):
                     return value
                 if isinstance(default, bytes) and isinstance(value, (bytes, str)):

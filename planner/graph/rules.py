@@ -16,6 +16,7 @@ used for the activation memory of a layer.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from planner.graph.ir import FLOAT_TYPES, Node, OpGraph, act_bytes
@@ -51,6 +52,13 @@ class View:
         if i >= len(self.node.inputs) or not self.node.inputs[i]:
             return 0
         return self.graph.numel(self.node.inputs[i]) or 0
+
+    def bytes_of(self, tensor: str) -> float:
+        """Bytes of a tensor at its training width (``act_bytes``), 0 where absent or of unknown shape."""
+        return float((self.graph.numel(tensor) or 0) * act_bytes(self.graph.types.get(tensor))) if tensor else 0.0
+
+    def in_bytes(self, i: int) -> float:
+        return self.bytes_of(self.node.inputs[i]) if i < len(self.node.inputs) else 0.0
 
 
 Gemm = tuple[int, int, int]
@@ -124,6 +132,97 @@ def _einsum(v: View) -> tuple[float, Gemm | None]:
     if len(lhs) < 2:
         return float(_prod(v.in_shape(0) or ())), None
     return 2.0 * _prod(list(sizes.values())), None
+
+
+# ------------------------------------------------------------------------------------------- attention
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """The sizes of one ONNX ``Attention`` node (opset 23): Q ``[batch, q_heads, q_seq, head_dim]``, or 3-D
+    ``[batch, q_seq, q_heads x head_dim]`` with the heads in the ``q_num_heads`` attribute; K and V likewise
+    with ``kv_heads`` (``kv_num_heads``; fewer than ``q_heads`` is grouped-query attention); ``kv_seq``
+    counts a ``past_key`` cache's keys too."""
+
+    batch: int
+    q_heads: int
+    kv_heads: int
+    q_seq: int
+    kv_seq: int
+    head_dim: int
+    v_head_dim: int
+    causal: bool  # the ``is_causal`` attribute
+    masked: bool  # an ``attn_mask`` input
+    softcap: bool  # scores soft-capped (``softcap`` > 0)
+
+
+def _heads_seq_width(shape: tuple[int, ...], heads: int) -> tuple[int, int, int] | None:
+    """(heads, sequence, width per head) of an Attention operand, 4-D or 3-D with ``heads`` given."""
+    if len(shape) == 4:
+        return shape[1], shape[2], shape[3]
+    if len(shape) == 3 and heads > 0 and shape[2] % heads == 0:
+        return heads, shape[1], shape[2] // heads
+    return None
+
+
+def attention_shape(node: Node, graph: OpGraph) -> AttentionShape | None:
+    """The sizes of an ``Attention`` node whose Q, K and V shapes are known, else None."""
+    if node.op_type != "Attention" or len(node.inputs) < 3 or not all(node.inputs[:3]):
+        return None
+    shapes = [graph.shapes.get(t) for t in node.inputs[:3]]
+    if any(shape is None for shape in shapes):
+        return None
+    kv_attr = node.attr("kv_num_heads", 0)
+    q = _heads_seq_width(shapes[0], node.attr("q_num_heads", 0))  # type: ignore[arg-type]
+    k = _heads_seq_width(shapes[1], kv_attr)  # type: ignore[arg-type]
+    v = _heads_seq_width(shapes[2], kv_attr)  # type: ignore[arg-type]
+    if q is None or k is None or v is None:
+        return None
+    past = graph.shapes.get(node.inputs[4]) if len(node.inputs) > 4 and node.inputs[4] else None
+    return AttentionShape(batch=shapes[0][0], q_heads=q[0], kv_heads=k[0], q_seq=q[1],  # type: ignore[index]
+                          kv_seq=k[1] + (past[2] if past and len(past) == 4 else 0), head_dim=q[2],
+                          v_head_dim=v[2], causal=bool(node.attr("is_causal", 0)),
+                          masked=len(node.inputs) > 3 and bool(node.inputs[3]),
+                          softcap=node.attr("softcap", 0.0) > 0)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One kernel of a fused node as its unfused form runs it (bytes at the importer's activation width)."""
+
+    op_type: str
+    flops: float
+    bytes_read: float
+    bytes_written: float
+    gemm: Gemm | None
+
+
+def attention_stages(v: View) -> tuple[Stage, ...]:
+    """An ``Attention`` node as the kernels of the graph it fuses: Q·Kᵀ (``MatMul``), the scale, mask,
+    soft cap and softmax on the scores (``Softmax``: 1 + 1 + 3 + 5 FLOPs per score, the mask and cap where
+    present), and P·V (``MatMul``); every query head against its group's K and V head. Empty where the
+    shapes are unknown."""
+    shape = attention_shape(v.node, v.graph)
+    if shape is None:
+        return ()
+    rows = shape.batch * shape.q_heads * shape.q_seq
+    scores = rows * shape.kv_seq
+    per_score = (FLOPS_PER_ELEMENT["Softmax"] + 1 + (1 if shape.causal or shape.masked else 0)
+                 + (3 if shape.softcap else 0))
+    score_bytes = float(scores * act_bytes(None))
+    written = sum(v.bytes_of(t) for t in v.node.outputs)
+    return (Stage("MatMul", 2.0 * scores * shape.head_dim, v.in_bytes(0) + v.in_bytes(1) + v.in_bytes(4),
+                  score_bytes, (rows, shape.kv_seq, shape.head_dim)),
+            Stage("Softmax", float(per_score * scores), score_bytes + v.in_bytes(3), score_bytes, None),
+            Stage("MatMul", 2.0 * scores * shape.v_head_dim, score_bytes + v.in_bytes(2) + v.in_bytes(5), written,
+                  (rows, shape.v_head_dim, shape.kv_seq)))
+
+
+def _attention(v: View) -> tuple[float, Gemm | None]:
+    stages = attention_stages(v)
+    if not stages:
+        return 0.0, None
+    return sum(stage.flops for stage in stages), stages[0].gemm
 
 
 # ------------------------------------------------------------------------------------------ element-wise
@@ -240,6 +339,7 @@ ZERO_FLOP_OPS = frozenset(_MOVE_OPS) | VIEW_OPS
 
 RULES: dict[str, Rule] = {
     "MatMul": _matmul, "Gemm": _gemm, "Conv": _conv, "ConvTranspose": _conv_transpose, "Einsum": _einsum,
+    "Attention": _attention,
     "FusedMatMul": _matmul, "MatMulInteger": _matmul, "QLinearMatMul": _matmul,
     "FusedGemm": _gemm,  # com.microsoft: Gemm with its activation fused (counted as the Gemm's arithmetic)
     **{op: _elementwise(per) for op, per in FLOPS_PER_ELEMENT.items()},
@@ -328,6 +428,8 @@ SAVED: dict[str, Callable[[View], Saved]] = {
     "EmbeddingBag": _save_indices,
 }
 SAVED["SkipLayerNormalization"] = lambda v: _data_inputs(v, (0, 1))
+# a fused attention kernel keeps Q, K, V and its output (and the softmax's row statistics, negligible)
+SAVED["Attention"] = lambda v: _data_inputs(v, (0, 1, 2)) + _save_output(v)
 SAVED["Max"] = SAVED["Min"] = lambda v: _data_inputs(v, tuple(range(len(v.node.inputs))))
 
 

@@ -1,7 +1,9 @@
 """Recognise transformer blocks: their dimensions and the Megatron tensor-parallel split of each op.
 
 A block is a transformer block when it holds a Softmax over attention scores ``[..., heads, s_q, s_k]``
-fed by a MatMul. Then (per sample, from shapes):
+fed by a MatMul, or an ONNX ``Attention`` node (opset 23), whose Q, K, V shapes and attributes
+give ``heads``, ``seq_len``, ``head_dim``, ``v_head_dim``, its key/value heads and ``causal``
+(``is_causal`` or a fixed ``[s, s]`` mask). Then (per sample, from shapes):
 
 * ``hidden`` = last dim of the block's output; ``seq_len`` = the score's last dim;
 * ``heads`` = the score's head dim (or its leading dim / batch when heads are folded into the batch);
@@ -20,9 +22,9 @@ fed by a MatMul. Then (per sample, from shapes):
 
 Attention core (:func:`attention_core`): the Q·Kᵀ product feeding the Softmax (a MatMul of two activations),
 the nodes on the score path from it to the Softmax (scale, mask), the Softmax, the nodes between the Softmax
-and the product with V (its dropout), and that product. These are what Korthikanti et al. 2022 (Sec. 5) and
-Megatron-LM's ``--recompute-granularity selective`` re-run (``CoreAttention``), found by structure, never by
-tensor size.
+and the product with V (its dropout), and that product; or the ``Attention`` node, which is all of them.
+These are what Korthikanti et al. 2022 (Sec. 5) and Megatron-LM's ``--recompute-granularity selective``
+re-run (``CoreAttention``), found by structure, never by tensor size.
 
 Megatron split: weighted MatMuls that read the full hidden tensor are "column" (QKV, FC1, gate/up); the
 weighted MatMuls that produce hidden from the split tensor are "row" (attention out, FC2); everything computed
@@ -33,7 +35,10 @@ them whole, and the up-projections that read the latents are "column").
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from planner.graph.ir import Node, OpGraph
+from planner.graph.rules import attention_shape
 from planner.types import TransformerDims
 
 
@@ -41,26 +46,62 @@ def weighted_matmul(graph: OpGraph, node: Node) -> bool:
     return node.op_type in ("MatMul", "Gemm") and len(node.inputs) > 1 and node.inputs[1] in graph.param_roots
 
 
+@dataclass(frozen=True)
+class _Core:
+    """What a block's attention shows: query heads, key length, widths per head of Q/K and of V (0: not
+    shown), the node whose inputs 0 and 1 are Q and K (Q·Kᵀ or the fused Attention node), key/value heads
+    where the attention op says them (0: to be read from the projections), and a causal mask."""
+
+    heads: int
+    seq: int
+    head_dim: int
+    v_head_dim: int
+    product: Node | None
+    kv_heads: int
+    causal: bool
+
+
+def _attention(graph: OpGraph, members: list[Node]) -> _Core | None:
+    """The first attention among ``members``: a Softmax over scores ``[..., heads, s_q, s_k]`` computed from
+    a product of two activations, or an ONNX ``Attention`` node with known shapes."""
+    inside = {node.index for node in members}
+    for node in members:
+        if node.op_type == "Attention":
+            shape = attention_shape(node, graph)
+            if shape is None:
+                continue
+            mask = node.inputs[3] if len(node.inputs) > 3 else ""
+            return _Core(shape.q_heads, shape.kv_seq, shape.head_dim, shape.v_head_dim, node, shape.kv_heads,
+                         shape.causal or _fixed_mask(graph, mask, shape.kv_seq))
+        if node.op_type != "Softmax":
+            continue
+        scores = graph.shapes.get(node.inputs[0])
+        if scores is None or len(scores) < 3 or scores[-1] <= 1 or \
+                not _from_matmul(graph, graph.producer.get(node.inputs[0])):
+            continue
+        seq = scores[-1]
+        heads = scores[-3] if len(scores) >= 4 else scores[0] // max(graph.static_batch, 1)
+        path = _score_path(graph, graph.producer.get(node.inputs[0])) or []
+        after = _probability_path(graph, node.outputs[0], inside) if node.outputs else None
+        return _Core(heads, seq, _operand_width(graph, path[0], 0) if path else 0,
+                     _operand_width(graph, after[-1], 1) if after else 0,
+                     graph.nodes[path[0]] if path else None, 0,
+                     any(_static_mask(graph, graph.nodes[i], seq) for i in path))
+    return None
+
+
 def detect_dims(graph: OpGraph, members: list[Node], output: str | None,
                 mlp_ffn: int | None = None) -> TransformerDims | None:
     """The block's dims; ``mlp_ffn``: a known (gated) MLP width (a mixture of experts' active width), in
     place of the one read from the MLP's projections."""
-    scores = softmax = None
-    for node in members:
-        if node.op_type == "Softmax":
-            shape = graph.shapes.get(node.inputs[0])
-            src = graph.producer.get(node.inputs[0])
-            if shape is not None and len(shape) >= 3 and shape[-1] > 1 and _from_matmul(graph, src):
-                scores, softmax = shape, node
-                break
-    if scores is None or softmax is None:
+    core = _attention(graph, members)
+    if core is None:
         return None
     out_shape = graph.shapes.get(output) if output else None
     if not out_shape:
         return None
     hidden = out_shape[-1]
-    seq = scores[-1]
-    heads = scores[-3] if len(scores) >= 4 else scores[0] // max(graph.static_batch, 1)
+    heads, seq = core.heads, core.seq
     ffn = 0
     latent = False
     widths: list[int] = []
@@ -79,27 +120,25 @@ def detect_dims(graph: OpGraph, members: list[Node], output: str | None,
         ffn = mlp_ffn
     elif not ffn:
         ffn = max((n for n in widths if n != hidden and n != 3 * hidden), default=4 * hidden)
-    path = _score_path(graph, graph.producer.get(softmax.inputs[0])) or []
     inside = {node.index for node in members}
-    after = _probability_path(graph, softmax.outputs[0], inside) if softmax.outputs else None
     default = hidden // heads if heads else 0
-    head_dim = _operand_width(graph, path[0], 0) if path else 0
-    v_head_dim = _operand_width(graph, after[-1], 1) if after else 0
-    head_dim, v_head_dim = head_dim or default, v_head_dim or head_dim or default
+    head_dim = core.head_dim or default
+    v_head_dim = core.v_head_dim or head_dim
     kv_heads = heads
-    key_width = _projection_width(graph, graph.nodes[path[0]], inside) if path else 0
+    key_width = _projection_width(graph, core.product, inside) if core.product is not None else 0
     narrow = [n for n in widths if n < heads * head_dim and n != ffn]  # narrower than the query projection
     if key_width and head_dim and key_width % head_dim == 0:
         kv_heads = key_width // head_dim
+    elif core.kv_heads:
+        kv_heads = core.kv_heads
     elif narrow and head_dim:
         kv_heads = min(narrow) // head_dim or heads
     if kv_heads and (latent or heads % kv_heads):
         kv_heads = heads  # keys and values come per head from a shared latent, not from narrow K/V heads
     gated = bool(mlp_ffn) or (ffn != hidden and (widths.count(ffn) >= 2 or 2 * ffn in widths))
     dropout = any(node.op_type == "Dropout" for node in members)
-    causal = any(_static_mask(graph, graph.nodes[i], seq) for i in path)
     return TransformerDims(hidden=hidden, heads=heads, seq_len=seq, ffn=ffn, kv_heads=kv_heads, gated_mlp=gated,
-                           dropout=dropout, causal=causal, head_dim=head_dim, v_head_dim=v_head_dim)
+                           dropout=dropout, causal=core.causal, head_dim=head_dim, v_head_dim=v_head_dim)
 
 
 def _feeding_projections(graph: OpGraph, tensor: str, inside: set[int]) -> set[int]:
@@ -124,7 +163,7 @@ def _projection_width(graph: OpGraph, product: Node, inside: set[int]) -> int:
     """The output width of the weighted MatMul the key operand of Q·Kᵀ (``product``) comes from, through the
     ops between (transposes, reshapes, rotary embedding, the repeat of grouped K heads): ``kv_heads x
     head_dim``; 0 where that projection is not found, or also feeds the queries (a fused QKV projection)."""
-    if product.op_type != "MatMul" or len(product.inputs) < 2:
+    if product.op_type not in ("MatMul", "Attention") or len(product.inputs) < 2:
         return 0
     keys = _feeding_projections(graph, product.inputs[1], inside)
     queries = _feeding_projections(graph, product.inputs[0], inside)
@@ -144,14 +183,14 @@ def _operand_width(graph: OpGraph, index: int, slot: int) -> int:
 
 def _static_mask(graph: OpGraph, node: Node, seq: int) -> bool:
     """Does ``node`` (on the score path) mask the scores with a ``[.., s, s]`` tensor fixed by the graph?"""
-    if node.op_type not in ("Where", "Add"):
-        return False
-    for tensor in node.inputs:
-        shape = graph.shapes.get(tensor)
-        if tensor in graph.const and shape is not None and len(shape) >= 2 and shape[-1] == seq \
-                and shape[-2] == seq and seq > 1:
-            return True
-    return False
+    return node.op_type in ("Where", "Add") and any(_fixed_mask(graph, t, seq) for t in node.inputs)
+
+
+def _fixed_mask(graph: OpGraph, tensor: str, seq: int) -> bool:
+    """Is ``tensor`` a ``[.., s, s]`` mask that does not depend on the inputs (the causal triangle)?"""
+    shape = graph.shapes.get(tensor) if tensor else None
+    return tensor in graph.const and shape is not None and len(shape) >= 2 and shape[-1] == seq \
+        and shape[-2] == seq and seq > 1
 
 
 ATTENTION_CORE = "attention-core"
@@ -197,6 +236,9 @@ def attention_core(graph: OpGraph, members: list[Node]) -> dict[int, str]:
     inside = {node.index for node in members}
     roles: dict[int, str] = {}
     for node in members:
+        if node.op_type == "Attention" and attention_shape(node, graph) is not None:
+            roles[node.index] = ATTENTION_CORE  # the fused core itself
+            continue
         if node.op_type != "Softmax" or not node.outputs:
             continue
         before = _score_path(graph, graph.producer.get(node.inputs[0]))
