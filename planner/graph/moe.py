@@ -185,14 +185,14 @@ def _downstream(graph: OpGraph, start: int, inside: set[int]) -> set[int]:
 def _expert_weight(graph: OpGraph, node: Node, experts: int
                    ) -> tuple[tuple[str, ...], int, bool, bool] | None:
     """(parameter roots, elements of one expert's matrix, covers all experts?, 3-D parameter?) of a MatMul
-    (or Loop) on expert weights, or None."""
+    or Einsum (or Loop) on expert weights, or None."""
     if node.op_type == "Loop":
         roots = tuple(r for t in node.inputs if t in graph.param_roots for r in graph.param_roots[t]
                       if len(graph.shapes.get(r) or ()) == 3 and (graph.shapes.get(r) or (0,))[0] == experts)
         if not roots:
             return None
         return roots, sum(numel_of(graph.shapes[r][1:]) for r in roots), True, True
-    if node.op_type not in _MATMULS | {"Gemm"}:
+    if node.op_type not in _MATMULS | {"Gemm", "Einsum"}:
         return None
     for slot in (1, 0):
         if slot >= len(node.inputs) or (slot == 0 and node.op_type == "Gemm"):

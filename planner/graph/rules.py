@@ -118,20 +118,73 @@ def _conv_transpose(v: View) -> tuple[float, Gemm | None]:
     return flops, (m, cout_per_group * group * _prod(w[2:]), x[1] // group)
 
 
-def _einsum(v: View) -> tuple[float, Gemm | None]:
-    eq = (v.node.attr("equation", b"") or b"")
-    eq = eq.decode() if isinstance(eq, bytes) else eq
-    lhs = eq.replace(" ", "").split("->")[0].split(",")
+def einsum_terms(node: Node, graph: OpGraph) -> tuple[list[str], str, dict[str, int]] | None:
+    """(operand subscripts, output subscripts, size of each index) of an Einsum whose operand shapes are
+    known, an ellipsis written out as one index per dimension it covers; None otherwise."""
+    eq = node.attr("equation", b"") or b""
+    eq = (eq.decode() if isinstance(eq, bytes) else eq).replace(" ", "")
+    lhs, arrow, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(node.inputs):
+        return None
     sizes: dict[str, int] = {}
-    for term, i in zip(lhs, range(len(v.node.inputs))):
-        shape = v.in_shape(i)
-        if shape is None or "." in term or len(term) != len(shape):
-            return float(v.out_numel()), None
+    ellipsis = 0
+    for i, term in enumerate(terms):
+        shape = graph.shapes.get(node.inputs[i]) if node.inputs[i] else None
+        if shape is None:
+            return None
+        if "..." in term:
+            covered = len(shape) - (len(term) - 3)
+            if covered < 0:
+                return None
+            ellipsis = max(ellipsis, covered)
+            # the ellipsis dims align from the right, as broadcasting does
+            term = term.replace("...", "".join(_ELLIPSIS[ellipsis - covered:ellipsis]))
+            terms[i] = term
+        if len(term) != len(shape):
+            return None
         for letter, d in zip(term, shape):
             sizes[letter] = max(sizes.get(letter, 1), d)
-    if len(lhs) < 2:
+    if arrow:
+        out = rhs.replace("...", "".join(_ELLIPSIS[:ellipsis]))
+    else:  # implicit output: the ellipsis, then the indices that occur once, in alphabetical order
+        letters = "".join(terms)
+        out = "".join(_ELLIPSIS[:ellipsis]) + "".join(sorted(c for c in set(letters)
+                                                              if letters.count(c) == 1 and c not in _ELLIPSIS))
+    return terms, out, sizes
+
+
+# stand-in indices for the dims an ellipsis covers (outside the letters an equation may use)
+_ELLIPSIS = tuple(chr(0x100 + i) for i in range(16))
+
+
+def einsum_product(terms: list[str], out: str, sizes: dict[str, int], a: int = 0) -> Gemm | None:
+    """The (m, n, k) of a two-operand einsum as a (batched) matrix product, batch folded into ``m`` as for
+    MatMul: indices in both operands and not the output are ``k`` (summed), those in both and the output
+    batch, those of operand ``a`` (of the other operand) alone that the output keeps ``m`` (``n``). None
+    where nothing is summed over both operands (an element-wise or outer product)."""
+    if len(terms) != 2:
+        return None
+    first, second = terms[a], terms[1 - a]
+    k = {c for c in first if c in second and c not in out}
+    if not k:
+        return None
+    batch = {c for c in first if c in second and c in out}
+    m = {c for c in first if c not in second and c in out}
+    n = {c for c in second if c not in first and c in out}
+    return (_prod([sizes[c] for c in batch | m]), _prod([sizes[c] for c in n]), _prod([sizes[c] for c in k]))
+
+
+def _einsum(v: View) -> tuple[float, Gemm | None]:
+    parsed = einsum_terms(v.node, v.graph)
+    if parsed is None:
+        return float(v.out_numel()), None
+    terms, out, sizes = parsed
+    if len(terms) < 2:
         return float(_prod(v.in_shape(0) or ())), None
-    return 2.0 * _prod(list(sizes.values())), None
+    # a weight operand gives the product's n (its output features), as the second operand of a MatMul does
+    weight_first = v.node.inputs[0] in v.graph.param_roots and v.node.inputs[-1] not in v.graph.param_roots
+    return 2.0 * _prod(list(sizes.values())), einsum_product(terms, out, sizes, 1 if weight_first else 0)
 
 
 # ------------------------------------------------------------------------------------------- attention

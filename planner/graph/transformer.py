@@ -1,7 +1,7 @@
 """Recognise transformer blocks: their dimensions and the Megatron tensor-parallel split of each op.
 
 A block is a transformer block when it holds a Softmax over attention scores ``[..., heads, s_q, s_k]``
-fed by a MatMul, or an ONNX ``Attention`` node (opset 23), whose Q, K, V shapes and attributes
+fed by a MatMul (or Einsum), or an ONNX ``Attention`` node (opset 23), whose Q, K, V shapes and attributes
 give ``heads``, ``seq_len``, ``head_dim``, ``v_head_dim``, its key/value heads and ``causal``
 (``is_causal`` or a fixed ``[s, s]`` mask). Then (per sample, from shapes):
 
@@ -38,12 +38,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.graph.ir import Node, OpGraph
-from planner.graph.rules import attention_shape
+from planner.graph.rules import attention_shape, einsum_terms
 from planner.types import TransformerDims
 
 
 def weighted_matmul(graph: OpGraph, node: Node) -> bool:
+    """A matrix product of an activation and a weight: MatMul/Gemm with a weight second, an Einsum of two
+    operands one of which is a weight."""
+    if node.op_type == "Einsum":
+        return _einsum_weight_slot(graph, node) is not None
     return node.op_type in ("MatMul", "Gemm") and len(node.inputs) > 1 and node.inputs[1] in graph.param_roots
+
+
+def _einsum_weight_slot(graph: OpGraph, node: Node) -> int | None:
+    """The operand of a two-operand Einsum that is a weight (the other one is not), else None."""
+    if len(node.inputs) != 2:
+        return None
+    weights = [t in graph.param_roots for t in node.inputs]
+    return weights.index(True) if weights.count(True) == 1 else None
 
 
 @dataclass(frozen=True)
@@ -163,7 +175,7 @@ def _projection_width(graph: OpGraph, product: Node, inside: set[int]) -> int:
     """The output width of the weighted MatMul the key operand of Q·Kᵀ (``product``) comes from, through the
     ops between (transposes, reshapes, rotary embedding, the repeat of grouped K heads): ``kv_heads x
     head_dim``; 0 where that projection is not found, or also feeds the queries (a fused QKV projection)."""
-    if product.op_type not in ("MatMul", "Attention") or len(product.inputs) < 2:
+    if product.op_type not in ("MatMul", "Einsum", "Attention") or len(product.inputs) < 2:
         return 0
     keys = _feeding_projections(graph, product.inputs[1], inside)
     queries = _feeding_projections(graph, product.inputs[0], inside)
@@ -269,13 +281,30 @@ def _from_matmul(graph: OpGraph, index: int | None, depth: int = 6) -> bool:
 
 
 def _weight_kn(graph: OpGraph, node: Node) -> tuple[int, int] | None:
-    """(input width, output width) of a weighted MatMul or Gemm whose weight shape is known, else None."""
+    """(input width, output width) of a weighted MatMul, Gemm or Einsum whose weight is a known matrix,
+    else None (an Einsum's: the weight's index summed against the activation, and the one the output keeps)."""
     if not weighted_matmul(graph, node):
         return None
+    if node.op_type == "Einsum":
+        return _einsum_weight_kn(graph, node)
     w = graph.shapes.get(node.inputs[1])
     if not w or len(w) != 2:
         return None
     return (w[1], w[0]) if node.op_type == "Gemm" and node.attr("transB", 0) else (w[0], w[1])
+
+
+def _einsum_weight_kn(graph: OpGraph, node: Node) -> tuple[int, int] | None:
+    slot = _einsum_weight_slot(graph, node)
+    parsed = einsum_terms(node, graph)
+    if slot is None or parsed is None:
+        return None
+    terms, out, sizes = parsed
+    weight, data = terms[slot], terms[1 - slot]
+    summed = [c for c in weight if c in data and c not in out]
+    kept = [c for c in weight if c not in data and c in out]
+    if len(weight) != 2 or len(summed) != 1 or len(kept) != 1:
+        return None  # not a plain [in, out] matrix (a batch of experts' matrices, say)
+    return sizes[summed[0]], sizes[kept[0]]
 
 
 def _latent_down_projections(graph: OpGraph, members: list[Node], hidden: int) -> set[int]:
