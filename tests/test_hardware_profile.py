@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import numpy as np
@@ -12,6 +13,7 @@ import yaml
 from onnx import TensorProto, helper, numpy_helper
 
 from planner.cli import main
+from planner.errors import ModelError
 from planner.hardware import catalog, load_cluster
 from planner.hardware.onnx_ops import bind_inputs, node_costs
 from planner.hardware.profiler import KernelCosts, fit_profile, predict_op_s, runnable
@@ -22,7 +24,7 @@ def tiny_model(with_weights: bool = True) -> onnx.ModelProto:
     if not with_weights:  # as `planner models build` writes them: shape, no data (here: external, never read)
         w = TensorProto(name="w", dims=[16, 32], data_type=TensorProto.FLOAT,
                         data_location=TensorProto.EXTERNAL)
-        w.external_data.add(key="location", value="../outside/weights.bin")
+        w.external_data.add(key="location", value="weights.bin")
     nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
              helper.make_node("Relu", ["h"], ["r"]),
              helper.make_node("Softmax", ["r"], ["y"], axis=-1)]
@@ -216,3 +218,80 @@ def test_ops_timed_alone_keep_the_models_opset():
     times = profiler.isolated_node_times_s(runner, prepared.model, prepared.constants)
     assert set(times) == {n.name for n in prepared.model.graph.node}
     assert all(t > 0 for t in times.values())
+
+
+def _external(tensor: TensorProto, location: str) -> TensorProto:
+    """``tensor`` with its value moved to external data at ``location`` (a file never written)."""
+    tensor.ClearField("raw_data")
+    del tensor.float_data[:]
+    tensor.data_location = TensorProto.EXTERNAL
+    tensor.external_data.add(key="location", value=location)
+    return tensor
+
+
+def external_constant_model(location: str, loop: bool = True) -> onnx.ModelProto:
+    """tiny_model plus y + c, where c is a Constant whose value is external data at ``location``, and (with
+    ``loop``) a Loop whose body adds an external-data initializer at the same location."""
+    model = tiny_model()
+    value = _external(numpy_helper.from_array(np.zeros(32, np.float32), "c"), location)
+    body_weight = _external(numpy_helper.from_array(np.zeros(32, np.float32), "bw"), location)
+    body = helper.make_graph([helper.make_node("Identity", ["cond"], ["cond_out"]),
+                              helper.make_node("Add", ["z", "bw"], ["s"])], "body",
+                             [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                              helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+                             [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+                              helper.make_tensor_value_info("s", TensorProto.FLOAT, ["batch", 32])], [body_weight])
+    model.graph.node.extend([helper.make_node("Constant", [], ["c"], value=value),
+                             helper.make_node("Add", ["y", "c"], ["z"])])
+    del model.graph.output[:]
+    if not loop:
+        model.graph.output.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, ["batch", 32]))
+        return model
+    model.graph.node.append(helper.make_node("Loop", ["n", "go"], ["looped"], body=body))
+    model.graph.initializer.extend([numpy_helper.from_array(np.array(1, np.int64), "n"),
+                                    numpy_helper.from_array(np.array(True), "go")])
+    model.graph.output.append(helper.make_tensor_value_info("looped", TensorProto.FLOAT, [1, "batch", 32]))
+    return model
+
+
+def test_runnable_leaves_no_external_data_for_onnxruntime_to_resolve():
+    """onnxruntime, handed a model as bytes, reads a relative external-data location from the current
+    directory: runnable fills every external tensor, Constant values and subgraphs included."""
+    from planner.graph.loader import model_tensors
+    model = runnable(external_constant_model("secret.bin"))
+    assert not any(t.tensor.data_location == TensorProto.EXTERNAL for t in model_tensors(model))
+    constant = numpy_helper.to_array(next(n for n in model.graph.node if n.op_type == "Constant").attribute[0].t)
+    assert constant.shape == (32,) and np.any(constant != 0)
+    integer = external_constant_model("secret.bin")
+    integer.graph.node[3].attribute[0].t.data_type = TensorProto.INT64
+    with pytest.raises(ModelError, match=r"the 'value' attribute of node 'Constant_3' \(Constant\).*not floating"):
+        runnable(integer)
+
+
+def test_profile_model_never_reads_external_data_from_the_current_directory(tmp_path, monkeypatch):
+    pytest.importorskip("onnxruntime")
+    from planner.hardware import profiler
+    (tmp_path / "model").mkdir()
+    (tmp_path / "cwd").mkdir()
+    onnx.save(external_constant_model("secret.bin", loop=False), tmp_path / "model" / "m.onnx")
+    (tmp_path / "cwd" / "secret.bin").write_bytes(b"abc")  # too short: onnxruntime would fail on reading it
+    monkeypatch.chdir(tmp_path / "cwd")
+    prepared = profiler.prepare_model(profiler.Runner("cpu", 1, "cpu"),
+                                      profiler.load_model_file(tmp_path / "model" / "m.onnx"), {"batch": 2})
+    assert [c.op_type for c in prepared.costs] == ["MatMul", "Relu", "Softmax", "Constant", "Add"]
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda d: onnx.save(external_constant_model("/etc/secret.bin"), d / "m.onnx"), "at absolute path"),
+    (lambda d: onnx.save(external_constant_model("../secret.bin"), d / "m.onnx"), "outside the model's folder"),
+    (lambda d: os.mkfifo(d / "m.onnx"), "not a regular file"),
+    (lambda d: (d / "m.onnx").write_bytes(b""), "not an ONNX model"),
+], ids=["absolute-location", "escaping-location", "named-pipe", "empty-file"])
+def test_profile_model_is_read_as_every_command_reads_one(make, message, tmp_path, monkeypatch, capsys):
+    """Refused before onnxruntime is needed (it is absent here), in one line, without hanging on a pipe."""
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    make(tmp_path)
+    assert main(["profile", "--out", str(tmp_path / "p.yaml"), "--model", str(tmp_path / "m.onnx")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("planner: error: ") and message in err, err
+    assert not (tmp_path / "p.yaml").exists()

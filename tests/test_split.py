@@ -368,3 +368,32 @@ def test_the_bundled_fp16_gpt2_verifies_at_ordinary_sequence_lengths(tmp_path, c
     assert main(argv) == 0
     verify = json.loads(capsys.readouterr().out)["verify"]
     assert 0.03 < verify["max_abs_difference"] <= verify["tolerance"] < 1.0
+
+
+def test_split_verify_refuses_external_data_onnxruntime_would_read_from_the_current_directory(
+        tmp_path, monkeypatch, capsys):
+    """A Constant whose value is external data inside the model's folder passes the loader; onnxruntime, handed
+    the model as bytes, would read its location from the current directory, so the check refuses it."""
+    import planner
+    from planner.builders import build, save
+
+    model = build("gpt", {"layers": 2, "hidden": 64, "heads": 4, "vocab": 100, "seq_len": 32})
+    constant = next(n for n in model.graph.node if n.name == "/layers.0/attn/Constant_2").attribute[0].t
+    constant.ClearField("raw_data")
+    constant.data_location = onnx.TensorProto.EXTERNAL
+    constant.external_data.add(key="location", value="secret.bin")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "cwd").mkdir()
+    path = str(tmp_path / "model" / "gpt.onnx")
+    save(model, path)
+    best = planner.plan(planner.load_model(path), planner.load_cluster("dgx-a100-80gb*1"), global_batch=8,
+                        pinned=planner.ParallelConfig(global_batch=8, tp=1, pp=2, dp=0))
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(best.to_json())
+    (tmp_path / "cwd" / "secret.bin").write_bytes(b"\x00\x3c")  # fp16 1.0, what onnxruntime would have read
+    monkeypatch.chdir(tmp_path / "cwd")
+    out = tmp_path / "out"
+    assert main(["split", path, "--plan", str(plan_path), "--out-dir", str(out), "--verify"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'/layers.0/attn/Constant_2' (Constant)" in err[0] and "'secret.bin'" in err[0], err
+    assert not out.exists()

@@ -18,6 +18,7 @@ from onnx import helper
 
 from planner.errors import ConfigError, PlannerError
 from planner.export.stages import StageModel
+from planner.graph.loader import refuse_external_data
 
 
 def _without_dropout(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -36,6 +37,9 @@ def _without_dropout(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _session(model: onnx.ModelProto) -> Any:
+    # weights_as_inputs makes external initializers inputs; what external data is left (a Constant's value,
+    # a subgraph's initializer) would be resolved by onnxruntime against the current directory
+    refuse_external_data(model, "checking a split (split --verify)")
     model = _without_dropout(model)
     try:
         import onnxruntime
@@ -52,7 +56,9 @@ def _session(model: onnx.ModelProto) -> Any:
 
 def weights_as_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of ``model`` whose weight initializers are graph inputs (the same rule as the split: integer
-    and one-element initializers stay), so that models without weight data can run on random weights."""
+    and one-element initializers stay, external ones become inputs), so that models without weight data can
+    run on random weights. External data elsewhere (a Constant's value, a subgraph's initializer) stays, and
+    running the model refuses it."""
     from planner.export.stages import is_constant_initializer
 
     copy = onnx.ModelProto()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import onnx
 import onnx.parser
@@ -71,40 +71,66 @@ def check_external_data(model: onnx.ModelProto, base_dir: Path | None, where: st
     The location is untrusted input: we never open it, but we refuse a model that points outside its
     folder (absolute paths, ``..``), so no later tool is led to read there either."""
     checked: set[str] = set()  # builder models point thousands of weights at one file
-    for tensor in _all_tensors(model):
+    for owned in model_tensors(model):
+        tensor, owner = owned.tensor, owned.owner
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
             continue
-        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+        location = external_location(tensor)
         if not isinstance(location, str) or not isinstance(tensor.name, str):
             raise ModelError(f"{where}: an external-data location is not valid UTF-8; the file is corrupted")
         if not location:
-            raise ModelError(f"{where}: initializer '{tensor.name}' has external data without a location")
+            raise ModelError(f"{where}: {owner} has external data without a location")
         if location in checked:
             continue
         checked.add(location)
         if os.path.isabs(location) or location.startswith(("/", "\\")) or ":" in location.split("/")[0]:
-            raise ModelError(f"{where}: initializer '{tensor.name}' has external data at absolute path "
+            raise ModelError(f"{where}: {owner} has external data at absolute path "
                              f"'{location}'; external data must lie inside the model's folder")
         if base_dir is not None:
             target = (base_dir / location).resolve()
             if target != base_dir and base_dir not in target.parents:
-                raise ModelError(f"{where}: initializer '{tensor.name}' has external data at '{location}', "
+                raise ModelError(f"{where}: {owner} has external data at '{location}', "
                                  f"outside the model's folder {base_dir}; move the data next to the model")
         elif ".." in Path(location).parts:
-            raise ModelError(f"{where}: initializer '{tensor.name}' has external data at '{location}', "
+            raise ModelError(f"{where}: {owner} has external data at '{location}', "
                              f"outside the model's folder")
 
 
-def _all_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
-    """Initializers and tensor attributes of the graph and of every graph nested in it (Loop, If bodies)."""
+def refuse_external_data(model: onnx.ModelProto, purpose: str) -> None:
+    """Refuse a model that still keeps a tensor in external data before it is handed to onnxruntime: given
+    the model as bytes, onnxruntime would read a relative location from the current directory, and the
+    planner never reads weight data at all. ``purpose`` says what needed the run (it starts the message)."""
+    for owned in model_tensors(model):
+        if owned.tensor.data_location == onnx.TensorProto.EXTERNAL:
+            raise ModelError(f"{purpose} runs the model with onnxruntime, and {owned.owner} keeps its value in "
+                             f"external data ('{external_location(owned.tensor)}'), which the planner never reads; "
+                             "store that tensor inside the .onnx file")
+
+
+def external_location(tensor: onnx.TensorProto) -> str:
+    """The ``location`` entry of a tensor's external data ("" if it has none)."""
+    return next((e.value for e in tensor.external_data if e.key == "location"), "")
+
+
+class OwnedTensor(NamedTuple):
+    tensor: onnx.TensorProto
+    owner: str  # what holds it, for messages: "initializer 'w'", "the 'value' attribute of node 'c' (Constant)"
+    initializer: bool
+
+
+def model_tensors(model: onnx.ModelProto) -> Iterator[OwnedTensor]:
+    """Initializers and tensor attributes of the graph and of every graph nested in it (Loop, If bodies); the
+    tensors are the model's own messages, so changing one changes the model."""
     graphs = [model.graph]
     while graphs:
         graph = graphs.pop()
-        yield from graph.initializer
-        for node in graph.node:
+        for tensor in graph.initializer:
+            yield OwnedTensor(tensor, f"initializer '{tensor.name}'", True)
+        for index, node in enumerate(graph.node):
             for attr in node.attribute:
                 if attr.type == onnx.AttributeProto.TENSOR:
-                    yield attr.t
+                    name = f"'{node.name}'" if node.name else f"{index}"
+                    yield OwnedTensor(attr.t, f"the '{attr.name}' attribute of node {name} ({node.op_type})", False)
                 elif attr.type == onnx.AttributeProto.GRAPH:
                     graphs.append(attr.g)
                 elif attr.type == onnx.AttributeProto.GRAPHS:

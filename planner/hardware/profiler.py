@@ -39,6 +39,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from planner.errors import ConfigError, ModelError, PlannerError
+from planner.graph.loader import model_tensors, read_model
 from planner.hardware.efficiency import memory_time_s, op_time_s
 from planner.hardware.onnx_ops import PER_ELEMENT_FLOPS, NodeCost, bind_inputs, node_costs
 from planner.types import DeviceProfile
@@ -199,32 +200,33 @@ def make_feeds(session, rng: np.random.Generator) -> dict[str, np.ndarray]:
 
 
 def runnable(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProto:
-    """A copy of ``model`` that onnxruntime can run: every node named, and floating-point initializers
-    that carry no data (graphs written without weights, or with external data we never read) filled with
-    seeded random values of the right shape."""
+    """A copy of ``model`` that onnxruntime can run: every node named, and floating-point tensors that carry
+    no data (initializers of graphs written without weights) or keep it as external data (initializers and
+    tensor attributes such as a Constant's value, in subgraphs too) filled with seeded random values of the
+    right shape. External data is never read, and onnxruntime, handed the model as bytes, would resolve its
+    location against the current directory; a non-floating-point tensor without data is refused, since
+    made-up indices or shapes would not run."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     rng = np.random.default_rng(seed)
     for index, node in enumerate(out.graph.node):
         if not node.name:
             node.name = f"{node.op_type}_{index}"
-    for i, init in enumerate(out.graph.initializer):
-        external = init.data_location == TensorProto.EXTERNAL
-        has_data = bool(init.raw_data) or any(len(getattr(init, f)) for f in (
+    for tensor, owner, initializer in model_tensors(out):
+        external = tensor.data_location == TensorProto.EXTERNAL
+        has_data = bool(tensor.raw_data) or any(len(getattr(tensor, f)) for f in (
             "float_data", "int32_data", "int64_data", "double_data", "uint64_data", "string_data"))
-        numel = int(np.prod(init.dims)) if len(init.dims) else 1
-        if has_data and not external:
+        if not external and (has_data or not initializer):
             continue
-        if init.data_type not in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16):
-            raise ModelError(f"initializer {init.name!r} has no data and is not floating point; its values "
-                             "cannot be made up (keep small integer constants in the graph)")
-        dtype = np.float32 if init.data_type == TensorProto.BFLOAT16 else _numpy_dtype(init.data_type)
-        values = (rng.standard_normal(numel) * 0.02).astype(dtype).reshape(tuple(init.dims))
-        filled = numpy_helper.from_array(values, init.name)
-        if init.data_type == TensorProto.BFLOAT16:
-            raise ModelError(f"initializer {init.name!r} is bf16 without data; onnxruntime's CPU kernels "
-                             "need fp32/fp16 to profile this model")
-        out.graph.initializer[i].CopyFrom(filled)
+        if tensor.data_type == TensorProto.BFLOAT16:
+            raise ModelError(f"{owner} is bf16 without data in the file (external data is never read); "
+                             "onnxruntime's CPU kernels need fp32/fp16 to profile this model")
+        if tensor.data_type not in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE):
+            raise ModelError(f"{owner} has no data in the file (external data is never read) and is not floating "
+                             "point, so its values cannot be made up; store it inside the .onnx file")
+        numel = int(np.prod(tensor.dims)) if len(tensor.dims) else 1
+        values = (rng.standard_normal(numel) * 0.02).astype(_numpy_dtype(tensor.data_type))
+        tensor.CopyFrom(numpy_helper.from_array(values.reshape(tuple(tensor.dims)), tensor.name))
     return out
 
 
@@ -553,12 +555,9 @@ def measure_model(runner: Runner, model: onnx.ModelProto, dims: dict[str, int],
 
 
 def load_model_file(path: str | os.PathLike) -> onnx.ModelProto:
-    try:
-        return onnx.load(os.fspath(path), load_external_data=False)
-    except FileNotFoundError:
-        raise ModelError(f"{path}: no such file") from None
-    except Exception as exc:  # onnx raises DecodeError and others for a file that is not a model
-        raise ModelError(f"{path}: not a readable ONNX model ({exc.__class__.__name__})") from None
+    """``--model``: read as every command reads a model (a regular file, an ONNX graph, external data only
+    inside its folder), weight data never loaded."""
+    return read_model(path)
 
 
 # ---------------------------------------------------------------------------------------------- fitting
