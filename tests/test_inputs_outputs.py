@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -213,3 +214,33 @@ def test_an_option_of_one_value_given_twice_is_refused(capsys) -> None:
     args = build_parser().parse_args(["models", "build", "gpt", "--set", "layers=2", "--set", "hidden=64",
                                       "--out", "g.onnx"])
     assert args.settings == ["layers=2", "hidden=64"]
+
+
+def _planner_with_home(argv: list[str], home: Path) -> None:
+    """Run ``python -m planner`` in a fresh process whose HOME is ``home``, with no setting that would send
+    matplotlib's or onnxruntime's files elsewhere (or switch onnxruntime's telemetry either way)."""
+    env = {k: v for k, v in os.environ.items() if k not in {
+        "MPLCONFIGDIR", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "ORT_DISABLE_TELEMETRY", "ORT_TELEMETRY_DISABLED"}}
+    env["HOME"] = str(home)
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-m", "planner", *argv], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+def test_gantt_writes_nothing_under_home(tiny_model, tmp_path):
+    """matplotlib keeps its config and font cache in a temporary folder, not ~/.config and ~/.cache."""
+    pytest.importorskip("matplotlib", reason="matplotlib (the plot extra) is not installed")
+    (tmp_path / "home").mkdir()
+    _planner_with_home(["plan", tiny_model, *CLUSTER, "--gantt", str(tmp_path / "g.png")], tmp_path / "home")
+    assert (tmp_path / "g.png").is_file()
+    assert list((tmp_path / "home").rglob("*")) == []
+
+
+def test_profile_writes_nothing_under_home(tmp_path):
+    """onnxruntime's telemetry (a device id and an event store under ~/.cache/Microsoft) stays off."""
+    pytest.importorskip("onnxruntime", reason="onnxruntime (the profile extra) is not installed")
+    (tmp_path / "home").mkdir()
+    _planner_with_home(["profile", "--quick", "--threads", "1", "--out", str(tmp_path / "p.yaml")], tmp_path / "home")
+    assert (tmp_path / "p.yaml").is_file()
+    assert list((tmp_path / "home").rglob("*")) == []

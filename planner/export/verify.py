@@ -19,6 +19,7 @@ from onnx import helper
 from planner.errors import ConfigError, PlannerError
 from planner.export.stages import StageModel
 from planner.graph.loader import refuse_external_data
+from planner.onnxruntime_import import import_onnxruntime
 
 
 def _without_dropout(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -42,7 +43,7 @@ def _session(model: onnx.ModelProto) -> Any:
     refuse_external_data(model, "checking a split (split --verify)")
     model = _without_dropout(model)
     try:
-        import onnxruntime
+        onnxruntime = import_onnxruntime()
     except ImportError:
         raise PlannerError("checking a split needs onnxruntime: pip install 'planner[profile]'") from None
     options = onnxruntime.SessionOptions()
@@ -122,9 +123,9 @@ def _batchnorm_variances(graph: onnx.GraphProto) -> set[str]:
 def run_model(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The model's outputs on ``feeds``. Inputs the model cannot take at their bound dims (a sequence longer
     than its position table, say) are the user's binding: onnxruntime's InvalidArgument becomes a PlannerError."""
+    session = _session(model)  # first: it imports onnxruntime, or says what to install
     from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument  # noqa: PLC0415 - with _session's
 
-    session = _session(model)
     names = [o.name for o in session.get_outputs()]
     wanted = {i.name for i in session.get_inputs()}
     try:

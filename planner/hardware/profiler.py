@@ -42,6 +42,7 @@ from planner.errors import ConfigError, ModelError, PlannerError
 from planner.graph.loader import model_tensors, read_model
 from planner.hardware.efficiency import memory_time_s, op_time_s
 from planner.hardware.onnx_ops import PER_ELEMENT_FLOPS, NodeCost, bind_inputs, node_costs
+from planner.onnxruntime_import import import_onnxruntime
 from planner.types import DeviceProfile
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ class ProfilerUnavailable(PlannerError):
 
 def _ort():
     try:
-        import onnxruntime
+        onnxruntime = import_onnxruntime()
     except ImportError:
         raise ProfilerUnavailable("planner profile needs onnxruntime: pip install 'planner[profile]' "
                                   "(for --device cuda: pip install onnxruntime-gpu)") from None

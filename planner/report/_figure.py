@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +17,21 @@ FORMATS = (".png", ".svg")
 DPI = 100
 
 
+def _private_config_dir() -> None:
+    """Point matplotlib's config and cache folder at a temporary one, removed at exit, unless the user chose
+    one (``MPLCONFIGDIR``): by default matplotlib creates ``~/.config/matplotlib`` and writes its font cache to
+    ``~/.cache/matplotlib``, and the planner writes only where the user asked. Read at matplotlib's import,
+    so it is set before."""
+    if "matplotlib" in sys.modules or os.environ.get("MPLCONFIGDIR"):
+        return
+    folder = tempfile.mkdtemp(prefix="planner-matplotlib-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    os.environ["MPLCONFIGDIR"] = folder
+
+
 def pyplot() -> Any:
     """matplotlib.pyplot on the non-interactive Agg backend, or a PlannerError saying what to install."""
+    _private_config_dir()
     try:
         import matplotlib  # noqa: PLC0415 - optional extra
     except ImportError:
