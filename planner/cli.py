@@ -102,6 +102,30 @@ def _discard_stdout(stream: TextIO) -> None:
         pass
 
 
+class _HeldWarnings(logging.StreamHandler):
+    """The command's log on stderr, its warnings held back until it ends: printed when it succeeds (or
+    ends on a bug or an interrupt), dropped when it fails on the user's input, so that stderr then holds the
+    one error line alone. Lower levels (``--verbose`` progress) are written at once."""
+
+    def __init__(self, verbose: bool) -> None:
+        super().__init__(sys.stderr)
+        self.setLevel(logging.INFO if verbose else logging.WARNING)
+        self.setFormatter(logging.Formatter("planner: %(message)s"))
+        self.held: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno >= logging.WARNING:
+            self.held.append(record)
+        else:
+            super().emit(record)
+
+    def show_held(self) -> None:
+        """Print the held warnings (once)."""
+        held, self.held = self.held, []
+        for record in held:
+            super().emit(record)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="planner", description="Plan parallel training of an ONNX model on a cluster.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
@@ -117,12 +141,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
-                        format="planner: %(message)s")
     if not getattr(args, "_run", None):  # one line, as every other mistake
         sys.stderr.write("planner: error: give a command, e.g. 'planner plan MODEL.onnx --cluster NODE*COUNT "
                          "--global-batch N' (see 'planner --help')\n")
         return 2
+    root = logging.getLogger()
+    level = root.level
+    log = _HeldWarnings(args.verbose)
+    root.addHandler(log)
+    if args.verbose and root.getEffectiveLevel() > logging.INFO:
+        root.setLevel(logging.INFO)
     stdout = sys.stdout
     sys.stdout = _Stdout(stdout)  # type: ignore[assignment]
     try:
@@ -132,10 +160,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PlannerError as exc:
         if isinstance(exc, OutputError):
             _discard_stdout(stdout)
+        log.held.clear()  # the error line is all stderr holds
         message = " ".join(str(exc).split())
         sys.stderr.write(f"planner: error: {message}\n")
         return 2
     except KeyboardInterrupt:
+        log.show_held()
         sys.stderr.write("planner: interrupted\n")
         return 130
     except BrokenPipeError:
@@ -143,3 +173,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     finally:
         sys.stdout = stdout
+        log.show_held()  # success, or a bug whose traceback follows
+        root.removeHandler(log)
+        root.setLevel(level)

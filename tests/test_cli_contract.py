@@ -4,6 +4,7 @@ progress bar before it, no traceback), and a path the user asked us to write is 
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 
@@ -116,3 +117,26 @@ def test_plans_and_estimates_name_a_format_every_device_runs(tiny_model, capsys,
     assert main(["estimate", tiny_model, "--cluster", cluster, "--global-batch", "8", "--tp", "1", "--pp", "1",
                  "--dp", "2", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["config"]["dtype"] == dtype
+
+
+def test_warnings_are_printed_on_success_and_dropped_before_an_error_line(tiny_model, capsys):
+    """--dim batch=4 warns that the batch axis is not the micro-batch; with a refused --tp the error line is
+    all stderr holds, and with a valid one the warning is printed."""
+    handlers = list(logging.getLogger().handlers)
+    argv = ["plan", tiny_model, "--cluster", "dgx-a100-80gb*1", "--global-batch", "8", "--dim", "batch=4"]
+    assert main(argv + ["--tp", "3"]) == 2
+    assert "--tp 3" in one_error_line(capsys)
+    assert main(argv + ["--tp", "1"]) == 0
+    assert "planner: --dim batch=4 binds the model's batch axis" in capsys.readouterr().err
+    assert logging.getLogger().handlers == handlers  # the command's handler is gone with it
+
+
+def test_warnings_before_a_bug_are_printed_and_the_bug_propagates(monkeypatch, capsys):
+    def bug(args):
+        logging.getLogger("planner.test").warning("a warning before the bug")
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr("planner.commands.schema.run", bug)
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["schema"])
+    assert capsys.readouterr().err == "planner: a warning before the bug\n"
