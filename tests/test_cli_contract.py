@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 
 import pytest
 
@@ -140,3 +141,19 @@ def test_warnings_before_a_bug_are_printed_and_the_bug_propagates(monkeypatch, c
     with pytest.raises(RuntimeError, match="a bug"):
         main(["schema"])
     assert capsys.readouterr().err == "planner: a warning before the bug\n"
+
+
+@pytest.mark.parametrize("fmt, model, message", [
+    ("torchrec", None, "no embedding tables to shard"),
+    ("deepspeed", "models/dlrm-criteo.onnx", "26 embedding tables are placed by TorchRec sharding types"),
+])
+def test_plan_format_the_model_cannot_have_is_refused_before_the_search(fmt, model, message, tiny_model, tmp_path,
+                                                                       capsys, monkeypatch):
+    """The exporters' refusals that the model alone decides come before the search and before any file."""
+    monkeypatch.setattr("planner.search.search", must_not_run)
+    path = str(Path(__file__).resolve().parent.parent / model) if model else tiny_model
+    out, gantt = tmp_path / "plan.json", tmp_path / "plan.png"
+    assert main(["plan", path, "--cluster", "dgx-a100-80gb*1", "--global-batch", "4096", "--out", str(out),
+                 "--gantt", str(gantt), "--format", fmt]) == 2
+    assert message in one_error_line(capsys)
+    assert not out.exists() and not gantt.exists()

@@ -14,6 +14,7 @@ from planner.outputs import check_distinct, check_output_file, write_text
 from planner.plans import Plan
 from planner.report import FORMATS, render
 from planner.rules import runtime_for_format
+from planner.types import LayerGraph
 
 HELP = "search the fastest parallel plan that fits (provably optimal under the cost model where it can say so)"
 
@@ -49,6 +50,22 @@ def _alternatives(plans: tuple[Plan, ...]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _check_format(fmt: str, model: LayerGraph, tables: tuple | None, path: str) -> None:
+    """The refusals of the ``--format`` exporters that the model alone decides, made before the search (and
+    before --out and --gantt are written), with the exporters' own checks."""
+    if fmt == "megatron":
+        from planner.export.megatron import check_transformer_layers  # noqa: PLC0415
+
+        check_transformer_layers(sum(1 for layer in model.layers if layer.kind == "block"), path)
+    elif fmt in ("torchrec", "deepspeed"):
+        from planner.compose import sparse_tables  # noqa: PLC0415 - the tables the plan will place
+        from planner.export.deepspeed import check_no_tables  # noqa: PLC0415
+        from planner.export.torchrec import check_has_tables  # noqa: PLC0415
+
+        check = check_has_tables if fmt == "torchrec" else check_no_tables
+        check(len(sparse_tables(model, tables)), path)
+
+
 def run(args: argparse.Namespace) -> int:
     from planner.graph import load_model
     from planner.hardware import load_cluster
@@ -68,10 +85,8 @@ def run(args: argparse.Namespace) -> int:
     dims = parse_dims(args.dim)
     model = load_model(args.model, dims, allow_unknown_ops=args.allow_unknown_ops)
     warn_batch_dim(model, dims, args.micro_batch)
-    if args.format == "megatron":  # refused now, not after the search
-        from planner.export.megatron import check_transformer_layers  # noqa: PLC0415
-
-        check_transformer_layers(sum(1 for layer in model.layers if layer.kind == "block"), args.model)
+    tables = tables_from_args(args)
+    _check_format(args.format, model, tables, args.model)
     cluster = load_cluster(args.cluster)
     # --format megatron/deepspeed plans for that framework's runtime (an explicit --runtime must produce it)
     pinned = dataclasses.replace(config_from_args(args, defaults_to_one=False),
@@ -79,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     bar = terminal_bar("searching")
     try:
         result = search(model, cluster, args.global_batch, pinned=pinned, top_k=args.top + 1,
-                        time_limit_s=args.time_limit, tables=tables_from_args(args), progress=bar,
+                        time_limit_s=args.time_limit, tables=tables, progress=bar,
                         budget=args.budget, options=options)
     finally:
         if bar is not None:

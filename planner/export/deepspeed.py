@@ -30,12 +30,18 @@ from planner.plans import Plan
 log = logging.getLogger(__name__)
 
 
-def deepspeed_config(plan: Plan) -> dict[str, Any]:
-    """The ds_config that runs ``plan``."""
-    if plan.embeddings:
-        raise PlannerError(f"plan: its {len(plan.embeddings)} embedding tables are placed by TorchRec sharding types, "
+def check_no_tables(count: int, what: str) -> None:
+    """Refuse a plan (or a model, before its search) with ``count`` sparse embedding tables: they are placed by
+    TorchRec sharding types, which a ds_config cannot express."""
+    if count:
+        raise PlannerError(f"{what}: its {count} embedding tables are placed by TorchRec sharding types, "
                            "which a ds_config cannot express (DeepSpeed would keep a whole copy of every table on "
                            "every rank); use --format torchrec for the tables' sharding plan")
+
+
+def deepspeed_config(plan: Plan) -> dict[str, Any]:
+    """The ds_config that runs ``plan``."""
+    check_no_tables(len(plan.embeddings), "plan")
     tp, dp = require_uniform(plan, "DeepSpeed")
     pp = pipeline_degree(plan)
     cp = max(stage.cp for stage in plan.stages)

@@ -121,12 +121,19 @@ def _row_blocks(placement: EmbeddingPlacement, shards: Sequence[EmbeddingShard],
     return [(r, span, cols) for r, span in blocks]
 
 
+def check_has_tables(count: int, what: str) -> None:
+    """A TorchRec sharding plan places embedding tables: refuse a plan (or a model, before its search) with
+    ``count`` none."""
+    if not count:
+        raise PlannerError(f"{what}: it has no embedding tables to shard (a token embedding is a pipeline layer, "
+                           "planned with the others), so there is no TorchRec sharding plan; use --format table, "
+                           "json, megatron or deepspeed")
+
+
 def torchrec_plan(plan: Plan) -> dict[str, Any]:
     """``{"world_size": N, "rank_devices": [...], "plan": {table: ParameterSharding fields}}`` for the plan's
     embedding tables (see the module docstring)."""
-    if not plan.embeddings:
-        raise PlannerError("plan: the plan has no embedding tables, so there is no TorchRec sharding plan; "
-                           "use --format table, json, megatron or deepspeed")
+    check_has_tables(len(plan.embeddings), "plan")
     devices = rank_devices(plan)
     rank = {device: r for r, device in enumerate(devices)}
     tables: dict[str, Any] = {}
