@@ -157,3 +157,14 @@ def test_plan_format_the_model_cannot_have_is_refused_before_the_search(fmt, mod
                  "--gantt", str(gantt), "--format", fmt]) == 2
     assert message in one_error_line(capsys)
     assert not out.exists() and not gantt.exists()
+
+
+@pytest.mark.parametrize("command", ["plan", "whatif"])
+@pytest.mark.parametrize("flag", ["--time-limit", "--work"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e400"])
+def test_a_limit_that_is_not_finite_is_refused_naming_its_flag(tiny_model, capsys, command, flag, value):
+    argv = [command, tiny_model, "--cluster", "dgx-a100-80gb*1", "--global-batch", "8", f"{flag}={value}"]
+    with pytest.raises(SystemExit) as exit_info:  # argparse's type check, before anything is loaded
+        main([*argv, *(["--sweep", "count=1"] if command == "whatif" else [])])
+    assert exit_info.value.code == 2
+    assert f"argument {flag}: '{value}' is not a finite number" in one_error_line(capsys)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 from typing import Any
 
@@ -74,10 +75,14 @@ def warn_batch_dim(model: LayerGraph, dims: dict[str, int], micro_batch: int | N
 
 
 def _positive(text: str, kind: type, what: str) -> int | float:
+    """A flag's positive value; argparse's message names the flag. float() takes 'nan' and 'inf', which no
+    count, limit or multiple can be."""
     try:
         value = kind(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number; give a positive one")
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be positive")
     return value
