@@ -310,3 +310,34 @@ def test_onnxruntime_fused_gemm_is_costed_as_a_gemm():
     model = import_model_proto(proto, {})
     assert model.flops_forward * model.batch == 2 * 4 * 512 * 256 + 4 * 512
     assert not [w for w in model.warnings if "no cost rule" in w]
+
+
+def test_a_rotary_cache_is_not_a_parameter_but_looked_up_tables_that_add_or_scale_are():
+    # a module's non-persistent cos buffer, exported as an initializer, sliced per position and multiplied into
+    # the activations: not trained. A learned position table (looked up, added), a token embedding (looked up,
+    # scaled by a constant) and a norm weight (multiplied without a lookup) stay parameters
+    seq, width, vocab = 8, 16, 32
+    nodes = [
+        h.make_node("Gather", ["wte", "tokens"], ["emb"]),
+        h.make_node("Mul", ["emb", "scale"], ["scaled"]),
+        h.make_node("Gather", ["wpe", "positions"], ["pos"]),
+        h.make_node("Add", ["scaled", "pos"], ["x"]),
+        h.make_node("Slice", ["cos", "start", "stop"], ["cos_rows"]),
+        h.make_node("Mul", ["x", "cos_rows"], ["rotated"]),
+        h.make_node("Mul", ["rotated", "norm_w"], ["y"]),
+    ]
+    inits = [
+        h.make_tensor("wte", T.FLOAT, [vocab, width], np.zeros(vocab * width, np.float32)),
+        h.make_tensor("wpe", T.FLOAT, [seq, width], np.zeros(seq * width, np.float32)),
+        h.make_tensor("cos", T.FLOAT, [64, width], np.zeros(64 * width, np.float32)),
+        h.make_tensor("norm_w", T.FLOAT, [width], np.ones(width, np.float32)),
+        h.make_tensor("scale", T.FLOAT, [], [4.0]),
+        h.make_tensor("positions", T.INT64, [seq], np.arange(seq)),
+        h.make_tensor("start", T.INT64, [1], [0]),
+        h.make_tensor("stop", T.INT64, [1], [seq]),
+    ]
+    graph = h.make_graph(nodes, "rotary", [h.make_tensor_value_info("tokens", T.INT64, ["batch", seq])],
+                         [h.make_tensor_value_info("y", T.FLOAT, ["batch", seq, width])], inits)
+    model = import_model_proto(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]), {"batch": 1},
+                               name="rotary")
+    assert sum(layer.params for layer in model.layers) == vocab * width + seq * width + width

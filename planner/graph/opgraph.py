@@ -28,6 +28,10 @@ log = logging.getLogger(__name__)
 
 _NOT_PARAMS = {"BatchNormalization": (3, 4)}
 _SHAPE_OPS = frozenset({"Shape", "Size"})
+# a lookup table indexed by position whose rows multiply activations: a rotary cache (cos/sin per position),
+# which exporters store as an initializer (a module's non-persistent buffer) though nothing trains it
+_LOOKUPS = frozenset({"Slice", "Gather"})
+_PASS_THROUGH = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Cast", "Expand", "Transpose"})
 
 
 # ------------------------------------------------------------------------------------------ building
@@ -238,7 +242,37 @@ def _constants(graph: onnx.GraphProto, nodes: list[Node], init_names: set[str], 
                         continue
                 if rs and node.op_type not in _SHAPE_OPS:
                     roots[out] = rs
+    caches = {t for t in params if _multiplier_table(t, consumers, const)}
+    if caches:
+        params = {t: n for t, n in params.items() if t not in caches}
+        roots = {t: kept for t, rs in roots.items() if (kept := tuple(r for r in rs if r not in caches))}
     return const, roots, params
+
+
+def _multiplier_table(tensor: str, consumers: dict[str, list[tuple[Node, int]]], const: set[str]) -> bool:
+    """Whether ``tensor`` is read only as rows looked up (``Slice``/``Gather`` of its data input) that then
+    only multiply activations, through reshapes and casts: a rotary-embedding cache, not a weight. A learned
+    position table is added to the activations, a token embedding's rows are scaled by a constant, and a norm's
+    weight multiplies without a lookup, so each stays a parameter."""
+    uses = consumers.get(tensor, [])
+    if not uses or not all(n.op_type in _LOOKUPS and slot == 0 for n, slot in uses):
+        return False
+    frontier = [out for n, _ in uses for out in n.outputs if out]
+    seen: set[str] = set()
+    multiplies = False
+    while frontier:
+        t = frontier.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        for node, slot in consumers.get(t, []):
+            if node.op_type in _PASS_THROUGH and slot == 0:
+                frontier.extend(out for out in node.outputs if out)
+            elif node.op_type == "Mul" and len(node.inputs) == 2 and node.inputs[1 - slot] not in const:
+                multiplies = True
+            else:
+                return False
+    return multiplies
 
 
 # ------------------------------------------------------------------------------ shape gap filling
