@@ -285,11 +285,58 @@ def _loop_moe(s: int = 8, h: int = 16, f: int = 24, e: int = 4, k: int = 2):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
-def test_experts_inside_a_loop_are_found_and_routed():
+
+
+def _dense_gated_moe(s: int = 8, h: int = 16, f: int = 24, e: int = 4, k: int = 2):
+    """x -> router MatMul [h, e] -> Softmax -> TopK(k) -> the top scores scattered into a dense [s, e] gate;
+    every expert on every token, relu(x W_up[i]) W_down[i] on 2-D weights, times its gate column, summed (the
+    form that exports without data-dependent shapes); then an output MatMul."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [
+        helper.make_node("MatMul", ["x", "w_router"], ["logits"]),
+        helper.make_node("Softmax", ["logits"], ["probs"], axis=-1),
+        helper.make_node("TopK", ["probs", "k"], ["top", "idx"], axis=-1),
+        helper.make_node("ScatterElements", ["zeros_gate", "idx", "top"], ["gate"], axis=-1),
+    ]
+    parts = []
+    for i in range(e):
+        nodes += [helper.make_node("MatMul", ["x", f"w_up_{i}"], [f"a_{i}"]),
+                  helper.make_node("Relu", [f"a_{i}"], [f"r_{i}"]),
+                  helper.make_node("MatMul", [f"r_{i}", f"w_down_{i}"], [f"y_{i}"]),
+                  helper.make_node("Slice", ["gate", f"start_{i}", f"stop_{i}", "axis_last"], [f"g_{i}"]),
+                  helper.make_node("Mul", [f"y_{i}", f"g_{i}"], [f"part_{i}"])]
+        parts.append(f"part_{i}")
+    nodes += [helper.make_node("Sum", parts, ["moe_out"]), helper.make_node("MatMul", ["moe_out", "w_out"], ["y"])]
+    rng = np.random.default_rng(0)
+
+    def array(name, *shape):
+        return numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+
+    inits = [array("w_router", h, e), array("w_out", h, h),
+             numpy_helper.from_array(np.array([k], np.int64), "k"),
+             numpy_helper.from_array(np.zeros((1, s, e), np.float32), "zeros_gate"),
+             numpy_helper.from_array(np.array([-1], np.int64), "axis_last")]
+    for i in range(e):
+        inits += [array(f"w_up_{i}", h, f), array(f"w_down_{i}", f, h),
+                  numpy_helper.from_array(np.array([i], np.int64), f"start_{i}"),
+                  numpy_helper.from_array(np.array([i + 1], np.int64), f"stop_{i}")]
+    graph = helper.make_graph(nodes, "dense_gated_moe",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, s, h])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, s, h])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("build, expert_ops", [
+    (_loop_moe, lambda ops: [op for op in ops if op.op_type == "Loop"]),  # a scripted per-expert loop
+    (_dense_gated_moe, lambda ops: [op for op in ops if op.op_type == "MatMul"][1:]),  # after the router's
+])
+def test_experts_in_a_loop_or_run_densely_under_a_gate_are_found_and_routed(build, expert_ops):
     s, h, f, e, k = 8, 16, 24, 4, 2
-    graph = import_model_proto(_loop_moe(s, h, f, e, k), {})
+    graph = import_model_proto(build(s, h, f, e, k), {})
     layer = next(layer for layer in graph.layers if layer.moe is not None)
     assert (layer.moe.experts, layer.moe.top_k, layer.moe.expert_ffn, layer.moe.tokens) == (e, k, f, s)
     assert layer.moe.expert_params == e * 2 * h * f
-    loop = next(op for op in layer.ops if op.op_type == "Loop")
-    assert loop.flops == 2 * (s * k) * (h * f + f * h)  # s*k (token, expert) pairs through up and down
+    # s*k (token, expert) pairs through up and down, not every token through every expert
+    assert sum(op.flops for op in expert_ops(layer.ops)) == pytest.approx(2 * (s * k) * (h * f + f * h))

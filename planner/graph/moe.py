@@ -11,7 +11,9 @@ MatMul (either side) that is a parameter, or is computed from one through views,
 ``Gather`` (``gate_up_proj[expert_idx]``: one expert; ``gate_up_proj[expert_ids]``: a slice per routed
 (token, expert) pair), so the three forms exporters write are covered: per-expert 2-D weights (Hugging Face's
 eager loop, unrolled by tracing), batched 3-D weights (the builders, ``batched_mm``), and a ``Loop`` whose
-body Gathers from a 3-D parameter.
+body Gathers from a 3-D parameter. Where no expert MatMul is downstream of the TopK, every expert runs on every
+token and the TopK only builds the gate that weights their outputs (the form that exports without
+data-dependent shapes): the sets of ``experts`` equal 2-D matrices after the router's input are the experts.
 
 Routed cost: ``tokens`` (the router GEMM's rows per sample) times ``top_k`` (token, expert) pairs go through
 the experts, ``tokens * top_k / experts`` through each on average. A MatMul that covers all experts costs
@@ -76,30 +78,18 @@ def detect_moe(graph: OpGraph, members: list[Node], costs: dict[int, OpCost]) ->
     hidden = _in_features(graph, router_node)
     tokens = _rows(graph, router_node, costs[router], hidden)
     downstream = _downstream(graph, topk, inside)
-    expert_nodes: dict[int, tuple[tuple[str, ...], int, bool]] = {}  # node -> (roots, matrix elements, all?)
-    by_shape: dict[tuple[int, ...] | None, list[int]] = {}  # 2-D expert candidates by weight shape
-    for node in members:
-        weight = _expert_weight(graph, node, experts)
-        if weight is None:
-            continue
-        roots, matrix, covers_all, three_d = weight
-        if node.index in downstream or three_d:
-            expert_nodes[node.index] = (roots, matrix, covers_all)
-            if not three_d:
-                by_shape.setdefault(graph.shapes.get(roots[0]), []).append(node.index)
-    # 2-D weights are experts' only as a set: as many matrices of one shape as there are experts (or a
-    # multiple); a lone projection after the combine is not one
-    for nodes in by_shape.values():
-        if len(nodes) % experts:
-            for index in nodes:
-                del expert_nodes[index]
+    start = graph.producer.get(router_node.inputs[0], -1)
+    expert_nodes = _experts(graph, members, experts, lambda node: node.index in downstream)
+    if not expert_nodes:
+        # every expert on every token, its output weighted by a gate the TopK scatters (the form exporters
+        # write without data-dependent shapes): the sets of equal matrices after the router's input
+        expert_nodes = _experts(graph, members, experts, lambda node: node.index > start)
     if not expert_nodes:
         return None
     expert_roots = sorted({r for roots, _, _ in expert_nodes.values() for r in roots})
     expert_params = sum(graph.params.get(r, 0) for r in expert_roots)
     expert_ffn = _expert_ffn(graph, expert_roots, hidden, experts)
     new_costs = _routed_costs(graph, members, costs, expert_nodes, downstream, tokens * top_k, experts)
-    start = graph.producer.get(router_node.inputs[0], -1)
     shared = frozenset(node.index for node in members if node.index > start and node.index != router
                        and node.index not in expert_nodes and weighted_matmul(graph, node))
     shared_ffn = max((_in_features(graph, graph.nodes[i]) for i in shared
@@ -108,6 +98,29 @@ def detect_moe(graph: OpGraph, members: list[Node], costs: dict[int, OpCost]) ->
     dims = MoEDims(experts=experts, top_k=top_k, shared_experts=shared_experts, expert_ffn=expert_ffn,
                    router=scoring, expert_params=expert_params, tokens=tokens)
     return MoEMatch(dims, router, frozenset(expert_nodes), shared, new_costs)
+
+
+def _experts(graph: OpGraph, members: list[Node], experts: int, candidate
+             ) -> dict[int, tuple[tuple[str, ...], int, bool]]:
+    """node -> (weight roots, matrix elements, covers all experts) of the layer's routed-expert MatMuls: any on
+    a 3-D ``[experts, in, out]`` parameter, and the ``candidate`` ones on 2-D parameters that come in sets of
+    ``experts`` equal shapes (or a multiple; a lone projection after the combine is not one)."""
+    found: dict[int, tuple[tuple[str, ...], int, bool]] = {}
+    by_shape: dict[tuple[int, ...] | None, list[int]] = {}  # 2-D expert candidates by weight shape
+    for node in members:
+        weight = _expert_weight(graph, node, experts)
+        if weight is None:
+            continue
+        roots, matrix, covers_all, three_d = weight
+        if three_d or candidate(node):
+            found[node.index] = (roots, matrix, covers_all)
+            if not three_d:
+                by_shape.setdefault(graph.shapes.get(roots[0]), []).append(node.index)
+    for nodes in by_shape.values():
+        if len(nodes) % experts:
+            for index in nodes:
+                del found[index]
+    return found
 
 
 # ------------------------------------------------------------------------------------------- router
