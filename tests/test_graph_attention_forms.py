@@ -108,6 +108,14 @@ def test_single_op_attention_is_timed_as_the_matmul_softmax_core(stem, attention
 
 
 @pytest.mark.parametrize("stem", ["llama_sdpa.dynamo", "llama_sdpa_gqa.dynamo"])
+def test_an_unfused_attention_op_runs_the_kernels_of_its_decomposition(stem):
+    """Unfused, the Attention node is its graph's kernels one by one (Q·Kᵀ, the causal mask's add, the
+    softmax, P·V), as the MatMul/Softmax export runs them."""
+    assert _block_times(stem, "unfused") == pytest.approx(_block_times("llama_sdpa.torchscript", "unfused"),
+                                                          rel=1e-9)
+
+
+@pytest.mark.parametrize("stem", ["llama_sdpa.dynamo", "llama_sdpa_gqa.dynamo"])
 def test_tp_beyond_the_kv_heads_is_refused(stem, capsys):
     code = main(["plan", os.path.join(HERE, f"{stem}.onnx"), "--dim", "seq=64", "--cluster", "dgx-a100-80gb*1",
                  "--global-batch", "8", "--tp", "4"])
@@ -150,12 +158,13 @@ def test_attention_node_flops_and_kernels(three_d, past):
     ops = [op for layer in graph.layers for op in layer.ops]
     keys = 8 + past
     scores = 4 * 8 * keys
-    qk, softmax, pv = [op for op in ops if op.name.startswith("Attention")]  # its kernels, named after it
-    assert (qk.op_type, softmax.op_type, pv.op_type) == ("MatMul", "Softmax", "MatMul")
+    qk, mask, softmax, pv = [op for op in ops if op.name.startswith("Attention")]  # its kernels, named after it
+    assert (qk.op_type, mask.op_type, softmax.op_type, pv.op_type) == ("MatMul", "Add", "Softmax", "MatMul")
     assert qk.gemm == (4 * 8, keys, 16) and pv.gemm == (4 * 8, 16, keys)
     assert qk.flops == pv.flops == 2 * scores * 16
-    assert softmax.flops == (5 + 1 + 1) * scores  # softmax, scale, causal mask
-    assert softmax.bytes_read == softmax.bytes_written == 2 * scores
+    assert mask.flops == scores  # the causal triangle added
+    assert softmax.flops == (5 + 1) * scores  # softmax and scale
+    assert softmax.bytes_read == softmax.bytes_written == mask.bytes_written == 2 * scores
     projections = 2 * 8 * 64 * (64 + 32 + 32 + 64)
     assert graph.flops_forward == pytest.approx(projections + 4 * scores * 16 + 7 * scores)
 

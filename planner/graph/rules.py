@@ -251,22 +251,25 @@ class Stage:
 
 
 def attention_stages(v: View) -> tuple[Stage, ...]:
-    """An ``Attention`` node as the kernels of the graph it fuses: Q·Kᵀ (``MatMul``), the scale, mask,
-    soft cap and softmax on the scores (``Softmax``: 1 + 1 + 3 + 5 FLOPs per score, the mask and cap where
-    present), and P·V (``MatMul``); every query head against its group's K and V head. Empty where the
-    shapes are unknown."""
+    """An ``Attention`` node as the kernels of the graph it fuses, as an unfused (math) attention runs them:
+    Q·Kᵀ (``MatMul``), the mask added to the scores (``Add``, where there is one: an ``attn_mask`` or the
+    causal triangle), the soft cap and softmax with the scale (``Softmax``: 1 + 3 + 5 FLOPs per score, the cap
+    where present), and P·V (``MatMul``); every query head against its group's K and V head. A fused runtime
+    (FlashAttention, the fused softmax) times them as one kernel. Empty where the shapes are unknown."""
     shape = attention_shape(v.node, v.graph)
     if shape is None:
         return ()
     rows = shape.batch * shape.q_heads * shape.q_seq
     scores = rows * shape.kv_seq
-    per_score = (FLOPS_PER_ELEMENT["Softmax"] + 1 + (1 if shape.causal or shape.masked else 0)
-                 + (3 if shape.softcap else 0))
+    per_score = FLOPS_PER_ELEMENT["Softmax"] + 1 + (3 if shape.softcap else 0)
     score_bytes = float(scores * act_bytes(None))
     written = sum(v.bytes_of(t) for t in v.node.outputs)
+    masks = (Stage("Add", float(scores), 2 * score_bytes if shape.causal else score_bytes + v.in_bytes(3),
+                   score_bytes, None),) if shape.causal or shape.masked else ()
     return (Stage("MatMul", 2.0 * scores * shape.head_dim, v.in_bytes(0) + v.in_bytes(1) + v.in_bytes(4),
                   score_bytes, (rows, shape.kv_seq, shape.head_dim)),
-            Stage("Softmax", float(per_score * scores), score_bytes + v.in_bytes(3), score_bytes, None),
+            *masks,
+            Stage("Softmax", float(per_score * scores), score_bytes, score_bytes, None),
             Stage("MatMul", 2.0 * scores * shape.v_head_dim, score_bytes + v.in_bytes(2) + v.in_bytes(5), written,
                   (rows, shape.v_head_dim, shape.kv_seq)))
 
