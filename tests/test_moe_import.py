@@ -340,3 +340,14 @@ def test_experts_in_a_loop_or_run_densely_under_a_gate_are_found_and_routed(buil
     assert layer.moe.expert_params == e * 2 * h * f
     # s*k (token, expert) pairs through up and down, not every token through every expert
     assert sum(op.flops for op in expert_ops(layer.ops)) == pytest.approx(2 * (s * k) * (h * f + f * h))
+
+
+@pytest.mark.parametrize("stem", ["moe_modulelist_eager.torchscript", "moe_modulelist_eager.dynamo"])
+def test_routed_tensors_of_unknown_shape_count_in_the_saved_activations(stem):
+    # the eager loop's per-expert rows are data-dependent, so their shapes are unknown: each routed (token,
+    # expert) pair still saves at least its input to the expert's first matrix and the input to its last
+    cfg = _record(stem)["config"]
+    graph = load_model(os.path.join(MOE, f"{stem}.onnx"), dims={"batch": 1, "seq": 16})
+    pairs = 16 * cfg["top_k"]
+    for layer in (layer for layer in graph.layers if layer.moe is not None):
+        assert layer.activation_bytes >= pairs * (cfg["hidden"] + cfg["expert_ffn"]) * 2

@@ -53,13 +53,15 @@ ROUTED_EXPERT = "routed-expert"
 @dataclass(frozen=True)
 class MoEMatch:
     """What one layer's mixture of experts is made of: dims, the router GEMM, the routed-expert nodes
-    (MatMuls and Loops), the shared-expert MatMuls, and the costs that replace the graph's own."""
+    (MatMuls and Loops), the shared-expert MatMuls, the costs that replace the graph's own, and the elements
+    per sample of the tensors whose shapes depend on the routing, from the routed sizes."""
 
     dims: MoEDims
     router: int
     experts: frozenset[int]
     shared: frozenset[int]
     costs: dict[int, OpCost]
+    routed_sizes: dict[str, int]
 
 
 def detect_moe(graph: OpGraph, members: list[Node], costs: dict[int, OpCost]) -> MoEMatch | None:
@@ -89,7 +91,7 @@ def detect_moe(graph: OpGraph, members: list[Node], costs: dict[int, OpCost]) ->
     expert_roots = sorted({r for roots, _, _ in expert_nodes.values() for r in roots})
     expert_params = sum(graph.params.get(r, 0) for r in expert_roots)
     expert_ffn = _expert_ffn(graph, expert_roots, hidden, experts)
-    new_costs = _routed_costs(graph, members, costs, expert_nodes, downstream, tokens * top_k, experts)
+    new_costs, sizes = _routed_costs(graph, members, costs, expert_nodes, downstream, tokens * top_k, experts)
     shared = frozenset(node.index for node in members if node.index > start and node.index != router
                        and node.index not in expert_nodes and weighted_matmul(graph, node))
     shared_ffn = max((_in_features(graph, graph.nodes[i]) for i in shared
@@ -97,7 +99,7 @@ def detect_moe(graph: OpGraph, members: list[Node], costs: dict[int, OpCost]) ->
     shared_experts = (max(1, round(shared_ffn / expert_ffn)) if expert_ffn else 1) if shared_ffn else 0
     dims = MoEDims(experts=experts, top_k=top_k, shared_experts=shared_experts, expert_ffn=expert_ffn,
                    router=scoring, expert_params=expert_params, tokens=tokens)
-    return MoEMatch(dims, router, frozenset(expert_nodes), shared, new_costs)
+    return MoEMatch(dims, router, frozenset(expert_nodes), shared, new_costs, sizes)
 
 
 def _experts(graph: OpGraph, members: list[Node], experts: int, candidate
@@ -258,9 +260,10 @@ def _expert_ffn(graph: OpGraph, roots: list[str], hidden: int, experts: int) -> 
 
 def _routed_costs(graph: OpGraph, members: list[Node], costs: dict[int, OpCost],
                   expert_nodes: dict[int, tuple[tuple[str, ...], int, bool]], downstream: set[int],
-                  pairs: int, experts: int) -> dict[int, OpCost]:
+                  pairs: int, experts: int) -> tuple[dict[int, OpCost], dict[str, int]]:
     """Replacement costs: expert MatMuls whose graph count is unknown or dense get the routed count; the
-    element-wise ops with unknown shapes downstream of the router are costed from guessed routed sizes."""
+    element-wise ops with unknown shapes downstream of the router are costed from guessed routed sizes. With
+    the guessed sizes (elements per sample) of the tensors of unknown shape."""
     out: dict[int, OpCost] = {}
     guess: dict[str, int] = {}
     for node in members:
@@ -294,7 +297,7 @@ def _routed_costs(graph: OpGraph, members: list[Node], costs: dict[int, OpCost],
             flops = float(FLOPS_PER_ELEMENT.get(node.op_type, 1) * data)
         moved = float(data * act_bytes(graph.types.get(node.outputs[0]) if node.outputs else None))
         out[node.index] = OpCost(cost.name, cost.op_type, flops, moved, moved, cost.gemm, cost.tp_split, cost.role)
-    return out
+    return out, guess
 
 
 def _unknown(graph: OpGraph, node: Node) -> bool:
