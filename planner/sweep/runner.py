@@ -116,14 +116,16 @@ def _run_ray(fn: Callable[[T], R], tasks: Sequence[T], workers: int | None, prog
 
 
 def _abandon(ray: ModuleType, refs: list[Any], timeout_s: float = ABANDON_TIMEOUT_S) -> None:
-    """Cancel the points still in flight after one failed, and collect how each ends (its own error, or the
-    cancellation): Ray prints a task error that no one fetched as an "Unhandled error" with a traceback,
-    after the one line that already said what is wrong. Waits at most ``timeout_s`` for them."""
+    """Collect how each point still in flight after one failed ends (at most ``workers`` of them): Ray prints
+    a task error that no one fetched as an "Unhandled error" with a traceback, after the one line that
+    already said what is wrong. Waits at most ``timeout_s`` for them and cancels only those still running
+    then: cancelling a task as it completes can crash Ray's driver (task_manager.cc, "Check failed" on a
+    reply for a task no longer pending), which a sweep of quickly failing points hits."""
     if not refs:
         return
-    for ref in refs:
+    ended, running = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    for ref in running:
         ray.cancel(ref)
-    ended, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
     for ref in ended:
         try:
             ray.get(ref)
