@@ -249,11 +249,12 @@ def _layers(graph: OpGraph, units: list[layer_detection.Unit], costs: dict[int, 
                 if tensor in counted:
                     continue
                 counted.add(tensor)
-                known = graph.numel(tensor.split("#mask")[0])
+                base = tensor.split("#mask")[0]
+                known = graph.numel(base)
                 if known is not None:
                     saved_bytes[k] += known * per_elem / b
                 elif k in moe:  # a shape the routing decides: the routed size, per sample already
-                    saved_bytes[k] += moe[k].routed_sizes.get(tensor.split("#mask")[0], 0) * per_elem
+                    saved_bytes[k] += moe[k].routed_sizes.get(base, 0) * per_elem
     # boundary tensors: live from the producing layer to the last consuming layer (a difference array)
     diff = [0.0] * (n + 2)  # crossing[k] = bytes passed from layer k-1 to layer k (k=0: graph inputs)
     handed_on: dict[int, tuple[int, str]] = {}  # layer -> (producer index, tensor) of its output

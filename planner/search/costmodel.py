@@ -98,6 +98,10 @@ class CostModelBackend:
     def model_has_experts(self) -> bool:
         return any(layer.moe is not None for layer in self.model.layers)
 
+    @property
+    def model_has_tied_weights(self) -> bool:
+        return any(layer.tied_params for layer in self.model.layers)
+
     def static_bytes(self, params_per_rank: np.ndarray, option: StageOption, settings: Settings) -> np.ndarray:
         mem = stage_memory(np.asarray(params_per_rank, dtype=float), 0.0, 0, settings.zero,
                            self._state_dp(option, settings), settings.optimizer, settings.dtype,
@@ -185,10 +189,11 @@ class CostModelBackend:
             in_flight = micro_batches_in_flight(k, P, m, settings.schedule, settings.vpp)
             empty, per_micro_batch = self._memory_of(option, settings)
             fits.append(empty + in_flight * per_micro_batch <= self.capacity_bytes(option))
-            # stage 0 starts at layer 0: its prefixes are all it needs
             # a tied weight's copies are reduced between stage 0 and the stage holding the copy, the last
-            # stage's as far as stage 0 can tell
-            partner = devices[P - 1 if k == 0 else 0][0]
+            # stage's as far as stage 0 can tell; without tied weights no partner, so that the tails of
+            # layouts whose stage 0 sits elsewhere are shared
+            partner = devices[P - 1 if k == 0 else 0][0] if self.model_has_tied_weights else None
+            # stage 0 starts at layer 0: its prefixes are all it needs
             tails.append(None if weights[k] == 0 else self._tails(option, devices[k], settings, first=k == 0,
                                                                   partner=partner))
         return bound_matrices(fwd, bwd, sends, fits, tails, m, settings.vpp, exposure)
@@ -296,11 +301,11 @@ class CostModelBackend:
         return hit
 
     def _tails(self, option: StageOption, devices: tuple[int, ...], settings: Settings, first: bool,
-               partner: int) -> np.ndarray:
+               partner: int | None) -> np.ndarray:
         """A stage's exposed once-per-iteration synchronisation plus optimizer step when it holds layers i..j
         (``planner.cost.comm.sync_tail_s`` of the segments, NaN below the diagonal); ``first``: only the
         prefixes 0..j, as a vector. ``partner``: the first device of the stage a tied weight's all-reduce
-        pairs this one with (``planner.cost.comm.tied_grad_sync_s``)."""
+        pairs this one with (``planner.cost.comm.tied_grad_sync_s``; None: the model ties no weights)."""
         key = (option, settings, devices, first, partner)
         hit = self._tail_cache.get(key)
         if hit is not None:
@@ -327,8 +332,8 @@ class CostModelBackend:
         if edp_group is not None and settings.zero < 3:
             sync = one_after_other(sync, dp_sync(settings.zero, experts, edp_group, settings.dtype, runtime))
         out = sync_tail_s(sync, runtime, sums(t.backward_s), sums(t.forward_s))
-        tied = prefix_tied_params(self.model, option.tp) if first else segment_tied_params(self.model, option.tp)
-        if tied.any() and partner != devices[0]:
+        if partner is not None and partner != devices[0]:
+            tied = prefix_tied_params(self.model, option.tp) if first else segment_tied_params(self.model, option.tp)
             out = out + tied_grad_sync_s(tied, dp_group(self.cluster, [devices[0], partner], cal), settings.dtype,
                                          runtime)
         edp = self._expert_dp(option, settings)
