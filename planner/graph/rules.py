@@ -175,6 +175,14 @@ def einsum_product(terms: list[str], out: str, sizes: dict[str, int], a: int = 0
     return (_prod([sizes[c] for c in batch | m]), _prod([sizes[c] for c in n]), _prod([sizes[c] for c in k]))
 
 
+def einsum_weight_slot(node: Node, graph: OpGraph) -> int | None:
+    """The operand of a two-operand Einsum that is a weight (the other one is not), else None."""
+    if len(node.inputs) != 2:
+        return None
+    weights = [t in graph.param_roots for t in node.inputs]
+    return weights.index(True) if weights.count(True) == 1 else None
+
+
 def _einsum(v: View) -> tuple[float, Gemm | None]:
     parsed = einsum_terms(v.node, v.graph)
     if parsed is None:
@@ -183,7 +191,7 @@ def _einsum(v: View) -> tuple[float, Gemm | None]:
     if len(terms) < 2:
         return float(_prod(v.in_shape(0) or ())), None
     # a weight operand gives the product's n (its output features), as the second operand of a MatMul does
-    weight_first = v.node.inputs[0] in v.graph.param_roots and v.node.inputs[-1] not in v.graph.param_roots
+    weight_first = einsum_weight_slot(v.node, v.graph) == 0
     return 2.0 * _prod(list(sizes.values())), einsum_product(terms, out, sizes, 1 if weight_first else 0)
 
 

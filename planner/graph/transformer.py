@@ -38,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.graph.ir import Node, OpGraph
-from planner.graph.rules import attention_shape, einsum_terms
+from planner.graph.rules import attention_shape, einsum_terms, einsum_weight_slot
 from planner.types import TransformerDims
 
 
@@ -46,16 +46,8 @@ def weighted_matmul(graph: OpGraph, node: Node) -> bool:
     """A matrix product of an activation and a weight: MatMul/Gemm with a weight second, an Einsum of two
     operands one of which is a weight."""
     if node.op_type == "Einsum":
-        return _einsum_weight_slot(graph, node) is not None
+        return einsum_weight_slot(node, graph) is not None
     return node.op_type in ("MatMul", "Gemm") and len(node.inputs) > 1 and node.inputs[1] in graph.param_roots
-
-
-def _einsum_weight_slot(graph: OpGraph, node: Node) -> int | None:
-    """The operand of a two-operand Einsum that is a weight (the other one is not), else None."""
-    if len(node.inputs) != 2:
-        return None
-    weights = [t in graph.param_roots for t in node.inputs]
-    return weights.index(True) if weights.count(True) == 1 else None
 
 
 @dataclass(frozen=True)
@@ -294,7 +286,7 @@ def _weight_kn(graph: OpGraph, node: Node) -> tuple[int, int] | None:
 
 
 def _einsum_weight_kn(graph: OpGraph, node: Node) -> tuple[int, int] | None:
-    slot = _einsum_weight_slot(graph, node)
+    slot = einsum_weight_slot(node, graph)
     parsed = einsum_terms(node, graph)
     if slot is None or parsed is None:
         return None

@@ -22,7 +22,7 @@ R = TypeVar("R")
 Progress = Callable[[int, int], None]  # (points done, points in all)
 
 BACKENDS = ("process", "ray")
-ABANDON_TIMEOUT_S = 10.0  # how long a failed Ray sweep waits for its cancelled points to end
+ABANDON_TIMEOUT_S = 10.0  # how long a failed Ray sweep waits for its points in flight to end
 log = logging.getLogger(__name__)
 
 

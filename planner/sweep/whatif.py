@@ -15,8 +15,8 @@ Cost: ``cost_per_hour`` is the price of the nodes the plan uses (a node counts w
 of its devices; one would not rent the rest), known only when those nodes' groups have ``price_per_node_hour``;
 ``cost_per_sample`` and ``cost_per_million_tokens`` divide it by the predicted throughput. An infeasible
 point reports the price of its whole cluster. A group's price is for its own hardware: a point that gives the
-group another node or device, and no swept price, has no price for it (planner.sweep.keys.point_inputs). Tokens are samples x the model's ``seq`` dimension, where it
-has one.
+group another node or device, and no swept price, has no price for it (planner.sweep.keys.point_inputs).
+Tokens are samples x the model's ``seq`` dimension, where it has one.
 """
 
 from __future__ import annotations
