@@ -70,6 +70,22 @@ class Runtime:
     # the lowest ZeRO stage whose gradient reduction overlaps the backward (``overlap_grad_reduce``); below
     # it the runtime reduces after the backward pass
     overlap_grad_reduce_min_zero: int = 0
+    # whether the gradient reduction still overlaps the backward with pp > 1; False: DeepSpeed's engine turns
+    # overlap_comm off for a PipelineModule ("Pipeline parallelism does not support overlapped communication,
+    # will be disabled": deepspeed/runtime/engine.py, _configure_zero_optimizer), whose pipeline engine reduces
+    # the gradients after the last micro-batch's backward
+    pipeline_overlap_grad_reduce: bool = True
+    # training dtypes whose ZeRO-0 optimizer, with pp > 1, keeps the fp32 master weights, moments and gradient
+    # copy sharded over dp as ZeRO-1 does, all-reduces the gradients and all-gathers the updated 16-bit weights
+    # after the step: DeepSpeed runs a bf16 pipeline without ZeRO through its BF16_Optimizer
+    # (deepspeed/runtime/engine.py _do_optimizer_sanity_check; deepspeed/runtime/bf16_optimizer.py: the fp32
+    # partition per dp rank, update_lp_params all-gathers the bf16 partitions)
+    pipeline_sharded_optimizer_dtypes: tuple[str, ...] = ()
+    # the ZeRO optimizer copies each gradient into contiguous reduce buckets of grad_bucket_params elements in
+    # the weights' dtype, two of them while the reduction overlaps the backward (double buffering), one
+    # otherwise and at ZeRO-3 (DeepSpeed zero_optimization.contiguous_gradients, default true:
+    # deepspeed/runtime/zero/stage_1_and_2.py setup_buckets, stage3.py ipg_buckets)
+    contiguous_grad_buckets: bool = False
     # --- fixed memory every rank holds besides the model (planner.cost.memory adds them to other_bytes)
     # the CUDA context of a PyTorch process: "~300MB" with CUDA 11.7+ lazy module loading, over 1 GB before
     # it, when every kernel was loaded into the context (pytorch/pytorch issue #107667, maintainer answer)
@@ -145,9 +161,29 @@ class Runtime:
     # Table 1), i.e. the load the busiest expert reaches under that loss
     moe_load_imbalance: float = 1.25
 
-    def overlaps_grad_reduce(self, zero: int) -> bool:
-        """Whether the gradient reduction of ZeRO stage ``zero`` overlaps the backward pass."""
+    def overlaps_grad_reduce(self, zero: int, pipelined: bool = False) -> bool:
+        """Whether the gradient reduction of ZeRO stage ``zero`` overlaps the backward pass (``pipelined``:
+        with pp > 1)."""
+        if pipelined and not self.pipeline_overlap_grad_reduce:
+            return False
         return self.overlap_grad_reduce and zero >= self.overlap_grad_reduce_min_zero
+
+    def shards_optimizer_states(self, zero: int, pipelined: bool, dtype: str) -> bool:
+        """Whether the optimizer states are sharded over dp: from ZeRO-1 on, and at ZeRO-0 in a pipeline of a
+        dtype in ``pipeline_sharded_optimizer_dtypes``."""
+        return zero >= 1 or (pipelined and dtype in self.pipeline_sharded_optimizer_dtypes)
+
+    def gathers_weights_after_step(self, zero: int, pipelined: bool, dtype: str) -> bool:
+        """Whether the updated weights are all-gathered once after the optimizer step: ZeRO-1/2, and a ZeRO-0
+        optimizer that shards its states (ZeRO-3 gathers per layer instead)."""
+        return zero in (1, 2) or (zero == 0 and self.shards_optimizer_states(zero, pipelined, dtype))
+
+    def grad_bucket_buffer_params(self, zero: int, pipelined: bool) -> float:
+        """Elements of the contiguous gradient buckets the ZeRO optimizer holds (``contiguous_grad_buckets``)."""
+        if not self.contiguous_grad_buckets or zero == 0:
+            return 0.0
+        count = 2 if zero < 3 and self.overlaps_grad_reduce(zero, pipelined) else 1
+        return float(count * self.grad_bucket_params)
 
 
 RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
@@ -187,18 +223,22 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
         description="DeepSpeed ZeRO 0-3 with overlap_comm; tensor parallelism through AutoTP (ZeRO 0-2, no sequence "
                     "parallelism); pipeline only with ZeRO 0-1, no interleaved schedule",
         source="DeepSpeed config docs (zero_optimization: reduce_bucket_size 5e8, overlap_comm, "
-               "stage3_prefetch_bucket_size; the planner's export sets overlap_comm for ZeRO 1-3, whose "
-               "optimizer reduces gradients in buckets during the backward); deepspeed/runtime/engine.py "
-               "(without a ZeRO optimizer, DeepSpeedEngine.backward all-reduces the gradients after the "
-               "backward pass, allreduce_gradients); deepspeed/runtime/pipe/engine.py (ZeRO-2/3 not supported with "
+               "stage3_prefetch_bucket_size, contiguous_gradients; the planner's export sets overlap_comm for "
+               "ZeRO 1-3, whose optimizer reduces gradients in buckets during the backward); "
+               "deepspeed/runtime/engine.py (without a ZeRO optimizer, DeepSpeedEngine.backward all-reduces the "
+               "gradients after the backward pass, allreduce_gradients; get_data_types: gradients accumulate in "
+               "the weights' dtype unless data_types.grad_accum_dtype says otherwise, which the export leaves "
+               "unset; overlap_comm off with a PipelineModule; a bf16 pipeline without ZeRO runs the "
+               "BF16_Optimizer); deepspeed/runtime/pipe/engine.py (ZeRO-2/3 not supported with "
                "pipeline parallelism); DeepSpeed has no virtual-pipeline schedule; DeepSpeed tutorial "
                "'Automatic Tensor Parallelism (Training)' (tensor_parallel.autotp_size in the config, with ZeRO "
                "stage 0, 1 or 2; weights split, activations not: no sequence parallelism)",
         overlap_grad_reduce=True, overlap_param_gather=False, tp_comm_overlap=False,
-        grad_bucket_params=500_000_000, zero3_prefetch_layers=1, attention="flash", main_grad_bytes=4,
+        grad_bucket_params=500_000_000, zero3_prefetch_layers=1, attention="flash", main_grad_bytes=0,
         zero_stages=(0, 1, 2, 3), max_pipeline_zero=1, interleaved=False, tensor_parallel=True,
         pipeline_parallel=True, overlap_grad_reduce_min_zero=1, max_tensor_parallel_zero=2,
-        sequence_parallel=False),
+        sequence_parallel=False, pipeline_overlap_grad_reduce=False, pipeline_sharded_optimizer_dtypes=("bf16",),
+        contiguous_grad_buckets=True),
     Runtime(
         name="pytorch-fsdp2",
         description="PyTorch FSDP2 (fully_shard, as torchtitan runs it): per-layer all-gather with one layer "

@@ -180,3 +180,35 @@ def test_deepspeed_without_a_zero_optimizer_reduces_after_the_backward(two_nodes
 
     assert dp_s(runtime) == pytest.approx(dp_s(dataclasses.replace(runtime, overlap_grad_reduce=False)), rel=1e-12)
     assert dp_s(runtime) > dp_s(dataclasses.replace(runtime, overlap_grad_reduce_min_zero=0))
+
+
+def test_deepspeed_pipeline_reduces_after_the_backward(two_nodes):
+    """DeepSpeed's engine turns overlap_comm off for a PipelineModule: with pp > 1 the ZeRO-1 reduction is
+    exposed whole, as with overlap switched off; one stage still overlaps it."""
+    runtime = get_runtime("deepspeed")
+    assert runtime.overlaps_grad_reduce(1) and not runtime.overlaps_grad_reduce(1, pipelined=True)
+    model = gpt(8, 4096, 32, 512, 32000)
+    no_overlap = dataclasses.replace(runtime, name="deepspeed-no-overlap", overlap_grad_reduce=False)
+
+    def dp_s(rt, pp: int) -> float:
+        return _one_stage(two_nodes, 16 // pp, 1, rt, 4, model=model, pp=pp).breakdown.dp_comm_s
+
+    assert dp_s(runtime, 2) == pytest.approx(dp_s(no_overlap, 2), rel=1e-12)
+    assert dp_s(runtime, 1) < dp_s(no_overlap, 1)
+
+
+def test_deepspeed_bf16_pipeline_without_zero_also_gathers_its_weights(two_nodes):
+    """DeepSpeed's BF16_Optimizer (a bf16 pipeline at ZeRO-0) all-reduces the gradients and, its states
+    sharded, all-gathers the updated weights: (n-1)/n x (2 + 1) weights' bytes sent against ZeRO-1's
+    reduce-scatter and all-gather, (n-1)/n x (1 + 1). In fp16 ZeRO-0 is the all-reduce alone."""
+    runtime = get_runtime("deepspeed")
+
+    def sent(zero: int, dtype: str) -> float:
+        n = len(MODEL.layers)
+        stages = tuple(StageSpec(a, b, (ReplicaSpec(devices=tuple(range(s * 8, s * 8 + 8)), tp=1, dp=8),))
+                       for s, (a, b) in enumerate(((0, n // 2 - 1), (n // 2, n - 1))))
+        spec = PipelineSpec(stages=stages, global_batch=32, micro_batch=1, zero=zero, runtime=runtime, dtype=dtype)
+        return estimate_pipeline(MODEL, two_nodes, spec).stages[0].dp_bytes
+
+    assert sent(0, "bf16") == pytest.approx(1.5 * sent(1, "bf16"), rel=1e-9)
+    assert sent(0, "fp16") == pytest.approx(sent(1, "fp16"), rel=1e-9)

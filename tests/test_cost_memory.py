@@ -1,10 +1,13 @@
 """Memory model: Korthikanti et al. 2022 activation formulas, ZeRO, and memory feasibility."""
 
+import dataclasses
+
 import pytest
 
 from planner.cost import estimate, layer_costs, stage_memory, transformer_activation_bytes
 from planner.cost.memory import micro_batches_in_flight
 from planner.hardware import catalog, load_cluster
+from planner.runtime import get_runtime
 from planner.types import ParallelConfig
 from tests.cost_models import gpt, gpt3_175b
 
@@ -99,3 +102,48 @@ def test_attention_tensors_are_counted_at_their_head_widths():
     mla = transformer_activation_bytes(s, b, h, a, head_dim=192, v_head_dim=128, **common)
     w = g = 2  # bf16
     assert mla - base == s * b * (w * (a * 192 + a * (192 + 128)) + g * a * 128 - (w * 3 * h + g * h))
+
+
+def test_deepspeed_keeps_gradients_in_the_weights_dtype_and_steps_on_an_fp32_copy():
+    """DeepSpeed accumulates gradients in the weights' dtype (engine.get_data_types: no grad_accum_dtype set)
+    and its optimizers step on an fp32 copy: ZeRO-1 in bf16 holds 2 + 2 + 16/d bytes per parameter, ZeRO-0
+    (FP16_Optimizer's flat fp32 master and gradient) 20, unsharded."""
+    p, dp = 1e9, 8
+    m1 = stage_memory(p, 0.0, 0, 1, dp, "adam", "bf16", runtime="deepspeed")
+    assert (m1.weights_bytes, m1.gradients_bytes) == (2e9, 2e9)
+    assert m1.optimizer_bytes == pytest.approx(16e9 / dp)
+    m0 = stage_memory(p, 0.0, 0, 0, dp, "adam", "bf16", runtime="deepspeed")
+    assert m0.weights_bytes + m0.gradients_bytes + m0.optimizer_bytes == pytest.approx(20e9)
+
+
+def test_deepspeed_bf16_pipeline_without_zero_shards_its_optimizer_states():
+    """With pp > 1 DeepSpeed runs bf16 ZeRO-0 through its BF16_Optimizer, whose fp32 master and moments are
+    sharded over dp as ZeRO-1's; fp16 keeps FP16_Optimizer's whole copy, and one stage keeps it too."""
+    p, dp = 1e9, 8
+
+    def states(dtype: str, pipelined: bool) -> float:
+        return stage_memory(p, 0.0, 0, 0, dp, "adam", dtype, runtime="deepspeed", pipelined=pipelined).optimizer_bytes
+
+    assert states("bf16", True) == pytest.approx(states("bf16", False) / dp)
+    assert states("fp16", True) == states("fp16", False)
+    one = stage_memory(p, 0.0, 0, 1, dp, "adam", "bf16", runtime="deepspeed", pipelined=True)
+    assert states("bf16", True) == pytest.approx(one.optimizer_bytes)
+    # the other runtimes' ZeRO-0 is the same with or without a pipeline
+    for runtime in ("megatron-core", "pytorch-fsdp2"):
+        a, b = (stage_memory(p, 0.0, 0, 0, dp, "adam", "bf16", runtime=runtime, pipelined=x) for x in (False, True))
+        assert a == b
+
+
+@pytest.mark.parametrize("zero,pipelined,buffers", [(0, False, 0), (1, False, 2), (2, False, 2), (3, False, 1),
+                                                    (1, True, 1)])
+def test_deepspeed_gradient_buckets_are_held_beside_the_model(zero, pipelined, buffers):
+    """DeepSpeed's ZeRO optimizer copies gradients into contiguous buckets of reduce_bucket_size elements in the
+    weights' dtype: two while overlap_comm double-buffers them, one at ZeRO-3 or when a pipeline turns the
+    overlap off, none without a ZeRO optimizer. They join other_bytes with the allocator's reserve on them."""
+    runtime = get_runtime("deepspeed")
+    plain = dataclasses.replace(runtime, name="deepspeed-no-buckets", contiguous_grad_buckets=False)
+    with_, without = (stage_memory(1e9, 0.0, 0, zero, 8, "adam", "bf16", runtime=rt, pipelined=pipelined)
+                      for rt in (runtime, plain))
+    held = buffers * runtime.grad_bucket_params * 2
+    assert with_.other_bytes - without.other_bytes == pytest.approx(held * (1 + runtime.allocator_reserve_fraction))
+    assert with_.total_bytes - with_.other_bytes == without.total_bytes - without.other_bytes

@@ -230,6 +230,6 @@ def test_stage_memory_of_the_search_is_the_cost_models_with_a_tied_head(slow_lin
     last = (cut, len(model.layers) - 1)
     est = estimate_pipeline(model, cluster, pipeline_spec(cluster, 32, settings, layout, last))
     for stage, option, (i, j) in zip(est.stages, layout.options, ((0, cut), (cut + 1, last[1]))):
-        fixed, per_micro_batch = backend._memory_of(option, settings)
+        fixed, per_micro_batch = backend._memory_of(option, settings, True)
         in_flight = len(est.stages) - stage.index  # 1F1B
         assert stage.memory.total_bytes == pytest.approx(fixed[i, j] + in_flight * per_micro_batch[i, j], rel=1e-9)

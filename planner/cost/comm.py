@@ -14,7 +14,9 @@ What each ZeRO stage issues, with ``m`` micro-batches per iteration and ``Psi`` 
 rank (Rajbhandari et al., "ZeRO", SC'20, Sections 5 and 7; the runtimes' code cited at each function):
 
 * ZeRO-0: one bucketed all-reduce of the gradients per iteration, during/after the last micro-batch's
-  backward (Megatron-Core DDP, DeepSpeed stage 0: gradients accumulate locally between micro-batches).
+  backward (Megatron-Core DDP, DeepSpeed stage 0: gradients accumulate locally between micro-batches). A
+  runtime that shards its ZeRO-0 optimizer states in a pipeline (DeepSpeed's BF16_Optimizer,
+  ``Runtime.shards_optimizer_states``) all-gathers the updated weights after the step as well.
 * ZeRO-1: one bucketed reduce-scatter of the gradients per iteration, one all-gather of the updated weights
   after the optimizer step (Megatron-Core distributed optimizer; DeepSpeed stage 1).
 * ZeRO-2: the reduce-scatter in EVERY micro-batch's backward (the gradients are kept sharded, so each
@@ -27,7 +29,8 @@ rank (Rajbhandari et al., "ZeRO", SC'20, Sections 5 and 7; the runtimes' code ci
 
 Overlap. A bucketed gradient reduction runs while the backward pass produces the next buckets, so it hides
 behind the backward of the micro-batch that produced it (``overlap_grad_reduce``), never the last bucket;
-without the flag it runs after the backward, whole. The weights' all-gather of ZeRO-1/2 hides behind the
+without the flag it runs after the backward, whole (so in DeepSpeed's pipelines, whose engine turns the
+overlap off: ``Runtime.pipeline_overlap_grad_reduce``). The weights' all-gather of ZeRO-1/2 hides behind the
 next forward, bucket by bucket, never the first (``overlap_param_gather``). ZeRO-3's per-layer gathers are
 timed by a layer-pipelined recurrence (:func:`zero3_exposed_s`).
 
@@ -45,7 +48,7 @@ from typing import Sequence
 import numpy as np
 
 from planner.cost.calibration import DeviceCalibration
-from planner.cost.memory import dtype_bytes, gradient_reduce_bytes
+from planner.cost.memory import dtype_bytes, gradient_reduce_bytes, weights_dtype
 from planner.errors import ConfigError
 from planner.hardware.collectives import (CommGroup, collective_time_s, collective_times_s, comm_group,
                                          intra_group_Bps, sent_bytes)
@@ -169,28 +172,34 @@ class DpSync:
     zero: int
     grad: Pass  # one reduction of the gradients: all-reduce (ZeRO-0) or reduce-scatter
     gather: Pass  # one all-gather of the weights (ZeRO-1/2 after the step; ZeRO-3 one layer after another)
+    overlap_grad: bool = False  # the gradient reduction overlaps the backward (``Runtime.overlaps_grad_reduce``)
+    gather_after_step: bool = False  # ``gather`` runs once after the step (``Runtime.gathers_weights_after_step``)
 
 
 def dp_sync(zero: int, params: np.ndarray, group: CommGroup, dtype: str, runtime: Runtime,
             layer_grad_s: np.ndarray | float = 0.0, first_grad_s: np.ndarray | float = 0.0,
-            layer_gather_s: np.ndarray | float = 0.0, first_gather_s: np.ndarray | float = 0.0) -> DpSync:
+            layer_gather_s: np.ndarray | float = 0.0, first_gather_s: np.ndarray | float = 0.0,
+            pipelined: bool = False) -> DpSync:
     """The passes of ``zero`` over ``params`` per rank. Per-layer buckets (FSDP, and ZeRO-3 always: it
     gathers and reduces one layer's parameters at a time) take the layers' own collective times:
     ``layer_grad_s`` (reduce-scatter, or all-reduce for ZeRO-0) and ``layer_gather_s`` (all-gather) summed
-    over the pass's layers, ``first_*`` of the stage's first layer (:func:`layer_collective_s`)."""
+    over the pass's layers, ``first_*`` of the stage's first layer (:func:`layer_collective_s`).
+    ``pipelined``: pp > 1, where a runtime may overlap less or shard its ZeRO-0 states (``Runtime``)."""
     if zero not in ZERO_STAGES:
         raise ConfigError(f"zero={zero} is not a ZeRO stage; use 0, 1, 2 or 3")
-    bucket = 0.0 if zero == 3 else bucket_params(runtime, group.size, runtime.overlaps_grad_reduce(zero))
+    overlap = runtime.overlaps_grad_reduce(zero, pipelined)
+    after_step = runtime.gathers_weights_after_step(zero, pipelined, weights_dtype(dtype))
+    bucket = 0.0 if zero == 3 else bucket_params(runtime, group.size, overlap)
     grad_kind = "all_reduce" if zero == 0 else "reduce_scatter"
     grad = bucketed_pass(grad_kind, params, group, dtype, runtime, bucket, layer_grad_s, first_grad_s)
-    if zero == 0:
+    if zero == 0 and not after_step:
         none = np.zeros_like(grad.total_s)
-        return DpSync(zero, grad, Pass(none, none, none))
+        return DpSync(zero, grad, Pass(none, none, none), overlap)
     # ZeRO-1/2 gather the weights in the same buckets when they overlap the gather (Megatron-Core's
     # overlap-param-gather runs per bucket), else in one call after the step
     gather_bucket = 0.0 if zero == 3 else bucket_params(runtime, group.size, runtime.overlap_param_gather)
     return DpSync(zero, grad, bucketed_pass("all_gather", params, group, dtype, runtime, gather_bucket,
-                                            layer_gather_s, first_gather_s))
+                                            layer_gather_s, first_gather_s), overlap, after_step)
 
 
 def one_after_other(a: DpSync, b: DpSync) -> DpSync:
@@ -199,7 +208,7 @@ def one_after_other(a: DpSync, b: DpSync) -> DpSync:
     the unhidden edge bucket is the larger one."""
     def join(x: Pass, y: Pass) -> Pass:
         return Pass(x.total_s + y.total_s, np.maximum(x.edge_s, y.edge_s), x.sent_bytes + y.sent_bytes)
-    return DpSync(a.zero, join(a.grad, b.grad), join(a.gather, b.gather))
+    return replace(a, grad=join(a.grad, b.grad), gather=join(a.gather, b.gather))
 
 
 def sync_tail_s(sync: DpSync, runtime: Runtime, last_backward_s: np.ndarray | float,
@@ -211,9 +220,8 @@ def sync_tail_s(sync: DpSync, runtime: Runtime, last_backward_s: np.ndarray | fl
     (:func:`zero3_exposed_s`); neither is part of the tail."""
     tail = np.zeros_like(sync.grad.total_s)
     if sync.zero in (0, 1):
-        tail = tail + exposed_s(sync.grad.total_s, sync.grad.edge_s, last_backward_s,
-                                runtime.overlaps_grad_reduce(sync.zero))
-    if sync.zero in (1, 2):
+        tail = tail + exposed_s(sync.grad.total_s, sync.grad.edge_s, last_backward_s, sync.overlap_grad)
+    if sync.gather_after_step:
         tail = tail + exposed_s(sync.gather.total_s, sync.gather.edge_s, first_forward_s,
                                 runtime.overlap_param_gather)
     return tail
@@ -231,11 +239,11 @@ def tied_grad_sync_s(tied_params: np.ndarray | float, group: CommGroup, dtype: s
     return collective_times_s("all_reduce", size_bytes, group)
 
 
-def micro_batch_reduce_s(sync: DpSync, runtime: Runtime, backward_s: np.ndarray | float) -> np.ndarray:
+def micro_batch_reduce_s(sync: DpSync, backward_s: np.ndarray | float) -> np.ndarray:
     """ZeRO-2: what each micro-batch's gradient reduce-scatter adds to its backward (0 for other stages)."""
     if sync.zero != 2:
         return np.zeros_like(sync.grad.total_s)
-    return exposed_s(sync.grad.total_s, sync.grad.edge_s, backward_s, runtime.overlaps_grad_reduce(2))
+    return exposed_s(sync.grad.total_s, sync.grad.edge_s, backward_s, sync.overlap_grad)
 
 
 def dp_bytes_per_iteration(sync: DpSync, micro_batches: np.ndarray | float) -> np.ndarray:
@@ -260,7 +268,7 @@ def dp_sync_time_s(params_per_rank: float, group: CommGroup, zero: int, dtype: s
     rt = get_runtime(runtime)
     sync = dp_sync(zero, np.asarray(float(params_per_rank)), group, dtype, rt)
     return float(sync_tail_s(sync, rt, overlap_window_s, gather_window_s)
-                 + micro_batch_reduce_s(sync, rt, overlap_window_s))
+                 + micro_batch_reduce_s(sync, overlap_window_s))
 
 
 # ------------------------------------------------------------------------------------------ ZeRO-3

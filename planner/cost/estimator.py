@@ -222,20 +222,22 @@ def _placement(model: LayerGraph, cluster: Cluster, stages: tuple[StageSpec, ...
         for kind, out in per_layer.items():
             out[idx] = layer_collective_s(kind, padded[idx], group, dtype, runtime)
     syncs, opt_s = [], []
+    pipelined = len(stages) > 1
     for zero in ZERO_STAGES:
         grad = per_layer["all_reduce" if zero == 0 else "reduce_scatter"]
         gather = per_layer["all_gather"]
         dense = p - p_expert if zero < 3 else p
         parts = [(idx, dp_sync(zero, dense[idx], group, dtype, runtime, grad[idx].sum(axis=1),
-                               grad[idx, 0], gather[idx].sum(axis=1), gather[idx, 0])) for group, idx in alike.items()]
-        sync = _gather_rows(zero, len(rows), parts)
+                               grad[idx, 0], gather[idx].sum(axis=1), gather[idx, 0], pipelined))
+                 for group, idx in alike.items()]
+        sync = _gather_rows(len(rows), parts)
         if p_expert.any() and zero < 3:  # the experts' gradients over their own data-parallel group
-            expert = [([i], dp_sync(zero, p_expert[[i]], edp_groups[i], dtype, runtime))
+            expert = [([i], dp_sync(zero, p_expert[[i]], edp_groups[i], dtype, runtime, pipelined=pipelined))
                       for i in range(len(rows)) if edp_groups[i] is not None]
-            sync = one_after_other(sync, _gather_rows(zero, len(rows), expert))
+            sync = one_after_other(sync, _gather_rows(len(rows), expert))
         syncs.append(sync)
         opt_s.append(np.array([optimizer_time_s(p[i], nodes[i].device, optimizer, zero, row_dp[i], dtype, cals[i],
-                                                runtime, p_expert[i], row_edp[i])
+                                                runtime, p_expert[i], row_edp[i], pipelined)
                                for i in range(len(rows))]))
     tied = _tied_sync_rows(model, cluster, stages, rows, row_stage, cals, dtype, runtime)
     return _Placement(
@@ -269,8 +271,9 @@ def _tied_sync_rows(model: LayerGraph, cluster: Cluster, stages: tuple[StageSpec
     return out
 
 
-def _gather_rows(zero: int, count: int, parts: list[tuple[list[int], DpSync]]) -> DpSync:
-    """One DpSync over ``count`` rows from the DpSyncs of groups of rows (``parts``: row indices, their sync)."""
+def _gather_rows(count: int, parts: list[tuple[list[int], DpSync]]) -> DpSync:
+    """One DpSync over ``count`` rows from the DpSyncs of groups of rows (``parts``: row indices, their sync,
+    at least one; every part runs the same ZeRO stage under the same runtime)."""
     def rows_of(name: str) -> Pass:
         fields = []
         for attribute in ("total_s", "edge_s", "sent_bytes"):
@@ -279,7 +282,7 @@ def _gather_rows(zero: int, count: int, parts: list[tuple[list[int], DpSync]]) -
                 out[idx] = getattr(getattr(sync, name), attribute)
             fields.append(out)
         return Pass(*fields)
-    return DpSync(zero, rows_of("grad"), rows_of("gather"))
+    return replace(parts[0][1], grad=rows_of("grad"), gather=rows_of("gather"))
 
 
 @dataclass(frozen=True, eq=False)
@@ -415,11 +418,11 @@ def _evaluate(work: _Work, schedule: str, vpp: int, zero: int, exact: bool,
         if "zero3" not in work.memo:
             work.memo["zero3"] = zero3_exposed_s(work.layer_forward_s, work.layer_backward_s, pl.zero3_gather_s,
                                                  pl.zero3_reduce_s, rt.zero3_prefetch_layers,
-                                                 rt.overlaps_grad_reduce(3))
+                                                 rt.overlaps_grad_reduce(3, pp > 1))
         extra_f, extra_b = work.memo["zero3"]
         f, b = work.forward_s + extra_f, work.backward_s + extra_b
     elif zero == 2:
-        f, b = work.forward_s, work.backward_s + micro_batch_reduce_s(sync, rt, work.backward_s)
+        f, b = work.forward_s, work.backward_s + micro_batch_reduce_s(sync, work.backward_s)
     else:
         f, b = work.forward_s, work.backward_s
     load = work.row_micro_batches / m
@@ -469,7 +472,8 @@ def _evaluate(work: _Work, schedule: str, vpp: int, zero: int, exact: bool,
     if zero == 3:  # the layer gathered and the ones prefetched
         transient = transient + (1.0 + rt.zero3_prefetch_layers) * pl.largest_layer_params * dtype_bytes(pl.dtype)
     terms = memory_terms(pl.params, work.activation_bytes, flight, zero, pl.row_dp, pl.optimizer, pl.dtype, transient,
-                         pl.runtime, expert_params_per_rank=pl.expert_params, expert_dp=pl.row_expert_dp)
+                         pl.runtime, expert_params_per_rank=pl.expert_params, expert_dp=pl.row_expert_dp,
+                         pipelined=pp > 1)
     total = sum(terms)
     return _Result(schedule, vpp, zero, iteration, float(pipeline), stage_f, stage_b, stage_tp, stage_ep, stage_z3,
                    stage_sync, stage_opt, critical_sync, critical_opt, f, b, terms, total,

@@ -59,6 +59,11 @@ the weights (Rajbhandari et al. 2020, Sec. 5). A runtime with ``fp32_parameters`
 MixedPrecisionPolicy) keeps fp32 weights that are themselves the master, fp32 gradients and the moments:
 Adam 16 bytes, all divided by ``dp`` from ZeRO-2 on (fully_shard shards the parameters there too), plus at
 ZeRO-2 the gathered 16-bit copy (``w``) that reshard_after_forward=False keeps from forward to backward.
+DeepSpeed keeps the gradients in the weights' dtype and steps on an fp32 copy of them (FP16_Optimizer's flat
+fp32 gradient, the ZeRO optimizer's fp32 gradient partition): ``4 + 16/d`` bytes at ZeRO-1 in bf16, 20 unsharded
+at ZeRO-0; a bf16 pipeline at ZeRO-0 shards its states as ZeRO-1 does (``Runtime.shards_optimizer_states``);
+its ZeRO optimizer also holds contiguous gradient buckets (``Runtime.grad_bucket_buffer_params``), counted in
+``other_bytes``.
 
 FP8 weight copies: under fp8 every rank also keeps, beside its bf16 weights, their fp8 copies in both
 orientations (rowwise for the forward GEMM, columnwise for the input-gradient GEMM) with the recipe's weight
@@ -254,13 +259,32 @@ def shard_params(params_per_rank, sharded: bool, dp, expert_params_per_rank=0.0,
     return (params_per_rank - expert_params_per_rank) / dp + expert_params_per_rank / expert_dp
 
 
+def weights_dtype(dtype: str) -> str:
+    """The dtype the weights are kept in: the training dtype's, bf16 under fp8 (module docstring)."""
+    base = base_dtype(dtype)
+    return "bf16" if base == FP8 else base
+
+
+def states_sharded(zero: int, pipelined: bool, dtype: str, runtime: Runtime) -> bool:
+    """Whether ``runtime`` shards the optimizer states over dp at ZeRO ``zero`` (``pipelined``: pp > 1;
+    ``Runtime.shards_optimizer_states``)."""
+    return runtime.shards_optimizer_states(zero, pipelined, weights_dtype(dtype))
+
+
+def grad_bucket_buffer_bytes(zero: int, pipelined: bool, dtype: str, runtime: Runtime) -> float:
+    """Bytes of the ZeRO optimizer's contiguous gradient buckets, in the weights' dtype
+    (``Runtime.grad_bucket_buffer_params``)."""
+    return runtime.grad_bucket_buffer_params(zero, pipelined) * dtype_bytes(dtype)
+
+
 def memory_terms(params_per_rank, activation_bytes_per_micro_batch, micro_batches_in_flight, zero: int, dp,
                  optimizer: str, dtype: str, transient_bytes=0.0, runtime: Runtime | str | None = None, *,
-                 expert_params_per_rank=0.0, expert_dp=1.0) -> tuple:
+                 expert_params_per_rank=0.0, expert_dp=1.0, pipelined: bool = False) -> tuple:
     """(weights, gradients, optimizer states, activations, other) bytes per device; the arguments may be
     numpy arrays (one entry per stage or replica group). See ``stage_memory``. ``expert_params_per_rank`` of
     ``params_per_rank`` are routed experts' whose ZeRO shards are over ``expert_dp`` ranks, not ``dp``
-    (Megatron-Core's distributed optimizer shards the expert buffers over the expert-data-parallel group)."""
+    (Megatron-Core's distributed optimizer shards the expert buffers over the expert-data-parallel group).
+    ``pipelined``: the plan has pp > 1, where some runtimes keep their state otherwise (``Runtime``)."""
     rt = get_runtime(runtime)
     per_weight, per_gradient, per_state = parameter_bytes(optimizer, dtype, rt)
 
@@ -275,16 +299,17 @@ def memory_terms(params_per_rank, activation_bytes_per_micro_batch, micro_batche
     else:
         weights = held(per_weight + fp8_weight_copy_bytes(dtype), zero >= 3)
     gradients = held(per_gradient, zero >= 2)
-    states = held(per_state, zero >= 1)
+    states = held(per_state, states_sharded(zero, pipelined, dtype, rt))
     activations = activation_bytes_per_micro_batch * micro_batches_in_flight
-    allocated = weights + gradients + states + activations + transient_bytes
-    other = transient_bytes + rt.allocator_reserve_fraction * allocated + fixed_overhead_bytes(rt)
+    held_briefly = transient_bytes + grad_bucket_buffer_bytes(zero, pipelined, dtype, rt)
+    allocated = weights + gradients + states + activations + held_briefly
+    other = held_briefly + rt.allocator_reserve_fraction * allocated + fixed_overhead_bytes(rt)
     return weights, gradients, states, activations, other
 
 
 def stage_memory(params_per_rank, activation_bytes_per_micro_batch, micro_batches_in_flight, zero: int, dp: int,
                  optimizer: str, dtype: str, transient_bytes=0.0, runtime: Runtime | str | None = None, *,
-                 expert_params_per_rank=0.0, expert_dp=1.0) -> MemoryBreakdown:
+                 expert_params_per_rank=0.0, expert_dp=1.0, pipelined: bool = False) -> MemoryBreakdown:
     """Bytes per device of a stage whose ranks each hold ``params_per_rank`` parameters.
 
     ``transient_bytes`` is memory needed only briefly on top of the steady state (the full activations of
@@ -292,7 +317,7 @@ def stage_memory(params_per_rank, activation_bytes_per_micro_batch, micro_batche
     fixed overheads and allocator reserve. The numeric arguments may be numpy arrays (the search passes a
     matrix of candidate stages); the fields are then arrays too. ``runtime``: the training stack whose state
     layout and overheads apply (None: the default runtime). ``expert_params_per_rank`` of the parameters are
-    routed experts' sharded over ``expert_dp`` (``memory_terms``).
+    routed experts' sharded over ``expert_dp`` (``memory_terms``). ``pipelined``: the plan has pp > 1.
     """
     if zero not in (0, 1, 2, 3):
         raise ConfigError(f"zero={zero} is not a ZeRO stage; use 0, 1, 2 or 3")
@@ -300,7 +325,8 @@ def stage_memory(params_per_rank, activation_bytes_per_micro_batch, micro_batche
         raise ConfigError(f"dp={dp} must be at least 1")
     terms = memory_terms(params_per_rank, activation_bytes_per_micro_batch,
                          np.maximum(0.0, micro_batches_in_flight), zero, dp, optimizer, dtype, transient_bytes,
-                         runtime, expert_params_per_rank=expert_params_per_rank, expert_dp=expert_dp)
+                         runtime, expert_params_per_rank=expert_params_per_rank, expert_dp=expert_dp,
+                         pipelined=pipelined)
     if all(np.ndim(t) == 0 for t in terms):
         terms = tuple(float(t) for t in terms)
     weights, gradients, states, activations, other = terms

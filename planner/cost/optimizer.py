@@ -11,8 +11,9 @@ The bytes follow the state layout of ``planner.cost.memory.parameter_bytes`` (we
   fp32 training updates the weights in place (read and write ``w``).
 
 Megatron-Core's bf16 weights with fp32 main grads, Adam: 4 + 16 + 8 + 2 = 30 bytes per parameter.
-With ZeRO >= 1 each data-parallel rank updates only its ``1/dp`` share (a routed expert's parameters: its
-``1/expert_dp`` share, as the distributed optimizer shards them over the expert-data-parallel group).
+Where the states are sharded (ZeRO >= 1, and DeepSpeed's bf16 pipelines at ZeRO-0) each data-parallel rank
+updates only its ``1/dp`` share (a routed expert's parameters: its ``1/expert_dp`` share, as the distributed
+optimizer shards them over the expert-data-parallel group).
 
 Under fp8 every rank also refreshes the cached fp8 copies of all its weights once per iteration (the first
 micro-batch's cast, ``planner.cost.memory.fp8_weight_copy_bytes``): the bf16 weights read (``w``) and the
@@ -22,9 +23,10 @@ copies written, whatever the ZeRO stage (each rank casts the weights it computes
 from __future__ import annotations
 
 from planner.cost.calibration import DeviceCalibration
-from planner.cost.memory import FP32_BYTES, dtype_bytes, fp8_weight_copy_bytes, parameter_bytes, shard_params
+from planner.cost.memory import (FP32_BYTES, dtype_bytes, fp8_weight_copy_bytes, parameter_bytes, shard_params,
+                                 states_sharded)
 from planner.hardware.efficiency import memory_time_s
-from planner.runtime import Runtime
+from planner.runtime import Runtime, get_runtime
 from planner.types import DeviceProfile
 
 
@@ -43,10 +45,12 @@ def optimizer_bytes_per_param(optimizer: str, dtype: str, runtime: Runtime | str
 def optimizer_time_s(params_per_rank: float, profile: DeviceProfile, optimizer: str, zero: int, dp: int,
                      dtype: str = "bf16", calibration: DeviceCalibration | None = None,
                      runtime: Runtime | str | None = None, expert_params_per_rank: float = 0.0,
-                     expert_dp: float | None = None) -> float:
+                     expert_dp: float | None = None, pipelined: bool = False) -> float:
     """Seconds of one optimizer step on one rank holding ``params_per_rank`` parameters, of which
-    ``expert_params_per_rank`` are routed experts' sharded over ``expert_dp`` ranks (None: ``dp``) under ZeRO."""
-    params = shard_params(params_per_rank, zero >= 1, dp, expert_params_per_rank,
+    ``expert_params_per_rank`` are routed experts' sharded over ``expert_dp`` ranks (None: ``dp``) where the
+    runtime shards the states (ZeRO >= 1; ``pipelined``: pp > 1, ``planner.cost.memory.states_sharded``)."""
+    sharded = states_sharded(zero, pipelined, dtype, get_runtime(runtime))
+    params = shard_params(params_per_rank, sharded, dp, expert_params_per_rank,
                           dp if expert_dp is None else expert_dp)
     scale = calibration.memory_scale if calibration is not None else 1.0
     copies = fp8_weight_copy_bytes(dtype)

@@ -119,7 +119,8 @@ def _zero_optimization(plan: Plan) -> dict[str, Any]:
     runtime = framework_runtime(plan, "deepspeed")
     section: dict[str, Any] = {"stage": plan.zero}
     if plan.zero >= 1:
-        section["overlap_comm"] = runtime.overlaps_grad_reduce(plan.zero)
+        # DeepSpeed turns overlap_comm off for a PipelineModule (with a warning): written as it will run
+        section["overlap_comm"] = runtime.overlaps_grad_reduce(plan.zero, pipeline_degree(plan) > 1)
         if runtime.grad_bucket_params:
             section["reduce_bucket_size"] = runtime.grad_bucket_params
             if plan.zero <= 2:

@@ -102,16 +102,20 @@ class CostModelBackend:
     def model_has_tied_weights(self) -> bool:
         return any(layer.tied_params for layer in self.model.layers)
 
+    # static_bytes and stage_bytes bound the memory of a stage in any pipeline: a runtime holds no more with
+    # pp > 1 than without (its ZeRO-0 states may be sharded, its gradient buckets fewer), so they take pp > 1
+
     def static_bytes(self, params_per_rank: np.ndarray, option: StageOption, settings: Settings) -> np.ndarray:
         mem = stage_memory(np.asarray(params_per_rank, dtype=float), 0.0, 0, settings.zero,
                            self._state_dp(option, settings), settings.optimizer, settings.dtype,
-                           runtime=settings.runtime)
+                           runtime=settings.runtime, pipelined=True)
         return mem.weights_bytes + mem.gradients_bytes + mem.optimizer_bytes
 
     def stage_bytes(self, params_per_rank: np.ndarray, act_bytes: np.ndarray, in_flight: float,
                     peak_bytes: np.ndarray, option: StageOption, settings: Settings) -> np.ndarray:
         return stage_memory(params_per_rank, act_bytes, in_flight, settings.zero, self._state_dp(option, settings),
-                            settings.optimizer, settings.dtype, peak_bytes, settings.runtime).total_bytes
+                            settings.optimizer, settings.dtype, peak_bytes, settings.runtime,
+                            pipelined=True).total_bytes
 
     def capacity_bytes(self, option: StageOption) -> float:
         return float(self.cluster.groups[option.pool].node.device.memory_bytes)
@@ -153,10 +157,11 @@ class CostModelBackend:
             self._segments[key] = hit
         return hit
 
-    def _memory_of(self, option: StageOption, settings: Settings) -> tuple[np.ndarray, np.ndarray]:
+    def _memory_of(self, option: StageOption, settings: Settings, pipelined: bool
+                   ) -> tuple[np.ndarray, np.ndarray]:
         """Per segment: memory with no micro-batch in flight, and what each one in flight adds (the cost
-        model's stage memory is affine in the micro-batches in flight)."""
-        key = ("memory", option, settings)
+        model's stage memory is affine in the micro-batches in flight); ``pipelined``: pp > 1."""
+        key = ("memory", option, settings, pipelined)
         hit = self._segments.get(key)
         if hit is None:
             _, _, params, act, peak = self._segments_of(option, settings)
@@ -164,7 +169,8 @@ class CostModelBackend:
             zero, one = (stage_memory(params, act, n, settings.zero, settings.dp * option.cp, settings.optimizer,
                                       settings.dtype,
                                       peak, settings.runtime, expert_params_per_rank=experts,
-                                      expert_dp=self._expert_dp(option, settings)).total_bytes for n in (0, 1))
+                                      expert_dp=self._expert_dp(option, settings), pipelined=pipelined).total_bytes
+                          for n in (0, 1))
             hit = (zero, one - zero)
             self._segments[key] = hit
         return hit
@@ -182,12 +188,12 @@ class CostModelBackend:
         fwd, bwd, sends, fits, tails = [], [], [], [], []
         for k, option in enumerate(layout.options):
             f, b, params, act, peak = self._segments_of(option, settings)
-            extra_f, extra_b = self._zero_per_micro_batch(option, devices[k], settings)
+            extra_f, extra_b = self._zero_per_micro_batch(option, devices[k], settings, P > 1)
             fwd.append(f + extra_f)
             bwd.append(b + extra_b)
             sends.append(self._sends(layout, settings, devices, k))
             in_flight = micro_batches_in_flight(k, P, m, settings.schedule, settings.vpp)
-            empty, per_micro_batch = self._memory_of(option, settings)
+            empty, per_micro_batch = self._memory_of(option, settings, P > 1)
             fits.append(empty + in_flight * per_micro_batch <= self.capacity_bytes(option))
             # a tied weight's copies are reduced between stage 0 and the stage holding the copy, the last
             # stage's as far as stage 0 can tell; without tied weights no partner, so that the tails of
@@ -195,7 +201,7 @@ class CostModelBackend:
             partner = devices[P - 1 if k == 0 else 0][0] if self.model_has_tied_weights else None
             # stage 0 starts at layer 0: its prefixes are all it needs
             tails.append(None if weights[k] == 0 else self._tails(option, devices[k], settings, first=k == 0,
-                                                                  partner=partner))
+                                                                  partner=partner, pipelined=P > 1))
         return bound_matrices(fwd, bwd, sends, fits, tails, m, settings.vpp, exposure)
 
     def _sends(self, layout: Layout, settings: Settings, devices: list[tuple[int, ...]], k: int
@@ -269,13 +275,14 @@ class CostModelBackend:
                                                     self._cal(option, settings))
         return hit
 
-    def _zero_per_micro_batch(self, option: StageOption, devices: tuple[int, ...], settings: Settings
-                              ) -> tuple[np.ndarray | float, np.ndarray | float]:
+    def _zero_per_micro_batch(self, option: StageOption, devices: tuple[int, ...], settings: Settings,
+                              pipelined: bool) -> tuple[np.ndarray | float, np.ndarray | float]:
         """What ZeRO-2/3's collectives add to each micro-batch's forward and backward, per segment i..j:
-        ZeRO-2's reduce-scatter as the estimator times it, ZeRO-3's lower bound (first and last layers)."""
+        ZeRO-2's reduce-scatter as the estimator times it, ZeRO-3's lower bound (first and last layers);
+        ``pipelined``: pp > 1."""
         if settings.zero < 2 or settings.dp * option.cp <= 1:
             return 0.0, 0.0
-        key = ("zero", option, devices, settings)
+        key = ("zero", option, devices, settings, pipelined)
         hit = self._segments.get(key)
         if hit is not None:
             return hit
@@ -284,15 +291,15 @@ class CostModelBackend:
         runtime = get_runtime(settings.runtime)
         rs, ag = layer["reduce_scatter"], layer["all_gather"]
         # the segments' passes depend on the parameters alone: shared by every micro-batch and recompute
-        passes_key = ("passes", option, devices, settings.dtype, settings.runtime)
+        passes_key = ("passes", option, devices, settings.dtype, settings.runtime, pipelined)
         passes = self._collectives.get(passes_key)
         if passes is None:
             passes = self._collectives[passes_key] = (
                 dp_sync(2, params, group, settings.dtype, runtime, segment_sums(rs), rs[:, None], segment_sums(ag),
-                        ag[:, None]), segment_sums(ag), segment_sums(rs))
+                        ag[:, None], pipelined), segment_sums(ag), segment_sums(rs))
         sync, gathers, reduces = passes
         if settings.zero == 2:
-            hit = (0.0, micro_batch_reduce_s(sync, runtime, b))
+            hit = (0.0, micro_batch_reduce_s(sync, b))
         else:
             forward = self.layer_table(option, settings).forward_s
             hit = zero3_exposed_lower_s(f, b, gathers, reduces, forward[None, :], ag[:, None], ag[None, :],
@@ -301,12 +308,13 @@ class CostModelBackend:
         return hit
 
     def _tails(self, option: StageOption, devices: tuple[int, ...], settings: Settings, first: bool,
-               partner: int | None) -> np.ndarray:
+               partner: int | None, pipelined: bool) -> np.ndarray:
         """A stage's exposed once-per-iteration synchronisation plus optimizer step when it holds layers i..j
         (``planner.cost.comm.sync_tail_s`` of the segments, NaN below the diagonal); ``first``: only the
         prefixes 0..j, as a vector. ``partner``: the first device of the stage a tied weight's all-reduce
-        pairs this one with (``planner.cost.comm.tied_grad_sync_s``; None: the model ties no weights)."""
-        key = (option, settings, devices, first, partner)
+        pairs this one with (``planner.cost.comm.tied_grad_sync_s``; None: the model ties no weights).
+        ``pipelined``: pp > 1."""
+        key = (option, settings, devices, first, partner, pipelined)
         hit = self._tail_cache.get(key)
         if hit is not None:
             return hit
@@ -328,9 +336,10 @@ class CostModelBackend:
         # as the cost model: the routed experts' gradients in their own buffers, over their own group
         dense = params - experts if edp_group is not None and settings.zero < 3 else params
         sync = dp_sync(settings.zero, dense, group, settings.dtype, runtime, sums(grad), edge_grad, sums(gather),
-                       edge_gather)
+                       edge_gather, pipelined)
         if edp_group is not None and settings.zero < 3:
-            sync = one_after_other(sync, dp_sync(settings.zero, experts, edp_group, settings.dtype, runtime))
+            sync = one_after_other(sync, dp_sync(settings.zero, experts, edp_group, settings.dtype, runtime,
+                                                 pipelined=pipelined))
         out = sync_tail_s(sync, runtime, sums(t.backward_s), sums(t.forward_s))
         if partner is not None and partner != devices[0]:
             tied = prefix_tied_params(self.model, option.tp) if first else segment_tied_params(self.model, option.tp)
@@ -343,7 +352,7 @@ class CostModelBackend:
         pairs, where = np.unique(np.stack((params[cells], experts[cells])), axis=1, return_inverse=True)
         steps = np.array([optimizer_time_s(float(p), device, settings.optimizer, settings.zero,
                                            settings.dp * option.cp, settings.dtype, cal, settings.runtime,
-                                           float(e), edp) for p, e in pairs.T])
+                                           float(e), edp, pipelined) for p, e in pairs.T])
         out[cells] = out[cells] + steps[where.ravel()]
         self._tail_cache[key] = out
         return out
