@@ -1,4 +1,4 @@
-"""The Ray backend on a local two-CPU Ray instance. Ray is in the test extra, so CI runs these; an environment
+"""The Ray backend on the local Ray instance it starts. Ray is in the test extra, so CI runs these; an environment
 without it skips them with the reason. The Ray driver runs in a child process (tests/ray_child.py): see there."""
 
 from __future__ import annotations
@@ -60,3 +60,9 @@ def test_ray_backend_reraises_planner_errors(ray_results):
 
 def test_a_failed_ray_sweep_collects_its_points_in_flight(ray_results):
     assert "Unhandled error" not in ray_results["output"]
+
+
+def test_ray_start_up_lines_stay_off_stderr(ray_results):
+    """A sweep's output (and a bad input's one error line) is not preceded by Ray's own start-up lines."""
+    assert "Started a local Ray instance" not in ray_results["output"]
+    assert "Token authentication" not in ray_results["output"]

@@ -90,7 +90,10 @@ def _run_ray(fn: Callable[[T], R], tasks: Sequence[T], workers: int | None, prog
     if not ray.is_initialized():
         # workers must import planner; a source checkout is not installed, so put it on their path
         path = os.pathsep.join(p for p in (_package_root(), os.environ.get("PYTHONPATH", "")) if p)
-        ray.init(include_dashboard=False, log_to_driver=False,
+        # Ray's own start-up lines (its token-authentication warning, "Started a local Ray instance") would
+        # reach stderr before the one line a bad input ends with; they are shown when planner logs at DEBUG
+        quiet = not log.isEnabledFor(logging.DEBUG)
+        ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR if quiet else logging.INFO,
                  runtime_env={"env_vars": {"PYTHONPATH": path}})
     remote = ray.remote(num_cpus=1)(fn)
     limit = len(tasks) if workers is None else workers
