@@ -68,6 +68,26 @@ def test_datasheet_numbers_spot_check():
     assert "bf16" not in catalog.get_device("v100-32gb").peak_flops_per_s
 
 
+def test_mi250x_node_is_eight_gcds_with_faster_pairs():
+    # software sees each MI250X as two 64 GB GCDs, so a Frontier/LUMI node is 8 devices; a pair of consecutive
+    # GCDs is one MI250X (4 Infinity Fabric links), a quad two MI250X joined by 2 single links; the 4 NICs, one
+    # per MI250X, serve 2 GCDs each
+    from planner.hardware import load_cluster
+    from planner.hardware.collectives import comm_group, intra_group_Bps
+    node = catalog.get_node("mi250x-4")
+    gcd = node.device
+    assert gcd.name == "mi250x" and node.devices_per_node == 8
+    assert gcd.memory_bytes == 65520 * 2 ** 20  # what HIP reports for one GCD, under 64 GiB
+    assert gcd.peak_flops_per_s["bf16"] == pytest.approx(191.5e12)
+    assert gcd.memory_bandwidth_Bps == pytest.approx(1.6384e12)
+    pair, quad, whole = (intra_group_Bps(node, r) for r in (2, 4, 8))
+    assert pair > quad and whole > quad and pair >= whole
+    assert pair == pytest.approx(200e9 * node.intra_node_efficiency) and quad == pytest.approx(pair / 2)
+    cluster = load_cluster("mi250x-4*2")
+    assert comm_group(cluster, [0, 1]).intra_bandwidth_Bps > comm_group(cluster, [0, 1, 2, 3]).intra_bandwidth_Bps
+    assert node.nics_per_node == 4 and node.inter_node_bandwidth_Bps / node.devices_per_node == pytest.approx(12.5e9)
+
+
 def test_unknown_names_suggest_close_ones():
     with pytest.raises(ClusterError, match=r"unknown device 'a100-80g'.*did you mean a100-80gb"):
         catalog.get_device("a100-80g")

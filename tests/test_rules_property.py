@@ -1,9 +1,9 @@
 """One rule book (planner.rules): `estimate` accepts a configuration exactly when the search's space holds it.
 
-For random small models (GPT and Llama with 12 or 16 heads, Llama with 4 key/value heads, mixtures of 8 and
-6 experts), clusters (catalog nodes of 1, 4 and 8 GPUs, a 2-GPU node, mixed ones for the dense models) and
-fully pinned configurations (tp, cp, pp, dp, micro-batch, ZeRO, vpp, recompute, runtime, ep, expert_tp; cp,
-micro-batch, ZeRO, vpp, recompute, ep and expert_tp sometimes left free), estimate raises
+For random small models (GPT and Llama with 12 or 16 heads, Llama with 4 key/value heads, mixtures of 8 and 6
+experts), clusters (catalog nodes of 1 and 8 GPUs, mi250x-4's with direct links, a 2-GPU node, mixed ones for
+the dense models) and fully pinned configurations (tp, cp, pp, dp, micro-batch, ZeRO, vpp, recompute, runtime,
+ep, expert_tp; cp, micro-batch, ZeRO, vpp, recompute, ep and expert_tp sometimes left free), estimate raises
 ConfigError exactly when the search's enumeration (validate_pins, enumerate_settings x tp_choices x the stage
 counts max_stages and pipeline_allowed admit) holds no plan of that shape, and the configuration estimate
 resolves is one the search holds.
