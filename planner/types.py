@@ -143,6 +143,12 @@ class Layer:
     # parameters): a tied LM head reads the word embedding. A stage holding this layer but not its owner keeps
     # a copy (planner.cost.memory.stage_tied_params)
     tied_params: tuple[tuple[int, int], ...] = ()
+    # of activation_bytes: what a head saves of its output layer's product and of what it computes from it
+    # (the logits, split over the vocabulary by tensor parallelism), and the integer and boolean tensors it
+    # saves (token indices, which every tensor-parallel rank keeps whole); planner.cost.memory, "Activations
+    # of the embedding and the output layer"
+    logit_activation_bytes: float = 0.0
+    integer_activation_bytes: float = 0.0
 
     @property
     def active_params(self) -> int:

@@ -2,10 +2,13 @@
 
 import dataclasses
 
+import onnx
 import pytest
 
+from planner.builders import build
 from planner.cost import estimate, layer_costs, stage_memory, transformer_activation_bytes
 from planner.cost.memory import micro_batches_in_flight
+from planner.graph import import_model_proto
 from planner.hardware import catalog, load_cluster
 from planner.runtime import get_runtime
 from planner.types import ParallelConfig
@@ -45,6 +48,58 @@ def test_layer_costs_use_korthikanti_for_blocks(tp, sp, recompute, expected):
     sbh = 1024 * 3 * 768
     for i in blocks:
         assert costs.activation_bytes[i] == pytest.approx(expected(sbh, tp))
+
+
+@pytest.mark.parametrize("t", [2, 8])
+def test_embedding_and_head_split_their_hidden_tensors_only_under_sequence_parallelism(t):
+    """Megatron-Core's vocabulary-parallel embedding all-reduces its lookup and its output layer saves its
+    whole hidden input: without sequence parallelism the hidden-sized tensors they save (the embedding's
+    dropout mask, the final norm's and the output layer's inputs) are whole on every rank, and only the
+    loss's fp32 softmax over the rank's share of the vocabulary is divided by t. With sequence parallelism
+    the hidden-sized tensors are the rank's sequence shard too. The token indices are whole either way."""
+    s, b, h, v = 128, 3, 256, 1000
+    model = gpt(2, h, 4, s, v)
+    embedding, head = model.layers[0], model.layers[-1]
+    w = 2  # bf16
+    mask, ids = s * h * 1, s * 8  # per sample: a 1-byte dropout mask per element, int64 token indices
+    hidden = 2 * w * s * h  # the final norm's input and the output layer's input
+    softmax = 4 * s * v  # fp32
+    assert (embedding.activation_bytes, embedding.integer_activation_bytes) == (mask + ids, ids)
+    assert (head.activation_bytes, head.logit_activation_bytes) == (hidden, 0)  # no loss in the graph
+    node = catalog.get_node("dgx-a100-80gb")
+    for sp in (False, True):
+        costs = layer_costs(model, node, t, b, "none", sp)
+        split = t if sp else 1
+        assert costs.activation_bytes[0] == pytest.approx(b * (ids + mask / split))
+        assert costs.activation_bytes[-1] == pytest.approx(b * (hidden / split + softmax / t))
+    one = layer_costs(model, node, 1, b, "none", False)
+    assert one.activation_bytes[0] == pytest.approx(b * (ids + mask))
+    assert one.activation_bytes[-1] == pytest.approx(b * (hidden + softmax))
+
+
+def test_a_head_splits_what_it_computes_from_its_output_layer():
+    """What a head computes from its output layer (the vocabulary-parallel logits) is split over t; what it
+    computes before it is not, a transform before the output layer (BERT's LM head: dense, GELU, norm)
+    included."""
+    s, h, v, t = 128, 256, 1000, 4
+    proto = build("gpt", dict(layers=2, hidden=h, heads=4, seq_len=s, vocab=v))
+    logits = proto.graph.output[0]
+    proto.graph.node.append(onnx.helper.make_node("LogSoftmax", [logits.name], ["log_probs"], axis=-1))
+    proto.graph.output.remove(logits)
+    proto.graph.output.append(onnx.helper.make_tensor_value_info("log_probs", logits.type.tensor_type.elem_type,
+                                                                 ["batch", "seq", v]))
+    model = import_model_proto(proto, {"batch": 1}, name="gpt-log-softmax")
+    head = model.layers[-1]
+    assert head.kind == "head" and head.logit_activation_bytes == 2 * s * v  # the saved log-softmax output
+    assert head.activation_bytes - head.logit_activation_bytes == 2 * 2 * s * h
+    node = catalog.get_node("dgx-a100-80gb")
+    costs = layer_costs(model, node, t, 1, "none", False)
+    assert costs.activation_bytes[-1] == pytest.approx(2 * 2 * s * h + (2 * s * v + 4 * s * v) / t)
+    bert = import_model_proto(build("bert", dict(layers=2, hidden=h, heads=4, seq_len=s, vocab=v)), {"batch": 1},
+                              name="bert-test")
+    head = bert.layers[-1]
+    # the inputs of the dense projection, the GELU, the norm and the output layer, all hidden-sized and whole
+    assert head.kind == "head" and head.logit_activation_bytes == 0 and head.activation_bytes == 4 * 2 * s * h
 
 
 def test_zero_stages_divide_states_gradients_weights():

@@ -178,8 +178,9 @@ def _op_signature(op: OpCost) -> tuple:
 
 
 def _layer_signature(layer: Layer) -> tuple:
-    return (layer.kind, layer.params, layer.activation_bytes, layer.output_bytes, layer.flops_forward,
-            layer.transformer, tuple(_op_signature(op) for op in layer.ops))
+    return (layer.kind, layer.params, layer.activation_bytes, layer.logit_activation_bytes,
+            layer.integer_activation_bytes, layer.output_bytes, layer.flops_forward, layer.transformer,
+            tuple(_op_signature(op) for op in layer.ops))
 
 
 def _shard(m: float, n: float, k: float, split: str, tp: int) -> tuple[float, float, float]:
@@ -322,7 +323,16 @@ def _activation_bytes(layer: Layer, tp: int, mb: float, sp: bool, recompute: str
                       attention: str, routed_load: float = 1.0) -> tuple[float, float]:
     """(held per micro-batch, held with no recompute) for one layer on one rank; ``routed_load``: the rows a
     mixture-of-experts rank routes through its experts over the mean (``ExpertParallel.load``), which widen
-    the routed share of the MLP's saved intermediates as they lengthen its GEMMs and dispatch buffer."""
+    the routed share of the MLP's saved intermediates as they lengthen its GEMMs and dispatch buffer.
+
+    A transformer block counts the tensors of ``memory.transformer_activation_bytes``. Any other layer counts
+    the tensors the importer found it saving, each at its size on one rank: for an embedding or a head
+    (vocabulary-parallel in Megatron-Core) the output layer's logits and what the head computes from them
+    (``Layer.logit_activation_bytes``, plus the loss's fp32 softmax) divided by ``tp``, the integer tensors
+    (``Layer.integer_activation_bytes``, token indices) whole, and the rest (hidden-sized: norm and GEMM
+    inputs, dropout masks) whole, or divided by ``tp`` under sequence parallelism (``memory`` module
+    docstring); for any other layer all of it whole, as the importer splits none of its ops (a layer whose
+    ops were split by hand, with no record of which saved tensor is which: all of it divided by ``tp``)."""
     dims = layer.transformer
     if dims is not None and layer.kind == "block":
         ffn = dims.ffn
@@ -333,14 +343,24 @@ def _activation_bytes(layer: Layer, tp: int, mb: float, sp: bool, recompute: str
         held = transformer_activation_bytes(dims.seq_len, mb, dims.hidden, dims.heads, tp, sp, recompute, **shape)
         full = transformer_activation_bytes(dims.seq_len, mb, dims.hidden, dims.heads, tp, sp, "none", **shape)
         return held, full
-    sharded = any(op.tp_split != "replicated" for op in layer.ops) or layer.kind in ("embedding", "head")
-    saved = layer.activation_bytes * activation_scale(dtype)
+    # the saved tensors by how tensor parallelism splits them (planner.cost.memory, "Activations of the
+    # embedding and the output layer"); integer tensors keep their width whatever the training dtype
+    scale = activation_scale(dtype)
+    logits = layer.logit_activation_bytes * scale
+    integers = layer.integer_activation_bytes
+    hidden = (layer.activation_bytes - layer.logit_activation_bytes - layer.integer_activation_bytes) * scale
     if layer.kind == "head":
         # the loss keeps its softmax over the logits in fp32 for the backward pass (Megatron-LM's
         # vocab_parallel_cross_entropy saves exp(logits) of the .float() logits; torch's cross_entropy on
         # fp32 logits saves the log-softmax): 4 bytes per logit, split over the vocabulary-parallel ranks
-        saved += FP32_BYTES * layer.output_bytes / ACT_BYTES
-    full = saved * mb / (tp if sharded else 1)
+        logits += FP32_BYTES * layer.output_bytes / ACT_BYTES
+    if layer.kind in ("embedding", "head"):
+        per_rank = logits / tp + hidden / (tp if sp else 1) + integers
+    elif any(op.tp_split != "replicated" for op in layer.ops):
+        per_rank = (logits + hidden + integers) / tp  # ops split by hand (docstring)
+    else:
+        per_rank = logits + hidden + integers  # computed whole on every rank (the importer splits no op here)
+    full = per_rank * mb
     if recompute == "full":
         boundary = (layer.input_bytes or layer.output_bytes) * activation_scale(dtype) * mb
         return min(full, boundary), full

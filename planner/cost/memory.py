@@ -44,6 +44,38 @@ input saved for the backward is its columnwise fp8 copy (Transformer Engine quan
 usages and drops the rowwise one after the forward GEMM) plus the recipe's scales: ``g = 1 + s`` with ``s`` the
 recipe's scale bytes per element (``planner.hardware.fp8``: 0 per-tensor, 4/128 blockwise, 1/32 MXFP8).
 
+Activations of the embedding and the output layer
+-------------------------------------------------
+Megatron-Core splits both over the vocabulary, and what each saves is split as follows (per rank, ``t``
+tensor-parallel ranks, vocabulary ``v``):
+
+* the embedding's ``VocabParallelEmbedding`` (megatron/core/tensor_parallel/layers.py) looks up the rank's
+  rows of the table and sums the partial lookups over the ranks: an all-reduce
+  (``reduce_from_tensor_model_parallel_region``), or under sequence parallelism a reduce-scatter along the
+  sequence (``reduce_scatter_to_sequence_parallel_region``); with a learned position embedding
+  ``LanguageModelEmbedding`` (megatron/core/models/common/embeddings/language_model_embedding.py) adds it to
+  the all-reduced sum and scatters that along the sequence (``scatter_to_sequence_parallel_region``) before
+  the embedding dropout. Its dropout mask is therefore whole on every rank, or the rank's sequence shard
+  under sequence parallelism; the token indices ``F.embedding`` saves are the whole sequence on every rank
+  either way (each rank looks up every token in its rows);
+* the final norm runs on the hidden states as the blocks' norms do (whole; a sequence shard under sequence
+  parallelism). The output layer is a ``ColumnParallelLinear`` with ``gather_output=False``
+  (megatron/core/models/gpt/gpt_model.py) whose ``LinearWithGradAccumulationAndAsyncCommunication`` saves
+  its input (``ctx.save_for_backward(input, weight)``) before all-gathering the sequence under sequence
+  parallelism (layers.py): the whole hidden input, or the rank's sequence shard. Its output, the logits, is
+  the rank's ``v / t`` of the vocabulary for the whole sequence; the vocabulary-parallel cross-entropy
+  (megatron/core/tensor_parallel/cross_entropy.py) casts them to fp32 (``.float()``) and saves the softmax
+  of its share (``ctx.save_for_backward(exp_logits, target_mask, masked_target_1d)``), ``4 s b v / t``.
+
+So for these layers: the tensors the head computes from its output layer (``Layer.logit_activation_bytes``:
+whatever of the loss the model graph includes) and the fp32 softmax ``/ t``; integer tensors
+(``Layer.integer_activation_bytes``) whole; the rest, hidden-sized (norm inputs, the output layer's input,
+dropout masks), whole without sequence parallelism and ``/ t`` with it. For a GPT at ``w = 2``: embedding
+``s b (h d + 8)`` without sequence parallelism (the mask and int64 indices), ``s b (h d / t + 8)`` with it;
+head ``s b (2 w h + 4 v / t)`` and ``s b (2 w h + 4 v) / t``. The per-token masks and targets of the
+vocabulary split (the lookup's out-of-range mask, the loss's target mask and masked targets: 10 bytes per
+token) are not in the model graph and not counted.
+
 Weights, gradients and optimizer states
 ---------------------------------------
 As the runtime keeps them (``planner.runtime.Runtime``), per parameter: weights in the training dtype (``w``;

@@ -14,12 +14,12 @@ from planner.errors import ModelError
 from planner.graph import layers as layer_detection
 from planner.graph.moe import ROUTED_EXPERT, MoEMatch, detect_moe
 from planner.graph.loader import check_external_data, check_structure, read_model
-from planner.graph.ir import ACT_BYTES, FLOAT_TYPES, Node, OpGraph, stored_bytes
+from planner.graph.ir import ACT_BYTES, FLOAT_TYPES, INT_BYTES, Node, OpGraph, stored_bytes
 from planner.graph.opgraph import build
 from planner.graph.shapes import COSTED_AS_ZERO
 from planner.graph.rules import (RULES, VIEW_OPS, View, attention_stages, fused_sources, nan_guards,
                                  saved_for_backward)
-from planner.graph.transformer import attention_core, detect_dims, tp_splits
+from planner.graph.transformer import attention_core, detect_dims, output_layer_tensors, tp_splits
 from planner.graph.unknown import check_unknown_ops
 from planner.graph.validate import check_sizes
 from planner.types import EmbeddingTable, Layer, LayerGraph, OpCost, TransformerDims
@@ -227,6 +227,8 @@ def _layers(graph: OpGraph, units: list[layer_detection.Unit], costs: dict[int, 
     n = len(units)
     params = [0] * n
     saved_bytes = [0.0] * n
+    logit_bytes = [0.0] * n  # of saved_bytes: a head's output-layer product and what is computed from it
+    integer_bytes = [0.0] * n  # of saved_bytes: integer and boolean tensors (token indices)
     owner: dict[str, int] = {}  # parameter root -> the layer that counts it (its first user)
     tied: list[dict[int, int]] = [{} for _ in range(n)]  # per layer: owner layer -> parameters it reads there
     b = graph.static_batch
@@ -235,6 +237,7 @@ def _layers(graph: OpGraph, units: list[layer_detection.Unit], costs: dict[int, 
     for k, unit in enumerate(units):
         counted: set[str] = set()  # a tensor saved by ops of two layers lives on both their stages
         read_roots: set[str] = set()  # roots of earlier layers this layer reads (counted once per layer)
+        logits = output_layer_tensors(graph, [graph.nodes[i] for i in unit.nodes]) if unit.kind == "head" else set()
         for i in sorted(unit.nodes):
             node = graph.nodes[i]
             for t in node.inputs:
@@ -253,6 +256,10 @@ def _layers(graph: OpGraph, units: list[layer_detection.Unit], costs: dict[int, 
                 known = graph.numel(base)
                 if known is not None:
                     saved_bytes[k] += known * per_elem / b
+                    if base in logits:
+                        logit_bytes[k] += known * per_elem / b
+                    elif base == tensor and graph.types.get(base) in INT_BYTES:
+                        integer_bytes[k] += known * per_elem / b
                 elif k in moe:  # a shape the routing decides: the routed size, per sample already
                     saved_bytes[k] += moe[k].routed_sizes.get(base, 0) * per_elem
     # boundary tensors: live from the producing layer to the last consuming layer (a difference array)
@@ -304,7 +311,8 @@ def _layers(graph: OpGraph, units: list[layer_detection.Unit], costs: dict[int, 
                             flops_forward=float(sum(op.flops for op in ops)), activation_bytes=saved_bytes[k],
                             output_bytes=crossing[k + 1], ops=tuple(ops), transformer=transformer,
                             input_bytes=crossing[k], moe=match.dims if match else None,
-                            tied_params=tuple(sorted(tied[k].items()))))
+                            tied_params=tuple(sorted(tied[k].items())), logit_activation_bytes=logit_bytes[k],
+                            integer_activation_bytes=integer_bytes[k]))
     return result
 
 

@@ -344,3 +344,25 @@ def tp_splits(graph: OpGraph, members: list[Node], dims: TransformerDims,
         else:
             out[node.index] = "replicated"
     return out
+
+
+def output_layer_tensors(graph: OpGraph, members: list[Node]) -> set[str]:
+    """The tensors a head computes from its output layer: the outputs of its last weighted products (those
+    no other weighted product of the head reads from, directly or through other ops) and every tensor
+    computed from them. Megatron-Core's output layer is a ``ColumnParallelLinear`` with
+    ``gather_output=False`` (``megatron/core/models/gpt/gpt_model.py``), so these are split over the
+    vocabulary across the tensor-parallel ranks; a projection before it (BERT's LM-head transform, a plain
+    linear layer in Megatron-Core's ``BertLMHead``) and the norms are computed whole on every rank."""
+    inside = {node.index for node in members}
+    products = {node.index for node in members if weighted_matmul(graph, node)}
+    feeds_product: set[int] = set()  # nodes whose outputs reach a weighted product of the head
+    for node in sorted(members, key=lambda n: n.index, reverse=True):
+        users = {u for t in node.outputs if t for u in graph.consumers.get(t, ()) if u in inside}
+        if users & (products | feeds_product):
+            feeds_product.add(node.index)
+    split: set[str] = set()
+    for node in sorted(members, key=lambda n: n.index):  # topological order
+        last_product = node.index in products and node.index not in feeds_product
+        if last_product or any(t in split for t in node.inputs if t):
+            split.update(t for t in node.outputs if t)
+    return split
