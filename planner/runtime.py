@@ -220,8 +220,9 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
         native_grad_dtypes=("fp16",)),
     Runtime(
         name="deepspeed",
-        description="DeepSpeed ZeRO 0-3 with overlap_comm; tensor parallelism through AutoTP (ZeRO 0-2, no sequence "
-                    "parallelism); pipeline only with ZeRO 0-1, no interleaved schedule",
+        description="DeepSpeed ZeRO 0-3 with overlap_comm; tensor parallelism without sequence parallelism, "
+                    "through AutoTP or, with pipeline stages, the model's Megatron-style layers; pipeline only with "
+                    "ZeRO 0-1, no interleaved schedule",
         source="DeepSpeed config docs (zero_optimization: reduce_bucket_size 5e8, overlap_comm, "
                "stage3_prefetch_bucket_size, contiguous_gradients; the planner's export sets overlap_comm for "
                "ZeRO 1-3, whose optimizer reduces gradients in buckets during the backward); "
@@ -231,14 +232,17 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
                "unset; overlap_comm off with a PipelineModule; a bf16 pipeline without ZeRO runs the "
                "BF16_Optimizer); deepspeed/runtime/pipe/engine.py (ZeRO-2/3 not supported with "
                "pipeline parallelism); DeepSpeed has no virtual-pipeline schedule; DeepSpeed tutorial "
-               "'Automatic Tensor Parallelism (Training)' (tensor_parallel.autotp_size in the config, with ZeRO "
-               "stage 0, 1 or 2; weights split, activations not: no sequence parallelism)",
+               "'Automatic Tensor Parallelism (Training)' (tensor_parallel.autotp_size in the config; weights "
+               "split, activations not: no sequence parallelism); deepspeed/runtime/engine.py "
+               "_configure_tensor_parallel_states ('AutoTP + ZeRO stage 3 is supported for both inference and "
+               "training'); deepspeed/utils/groups.py (AutoTP's data x tensor mesh spans the world, so with "
+               "pipeline stages tensor parallelism comes from the model code on a "
+               "deepspeed.runtime.pipe.topology.PipeModelDataParallelTopology, as Megatron-DeepSpeed runs it)",
         overlap_grad_reduce=True, overlap_param_gather=False, tp_comm_overlap=False,
         grad_bucket_params=500_000_000, zero3_prefetch_layers=1, attention="flash", main_grad_bytes=0,
         zero_stages=(0, 1, 2, 3), max_pipeline_zero=1, interleaved=False, tensor_parallel=True,
-        pipeline_parallel=True, overlap_grad_reduce_min_zero=1, max_tensor_parallel_zero=2,
-        sequence_parallel=False, pipeline_overlap_grad_reduce=False, pipeline_sharded_optimizer_dtypes=("bf16",),
-        contiguous_grad_buckets=True),
+        pipeline_parallel=True, overlap_grad_reduce_min_zero=1, sequence_parallel=False,
+        pipeline_overlap_grad_reduce=False, pipeline_sharded_optimizer_dtypes=("bf16",), contiguous_grad_buckets=True),
     Runtime(
         name="pytorch-fsdp2",
         description="PyTorch FSDP2 (fully_shard, as torchtitan runs it): per-layer all-gather with one layer "

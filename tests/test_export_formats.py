@@ -70,13 +70,13 @@ MEGATRON_V25_OPTIONS = {
 # "enabled", ZERO_OPTIMIZATION), deepspeed/runtime/zero/config.py ("stage", "overlap_comm", "reduce_bucket_size",
 # "allgather_bucket_size"),
 # deepspeed/runtime/config.py get_pipeline_config ("stages", "partition", "activation_checkpoint_interval",
-# free-form: ours adds "stage_layers"), deepspeed/runtime/tensor_parallel/config.py ("autotp_size"),
+# free-form: ours adds "stage_layers" and "topology"), deepspeed/runtime/tensor_parallel/config.py ("autotp_size"),
 # deepspeed/runtime/activation_checkpointing/config.py (ACT_CHKPT and its six keys).
 DEEPSPEED_KEYS = {
     "train_batch_size": None, "train_micro_batch_size_per_gpu": None, "gradient_accumulation_steps": None,
     "bf16": {"enabled"}, "fp16": {"enabled"},
     "zero_optimization": {"stage", "overlap_comm", "reduce_bucket_size", "allgather_bucket_size"},
-    "pipeline": {"stages", "partition", "activation_checkpoint_interval", "stage_layers"},
+    "pipeline": {"stages", "partition", "activation_checkpoint_interval", "stage_layers", "topology"},
     "tensor_parallel": {"autotp_size"},
     "activation_checkpointing": {"partition_activations", "contiguous_memory_optimization", "cpu_checkpointing",
                                  "number_checkpoints", "synchronize_checkpoint_boundary", "profile"},
@@ -279,7 +279,11 @@ def test_deepspeed_config(caplog):
     assert config["zero_optimization"] == {"stage": 1, "overlap_comm": False, "reduce_bucket_size": bucket,
                                            "allgather_bucket_size": bucket}
     assert config["bf16"] == {"enabled": True} and config["fp16"] == {"enabled": False}
-    assert config["tensor_parallel"] == {"autotp_size": 4}
+    # AutoTP does not run under the pipeline engine: tensor parallelism comes from the model's layers on the
+    # PipeModelDataParallelTopology the pipeline section gives, said in a warning
+    assert "tensor_parallel" not in config
+    assert config["pipeline"]["topology"] == {"num_pp": 3, "num_mp": 4, "num_dp": 2}
+    assert "PipeModelDataParallelTopology" in caplog.text
     # no partition_method takes the uneven stages' boundaries: left out, with a warning naming stage_layers
     assert config["pipeline"]["stages"] == 3 and "partition" not in config["pipeline"]
     assert "pipeline.stage_layers" in caplog.text
@@ -507,9 +511,9 @@ def test_megatron_2021_refuses_what_megatron_lm_v25_does_not_run(change, words):
     assert "\n" not in str(info.value) and str(info.value).startswith("plan: ")
 
 
-def test_deepspeed_refuses_zero_3_with_tensor_parallelism():
-    # a plan file written before the rule, or for another runtime: AutoTP trains with ZeRO 0-2
+def test_deepspeed_writes_autotp_with_zero_3():
+    # AutoTP trains with ZeRO-3 (deepspeed/runtime/engine.py _configure_tensor_parallel_states)
     plan = dataclasses.replace(plan_samples.gpt_plan((10,), tp=2, dp=8, zero=3, sequence_parallel=False),
                                runtime="deepspeed")
-    with pytest.raises(PlannerError, match="ZeRO-3 cannot run in DeepSpeed"):
-        render(plan, "deepspeed")
+    config = deepspeed_config(plan)
+    assert config["tensor_parallel"] == {"autotp_size": 2} and config["zero_optimization"]["stage"] == 3

@@ -3,6 +3,7 @@ what is planned, the export formats' runtimes, and ties going to the simpler pla
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -14,6 +15,7 @@ from planner.graph import load_model
 from planner.hardware import load_cluster
 from planner.plans import load_plan
 from planner.rules import TIE_TOLERANCE
+from planner.runtime import RUNTIMES, get_runtime
 from planner.search import engine
 from planner.search.space import Pins
 from planner.types import ParallelConfig
@@ -231,33 +233,39 @@ def test_the_search_does_not_interleave_two_stages_on_megatron_lm_2021(tmp_path,
     assert max(s.vpp for s in enumerate_settings(load_cluster("dgx-a100-80gb*2"), 256, pins, num_units=24)) > 1
 
 
-def test_deepspeed_runs_autotp_with_zero_2_at_most_and_no_sequence_parallelism(capsys):
-    """DeepSpeed's AutoTP training (the tensor parallelism its config expresses) runs with ZeRO 0-2 and splits
-    weights only: estimate refuses tp 2 with ZeRO 3 or sequence parallelism, and the search never picks them."""
+def test_a_runtime_may_cap_the_zero_stage_it_runs_with_tensor_parallelism(capsys, monkeypatch):
+    """A runtime whose tensor parallelism trains with ZeRO 0-2 at most (``max_tensor_parallel_zero``, as
+    DeepSpeed's AutoTP did before it ran ZeRO-3): estimate refuses tp 2 with ZeRO 3, a free ZeRO stage resolves
+    below it, and the search never picks it."""
     from planner import plan
-
-    model = load_model("models/gpt-1.3b.onnx")
-    nodes = load_cluster("dgx-a100-40gb*1")
-    with pytest.raises(ConfigError, match="tensor parallelism with ZeRO 2 at most"):
-        estimate(model, nodes, ParallelConfig(64, tp=2, dp=4, zero=3, runtime="deepspeed"))
-    with pytest.raises(ConfigError, match="sequence parallelism"):
-        estimate(model, nodes, ParallelConfig(64, tp=2, dp=4, sequence_parallel=True, runtime="deepspeed"))
-    best = plan(model, nodes, 64, pinned=ParallelConfig(64, tp=2, pp=1, dp=0, runtime="deepspeed"))
-    assert best.stages[0].tp == 2 and best.zero <= 2 and not best.sequence_parallel
-    code, _, err = run(capsys, "plan", "models/gpt-1.3b.onnx", "--cluster", "dgx-a100-40gb*1", "--global-batch",
-                       "64", "--tp", "2", "--zero", "3", "--runtime", "deepspeed")
-    assert code == 2 and "--zero 3 with --tp 2" in err
-
-
-def test_estimate_resolves_a_free_zero_deepspeed_runs_with_its_tp():
-    # a free ZeRO stage was resolved among all four, so estimate picked ZeRO-3 with AutoTP for a 13B model
     from planner.builders import build
     from planner.graph import import_model_proto
 
-    model = import_model_proto(build("gpt", {"layers": 40, "hidden": 5120, "heads": 40}), {"batch": 1})
-    resolved = estimate(model, load_cluster("dgx-a100-40gb*1"), ParallelConfig(64, tp=2, pp=1, dp=4,
-                                                                               runtime="deepspeed"))
+    capped = dataclasses.replace(get_runtime("deepspeed"), name="deepspeed-tp-zero2", max_tensor_parallel_zero=2)
+    monkeypatch.setitem(RUNTIMES, capped.name, capped)
+    model = load_model("models/gpt-1.3b.onnx")
+    nodes = load_cluster("dgx-a100-40gb*1")
+    with pytest.raises(ConfigError, match="tensor parallelism with ZeRO 2 at most"):
+        estimate(model, nodes, ParallelConfig(64, tp=2, dp=4, zero=3, runtime=capped.name))
+    best = plan(model, nodes, 64, pinned=ParallelConfig(64, tp=2, pp=1, dp=0, runtime=capped.name))
+    assert best.stages[0].tp == 2 and best.zero <= 2
+    big = import_model_proto(build("gpt", {"layers": 40, "hidden": 5120, "heads": 40}), {"batch": 1})
+    resolved = estimate(big, nodes, ParallelConfig(64, tp=2, pp=1, dp=4, runtime=capped.name))
     assert resolved.config.zero <= 2
+
+
+def test_deepspeed_runs_tensor_parallelism_with_any_zero_stage_and_no_sequence_parallelism(capsys):
+    """DeepSpeed's AutoTP trains with ZeRO 0-3 (deepspeed/runtime/engine.py: "AutoTP + ZeRO stage 3 is supported
+    for both inference and training") and splits weights only: tp 2 with ZeRO 3 is estimated and planned,
+    sequence parallelism refused."""
+    model = load_model("models/gpt-1.3b.onnx")
+    nodes = load_cluster("dgx-a100-40gb*1")
+    assert estimate(model, nodes, ParallelConfig(64, tp=2, dp=4, zero=3, runtime="deepspeed")).config.zero == 3
+    with pytest.raises(ConfigError, match="sequence parallelism"):
+        estimate(model, nodes, ParallelConfig(64, tp=2, dp=4, sequence_parallel=True, runtime="deepspeed"))
+    code, out, _ = run(capsys, "plan", "models/gpt-1.3b.onnx", "--cluster", "dgx-a100-40gb*1", "--global-batch",
+                       "64", "--tp", "2", "--zero", "3", "--runtime", "deepspeed", "--json")
+    assert code == 0 and json.loads(out)["zero"] == 3 and not json.loads(out)["sequence_parallel"]
 
 
 def test_numpy_scalars_in_a_parallel_config_are_plain_python_values():

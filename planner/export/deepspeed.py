@@ -10,9 +10,12 @@ Key names are those of DeepSpeed's ``deepspeed/runtime/constants.py`` (``train_b
 full recompute without pipeline stages: the model's layers then call ``deepspeed.checkpointing.checkpoint``) and
 ``deepspeed/runtime/tensor_parallel/config.py`` (``tensor_parallel.autotp_size``). The pipeline section is a
 free-form dictionary in DeepSpeed; ours adds ``stage_layers``, the plan's layer range of each stage, for
-building the ``PipelineModule``'s partition. DeepSpeed splits a ``PipelineModule`` by its ``partition_method``
-(``deepspeed/runtime/pipe/module.py`` ``_partition_layers``: ``uniform``, ``parameters``, ``type:REGEX``), none
-of which takes explicit boundaries: ``partition`` is written ``uniform`` where the plan's stages hold equal
+building the ``PipelineModule``'s partition, and with tp > 1 ``topology`` (``num_pp``, ``num_mp``, ``num_dp``)
+for the ``PipeModelDataParallelTopology`` whose model-parallel axis the model's own tensor-parallel layers use:
+AutoTP lays its groups over a data x tensor mesh of the whole world and has no path in the pipeline engine, so
+``tensor_parallel.autotp_size`` is written for one stage only. DeepSpeed splits a ``PipelineModule`` by its
+``partition_method`` (``deepspeed/runtime/pipe/module.py`` ``_partition_layers``: ``uniform``, ``parameters``,
+``type:REGEX``), none of which takes explicit boundaries: ``partition`` is written ``uniform`` where the plan's stages hold equal
 numbers of layers, and left out (with a warning) where they do not, for the model code to apply
 ``stage_layers``.
 """
@@ -26,6 +29,7 @@ from typing import Any
 from planner.errors import PlannerError
 from planner.export._uniform import framework_runtime, pipeline_degree, require_uniform
 from planner.plans import Plan
+from planner.rules import tp_zero_fits
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +60,11 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
         # deepspeed/runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"
         raise PlannerError(f"plan: ZeRO-{plan.zero} with {pp} pipeline stages cannot run in DeepSpeed (its "
                            "pipeline engine accepts ZeRO 0 or 1); re-plan with --zero 1, or use --format megatron")
-    if tp > 1 and plan.zero > 2:
-        # DeepSpeed's AutoTP training (tensor_parallel.autotp_size) runs with ZeRO stage 0, 1 or 2
-        raise PlannerError(f"plan: tp {tp} with ZeRO-{plan.zero} cannot run in DeepSpeed (AutoTP trains with ZeRO "
-                           "0-2); re-plan with --runtime deepspeed, or use --format megatron")
+    runtime = framework_runtime(plan, "deepspeed")
+    if not tp_zero_fits(tp, plan.zero, runtime):
+        raise PlannerError(f"plan: tp {tp} with ZeRO-{plan.zero} cannot run in DeepSpeed (its tensor parallelism "
+                           f"trains with ZeRO {runtime.max_tensor_parallel_zero} at most); re-plan with --runtime "
+                           "deepspeed, or use --format megatron")
     if plan.dtype == "fp8":
         # DeepSpeed's config has bf16, fp16 and amp sections and none for fp8: FP8 GEMMs come from Transformer
         # Engine modules in the model code (or a plug-in's own section), which a config cannot switch on
@@ -83,7 +88,7 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
         "bf16": {"enabled": plan.dtype == "bf16"},
         "fp16": {"enabled": plan.dtype == "fp16"},
     }
-    if tp > 1:
+    if tp > 1 and pp == 1:
         config["tensor_parallel"] = {"autotp_size": tp}
     full = any(s.recompute == "full" for s in plan.stages)
     if full and pp == 1:
@@ -97,6 +102,16 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
         stage_layers = [[s.first_layer, s.last_layer] for s in plan.stages]
         config["pipeline"] = {"stages": pp, "activation_checkpoint_interval": 1 if full else 0,
                               "stage_layers": stage_layers}
+        if tp > 1:
+            # AutoTP lays its groups over a data x tensor mesh of the whole world (deepspeed/utils/groups.py)
+            # and the pipeline engine has no AutoTP path: with stages, tensor parallelism comes from the model's
+            # own Megatron-style layers on a PipeModelDataParallelTopology(num_pp, num_mp, num_dp)
+            # (deepspeed/runtime/pipe/topology.py), as Megatron-DeepSpeed builds it
+            config["pipeline"]["topology"] = {"num_pp": pp, "num_mp": tp, "num_dp": dp}
+            log.warning("tp %d with %d pipeline stages: DeepSpeed's AutoTP does not run under its pipeline engine, "
+                        "so the ds_config has no tensor_parallel section; build the model's tensor-parallel layers "
+                        "(Megatron-DeepSpeed's) and pass PipelineModule a PipeModelDataParallelTopology from "
+                        "pipeline.topology", tp, pp)
         if len({last - first for first, last in stage_layers}) == 1:
             config["pipeline"]["partition"] = "uniform"
         else:
