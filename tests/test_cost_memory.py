@@ -202,3 +202,22 @@ def test_deepspeed_gradient_buckets_are_held_beside_the_model(zero, pipelined, b
     held = buffers * runtime.grad_bucket_params * 2
     assert with_.other_bytes - without.other_bytes == pytest.approx(held * (1 + runtime.allocator_reserve_fraction))
     assert with_.total_bytes - with_.other_bytes == without.total_bytes - without.other_bytes
+
+
+@pytest.mark.parametrize("tp", [1, 4])
+def test_full_recompute_reruns_the_transformer_layers_only(tp):
+    """Megatron-Core checkpoints the layers of its TransformerBlock (as Megatron-LM v2.5 and torchtitan do their
+    transformer layers): under full recompute the embedding and the output head keep what they save and run
+    their forward once, while every block keeps its input and re-runs its forward in the backward pass."""
+    model = gpt(4, 1024, 16, 512, 50000)
+    node = catalog.get_node("dgx-a100-80gb")
+    none, full = (layer_costs(model, node, tp, 2, r, False) for r in ("none", "full"))
+    kinds = [layer.kind for layer in model.layers]
+    for i, kind in enumerate(kinds):
+        if kind in ("embedding", "head"):
+            assert full.activation_bytes[i] == none.activation_bytes[i] and full.recompute_s[i] == 0.0
+            assert full.backward_s[i] == none.backward_s[i] and full.tp_comm_s[i] == none.tp_comm_s[i]
+        elif kind == "block":
+            assert full.activation_bytes[i] < none.activation_bytes[i]
+            assert full.recompute_s[i] > 0.0 and full.backward_s[i] > none.backward_s[i]
+    assert {"embedding", "head", "block"} <= set(kinds)

@@ -51,7 +51,10 @@ head) all-reduces its input gradient once. Messages are at the activation width 
 Recompute: ``selective`` re-runs the attention core before the backward pass (Korthikanti et al. 2022,
 Sec. 5; Megatron-LM ``--recompute-granularity selective``), found by role, never by tensor size; under
 FlashAttention there is nothing left to recompute (no score tensor is kept), so it costs what ``none`` does.
-``full`` re-runs the whole forward pass, communication included.
+``full`` re-runs the whole forward pass, communication included, of every layer but the embedding and the
+output head: the runtimes checkpoint the transformer layers only (Megatron-Core's TransformerBlock
+``_checkpointed_forward`` over its layers, the embedding and output layer outside it; Megatron-LM v2.5
+ParallelTransformer likewise; torchtitan wraps each TransformerBlock), so those two keep their activations.
 """
 
 from __future__ import annotations
@@ -319,6 +322,12 @@ def _tp_sharded_params(layer: Layer, tp: int) -> float:
     return layer.params / tp if splits else float(layer.params)
 
 
+def recomputed(layer: Layer) -> bool:
+    """Whether full recompute re-runs ``layer``: every layer but the embedding and the output head (module
+    docstring)."""
+    return layer.kind not in ("embedding", "head")
+
+
 def _activation_bytes(layer: Layer, tp: int, mb: float, sp: bool, recompute: str, dtype: str,
                       attention: str, routed_load: float = 1.0) -> tuple[float, float]:
     """(held per micro-batch, held with no recompute) for one layer on one rank; ``routed_load``: the rows a
@@ -361,7 +370,7 @@ def _activation_bytes(layer: Layer, tp: int, mb: float, sp: bool, recompute: str
     else:
         per_rank = logits + hidden + integers  # computed whole on every rank (the importer splits no op here)
     full = per_rank * mb
-    if recompute == "full":
+    if recompute == "full" and recomputed(layer):
         boundary = (layer.input_bytes or layer.output_bytes) * activation_scale(dtype) * mb
         return min(full, boundary), full
     return full, full
@@ -481,19 +490,18 @@ def _layer_costs(model: LayerGraph, node: NodeProfile, tp: int, micro_batch: int
     kernel_backward = np.array([r.attention_kernel_backward_s for r in rows])
     ep_comm = np.empty(n)
     expert_params = np.empty(n)
-    for i, r in enumerate(rows):
-        if recompute == "full":
-            redo = r.forward_compute_s + r.tp_forward_s
+    for i, (layer, r) in enumerate(zip(model.layers, rows)):
+        rerun = recompute == "full" and recomputed(layer)
+        if rerun:
+            redo = r.forward_compute_s + r.tp_forward_s + r.ep_forward_s
         elif recompute == "selective":
             redo = r.attention_forward_s
         else:
             redo = 0.0
-        if recompute == "full":
-            redo += r.ep_forward_s
         forward[i] = r.forward_compute_s + r.tp_forward_s + r.ep_forward_s
         backward[i] = r.backward_compute_s + r.tp_backward_s + r.ep_backward_s + redo
-        tp_comm[i] = r.tp_forward_s + r.tp_backward_s + (r.tp_forward_s if recompute == "full" else 0.0)
-        ep_comm[i] = r.ep_forward_s + r.ep_backward_s + (r.ep_forward_s if recompute == "full" else 0.0)
+        tp_comm[i] = r.tp_forward_s + r.tp_backward_s + (r.tp_forward_s if rerun else 0.0)
+        ep_comm[i] = r.ep_forward_s + r.ep_backward_s + (r.ep_forward_s if rerun else 0.0)
         recompute_s[i] = redo
         held[i] = r.activation_bytes
         extra[i] = max(0.0, r.full_activation_bytes - r.activation_bytes)
