@@ -11,7 +11,7 @@ from planner.cost.memory import micro_batches_in_flight
 from planner.graph import import_model_proto
 from planner.hardware import catalog, load_cluster
 from planner.runtime import get_runtime
-from planner.types import ParallelConfig
+from planner.types import LayerGraph, ParallelConfig
 from tests.cost_models import gpt, gpt3_175b
 
 S, B, H, A = 2048, 2, 4096, 32  # seq, micro-batch, hidden, heads
@@ -221,3 +221,14 @@ def test_full_recompute_reruns_the_transformer_layers_only(tp):
             assert full.activation_bytes[i] < none.activation_bytes[i]
             assert full.recompute_s[i] > 0.0 and full.backward_s[i] > none.backward_s[i]
     assert {"embedding", "head", "block"} <= set(kinds)
+
+
+def test_layers_that_differ_only_in_their_input_keep_their_own_recompute_checkpoint():
+    """Full recompute keeps a generic layer's input (its checkpoint); two layers alike but for their input size
+    hold different bytes, so the per-layer cost cache tells them apart."""
+    block = next(layer for layer in gpt(2, 256, 4, 64, 1000).layers if layer.kind == "block")
+    small, large = (dataclasses.replace(block, kind="layer", transformer=None, input_bytes=size,
+                                        activation_bytes=50_000) for size in (1000, 2000))
+    model = LayerGraph(name="two", layers=(small, large))
+    held = layer_costs(model, catalog.get_node("dgx-a100-80gb"), 1, 1, "full", False).activation_bytes
+    assert held[1] == pytest.approx(2 * held[0]) and held[0] > 0

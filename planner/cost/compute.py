@@ -181,9 +181,10 @@ def _op_signature(op: OpCost) -> tuple:
 
 
 def _layer_signature(layer: Layer) -> tuple:
+    """What a layer's costs read: two layers with the same signature share one cached ``_one_layer``."""
     return (layer.kind, layer.params, layer.activation_bytes, layer.logit_activation_bytes,
-            layer.integer_activation_bytes, layer.output_bytes, layer.flops_forward, layer.transformer,
-            tuple(_op_signature(op) for op in layer.ops))
+            layer.integer_activation_bytes, layer.input_bytes, layer.output_bytes, layer.flops_forward,
+            layer.transformer, layer.moe, tuple(_op_signature(op) for op in layer.ops))
 
 
 def _shard(m: float, n: float, k: float, split: str, tp: int) -> tuple[float, float, float]:
