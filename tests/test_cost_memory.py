@@ -232,3 +232,22 @@ def test_layers_that_differ_only_in_their_input_keep_their_own_recompute_checkpo
     model = LayerGraph(name="two", layers=(small, large))
     held = layer_costs(model, catalog.get_node("dgx-a100-80gb"), 1, 1, "full", False).activation_bytes
     assert held[1] == pytest.approx(2 * held[0]) and held[0] > 0
+
+
+def test_a_heads_projection_before_its_output_layer_runs_whole_on_every_rank():
+    """BERT's LM head transforms the hidden state with a plain linear layer (Megatron-Core's BertLMHead) before
+    the vocabulary-parallel output layer: the importer splits only the output layer's GEMM, so at tp 4 the
+    transform's GEMM time stays whole while the output layer's falls by four."""
+    h, s, v = 2048, 1024, 32000
+    bert = import_model_proto(build("bert", dict(layers=1, hidden=h, heads=16, seq_len=s, vocab=v)), {"batch": 1},
+                              name="bert-test")
+    head = bert.layers[-1]
+    gemms = [op for op in head.ops if op.gemm is not None]
+    assert [op.tp_split for op in gemms] == ["replicated", "column"]
+    node = catalog.get_node("dgx-a100-80gb")
+    one, four = (layer_costs(bert, node, t, 1, "none", False).forward_s[-1] for t in (1, 4))
+    everything_split = dataclasses.replace(bert, layers=bert.layers[:-1] + (dataclasses.replace(
+        head, ops=tuple(dataclasses.replace(op, tp_split="column") if op.gemm is not None else op
+                        for op in head.ops)),))
+    assert four > layer_costs(everything_split, node, 4, 1, "none", False).forward_s[-1]
+    assert four < one

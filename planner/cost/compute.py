@@ -240,9 +240,11 @@ def _costs_of_ops(layer: Layer, node: NodeProfile, tp: int, mb: float, sp: bool,
     core = attention_core_mask(layer) if layer.ops else (False,)
     flash_products: list[tuple[float, float, float]] = []
     fused_flops = 0.0  # scale-mask-softmax of the fused kernel, gathered until its softmax
+    # a head whose output layer the importer did not mark (built by hand): every GEMM vocabulary-parallel
+    unmarked_head = layer.kind == "head" and not any(op.tp_split == "column" for op in ops)
     for op, in_core in zip(ops, core):
         split = op.tp_split
-        if layer.kind == "head" and op.gemm is not None and split == "replicated":
+        if unmarked_head and op.gemm is not None and split == "replicated":
             split = "column"  # Megatron-LM's vocabulary-parallel output layer
         if op.gemm is not None and par is not None and layer.moe is not None and op.role == ROUTED_EXPERT:
             f, b = expert_gemm_s(op, layer.moe, mb, tp, par,

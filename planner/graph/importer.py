@@ -19,7 +19,8 @@ from planner.graph.opgraph import build
 from planner.graph.shapes import COSTED_AS_ZERO
 from planner.graph.rules import (RULES, VIEW_OPS, View, attention_stages, fused_sources, nan_guards,
                                  saved_for_backward)
-from planner.graph.transformer import attention_core, detect_dims, output_layer_tensors, tp_splits
+from planner.graph.transformer import (attention_core, detect_dims, output_layer_tensors, tp_splits,
+                                      weighted_matmul)
 from planner.graph.unknown import check_unknown_ops
 from planner.graph.validate import check_sizes
 from planner.types import EmbeddingTable, Layer, LayerGraph, OpCost, TransformerDims
@@ -306,6 +307,11 @@ def _layers(graph: OpGraph, units: list[layer_detection.Unit], costs: dict[int, 
                     role.update({i: ROUTED_EXPERT for i in match.experts})
                 ops = [_with_split(op, split.get(node.index, "replicated"), role.get(node.index, ""))
                        for op, node in zip(ops, members)]
+        elif kind == "head":
+            # the output layer is vocabulary-parallel (column); a projection before it is computed whole
+            logits = output_layer_tensors(graph, members)
+            ops = [_with_split(op, "column", op.role) if weighted_matmul(graph, node)
+                   and any(t in logits for t in node.outputs if t) else op for op, node in zip(ops, members)]
         ops = [stage for op, node in zip(ops, members) for stage in _stages(graph, node, op)]
         result.append(Layer(index=k, name=unit.name, kind=kind, params=params[k],
                             flops_forward=float(sum(op.flops for op in ops)), activation_bytes=saved_bytes[k],
