@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import shlex
 
 import pytest
@@ -17,7 +18,7 @@ from planner.export.megatron import megatron_args
 from planner.export.torchrec import torchrec_plan, torchrec_table_name
 from planner.plans import EmbeddingPlacement, EmbeddingShard
 from planner.report import render
-from planner.runtime import get_runtime
+from planner.runtime import RUNTIMES, get_runtime
 
 # NVIDIA/Megatron-LM @ d98e8a64ddf34856e74b24714e3bedb2f5a39553 (2026-08-22). megatron/training/arguments.py
 # declares some options directly; the rest come from config dataclass fields via
@@ -150,17 +151,39 @@ def check_megatron_split(options: dict[str, list[str]]) -> None:
 
 
 def test_megatron_uniform_plan():
-    plan = plan_samples.gpt_plan((5, 5), tp=4, dp=2, zero=1, recompute="selective", sequence_parallel=True)
+    plan = plan_samples.gpt_plan((5, 5), tp=4, dp=2, zero=1, recompute="none", sequence_parallel=True)
     options = parse_megatron(render(plan, "megatron"))
     assert options["--tensor-model-parallel-size"] == ["4"]
     assert options["--pipeline-model-parallel-size"] == ["2"]
     assert options["--num-layers"] == ["8"]  # 10 layers: embedding, 8 blocks, head
     assert options["--micro-batch-size"] == ["2"] and options["--global-batch-size"] == ["64"]
-    assert options["--recompute-granularity"] == ["selective"]
+    assert "--recompute-granularity" not in options
     assert "--sequence-parallel" in options and "--use-distributed-optimizer" in options and "--bf16" in options
     # even split (4 + 4 blocks): no uneven-split options
     assert not {"--decoder-first-pipeline-num-layers", "--pipeline-model-parallel-layout"} & set(options)
     assert megatron_args(plan)[:2] == ["--tensor-model-parallel-size", "4"]
+
+
+def test_megatron_selective_under_flash_attention_is_written_as_no_recompute(caplog):
+    """Megatron-Core's selective recompute re-runs core attention in the backward pass; under the runtime's
+    FlashAttention the plan costed it as no recompute, so no recompute option is written, with a warning."""
+    plan = plan_samples.gpt_plan(recompute="selective")
+    assert plan.runtime == "megatron-core"
+    with caplog.at_level(logging.WARNING, logger="planner.export.megatron"):
+        options = parse_megatron(render(plan, "megatron"))
+    assert not {"--recompute-granularity", "--recompute-method", "--recompute-num-layers"} & set(options)
+    assert "costed as no recompute" in caplog.text and "--recompute-granularity selective" in caplog.text
+
+
+def test_megatron_selective_where_attention_scores_are_kept(caplog, monkeypatch):
+    """A runtime registered with fused-softmax attention costs selective recompute as dropping the scores:
+    the option is written, without a warning."""
+    fused = dataclasses.replace(get_runtime("megatron-core"), name="megatron-core-fused", attention="fused-softmax")
+    monkeypatch.setitem(RUNTIMES, fused.name, fused)
+    plan = dataclasses.replace(plan_samples.gpt_plan(recompute="selective"), runtime=fused.name)
+    with caplog.at_level(logging.WARNING, logger="planner.export.megatron"):
+        options = parse_megatron(render(plan, "megatron"))
+    assert options["--recompute-granularity"] == ["selective"] and "costed as no recompute" not in caplog.text
 
 
 def test_megatron_uneven_split_first_and_last():

@@ -19,6 +19,7 @@ runtime (planner.rules: schedule, recompute, sequence parallelism, dtype) is ref
 from __future__ import annotations
 
 import itertools
+import logging
 import shlex
 
 from planner.errors import ConfigError, PlannerError
@@ -26,7 +27,9 @@ from planner.export._uniform import framework_runtime, pipeline_degree, require_
 from planner.hardware.fp8 import DEFAULT_FP8_RECIPE, FP8, FP8_RECIPES
 from planner.plans import Plan, StagePlan
 from planner.rules import RECOMPUTE_CHOICES, check_numerics, check_schedule, check_vpp_shape
-from planner.runtime import Runtime
+from planner.runtime import Runtime, get_runtime
+
+log = logging.getLogger(__name__)
 
 # ZeRO stage -> Megatron options. ZeRO-1 (optimizer states sharded) is Megatron's distributed optimizer;
 # ZeRO-2/3 are Megatron-FSDP's sharding strategies "optim_grads" and "optim_grads_params", whose checkpoints
@@ -106,7 +109,7 @@ def megatron_args(plan: Plan) -> list[str]:
     args += ["--micro-batch-size", str(plan.micro_batch), "--global-batch-size", str(plan.global_batch)]
     if plan.sequence_parallel and tp > 1:
         args.append("--sequence-parallel")
-    args += _recompute_args(recompute, runtime)
+    args += _recompute_args(recompute, runtime, get_runtime(plan.runtime))
     args += list(_ZERO_ARGS[plan.zero])
     args += _overlap_args(runtime, plan, tp, _dp * cp)  # gradients reduce over the dp x cp ranks
     args += list(_DTYPE_ARGS[plan.dtype]) + _fp8_args(plan)
@@ -126,16 +129,30 @@ def _check_rules(plan: Plan, runtime: Runtime, recompute: str, tp: int, pp: int,
         raise PlannerError(f"plan: {exc}") from None
 
 
-def _recompute_args(recompute: str, runtime: Runtime) -> list[str]:
+def _recompute_args(recompute: str, runtime: Runtime, costed: Runtime) -> list[str]:
     """Activation recompute: megatron-lm-2021 has only full recompute, ``--checkpoint-activations`` with
     ``--checkpoint-num-layers`` layers per checkpoint (Megatron-LM v2.5 megatron/arguments.py,
     _add_training_args); Megatron-Core names the granularity, and full recompute of each layer on its own is
     ``--recompute-method uniform --recompute-num-layers 1`` (megatron/core/transformer/transformer_config.py:
-    recompute_granularity, recompute_method, recompute_num_layers)."""
+    recompute_granularity, recompute_method, recompute_num_layers).
+
+    Selective recompute checkpoints core attention (Megatron-LM d98e8a64dd: ``recompute_modules`` defaults
+    to ["core_attn"], megatron/core/transformer/transformer_config.py:1940, ``__post_init__``;
+    megatron/core/transformer/attention.py:392 and :1555 run it under ``tensor_parallel.checkpoint`` when
+    ``checkpoint_core_attention``), so the job re-runs attention's forward in the backward pass. Under the FlashAttention of ``costed`` (the runtime the plan was costed
+    with) the cost model times selective as no recompute (planner.rules.recompute_choices), so it is written
+    as no recompute, with a warning; under a runtime that keeps the attention scores it is written as is."""
     if recompute == "full" and runtime.name == "megatron-lm-2021":
         return ["--checkpoint-activations", "--checkpoint-num-layers", "1"]
     if recompute == "full":
         return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    if recompute == "selective" and costed.attention == "flash":
+        log.warning("plan: recompute selective is costed as no recompute under %s's FlashAttention (it keeps no "
+                    "attention scores for selective recompute to drop), so no recompute option is written; add "
+                    "--recompute-granularity selective to checkpoint core attention anyway, at the cost of "
+                    "re-running attention's forward in every backward pass, which the plan did not cost",
+                    costed.name)
+        return []
     if recompute == "selective":
         return ["--recompute-granularity", "selective"]
     return []
