@@ -8,6 +8,7 @@ import dataclasses
 import json
 import logging
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -43,6 +44,8 @@ MEGATRON_OPTIONS = {
     "--recompute-method": ("uniform", "block"), "--recompute-num-layers": "value",
     # megatron/training/config/training_config.py: micro_batch_size, global_batch_size
     "--micro-batch-size": "value", "--global-batch-size": "value",
+    # megatron/training/arguments.py (_add_training_args)
+    "--optimizer": ("adam", "sgd", "muon", "dist_muon", "lion", "soap", "adaptive_muon"),
     # megatron/core/distributed/distributed_data_parallel_config.py: use_megatron_fsdp, overlap_grad_reduce,
     # overlap_param_gather; megatron/core/model_parallel_config.py: tp_comm_overlap
     "--use-megatron-fsdp": "flag", "--overlap-grad-reduce": "flag", "--overlap-param-gather": "flag",
@@ -57,13 +60,13 @@ MEGATRON_OPTIONS = {
 # NVIDIA/Megatron-LM tag v2.5 (megatron-lm-2021): megatron/arguments.py. _add_distributed_args:
 # --tensor-model-parallel-size, --pipeline-model-parallel-size, --num-layers-per-virtual-pipeline-stage;
 # _add_network_size_args: --num-layers; _add_training_args: --micro-batch-size, --global-batch-size,
-# --checkpoint-activations, --checkpoint-num-layers; _add_mixed_precision_args: --fp16, --bf16. parse_args
-# calls parser.parse_args(), so an option outside these fails.
+# --checkpoint-activations, --checkpoint-num-layers, --optimizer (adam, sgd); _add_mixed_precision_args: --fp16,
+# --bf16. parse_args calls parser.parse_args(), so an option outside these fails.
 MEGATRON_V25_OPTIONS = {
     "--tensor-model-parallel-size": "value", "--pipeline-model-parallel-size": "value", "--num-layers": "value",
     "--num-layers-per-virtual-pipeline-stage": "value", "--micro-batch-size": "value",
     "--global-batch-size": "value", "--checkpoint-activations": "flag", "--checkpoint-num-layers": "value",
-    "--fp16": "flag", "--bf16": "flag",
+    "--optimizer": ("adam", "sgd"), "--fp16": "flag", "--bf16": "flag",
 }
 
 # microsoft/DeepSpeed @ 38327e07f6cd39b63418f60cedd1651b0be3e7c3: deepspeed/runtime/constants.py
@@ -74,6 +77,7 @@ MEGATRON_V25_OPTIONS = {
 # free-form: ours adds "stage_layers" and "topology"), deepspeed/runtime/tensor_parallel/config.py ("autotp_size"),
 # deepspeed/runtime/activation_checkpointing/config.py (ACT_CHKPT and its six keys).
 DEEPSPEED_KEYS = {
+    "zero_allow_untested_optimizer": None,  # deepspeed/runtime/constants.py (ZERO_ALLOW_UNTESTED_OPTIMIZER)
     "train_batch_size": None, "train_micro_batch_size_per_gpu": None, "gradient_accumulation_steps": None,
     "bf16": {"enabled"}, "fp16": {"enabled"},
     "zero_optimization": {"stage", "overlap_comm", "reduce_bucket_size", "allgather_bucket_size"},
@@ -184,6 +188,38 @@ def test_megatron_selective_where_attention_scores_are_kept(caplog, monkeypatch)
     with caplog.at_level(logging.WARNING, logger="planner.export.megatron"):
         options = parse_megatron(render(plan, "megatron"))
     assert options["--recompute-granularity"] == ["selective"] and "costed as no recompute" not in caplog.text
+
+
+@pytest.mark.parametrize("runtime, known", [("megatron-core", MEGATRON_OPTIONS),
+                                             ("megatron-lm-2021", MEGATRON_V25_OPTIONS)])
+def test_megatron_writes_the_plans_optimizer(runtime, known):
+    """Megatron-LM's --optimizer defaults to adam: an SGD plan names its optimizer, an Adam plan needs nothing."""
+    base = dataclasses.replace(plan_samples.gpt_plan(zero=0, recompute="full", sequence_parallel=False),
+                               runtime=runtime)
+    options = parse_megatron(render(dataclasses.replace(base, optimizer="sgd"), "megatron"), known)
+    assert options["--optimizer"] == ["sgd"]
+    assert "--optimizer" not in parse_megatron(render(base, "megatron"), known)
+
+
+def test_megatron_refuses_adagrad(capsys, monkeypatch):
+    """Megatron-LM's --optimizer has no adagrad: a plan file is refused, and plan --format megatron refuses
+    --optimizer adagrad before searching."""
+    plan = dataclasses.replace(plan_samples.gpt_plan(), optimizer="adagrad")
+    with pytest.raises(PlannerError, match=r"^plan: optimizer adagrad has no Megatron-LM option.*--optimizer adam "
+                                           r"or sgd$"):
+        render(plan, "megatron")
+    import planner.search
+    from planner.cli import main
+
+    def no_search(*args, **kwargs):
+        raise AssertionError("searched")
+
+    monkeypatch.setattr(planner.search, "search", no_search)
+    model = str(Path(__file__).resolve().parents[1] / "models" / "gpt2-124m.onnx")
+    argv = ["plan", model, "--cluster", "dgx-a100-80gb*1", "--global-batch", "64", "--format", "megatron",
+            "--optimizer", "adagrad"]
+    assert main(argv) == 2
+    assert "--format megatron: optimizer adagrad has no Megatron-LM option" in capsys.readouterr().err
 
 
 def test_megatron_uneven_split_first_and_last():
@@ -315,6 +351,17 @@ def test_deepspeed_config(caplog):
     even = deepspeed_config(plan_samples.gpt_plan((5, 5), tp=1, dp=8, zero=1))
     assert even["pipeline"]["partition"] in DEEPSPEED_PARTITION_METHODS
     assert even["pipeline"]["partition"] == "uniform"
+
+
+@pytest.mark.parametrize("optimizer, zero, allowed", [("sgd", 1, True), ("sgd", 0, None), ("adagrad", 1, None),
+                                                       ("adam", 1, None)])
+def test_deepspeed_allows_sgd_under_zero(optimizer, zero, allowed):
+    """DeepSpeed's ZeRO asserts zero_allow_untested_optimizer for an optimizer outside
+    ZERO_SUPPORTED_OPTIMIZERS: torch.optim.SGD; torch.optim.Adagrad is in the list."""
+    plan = dataclasses.replace(plan_samples.gpt_plan((10,), tp=1, dp=8, zero=zero), optimizer=optimizer)
+    config = json.loads(render(plan, "deepspeed"))
+    check_deepspeed(config)
+    assert config.get("zero_allow_untested_optimizer") is allowed
 
 
 def test_deepspeed_refuses_a_plan_with_embedding_tables():

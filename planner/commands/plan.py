@@ -50,13 +50,16 @@ def _alternatives(plans: tuple[Plan, ...]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _check_format(fmt: str, model: LayerGraph, tables: tuple | None, path: str) -> None:
-    """The refusals of the ``--format`` exporters that the model alone decides, made before the search (and
-    before --out and --gantt are written), with the exporters' own checks."""
+def _check_format(fmt: str, model: LayerGraph, tables: tuple | None, path: str, optimizer: str | None) -> None:
+    """The refusals of the ``--format`` exporters that the model and the ``--optimizer`` asked for (None: the
+    default) alone decide, made before the search (and before --out and --gantt are written), with the
+    exporters' own checks."""
     if fmt == "megatron":
-        from planner.export.megatron import check_transformer_layers  # noqa: PLC0415
+        from planner.export.megatron import check_optimizer, check_transformer_layers  # noqa: PLC0415
 
         check_transformer_layers(sum(1 for layer in model.layers if layer.kind == "block"), path)
+        if optimizer is not None:
+            check_optimizer(optimizer, "--format megatron")
     elif fmt in ("torchrec", "deepspeed"):
         from planner.compose import sparse_tables  # noqa: PLC0415 - the tables the plan will place
         from planner.export.deepspeed import check_no_tables  # noqa: PLC0415
@@ -86,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args.model, dims, allow_unknown_ops=args.allow_unknown_ops)
     warn_batch_dim(model, dims, args.micro_batch)
     tables = tables_from_args(args)
-    _check_format(args.format, model, tables, args.model)
+    _check_format(args.format, model, tables, args.model, args.optimizer)
     cluster = load_cluster(args.cluster)
     # --format megatron/deepspeed plans for that framework's runtime (an explicit --runtime must produce it)
     pinned = dataclasses.replace(config_from_args(args, defaults_to_one=False),

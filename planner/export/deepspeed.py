@@ -4,6 +4,8 @@ Key names are those of DeepSpeed's ``deepspeed/runtime/constants.py`` (``train_b
 ``train_micro_batch_size_per_gpu``, ``gradient_accumulation_steps``, ``bf16``/``fp16`` with ``enabled``,
 ``zero_optimization`` with ``stage``, ``overlap_comm``, ``reduce_bucket_size``, ``allgather_bucket_size``:
 ``deepspeed/runtime/zero/config.py``; overlap and bucket size are the deepspeed runtime's),
+``zero_allow_untested_optimizer`` (constants.py; for an SGD plan with ZeRO: the training script passes its
+optimizer to ``deepspeed.initialize``, the config names none),
 ``deepspeed/runtime/config.py:get_pipeline_config`` (the
 ``pipeline`` section: ``stages``, ``partition``, ``activation_checkpoint_interval``),
 ``deepspeed/runtime/activation_checkpointing/config.py`` (the ``activation_checkpointing`` section, written for
@@ -32,6 +34,12 @@ from planner.plans import Plan
 from planner.rules import tp_zero_fits
 
 log = logging.getLogger(__name__)
+
+# the planner's optimizers that DeepSpeed's ZeRO has not tested: torch.optim.SGD is not in
+# ZERO_SUPPORTED_OPTIMIZERS (deepspeed/runtime/zero/utils.py:45, which lists torch's Adam, AdamW and Adagrad and
+# DeepSpeed's FusedAdam, CPU Adam and CPU Adagrad), and with a ZeRO stage above 0 the engine asserts
+# "zero_allow_untested_optimizer" for any other (deepspeed/runtime/engine.py:1987, _do_optimizer_sanity_check)
+_UNTESTED_ZERO_OPTIMIZERS = ("sgd",)
 
 
 def check_no_tables(count: int, what: str) -> None:
@@ -88,6 +96,8 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
         "bf16": {"enabled": plan.dtype == "bf16"},
         "fp16": {"enabled": plan.dtype == "fp16"},
     }
+    if plan.optimizer in _UNTESTED_ZERO_OPTIMIZERS and plan.zero >= 1:
+        config["zero_allow_untested_optimizer"] = True
     if tp > 1 and pp == 1:
         config["tensor_parallel"] = {"autotp_size": tp}
     full = any(s.recompute == "full" for s in plan.stages)

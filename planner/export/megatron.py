@@ -54,6 +54,20 @@ _STREAM_NOTE = ("# tp or cp > 1: set CUDA_DEVICE_MAX_CONNECTIONS=1 on GPUs befor
 _DTYPE_ARGS = {"bf16": ("--bf16",), "fp16": ("--fp16",), "fp32": (), "tf32": (), "fp8": ("--bf16",)}
 
 
+# the optimizers of Megatron-LM's --optimizer (default adam; megatron/training/arguments.py:2913, choices adam,
+# sgd, muon, dist_muon, lion, soap, adaptive_muon; Megatron-LM v2.5 megatron/arguments.py, _add_training_args:
+# adam, sgd) among the planner's: no adagrad
+_OPTIMIZER_ARGS = {"adam": (), "sgd": ("--optimizer", "sgd")}
+
+
+def check_optimizer(optimizer: str, what: str) -> None:
+    """Refuse an optimizer that Megatron-LM's ``--optimizer`` does not offer (``what``: the input holding it)."""
+    if optimizer not in _OPTIMIZER_ARGS:
+        raise PlannerError(f"{what}: optimizer {optimizer} has no Megatron-LM option (its --optimizer offers adam "
+                           f"and sgd among the planner's optimizers, no {optimizer}); plan with --optimizer adam or "
+                           "sgd")
+
+
 def _fp8_args(plan: Plan) -> list[str]:
     """Megatron-LM's Transformer Engine options of an fp8 plan (megatron/training/arguments.py,
     _add_transformer_engine_args: --fp8-format e4m3|hybrid, --fp8-recipe tensorwise|delayed|mxfp8|blockwise):
@@ -96,6 +110,7 @@ def megatron_args(plan: Plan) -> list[str]:
                            "--runtime megatron-core, whose layout options express the split")
     recompute = max((s.recompute for s in plan.stages), key=RECOMPUTE_CHOICES.index)
     _check_rules(plan, runtime, recompute, tp, pp, sum(stage_layers))
+    check_optimizer(plan.optimizer, "plan")
     cp = uniform_cp(plan, "Megatron-LM")
     if cp > 1 and not runtime.context_parallel:
         raise PlannerError(f"plan: cp {cp} (context parallelism) does not run on {runtime.name}; re-plan with "
@@ -110,6 +125,7 @@ def megatron_args(plan: Plan) -> list[str]:
     if plan.sequence_parallel and tp > 1:
         args.append("--sequence-parallel")
     args += _recompute_args(recompute, runtime, get_runtime(plan.runtime))
+    args += list(_OPTIMIZER_ARGS[plan.optimizer])
     args += list(_ZERO_ARGS[plan.zero])
     args += _overlap_args(runtime, plan, tp, _dp * cp)  # gradients reduce over the dp x cp ranks
     args += list(_DTYPE_ARGS[plan.dtype]) + _fp8_args(plan)
