@@ -299,6 +299,37 @@ def test_megatron_fp8_passes_the_plans_recipe_and_its_format(recipe, fmt):
     assert options["--fp8-recipe"] == [recipe] and options["--fp8-format"] == [fmt]
 
 
+@pytest.mark.parametrize("fmt", ["megatron", "deepspeed"])
+def test_tf32_plans_warn_that_the_script_must_allow_tf32(fmt, caplog):
+    """Neither framework switches TF32 on and PyTorch leaves it off by default: a tf32 plan exports as an fp32
+    one, with a warning naming the PyTorch switch; an fp32 or bf16 plan gets no such warning."""
+    plan = dataclasses.replace(plan_samples.gpt_plan((10,), tp=1, dp=8, zero=0, recompute="none",
+                                                     sequence_parallel=False), runtime="megatron-lm-2021")
+    with caplog.at_level(logging.WARNING, logger="planner.export"):
+        tf32 = render(dataclasses.replace(plan, dtype="tf32"), fmt)
+    assert "torch.backends.cuda.matmul.allow_tf32 = True" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="planner.export"):
+        assert render(dataclasses.replace(plan, dtype="fp32"), fmt) == tf32
+        render(plan, fmt)
+    assert "allow_tf32" not in caplog.text
+
+
+def test_megatron_core_fp32_plans_warn_that_transformer_engine_runs_tf32(caplog):
+    """Transformer Engine computes fp32 GEMMs as TF32 (cublaslt_gemm.cu): an fp32 plan exported for
+    megatron-core runs faster than costed; megatron-lm-2021 has no Transformer Engine."""
+    plan = dataclasses.replace(plan_samples.gpt_plan(recompute="none"), dtype="fp32")
+    with caplog.at_level(logging.WARNING, logger="planner.export.megatron"):
+        render(plan, "megatron")
+    assert "Transformer Engine" in caplog.text and "faster than the plan predicts" in caplog.text
+    caplog.clear()
+    old = dataclasses.replace(plan_samples.gpt_plan(zero=0, recompute="full", sequence_parallel=False),
+                              dtype="fp32", runtime="megatron-lm-2021")
+    with caplog.at_level(logging.WARNING, logger="planner.export.megatron"):
+        render(old, "megatron")
+    assert "Transformer Engine" not in caplog.text
+
+
 def test_bf16_plans_have_no_fp8_options():
     options = parse_megatron(render(plan_samples.gpt_plan(), "megatron"))
     assert "--fp8-recipe" not in options and "--fp8-format" not in options

@@ -1,13 +1,17 @@
 """What Megatron-LM and DeepSpeed both require of a plan: every pipeline stage on the same tensor- and
-data-parallel degrees, on one device type, without heterogeneous replica groups; and the runtime whose
-options an export writes."""
+data-parallel degrees, on one device type, without heterogeneous replica groups; the runtime whose
+options an export writes; and the warning both give a tf32 plan."""
 
 from __future__ import annotations
+
+import logging
 
 from planner.errors import PlannerError
 from planner.plans import Plan
 from planner.rules import FORMAT_RUNTIMES
 from planner.runtime import Runtime, get_runtime
+
+log = logging.getLogger(__name__)
 
 
 def framework_runtime(plan: Plan, fmt: str) -> Runtime:
@@ -49,3 +53,17 @@ def uniform_cp(plan: Plan, framework: str) -> int:
 def pipeline_degree(plan: Plan) -> int:
     """Pipeline stages (``vpp`` model chunks each under an interleaved schedule)."""
     return len(plan.stages)
+
+
+def warn_tf32(plan: Plan, framework: str) -> None:
+    """Warn that a tf32 plan runs as costed only where the training script allows TF32: neither Megatron-LM
+    (megatron/ at d98e8a64dd) nor DeepSpeed (deepspeed/ at edaa72212672) sets
+    torch.backends.cuda.matmul.allow_tf32 or the float32 matmul precision, and PyTorch leaves it False by default since
+    1.12 (its float32 matmul precision "highest": PyTorch docs, torch.set_float32_matmul_precision and CUDA
+    semantics, "TensorFloat-32 (TF32) on Ampere (and later) devices"; the change: pytorch/pytorch#76509), while
+    torch.backends.cudnn.allow_tf32 defaults to True (the same docs)."""
+    if plan.dtype == "tf32":
+        log.warning("plan: dtype tf32 is costed with TF32 tensor-core GEMMs, which %s does not switch on and "
+                    "PyTorch leaves off by default; the training script must set "
+                    "torch.backends.cuda.matmul.allow_tf32 = True (and keep torch.backends.cudnn.allow_tf32 = "
+                    "True, its default) to run as costed", framework)

@@ -29,7 +29,7 @@ import logging
 from typing import Any
 
 from planner.errors import PlannerError
-from planner.export._uniform import framework_runtime, pipeline_degree, require_uniform
+from planner.export._uniform import framework_runtime, pipeline_degree, require_uniform, warn_tf32
 from planner.plans import Plan
 from planner.rules import tp_zero_fits
 
@@ -93,9 +93,12 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
         "train_micro_batch_size_per_gpu": plan.micro_batch,
         "gradient_accumulation_steps": accumulation,
         "zero_optimization": _zero_optimization(plan),
+        # fp32 and tf32 enable neither: DeepSpeed does not switch TF32 on, so a tf32 plan needs the training
+        # script to allow it (warn_tf32)
         "bf16": {"enabled": plan.dtype == "bf16"},
         "fp16": {"enabled": plan.dtype == "fp16"},
     }
+    warn_tf32(plan, "DeepSpeed")
     if plan.optimizer in _UNTESTED_ZERO_OPTIMIZERS and plan.zero >= 1:
         config["zero_allow_untested_optimizer"] = True
     if tp > 1 and pp == 1:

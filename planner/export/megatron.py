@@ -23,7 +23,7 @@ import logging
 import shlex
 
 from planner.errors import ConfigError, PlannerError
-from planner.export._uniform import framework_runtime, pipeline_degree, require_uniform, uniform_cp
+from planner.export._uniform import framework_runtime, pipeline_degree, require_uniform, uniform_cp, warn_tf32
 from planner.hardware.fp8 import DEFAULT_FP8_RECIPE, FP8, FP8_RECIPES
 from planner.plans import Plan, StagePlan
 from planner.rules import RECOMPUTE_CHOICES, check_numerics, check_schedule, check_vpp_shape
@@ -49,8 +49,9 @@ _FSDP_NOTE = "# Megatron-FSDP: leave CUDA_DEVICE_MAX_CONNECTIONS unset or above 
 # Blackwell, so that the collectives run in the order the GEMMs that feed them were issued
 _STREAM_NOTE = ("# tp or cp > 1: set CUDA_DEVICE_MAX_CONNECTIONS=1 on GPUs before Blackwell (Megatron-LM's "
                 "validate_args requires it)")
-# fp8 trains bf16 weights with fp8 GEMMs (the format and recipe follow: _fp8_args); tf32 is fp32 training
-# with tensor-core GEMMs, PyTorch's default on Ampere and later
+# fp8 trains bf16 weights with fp8 GEMMs (the format and recipe follow: _fp8_args); fp32 and tf32 both train
+# fp32 weights and have no option: Megatron-LM does not switch TF32 on and PyTorch leaves it off by default, so
+# a tf32 plan needs the training script to allow it (_uniform.warn_tf32)
 _DTYPE_ARGS = {"bf16": ("--bf16",), "fp16": ("--fp16",), "fp32": (), "tf32": (), "fp8": ("--bf16",)}
 
 
@@ -129,7 +130,21 @@ def megatron_args(plan: Plan) -> list[str]:
     args += list(_ZERO_ARGS[plan.zero])
     args += _overlap_args(runtime, plan, tp, _dp * cp)  # gradients reduce over the dp x cp ranks
     args += list(_DTYPE_ARGS[plan.dtype]) + _fp8_args(plan)
+    warn_tf32(plan, "Megatron-LM")
+    _warn_fp32_on_transformer_engine(plan, runtime)
     return args
+
+
+def _warn_fp32_on_transformer_engine(plan: Plan, runtime: Runtime) -> None:
+    """Warn that an fp32 plan runs faster than costed on megatron-core: its layers are Transformer Engine's
+    (TransformerConfig.transformer_impl defaults to "transformer_engine":
+    megatron/core/transformer/transformer_config.py:1314), and Transformer Engine computes a GEMM whose
+    inputs and output are all fp32 as TF32 (CUBLAS_COMPUTE_32F_FAST_TF32: TransformerEngine d0067d0da6cb,
+    transformer_engine/common/gemm/cublaslt_gemm.cu:445-449). megatron-lm-2021 predates Transformer Engine."""
+    if plan.dtype == "fp32" and runtime.name != "megatron-lm-2021":
+        log.warning("plan: dtype fp32 is costed with fp32 GEMMs, but Transformer Engine, whose layers %s runs, "
+                    "computes fp32 GEMMs as TF32, so the job will run faster than the plan predicts; a plan made "
+                    "with --dtype tf32 costs those GEMMs as they run", runtime.name)
 
 
 def _check_rules(plan: Plan, runtime: Runtime, recompute: str, tp: int, pp: int, num_layers: int) -> None:
