@@ -227,6 +227,16 @@ def load_plan(path: str) -> Plan:
         raise PlannerError(f"{path}: {exc}") from None
 
 
+def plan_recompute(plan: Plan, why: str = "the cost model times one mode per plan") -> str:
+    """The recompute mode every stage of ``plan`` shares, or PlannerError naming the modes, ``why`` one mode is
+    needed, and the fix (a plan file edited by hand may mix them)."""
+    modes = sorted({s.recompute for s in plan.stages})
+    if len(modes) > 1:
+        raise PlannerError(f"plan: its stages use the recompute modes {', '.join(modes)}; {why}; set every stage's "
+                           "'recompute' to one of them")
+    return modes[0]
+
+
 def pipeline_spec(plan: Plan, recompute: str | None = None) -> PipelineSpec:
     """The PipelineSpec of ``plan``'s placement, as the cost model times it: one StageSpec per pipeline stage,
     its replica groups as listed (a stage without ``replicas`` is one group), the plan's degrees, schedule,
@@ -236,10 +246,7 @@ def pipeline_spec(plan: Plan, recompute: str | None = None) -> PipelineSpec:
     are folded to ``pp`` stages of the same number of layers each, the cost model's view of an interleaved
     pipeline (it times a stage's chunks as equal parts)."""
     stages = list(plan.stages)
-    modes = sorted({s.recompute for s in stages})
-    if recompute is None and len(modes) > 1:
-        raise PlannerError(f"plan: its stages use the recompute modes {', '.join(modes)}; the cost model times one "
-                           "mode per plan; set every stage's 'recompute' to one of them")
+    recompute = recompute or plan_recompute(plan)
     vpp = max(plan.vpp, 1)
     if vpp > 1 and len(stages) % vpp == 0 and len(stages) > 1 and \
             stages[0].devices == stages[len(stages) // vpp].devices:
@@ -260,7 +267,7 @@ def pipeline_spec(plan: Plan, recompute: str | None = None) -> PipelineSpec:
                                                              batch_share=r.batch_share, cp=r.cp) for r in g))
                         for s, g in zip(stages, groups))
     return PipelineSpec(stages=spec_stages, global_batch=plan.global_batch, micro_batch=plan.micro_batch, vpp=vpp,
-                        zero=plan.zero, recompute=recompute or modes[0], sequence_parallel=plan.sequence_parallel,
+                        zero=plan.zero, recompute=recompute, sequence_parallel=plan.sequence_parallel,
                         schedule=plan.schedule, optimizer=plan.optimizer,
                         dtype=cost_dtype(plan.dtype, plan.fp8_recipe), runtime=plan.runtime,
                         ep=eps.pop() if eps else 1, expert_tp=expert_tps.pop() if expert_tps else 0)

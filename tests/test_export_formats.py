@@ -342,6 +342,23 @@ def test_deepspeed_refuses_fp8_in_one_line():
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("fmt", ["megatron", "deepspeed"])
+def test_megatron_and_deepspeed_refuse_mixed_recompute_and_gpipe(fmt):
+    """A hand-edited plan file: stages of different recompute modes (both frameworks take one for the model;
+    Megatron-LM used to write the strongest) and the GPipe schedule (Megatron-LM runs 1F1B and interleaved,
+    DeepSpeed its own 1F1B-like TrainSchedule) are refused, naming the input and the fix."""
+    plan = plan_samples.gpt_plan(tp=1, dp=8, zero=1, recompute="none", sequence_parallel=False)
+    mixed = dataclasses.replace(plan, stages=(dataclasses.replace(plan.stages[0], recompute="full"),
+                                              *plan.stages[1:]))
+    with pytest.raises(PlannerError, match=r"^plan: its stages use the recompute modes full, none; .* set every "
+                                           r"stage's 'recompute' to one of them$"):
+        render(mixed, fmt)
+    with pytest.raises(PlannerError, match=r"^plan: schedule gpipe .* re-plan with --schedule 1f1b$"):
+        render(dataclasses.replace(plan, schedule="gpipe"), fmt)
+    with pytest.raises(PlannerError, match="schedule gpipe"):  # without a pipeline too: it holds every micro-batch
+        render(dataclasses.replace(plan_samples.gpt_plan((10,), tp=1, dp=8), schedule="gpipe"), fmt)
+
+
 def test_megatron_and_deepspeed_refuse_heterogeneous_plans():
     for fmt in ("megatron", "deepspeed"):
         with pytest.raises(PlannerError, match="several replica groups"):

@@ -39,6 +39,14 @@ def require_uniform(plan: Plan, framework: str) -> tuple[int, int]:
     return first.tp, first.dp
 
 
+def refuse_gpipe(plan: Plan, framework: str, schedules: str) -> None:
+    """Refuse a plan of the GPipe schedule, which ``framework`` does not run (``schedules``: what it runs);
+    ``planner estimate --schedule gpipe`` times it, and a plan file may be edited to it."""
+    if plan.schedule == "gpipe":
+        raise PlannerError(f"plan: schedule gpipe (every micro-batch's forward before any backward) does not run on "
+                           f"{framework}, which {schedules}; re-plan with --schedule 1f1b")
+
+
 def uniform_cp(plan: Plan, framework: str) -> int:
     """The context-parallel degree shared by every stage, or PlannerError naming the stage that differs."""
     first = plan.stages[0]

@@ -29,8 +29,8 @@ import logging
 from typing import Any
 
 from planner.errors import PlannerError
-from planner.export._uniform import framework_runtime, pipeline_degree, require_uniform, warn_tf32
-from planner.plans import Plan
+from planner.export._uniform import framework_runtime, pipeline_degree, refuse_gpipe, require_uniform, warn_tf32
+from planner.plans import Plan, plan_recompute
 from planner.rules import tp_zero_fits
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,12 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
     check_no_tables(len(plan.embeddings), "plan")
     tp, dp = require_uniform(plan, "DeepSpeed")
     pp = pipeline_degree(plan)
+    # the pipeline engine runs its own 1F1B-like TrainSchedule (deepspeed/runtime/pipe/schedule.py:189, which
+    # pipe/engine.py builds in train_batch); without a pipeline the engine runs each micro-batch's forward
+    # and backward in turn
+    refuse_gpipe(plan, "DeepSpeed", "interleaves forwards and backwards (its pipeline engine's TrainSchedule)")
+    # one activation_checkpoint_interval (pipeline) or activation_checkpointing section for the whole model
+    recompute = plan_recompute(plan, "DeepSpeed runs one recompute mode on every stage")
     cp = max(stage.cp for stage in plan.stages)
     if cp > 1:
         raise PlannerError(f"plan: cp {cp} (context parallelism: a ring exchange of K and V) has no DeepSpeed "
@@ -103,7 +109,7 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
         config["zero_allow_untested_optimizer"] = True
     if tp > 1 and pp == 1:
         config["tensor_parallel"] = {"autotp_size": tp}
-    full = any(s.recompute == "full" for s in plan.stages)
+    full = recompute == "full"
     if full and pp == 1:
         # without a PipelineModule to checkpoint every layer, the model's layers call
         # deepspeed.checkpointing.checkpoint, which this section configures (DeepSpeed's defaults: the plan's

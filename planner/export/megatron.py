@@ -23,10 +23,11 @@ import logging
 import shlex
 
 from planner.errors import ConfigError, PlannerError
-from planner.export._uniform import framework_runtime, pipeline_degree, require_uniform, uniform_cp, warn_tf32
+from planner.export._uniform import (framework_runtime, pipeline_degree, refuse_gpipe, require_uniform, uniform_cp,
+                                     warn_tf32)
 from planner.hardware.fp8 import DEFAULT_FP8_RECIPE, FP8, FP8_RECIPES
-from planner.plans import Plan, StagePlan
-from planner.rules import RECOMPUTE_CHOICES, check_numerics, check_schedule, check_vpp_shape
+from planner.plans import Plan, StagePlan, plan_recompute
+from planner.rules import check_numerics, check_schedule, check_vpp_shape
 from planner.runtime import Runtime, get_runtime
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,11 @@ def megatron_args(plan: Plan) -> list[str]:
     """Megatron-LM command-line arguments (an argv list) that run ``plan``."""
     tp, _dp = require_uniform(plan, "Megatron-LM")
     pp = pipeline_degree(plan)
+    # Megatron-LM picks 1F1B, its interleaved form, or no pipeline (one micro-batch's forward and backward at
+    # a time): megatron/core/pipeline_parallel/schedules.py:53, get_forward_backward_func
+    refuse_gpipe(plan, "Megatron-LM", "runs the 1F1B and interleaved schedules only")
+    # one recompute configuration for the whole model (TransformerConfig.recompute_granularity)
+    recompute = plan_recompute(plan, "Megatron-LM runs one recompute mode on every stage")
     if plan.dtype not in _DTYPE_ARGS:
         raise PlannerError(f"plan: dtype {plan.dtype!r} has no Megatron-LM option; use one of {sorted(_DTYPE_ARGS)}")
     stage_layers = [transformer_layers(s) for s in plan.stages]
@@ -109,7 +115,6 @@ def megatron_args(plan: Plan) -> list[str]:
         raise PlannerError(f"plan: its stages hold {', '.join(map(str, stage_layers))} transformer layers, but "
                            f"{runtime.name} splits the layers evenly over the pipeline stages; re-plan with "
                            "--runtime megatron-core, whose layout options express the split")
-    recompute = max((s.recompute for s in plan.stages), key=RECOMPUTE_CHOICES.index)
     _check_rules(plan, runtime, recompute, tp, pp, sum(stage_layers))
     check_optimizer(plan.optimizer, "plan")
     cp = uniform_cp(plan, "Megatron-LM")
