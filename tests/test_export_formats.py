@@ -15,7 +15,7 @@ import pytest
 import plan_samples
 from planner.errors import PlannerError
 from planner.export.deepspeed import deepspeed_config
-from planner.export.megatron import megatron_args
+from planner.export.megatron import _overlap_args, megatron_args
 from planner.export.torchrec import torchrec_plan, torchrec_table_name
 from planner.plans import EmbeddingPlacement, EmbeddingShard
 from planner.report import render
@@ -220,6 +220,16 @@ def test_megatron_refuses_adagrad(capsys, monkeypatch):
             "--optimizer", "adagrad"]
     assert main(argv) == 2
     assert "--format megatron: optimizer adagrad has no Megatron-LM option" in capsys.readouterr().err
+
+
+def test_megatron_writes_the_param_gather_overlap_only_beside_the_grad_overlap():
+    """Megatron-LM asserts that --overlap-param-gather comes with --overlap-grad-reduce (validate_args): a
+    runtime that overlaps the parameter all-gather but not the gradient reduction gets neither."""
+    plan = plan_samples.gpt_plan(zero=1)
+    core = get_runtime("megatron-core")
+    assert {"--overlap-grad-reduce", "--overlap-param-gather"} <= set(_overlap_args(core, plan, 4, 2))
+    no_grad_overlap = dataclasses.replace(core, name="megatron-core-no-grad-overlap", overlap_grad_reduce=False)
+    assert not {"--overlap-grad-reduce", "--overlap-param-gather"} & set(_overlap_args(no_grad_overlap, plan, 4, 2))
 
 
 def test_megatron_uneven_split_first_and_last():

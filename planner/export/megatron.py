@@ -245,11 +245,13 @@ def _moe_layer_args(model: dict) -> list[str]:
 def _overlap_args(runtime: Runtime, plan: Plan, tp: int, dp: int) -> list[str]:
     """The overlaps the runtime's cost was predicted with: gradient reduce-scatter in the backward pass
     (with data parallelism), the distributed optimizer's parameter all-gather in the next forward (ZeRO-1 and
-    up), and tensor-parallel collectives under the GEMMs (Megatron requires sequence parallelism for it)."""
+    up, and only beside the gradient overlap: validate_args asserts "Must use --overlap-param-gather with
+    --overlap-grad-reduce", megatron/training/arguments.py:1028, which a registered runtime may break), and
+    tensor-parallel collectives under the GEMMs (Megatron requires sequence parallelism for it)."""
     args = []
     if runtime.overlap_grad_reduce and dp > 1:
         args.append("--overlap-grad-reduce")
-    if runtime.overlap_param_gather and plan.zero >= 1 and dp > 1:
+    if runtime.overlap_param_gather and plan.zero >= 1 and "--overlap-grad-reduce" in args:
         args.append("--overlap-param-gather")
     if runtime.tp_comm_overlap and tp > 1 and plan.sequence_parallel:
         args.append("--tp-comm-overlap")
