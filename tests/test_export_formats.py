@@ -422,6 +422,19 @@ def test_deepspeed_allows_sgd_under_zero(optimizer, zero, allowed):
     assert config.get("zero_allow_untested_optimizer") is allowed
 
 
+def test_deepspeed_with_tensor_parallelism_warns_to_pass_the_data_parallel_size(caplog):
+    """Without an mpu DeepSpeedConfig checks train_batch_size against every rank, tp x dp: a tp > 1 export
+    warns that the script must pass an mpu giving dp; tp 1 needs none."""
+    with caplog.at_level(logging.WARNING, logger="planner.export.deepspeed"):
+        config = deepspeed_config(plan_samples.gpt_plan((10,), tp=2, dp=4, zero=1, sequence_parallel=False))
+    assert config["train_batch_size"] == 64 and config["tensor_parallel"] == {"autotp_size": 2}
+    assert "get_data_parallel_world_size() returns 4" in caplog.text and "every rank (8)" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="planner.export.deepspeed"):
+        deepspeed_config(plan_samples.gpt_plan((10,), tp=1, dp=8, zero=1, sequence_parallel=False))
+    assert "mpu" not in caplog.text
+
+
 def test_deepspeed_refuses_a_plan_with_embedding_tables():
     with pytest.raises(PlannerError, match="embedding tables .* use --format torchrec"):
         render(plan_samples.dlrm_plan(), "deepspeed")

@@ -109,6 +109,8 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
         config["zero_allow_untested_optimizer"] = True
     if tp > 1 and pp == 1:
         config["tensor_parallel"] = {"autotp_size": tp}
+    if tp > 1 and pp == 1:
+        _warn_data_parallel_size(tp, dp)
     full = recompute == "full"
     if full and pp == 1:
         # without a PipelineModule to checkpoint every layer, the model's layers call
@@ -138,6 +140,21 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
                         "partition_method reproduces; build the PipelineModule's stages from pipeline.stage_layers "
                         "in the model code", pp, ", ".join(f"{last - first + 1}" for first, last in stage_layers))
     return config
+
+
+def _warn_data_parallel_size(tp: int, dp: int) -> None:
+    """Warn that train_batch_size holds only where DeepSpeed is told the data-parallel size. DeepSpeedConfig
+    takes its world size from the ``mpu`` given to ``deepspeed.initialize`` (its
+    ``get_data_parallel_world_size()``) or else from ``dist.get_world_size()`` (deepspeed/runtime/config.py:711-724),
+    and asserts train_batch_size == micro-batch x gradient_accumulation_steps x that size (config.py:937,
+    _batch_assertion), which AutoTP's tensor_parallel section does not change: without an mpu the check counts
+    the tp x dp ranks and fails. With pipeline stages deepspeed.initialize takes the size from the
+    PipelineModule instead (deepspeed/__init__.py: "mpu must be None with pipeline parallelism")."""
+    log.warning("plan: tp %d: DeepSpeed checks train_batch_size against micro-batch x gradient_accumulation_steps x "
+                "its data-parallel size, which without an mpu is every rank (%d), not dp %d; the training script "
+                "must pass deepspeed.initialize(..., mpu=...) an object whose get_data_parallel_world_size() "
+                "returns %d (as DummyMPU in DeepSpeed's tests/unit/model_parallelism/test_autotp_training.py)",
+                tp, tp * dp, dp, dp)
 
 
 def _blocks(plan: Plan) -> int | None:
