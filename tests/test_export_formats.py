@@ -74,7 +74,9 @@ MEGATRON_V25_OPTIONS = {
 # "enabled", ZERO_OPTIMIZATION), deepspeed/runtime/zero/config.py ("stage", "overlap_comm", "reduce_bucket_size",
 # "allgather_bucket_size"),
 # deepspeed/runtime/config.py get_pipeline_config ("stages", "partition", "activation_checkpoint_interval",
-# free-form: ours adds "stage_layers" and "topology"), deepspeed/runtime/tensor_parallel/config.py ("autotp_size"),
+# free-form: ours adds "stage_layers" and "topology"; the pipeline engine reads only activation_checkpoint_interval
+# of them, the model code passes the others to PipelineModule), deepspeed/runtime/tensor_parallel/config.py
+# ("autotp_size"),
 # deepspeed/runtime/activation_checkpointing/config.py (ACT_CHKPT and its six keys).
 DEEPSPEED_KEYS = {
     "zero_allow_untested_optimizer": None,  # deepspeed/runtime/constants.py (ZERO_ALLOW_UNTESTED_OPTIMIZER)
@@ -433,6 +435,24 @@ def test_deepspeed_with_tensor_parallelism_warns_to_pass_the_data_parallel_size(
     with caplog.at_level(logging.WARNING, logger="planner.export.deepspeed"):
         deepspeed_config(plan_samples.gpt_plan((10,), tp=1, dp=8, zero=1, sequence_parallel=False))
     assert "mpu" not in caplog.text
+
+
+def test_deepspeed_pipeline_warns_once_what_the_pipeline_module_must_take(caplog):
+    """DeepSpeed's pipeline engine reads neither pipeline.stages nor pipeline.partition: one warning names the
+    PipelineModule arguments the model code must pass; without pipeline stages there is none."""
+    with caplog.at_level(logging.WARNING, logger="planner.export.deepspeed"):
+        deepspeed_config(plan_samples.gpt_plan((5, 5), tp=1, dp=8, zero=1))
+    assert [r.getMessage().count("PipelineModule(") for r in caplog.records] == [1]
+    assert 'PipelineModule(num_stages=2, partition_method="uniform")' in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="planner.export.deepspeed"):
+        deepspeed_config(plan_samples.gpt_plan((4, 3, 3), tp=1, dp=8, zero=1))
+    assert len(caplog.records) == 1 and "PipelineModule(num_stages=3) with" in caplog.text
+    assert "hold 4, 3, 3 layers" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="planner.export.deepspeed"):
+        deepspeed_config(plan_samples.gpt_plan((10,), tp=1, dp=8, zero=1))
+    assert "PipelineModule" not in caplog.text
 
 
 def test_deepspeed_refuses_a_plan_with_embedding_tables():

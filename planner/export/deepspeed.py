@@ -10,15 +10,20 @@ optimizer to ``deepspeed.initialize``, the config names none),
 ``pipeline`` section: ``stages``, ``partition``, ``activation_checkpoint_interval``),
 ``deepspeed/runtime/activation_checkpointing/config.py`` (the ``activation_checkpointing`` section, written for
 full recompute without pipeline stages: the model's layers then call ``deepspeed.checkpointing.checkpoint``) and
-``deepspeed/runtime/tensor_parallel/config.py`` (``tensor_parallel.autotp_size``). The pipeline section is a
-free-form dictionary in DeepSpeed; ours adds ``stage_layers``, the plan's layer range of each stage, for
-building the ``PipelineModule``'s partition, and with tp > 1 ``topology`` (``num_pp``, ``num_mp``, ``num_dp``)
-for the ``PipeModelDataParallelTopology`` whose model-parallel axis the model's own tensor-parallel layers use:
-AutoTP lays its groups over a data x tensor mesh of the whole world and has no path in the pipeline engine, so
-``tensor_parallel.autotp_size`` is written for one stage only. DeepSpeed splits a ``PipelineModule`` by its
-``partition_method`` (``deepspeed/runtime/pipe/module.py`` ``_partition_layers``: ``uniform``, ``parameters``,
-``type:REGEX``), none of which takes explicit boundaries: ``partition`` is written ``uniform`` where the plan's stages hold equal
-numbers of layers, and left out (with a warning) where they do not, for the model code to apply
+``deepspeed/runtime/tensor_parallel/config.py`` (``tensor_parallel.autotp_size``, written for one stage only:
+AutoTP lays its groups over a data x tensor mesh of the whole world and has no path in the pipeline engine).
+
+The pipeline section is a free-form dictionary in DeepSpeed, of which its pipeline engine reads only
+``activation_checkpoint_interval``, ``pipe_partitioned``, ``grad_partitioned`` and ``use_reentrant``
+(deepspeed/runtime/pipe/engine.py:141-224). ``stages`` and ``partition`` are not read: ``PipelineModule`` takes
+``num_stages`` and ``partition_method`` from the model code (deepspeed/runtime/pipe/module.py:125-133; the
+default partition_method is ``parameters``, which balances parameter counts, not the plan's layers). They are
+written for that code, and an export with pipeline stages logs one warning saying what it must pass. Ours adds
+``stage_layers``, the plan's layer range of each stage, and with tp > 1 ``topology`` (``num_pp``, ``num_mp``,
+``num_dp``) for the ``PipeModelDataParallelTopology`` whose model-parallel axis the model's own tensor-parallel
+layers use. None of DeepSpeed's partition methods (``module.py`` ``_partition_layers``: ``uniform``,
+``parameters``, ``type:REGEX``) takes explicit boundaries: ``partition`` is written ``uniform`` where the plan's
+stages hold equal numbers of layers, and left out where they do not, for the model code to apply
 ``stage_layers``.
 """
 
@@ -135,11 +140,21 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
                         "pipeline.topology", tp, pp)
         if len({last - first for first, last in stage_layers}) == 1:
             config["pipeline"]["partition"] = "uniform"
-        else:
-            log.warning("the plan's %d pipeline stages hold different numbers of layers (%s), which no DeepSpeed "
-                        "partition_method reproduces; build the PipelineModule's stages from pipeline.stage_layers "
-                        "in the model code", pp, ", ".join(f"{last - first + 1}" for first, last in stage_layers))
+        _warn_pipeline_module(pp, stage_layers)
     return config
+
+
+def _warn_pipeline_module(pp: int, stage_layers: list[list[int]]) -> None:
+    """One warning naming what the model code must pass to ``PipelineModule``, which DeepSpeed does not read
+    from the pipeline section (module docstring)."""
+    sizes = [last - first + 1 for first, last in stage_layers]
+    if len(set(sizes)) == 1:
+        build = f'PipelineModule(num_stages={pp}, partition_method="uniform")'
+    else:
+        build = (f"PipelineModule(num_stages={pp}) with its stages' layers from pipeline.stage_layers (the stages "
+                 f"hold {', '.join(map(str, sizes))} layers, which no DeepSpeed partition_method reproduces)")
+    log.warning("plan: DeepSpeed reads neither pipeline.stages nor pipeline.partition from the config; the model "
+                "code must build %s (PipelineModule's default partition_method is \"parameters\")", build)
 
 
 def _warn_data_parallel_size(tp: int, dp: int) -> None:
