@@ -455,6 +455,19 @@ def test_deepspeed_pipeline_warns_once_what_the_pipeline_module_must_take(caplog
     assert "PipelineModule" not in caplog.text
 
 
+def test_deepspeed_refuses_expert_parallelism_naming_autoep():
+    """DeepSpeed has an expert_parallel section now (AutoEP), a mechanism the planner does not model: the
+    refusal says so rather than that no key exists."""
+    plan = plan_samples.gpt_plan((10,), tp=2, dp=4, zero=1, sequence_parallel=False)
+    moe = dataclasses.replace(plan, model={**plan.model, "experts": 8, "top_k": 2},
+                              stages=tuple(dataclasses.replace(s, ep=4, expert_tp=2) for s in plan.stages))
+    with pytest.raises(PlannerError, match=r"^plan: expert parallelism \(ep 4, expert-tp 2\) is not exported to "
+                                           r"DeepSpeed: its AutoEP \(the expert_parallel section\).*use --format "
+                                           r"megatron") as info:
+        render(moe, "deepspeed")
+    assert "no ds_config key" not in str(info.value)
+
+
 def test_deepspeed_refuses_a_plan_with_embedding_tables():
     with pytest.raises(PlannerError, match="embedding tables .* use --format torchrec"):
         render(plan_samples.dlrm_plan(), "deepspeed")

@@ -91,9 +91,14 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
                            "FP8 needs Transformer Engine layers in the model code); re-plan with --dtype bf16, or "
                            "use --format megatron")
     for stage in plan.stages:
+        # DeepSpeed's AutoEP (the expert_parallel section: enabled, autoep_size, expert_tensor_parallel_size;
+        # deepspeed/runtime/config.py get_expert_parallel_config, deepspeed/module_inject/auto_ep_config.py
+        # parse_autoep_config) swaps a model's MoE layers for its own at initialize; deepspeed.moe.layer.MoE
+        # takes ep_size in the model code. The planner models and exports neither yet
         if stage.ep > 1 or (plan.model.get("experts") and stage.expert_tp != stage.tp):
-            raise PlannerError(f"plan: expert parallelism (ep {stage.ep}, expert-tp {stage.expert_tp}) has no ds_config "
-                               "key: DeepSpeed sets it in the model code (deepspeed.moe.layer.MoE ep_size); use "
+            raise PlannerError(f"plan: expert parallelism (ep {stage.ep}, expert-tp {stage.expert_tp}) is not "
+                               "exported to DeepSpeed: its AutoEP (the expert_parallel section) replaces the model's "
+                               "MoE layers with its own, a mechanism the planner does not model or export yet; use "
                                "--format megatron, or re-plan with --runtime deepspeed")
     accumulation = plan.batching.num_micro_batches
     if accumulation * plan.micro_batch * dp != plan.global_batch:
