@@ -23,7 +23,8 @@ from planner.runtime import RUNTIMES, get_runtime
 
 # NVIDIA/Megatron-LM @ d98e8a64ddf34856e74b24714e3bedb2f5a39553 (2026-08-22). megatron/training/arguments.py
 # declares some options directly; the rest come from config dataclass fields via
-# megatron/training/argument_utils.py (ArgumentGroupFactory: "--" + field name with "_" -> "-").
+# megatron/training/argument_utils.py (ArgumentGroupFactory: "--" + field name with "_" -> "-", or the name a
+# field's argparse_meta gives).
 MEGATRON_OPTIONS = {
     # megatron/training/arguments.py (_add_distributed_args)
     "--decoder-first-pipeline-num-layers": "value", "--decoder-last-pipeline-num-layers": "value",
@@ -34,9 +35,10 @@ MEGATRON_OPTIONS = {
     # sequence_parallel, fp16, bf16
     "--tensor-model-parallel-size": "value", "--pipeline-model-parallel-size": "value",
     "--sequence-parallel": "flag", "--fp16": "flag", "--bf16": "flag",
-    # megatron/training/arguments.py (_add_transformer_engine_args): --fp8-format, dest fp8; --fp8-recipe,
-    # default delayed
-    "--fp8-format": ("e4m3", "hybrid"), "--fp8-recipe": ("tensorwise", "delayed", "mxfp8", "blockwise"),
+    # megatron/core/transformer/transformer_config.py: fp8 Literal['e4m3', 'hybrid'] (argparse_meta arg_names
+    # --fp8-format), fp8_recipe Literal['tensorwise', 'delayed', 'mxfp8', 'blockwise', 'custom'], default delayed
+    "--fp8-format": ("e4m3", "hybrid"),
+    "--fp8-recipe": ("tensorwise", "delayed", "mxfp8", "blockwise", "custom"),
     # megatron/core/transformer/transformer_config.py: num_layers,
     # recompute_granularity Literal['full', 'selective'], recompute_method Literal['uniform', 'block'],
     # recompute_num_layers
@@ -46,8 +48,9 @@ MEGATRON_OPTIONS = {
     "--micro-batch-size": "value", "--global-batch-size": "value",
     # megatron/training/arguments.py (_add_training_args)
     "--optimizer": ("adam", "sgd", "muon", "dist_muon", "lion", "soap", "adaptive_muon"),
-    # megatron/core/distributed/distributed_data_parallel_config.py: use_megatron_fsdp, overlap_grad_reduce,
-    # overlap_param_gather; megatron/core/model_parallel_config.py: tp_comm_overlap
+    # megatron/training/config/common_config.py: DistributedInitConfig.use_megatron_fsdp; megatron/training/
+    # arguments.py (_add_distributed_args, declared by hand): --overlap-grad-reduce, --overlap-param-gather;
+    # megatron/core/model_parallel_config.py: tp_comm_overlap
     "--use-megatron-fsdp": "flag", "--overlap-grad-reduce": "flag", "--overlap-param-gather": "flag",
     "--tp-comm-overlap": "flag",
     # megatron/core/model_parallel_config.py: context_parallel_size; megatron/training/arguments.py
@@ -69,7 +72,7 @@ MEGATRON_V25_OPTIONS = {
     "--optimizer": ("adam", "sgd"), "--fp16": "flag", "--bf16": "flag",
 }
 
-# microsoft/DeepSpeed @ 38327e07f6cd39b63418f60cedd1651b0be3e7c3: deepspeed/runtime/constants.py
+# deepspeedai/DeepSpeed @ edaa7221267243c7be7fb49c5d5f5c4fb97b4641 (2026-08-22): deepspeed/runtime/constants.py
 # (TRAIN_BATCH_SIZE, TRAIN_MICRO_BATCH_SIZE_PER_GPU, GRADIENT_ACCUMULATION_STEPS, BFLOAT16 / FP16 with
 # "enabled", ZERO_OPTIMIZATION), deepspeed/runtime/zero/config.py ("stage", "overlap_comm", "reduce_bucket_size",
 # "allgather_bucket_size"),
@@ -665,6 +668,16 @@ def test_megatron_2021_refuses_uneven_stages_and_sizes_even_chunks():
     assert options["--num-layers-per-virtual-pipeline-stage"] == ["2"]
     # v2.5 names full recompute --checkpoint-activations, one layer per checkpoint
     assert "--checkpoint-activations" in options and options["--checkpoint-num-layers"] == ["1"]
+
+
+def test_megatron_2021_has_no_device_connections_note():
+    """Megatron-Core's validate_args requires CUDA_DEVICE_MAX_CONNECTIONS=1 with tp > 1 before Blackwell;
+    Megatron-LM v2.5 has no such check, so its export carries no such note."""
+    plan = plan_samples.gpt_plan(tp=4, zero=0, recompute="full", sequence_parallel=False)
+    assert "CUDA_DEVICE_MAX_CONNECTIONS=1" in render(plan, "megatron")
+    text = render(dataclasses.replace(plan, runtime="megatron-lm-2021"), "megatron")
+    parse_megatron(text, MEGATRON_V25_OPTIONS)
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in text
 
 
 @pytest.mark.parametrize("change, words", [

@@ -1,12 +1,17 @@
 """A Plan as Megatron-LM launch arguments (``pretrain_gpt.py`` and friends).
 
-Option names are those of Megatron-LM's ``megatron/training/arguments.py`` and of the config dataclasses it
-turns into options (``megatron/training/argument_utils.py``: ``--`` + field name with ``_`` -> ``-``):
-``ModelParallelConfig`` (tensor/pipeline sizes, sequence parallelism, bf16/fp16), ``TransformerConfig``
-(num_layers, recompute_*), ``TrainingConfig`` (micro/global batch), ``DistributedDataParallelConfig``
-(use_distributed_optimizer, use_megatron_fsdp, data_parallel_sharding_strategy, overlap_grad_reduce,
-overlap_param_gather), ``ModelParallelConfig.tp_comm_overlap`` and ``CheckpointConfig.ckpt_format``
-(fsdp_dtensor with Megatron-FSDP). The test ``tests/test_export_formats.py`` holds the list with its sources.
+Option names are those of Megatron-LM's ``megatron/training/arguments.py`` (at d98e8a64dd). Some are declared
+there by hand: ``--overlap-grad-reduce``, ``--overlap-param-gather``, ``--use-distributed-optimizer``,
+``--data-parallel-sharding-strategy``, ``--cp-comm-type`` and the pipeline-split options (_add_distributed_args),
+``--optimizer`` (_add_training_args), ``--num-experts`` and ``--moe-layer-freq`` (_add_moe_args). The rest are
+fields of config dataclasses that ``ArgumentGroupFactory`` turns into options
+(``megatron/training/argument_utils.py``: ``--`` + field name with ``_`` -> ``-``, or the name in the field's
+``argparse_meta``): ``TransformerConfig`` and the ``ModelParallelConfig`` it extends (tensor/pipeline/context
+sizes, sequence parallelism, bf16/fp16, tp_comm_overlap, num_layers, recompute_*, the MoE fields, and
+``fp8``/``fp8_recipe`` as ``--fp8-format``/``--fp8-recipe``), ``TrainingConfig`` (micro/global batch),
+``DistributedInitConfig`` (use_megatron_fsdp: ``megatron/training/config/common_config.py``) and
+``CheckpointConfig.ckpt_format`` (fsdp_dtensor with Megatron-FSDP). The test ``tests/test_export_formats.py``
+holds the list with its sources.
 
 The options follow the plan's runtime (``framework_runtime``): megatron-core's overlaps are switched on
 where its cost was predicted with them; megatron-lm-2021 is written with Megatron-LM v2.5's options only
@@ -46,8 +51,9 @@ _ZERO_ARGS = {
 # what the environment of a Megatron-FSDP run must hold: validate_args asserts "FSDP requires
 # CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset"
 _FSDP_NOTE = "# Megatron-FSDP: leave CUDA_DEVICE_MAX_CONNECTIONS unset or above 1 (Megatron-LM refuses 1 with it)"
-# and what tensor or context parallelism without it needs: validate_args requires one hardware queue before
-# Blackwell, so that the collectives run in the order the GEMMs that feed them were issued
+# and what tensor or context parallelism without it needs on megatron-core: validate_args requires one hardware
+# queue before Blackwell, so that the collectives run in the order the GEMMs that feed them were issued
+# (megatron/training/arguments.py:1477); Megatron-LM v2.5 (megatron-lm-2021) has no such check
 _STREAM_NOTE = ("# tp or cp > 1: set CUDA_DEVICE_MAX_CONNECTIONS=1 on GPUs before Blackwell (Megatron-LM's "
                 "validate_args requires it)")
 # fp8 trains bf16 weights with fp8 GEMMs (the format and recipe follow: _fp8_args); fp32 and tf32 both train
@@ -71,9 +77,10 @@ def check_optimizer(optimizer: str, what: str) -> None:
 
 
 def _fp8_args(plan: Plan) -> list[str]:
-    """Megatron-LM's Transformer Engine options of an fp8 plan (megatron/training/arguments.py,
-    _add_transformer_engine_args: --fp8-format e4m3|hybrid, --fp8-recipe tensorwise|delayed|mxfp8|blockwise):
-    the plan's recipe and that recipe's Transformer Engine default format."""
+    """Megatron-LM's Transformer Engine options of an fp8 plan (TransformerConfig fields ``fp8``, named
+    ``--fp8-format`` by its argparse_meta, e4m3|hybrid, and ``fp8_recipe``, tensorwise|delayed|mxfp8|blockwise|
+    custom: megatron/core/transformer/transformer_config.py:587-594): the plan's recipe and that recipe's
+    Transformer Engine default format."""
     if plan.dtype != FP8:
         return []
     recipe = FP8_RECIPES[plan.fp8_recipe or DEFAULT_FP8_RECIPE]
@@ -175,9 +182,10 @@ def _recompute_args(recompute: str, runtime: Runtime, costed: Runtime) -> list[s
     Selective recompute checkpoints core attention (Megatron-LM d98e8a64dd: ``recompute_modules`` defaults
     to ["core_attn"], megatron/core/transformer/transformer_config.py:1940, ``__post_init__``;
     megatron/core/transformer/attention.py:392 and :1555 run it under ``tensor_parallel.checkpoint`` when
-    ``checkpoint_core_attention``), so the job re-runs attention's forward in the backward pass. Under the FlashAttention of ``costed`` (the runtime the plan was costed
-    with) the cost model times selective as no recompute (planner.rules.recompute_choices), so it is written
-    as no recompute, with a warning; under a runtime that keeps the attention scores it is written as is."""
+    ``checkpoint_core_attention``), so the job re-runs attention's forward in the backward pass. Under the
+    FlashAttention of ``costed`` (the runtime the plan was costed with) the cost model times selective as no
+    recompute (planner.rules.recompute_choices), so it is written as no recompute, with a warning; under a
+    runtime that keeps the attention scores it is written as is."""
     if recompute == "full" and runtime.name == "megatron-lm-2021":
         return ["--checkpoint-activations", "--checkpoint-num-layers", "1"]
     if recompute == "full":
@@ -308,16 +316,17 @@ def render_megatron(plan: Plan) -> str:
     """Shell-ready arguments, one option per line, preceded by comments naming the device layout."""
     args = megatron_args(plan)
     pp = pipeline_degree(plan)
+    runtime = framework_runtime(plan, "megatron")
     tp, dp, cp = plan.stages[0].tp, plan.stages[0].dp, plan.stages[0].cp
     layout = f"tp {tp} x cp {cp} x pp {pp} x dp {dp}" if cp > 1 else f"tp {tp} x pp {pp} x dp {dp}"
     lines = [f"# Megatron-LM arguments for {plan.model.get('name', 'model')}: "
-             f"{tp * cp * pp * dp} GPUs = {layout}, runtime {framework_runtime(plan, 'megatron').name}",
+             f"{tp * cp * pp * dp} GPUs = {layout}, runtime {runtime.name}",
              "# pass them to pretrain_gpt.py (or your training script) after the model-size arguments"]
     if not plan.stages[0].layer_kinds:
         lines.append("# the plan has no layer kinds: every layer is counted as a transformer layer")
     if "--use-megatron-fsdp" in args:
         lines.append(_FSDP_NOTE)
-    elif tp > 1 or cp > 1:
+    elif (tp > 1 or cp > 1) and runtime.name != "megatron-lm-2021":
         lines.append(_STREAM_NOTE)
     for stage in plan.stages:
         lines.append(f"# stage {stage.index}: layers {stage.first_layer}-{stage.last_layer} "
