@@ -106,6 +106,20 @@ TORCHREC_PARAMETER_SHARDING = {"sharding_type", "compute_kernel", "ranks", "shar
 SHARD_METADATA = {"shard_offsets", "shard_sizes", "placement"}
 
 
+def test_api_docs_name_what_the_exports_write():
+    """docs/api.md names every Megatron-LM option and ds_config key the exports may write, every TorchRec
+    sharding type a plan may hold, and how the flat TorchRec plan becomes a ShardingPlan."""
+    from planner.embeddings.problem import SHARDING_TYPES
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text()
+    section = text[text.index("## Render and export"):]
+    missing = [name for name in [*MEGATRON_OPTIONS, *MEGATRON_V25_OPTIONS, *DEEPSPEED_KEYS]
+               if f"`{name}" not in section and f" {name}" not in section]
+    missing += [f"sharding {kind}" for kind in SHARDING_TYPES if f"`{kind}`" not in text]
+    assert missing == []
+    assert "--cp-comm-type p2p" in section and "EmbeddingModuleShardingPlan" in section
+
+
 def parse_megatron(text: str, known: dict[str, object] = MEGATRON_OPTIONS) -> dict[str, list[str]]:
     """The options of rendered Megatron arguments, checking every option and value against the lists
     (``known``: Megatron-LM's options; MEGATRON_V25_OPTIONS for a megatron-lm-2021 plan)."""

@@ -24,7 +24,10 @@ the table: a table file's name as it is, the ONNX graph's weight name without it
 ``.weight``.
 
 So ``ParameterSharding(sharding_type=..., compute_kernel=..., ranks=..., sharding_spec=EnumerableShardingSpec(
-[ShardMetadata(**s) for s in shards]))`` rebuilds each table's entry.
+[ShardMetadata(**s) for s in shards]))`` rebuilds each table's entry. The document's ``plan`` is flat, one
+entry per table, while TorchRec's ``ShardingPlan`` is keyed by the embedding module's path and then by table
+(torchrec/distributed/planner/planners.py ``to_sharding_plan``; torchrec/distributed/types.py ``ShardingPlan``):
+the training script wraps it as ``ShardingPlan({module_fqn: EmbeddingModuleShardingPlan({table: ...})})``.
 """
 
 from __future__ import annotations
