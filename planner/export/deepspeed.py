@@ -119,7 +119,6 @@ def deepspeed_config(plan: Plan) -> dict[str, Any]:
         config["zero_allow_untested_optimizer"] = True
     if tp > 1 and pp == 1:
         config["tensor_parallel"] = {"autotp_size": tp}
-    if tp > 1 and pp == 1:
         _warn_data_parallel_size(tp, dp)
     full = recompute == "full"
     if full and pp == 1:
