@@ -86,6 +86,14 @@ class Runtime:
     # otherwise and at ZeRO-3 (DeepSpeed zero_optimization.contiguous_gradients, default true:
     # deepspeed/runtime/zero/stage_1_and_2.py setup_buckets, stage3.py ipg_buckets)
     contiguous_grad_buckets: bool = False
+    # with pp > 1 a sharded data-parallel stage (ZeRO-2/3) accumulates every micro-batch's gradients unsharded,
+    # at the reduction width, and reduce-scatters them once after the last backward, its parameters left
+    # unsharded after each backward: torch.distributed.pipelining's stage turns off gradient sync and
+    # resharding after backward for every micro-batch (stage.py, backward_maybe_with_nosync:
+    # set_requires_gradient_sync(False), set_reshard_after_backward(False)) and reduces in its REDUCE_GRAD
+    # action "after all microbatches" (perform_reduce_grad); FSDP2 upcasts the accumulated unsharded gradient
+    # to reduce_dtype (_fsdp_param.py, to_accumulated_grad_if_needed)
+    pipeline_defers_grad_reduce: bool = False
     # --- fixed memory every rank holds besides the model (planner.cost.memory adds them to other_bytes)
     # the CUDA context of a PyTorch process: "~300MB" with CUDA 11.7+ lazy module loading, over 1 GB before
     # it, when every kernel was loaded into the context (pytorch/pytorch issue #107667, maintainer answer)
@@ -178,6 +186,11 @@ class Runtime:
         optimizer that shards its states (ZeRO-3 gathers per layer instead)."""
         return zero in (1, 2) or (zero == 0 and self.shards_optimizer_states(zero, pipelined, dtype))
 
+    def defers_grad_reduce(self, zero: int, pipelined: bool) -> bool:
+        """Whether ZeRO ``zero``'s gradients stay unsharded until one reduce-scatter after the last backward
+        (``pipeline_defers_grad_reduce``; ``pipelined``: pp > 1)."""
+        return pipelined and zero >= 2 and self.pipeline_defers_grad_reduce
+
     def grad_bucket_buffer_params(self, zero: int, pipelined: bool) -> float:
         """Elements of the contiguous gradient buckets the ZeRO optimizer holds (``contiguous_grad_buckets``)."""
         if not self.contiguous_grad_buckets or zero == 0:
@@ -255,7 +268,7 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
         overlap_grad_reduce=True, overlap_param_gather=True, tp_comm_overlap=False,
         grad_bucket_params=0, zero3_prefetch_layers=1, attention="flash", main_grad_bytes=4,
         zero_stages=(0, 2, 3), max_pipeline_zero=3, interleaved=True, tensor_parallel=True,
-        pipeline_parallel=True, grad_reduce_bytes=4, fp32_parameters=True),
+        pipeline_parallel=True, grad_reduce_bytes=4, fp32_parameters=True, pipeline_defers_grad_reduce=True),
 )}
 
 DEFAULT_RUNTIME = "megatron-core"

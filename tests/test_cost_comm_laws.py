@@ -212,3 +212,17 @@ def test_deepspeed_bf16_pipeline_without_zero_also_gathers_its_weights(two_nodes
 
     assert sent(0, "bf16") == pytest.approx(1.5 * sent(1, "bf16"), rel=1e-9)
     assert sent(0, "fp16") == pytest.approx(sent(1, "fp16"), rel=1e-9)
+
+
+def test_fsdp2_in_a_pipeline_reduces_its_gradients_once(two_nodes):
+    """With pp > 1 FSDP2's ZeRO-2 gradients are reduce-scattered once after the last backward (the pipelining
+    stage's REDUCE_GRAD action), not in every micro-batch: the bytes sent do not grow with the micro-batches,
+    and the reduction is exposed whole."""
+    runtime = get_runtime("pytorch-fsdp2")
+    sent = [_one_stage(two_nodes, 8, 2, runtime, m, pp=2).stages[0].dp_bytes for m in (2, 4, 8)]
+    assert sent[0] == pytest.approx(sent[1], rel=1e-12) and sent[1] == pytest.approx(sent[2], rel=1e-12)
+    one = [_one_stage(two_nodes, 16, 2, runtime, m).stages[0].dp_bytes for m in (2, 4)]
+    assert one[1] > one[0]  # one stage still reduces every micro-batch
+    group = dp_group(two_nodes, tuple(range(8)), calibration_for("a100-80gb", runtime.name))
+    sync = dp_sync(2, np.asarray(1e9), group, "bf16", runtime, pipelined=True)
+    assert sync.grad_once and not sync.overlap_grad

@@ -251,3 +251,24 @@ def test_a_heads_projection_before_its_output_layer_runs_whole_on_every_rank():
                         for op in head.ops)),))
     assert four > layer_costs(everything_split, node, 4, 1, "none", False).forward_s[-1]
     assert four < one
+
+
+def test_fsdp2_in_a_pipeline_accumulates_unsharded_gradients():
+    """torch.distributed.pipelining turns FSDP2's gradient sync and resharding after backward off for every
+    micro-batch and reduce-scatters once after the last: with pp > 1 a ZeRO-2/3 stage holds its whole fp32
+    gradient, and at ZeRO-3 its 16-bit parameters stay gathered as at ZeRO-2."""
+    p, dp = 1e9, 8
+
+    def mem(zero: int, pipelined: bool):
+        return stage_memory(p, 0.0, 0, zero, dp, "adam", "bf16", runtime="pytorch-fsdp2", pipelined=pipelined)
+
+    for zero in (2, 3):
+        assert mem(zero, False).gradients_bytes == pytest.approx(4 * p / dp)
+        assert mem(zero, True).gradients_bytes == pytest.approx(4 * p)
+    assert mem(3, True).weights_bytes == pytest.approx(mem(2, False).weights_bytes)
+    assert mem(3, False).weights_bytes == pytest.approx(4 * p / dp)
+    # Megatron-Core's ZeRO-1 and DeepSpeed do not defer
+    for runtime, zero in (("megatron-core", 1), ("deepspeed", 2)):
+        held = [stage_memory(p, 0.0, 0, zero, dp, "adam", "bf16", runtime=runtime, pipelined=x).gradients_bytes
+                for x in (False, True)]
+        assert held[0] == held[1]

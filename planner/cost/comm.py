@@ -22,7 +22,9 @@ rank (Rajbhandari et al., "ZeRO", SC'20, Sections 5 and 7; the runtimes' code ci
 * ZeRO-2: the reduce-scatter in EVERY micro-batch's backward (the gradients are kept sharded, so each
   micro-batch's must be reduced before the next one's arrive: DeepSpeed stage_1_and_2.py reduces the
   ipg buckets in every backward and waits for them in its epilogue; FSDP2 with
-  reshard_after_forward=False reduce-scatters after every backward), the weights' all-gather once.
+  reshard_after_forward=False reduce-scatters after every backward), the weights' all-gather once. In a
+  pipeline whose stages defer it (``Runtime.pipeline_defers_grad_reduce``: torch.distributed.pipelining with
+  FSDP2) the gradients accumulate unsharded and are reduce-scattered once, after the last backward.
 * ZeRO-3 / FSDP FULL_SHARD: per layer, an all-gather of the weights before its forward and again before
   its backward, and a reduce-scatter of its gradients after its backward, in every micro-batch:
   ``m (2 + 1) Psi`` sent per iteration, 3 Psi for one micro-batch against ZeRO-1's 2 Psi.
@@ -174,6 +176,7 @@ class DpSync:
     gather: Pass  # one all-gather of the weights (ZeRO-1/2 after the step; ZeRO-3 one layer after another)
     overlap_grad: bool = False  # the gradient reduction overlaps the backward (``Runtime.overlaps_grad_reduce``)
     gather_after_step: bool = False  # ``gather`` runs once after the step (``Runtime.gathers_weights_after_step``)
+    grad_once: bool = False  # ZeRO-2's reduction runs once after the last backward (``Runtime.defers_grad_reduce``)
 
 
 def dp_sync(zero: int, params: np.ndarray, group: CommGroup, dtype: str, runtime: Runtime,
@@ -187,7 +190,9 @@ def dp_sync(zero: int, params: np.ndarray, group: CommGroup, dtype: str, runtime
     ``pipelined``: pp > 1, where a runtime may overlap less or shard its ZeRO-0 states (``Runtime``)."""
     if zero not in ZERO_STAGES:
         raise ConfigError(f"zero={zero} is not a ZeRO stage; use 0, 1, 2 or 3")
-    overlap = runtime.overlaps_grad_reduce(zero, pipelined)
+    # a deferred ZeRO-2 reduction runs once, after every micro-batch's backward: nothing left to hide it
+    once = zero == 2 and runtime.defers_grad_reduce(zero, pipelined)
+    overlap = runtime.overlaps_grad_reduce(zero, pipelined) and not once
     after_step = runtime.gathers_weights_after_step(zero, pipelined, weights_dtype(dtype))
     bucket = 0.0 if zero == 3 else bucket_params(runtime, group.size, overlap)
     grad_kind = "all_reduce" if zero == 0 else "reduce_scatter"
@@ -199,7 +204,7 @@ def dp_sync(zero: int, params: np.ndarray, group: CommGroup, dtype: str, runtime
     # overlap-param-gather runs per bucket), else in one call after the step
     gather_bucket = 0.0 if zero == 3 else bucket_params(runtime, group.size, runtime.overlap_param_gather)
     return DpSync(zero, grad, bucketed_pass("all_gather", params, group, dtype, runtime, gather_bucket,
-                                            layer_gather_s, first_gather_s), overlap, after_step)
+                                            layer_gather_s, first_gather_s), overlap, after_step, once)
 
 
 def one_after_other(a: DpSync, b: DpSync) -> DpSync:
@@ -219,7 +224,7 @@ def sync_tail_s(sync: DpSync, runtime: Runtime, last_backward_s: np.ndarray | fl
     every micro-batch (:func:`micro_batch_reduce_s`) and ZeRO-3 gathers in every micro-batch
     (:func:`zero3_exposed_s`); neither is part of the tail."""
     tail = np.zeros_like(sync.grad.total_s)
-    if sync.zero in (0, 1):
+    if sync.zero in (0, 1) or sync.grad_once:
         tail = tail + exposed_s(sync.grad.total_s, sync.grad.edge_s, last_backward_s, sync.overlap_grad)
     if sync.gather_after_step:
         tail = tail + exposed_s(sync.gather.total_s, sync.gather.edge_s, first_forward_s,
@@ -241,7 +246,7 @@ def tied_grad_sync_s(tied_params: np.ndarray | float, group: CommGroup, dtype: s
 
 def micro_batch_reduce_s(sync: DpSync, backward_s: np.ndarray | float) -> np.ndarray:
     """ZeRO-2: what each micro-batch's gradient reduce-scatter adds to its backward (0 for other stages)."""
-    if sync.zero != 2:
+    if sync.zero != 2 or sync.grad_once:
         return np.zeros_like(sync.grad.total_s)
     return exposed_s(sync.grad.total_s, sync.grad.edge_s, backward_s, sync.overlap_grad)
 
@@ -250,7 +255,7 @@ def dp_bytes_per_iteration(sync: DpSync, micro_batches: np.ndarray | float) -> n
     """Bytes each data-parallel rank sends per iteration: ZeRO-0/1 one pass of each kind, ZeRO-2 the
     reduce-scatter per micro-batch and one gather, ZeRO-3 two gathers and a reduce-scatter per micro-batch."""
     grad, gather = sync.grad.sent_bytes, sync.gather.sent_bytes
-    if sync.zero == 2:
+    if sync.zero == 2 and not sync.grad_once:
         return micro_batches * grad + gather
     if sync.zero == 3:
         return micro_batches * (grad + 2.0 * gather)

@@ -323,14 +323,18 @@ def memory_terms(params_per_rank, activation_bytes_per_micro_batch, micro_batche
     def held(per_param: float, sharded: bool):
         return per_param * shard_params(params_per_rank, sharded, dp, expert_params_per_rank, expert_dp)
 
+    deferred = rt.defers_grad_reduce(zero, pipelined)
     if rt.fp32_parameters:
         # fp32 parameters sharded with the gradients; at ZeRO-2 the gathered 16-bit copy stays from forward to
-        # backward (at ZeRO-3 it is the per-layer transient the caller adds)
-        working = dtype_bytes(dtype) if zero == 2 and dtype_bytes(dtype) < FP32_BYTES else 0.0
-        weights = held(per_weight, zero >= 2) + held(working + fp8_weight_copy_bytes(dtype), zero >= 3)
+        # backward (at ZeRO-3 it is the per-layer transient the caller adds, unless a pipeline leaves the
+        # parameters unsharded after each backward: ``Runtime.pipeline_defers_grad_reduce``)
+        working = dtype_bytes(dtype) if (zero == 2 or deferred) and dtype_bytes(dtype) < FP32_BYTES else 0.0
+        weights = held(per_weight, zero >= 2) + held(working + fp8_weight_copy_bytes(dtype), zero >= 3 and not deferred)
     else:
         weights = held(per_weight + fp8_weight_copy_bytes(dtype), zero >= 3)
-    gradients = held(per_gradient, zero >= 2)
+    # a deferred reduction accumulates the whole stage's gradients at the reduction width first
+    gradients = (held(float(gradient_reduce_bytes(dtype, rt)), False) if deferred
+                 else held(per_gradient, zero >= 2))
     states = held(per_state, states_sharded(zero, pipelined, dtype, rt))
     activations = activation_bytes_per_micro_batch * micro_batches_in_flight
     held_briefly = transient_bytes + grad_bucket_buffer_bytes(zero, pipelined, dtype, rt)

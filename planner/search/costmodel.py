@@ -102,20 +102,25 @@ class CostModelBackend:
     def model_has_tied_weights(self) -> bool:
         return any(layer.tied_params for layer in self.model.layers)
 
-    # static_bytes and stage_bytes bound the memory of a stage in any pipeline: a runtime holds no more with
-    # pp > 1 than without (its ZeRO-0 states may be sharded, its gradient buckets fewer), so they take pp > 1
+    # static_bytes and stage_bytes bound the memory of a stage in any pipeline: the least of a stage's memory
+    # with and without pp > 1 (a runtime may hold less in a pipeline, DeepSpeed's sharded ZeRO-0 states, or
+    # more, FSDP2's deferred unsharded gradients); for each built-in runtime one of the two is the least
+    # everywhere, so the bound stays affine
 
     def static_bytes(self, params_per_rank: np.ndarray, option: StageOption, settings: Settings) -> np.ndarray:
-        mem = stage_memory(np.asarray(params_per_rank, dtype=float), 0.0, 0, settings.zero,
-                           self._state_dp(option, settings), settings.optimizer, settings.dtype,
-                           runtime=settings.runtime, pipelined=True)
-        return mem.weights_bytes + mem.gradients_bytes + mem.optimizer_bytes
+        def held(pipelined: bool) -> np.ndarray:
+            mem = stage_memory(np.asarray(params_per_rank, dtype=float), 0.0, 0, settings.zero,
+                               self._state_dp(option, settings), settings.optimizer, settings.dtype,
+                               runtime=settings.runtime, pipelined=pipelined)
+            return mem.weights_bytes + mem.gradients_bytes + mem.optimizer_bytes
+        return np.minimum(held(False), held(True))
 
     def stage_bytes(self, params_per_rank: np.ndarray, act_bytes: np.ndarray, in_flight: float,
                     peak_bytes: np.ndarray, option: StageOption, settings: Settings) -> np.ndarray:
-        return stage_memory(params_per_rank, act_bytes, in_flight, settings.zero, self._state_dp(option, settings),
-                            settings.optimizer, settings.dtype, peak_bytes, settings.runtime,
-                            pipelined=True).total_bytes
+        return np.minimum(*(stage_memory(params_per_rank, act_bytes, in_flight, settings.zero,
+                                         self._state_dp(option, settings), settings.optimizer, settings.dtype,
+                                         peak_bytes, settings.runtime, pipelined=pipelined).total_bytes
+                            for pipelined in (False, True)))
 
     def capacity_bytes(self, option: StageOption) -> float:
         return float(self.cluster.groups[option.pool].node.device.memory_bytes)
