@@ -90,9 +90,12 @@ def render_table(plan: Plan) -> str:
     return "\n".join(lines) + "\n"
 
 
-# how FSDP2 (torch.distributed.fsdp.fully_shard) runs each ZeRO stage of a plan
+# how FSDP2 (torch.distributed.fsdp.fully_shard) runs each ZeRO stage of a plan, as torchtitan applies it
+# (torchtitan/models/llama3/infra/parallelize.py: fully_shard on every decoder layer, ZeRO-0 over a replicate x
+# shard mesh whose shard dimension is 1)
 _FSDP2_SHARDING = {
-    0: "no fully_shard: parameters replicated (DDP)",
+    0: "fully_shard over a shard group of one rank (torchtitan's data_parallel_replicate_degree = dp): "
+       "parameters, gradients and optimizer states replicated, gradients all-reduced",
     2: "fully_shard(reshard_after_forward=False): gradients and optimizer states sharded, parameters kept "
        "gathered from forward to backward",
     3: "fully_shard(reshard_after_forward=True): parameters, gradients and optimizer states sharded, "
