@@ -10,7 +10,7 @@ from planner.cost import estimate, layer_costs, stage_memory, transformer_activa
 from planner.cost.memory import micro_batches_in_flight
 from planner.graph import import_model_proto
 from planner.hardware import catalog, load_cluster
-from planner.runtime import get_runtime
+from planner.runtime import RUNTIMES, get_runtime
 from planner.types import LayerGraph, ParallelConfig
 from tests.cost_models import gpt, gpt3_175b
 
@@ -272,3 +272,24 @@ def test_fsdp2_in_a_pipeline_accumulates_unsharded_gradients():
         held = [stage_memory(p, 0.0, 0, zero, dp, "adam", "bf16", runtime=runtime, pipelined=x).gradients_bytes
                 for x in (False, True)]
         assert held[0] == held[1]
+
+
+def test_fsdp2_stages_one_layers_gradient_for_its_reduce_scatter(monkeypatch):
+    """FSDP2 reduce-scatters layer by layer: as it reduces a layer it holds autograd's unsharded bf16 gradient
+    and the fp32 reduce-scatter input (foreach_reduce), the largest layer's worth beside the steady state, at
+    ZeRO-2 and ZeRO-3; a runtime reducing in buckets of its own stages no such layer."""
+    model = gpt(4, 1024, 16, 512, 50000)
+    cluster = load_cluster("dgx-a100-80gb")
+    fsdp2 = get_runtime("pytorch-fsdp2")
+    bucketed = dataclasses.replace(fsdp2, name="fsdp2-bucketed", grad_bucket_params=40_000_000)
+    monkeypatch.setitem(RUNTIMES, bucketed.name, bucketed)
+
+    def other(runtime: str, zero: int) -> float:
+        est = estimate(model, cluster, ParallelConfig(16, tp=1, pp=1, dp=8, micro_batch=1, zero=zero,
+                                                       recompute="none", runtime=runtime))
+        return est.stages[0].memory.other_bytes
+
+    largest = max(layer.params for layer in model.layers)
+    for zero in (2, 3):
+        staged = other(fsdp2.name, zero) - other(bucketed.name, zero)
+        assert staged == pytest.approx(largest * (2 + 4) * (1 + fsdp2.allocator_reserve_fraction), rel=1e-6)

@@ -39,7 +39,8 @@ from planner.cost.comm import (ZERO_STAGES, DpSync, Pass, dp_bytes_per_iteration
 from planner.cost.compute import layer_costs
 from planner.cost.context import layers_exchange_s
 from planner.cost.moe import ep_group_devices, expert_dp_devices, resolved_expert_tp
-from planner.cost.memory import dtype_bytes, memory_terms, micro_batches_in_flight, stage_tied_params
+from planner.cost.memory import (dtype_bytes, gradient_reduce_bytes, memory_terms, micro_batches_in_flight,
+                                 stage_tied_params)
 from planner.cost.optimizer import optimizer_time_s
 from planner.cost.schedule import SCHEDULES, pipeline_time
 from planner.errors import ConfigError
@@ -471,6 +472,12 @@ def _evaluate(work: _Work, schedule: str, vpp: int, zero: int, exact: bool,
     transient = work.transient_bytes
     if zero == 3:  # the layer gathered and the ones prefetched
         transient = transient + (1.0 + rt.zero3_prefetch_layers) * pl.largest_layer_params * dtype_bytes(pl.dtype)
+    if zero >= 2 and rt.grad_bucket_params <= 0:
+        # a runtime that reduce-scatters layer by layer (FSDP) stages one layer's gradient twice as it
+        # reduces it: autograd's unsharded gradient in the training dtype and the reduce-scatter input at the
+        # reduction width (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, foreach_reduce, which
+        # keeps that input alive until the next layer's reduction)
+        transient = transient + pl.largest_layer_params * (dtype_bytes(pl.dtype) + gradient_reduce_bytes(pl.dtype, rt))
     terms = memory_terms(pl.params, work.activation_bytes, flight, zero, pl.row_dp, pl.optimizer, pl.dtype, transient,
                          pl.runtime, expert_params_per_rank=pl.expert_params, expert_dp=pl.row_expert_dp,
                          pipelined=pp > 1)
