@@ -186,6 +186,13 @@ class Runtime:
         optimizer that shards its states (ZeRO-3 gathers per layer instead)."""
         return zero in (1, 2) or (zero == 0 and self.shards_optimizer_states(zero, pipelined, dtype))
 
+    @property
+    def depends_on_pipeline(self) -> bool:
+        """Whether any behaviour above changes with pp > 1 (the ``pipeline_*`` fields): where none does, a caller
+        costing stages may treat every pipeline depth alike."""
+        return (not self.pipeline_overlap_grad_reduce or bool(self.pipeline_sharded_optimizer_dtypes)
+                or self.pipeline_defers_grad_reduce)
+
     def defers_grad_reduce(self, zero: int, pipelined: bool) -> bool:
         """Whether ZeRO ``zero``'s gradients stay unsharded until one reduce-scatter after the last backward
         (``pipeline_defers_grad_reduce``; ``pipelined``: pp > 1)."""

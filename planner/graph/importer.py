@@ -230,6 +230,7 @@ def _layers(graph: OpGraph, units: list[layer_detection.Unit], costs: dict[int, 
     saved_bytes = [0.0] * n
     logit_bytes = [0.0] * n  # of saved_bytes: a head's output-layer product and what is computed from it
     integer_bytes = [0.0] * n  # of saved_bytes: integer and boolean tensors (token indices)
+    head_outputs: list[set[str]] = []  # per layer: a head's output-layer tensors (output_layer_tensors)
     owner: dict[str, int] = {}  # parameter root -> the layer that counts it (its first user)
     tied: list[dict[int, int]] = [{} for _ in range(n)]  # per layer: owner layer -> parameters it reads there
     b = graph.static_batch
@@ -239,6 +240,7 @@ def _layers(graph: OpGraph, units: list[layer_detection.Unit], costs: dict[int, 
         counted: set[str] = set()  # a tensor saved by ops of two layers lives on both their stages
         read_roots: set[str] = set()  # roots of earlier layers this layer reads (counted once per layer)
         logits = output_layer_tensors(graph, [graph.nodes[i] for i in unit.nodes]) if unit.kind == "head" else set()
+        head_outputs.append(logits)
         for i in sorted(unit.nodes):
             node = graph.nodes[i]
             for t in node.inputs:
@@ -309,9 +311,8 @@ def _layers(graph: OpGraph, units: list[layer_detection.Unit], costs: dict[int, 
                        for op, node in zip(ops, members)]
         elif kind == "head":
             # the output layer is vocabulary-parallel (column); a projection before it is computed whole
-            logits = output_layer_tensors(graph, members)
             ops = [_with_split(op, "column", op.role) if weighted_matmul(graph, node)
-                   and any(t in logits for t in node.outputs if t) else op for op, node in zip(ops, members)]
+                   and any(t in head_outputs[k] for t in node.outputs if t) else op for op, node in zip(ops, members)]
         ops = [stage for op, node in zip(ops, members) for stage in _stages(graph, node, op)]
         result.append(Layer(index=k, name=unit.name, kind=kind, params=params[k],
                             flops_forward=float(sum(op.flops for op in ops)), activation_bytes=saved_bytes[k],

@@ -14,6 +14,7 @@ exceeds what ``estimate_pipeline`` returns, under each weighting, and equals it 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -94,13 +95,23 @@ class CostModelBackend:
         shard over the expert dp and the rest over dp (``_memory_of`` is exact)."""
         return max(float(settings.dp * option.cp), self._expert_dp(option, settings))
 
-    @property
+    @functools.cached_property
     def model_has_experts(self) -> bool:
         return any(layer.moe is not None for layer in self.model.layers)
 
-    @property
+    @functools.cached_property
     def model_has_tied_weights(self) -> bool:
         return any(layer.tied_params for layer in self.model.layers)
+
+    @staticmethod
+    def _pipelined(settings: Settings, num_stages: int) -> bool:
+        """pp > 1 where the settings' runtime costs a pipeline otherwise (``Runtime.depends_on_pipeline``), so that
+        the caches below hold one entry for every depth of the other runtimes."""
+        return num_stages > 1 and get_runtime(settings.runtime).depends_on_pipeline
+
+    def _depths(self, settings: Settings) -> tuple[bool, ...]:
+        """The ``pipelined`` values whose stage memory may differ under the settings' runtime."""
+        return (False, True) if self._pipelined(settings, 2) else (False,)
 
     # static_bytes and stage_bytes bound the memory of a stage in any pipeline: the least of a stage's memory
     # with and without pp > 1 (a runtime may hold less in a pipeline, DeepSpeed's sharded ZeRO-0 states, or
@@ -113,14 +124,14 @@ class CostModelBackend:
                                self._state_dp(option, settings), settings.optimizer, settings.dtype,
                                runtime=settings.runtime, pipelined=pipelined)
             return mem.weights_bytes + mem.gradients_bytes + mem.optimizer_bytes
-        return np.minimum(held(False), held(True))
+        return functools.reduce(np.minimum, map(held, self._depths(settings)))
 
     def stage_bytes(self, params_per_rank: np.ndarray, act_bytes: np.ndarray, in_flight: float,
                     peak_bytes: np.ndarray, option: StageOption, settings: Settings) -> np.ndarray:
-        return np.minimum(*(stage_memory(params_per_rank, act_bytes, in_flight, settings.zero,
-                                         self._state_dp(option, settings), settings.optimizer, settings.dtype,
-                                         peak_bytes, settings.runtime, pipelined=pipelined).total_bytes
-                            for pipelined in (False, True)))
+        return functools.reduce(np.minimum, (
+            stage_memory(params_per_rank, act_bytes, in_flight, settings.zero, self._state_dp(option, settings),
+                         settings.optimizer, settings.dtype, peak_bytes, settings.runtime,
+                         pipelined=pipelined).total_bytes for pipelined in self._depths(settings)))
 
     def capacity_bytes(self, option: StageOption) -> float:
         return float(self.cluster.groups[option.pool].node.device.memory_bytes)
@@ -188,17 +199,18 @@ class CostModelBackend:
                        ) -> tuple[np.ndarray, np.ndarray]:
         m = settings.num_micro_batches(global_batch)
         P = layout.num_stages
+        pipelined = self._pipelined(settings, P)
         devices = allocate(self.cluster, layout, settings)
         weights = exposure_weights(exposure, P)
         fwd, bwd, sends, fits, tails = [], [], [], [], []
         for k, option in enumerate(layout.options):
             f, b, params, act, peak = self._segments_of(option, settings)
-            extra_f, extra_b = self._zero_per_micro_batch(option, devices[k], settings, P > 1)
+            extra_f, extra_b = self._zero_per_micro_batch(option, devices[k], settings, pipelined)
             fwd.append(f + extra_f)
             bwd.append(b + extra_b)
             sends.append(self._sends(layout, settings, devices, k))
             in_flight = micro_batches_in_flight(k, P, m, settings.schedule, settings.vpp)
-            empty, per_micro_batch = self._memory_of(option, settings, P > 1)
+            empty, per_micro_batch = self._memory_of(option, settings, pipelined)
             fits.append(empty + in_flight * per_micro_batch <= self.capacity_bytes(option))
             # a tied weight's copies are reduced between stage 0 and the stage holding the copy, the last
             # stage's as far as stage 0 can tell; without tied weights no partner, so that the tails of
@@ -206,7 +218,7 @@ class CostModelBackend:
             partner = devices[P - 1 if k == 0 else 0][0] if self.model_has_tied_weights else None
             # stage 0 starts at layer 0: its prefixes are all it needs
             tails.append(None if weights[k] == 0 else self._tails(option, devices[k], settings, first=k == 0,
-                                                                  partner=partner, pipelined=P > 1))
+                                                                  partner=partner, pipelined=pipelined))
         return bound_matrices(fwd, bwd, sends, fits, tails, m, settings.vpp, exposure)
 
     def _sends(self, layout: Layout, settings: Settings, devices: list[tuple[int, ...]], k: int
