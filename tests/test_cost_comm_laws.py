@@ -84,11 +84,30 @@ def test_zero3_moves_one_and_a_half_times_zero1_and_again_per_micro_batch(two_no
 
 def test_zero3_with_pipeline_stages_gathers_per_micro_batch_per_stage():
     cluster = load_cluster("dgx-a100-80gb*2")
-    runtime = get_runtime("pytorch-fsdp2")
+    runtime = dataclasses.replace(get_runtime("pytorch-fsdp2"), pipeline_defers_grad_reduce=False)
     one, three = (_one_stage(cluster, 8, 3, runtime, m, pp=2) for m in (1, 3))
     for s in range(2):
         assert three.stages[s].dp_bytes == pytest.approx(3 * one.stages[s].dp_bytes, rel=1e-12)
     assert three.breakdown.dp_comm_s > one.breakdown.dp_comm_s > 0
+
+
+def test_deferred_zero3_pipeline_gathers_once_per_micro_batch_and_reduces_once():
+    """torch.distributed.pipelining leaves FSDP2's weights unsharded and gradients unreduced after every
+    backward but the last: one micro-batch moves what an undeferred one does (two gathers, one reduction),
+    each further one a single gather, and the per-micro-batch collectives cost less time than undeferred."""
+    cluster = load_cluster("dgx-a100-80gb*2")
+    deferred = get_runtime("pytorch-fsdp2")
+    undeferred = dataclasses.replace(deferred, pipeline_defers_grad_reduce=False)
+    d1, d2, d3 = (_one_stage(cluster, 8, 3, deferred, m, pp=2) for m in (1, 2, 3))
+    u1, u3 = (_one_stage(cluster, 8, 3, undeferred, m, pp=2) for m in (1, 3))
+    for s in range(2):
+        gather = d2.stages[s].dp_bytes - d1.stages[s].dp_bytes
+        assert d1.stages[s].dp_bytes == pytest.approx(u1.stages[s].dp_bytes, rel=1e-12)
+        assert d3.stages[s].dp_bytes - d2.stages[s].dp_bytes == pytest.approx(gather, rel=1e-12)
+        # the reduction is at fp32, the gathers in bf16: one micro-batch's two gathers and one reduction
+        assert u1.stages[s].dp_bytes == pytest.approx(4 * gather, rel=1e-12)
+    assert d3.breakdown.dp_comm_s < u3.breakdown.dp_comm_s
+    assert d3.iteration_time_s < u3.iteration_time_s
 
 
 @pytest.mark.parametrize("runtime", ["megatron-lm-2021", "megatron-core", "deepspeed", "pytorch-fsdp2"])
@@ -166,6 +185,11 @@ def test_zero3_recurrence_hides_a_gather_only_behind_the_compute_before_it():
     # deeper prefetch never hurts
     shallow, deep = (zero3_exposed_s(compute, compute, large - 2.0, zeros, k, True)[0] for k in (1, 3))
     assert np.all(deep <= shallow + 1e-12)
+    # deferred (a pipeline stage keeping its weights gathered and gradients unreduced after a backward): the
+    # forward gathers nothing, the backward only gathers, whatever the reduce-scatters would take
+    forward, backward = zero3_exposed_s(compute, compute, large, large, 0, False, deferred=True)
+    assert forward == pytest.approx(np.zeros(3))
+    assert backward == pytest.approx(zero3_exposed_s(compute, compute, large, zeros, 0, False)[1])
 
 
 def test_deepspeed_without_a_zero_optimizer_reduces_after_the_backward(two_nodes):

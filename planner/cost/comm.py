@@ -27,7 +27,10 @@ rank (Rajbhandari et al., "ZeRO", SC'20, Sections 5 and 7; the runtimes' code ci
   FSDP2) the gradients accumulate unsharded and are reduce-scattered once, after the last backward.
 * ZeRO-3 / FSDP FULL_SHARD: per layer, an all-gather of the weights before its forward and again before
   its backward, and a reduce-scatter of its gradients after its backward, in every micro-batch:
-  ``m (2 + 1) Psi`` sent per iteration, 3 Psi for one micro-batch against ZeRO-1's 2 Psi.
+  ``m (2 + 1) Psi`` sent per iteration, 3 Psi for one micro-batch against ZeRO-1's 2 Psi. In a pipeline
+  whose stages defer the reduction, the backward leaves the weights unsharded as well, so the forward that
+  follows a backward finds them gathered and only the backward gathers again (1F1B's steady state: about
+  one gather per micro-batch, m + 1 in all), and the gradients are reduce-scattered once: ``m Psi + Psi``.
 
 Overlap. A bucketed gradient reduction runs while the backward pass produces the next buckets, so it hides
 behind the backward of the micro-batch that produced it (``overlap_grad_reduce``), never the last bucket;
@@ -176,7 +179,7 @@ class DpSync:
     gather: Pass  # one all-gather of the weights (ZeRO-1/2 after the step; ZeRO-3 one layer after another)
     overlap_grad: bool = False  # the gradient reduction overlaps the backward (``Runtime.overlaps_grad_reduce``)
     gather_after_step: bool = False  # ``gather`` runs once after the step (``Runtime.gathers_weights_after_step``)
-    grad_once: bool = False  # ZeRO-2's reduction runs once after the last backward (``Runtime.defers_grad_reduce``)
+    grad_once: bool = False  # ZeRO-2/3's reduction runs once after the last backward (``Runtime.defers_grad_reduce``)
 
 
 def dp_sync(zero: int, params: np.ndarray, group: CommGroup, dtype: str, runtime: Runtime,
@@ -190,8 +193,8 @@ def dp_sync(zero: int, params: np.ndarray, group: CommGroup, dtype: str, runtime
     ``pipelined``: pp > 1, where a runtime may overlap less or shard its ZeRO-0 states (``Runtime``)."""
     if zero not in ZERO_STAGES:
         raise ConfigError(f"zero={zero} is not a ZeRO stage; use 0, 1, 2 or 3")
-    # a deferred ZeRO-2 reduction runs once, after every micro-batch's backward: nothing left to hide it
-    once = zero == 2 and runtime.defers_grad_reduce(zero, pipelined)
+    # a deferred ZeRO-2/3 reduction runs once, after every micro-batch's backward: nothing left to hide it
+    once = runtime.defers_grad_reduce(zero, pipelined)
     overlap = runtime.overlaps_grad_reduce(zero, pipelined) and not once
     after_step = runtime.gathers_weights_after_step(zero, pipelined, weights_dtype(dtype))
     bucket = 0.0 if zero == 3 else bucket_params(runtime, group.size, overlap)
@@ -220,9 +223,10 @@ def sync_tail_s(sync: DpSync, runtime: Runtime, last_backward_s: np.ndarray | fl
                 first_forward_s: np.ndarray | float) -> np.ndarray:
     """What the once-per-iteration synchronisation adds after a stage's last backward: the gradient
     reduction of ZeRO-0/1 past the last micro-batch's backward (``last_backward_s``) and the weights'
-    all-gather of ZeRO-1/2 past the next iteration's first forward (``first_forward_s``). ZeRO-2 reduces in
-    every micro-batch (:func:`micro_batch_reduce_s`) and ZeRO-3 gathers in every micro-batch
-    (:func:`zero3_exposed_s`); neither is part of the tail."""
+    all-gather of ZeRO-1/2 past the next iteration's first forward (``first_forward_s``), and a deferred
+    ZeRO-2/3 reduction whole (``DpSync.grad_once``). Otherwise ZeRO-2 reduces in every micro-batch
+    (:func:`micro_batch_reduce_s`) and ZeRO-3 gathers in every micro-batch (:func:`zero3_exposed_s`); neither
+    is part of the tail."""
     tail = np.zeros_like(sync.grad.total_s)
     if sync.zero in (0, 1) or sync.grad_once:
         tail = tail + exposed_s(sync.grad.total_s, sync.grad.edge_s, last_backward_s, sync.overlap_grad)
@@ -253,12 +257,15 @@ def micro_batch_reduce_s(sync: DpSync, backward_s: np.ndarray | float) -> np.nda
 
 def dp_bytes_per_iteration(sync: DpSync, micro_batches: np.ndarray | float) -> np.ndarray:
     """Bytes each data-parallel rank sends per iteration: ZeRO-0/1 one pass of each kind, ZeRO-2 the
-    reduce-scatter per micro-batch and one gather, ZeRO-3 two gathers and a reduce-scatter per micro-batch."""
+    reduce-scatter per micro-batch and one gather, ZeRO-3 two gathers and a reduce-scatter per micro-batch
+    (deferred, ``DpSync.grad_once``: one reduce-scatter, ZeRO-3 one gather per micro-batch and one more)."""
     grad, gather = sync.grad.sent_bytes, sync.gather.sent_bytes
-    if sync.zero == 2 and not sync.grad_once:
-        return micro_batches * grad + gather
+    if sync.zero == 3 and sync.grad_once:
+        return (micro_batches + 1.0) * gather + grad
     if sync.zero == 3:
         return micro_batches * (grad + 2.0 * gather)
+    if sync.zero == 2 and not sync.grad_once:
+        return micro_batches * grad + gather
     return grad + gather
 
 
@@ -280,7 +287,8 @@ def dp_sync_time_s(params_per_rank: float, group: CommGroup, zero: int, dtype: s
 
 
 def zero3_exposed_s(forward_s: np.ndarray, backward_s: np.ndarray, gather_s: np.ndarray, reduce_s: np.ndarray,
-                    prefetch_layers: int, overlap_grad_reduce: bool) -> tuple[np.ndarray, np.ndarray]:
+                    prefetch_layers: int, overlap_grad_reduce: bool, deferred: bool = False
+                    ) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) seconds that ZeRO-3's per-layer collectives add to one micro-batch.
 
     Arrays are [row, layer] in forward order (rows padded with zero layers at the end). One stream gathers
@@ -295,6 +303,10 @@ def zero3_exposed_s(forward_s: np.ndarray, backward_s: np.ndarray, gather_s: np.
     The backward runs the layers in reverse with the same gathers; each layer's reduce-scatter starts when
     its backward ends (on its own stream; after the whole backward without ``overlap_grad_reduce``), and
     the gathers and reduce-scatters share the node's links, so the backward takes at least their sum.
+
+    ``deferred`` (``Runtime.defers_grad_reduce``): a pipeline stage whose backward leaves the weights
+    unsharded and the gradients unreduced; the forward after a backward finds them gathered, so only the
+    backward gathers, and no reduce-scatter runs until the last micro-batch (``DpSync.grad_once``).
     """
     k = max(0, int(prefetch_layers))
 
@@ -318,6 +330,8 @@ def zero3_exposed_s(forward_s: np.ndarray, backward_s: np.ndarray, gather_s: np.
             end = np.maximum.reduce([end, reduce_end, gathers.sum(axis=1) + reduces.sum(axis=1)])
         return end - compute.sum(axis=1)
 
+    if deferred:
+        return np.zeros(forward_s.shape[0]), run(backward_s[:, ::-1], gather_s[:, ::-1], None)
     forward = run(forward_s, gather_s, None)
     backward = run(backward_s[:, ::-1], gather_s[:, ::-1], reduce_s[:, ::-1])
     return forward, backward
@@ -325,11 +339,16 @@ def zero3_exposed_s(forward_s: np.ndarray, backward_s: np.ndarray, gather_s: np.
 
 def zero3_exposed_lower_s(forward_sum_s: np.ndarray, backward_sum_s: np.ndarray, gather_sum_s: np.ndarray,
                           reduce_sum_s: np.ndarray, last_forward_s: np.ndarray, first_gather_s: np.ndarray,
-                          last_gather_s: np.ndarray, first_reduce_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                          last_gather_s: np.ndarray, first_reduce_s: np.ndarray, deferred: bool = False
+                          ) -> tuple[np.ndarray, np.ndarray]:
     """Lower bounds on :func:`zero3_exposed_s` of a stage from its sums and its first and last layers
     (element-wise, e.g. per segment i..j): the forward waits for the first layer's gather, and its last
     layer computes after every gather; the backward waits for the last layer's gather and ends with the
-    first layer's reduce-scatter, and takes at least the link time of all its collectives."""
+    first layer's reduce-scatter, and takes at least the link time of all its collectives. ``deferred``: as
+    :func:`zero3_exposed_s`, the backward's gathers only."""
+    if deferred:
+        backward = np.maximum(last_gather_s, gather_sum_s - backward_sum_s)
+        return np.zeros_like(np.maximum(0.0, backward)), np.maximum(0.0, backward)
     forward = np.maximum(first_gather_s, gather_sum_s + last_forward_s - forward_sum_s)
     backward = np.maximum(last_gather_s + first_reduce_s, gather_sum_s + reduce_sum_s - backward_sum_s)
     return np.maximum(0.0, forward), np.maximum(0.0, backward)

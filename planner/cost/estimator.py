@@ -419,7 +419,7 @@ def _evaluate(work: _Work, schedule: str, vpp: int, zero: int, exact: bool,
         if "zero3" not in work.memo:
             work.memo["zero3"] = zero3_exposed_s(work.layer_forward_s, work.layer_backward_s, pl.zero3_gather_s,
                                                  pl.zero3_reduce_s, rt.zero3_prefetch_layers,
-                                                 rt.overlaps_grad_reduce(3, pp > 1))
+                                                 rt.overlaps_grad_reduce(3, pp > 1), sync.grad_once)
         extra_f, extra_b = work.memo["zero3"]
         f, b = work.forward_s + extra_f, work.backward_s + extra_b
     elif zero == 2:
@@ -470,7 +470,7 @@ def _evaluate(work: _Work, schedule: str, vpp: int, zero: int, exact: bool,
     # memory
     flight = np.minimum(_in_flight(pp, m, schedule, vpp)[pl.row_stage], np.ceil(work.row_micro_batches - 1e-9))
     transient = work.transient_bytes
-    if zero == 3:  # the layer gathered and the ones prefetched
+    if zero == 3 and not sync.grad_once:  # the layer gathered and the ones prefetched (deferred: held whole)
         transient = transient + (1.0 + rt.zero3_prefetch_layers) * pl.largest_layer_params * dtype_bytes(pl.dtype)
     if zero >= 2 and rt.grad_bucket_params <= 0:
         # a runtime that reduce-scatters layer by layer (FSDP) stages one layer's gradient twice as it

@@ -320,7 +320,7 @@ class CostModelBackend:
         else:
             forward = self.layer_table(option, settings).forward_s
             hit = zero3_exposed_lower_s(f, b, gathers, reduces, forward[None, :], ag[:, None], ag[None, :],
-                                        rs[:, None])
+                                        rs[:, None], runtime.defers_grad_reduce(3, pipelined))
         self._segments[key] = hit
         return hit
 
