@@ -262,6 +262,10 @@ class NodeProfile:
     # links), ascending; empty = a switched fabric, where every group reaches the whole
     # (planner.hardware.collectives.intra_group_Bps)
     intra_node_group_fraction: tuple[tuple[int, float], ...] = ()
+    # NVLink SHARP (NVSwitch 3 and later: the switch reduces and multicasts): the achieved fraction of
+    # intra_node_bandwidth_Bps its all-reduce moves each device's (1 + 1/n) shares at; 0 = no NVLS
+    # (planner.hardware.collectives)
+    nvls_efficiency: float = 0.0
 
 
 @dataclass(frozen=True)

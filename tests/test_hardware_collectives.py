@@ -194,3 +194,37 @@ def test_a_direct_link_fabric_gives_a_group_its_links_to_its_peers_only():
     pair = comm_group(v100, [0, 1])
     assert collective_time_s("all_reduce", size, pair) > 5 * collective_time_s(
         "all_reduce", size, dataclasses.replace(pair, intra_bandwidth_Bps=whole, inter_bandwidth_Bps=whole))
+
+
+def test_nvls_closed_form_and_where_it_applies():
+    """NVLink SHARP moves (1 + 1/n) S each way per rank against the ring's 2(n-1)/n S: all-reduce only, in one
+    node that has it; with the nodes' NVLS bandwidth e x line, it beats a ring at efficiency 0.822 only
+    where 2(n-1)/n / 0.822 > (1 + 1/n) / e."""
+    g = dataclasses.replace(one_node(8), nvls_bandwidth_Bps=0.7 * B / 0.822)
+    assert algorithm_time_s("nvls", "all_reduce", S, g) == pytest.approx((1 + 1 / 8) * S / g.nvls_bandwidth_Bps
+                                                                        + 25e-6)
+    for kind in ("reduce_scatter", "all_gather", "all_to_all", "broadcast"):
+        assert math.isinf(algorithm_time_s("nvls", kind, S, g))
+    assert math.isinf(algorithm_time_s("nvls", "all_reduce", S, dataclasses.replace(nodes(2, 4),
+                                                                                   nvls_bandwidth_Bps=B)))
+    assert math.isinf(algorithm_time_s("nvls", "all_reduce", S, one_node(8)))  # the node has none
+    small = dataclasses.replace(one_node(2), nvls_bandwidth_Bps=g.nvls_bandwidth_Bps)
+    assert collective_algorithm("all_reduce", S, small)[0] == "ring"  # 2 ranks: S each way beats 1.5 S
+    assert collective_algorithm("all_reduce", S, g)[0] == "nvls"
+
+
+@pytest.mark.parametrize("gpus, published_GBps", [(4, 370), (5, 420), (6, 440), (7, 460), (8, 480)])
+def test_h100_allreduce_follows_nccl_with_nvls(gpus, published_GBps):
+    """8x H100 all-reduce busbw by group size (NVIDIA/nccl#1455, 2-4 GB buffers): rings at 365-370 GB/s up to
+    4 GPUs, NVLS above; the node's one NVLS efficiency gives each within 3%."""
+    g = comm_group(load_cluster("dgx-h100"), list(range(gpus)))
+    size = 4 * S
+    busbw = bus_bandwidth_Bps("all_reduce", size, g, collective_time_s("all_reduce", size, g))
+    assert busbw == pytest.approx(published_GBps * 1e9, rel=0.03)
+    # no NVLS on A100's NVSwitch 2, and none for the reduce-scatter / all-gather pair sequence parallelism uses
+    a100 = comm_group(load_cluster("dgx-a100-80gb"), list(range(gpus)))
+    assert collective_algorithm("all_reduce", size, a100)[0] != "nvls"
+    assert collective_algorithm("reduce_scatter", size, g)[0] != "nvls"
+    # a tensor-parallel group of the node runs its all-reduce the same way
+    tp = tp_group(load_cluster("dgx-h100").groups[0].node, gpus, DeviceCalibration())
+    assert collective_time_s("all_reduce", size, tp) == pytest.approx(collective_time_s("all_reduce", size, g))

@@ -62,6 +62,7 @@ def catalog_document() -> dict:
             "intra_node_bandwidth_Bps": n.intra_node_bandwidth_Bps, "intra_node_latency_s": n.intra_node_latency_s,
             "intra_node_efficiency": n.intra_node_efficiency,
             "intra_node_group_fraction": [list(p) for p in n.intra_node_group_fraction] or None,
+            "nvls_efficiency": n.nvls_efficiency or None,
             "nics_per_node": n.nics_per_node,
             "inter_node_bandwidth_Bps": n.inter_node_bandwidth_Bps, "inter_node_latency_s": n.inter_node_latency_s,
             "inter_node_efficiency": n.inter_node_efficiency, "source": n.source,

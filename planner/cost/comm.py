@@ -56,7 +56,7 @@ from planner.cost.calibration import DeviceCalibration
 from planner.cost.memory import dtype_bytes, gradient_reduce_bytes, weights_dtype
 from planner.errors import ConfigError
 from planner.hardware.collectives import (CommGroup, collective_time_s, collective_times_s, comm_group,
-                                         intra_group_Bps, sent_bytes)
+                                         intra_group_Bps, nvls_Bps, sent_bytes)
 from planner.runtime import Runtime, get_runtime
 from planner.types import Cluster, NodeProfile
 
@@ -67,7 +67,8 @@ def tp_group(node: NodeProfile, tp: int, cal: DeviceCalibration) -> CommGroup:
     """A tensor-parallel group: ``tp`` ranks inside one node, at the node's achieved intra-node bandwidth."""
     intra = intra_group_Bps(node, tp) * cal.comm_scale
     return CommGroup(size=tp, ranks_per_node=tp, intra_bandwidth_Bps=intra, intra_latency_s=node.intra_node_latency_s,
-                     inter_bandwidth_Bps=intra, inter_latency_s=node.intra_node_latency_s)
+                     inter_bandwidth_Bps=intra, inter_latency_s=node.intra_node_latency_s,
+                     nvls_bandwidth_Bps=nvls_Bps(node) * cal.comm_scale)
 
 
 def dp_group(cluster: Cluster, leaders: Sequence[int], cal: DeviceCalibration) -> CommGroup:
@@ -79,11 +80,12 @@ def dp_group(cluster: Cluster, leaders: Sequence[int], cal: DeviceCalibration) -
 
 
 def scaled_group(group: CommGroup, cal: DeviceCalibration) -> CommGroup:
-    """``group`` with both tiers' bandwidths multiplied by the calibrated ``comm_scale``."""
+    """``group`` with its bandwidths (both tiers, NVLS) multiplied by the calibrated ``comm_scale``."""
     if cal.comm_scale == 1.0:
         return group
     return replace(group, intra_bandwidth_Bps=group.intra_bandwidth_Bps * cal.comm_scale,
-                   inter_bandwidth_Bps=group.inter_bandwidth_Bps * cal.comm_scale)
+                   inter_bandwidth_Bps=group.inter_bandwidth_Bps * cal.comm_scale,
+                   nvls_bandwidth_Bps=group.nvls_bandwidth_Bps * cal.comm_scale)
 
 
 def tp_collective_time_s(kind: str, size_bytes: float, node: NodeProfile, tp: int, cal: DeviceCalibration) -> float:

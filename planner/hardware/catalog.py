@@ -95,6 +95,7 @@ def node_from_document(doc: Document) -> NodeProfile:
         host_memory_bytes=float(data.get("host_memory_GB", 0.0)) * GB,
         intra_node_group_fraction=tuple(sorted((int(r), float(f))
                                                for r, f in data.get("intra_node_group_fraction", ()))),
+        nvls_efficiency=float(data.get("nvls_efficiency", 0.0)),
     )
 
 

@@ -18,6 +18,13 @@ Algorithms (the fastest applicable one is used), for a buffer of ``S`` bytes:
   ``r`` ranks at once, each over its share ``B_n/r`` of the node's NICs, intra-node all-gather): crosses the
   network with ``2(N-1)/N S`` per node and pays the latency of ``N`` nodes (ring ``2(N-1)`` steps or tree
   ``2 log2 N``) rather than ``n`` ranks.
+* NVLS (NVLink SHARP, all-reduce inside one node whose switches reduce and multicast: NVSwitch 3 on Hopper
+  and later): each rank reduces its ``1/n`` share through the switch, which reads that share from every rank,
+  and writes the result once for the switch to multicast, so a rank's link carries ``(1 + 1/n) S`` each way
+  against the ring's ``2(n-1)/n S``, at the node's own NVLS efficiency of the line rate
+  (``NodeProfile.nvls_efficiency``); it beats the ring from 5 ranks on, where NCCL picks it (measured busbw
+  on 8x H100: ring 365-370 GB/s at 2 to 8 GPUs, NVLS the same up to 4 and 420/440/460/480 at 5-8 GPUs,
+  NVIDIA/nccl#1455, which the law gives within 1% from one efficiency). Latency: NCCL's NVLS base latency.
 * all-to-all: direct pairwise exchange; ``S`` is what each rank sends in total, ``(r-1)/n`` of it stays on the
   node and ``(n-r)/n`` leaves it; both tiers run at once.
 
@@ -54,6 +61,7 @@ class CommGroup:
     intra_latency_s: float
     inter_bandwidth_Bps: float  # per-NODE network bandwidth each way available to this group's ranks on a node
     inter_latency_s: float
+    nvls_bandwidth_Bps: float = 0.0  # per-rank NVLink SHARP bandwidth each way (0: no NVLS on the nodes)
 
     @property
     def nodes(self) -> int:
@@ -117,6 +125,18 @@ def _hierarchical(kind: str, s: float, g: CommGroup) -> float:
     return _best(kind, s, intra) + _ring(kind, shard, inter)
 
 
+# NCCL's base latency of an NVLS collective, Simple protocol (src/graph/tuning.cc, baseLatencies; the per-hop
+# NVLink latency of NVLS is 0 there)
+NVLS_LATENCY_S = 25e-6
+
+
+def _nvls(kind: str, s: float, g: CommGroup) -> float:
+    """NVLink SHARP all-reduce inside one node: ``(1 + 1/n) S`` each way per rank (module docstring)."""
+    if kind != "all_reduce" or g.nodes != 1 or g.nvls_bandwidth_Bps <= 0:
+        return math.inf
+    return (1 + 1 / g.size) * s / g.nvls_bandwidth_Bps + NVLS_LATENCY_S
+
+
 def _all_to_all(kind: str, s: float, g: CommGroup) -> float:
     if kind != "all_to_all":
         return math.inf
@@ -138,7 +158,8 @@ def _send_recv(kind: str, s: float, g: CommGroup) -> float:
 
 
 ALGORITHMS: dict[str, Callable[[str, float, CommGroup], float]] = {
-    "ring": _ring, "tree": _tree, "hierarchical": _hierarchical, "pairwise": _all_to_all, "direct": _send_recv,
+    "ring": _ring, "tree": _tree, "hierarchical": _hierarchical, "nvls": _nvls, "pairwise": _all_to_all,
+    "direct": _send_recv,
 }
 
 
@@ -227,6 +248,11 @@ def intra_group_Bps(node: NodeProfile, ranks: int) -> float:
     return node.intra_node_bandwidth_Bps * fraction * node.intra_node_efficiency
 
 
+def nvls_Bps(node: NodeProfile) -> float:
+    """Achieved NVLink SHARP bandwidth per device, each way, on ``node`` (0 where it has none)."""
+    return node.intra_node_bandwidth_Bps * node.nvls_efficiency
+
+
 def _inter_per_device_Bps(node: NodeProfile, cluster: Cluster) -> float:
     """The network bandwidth one device of the node gets when all its devices communicate at once."""
     return node.inter_node_bandwidth_Bps * node.inter_node_efficiency / node.devices_per_node / cluster.oversubscription
@@ -274,6 +300,7 @@ def _comm_group(cluster: Cluster, devices: tuple[int, ...]) -> CommGroup:
         intra_latency_s=max(node.intra_node_latency_s for node in spanned),
         inter_bandwidth_Bps=min(_inter_per_device_Bps(node, cluster) for node in spanned) * ranks_per_node,
         inter_latency_s=max(node.inter_node_latency_s for node in spanned) + cluster.fabric_latency_s,
+        nvls_bandwidth_Bps=min(nvls_Bps(node) for node in spanned),
     )
 
 
