@@ -65,6 +65,18 @@ def test_hierarchical_closed_form():
     assert algorithm_time_s("hierarchical", "all_reduce", S, g) == pytest.approx(expected)
 
 
+@pytest.mark.parametrize("kind", ["reduce_scatter", "all_gather"])
+def test_reduce_scatter_and_all_gather_run_as_rings_across_nodes(kind):
+    """NCCL has no hierarchical reduce-scatter or all-gather (src/graph/tuning.cc): across nodes they pay a
+    ring's n - 1 steps even for a medium buffer over many nodes, where a hierarchical form would pay N - 1."""
+    big = nodes(64, 8)
+    size = 2.0 ** 20
+    assert math.isinf(algorithm_time_s("hierarchical", kind, size, big))
+    name, seconds = collective_algorithm(kind, size, big)
+    assert name == "ring"
+    assert seconds == pytest.approx(511 / 512 * size / BN + 448 * A + 63 * AN)
+
+
 def test_hierarchical_beats_flat_across_nodes():
     # slow network, fast NVLink: crossing the slow tier once with 2(N-1)/N S beats the flat ring's 2(n-1)/n S
     g = CommGroup(size=16, ranks_per_node=8, intra_bandwidth_Bps=250e9, intra_latency_s=2e-6,

@@ -153,7 +153,7 @@ def slow_layout(rng: np.random.Generator, seed: int, varied: bool) -> tuple[Layo
 def test_later_stages_synchronisation_lifts_the_bound(slow_links):
     """Stage 0 holds the embedding alone and stage 1 the rest with its copy of the tied word embedding, each
     synchronising over two nodes and both all-reducing the tied weight's gradient: the mean weighting, which
-    counts stage 1's larger synchronisation too, lifts the bound above stage 0's alone, to within 15% of
+    counts stage 1's larger synchronisation too, lifts the bound above stage 0's alone, to within 20% of
     the plan's time."""
     model, cluster, backend = slow_links
     settings = Settings(micro_batch=1, dp=8, zero=1, recompute="none", sequence_parallel=False)
@@ -162,7 +162,7 @@ def test_later_stages_synchronisation_lifts_the_bound(slow_links):
     time_s = estimate_pipeline(model, cluster, pipeline_spec(cluster, 32, settings, layout, last)).iteration_time_s
     first, mean = (score(*backend.stage_matrices(layout, settings, 32, e), last)[0] for e in (FIRST, MEAN))
     assert first < mean <= time_s
-    assert mean > 0.85 * time_s
+    assert mean > 0.8 * time_s
 
 
 def layout_floor_case(slow_links, seed: int) -> tuple[float, float, float]:

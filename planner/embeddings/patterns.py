@@ -579,12 +579,13 @@ def improve_choice(problem: Problem, assignment: Assignment, lower_s: float, sta
     """The configuration placement of ``assignment``'s option choice and of each choice in ``starts`` (e.g. the
     class MILP's), then compound option changes by table kind (tables with the same rows, dim, pooling and
     options are interchangeable), each judged by its exact configuration placement (:func:`pattern_place`):
-    move 1, half or all of a kind's tables that share an option to another option; keep the first change whose
-    placement beats the best plan so far and start over (kinds on the slowest devices first), until the work is
-    spent or no change helps. Then, while work is left, iterated local search: a seeded random change of one
-    kind, placed within ``settings.kick`` of the best plan, and the same descent from there; a better end is
-    the new best. Every new best choice gets a deeper bisection (``settings.final``). Returns a plan no slower
-    than ``assignment``, within memory whenever it is (the same plan when nothing helped)."""
+    move 1, half (rounded down and up) or all of a kind's tables that share an option to another option; keep
+    the first change whose placement beats the best plan so far and start over (kinds on the slowest devices
+    first), until the work is spent or no change helps. Then, while work is left, iterated local search: a seeded
+    random change of one kind, placed within ``settings.kick`` of the best plan, and the same descent from there; a
+    better end is the new best. Every new best choice gets a deeper bisection (``settings.final``). Returns a plan
+    no slower than ``assignment``, within memory whenever it is (the same plan when nothing helped).
+    """
     if not have_highs():
         return assignment
     best_s = problem.makespan_s(assignment)
@@ -709,14 +710,15 @@ def _table_kinds(problem: Problem) -> list[list[int]]:
 
 
 def _kind_moves(problem: Problem, tables: list[int], choice: list[int]):
-    """Trial choices for one kind: for each option its tables hold, 1, half or all of those tables (the last
-    ones first) to each other option, the finest splits first (many small units are what balances devices
-    whose big units differ)."""
+    """Trial choices for one kind: for each option its tables hold, 1, half (rounded down and up) or all of
+    those tables (the last ones first) to each other option, the finest splits first (many small units are
+    what balances devices whose big units differ)."""
     options = problem.options[tables[0]]
     targets = sorted(range(len(options)), key=lambda o: (-options[o].units, o))
     for a in sorted({choice[t] for t in tables}):
         holders = [t for t in tables if choice[t] == a]
-        for r in sorted({1, len(holders) // 2, len(holders)} - {0}):
+        n = len(holders)
+        for r in sorted({1, n // 2, (n + 1) // 2, n} - {0}):
             for b in targets:
                 if b == a:
                     continue

@@ -14,10 +14,12 @@ Algorithms (the fastest applicable one is used), for a buffer of ``S`` bytes:
   ``2(N-1)`` cross nodes.
 * tree (pipelined, NCCL's double binary tree between nodes, a chain inside a node): all-reduce moves
   ``2 S`` over the slowest tier; latency ``2((r-1) a_i + log2(N) a_n)``.
-* hierarchical (intra-node reduce-scatter over NVLink, inter-node all-reduce of the ``S/r`` shards by all
-  ``r`` ranks at once, each over its share ``B_n/r`` of the node's NICs, intra-node all-gather): crosses the
-  network with ``2(N-1)/N S`` per node and pays the latency of ``N`` nodes (ring ``2(N-1)`` steps or tree
-  ``2 log2 N``) rather than ``n`` ranks.
+* hierarchical all-reduce (intra-node reduce-scatter over NVLink, inter-node all-reduce of the ``S/r``
+  shards by all ``r`` ranks at once, each over its share ``B_n/r`` of the node's NICs, intra-node all-gather):
+  crosses the network with ``2(N-1)/N S`` per node and pays the latency of ``N`` nodes (ring ``2(N-1)`` steps
+  or tree ``2 log2 N``) rather than ``n`` ranks. Reduce-scatter and all-gather have no such form: NCCL runs
+  them as rings over every rank (src/graph/tuning.cc offers them Ring, PAT with one rank per node, NVLS in
+  one node and CollNet on SHARP switches only), so they pay the ring's ``n - 1`` steps.
 * NVLS (NVLink SHARP, all-reduce inside one node whose switches reduce and multicast: NVSwitch 3 on Hopper
   and later): each rank reduces its ``1/n`` share through the switch, which reads that share from every rank,
   and writes the result once for the switch to multicast, so a rank's link carries ``(1 + 1/n) S`` each way
@@ -113,16 +115,14 @@ def _tree(kind: str, s: float, g: CommGroup) -> float:
 
 def _hierarchical(kind: str, s: float, g: CommGroup) -> float:
     r, nn = g.ranks_per_node, g.nodes
-    if nn == 1 or r == 1 or kind not in ("all_reduce", "reduce_scatter", "all_gather"):
+    if nn == 1 or r == 1 or kind != "all_reduce":
         return math.inf
     intra = CommGroup(r, r, g.intra_bandwidth_Bps, g.intra_latency_s, g.intra_bandwidth_Bps, g.intra_latency_s)
-    # the inter-node phase: r concurrent collectives over nn nodes, each on S/r bytes with B_n/r
+    # the inter-node phase: r concurrent all-reduces over nn nodes, each on S/r bytes with B_n/r
     inter = CommGroup(nn, 1, g.intra_bandwidth_Bps, g.intra_latency_s, g.inter_bandwidth_Bps / r, g.inter_latency_s)
     shard = s / r
-    if kind == "all_reduce":
-        return (2 * _best("reduce_scatter", s, intra)
-                + np.minimum(_ring("all_reduce", shard, inter), _tree("all_reduce", shard, inter)))
-    return _best(kind, s, intra) + _ring(kind, shard, inter)
+    return (2 * _best("reduce_scatter", s, intra)
+            + np.minimum(_ring("all_reduce", shard, inter), _tree("all_reduce", shard, inter)))
 
 
 # NCCL's base latency of an NVLS collective, Simple protocol (src/graph/tuning.cc, baseLatencies; the per-hop
