@@ -230,6 +230,10 @@ def test_the_default_dtype_is_one_every_device_runs():
     assert resolve_dtype(devices(profiled), None) == "fp32"
     with pytest.raises(ConfigError, match="cannot run it"):
         resolve_dtype(devices(profiled), "bf16")
+    # a mixed cluster names the way out: the common dtype, or the cluster without the device that lacks it
+    with pytest.raises(ConfigError, match="v100-32gb cannot run it .*use --dtype fp32 or fp16, or a cluster "
+                                          "without that device for bf16"):
+        resolve_dtype(devices("dgx-a100-80gb*1+hgx-v100-32gb*1"), "bf16")
 
 
 def test_a_node_gives_its_host_memory_to_the_embedding_sharder(tmp_path):

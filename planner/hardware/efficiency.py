@@ -62,7 +62,8 @@ def resolve_dtype(devices: Iterable[DeviceProfile], dtype: str | None) -> str:
     if lacking:
         common = [d for d in DTYPE_FALLBACK if all(p.peak_flops_per_s.get(d) for p in profiles)]
         raise ConfigError(f"dtype {dtype}: {', '.join(lacking)} cannot run it (no {dtype} peak in its device "
-                          f"profile); use --dtype {' or '.join(common) or 'fp32'}")
+                          f"profile); use --dtype {' or '.join(common) or 'fp32'}, or a cluster without "
+                          f"{'those devices' if len(lacking) > 1 else 'that device'} for {dtype}")
     return dtype
 
 
