@@ -349,8 +349,8 @@ def zero3_exposed_lower_s(forward_sum_s: np.ndarray, backward_sum_s: np.ndarray,
     first layer's reduce-scatter, and takes at least the link time of all its collectives. ``deferred``: as
     :func:`zero3_exposed_s`, the backward's gathers only."""
     if deferred:
-        backward = np.maximum(last_gather_s, gather_sum_s - backward_sum_s)
-        return np.zeros_like(np.maximum(0.0, backward)), np.maximum(0.0, backward)
+        backward = np.maximum(0.0, np.maximum(last_gather_s, gather_sum_s - backward_sum_s))
+        return np.zeros_like(backward), backward
     forward = np.maximum(first_gather_s, gather_sum_s + last_forward_s - forward_sum_s)
     backward = np.maximum(last_gather_s + first_reduce_s, gather_sum_s + reduce_sum_s - backward_sum_s)
     return np.maximum(0.0, forward), np.maximum(0.0, backward)

@@ -24,9 +24,9 @@ Algorithms (the fastest applicable one is used), for a buffer of ``S`` bytes:
   and later): each rank reduces its ``1/n`` share through the switch, which reads that share from every rank,
   and writes the result once for the switch to multicast, so a rank's link carries ``(1 + 1/n) S`` each way
   against the ring's ``2(n-1)/n S``, at the node's own NVLS efficiency of the line rate
-  (``NodeProfile.nvls_efficiency``); it beats the ring from 5 ranks on, where NCCL picks it (measured busbw
-  on 8x H100: ring 365-370 GB/s at 2 to 8 GPUs, NVLS the same up to 4 and 420/440/460/480 at 5-8 GPUs,
-  NVIDIA/nccl#1455, which the law gives within 1% from one efficiency). Latency: NCCL's NVLS base latency.
+  (``NodeProfile.nvls_efficiency``), so it beats the ring only on the larger groups, as NCCL's measured
+  busbw by group size shows (NVIDIA/nccl#1455; benchmarks/bench_collectives.py compares). Latency: NCCL's
+  NVLS base latency.
 * all-to-all: direct pairwise exchange; ``S`` is what each rank sends in total, ``(r-1)/n`` of it stays on the
   node and ``(n-r)/n`` leaves it; both tiers run at once.
 
