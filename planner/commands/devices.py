@@ -110,11 +110,11 @@ def run(args: argparse.Namespace) -> int:
                      f"{d['memory_bytes'] / GIB:.0f}", f"{d['memory_bandwidth_Bps'] / GB:.0f}",
                      f"{gemm_efficiency(profile, 1e12):.2f}", ",".join(d["fp8_recipes"]) or "-"])
     out = [_table(rows), ""]
-    rows = [["node", "device", "per node", "intra fabric", "intra GB/s/dev", "NICs", "inter GB/s/node"]]
+    rows = [["node", "device", "per node", "intra fabric", "intra GB/s/dev", "NVLS", "NICs", "inter GB/s/node"]]
     for n in doc["nodes"]:
         rows.append([n["name"], n["device"], str(n["devices_per_node"]), n["intra_node_fabric"],
-                     f"{n['intra_node_bandwidth_Bps'] / GB:g}", str(n["nics_per_node"]),
-                     f"{n['inter_node_bandwidth_Bps'] / GB:g}"])
+                     f"{n['intra_node_bandwidth_Bps'] / GB:g}", "yes" if n["nvls_efficiency"] else "-",
+                     str(n["nics_per_node"]), f"{n['inter_node_bandwidth_Bps'] / GB:g}"])
     out += [_table(rows), "", f"catalog: {doc['profiles_dir']} (sources: planner devices --json)"]
     sys.stdout.write("\n".join(out) + "\n")
     return 0
