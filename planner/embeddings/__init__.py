@@ -2,7 +2,7 @@
 planner.compose joins the result to the dense part's estimate or plan)."""
 
 from planner.embeddings.problem import table_optimizer
-from planner.embeddings.shard import EmbeddingResult, shard_tables
+from planner.embeddings.shard import EmbeddingResult, check_capacity, shard_tables
 from planner.embeddings.tables import load_tables
 
-__all__ = ["EmbeddingResult", "load_tables", "shard_tables", "table_optimizer"]
+__all__ = ["EmbeddingResult", "check_capacity", "load_tables", "shard_tables", "table_optimizer"]

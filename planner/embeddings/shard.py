@@ -146,6 +146,20 @@ def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Se
     )
 
 
+def check_capacity(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Sequence[int] | None,
+                   global_batch: int, *, optimizer: str = "adagrad",
+                   memory_budget_bytes: Mapping[int, float] | None = None, allow_host: bool = True) -> None:
+    """Raise InfeasibleError where no placement of ``tables`` on ``devices`` (all when None) can fit, as
+    :func:`shard_tables` takes them: a table that fits no device even row-sharded over all of them, or tables
+    that need more than the devices' memory together. A quick test that :func:`shard_tables` may pass (it has
+    finer constraints) but never fails where this passes for lack of capacity alone."""
+    problem = build_problem(tables, device_arrays(cluster, devices, memory_budget_bytes, allow_host), global_batch,
+                            optimizer)
+    need, have = _need_and_have(problem)
+    if need > have:
+        raise _too_big_in_total(problem)
+
+
 class Found(NamedTuple):
     """What the bound, placement and improvement stages found: the plan (None when none fits), the best proven
     bound, the plan's slowest device, how it was found ("heuristic" | "milp") and whether it is proven optimal."""
@@ -437,9 +451,14 @@ def milp_size(problem: Problem, bins: Bins | None = None) -> int:
     return size
 
 
-def _too_big_in_total(problem: Problem) -> InfeasibleError:
+def _need_and_have(problem: Problem) -> tuple[float, float]:
+    """The bytes the tables need with their optimizer state, one copy each, and the devices' memory for them."""
     need = sum(shard_memory_bytes(t.rows, t.dim, t.dtype_bytes, problem.optimizer) for t in problem.tables)
-    have = float(problem.dev.hbm_capacity_bytes.sum() + problem.dev.host_capacity_bytes.sum())
+    return float(need), float(problem.dev.hbm_capacity_bytes.sum() + problem.dev.host_capacity_bytes.sum())
+
+
+def _too_big_in_total(problem: Problem) -> InfeasibleError:
+    need, have = _need_and_have(problem)
     biggest = max(problem.tables, key=lambda t: t.rows * t.dim * t.dtype_bytes)
     return InfeasibleError(
         f"the {len(problem.tables)} embedding tables need {need / 1e9:.3g} GB with their {problem.optimizer} "
