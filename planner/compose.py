@@ -137,12 +137,22 @@ def shard(tables: Sequence[EmbeddingTable], cluster: Cluster, dense: Estimate,
     :func:`tables_memory_budget_bytes` leaves them, for its optimizer and its batching. ``options`` is the
     sharder's work and seed (planner.solver.SolverOptions; None: the default). Raises InfeasibleError when no
     placement fits."""
-    from planner.embeddings import shard_tables, table_optimizer  # noqa: PLC0415 - only models with tables
+    from planner.embeddings import shard_tables  # noqa: PLC0415 - only models with tables
+
+    devices, batch, optimizer, memory = _sharding_inputs(dense)
+    return shard_tables(tables, cluster, devices, batch, optimizer=optimizer, memory_budget_bytes=memory,
+                        options=options or SolverOptions())
+
+
+def _sharding_inputs(dense: Estimate) -> tuple[list[int], int, str, dict[int, float]]:
+    """What the tables are sharded for beside ``dense``: its devices, its global batch, the tables' optimizer
+    for its optimizer, and each device's memory left to them (device order)."""
+    from planner.embeddings import table_optimizer  # noqa: PLC0415 - only models with tables
 
     budget = tables_memory_budget_bytes(dense)
-    return shard_tables(tables, cluster, sorted(budget), Batching.of(dense.config).global_batch,
-                        optimizer=table_optimizer(dense.config.optimizer), memory_budget_bytes=budget,
-                        options=options or SolverOptions())
+    devices = sorted(budget)
+    return (devices, Batching.of(dense.config).global_batch, table_optimizer(dense.config.optimizer),
+            {d: budget[d] for d in devices})
 
 
 @dataclass(frozen=True)
@@ -264,14 +274,44 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
     both: its work to the dense search and the sharder, its seed to the sharder."""
     from planner.search.api import search_dense  # noqa: PLC0415 - planner.search.search calls this module
 
+    from planner.embeddings import check_capacity, table_optimizer  # noqa: PLC0415 - only models with tables
+
     check_inputs(model, cluster, options)
     sparse = sparse_tables(model, tables)
-    finish: Callable[[Plan, Estimate], Plan] | None = None
-    if sparse:
-        def finish(plan: Plan, dense: Estimate) -> Plan:
-            whole = dataclasses.replace(plan, model={**plan.model, "params": model.params})  # tables counted
-            return with_tables(whole, dense, shard(sparse, cluster, dense, options))
-    return search_dense(dense_part(model), cluster, global_batch, pinned=pinned, top_k=top_k,
-                        time_limit_s=time_limit_s, backend=backend, progress=progress, budget=budget,
-                        finish=finish, options=options)
+    if not sparse:
+        return search_dense(model, cluster, global_batch, pinned=pinned, top_k=top_k, time_limit_s=time_limit_s,
+                            backend=backend, progress=progress, budget=budget, options=options)
+    # tables too large for the whole cluster fail here, with the sharder's reason, before any search
+    check_capacity(sparse, cluster, None, global_batch,
+                   optimizer=table_optimizer(pinned.optimizer if pinned is not None else ParallelConfig.optimizer))
+    admitted: dict[tuple, bool] = {}
 
+    def admit(dense: Estimate) -> bool:
+        """Whether the tables may fit the memory ``dense`` leaves on its devices (a quick capacity test, once
+        per device budget and optimizer): the search passes over dense plans on too few devices for them."""
+        devices, batch, optimizer, memory = _sharding_inputs(dense)
+        key = (tuple(memory.items()), optimizer)
+        if key not in admitted:
+            try:
+                check_capacity(sparse, cluster, devices, batch, optimizer=optimizer, memory_budget_bytes=memory)
+                admitted[key] = True
+            except InfeasibleError:
+                admitted[key] = False
+        return admitted[key]
+
+    def finish(plan: Plan, dense: Estimate) -> Plan:
+        whole = dataclasses.replace(plan, model={**plan.model, "params": model.params})  # tables counted
+        return with_tables(whole, dense, shard(sparse, cluster, dense, options))
+
+    try:
+        return search_dense(dense_part(model), cluster, global_batch, pinned=pinned, top_k=top_k,
+                            time_limit_s=time_limit_s, backend=backend, progress=progress, budget=budget,
+                            finish=finish, admit=admit, options=options)
+    except InfeasibleError as exc:
+        if all(admitted.values()):
+            raise  # no dense plan fits, or the sharder found no placement: their reason
+        raise InfeasibleError(
+            f"no plan of the dense part of {model.name!r} leaves the {len(sparse)} embedding tables enough memory "
+            f"on the {cluster.num_devices} devices of {cluster.name or 'the cluster'} at global batch "
+            f"{global_batch}; add devices, use a smaller optimizer (rowwise_adagrad) or unpin --tp, --pp, --dp "
+            "so the search may spread the dense part further") from exc

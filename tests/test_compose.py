@@ -211,3 +211,30 @@ def test_given_tables_that_share_no_name_with_the_models_are_named(caplog):
     with caplog.at_level(logging.WARNING, logger="planner.compose"):
         sparse_tables(dlrm, renamed)
     assert "share no name with model 'dlrm-criteo''s 26 embedding tables" in caplog.records[0].getMessage()
+
+
+def _one_table_file(folder: Path, rows: int) -> str:
+    """A table file of one 1024-wide table of ``rows`` rows (pooling factor 1)."""
+    path = folder / f"table_{rows}.json"
+    path.write_text(json.dumps({"tables": [{"name": "big", "rows": rows, "dim": 1024, "pooling_factor": 1}]}))
+    return str(path)
+
+
+def test_plan_skips_dense_winners_whose_devices_cannot_hold_the_tables(tmp_path):
+    """The fastest dense plans use a few devices; a table that only fits row-sharded over more of them makes
+    the search go on to a plan on enough devices instead of failing at the dense winner."""
+    model = planner.load_model(str(ROOT / "models" / "dlrm-criteo.onnx"))
+    best = planner.plan(model, load_cluster("dgx-a100-80gb*2"), global_batch=4096,
+                        tables=_one_table_file(tmp_path, 122_000_000))
+    assert len(best.devices) == 16 and [p.table for p in best.embeddings] == ["big"]
+
+
+def test_tables_that_fit_no_plan_are_reported_against_the_whole_cluster(tmp_path):
+    model = planner.load_model(str(ROOT / "models" / "dlrm-criteo.onnx"))
+    cluster = load_cluster("dgx-a100-80gb*2")
+    with pytest.raises(planner.InfeasibleError, match="'big'.*over all 16 devices"):
+        planner.plan(model, cluster, global_batch=4096, tables=_one_table_file(tmp_path, 1_220_000_000))
+    # they fit the cluster, but not the four devices the pins leave the dense part
+    pinned = ParallelConfig(global_batch=4096, tp=1, pp=1, dp=4)
+    with pytest.raises(planner.InfeasibleError, match="leaves the 1 embedding tables enough memory on the 16 dev"):
+        planner.plan(model, cluster, global_batch=4096, pinned=pinned, tables=_one_table_file(tmp_path, 122_000_000))

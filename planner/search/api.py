@@ -24,7 +24,7 @@ from planner.search.build import relabelled, to_plan
 from planner.search.explain import bottleneck, tie_note
 from planner.search.interleave import searched_units, unit_flags
 from planner.search.space import Pins, Settings, StageOption, cp_searched, validate_pins
-from planner.types import MAX_GLOBAL_BATCH, Cluster, Estimate, LayerGraph, ParallelConfig
+from planner.types import MAX_GLOBAL_BATCH, Cluster, Estimate, LayerGraph, ParallelConfig, PipelineSpec
 from planner.units import GIB
 
 
@@ -87,10 +87,14 @@ def search_dense(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinn
                  top_k: int = 1, time_limit_s: float | None = None, backend: Backend | None = None,
                  progress: Callable[[float], None] | None = None, budget: int | None = None,
                  finish: Callable[[Plan, Estimate], Plan] | None = None,
+                 admit: Callable[[Estimate], bool] | None = None,
                  options: SolverOptions | None = None) -> SearchResult:
     """:func:`search` of a dense model. ``finish`` (planner.compose's join of the sparse tables) is applied
     to each plan with its dense estimate before the plan's bottleneck sentence is written, so the sentence
-    weighs what ``finish`` adds to ``breakdown["embedding_s"]``."""
+    weighs what ``finish`` adds to ``breakdown["embedding_s"]``. ``admit`` (planner.compose's check that the
+    sparse tables fit beside a dense estimate; None: every plan) turns plans away during the search, which
+    then goes on to the next ones, so ``finish`` only sees admitted plans. Both get the estimate with the
+    device ids of ``cluster`` as given."""
     global_batch, time_limit_s, budget = check_search_arguments(global_batch, time_limit_s, budget, pinned, options)
     top_k = arguments.whole(top_k, "top_k")
     if pinned is not None and pinned.global_batch != global_batch:
@@ -113,9 +117,15 @@ def search_dense(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinn
     units = unit_flags(kinds)
     validate_pins(pins, cluster, global_batch, len(model.layers), sum(units))
     backend = backend if backend is not None else default_backend(model, cluster)
+
+    def listed_spec(cand: engine.Candidate) -> tuple[PipelineSpec, Estimate]:
+        """The candidate's spec and estimate with the device ids of the cluster as given."""
+        return (cand.spec, cand.estimate) if listed_ids is None else relabelled(cand.spec, cand.estimate, listed_ids)
+
     outcome = engine.run(backend, cluster, len(model.layers), global_batch, pins, top_k=top_k,
                          time_limit_s=time_limit_s, progress=progress, budget=budget, units=units,
-                         interleave=searched_units(kinds) > 0, tie_tolerance=TIE_TOLERANCE, options=options)
+                         interleave=searched_units(kinds) > 0, tie_tolerance=TIE_TOLERANCE, options=options,
+                         admit=None if admit is None else lambda cand: admit(listed_spec(cand)[1]))
     if not outcome.candidates:  # a limit never ends a search before its first plan
         raise InfeasibleError(_why_infeasible(model, cluster, global_batch, pins, backend))
     info = SearchInfo(time_s=outcome.time_s, candidates_evaluated=outcome.bounded + outcome.solved,
@@ -123,21 +133,27 @@ def search_dense(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinn
                       algorithm=ALGORITHM, cp_searched=cp_searched(cluster, pins),
                       vpp_searched=outcome.vpp_values, uneven_stages_searched=outcome.uneven)
     built = []
+    refused: InfeasibleError | None = None  # the first plan whose tables found no placement
     for cand in outcome.candidates:
-        # a simpler plan taken over a faster one is not itself the proven optimum
+        # a simpler plan taken over a faster one is not itself the proven optimum, nor one after a plan refused
         slower = outcome.fastest is not None and cand.time_s > outcome.fastest.time_s
-        spec, estimate = (cand.spec, cand.estimate) if listed_ids is None else \
-            relabelled(cand.spec, cand.estimate, listed_ids)
-        timed = to_plan(model, listed, spec, estimate,
-                        dataclasses.replace(info, proven_optimal=info.proven_optimal and not slower), "")
+        spec, estimate = listed_spec(cand)
+        timed = to_plan(model, listed, spec, estimate, dataclasses.replace(
+            info, proven_optimal=info.proven_optimal and not slower and refused is None), "")
         embedding_s = 0.0
         if finish is not None:
-            timed = finish(timed, estimate)
+            try:
+                timed = finish(timed, estimate)
+            except InfeasibleError as exc:  # admitted, yet the sharder placed no tables beside it: the next plan
+                refused = refused or exc
+                continue
             embedding_s = float(timed.breakdown.get("embedding_s", 0.0))
         # the sentence weighs each part's share of the whole iteration, embeddings included
         built.append(dataclasses.replace(timed, bottleneck=bottleneck(
             estimate, cand.settings.num_micro_batches(global_batch), embedding_s)))
-    if outcome.fastest is not None:  # the tie rule's choice, said in the explanation
+    if not built and refused is not None:
+        raise refused
+    if outcome.fastest is not None and len(built) == len(outcome.candidates):  # the tie rule's choice, said
         note = tie_note(outcome.candidates[0], outcome.fastest, TIE_TOLERANCE)
         built[0] = dataclasses.replace(built[0], bottleneck=f"{built[0].bottleneck} {note}".strip())
     # proven as the first plan is: a simpler plan taken over a faster one is not

@@ -247,8 +247,10 @@ class _Search:
     """Mutable state of one branch-and-bound run (kept out of module globals)."""
 
     def __init__(self, backend: Backend, cluster: Cluster, global_batch: int, top_k: int, limits: Limits,
-                 start: float, units: tuple[int, ...], tie_tolerance: float = 0.0) -> None:
+                 start: float, units: tuple[int, ...], tie_tolerance: float = 0.0,
+                 admit: Callable[[Candidate], bool] | None = None) -> None:
         self.backend, self.cluster, self.global_batch, self.top_k = backend, cluster, global_batch, top_k
+        self.admit = admit
         self.units = units
         self.limits, self.start = limits, start
         self.tie_tolerance = tie_tolerance
@@ -309,6 +311,8 @@ class _Search:
 
     def offer(self, cand: Candidate) -> None:
         if any(_same(c, cand) for c in self.best) or any(_same(c, cand) for c in self.near):
+            return
+        if self.admit is not None and not self.admit(cand):  # e.g. the sparse tables do not fit beside it
             return
         self.best.append(cand)
         self.best.sort()
@@ -538,7 +542,8 @@ class Limits:
 def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, pins: Pins, top_k: int = 1,
         time_limit_s: float | None = None, progress: Callable[[float], None] | None = None,
         budget: int | None = None, units: tuple[int, ...] | None = None, interleave: bool = True,
-        tie_tolerance: float = 0.0, options: SolverOptions | None = None) -> Outcome:
+        tie_tolerance: float = 0.0, options: SolverOptions | None = None,
+        admit: Callable[[Candidate], bool] | None = None) -> Outcome:
     """Search the whole space, best bound first (see the module docstring); stop early at ``time_limit_s``
     seconds, ``budget`` work units or the work limit of ``options`` (:class:`Limits`; None:
     ``SolverOptions()``), whichever comes first, once a plan is found.
@@ -546,7 +551,9 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
     :func:`planner.search.interleave.unit_flags`), default every layer; ``interleave``: search vpp > 1
     (unpinned) too. ``tie_tolerance`` > 0: every plan within that fraction of the fastest is searched too, and
     the simplest of them (:func:`simplicity`) comes first (``Outcome.fastest`` then holds the fastest); the
-    lower bound stays one on every plan."""
+    lower bound stays one on every plan. ``admit`` (None: every plan that fits) may turn a timed plan away, as
+    if it did not fit: the search goes on to the next plans, and the lower bound still counts the plans turned
+    away (it is a bound on the plans the cost model accepts)."""
     limits = Limits.of(time_limit_s, budget, options or SolverOptions())
     start = time.perf_counter()
     units = tuple(units) if units is not None else (1,) * num_layers
@@ -556,7 +563,7 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
                                                    interleave=interleave) if settings_allowed(s, pins)]
     log.info("search: %d settings", len(settings_list))
     profiles = Profiles(backend)
-    state = _Search(backend, cluster, global_batch, top_k, limits, start, units, tie_tolerance)
+    state = _Search(backend, cluster, global_batch, top_k, limits, start, units, tie_tolerance, admit)
     masks: dict[tuple[int, int | None], np.ndarray | None] = {}
     # every pool's options, by the settings' fields pool_options reads (dp; ep, expert tp, sequence parallelism)
     per_dp: dict[tuple, tuple[StageOption, ...]] = {}
