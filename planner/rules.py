@@ -549,10 +549,13 @@ def check_experts(ep: int, expert_tp: int | None, tp: int | None, dp: int | None
 # ------------------------------------------------------------------------------------ devices and batch
 
 
-def check_devices(tp: int, pp: int, dp: int, cluster: Cluster, cp: int = 1) -> None:
+def check_devices(tp: int, pp: int, dp: int, cluster: Cluster, cp: int = 1, global_batch: int | None = None) -> None:
+    """tp x cp x pp x dp devices fit the cluster; the hint is the largest dp that fits it and, where
+    ``global_batch`` is given, divides it (a dp check_batch then accepts)."""
     needed = tp * cp * pp * dp
     if needed > cluster.num_devices:
-        fit = cluster.num_devices // (tp * cp * pp)
+        most = cluster.num_devices // (tp * cp * pp)
+        fit = max((d for d in range(1, most + 1) if global_batch is None or global_batch % d == 0), default=0)
         hint = f"nearest valid dp: {fit}" if fit >= 1 else f"use a smaller tp, {'cp, ' if cp > 1 else ''}or pp"
         if cp > 1:
             raise ConfigError(f"tp x cp x pp x dp = {tp} x {cp} x {pp} x {dp} = {needed} devices, but the cluster "
@@ -641,7 +644,7 @@ def check_config(model: LayerGraph, cluster: Cluster, config: ParallelConfig) ->
     pools = pools_touched(cluster, tp * cp * pp * dp)
     check_tp(tp, shape, cluster, runtime, pools)
     check_pp(pp, shape, runtime)
-    check_devices(tp, pp, dp, cluster, cp)
+    check_devices(tp, pp, dp, cluster, cp, gb)
     check_cp_pools(tp, cp, cluster, pools)
     check_batch(gb, dp, config.micro_batch)
     check_schedule(config.schedule, config.vpp, pp, runtime)

@@ -64,6 +64,9 @@ def one_error_line(err: str) -> str:
     (["plan", *README, "--tp", "3"], ["--tp 3", "16 attention heads", "nearest valid tp: 2 or 4"]),
     (["plan", *README, "--pp", "25"], ["--pp 25", "24 layers", "nearest valid pp: 24"]),
     (["plan", *README, "--sequence-parallel", "--tp", "1"], ["sequence parallelism needs tensor parallelism"]),
+    # 24 devices fit dp 24, but 256 samples split over dp 16 at most
+    (["estimate", GPT, "--cluster", "dgx-h100*3", "--global-batch", "256", "--tp", "1", "--pp", "1", "--dp", "32"],
+     ["= 32 devices, but the cluster has 24", "nearest valid dp: 16"]),
 ])
 def test_bad_input_exits_2_with_one_line_naming_the_rule(capsys, argv, needles):
     code, out, err = run(capsys, *argv)
