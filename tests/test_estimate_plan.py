@@ -59,6 +59,9 @@ def test_the_same_plan_on_a_slower_network_takes_longer(made, capsys):
 @pytest.mark.parametrize("extra,needles", [
     (["--tp", "2"], ["--plan fixes the configuration", "drop --tp"]),
     (["--global-batch", "64", "--optimizer", "sgd"], ["drop --global-batch --optimizer"]),
+    # the plan's table placement is re-timed, so the sharder's options would do nothing
+    (["--work", "5", "--seed", "3"], ["--plan keeps the plan's table placement", "drop --work --seed"]),
+    (["--seed", "0"], ["drop --seed"]),
 ])
 def test_configuration_flags_with_a_plan_exit_2(made, capsys, extra, needles):
     root, _, _, paths, _ = made

@@ -220,12 +220,15 @@ def add_solver_flags(parser: argparse.ArgumentParser, dense: bool = True) -> Non
                      "(default 1; more gets closer to its bound; the same result on any machine, and plan "
                      "--work W gives the same placement)")
         seed_help = "seed of the table sharder's random choices (default 0; plan --seed N gives the same placement)"
-    parser.add_argument("--work", type=positive_float, default=1.0, metavar="W", help=work_help)
-    parser.add_argument("--seed", type=non_negative_int, default=0, metavar="N", help=seed_help)
+    # None when not given (SolverOptions' defaults apply), so a command can refuse them where they do nothing
+    parser.add_argument("--work", type=positive_float, default=None, metavar="W", help=work_help)
+    parser.add_argument("--seed", type=non_negative_int, default=None, metavar="N", help=seed_help)
 
 
 def solver_options_from_args(args: argparse.Namespace) -> SolverOptions:
-    return SolverOptions(work=args.work, seed=args.seed)
+    """The SolverOptions of --work and --seed, the defaults of SolverOptions for those not given."""
+    given = {name: getattr(args, name) for name in ("work", "seed") if getattr(args, name) is not None}
+    return SolverOptions(**given)
 
 
 def add_allow_unknown_ops_flag(parser: argparse.ArgumentParser) -> None:

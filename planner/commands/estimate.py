@@ -108,6 +108,8 @@ def _print_table(model: LayerGraph, estimate: Estimate) -> None:
 _PLAN_FIXES = ("global_batch", "tp", "pp", "dp", "cp", "micro_batch", "vpp", "zero", "recompute", "sequence_parallel",
                "schedule", "optimizer", "runtime", "dtype", "fp8_recipe", "ep", "expert_tp", "first_stage_layers",
                "last_stage_layers")
+# the table sharder's options: a plan file's placement is re-timed, never sharded again
+_PLAN_KEEPS_TABLES = ("work", "seed")
 
 
 def _flags(names: list[str]) -> str:
@@ -125,6 +127,10 @@ def run(args: argparse.Namespace) -> int:
         if given:
             raise ConfigError(f"--plan fixes the configuration; drop {_flags(given)} (or drop --plan to estimate a "
                               "configuration)")
+        given = [flag for flag in _PLAN_KEEPS_TABLES if getattr(args, flag) is not None]
+        if given:
+            raise ConfigError(f"--plan keeps the plan's table placement, so no table sharder runs; drop "
+                              f"{_flags(given)} (or drop --plan to shard the tables anew)")
         plan = load_plan(args.plan)
     else:
         missing = [flag for flag in ("global_batch", "tp", "pp", "dp") if getattr(args, flag) is None]
