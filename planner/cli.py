@@ -128,14 +128,20 @@ class _HeldWarnings(logging.StreamHandler):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="planner", description="Plan parallel training of an ONNX model on a cluster.")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    _add_verbose(parser, default=False)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
         module = import_module(f"planner.commands.{name}")
         cmd = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        # -v after the command too; SUPPRESS leaves the value given before it when it is not repeated after
+        _add_verbose(cmd, default=argparse.SUPPRESS)
         module.add_arguments(cmd)
         cmd.set_defaults(_run=module.run)
     return parser
+
+
+def _add_verbose(parser: argparse.ArgumentParser, default: Any) -> None:
+    parser.add_argument("-v", "--verbose", action="store_true", default=default, help="log progress to stderr")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -24,3 +24,16 @@ def test_unknown_command_is_one_line_exit_2(capsys):
 def test_python_dash_m():
     out = subprocess.run([sys.executable, "-m", "planner", "--help"], capture_output=True, text=True)
     assert out.returncode == 0
+
+
+@pytest.mark.parametrize("argv, verbose", [
+    (["models"], False),
+    (["-v", "models"], True),
+    (["models", "-v"], True),
+    (["--verbose", "models", "--verbose"], True),
+    (["plan", "m.onnx", "--cluster", "dgx-a100-80gb*1", "--global-batch", "8", "-v"], True),
+])
+def test_verbose_is_taken_before_or_after_the_command(argv, verbose):
+    from planner.cli import build_parser
+
+    assert build_parser().parse_args(argv).verbose is verbose
