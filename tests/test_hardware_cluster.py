@@ -164,6 +164,22 @@ def test_bad_device_profile_file_names_its_line(tmp_path, capsys):
     assert "gpu.yaml:" in line and "memory_bandwidth_Bps' must be a finite number from 1e+06 to 1e+15, got -1" in line
 
 
+@pytest.mark.parametrize("content, what", [
+    ("root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1:daemon:/usr/sbin:/usr/sbin/nologin\n", "it holds plain text"),
+    ("password: hunter2\ntoken: s3cret\n", "none of its 2 keys is a device profile field"),
+    ("- hunter2\n", "it holds a list"),
+])
+def test_a_device_file_that_is_no_profile_is_named_without_its_content(tmp_path, capsys, content, what):
+    """A cluster file's device_file may point anywhere (``../../etc/passwd``): the error names the file and
+    what is wrong, never what the file holds."""
+    (tmp_path / "notes.txt").write_text(content)
+    (tmp_path / "c.yaml").write_text("groups:\n  - node: {device_file: notes.txt, devices_per_node: 1, "
+                                     "inter_node_bandwidth_GBps: 1}\n    count: 1\n")
+    line = _run_bad(capsys, str(tmp_path / "c.yaml"))
+    assert "notes.txt: not a device profile" in line and what in line
+    assert not any(secret in line for secret in ("root:x", "hunter2", "s3cret", "password", "token"))
+
+
 def test_missing_cluster_file(capsys, tmp_path):
     line = _run_bad(capsys, str(tmp_path / "absent.yaml"))
     assert "no such file" in line

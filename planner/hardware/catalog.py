@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import ClusterError, suggest
-from planner.hardware.documents import Document, check, read_document
+from planner.hardware.documents import Document, check, load_schema, read_document
 from planner.types import DeviceProfile, NodeProfile
 from planner.units import GB  # bandwidths in the files are GB/s = 1e9 bytes/s
 
@@ -48,8 +48,26 @@ def _pairs(points: Any) -> tuple[tuple[float, float], ...]:
     return tuple(sorted((float(x), float(y)) for x, y in points))
 
 
+def _not_a_device_profile(doc: Document) -> str | None:
+    """What makes ``doc`` no device profile at all (not a mapping, or a mapping with none of the profile's
+    fields), said without quoting it: a device_file may name any file, and its content is no one's business
+    in an error message. None when it looks like a profile (the schema then checks it field by field)."""
+    data = doc.data
+    if not isinstance(data, dict):
+        held = {str: "plain text", list: "a list", type(None): "nothing"}.get(type(data), "a single value")
+        return f"it holds {held}, not a mapping of fields"
+    if not data.keys() & set(load_schema("device")["properties"]):
+        return f"none of its {len(data)} keys is a device profile field"
+    return None
+
+
 def device_from_document(doc: Document) -> DeviceProfile:
     """A DeviceProfile from a checked device document (catalog file or `planner profile` output)."""
+    wrong = _not_a_device_profile(doc)
+    if wrong is not None:
+        required = ", ".join(load_schema("device")["required"])
+        raise ClusterError(f"{doc.where}: not a device profile ({wrong}); give a YAML/JSON device profile with "
+                           f"{required} (as `planner profile` writes or hardware_profiles/devices holds)")
     check(doc, "device")
     data = doc.data
     sources = data.get("sources", {})
