@@ -39,6 +39,15 @@ def whole(value: Any, name: str, least: int = 1, most: int | None = None) -> int
     return int(value)
 
 
+def degree(value: Any, name: str, pin: bool = False) -> int:
+    """A parallel degree (tp, pp, dp, cp) as an int: 1 or more, or with ``pin`` 0 too (a plan's pin that leaves
+    the degree to the search). A negative degree and a 0 where 0 is not taken get the same message."""
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < (0 if pin else 1):
+        raise ConfigError(f"{name}={value!r} must be a positive integer (0, only in the pins of a plan, leaves "
+                          f"{name} to the search)")
+    return int(value)
+
+
 def seconds(value: Any, name: str) -> float:
     """``value`` as a float: a finite number of seconds above 0."""
     if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or value <= 0:

@@ -46,6 +46,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from planner.arguments import degree
 from planner.errors import ConfigError, suggest
 from planner.hardware.efficiency import DTYPE_FALLBACK
 from planner.hardware.fp8 import FP8, FP8_RECIPES, base_dtype, check_recipe_choice
@@ -632,9 +633,10 @@ def check_numerics(recompute: str | None, optimizer: str, dtype: str | None, seq
 def check_config(model: LayerGraph, cluster: Cluster, config: ParallelConfig) -> None:
     """Raise ConfigError for the first rule ``config`` breaks (estimate's check: tp, pp, dp given)."""
     tp, pp, dp, gb = config.tp, config.pp, config.dp, config.global_batch
-    for name, value in (("tp", tp), ("pp", pp), ("dp", dp), ("global batch", gb)):
-        if not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{name}={value} must be a positive integer")
+    for name, value in (("tp", tp), ("pp", pp), ("dp", dp)):
+        degree(value, name)  # the message ParallelConfig gives a negative degree
+    if not isinstance(gb, int) or gb < 1:
+        raise ConfigError(f"global batch={gb} must be a positive integer")
     if not model.layers:
         raise ConfigError(f"model {model.name!r} has no layers to place")
     runtime = get_runtime(config.runtime)

@@ -28,7 +28,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from planner.arguments import whole
+from planner.arguments import degree, whole
 from planner.errors import ConfigError
 from planner.runtime import DEFAULT_RUNTIME
 
@@ -349,7 +349,9 @@ class ParallelConfig:
             value = getattr(self, f.name)
             if value is None and f.name != "global_batch":
                 continue
-            if f.name in _COUNT_FIELDS:
+            if f.name in _DEGREE_FIELDS:
+                object.__setattr__(self, f.name, degree(value, f.name, pin=True))
+            elif f.name in _COUNT_FIELDS:
                 least = 0 if f.name in _ZERO_ALLOWED else 1
                 most = MAX_GLOBAL_BATCH if f.name == "global_batch" else None
                 object.__setattr__(self, f.name, whole(value, f.name, least, most))
@@ -361,11 +363,13 @@ class ParallelConfig:
                 raise ConfigError(f"{f.name}={value!r} must be a name (a string) or None")
 
 
-# ParallelConfig's integer fields; of them, ZeRO's stage counts from 0, and a tp, pp, dp or cp of 0 leaves the
-# degree to the search when the config pins a plan (estimate's rules ask for 1 or more).
-_COUNT_FIELDS = frozenset({"global_batch", "tp", "pp", "dp", "micro_batch", "vpp", "zero", "cp",
-                           "first_stage_layers", "last_stage_layers", "ep", "expert_tp"})
-_ZERO_ALLOWED = frozenset({"zero", "tp", "pp", "dp", "cp"})
+# ParallelConfig's parallel degrees: a tp, pp, dp or cp of 0 leaves the degree to the search when the config
+# pins a plan (estimate's rules ask for 1 or more, with the same message); its other integer fields, of which
+# ZeRO's stage counts from 0.
+_DEGREE_FIELDS = frozenset({"tp", "pp", "dp", "cp"})
+_COUNT_FIELDS = frozenset({"global_batch", "micro_batch", "vpp", "zero", "first_stage_layers", "last_stage_layers",
+                           "ep", "expert_tp"})
+_ZERO_ALLOWED = frozenset({"zero"})
 
 
 @dataclass(frozen=True)

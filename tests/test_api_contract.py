@@ -44,7 +44,7 @@ def _table(**change):
     ("micro_batch", "4", r"micro_batch='4' must be a positive integer"),
     ("ep", 0, r"ep=0 must be a positive integer"),
     ("zero", 1.0, r"zero=1.0 must be a non-negative integer"),
-    ("tp", True, r"tp=True must be a non-negative integer"),
+    ("tp", True, r"tp=True must be a positive integer \(0, only in the pins of a plan, leaves tp to the search\)"),
     ("vpp", "2", r"vpp='2' must be a positive integer"),
     ("recompute", 3, r"recompute=3 must be a name"),
     ("sequence_parallel", 1, r"sequence_parallel=1 must be True, False or None"),
@@ -52,6 +52,16 @@ def _table(**change):
 def test_a_parallel_config_field_of_the_wrong_type_is_named(field, value, message):
     with pytest.raises(planner.ConfigError, match=message):
         planner.ParallelConfig(global_batch=8, **{field: value})
+
+
+def test_a_negative_degree_and_a_zero_one_estimate_refuses_get_one_message(tiny):
+    with pytest.raises(planner.ConfigError) as negative:
+        planner.ParallelConfig(global_batch=8, tp=-1)
+    with pytest.raises(planner.ConfigError) as zero:
+        planner.estimate(tiny, planner.load_cluster("dgx-a100-80gb*1"), planner.ParallelConfig(global_batch=8, tp=0))
+    assert str(negative.value) == "tp=-1 must be a positive integer (0, only in the pins of a plan, leaves tp to the " \
+                                  "search)"
+    assert str(zero.value) == str(negative.value).replace("-1", "0", 1)
 
 
 def test_zero_leaves_a_degree_to_the_search_and_numpy_integers_are_integers():
