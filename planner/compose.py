@@ -274,13 +274,13 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
     both: its work to the dense search and the sharder, its seed to the sharder."""
     from planner.search.api import search_dense  # noqa: PLC0415 - planner.search.search calls this module
 
-    from planner.embeddings import check_capacity, table_optimizer  # noqa: PLC0415 - only models with tables
-
     check_inputs(model, cluster, options)
     sparse = sparse_tables(model, tables)
     if not sparse:
         return search_dense(model, cluster, global_batch, pinned=pinned, top_k=top_k, time_limit_s=time_limit_s,
                             backend=backend, progress=progress, budget=budget, options=options)
+    from planner.embeddings import check_capacity, table_optimizer  # noqa: PLC0415 - only models with tables
+
     # tables too large for the whole cluster fail here, with the sharder's reason, before any search
     check_capacity(sparse, cluster, None, global_batch,
                    optimizer=table_optimizer(pinned.optimizer if pinned is not None else ParallelConfig.optimizer))
@@ -311,7 +311,8 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
         if all(admitted.values()):
             raise  # no dense plan fits, or the sharder found no placement: their reason
         raise InfeasibleError(
-            f"no plan of the dense part of {model.name!r} leaves the {len(sparse)} embedding tables enough memory "
+            f"no plan of the dense part of {model.name!r} leaves the {len(sparse)} embedding "
+            f"table{'' if len(sparse) == 1 else 's'} enough memory "
             f"on the {cluster.num_devices} devices of {cluster.name or 'the cluster'} at global batch "
             f"{global_batch}; add devices, use a smaller optimizer (rowwise_adagrad) or unpin --tp, --pp, --dp "
             "so the search may spread the dense part further") from exc

@@ -236,5 +236,5 @@ def test_tables_that_fit_no_plan_are_reported_against_the_whole_cluster(tmp_path
         planner.plan(model, cluster, global_batch=4096, tables=_one_table_file(tmp_path, 1_220_000_000))
     # they fit the cluster, but not the four devices the pins leave the dense part
     pinned = ParallelConfig(global_batch=4096, tp=1, pp=1, dp=4)
-    with pytest.raises(planner.InfeasibleError, match="leaves the 1 embedding tables enough memory on the 16 dev"):
+    with pytest.raises(planner.InfeasibleError, match="leaves the 1 embedding table enough memory on the 16 dev"):
         planner.plan(model, cluster, global_batch=4096, pinned=pinned, tables=_one_table_file(tmp_path, 122_000_000))
