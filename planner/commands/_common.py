@@ -124,7 +124,8 @@ def add_cluster_flags(parser: argparse.ArgumentParser, global_batch_required: bo
     parser.add_argument("--global-batch", type=global_batch_arg, required=global_batch_required, metavar="N",
                         help="samples per iteration")
     parser.add_argument("--tables", metavar="FILE",
-                        help='embedding-table statistics, JSON/YAML {"tables": [{"name","rows","dim","pooling_factor"}]}')
+                        help='embedding-table statistics, JSON/YAML '
+                             '{"tables": [{"name","rows","dim","pooling_factor"}]}')
     parser.add_argument("--workload", metavar="NAME",
                         help="the entry of a --tables file that lists several 'workloads' (as "
                              "benchmarks/data/embedding_workloads.json does)")

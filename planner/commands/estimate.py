@@ -50,7 +50,8 @@ def estimate_document(model: LayerGraph, estimate: Estimate) -> dict[str, Any]:
             "index": stage.index, "first_layer": stage.first_layer, "last_layer": stage.last_layer,
             "layer_names": [layer.name for layer in model.layers[stage.first_layer:stage.last_layer + 1]],
             "device_type": stage.device_type, "devices": list(stage.devices), "tp": stage.tp, "dp": stage.dp,
-            "cp": stage.cp, "cp_comm_s": stage.cp_comm_s, "forward_s": stage.forward_s, "backward_s": stage.backward_s, "tp_comm_s": stage.tp_comm_s,
+            "cp": stage.cp, "cp_comm_s": stage.cp_comm_s, "forward_s": stage.forward_s,
+            "backward_s": stage.backward_s, "tp_comm_s": stage.tp_comm_s,
             "p2p_s": stage.p2p_s, "dp_sync_s": stage.dp_sync_s, "optimizer_s": stage.optimizer_s,
             "memory": _memory_dict(stage.memory), "memory_capacity_bytes": stage.memory_capacity_bytes,
             "ep": stage.ep, "expert_tp": stage.expert_tp, "ep_comm_s": stage.ep_comm_s,
@@ -87,7 +88,8 @@ def _print_table(model: LayerGraph, estimate: Estimate) -> None:
     tp = cfg.tp if len(tps) == 1 else "/".join(map(str, tps)) + " (per stage)"
     out.write(f"config: tp={tp} cp={cfg.cp} pp={cfg.pp} dp={cfg.dp} micro-batch={cfg.micro_batch} vpp={cfg.vpp} "
               f"schedule={cfg.schedule} zero={cfg.zero} recompute={cfg.recompute} "
-              f"sequence-parallel={'yes' if cfg.sequence_parallel else 'no'} optimizer={cfg.optimizer} dtype={cfg.dtype} "
+              f"sequence-parallel={'yes' if cfg.sequence_parallel else 'no'} optimizer={cfg.optimizer} "
+              f"dtype={cfg.dtype} "
               f"{f'fp8-recipe={cfg.fp8_recipe} ' if cfg.fp8_recipe else ''}runtime={cfg.runtime}"
               + (f" ep={cfg.ep} expert-tp={cfg.expert_tp}" if any(layer.moe for layer in model.layers) else "") + "\n")
     out.write(f"iteration {estimate.iteration_time_s:.4f} s, {estimate.throughput_samples_per_s:.2f} samples/s, "

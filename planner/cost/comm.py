@@ -97,7 +97,8 @@ def tp_collective_time_s(kind: str, size_bytes: float, node: NodeProfile, tp: in
     if kind == "all_reduce":
         return collective_time_s("all_reduce", size_bytes, group)
     if kind == "reduce_scatter+all_gather":
-        return collective_time_s("reduce_scatter", size_bytes, group) + collective_time_s("all_gather", size_bytes, group)
+        return (collective_time_s("reduce_scatter", size_bytes, group)
+                + collective_time_s("all_gather", size_bytes, group))
     raise ValueError(f"unknown tensor-parallel collective {kind!r}")
 
 

@@ -17,9 +17,10 @@ Iteration time = pipeline (simulated or closed form) + what each stage's once-pe
 synchronisation and optimizer step add after its last backward (a stage that finishes its backward early
 hides them in the remaining drain of the stages before it). ZeRO-2's gradient reduce-scatter and ZeRO-3's
 per-layer gathers and reduce-scatters run in every micro-batch: what the computation does not hide of them
-is part of each micro-batch's forward and backward (``planner.cost.comm``). The breakdown charges the busiest stage's work: compute and
-tensor-parallel communication of its ``M`` micro-batches, the pipeline transfers and bubble the schedule
-adds, and the synchronisation and optimizer time past the pipeline's end. It sums to the total.
+is part of each micro-batch's forward and backward (``planner.cost.comm``). The breakdown charges the busiest
+stage's work: compute and tensor-parallel communication of its ``M`` micro-batches, the pipeline transfers and
+bubble the schedule adds, and the synchronisation and optimizer time past the pipeline's end. It sums to the
+total.
 """
 
 from __future__ import annotations
@@ -664,7 +665,8 @@ def _candidates(model: LayerGraph, config: ParallelConfig) -> dict[str, list]:
                                   f"chunks with vpp > 1, and none does for pp={pp}; use --schedule 1f1b")
     zeros = [z for z in zero_stages(runtime, pp) if tp_zero_fits(tp, z, runtime)]
     shape = ModelShape.of(model)
-    sp = bool(config.sequence_parallel) if config.sequence_parallel is not None else tp > 1 and runtime.sequence_parallel
+    sp = (bool(config.sequence_parallel) if config.sequence_parallel is not None
+          else tp > 1 and runtime.sequence_parallel)
     etps = [config.expert_tp] if config.expert_tp is not None else (expert_tp_values(shape, tp, runtime) or [0])
     experts = [(ep, etp) for etp in etps
                for ep in ([config.ep] if config.ep is not None else ep_values(shape, tp, dp, etp or tp, runtime,

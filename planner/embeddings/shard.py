@@ -460,9 +460,10 @@ def _need_and_have(problem: Problem) -> tuple[float, float]:
 def _too_big_in_total(problem: Problem) -> InfeasibleError:
     need, have = _need_and_have(problem)
     biggest = max(problem.tables, key=lambda t: t.rows * t.dim * t.dtype_bytes)
+    biggest_bytes = shard_memory_bytes(biggest.rows, biggest.dim, biggest.dtype_bytes, problem.optimizer)
     return InfeasibleError(
         f"the {len(problem.tables)} embedding tables need {need / 1e9:.3g} GB with their {problem.optimizer} "
-        f"state (the largest, {biggest.name!r}, {shard_memory_bytes(biggest.rows, biggest.dim, biggest.dtype_bytes, problem.optimizer) / 1e9:.3g} GB), "
+        f"state (the largest, {biggest.name!r}, {biggest_bytes / 1e9:.3g} GB), "
         f"but the {problem.dev.count} devices offer {have / 1e9:.3g} GB; add devices or use a smaller optimizer")
 
 

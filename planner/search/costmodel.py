@@ -91,8 +91,9 @@ class CostModelBackend:
 
     def _state_dp(self, option: StageOption, settings: Settings) -> float:
         """The data-parallel degree the memory bounds shard every parameter over: the larger of dp x cp (the
-        ranks that hold a copy of the weights) and the expert dp, so that the probed (affine) memory never exceeds the cost model's, where the routed experts
-        shard over the expert dp and the rest over dp (``_memory_of`` is exact)."""
+        ranks that hold a copy of the weights) and the expert dp, so that the probed (affine) memory never exceeds
+        the cost model's, where the routed experts shard over the expert dp and the rest over dp (``_memory_of`` is
+        exact)."""
         return max(float(settings.dp * option.cp), self._expert_dp(option, settings))
 
     @functools.cached_property

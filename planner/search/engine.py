@@ -585,8 +585,8 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
 
     def quick_bound(s: Settings, counted: bool) -> float:
         stages = min(num_layers, max_stages(s, num_units))
-        key = (s.dp, s.micro_batch, s.recompute, s.sequence_parallel, s.dtype, s.runtime, s.vpp, counted and stages, s.ep,
-               s.expert_tp)
+        key = (s.dp, s.micro_batch, s.recompute, s.sequence_parallel, s.dtype, s.runtime, s.vpp, counted and stages,
+               s.ep, s.expert_tp)
         hit = quick_memo.get(key)
         if hit is None:
             options = options_of(s)
