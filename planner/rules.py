@@ -556,7 +556,7 @@ def check_devices(tp: int, pp: int, dp: int, cluster: Cluster, cp: int = 1, glob
     needed = tp * cp * pp * dp
     if needed > cluster.num_devices:
         most = cluster.num_devices // (tp * cp * pp)
-        fit = max((d for d in range(1, most + 1) if global_batch is None or global_batch % d == 0), default=0)
+        fit = next((d for d in range(most, 0, -1) if global_batch is None or global_batch % d == 0), 0)
         hint = f"nearest valid dp: {fit}" if fit >= 1 else f"use a smaller tp, {'cp, ' if cp > 1 else ''}or pp"
         if cp > 1:
             raise ConfigError(f"tp x cp x pp x dp = {tp} x {cp} x {pp} x {dp} = {needed} devices, but the cluster "
