@@ -592,10 +592,11 @@ def check_batch(global_batch: int, dp: int, micro_batch: int | None) -> None:
 
 
 def recompute_choices(runtime: Runtime) -> tuple[str, ...]:
-    """The recompute choices left free ones resolve to under ``runtime``, simplest first. Under FlashAttention
-    selective recompute has nothing to recompute (the scores never reach memory) and is the plan without
-    recompute, so it is not searched; pinned, it is still accepted and estimated as that plan."""
-    skip = ("selective",) if runtime.attention == "flash" else ()
+    """The recompute choices left free ones resolve to under ``runtime``, simplest first. Where selective
+    recompute re-runs the attention core, under FlashAttention it has nothing to recompute (the scores never
+    reach memory) and is the plan without recompute, so it is not searched; pinned, it is still accepted and
+    estimated as that plan."""
+    skip = ("selective",) if runtime.selective_recomputes_nothing else ()
     return tuple(r for r in RECOMPUTE_CHOICES if r in runtime.recompute_choices and r not in skip)
 
 

@@ -139,6 +139,15 @@ class Runtime:
     # only --checkpoint-activations (full recompute); selective recompute and sequence parallelism came with
     # Korthikanti et al. 2022
     recompute_choices: tuple[str, ...] = ("none", "selective", "full")
+    # what "selective" recompute re-runs (planner.cost.compute, "Recompute"): "attention-core", the attention
+    # core between the two products (Megatron-LM --recompute-granularity selective; Korthikanti et al. 2022,
+    # Sec. 5), nothing under FlashAttention; "alternate-gemm", torchtitan's per-op selective activation
+    # checkpointing of each transformer block, which saves the outputs of the compute-intensive ops (matrix
+    # products, the attention kernel) and of the reduce-scatters, except every second linear-layer product,
+    # and re-runs everything else (torchtitan/distributed/activation_checkpoint.py, SelectiveAC: the save
+    # list from torch._functorch.partitioners.get_default_op_list's compute_intensive_ops plus
+    # reduce_scatter_tensor; "Save all compute/comm ops, except every second mm/linear")
+    selective_recompute: str = "attention-core"
     sequence_parallel: bool = True
     # fp8 GEMMs through Transformer Engine (Megatron-Core --fp8-format/--fp8-recipe); Megatron-LM v2.5 predates
     # it: its megatron/arguments.py (_add_mixed_precision_args) offers --fp16 and --bf16 only
@@ -192,6 +201,12 @@ class Runtime:
         costing stages may treat every pipeline depth alike."""
         return (not self.pipeline_overlap_grad_reduce or bool(self.pipeline_sharded_optimizer_dtypes)
                 or self.pipeline_defers_grad_reduce)
+
+    @property
+    def selective_recomputes_nothing(self) -> bool:
+        """Whether "selective" recompute is the plan without recompute: the attention core under
+        FlashAttention, which keeps no scores to drop (``selective_recompute``)."""
+        return self.selective_recompute == "attention-core" and self.attention == "flash"
 
     def defers_grad_reduce(self, zero: int, pipelined: bool) -> bool:
         """Whether ZeRO ``zero``'s gradients stay unsharded until one reduce-scatter after the last backward
@@ -275,11 +290,13 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
         overlap_grad_reduce=True, overlap_param_gather=True, tp_comm_overlap=False,
         grad_bucket_params=0, zero3_prefetch_layers=1, attention="flash", main_grad_bytes=4,
         zero_stages=(0, 2, 3), max_pipeline_zero=3, interleaved=True, tensor_parallel=True,
-        pipeline_parallel=True, grad_reduce_bytes=4, fp32_parameters=True, pipeline_defers_grad_reduce=True),
+        pipeline_parallel=True, grad_reduce_bytes=4, fp32_parameters=True, pipeline_defers_grad_reduce=True,
+        selective_recompute="alternate-gemm"),
 )}
 
 DEFAULT_RUNTIME = "megatron-core"
 ATTENTION_KERNELS = ("flash", "fused-softmax", "unfused")
+SELECTIVE_RECOMPUTE = ("attention-core", "alternate-gemm")
 
 
 def register_runtime(runtime: Runtime) -> Runtime:
@@ -292,6 +309,9 @@ def register_runtime(runtime: Runtime) -> Runtime:
     if runtime.attention not in ATTENTION_KERNELS:
         raise ConfigError(f"runtime {runtime.name!r}: attention {runtime.attention!r} is not one of "
                           f"{', '.join(ATTENTION_KERNELS)}")
+    if runtime.selective_recompute not in SELECTIVE_RECOMPUTE:
+        raise ConfigError(f"runtime {runtime.name!r}: selective_recompute {runtime.selective_recompute!r} is not "
+                          f"one of {', '.join(SELECTIVE_RECOMPUTE)}")
     RUNTIMES[runtime.name] = runtime
     return runtime
 

@@ -13,11 +13,12 @@ from planner.cost import estimate, layer_costs, stage_memory, transformer_activa
 from planner.cost.calibration import DeviceCalibration
 from planner.cost.comm import dp_group, dp_sync, tp_collective_time_s
 from planner.cost.estimator import _megatron_spec_stages, _placement
-from planner.cost.compute import _gemm_time_s
+from planner.cost.compute import _gemm_time_s, alternate_gemm_reruns, attention_core_mask
 from planner.graph import import_model_proto
 from planner.graph.transformer import ATTENTION_CORE
 from planner.hardware import catalog, load_cluster
 from planner.hardware.collectives import collective_time_s
+from planner.rules import recompute_choices
 from planner.runtime import get_runtime
 from planner.types import Layer, LayerGraph, ParallelConfig
 from tests.cost_models import gpt, gpt3_175b
@@ -77,6 +78,92 @@ def test_selective_recompute_under_flash_attention_is_none():
     est = estimate(model, load_cluster("dgx-a100-80gb*1"),
                    ParallelConfig(global_batch=16, tp=2, dp=4, recompute="selective", runtime=FLASH))
     assert any("nothing to recompute" in note for note in est.notes)
+
+
+FSDP2 = "pytorch-fsdp2"  # selective recompute = torchtitan's per-op selective checkpointing
+
+
+def _projection(op) -> str:
+    return op.name.split("/")[-2]
+
+
+def test_per_op_selective_checkpointing_reruns_every_second_linear_product():
+    block = _llama().layers[_blocks(_llama())[0]]
+    core = attention_core_mask(block)
+    reruns = alternate_gemm_reruns(block, core, "flash")
+    linear = [(op, rerun) for op, in_core, rerun in zip(block.ops, core, reruns) if op.gemm and not in_core]
+    # torchtitan's order: wq, wk, wv, wo, w1 (gate), w3 (up), w2 (down); the second, fourth and sixth re-run
+    assert [_projection(op) for op, rerun in linear if rerun] == ["k_proj", "out_proj", "up_proj"]
+    assert [_projection(op) for op, rerun in linear if not rerun] == ["q_proj", "v_proj", "gate_proj", "down_proj"]
+    assert all(rerun for op, in_core, rerun in zip(block.ops, core, reruns) if op.gemm is None and not in_core)
+    assert not any(rerun for in_core, rerun in zip(core, reruns) if in_core)  # the FlashAttention kernel, saved
+    unfused = alternate_gemm_reruns(block, core, "unfused")
+    assert [op.op_type for op, in_core, rerun in zip(block.ops, core, unfused) if in_core and rerun] == \
+        ["Mul", "Where", "Softmax"]  # batched products saved, the score path's element-wise ops re-run
+
+
+def test_per_op_selective_checkpointing_adds_the_forward_of_what_it_does_not_save():
+    model = _llama()
+    node = catalog.get_node(NODE)
+    none = layer_costs(model, node, 1, 2, "none", False, runtime=FSDP2)
+    selective = layer_costs(model, node, 1, 2, "selective", False, runtime=FSDP2)
+    for i, layer in enumerate(model.layers):
+        if layer.kind != "block":  # torchtitan checkpoints the transformer blocks only
+            assert selective.backward_s[i] == none.backward_s[i]
+            continue
+        reruns = alternate_gemm_reruns(layer, attention_core_mask(layer), "flash")
+        rerun_only = dataclasses.replace(layer, kind="other", transformer=None,
+                                         ops=tuple(op for op, rerun in zip(layer.ops, reruns) if rerun))
+        expected = layer_costs(LayerGraph("rerun", (rerun_only,)), node, 1, 2, "none", False,
+                               runtime=FSDP2).forward_s[0]
+        assert selective.backward_s[i] - none.backward_s[i] == pytest.approx(expected, rel=1e-9)
+        assert selective.forward_s[i] == none.forward_s[i]
+        assert 0 < expected < none.forward_s[i]
+
+
+def test_per_op_selective_checkpointing_reruns_the_all_gathers_not_the_reduce_scatters():
+    model = _llama()
+    node = catalog.get_node(NODE)
+    none = layer_costs(model, node, 2, 2, "none", True, runtime=FSDP2)
+    selective = layer_costs(model, node, 2, 2, "selective", True, runtime=FSDP2)
+    for i in _blocks(model):
+        forward_tp = none.tp_comm_s[i] / 2  # a block's backward moves what its forward does
+        assert selective.tp_comm_s[i] - none.tp_comm_s[i] == pytest.approx(forward_tp / 2)
+
+
+@pytest.mark.parametrize("tp,sp", [(1, False), (2, False), (2, True)])
+def test_per_op_selective_checkpointing_keeps_what_it_saves(tp, sp):
+    hidden, heads, kv_heads, ffn, s = 512, 8, 2, 1408, 256
+    model = _llama(hidden, heads, kv_heads, ffn, s)
+    b = 2
+    kv = hidden // heads * kv_heads
+    # per token, 2-byte tensors: the block's input (its checkpoint's input), the outputs of q_proj, v_proj,
+    # the attention kernel, gate_proj, and down_proj's partial sums plus their reduce-scatter under sequence
+    # parallelism; the kernel's fp32 log-sum-exp per head
+    replicated = 2 * hidden + 2 * hidden  # the input, down_proj's output (partial sums: whole)
+    split = 2 * hidden + 2 * kv + 2 * hidden + 2 * ffn + (2 * hidden if sp else 0)
+    expected = s * b * (replicated - (2 * hidden - 2 * hidden / tp if sp else 0)) + s * b * split / tp \
+        + 4 * heads * s * b / tp
+    got = layer_costs(model, catalog.get_node(NODE), tp, b, "selective", sp, runtime=FSDP2)
+    none = layer_costs(model, catalog.get_node(NODE), tp, b, "none", sp, runtime=FSDP2)
+    for i in _blocks(model):
+        assert got.activation_bytes[i] == pytest.approx(expected)
+        assert got.peak_extra_bytes[i] == pytest.approx(none.activation_bytes[i] - expected)
+
+
+def test_per_op_selective_checkpointing_lies_between_none_and_full():
+    model = _llama(hidden=1024, heads=16, kv_heads=4, ffn=2816, seq_len=1024)
+    cluster = load_cluster("dgx-a100-80gb*1")
+    runs = {r: estimate(model, cluster, ParallelConfig(global_batch=16, tp=1, dp=8, zero=3, recompute=r,
+                                                       runtime=FSDP2))
+            for r in ("none", "selective", "full")}
+    times = [runs[r].iteration_time_s for r in ("none", "selective", "full")]
+    memory = [runs[r].memory_per_device_bytes for r in ("none", "selective", "full")]
+    assert times[0] < times[1] < times[2]
+    assert memory[0] > memory[1] > memory[2]
+    assert not runs["selective"].notes or not any("nothing to recompute" in n for n in runs["selective"].notes)
+    assert "selective" in recompute_choices(get_runtime(FSDP2))
+    assert "selective" not in recompute_choices(get_runtime(FLASH))
 
 
 def test_flash_attention_keeps_no_score_tensor():

@@ -48,9 +48,14 @@ pass and the matching input gradient in the backward pass (with sequence paralle
 an all-gather each, the same bytes); a layer with column-parallel GEMMs but no row-parallel one (the output
 head) all-reduces its input gradient once. Messages are at the activation width of the training dtype.
 
-Recompute: ``selective`` re-runs the attention core before the backward pass (Korthikanti et al. 2022,
-Sec. 5; Megatron-LM ``--recompute-granularity selective``), found by role, never by tensor size; under
-FlashAttention there is nothing left to recompute (no score tensor is kept), so it costs what ``none`` does.
+Recompute: ``selective`` is what the runtime's selective recompute re-runs (``Runtime.selective_recompute``).
+Megatron-LM's (``--recompute-granularity selective``; Korthikanti et al. 2022, Sec. 5) re-runs the attention
+core before the backward pass, found by role, never by tensor size; under FlashAttention there is nothing
+left to recompute (no score tensor is kept), so it costs what ``none`` does. Torchtitan's per-op selective
+checkpointing of each transformer block (``alternate_gemm_reruns``) re-runs every second linear-layer product,
+the routed experts' products, every element-wise op and the forward's all-gathers (or all-reduces), and keeps
+the outputs of the other products, of the attention kernel and of the reduce-scatters (memory:
+``_alternate_gemm_saved_bytes``).
 ``full`` re-runs the whole forward pass, communication included, of every layer but the embedding and the
 output head: the runtimes checkpoint the transformer layers only (Megatron-Core's TransformerBlock
 ``_checkpointed_forward`` over its layers, the embedding and output layer outside it; Megatron-LM v2.5
@@ -158,11 +163,32 @@ def attention_core_mask(layer: Layer) -> tuple[bool, ...]:
     return tuple(first <= i <= last and op.tp_split == "sharded" for i, op in enumerate(ops))
 
 
+def alternate_gemm_reruns(layer: Layer, core: tuple[bool, ...], attention: str) -> tuple[bool, ...]:
+    """Which of ``layer.ops`` torchtitan's per-op selective checkpointing re-runs in the backward pass
+    (``Runtime.selective_recompute`` "alternate-gemm"): of the linear-layer products (GEMMs outside the
+    attention core, in graph order, which is the order the block calls them) the second, fourth, ...; the
+    routed experts' grouped products (not among PyTorch's compute-intensive ops); every element-wise op.
+    Saved: the other linear products and the attention core's products, which are the FlashAttention kernel
+    or batched products (``aten.bmm``); under FlashAttention the core's element-wise ops are inside its
+    kernel."""
+    reruns = []
+    linear = 0
+    for op, in_core in zip(layer.ops, core):
+        if in_core:
+            reruns.append(op.gemm is None and attention != "flash")
+        elif op.gemm is None or op.role == ROUTED_EXPERT:
+            reruns.append(True)
+        else:
+            linear += 1
+            reruns.append(linear % 2 == 0)
+    return tuple(reruns)
+
+
 @dataclass(frozen=True)
 class _OneLayer:
     forward_compute_s: float
     backward_compute_s: float
-    attention_forward_s: float
+    selective_forward_s: float  # what selective recompute re-runs (Runtime.selective_recompute)
     tp_forward_s: float
     tp_backward_s: float
     activation_bytes: float
@@ -174,6 +200,7 @@ class _OneLayer:
     ep_forward_s: float = 0.0
     ep_backward_s: float = 0.0
     expert_params_per_rank: float = 0.0
+    selective_tp_s: float = 0.0  # the tensor-parallel collectives it re-runs
 
 
 def _op_signature(op: OpCost) -> tuple:
@@ -218,13 +245,14 @@ def _flash_times_s(profile: DeviceProfile, products: list[tuple[float, float, fl
 
 def _costs_of_ops(layer: Layer, node: NodeProfile, tp: int, mb: float, sp: bool, dtype: str,
                   cal: DeviceCalibration, attention: str,
-                  par: ExpertParallel | None = None) -> tuple[float, float, float, float, float, float]:
+                  par: ExpertParallel | None = None) -> tuple[float, float, float, float, float, float, float]:
     """(forward compute, backward compute, attention-core forward, tp forward comm, tp backward comm,
-    attention-core backward). A routed expert's MatMul (``par`` given) is a grouped GEMM on the rank's
-    experts, and its output is combined by the expert communication of ``planner.cost.moe``, not a
-    tensor-parallel all-reduce."""
+    attention-core backward, forward compute per-op selective checkpointing re-runs). A routed expert's
+    MatMul (``par`` given) is a grouped GEMM on the rank's experts, and its output is combined by the expert
+    communication of ``planner.cost.moe``, not a tensor-parallel all-reduce. A layer without operator detail
+    re-runs nothing under per-op checkpointing (which ops it has is unknown)."""
     profile = node.device
-    fwd = bwd = core_fwd = core_bwd = 0.0
+    fwd = bwd = core_fwd = core_bwd = rerun_fwd = 0.0
     tp_sizes: list[float] = []  # one collective per row-parallel op: its output, the full tensor
     kind = "reduce_scatter+all_gather" if sp else "all_reduce"
     has_row = has_column = False
@@ -238,11 +266,12 @@ def _costs_of_ops(layer: Layer, node: NodeProfile, tp: int, mb: float, sp: bool,
         ops = (OpCost(layer.name, "Layer", layer.flops_forward, 0.0, layer.output_bytes,
                       None, "sharded" if tp > 1 else "replicated"),)
     core = attention_core_mask(layer) if layer.ops else (False,)
+    reruns = alternate_gemm_reruns(layer, core, attention) if layer.ops else (False,)
     flash_products: list[tuple[float, float, float]] = []
     fused_flops = 0.0  # scale-mask-softmax of the fused kernel, gathered until its softmax
     # a head whose output layer the importer did not mark (built by hand): every GEMM vocabulary-parallel
     unmarked_head = layer.kind == "head" and not any(op.tp_split == "column" for op in ops)
-    for op, in_core in zip(ops, core):
+    for op, in_core, rerun in zip(ops, core, reruns):
         split = op.tp_split
         if unmarked_head and op.gemm is not None and split == "replicated":
             split = "column"  # Megatron-LM's vocabulary-parallel output layer
@@ -251,6 +280,7 @@ def _costs_of_ops(layer: Layer, node: NodeProfile, tp: int, mb: float, sp: bool,
                                  lambda m, n, k: _gemm_time_s(profile, m, n, k, dtype, cal))
             fwd += f
             bwd += b
+            rerun_fwd += f if rerun else 0.0
             continue
         if op.gemm is not None:
             m, n, k = _shard(float(op.gemm[0]) * mb, float(op.gemm[1]), float(op.gemm[2]), split, tp)
@@ -269,8 +299,11 @@ def _costs_of_ops(layer: Layer, node: NodeProfile, tp: int, mb: float, sp: bool,
             f = _gemm_time_s(profile, m, n, k, g, cal)
             b = _gemm_time_s(profile, m, k, n, g, cal) + _gemm_time_s(profile, k, n, m, g, cal)
             if fp8 and linear:
-                f += _cast_time_s(profile, m * k, dtype, cal)
+                cast = _cast_time_s(profile, m * k, dtype, cal)
+                f += cast
                 b += _cast_time_s(profile, m * n, dtype, cal)
+                if not rerun:
+                    rerun_fwd += cast  # a saved product's fp8 input is an element-wise cast, re-run
         else:
             if in_core and attention == "flash":
                 continue  # fused into the FlashAttention kernel, scores kept on chip
@@ -290,6 +323,7 @@ def _costs_of_ops(layer: Layer, node: NodeProfile, tp: int, mb: float, sp: bool,
             b = 2.0 * f
         fwd += f
         bwd += b
+        rerun_fwd += f if rerun else 0.0
         if in_core:
             core_fwd += f
             core_bwd += b
@@ -315,7 +349,7 @@ def _costs_of_ops(layer: Layer, node: NodeProfile, tp: int, mb: float, sp: bool,
         tp_fwd = sum(tp_collective_time_s(kind, size, node, tp, cal) for size in forward if size)
         tp_bwd = tp_fwd if backward is forward else \
             sum(tp_collective_time_s(kind, size, node, tp, cal) for size in backward if size)
-    return fwd, bwd, core_fwd, tp_fwd, tp_bwd, core_bwd
+    return fwd, bwd, core_fwd, tp_fwd, tp_bwd, core_bwd, rerun_fwd
 
 
 def _tp_sharded_params(layer: Layer, tp: int) -> float:
@@ -331,8 +365,34 @@ def recomputed(layer: Layer) -> bool:
     return layer.kind not in ("embedding", "head")
 
 
+def _alternate_gemm_saved_bytes(layer: Layer, tp: int, mb: float, sp: bool, dtype: str, attention: str) -> float:
+    """Bytes a transformer block keeps per micro-batch on one rank under torchtitan's per-op selective
+    checkpointing (``alternate_gemm_reruns``): the checkpoint's input, and the outputs of the ops it saves,
+    each at its size on one rank: a column-parallel product's 1/tp, a row-parallel product's partial sums
+    whole plus, under sequence parallelism, the 1/tp its reduce-scatter returns (also saved); the attention
+    core's products (1/tp of the heads), under FlashAttention only the kernel's output and its fp32
+    log-sum-exp statistics (``memory.transformer_activation_bytes``)."""
+    scale = activation_scale(dtype) * mb
+    held = layer.input_bytes * scale / (tp if sp else 1)
+    core = attention_core_mask(layer)
+    reruns = alternate_gemm_reruns(layer, core, attention)
+    products = [i for i, in_core in enumerate(core) if in_core and layer.ops[i].gemm is not None]
+    for i, (op, in_core, rerun) in enumerate(zip(layer.ops, core, reruns)):
+        if rerun or op.gemm is None or (in_core and attention == "flash" and i != products[-1]):
+            continue
+        if in_core or op.tp_split in ("column", "sharded"):
+            held += op.bytes_written * scale / tp
+        else:
+            held += op.bytes_written * scale * (1.0 + (1.0 / tp if sp and op.tp_split == "row" else 0.0))
+    dims = layer.transformer
+    if attention == "flash" and products and dims is not None:
+        held += FP32_BYTES * dims.heads * dims.seq_len * mb / tp
+    return held
+
+
 def _activation_bytes(layer: Layer, tp: int, mb: float, sp: bool, recompute: str, dtype: str,
-                      attention: str, routed_load: float = 1.0) -> tuple[float, float]:
+                      attention: str, routed_load: float = 1.0,
+                      selective: str = "attention-core") -> tuple[float, float]:
     """(held per micro-batch, held with no recompute) for one layer on one rank; ``routed_load``: the rows a
     mixture-of-experts rank routes through its experts over the mean (``ExpertParallel.load``), which widen
     the routed share of the MLP's saved intermediates as they lengthen its GEMMs and dispatch buffer.
@@ -344,7 +404,9 @@ def _activation_bytes(layer: Layer, tp: int, mb: float, sp: bool, recompute: str
     (``Layer.integer_activation_bytes``, token indices) whole, and the rest (hidden-sized: norm and GEMM
     inputs, dropout masks) whole, or divided by ``tp`` under sequence parallelism (``memory`` module
     docstring); for any other layer all of it whole, as the importer splits none of its ops (a layer whose
-    ops were split by hand, with no record of which saved tensor is which: all of it divided by ``tp``)."""
+    ops were split by hand, with no record of which saved tensor is which: all of it divided by ``tp``).
+    Selective recompute of the "alternate-gemm" kind (``Runtime.selective_recompute``) keeps what
+    ``_alternate_gemm_saved_bytes`` counts in a block with operator detail."""
     dims = layer.transformer
     if dims is not None and layer.kind == "block":
         ffn = dims.ffn
@@ -352,8 +414,10 @@ def _activation_bytes(layer: Layer, tp: int, mb: float, sp: bool, recompute: str
             ffn += (routed_load - 1.0) * layer.moe.top_k * layer.moe.expert_ffn
         shape = dict(ffn=ffn, kv_heads=dims.kv_heads, gated_mlp=dims.gated_mlp, dropout=dims.dropout,
                      dtype=dtype, attention=attention, head_dim=dims.key_dim, v_head_dim=dims.value_dim)
-        held = transformer_activation_bytes(dims.seq_len, mb, dims.hidden, dims.heads, tp, sp, recompute, **shape)
         full = transformer_activation_bytes(dims.seq_len, mb, dims.hidden, dims.heads, tp, sp, "none", **shape)
+        if recompute == "selective" and selective == "alternate-gemm" and layer.ops:
+            return _alternate_gemm_saved_bytes(layer, tp, mb, sp, dtype, attention), full
+        held = transformer_activation_bytes(dims.seq_len, mb, dims.hidden, dims.heads, tp, sp, recompute, **shape)
         return held, full
     # the saved tensors by how tensor parallelism splits them (planner.cost.memory, "Activations of the
     # embedding and the output layer"); integer tensors keep their width whatever the training dtype
@@ -443,11 +507,19 @@ def _one_layer(layer: Layer, node: NodeProfile, tp: int, mb: float, recompute: s
     if hit is not None:
         return hit  # type: ignore[return-value]
     attention = attention_kernel(runtime, node.device)
-    fwd, bwd, core, tp_fwd, tp_bwd, core_bwd = _costs_of_ops(layer, node, tp, mb, sp, dtype, cal, attention, par)
+    fwd, bwd, core, tp_fwd, tp_bwd, core_bwd, rerun_fwd = _costs_of_ops(layer, node, tp, mb, sp, dtype, cal,
+                                                                        attention, par)
     kernel_fwd = core
     if attention == "flash":
         core = 0.0  # FlashAttention keeps no score tensor: selective recompute has nothing to re-run
-    held, full = _activation_bytes(layer, tp, mb, sp, recompute, dtype, attention, par.load if par else 1.0)
+    held, full = _activation_bytes(layer, tp, mb, sp, recompute, dtype, attention, par.load if par else 1.0,
+                                   runtime.selective_recompute)
+    selective_s, selective_tp_s = core, 0.0
+    if runtime.selective_recompute == "alternate-gemm":
+        # the forward's reduce-scatters are saved, its all-gathers (half of each pair, the same bytes) and
+        # all-reduces re-run; torchtitan checkpoints the transformer blocks only
+        selective_s, selective_tp_s = ((rerun_fwd, tp_fwd / 2.0 if sp else tp_fwd) if recomputed(layer)
+                                       else (0.0, 0.0))
     # the boundary tensor at the dtype's width, as each tensor-parallel rank sends it to the next stage: its
     # sequence shard under sequence parallelism or Megatron-LM's scatter-gather, else the whole tensor
     # (Megatron-Core's get_tensor_shapes divides the sequence by tp only with sequence_parallel)
@@ -464,8 +536,8 @@ def _one_layer(layer: Layer, node: NodeProfile, tp: int, mb: float, recompute: s
         expert_params = expert_params_per_rank(layer, par)
         dense_share = 1.0 - layer.moe.expert_params / layer.params if layer.params else 1.0
         params = params * dense_share + expert_params
-    result = _OneLayer(fwd, bwd, core, tp_fwd, tp_bwd, held, full, params, output, kernel_fwd, core_bwd, ep_fwd,
-                       ep_bwd, expert_params)
+    result = _OneLayer(fwd, bwd, selective_s, tp_fwd, tp_bwd, held, full, params, output, kernel_fwd, core_bwd,
+                       ep_fwd, ep_bwd, expert_params, selective_tp_s)
     _ONE_LAYER_CACHE.put((node,), args, result)
     return result
 
@@ -498,12 +570,13 @@ def _layer_costs(model: LayerGraph, node: NodeProfile, tp: int, micro_batch: int
         if rerun:
             redo = r.forward_compute_s + r.tp_forward_s + r.ep_forward_s
         elif recompute == "selective":
-            redo = r.attention_forward_s
+            redo = r.selective_forward_s + r.selective_tp_s
         else:
             redo = 0.0
         forward[i] = r.forward_compute_s + r.tp_forward_s + r.ep_forward_s
         backward[i] = r.backward_compute_s + r.tp_backward_s + r.ep_backward_s + redo
-        tp_comm[i] = r.tp_forward_s + r.tp_backward_s + (r.tp_forward_s if rerun else 0.0)
+        tp_comm[i] = r.tp_forward_s + r.tp_backward_s + (r.tp_forward_s if rerun else 0.0) \
+            + (r.selective_tp_s if recompute == "selective" else 0.0)
         ep_comm[i] = r.ep_forward_s + r.ep_backward_s + (r.ep_forward_s if rerun else 0.0)
         recompute_s[i] = redo
         held[i] = r.activation_bytes

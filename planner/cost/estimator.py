@@ -556,7 +556,7 @@ def _to_estimate(work: _Work, result: _Result) -> Estimate:
                           "mean of the fitted (runtime, device) entries' efficiency parameters is used"
                           for cal_name, cal in ((n.device.name, c) for n, c in zip(pl.nodes, pl.cals))
                           if not cal.fitted}))
-    if work.recompute == "selective" and pl.runtime.attention == "flash":
+    if work.recompute == "selective" and pl.runtime.selective_recomputes_nothing:
         notes += (f"recompute=selective under {pl.runtime.name}'s FlashAttention: no attention scores are kept, "
                   "so there is nothing to recompute; time and memory are those of recompute=none",)
     iteration = result.iteration_s
