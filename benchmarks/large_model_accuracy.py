@@ -5,7 +5,8 @@ context) and of torchtitan's published FSDP2 runs of Llama 3 (benchmarks/data/la
 
 For each published run: build its model (``benchmarks/showcase.py``'s model keys, or the run's own ``build``
 keys), estimate the published configuration with the cost model as it is (nothing fitted to these runs: held
-out), and print the predicted and published figures and the error (predicted / published - 1). A TFLOP/s-per-GPU
+out, except where a run's ``seen`` names a modelling choice made after its error was seen), and print the
+predicted and published figures and the error (predicted / published - 1). A TFLOP/s-per-GPU
 figure is 3 x the forward FLOPs per sample x samples/s over the GPUs; the others are tokens/s per GPU. Where the
 source reports the peak memory per GPU, the predicted peak is printed beside it (not part of the error).
 """
@@ -54,8 +55,9 @@ def main() -> int:
         metric, predicted, published, memory = predict(run)
         known = run["published"].get("memory_gib")
         beside = f"; memory predicted {memory:.1f} GiB, published {known:.1f} GiB" if known else ""
+        status = "seen: a modelling choice followed its error" if run.get("seen") else "held out"
         print(f"{run['name']}: {metric} predicted {predicted:.4g}, published {published:.4g}, "
-              f"error {predicted / published - 1:+.1%} (held out){beside}", flush=True)
+              f"error {predicted / published - 1:+.1%} ({status}){beside}", flush=True)
     return 0
 
 
