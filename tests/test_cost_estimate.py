@@ -192,3 +192,23 @@ def test_left_out_vpp_resolves_to_the_fastest():
     resolved = estimate(model, cluster, ParallelConfig(**fixed))
     pinned = [estimate(model, cluster, ParallelConfig(**fixed, vpp=v)).iteration_time_s for v in (1, 2, 3, 4, 6, 12)]
     assert resolved.iteration_time_s <= min(pinned) * (1 + 1e-9)
+
+
+def test_left_out_vpp_tries_every_interleaving_the_search_tries():
+    # 30 blocks over 4 stages: no vpp > 1 splits them into equal chunks, yet whole 2-block chunks (4, 4, 4
+    # and 3 per stage) interleave, and the search plans them; the estimate resolves the same choices
+    from planner.builders import build
+    from planner.graph import import_model_proto
+    from planner.rules import pipeline_units
+    from planner.search.interleave import vpp_choices
+
+    settings = dict(layers=30, hidden=1024, heads=16, kv_heads=4, ffn=2816, seq_len=1024, vocab=1000)
+    model = import_model_proto(build("llama", settings), {"batch": 1}, name="llama-30")
+    cluster = load_cluster("dgx-a100-80gb*1")
+    fixed = dict(global_batch=8, tp=1, pp=4, dp=2, micro_batch=1, zero=0, recompute="none")
+    choices = [v for v in vpp_choices(None, None, pipeline_units(model)) if 30 // v >= 4]
+    assert choices == [1, 2, 3, 5, 6]
+    pinned = {v: estimate(model, cluster, ParallelConfig(**fixed, vpp=v)).iteration_time_s for v in choices}
+    resolved = estimate(model, cluster, ParallelConfig(**fixed))
+    assert resolved.iteration_time_s == pytest.approx(min(pinned.values()), rel=1e-9)
+    assert resolved.config.vpp == min(pinned, key=pinned.get) > 1

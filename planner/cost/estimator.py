@@ -49,9 +49,9 @@ from planner.hardware.cluster import locate
 from planner.hardware.efficiency import resolve_dtype
 from planner.hardware.fp8 import base_dtype, cost_dtype, recipe_name, resolve_fp8_recipe
 from planner.hardware.collectives import CommGroup, p2p_time_s
-from planner.rules import (TIE_TOLERANCE, ModelShape, check_config, divisors, ep_values, expert_tp_values,
-                           micro_batch_choices, pipeline_units, recompute_choices, simplicity_key, stage_blocks,
-                           tp_zero_fits, vpp_fits, zero_stages)
+from planner.rules import (TIE_TOLERANCE, ModelShape, check_config, divisors, ep_values, even_split_fits,
+                           expert_tp_values, micro_batch_choices, pipeline_units, recompute_choices, simplicity_key,
+                           stage_blocks, tp_zero_fits, vpp_fits, zero_stages)
 from planner.runtime import Runtime, get_runtime
 from planner.types import (Batching, Breakdown, Cluster, Estimate, LayerGraph, MemoryBreakdown, NodeProfile,
                            ParallelConfig, PipelineSpec, ReplicaEstimate, ReplicaSpec, StageEstimate, StageSpec)
@@ -653,16 +653,18 @@ def _candidates(model: LayerGraph, config: ParallelConfig) -> dict[str, list]:
     elif pp == 1 or config.schedule in ("1f1b", "gpipe") or not runtime.interleaved:
         vpps = [1]
     else:
-        # left free: 1F1B, and the splits into pp x vpp equal chunks (a pinned vpp may also split unevenly)
-        vpps = [1] + [v for v in divisors(units) if v > 1 and units % (pp * v) == 0
-                      and vpp_fits(units, pp, v, runtime.interleaved_min_stages)]
+        # left free: 1F1B and every interleaving the search tries, whole vpp-layer chunks on every stage
+        # (planner.rules.vpp_fits), split evenly where the runtime has no uneven pipeline
+        vpps = [1] + [v for v in divisors(units) if v > 1 and vpp_fits(units, pp, v, runtime.interleaved_min_stages)
+                      and (runtime.uneven_pipeline or even_split_fits(units, pp, v))]
         if config.first_stage_layers is not None or config.last_stage_layers is not None:
             vpps = [v for v in [1, *divisors(units)[1:]] if _splits(units, pp, v, config)]  # whole chunks per stage
         if config.schedule == "interleaved":
             vpps = [v for v in vpps if v > 1]
             if not vpps:
-                raise ConfigError(f"the interleaved schedule needs the {units} layers to split into pp x vpp equal "
-                                  f"chunks with vpp > 1, and none does for pp={pp}; use --schedule 1f1b")
+                raise ConfigError(f"the interleaved schedule needs the {units} layers to split into whole chunks of "
+                                  f"vpp > 1 layers, at least one on each of the pp={pp} stages, and none does; use "
+                                  "--schedule 1f1b")
     zeros = [z for z in zero_stages(runtime, pp) if tp_zero_fits(tp, z, runtime)]
     shape = ModelShape.of(model)
     sp = (bool(config.sequence_parallel) if config.sequence_parallel is not None
