@@ -550,13 +550,16 @@ def check_experts(ep: int, expert_tp: int | None, tp: int | None, dp: int | None
 # ------------------------------------------------------------------------------------ devices and batch
 
 
-def check_devices(tp: int, pp: int, dp: int, cluster: Cluster, cp: int = 1, global_batch: int | None = None) -> None:
+def check_devices(tp: int, pp: int, dp: int, cluster: Cluster, cp: int = 1, global_batch: int | None = None,
+                  micro_batch: int | None = None) -> None:
     """tp x cp x pp x dp devices fit the cluster; the hint is the largest dp that fits it and, where
-    ``global_batch`` is given, divides it (a dp check_batch then accepts)."""
+    ``global_batch`` is given, divides it, times ``micro_batch`` where that is pinned (a dp check_batch then
+    accepts)."""
     needed = tp * cp * pp * dp
     if needed > cluster.num_devices:
         most = cluster.num_devices // (tp * cp * pp)
-        fit = next((d for d in range(most, 0, -1) if global_batch is None or global_batch % d == 0), 0)
+        step = micro_batch or 1
+        fit = next((d for d in range(most, 0, -1) if global_batch is None or global_batch % (d * step) == 0), 0)
         hint = f"nearest valid dp: {fit}" if fit >= 1 else f"use a smaller tp, {'cp, ' if cp > 1 else ''}or pp"
         if cp > 1:
             raise ConfigError(f"tp x cp x pp x dp = {tp} x {cp} x {pp} x {dp} = {needed} devices, but the cluster "
@@ -647,7 +650,7 @@ def check_config(model: LayerGraph, cluster: Cluster, config: ParallelConfig) ->
     pools = pools_touched(cluster, tp * cp * pp * dp)
     check_tp(tp, shape, cluster, runtime, pools)
     check_pp(pp, shape, runtime)
-    check_devices(tp, pp, dp, cluster, cp, gb)
+    check_devices(tp, pp, dp, cluster, cp, gb, config.micro_batch)
     check_cp_pools(tp, cp, cluster, pools)
     check_batch(gb, dp, config.micro_batch)
     check_schedule(config.schedule, config.vpp, pp, runtime)

@@ -76,6 +76,16 @@ def test_bad_input_exits_2_with_one_line_naming_the_rule(capsys, argv, needles):
         assert needle in line, (needle, line)
 
 
+def test_the_dp_hint_counts_a_pinned_micro_batch(capsys):
+    # 24 devices fit dp 24 and 256 samples split over dp 16, but micro-batches of 32 samples make 8 of them:
+    # dp 16 would leave each replica 16 samples, not a whole micro-batch
+    code, out, err = run(capsys, "estimate", GPT, "--cluster", "dgx-h100*3", "--global-batch", "256", "--tp", "1",
+                         "--pp", "1", "--dp", "32", "--micro-batch", "32")
+    assert code == 2 and out == ""
+    assert "nearest valid dp: 16" not in one_error_line(err)
+    assert "nearest valid dp: 8" in one_error_line(err)
+
+
 def test_format_deepspeed_plans_for_the_deepspeed_runtime(capsys, tmp_path):
     path = tmp_path / "plan.json"
     code, out, err = run(capsys, "plan", *README, "--format", "deepspeed", "--out", str(path))
