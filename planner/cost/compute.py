@@ -170,7 +170,8 @@ def alternate_gemm_reruns(layer: Layer, core: tuple[bool, ...], attention: str) 
     routed experts' grouped products (not among PyTorch's compute-intensive ops); every element-wise op.
     Saved: the other linear products and the attention core's products, which are the FlashAttention kernel
     or batched products (``aten.bmm``); under FlashAttention the core's element-wise ops are inside its
-    kernel."""
+    kernel. Not told apart: a mixture of experts' router product, which torchtitan re-runs and leaves out of
+    the count (``force_recompute_mm_shapes_by_fqns``), is counted as a linear product here."""
     reruns = []
     linear = 0
     for op, in_core in zip(layer.ops, core):
