@@ -290,6 +290,17 @@ def moe_summary(model: LayerGraph) -> dict[str, Any]:
             "moe_layer_pattern": [int(layer.moe is not None) for layer in model.layers if layer.kind == "block"]}
 
 
+def shape_summary(model: LayerGraph) -> dict[str, Any]:
+    """What a framework's launch configuration needs of the model beside its layers (none where unknown): the
+    sequence length its transformer blocks were imported at (``seq_len``, where they agree on one; a token
+    budget is micro-batch x this) and the model family its builder recorded (``family``)."""
+    lengths = {layer.transformer.seq_len for layer in model.layers if layer.transformer is not None}
+    summary: dict[str, Any] = {"seq_len": lengths.pop()} if len(lengths) == 1 else {}
+    if model.family:
+        summary["family"] = model.family
+    return summary
+
+
 def cluster_summary(cluster: Cluster) -> dict[str, Any]:
     """The ``cluster`` entry of a Plan for a :class:`planner.types.Cluster`: its name, device count and
     groups (name, node profile, device type, node count, device count, first global device id). The TorchRec

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -201,3 +202,18 @@ def test_a_replica_group_lists_the_fields_of_its_stage():
     assert any(stage["replicas"] for stage in document["stages"])
     validate(document)
     assert Plan.from_dict(document) == plan
+
+
+def test_a_searched_plan_records_its_sequence_length_and_family():
+    """A plan's model entry carries the sequence length its blocks were imported at and the builder's family,
+    which an export that writes token budgets needs; both validate against the schema."""
+    import planner
+    from planner.plans import shape_summary
+    from planner.types import LayerGraph
+
+    model = planner.load_model(str(Path(__file__).resolve().parents[1] / "models" / "gpt2-124m.onnx"))
+    best = planner.plan(model, planner.load_cluster("dgx-a100-80gb*1"), global_batch=16)
+    assert best.model["seq_len"] == next(layer.transformer.seq_len for layer in model.layers if layer.transformer)
+    assert best.model["family"] == model.family == "gpt"
+    validate(best.to_dict())
+    assert shape_summary(LayerGraph(name="bare", layers=())) == {}

@@ -7,7 +7,8 @@ from dataclasses import replace
 from planner.hardware.cluster import locate
 from planner.hardware.efficiency import peak_flops_per_s
 from planner.hardware.fp8 import base_dtype, recipe_name
-from planner.plans import Plan, ReplicaPlan, SearchInfo, StagePlan, cluster_summary, moe_summary
+from planner.plans import Plan, ReplicaPlan, SearchInfo, StagePlan, cluster_summary, moe_summary, \
+    shape_summary
 from planner.types import Cluster, Estimate, LayerGraph, PipelineSpec
 
 
@@ -45,7 +46,7 @@ def to_plan(model: LayerGraph, cluster: Cluster, spec: PipelineSpec, estimate: E
     m = spec.batching.num_micro_batches
     return Plan(
         model={"name": model.name, "params": model.params, "flops_per_sample": model.flops_forward,
-               "layers": len(model.layers), **moe_summary(model)},
+               "layers": len(model.layers), **moe_summary(model), **shape_summary(model)},
         cluster=cluster_summary(cluster), global_batch=spec.global_batch, micro_batch=spec.micro_batch,
         num_micro_batches=m, schedule=spec.schedule, zero=spec.zero,
         iteration_time_s=float(estimate.iteration_time_s),
