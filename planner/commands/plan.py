@@ -55,9 +55,10 @@ def _check_format(fmt: str, model: LayerGraph, tables: tuple | None, path: str, 
     default) alone decide, made before the search (and before --out and --gantt are written), with the
     exporters' own checks."""
     if fmt == "megatron":
-        from planner.export.megatron import check_optimizer, check_transformer_layers  # noqa: PLC0415
+        from planner.export._uniform import check_transformer_layers  # noqa: PLC0415
+        from planner.export.megatron import TRAINING, check_optimizer  # noqa: PLC0415
 
-        check_transformer_layers(sum(1 for layer in model.layers if layer.kind == "block"), path)
+        check_transformer_layers(sum(1 for layer in model.layers if layer.kind == "block"), path, TRAINING)
         if optimizer is not None:
             check_optimizer(optimizer, "--format megatron")
     elif fmt in ("torchrec", "deepspeed"):

@@ -1,13 +1,15 @@
-"""What Megatron-LM and DeepSpeed both require of a plan: every pipeline stage on the same tensor- and
-data-parallel degrees, on one device type, without heterogeneous replica groups; the runtime whose
-options an export writes; and the warning both give a tf32 plan."""
+"""What the framework exports (Megatron-LM, DeepSpeed, torchtitan) share: every pipeline stage on the same
+tensor-, context- and data-parallel (and expert) degrees, on one device type, without heterogeneous replica
+groups; a model with transformer layers and, but for TorchRec, without embedding tables; how a stage's layers
+are shared out over its interleaved model chunks; the runtime whose options an export writes; and the warning
+each gives a tf32 plan."""
 
 from __future__ import annotations
 
 import logging
 
 from planner.errors import PlannerError
-from planner.plans import Plan
+from planner.plans import Plan, StagePlan
 from planner.rules import FORMAT_RUNTIMES
 from planner.runtime import Runtime, get_runtime
 
@@ -56,6 +58,47 @@ def uniform_cp(plan: Plan, framework: str) -> int:
                 f"plan: stage {stage.index} uses cp {stage.cp} but stage 0 uses cp {first.cp}; {framework} needs "
                 "the same context-parallel degree on every stage; use --format json, or re-plan with --cp pinned")
     return first.cp
+
+
+def uniform_experts(plan: Plan, framework: str) -> tuple[int, int]:
+    """The (ep, expert_tp) shared by every stage, or PlannerError naming the stage that differs."""
+    first = plan.stages[0]
+    for stage in plan.stages[1:]:
+        if (stage.ep, stage.expert_tp) != (first.ep, first.expert_tp):
+            raise PlannerError(f"plan: stage {stage.index} uses ep {stage.ep} expert-tp {stage.expert_tp} but stage "
+                               f"0 uses ep {first.ep} expert-tp {first.expert_tp}; {framework} needs the same on "
+                               "every stage; re-plan with --ep and --expert-tp pinned")
+    return first.ep, first.expert_tp
+
+
+def transformer_layers(stage: StagePlan) -> int:
+    """Transformer layers of a stage: its "block" layers, or all of them when the plan has no layer kinds."""
+    if not stage.layer_kinds:
+        return len(stage.layer_names)
+    return sum(1 for kind in stage.layer_kinds if kind == "block")
+
+
+def check_transformer_layers(count: int, what: str, training: str) -> None:
+    """Refuse a model (or its plan) with no transformer layers, which ``training`` (the framework's transformer
+    training) cannot run."""
+    if not count:
+        raise PlannerError(f"{what}: the model has no transformer layers, so {training} has nothing to run; use "
+                           "--format table or json (and torchrec for its embedding tables)")
+
+
+def check_no_tables(count: int, what: str, config: str, why: str) -> None:
+    """Refuse a plan (or a model, before its search) with ``count`` sparse embedding tables, which ``config`` (a
+    framework's configuration) cannot place (``why``): TorchRec sharding types place them."""
+    if count:
+        raise PlannerError(f"{what}: its {count} embedding tables are placed by TorchRec sharding types, which "
+                           f"{config} cannot express ({why}); use --format torchrec for the tables' sharding plan")
+
+
+def chunk_sizes(stage_layers: list[int], vpp: int) -> list[int]:
+    """The layers of each model chunk of an interleaved pipeline, in virtual-stage order (chunk v x pp + p is
+    the v-th of stage p, and the chunks follow one another through the model in that order): a stage's
+    ``stage_layers`` shared out over its ``vpp`` chunks as evenly as they go, the larger chunks first."""
+    return [n // vpp + (1 if v < n % vpp else 0) for v in range(vpp) for n in stage_layers]
 
 
 def pipeline_degree(plan: Plan) -> int:

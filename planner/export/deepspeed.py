@@ -34,6 +34,7 @@ import logging
 from typing import Any
 
 from planner.errors import PlannerError
+from planner.export import _uniform
 from planner.export._uniform import framework_runtime, pipeline_degree, refuse_gpipe, require_uniform, warn_tf32
 from planner.plans import Plan, plan_recompute
 from planner.rules import tp_zero_fits
@@ -48,12 +49,10 @@ _UNTESTED_ZERO_OPTIMIZERS = ("sgd",)
 
 
 def check_no_tables(count: int, what: str) -> None:
-    """Refuse a plan (or a model, before its search) with ``count`` sparse embedding tables: they are placed by
-    TorchRec sharding types, which a ds_config cannot express."""
-    if count:
-        raise PlannerError(f"{what}: its {count} embedding tables are placed by TorchRec sharding types, "
-                           "which a ds_config cannot express (DeepSpeed would keep a whole copy of every table on "
-                           "every rank); use --format torchrec for the tables' sharding plan")
+    """Refuse a plan (or a model, before its search) with ``count`` sparse embedding tables, which a ds_config
+    cannot place."""
+    _uniform.check_no_tables(count, what, "a ds_config", "DeepSpeed would keep a whole copy of every table on every "
+                             "rank")
 
 
 def deepspeed_config(plan: Plan) -> dict[str, Any]:

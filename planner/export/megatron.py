@@ -28,10 +28,11 @@ import logging
 import shlex
 
 from planner.errors import ConfigError, PlannerError
-from planner.export._uniform import (framework_runtime, pipeline_degree, refuse_gpipe, require_uniform, uniform_cp,
+from planner.export._uniform import (check_transformer_layers, chunk_sizes, framework_runtime, pipeline_degree,
+                                     refuse_gpipe, require_uniform, transformer_layers, uniform_cp, uniform_experts,
                                      warn_tf32)
 from planner.hardware.fp8 import DEFAULT_FP8_RECIPE, FP8, FP8_RECIPES
-from planner.plans import Plan, StagePlan, plan_recompute
+from planner.plans import Plan, plan_recompute
 from planner.rules import check_numerics, check_schedule, check_vpp_shape
 from planner.runtime import Runtime, get_runtime
 
@@ -87,18 +88,8 @@ def _fp8_args(plan: Plan) -> list[str]:
     return ["--fp8-format", recipe.fp8_format, "--fp8-recipe", recipe.name]
 
 
-def transformer_layers(stage: StagePlan) -> int:
-    """Transformer layers of a stage: its "block" layers, or all of them when the plan has no layer kinds."""
-    if not stage.layer_kinds:
-        return len(stage.layer_names)
-    return sum(1 for kind in stage.layer_kinds if kind == "block")
-
-
-def check_transformer_layers(count: int, what: str) -> None:
-    """Megatron-LM's GPT training runs transformer layers: refuse a model (or its plan) with none."""
-    if not count:
-        raise PlannerError(f"{what}: the model has no transformer layers, so Megatron-LM's GPT training has nothing "
-                           "to run; use --format table or json (and torchrec for its embedding tables)")
+# what runs the transformer layers (check_transformer_layers)
+TRAINING = "Megatron-LM's GPT training"
 
 
 def megatron_args(plan: Plan) -> list[str]:
@@ -113,7 +104,7 @@ def megatron_args(plan: Plan) -> list[str]:
     if plan.dtype not in _DTYPE_ARGS:
         raise PlannerError(f"plan: dtype {plan.dtype!r} has no Megatron-LM option; use one of {sorted(_DTYPE_ARGS)}")
     stage_layers = [transformer_layers(s) for s in plan.stages]
-    check_transformer_layers(sum(stage_layers), "plan")
+    check_transformer_layers(sum(stage_layers), "plan", TRAINING)
     runtime = framework_runtime(plan, "megatron")
     if runtime.name == "megatron-lm-2021" and plan.zero not in runtime.zero_stages:  # no sharded optimizer yet
         raise PlannerError(f"plan: ZeRO-{plan.zero} does not run on {runtime.name} (it runs ZeRO "
@@ -215,14 +206,9 @@ def _moe_args(plan: Plan, runtime: Runtime) -> list[str]:
     if not runtime.expert_parallel:
         raise PlannerError(f"plan: a mixture-of-experts model cannot run on {runtime.name}, which has no MoE "
                            "layers; re-plan with --runtime megatron-core")
-    first = plan.stages[0]
-    for stage in plan.stages[1:]:
-        if (stage.ep, stage.expert_tp) != (first.ep, first.expert_tp):
-            raise PlannerError(f"plan: stage {stage.index} uses ep {stage.ep} expert-tp {stage.expert_tp} but stage "
-                               f"0 uses ep {first.ep} expert-tp {first.expert_tp}; Megatron-LM needs the same on "
-                               "every stage; re-plan with --ep and --expert-tp pinned")
+    ep, expert_tp = uniform_experts(plan, "Megatron-LM")
     args = ["--num-experts", str(experts), "--moe-router-topk", str(plan.model.get("top_k", 1)),
-            "--expert-model-parallel-size", str(first.ep), "--expert-tensor-parallel-size", str(first.expert_tp),
+            "--expert-model-parallel-size", str(ep), "--expert-tensor-parallel-size", str(expert_tp),
             "--moe-token-dispatcher-type", "alltoall"]
     return args + _moe_layer_args(plan.model)
 
@@ -304,9 +290,9 @@ def _split_args(stage_layers: list[int], vpp: int) -> list[str]:
             return args
     # Layout string: pp x vpp chunks separated by "|", virtual round after virtual round (chunk v*pp + p runs
     # on stage p); "E" the embedding (first chunk), "t" a transformer layer, "L" the loss (last chunk).
-    # A stage's layers are shared out over its vpp chunks as evenly as they go, the larger chunks first.
-    chunks = [[n // vpp + (1 if v < n % vpp else 0) for n in stage_layers] for v in range(vpp)]
-    parts = ["t" * size for round_ in chunks for size in round_]
+    # A stage's layers are shared out over its vpp chunks as evenly as they go, the larger chunks first
+    # (_uniform.chunk_sizes).
+    parts = ["t" * size for size in chunk_sizes(stage_layers, vpp)]
     parts[0] = "E" + parts[0]
     parts[-1] = parts[-1] + "L"
     return ["--pipeline-model-parallel-layout", "|".join(parts)]
