@@ -73,6 +73,7 @@ RUNTIME_NAMES = tuple(RUNTIMES)
 FORMAT_RUNTIMES: dict[str, tuple[str, ...]] = {
     "megatron": ("megatron-core", "megatron-lm-2021"),
     "deepspeed": ("deepspeed",),
+    "torchtitan": ("pytorch-fsdp2",),
 }
 
 # among plans within this fraction of the fastest predicted time, the simpler one is taken (simplicity_key)

@@ -41,7 +41,7 @@ def gpt_plan(counts: list[int] = (5, 5), tp: int = 4, dp: int = 2, vpp: int = 1,
     cluster = {"name": f"dgx-a100-80gb*{nodes}", "num_devices": 8 * nodes,
                "groups": [{**CLUSTER_2x8["groups"][0], "count": nodes, "devices": 8 * nodes}]}
     micro = 2
-    return Plan(model={"name": "gpt-test", "params": 350_000_000, "flops_per_sample": 2.1e12},
+    return Plan(model={"name": "gpt-test", "params": 350_000_000, "flops_per_sample": 2.1e12, "seq_len": 2048},
                 cluster=cluster, global_batch=64, micro_batch=micro, num_micro_batches=64 // (micro * dp),
                 schedule="interleaved" if vpp > 1 else "1f1b", zero=zero, iteration_time_s=1.08,
                 throughput_samples_per_s=64 / 1.08, stages=stages, breakdown=dict(BREAKDOWN),

@@ -69,12 +69,12 @@ def test_show_every_format(tmp_path, capsys, fmt):
     path = tmp_path / "plan.json"
     plan = plan_samples.dlrm_plan()
     path.write_text(plan.to_json())
-    if fmt in ("megatron", "deepspeed"):
-        # a DLRM has no transformer layers for Megatron-LM to run, and its tables no ds_config key
+    if fmt in ("megatron", "deepspeed", "torchtitan"):
+        # a DLRM has no transformer layers for Megatron-LM to run, and its tables no ds_config or torchtitan setting
         assert main(["show", str(path), "--format", fmt]) == 2
         assert ("no transformer layers" if fmt == "megatron" else "use --format torchrec") in \
             capsys.readouterr().err
-        plan = plan_samples.gpt_plan()
+        plan = plan_samples.gpt_plan(zero=2 if fmt == "torchtitan" else 1)  # FSDP2 has no ZeRO-1
         path.write_text(plan.to_json())
     assert main(["show", str(path), "--format", fmt]) == 0
     assert capsys.readouterr().out == render(plan, fmt)

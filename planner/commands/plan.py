@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from importlib import import_module
 
 from planner.commands._common import add_cluster_flags, add_config_flags, add_json_flag, config_from_args, \
     emit_json, non_negative_int, output_format, parse_dims, positive_int, positive_seconds, tables_from_args, \
@@ -54,20 +55,21 @@ def _check_format(fmt: str, model: LayerGraph, tables: tuple | None, path: str, 
     """The refusals of the ``--format`` exporters that the model and the ``--optimizer`` asked for (None: the
     default) alone decide, made before the search (and before --out and --gantt are written), with the
     exporters' own checks."""
-    if fmt == "megatron":
-        from planner.export._uniform import check_transformer_layers  # noqa: PLC0415
-        from planner.export.megatron import TRAINING, check_optimizer  # noqa: PLC0415
-
-        check_transformer_layers(sum(1 for layer in model.layers if layer.kind == "block"), path, TRAINING)
-        if optimizer is not None:
-            check_optimizer(optimizer, "--format megatron")
-    elif fmt in ("torchrec", "deepspeed"):
+    if fmt in ("torchrec", "deepspeed", "torchtitan"):
         from planner.compose import sparse_tables  # noqa: PLC0415 - the tables the plan will place
-        from planner.export.deepspeed import check_no_tables  # noqa: PLC0415
+        from planner.export import deepspeed, torchtitan  # noqa: PLC0415
         from planner.export.torchrec import check_has_tables  # noqa: PLC0415
 
-        check = check_has_tables if fmt == "torchrec" else check_no_tables
+        check = {"torchrec": check_has_tables, "deepspeed": deepspeed.check_no_tables,
+                 "torchtitan": torchtitan.check_no_tables}[fmt]
         check(len(sparse_tables(model, tables)), path)
+    if fmt in ("megatron", "torchtitan"):  # they train transformer layers, with the optimizers they name
+        from planner.export._uniform import check_transformer_layers  # noqa: PLC0415
+
+        exporter = import_module(f"planner.export.{fmt}")
+        check_transformer_layers(sum(1 for layer in model.layers if layer.kind == "block"), path, exporter.TRAINING)
+        if optimizer is not None:
+            exporter.check_optimizer(optimizer, f"--format {fmt}")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,7 +13,7 @@ from planner.rules import format_launches
 
 log = logging.getLogger(__name__)
 
-HELP = "render a saved plan (table, json, megatron, deepspeed, torchrec)"
+HELP = "render a saved plan (table, json, megatron, deepspeed, torchtitan, torchrec)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

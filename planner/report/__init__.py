@@ -10,7 +10,7 @@ from typing import Callable
 from planner.errors import ConfigError, suggest
 from planner.plans import Plan
 
-FORMATS = ("table", "json", "megatron", "deepspeed", "torchrec")
+FORMATS = ("table", "json", "megatron", "deepspeed", "torchtitan", "torchrec")
 
 
 def _renderer(fmt: str) -> Callable[[Plan], str]:
@@ -25,6 +25,9 @@ def _renderer(fmt: str) -> Callable[[Plan], str]:
     if fmt == "deepspeed":
         from planner.export.deepspeed import render_deepspeed
         return render_deepspeed
+    if fmt == "torchtitan":
+        from planner.export.torchtitan import render_torchtitan
+        return render_torchtitan
     if fmt == "torchrec":
         from planner.export.torchrec import render_torchrec
         return render_torchrec
