@@ -497,3 +497,12 @@ def test_plan_format_torchtitan_refuses_a_model_with_tables_before_searching(cap
                  "torchtitan"]) == 2
     assert "use --format torchrec" in capsys.readouterr().err
 
+
+def test_api_docs_name_what_the_torchtitan_export_writes():
+    text = (ROOT / "docs" / "api.md").read_text()
+    section = text[text.index("## Render and export"):]
+    written = {path.split(".")[-1] for name in PLANS for path in fields(PLANS[name]())}
+    missing = [name for name in sorted(written | {"activation_checkpoint", "SelectiveAC", "FullAC",
+                                                  "Float8LinearConverter", "MXFP8LinearConverter"})
+               if f"`{name}" not in section]
+    assert missing == [] and "b5bcd76c" in section
