@@ -109,10 +109,11 @@ def pipeline_degree(plan: Plan) -> int:
 def warn_tf32(plan: Plan, framework: str) -> None:
     """Warn that a tf32 plan runs as costed only where the training script allows TF32: neither Megatron-LM
     (megatron/ at d98e8a64dd) nor DeepSpeed (deepspeed/ at edaa72212672) sets
-    torch.backends.cuda.matmul.allow_tf32 or the float32 matmul precision, and PyTorch leaves it False by default since
-    1.12 (its float32 matmul precision "highest": PyTorch docs, torch.set_float32_matmul_precision and CUDA
-    semantics, "TensorFloat-32 (TF32) on Ampere (and later) devices"; the change: pytorch/pytorch#76509), while
-    torch.backends.cudnn.allow_tf32 defaults to True (the same docs)."""
+    torch.backends.cuda.matmul.allow_tf32 or the float32 matmul precision, torchtitan (at b5bcd76c) sets it only
+    to False, in its batch-invariant mode (torchtitan/distributed/utils.py:379), and PyTorch leaves it False by
+    default since 1.12 (its float32 matmul precision "highest": PyTorch docs, torch.set_float32_matmul_precision
+    and CUDA semantics, "TensorFloat-32 (TF32) on Ampere (and later) devices"; the change: pytorch/pytorch#76509),
+    while torch.backends.cudnn.allow_tf32 defaults to True (the same docs)."""
     if plan.dtype == "tf32":
         log.warning("plan: dtype tf32 is costed with TF32 tensor-core GEMMs, which %s does not switch on and "
                     "PyTorch leaves off by default; the training script must set "
