@@ -14,6 +14,7 @@ source reports the peak memory per GPU, the predicted peak is printed beside it 
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -51,13 +52,23 @@ def predict(run: dict) -> tuple[str, float, float, float]:
 
 def main() -> int:
     runs = json.loads(DATA.read_text())["runs"]
+    errors: dict[str, list[tuple[float, bool]]] = {}
     for run in runs:
         metric, predicted, published, memory = predict(run)
         known = run["published"].get("memory_gib")
         beside = f"; memory predicted {memory:.1f} GiB, published {known:.1f} GiB" if known else ""
         status = "seen: a modelling choice followed its error" if run.get("seen") else "held out"
+        error = predicted / published - 1
         print(f"{run['name']}: {metric} predicted {predicted:.4g}, published {published:.4g}, "
-              f"error {predicted / published - 1:+.1%} ({status}){beside}", flush=True)
+              f"error {error:+.1%} ({status}){beside}", flush=True)
+        runtime = run["config"].get("runtime", "megatron-core")
+        errors.setdefault(runtime, []).append((error, not run.get("seen")))
+    for runtime, pairs in sorted(errors.items()):
+        held = [e for e, out in pairs if out]
+        every = [e for e, _ in pairs]
+        print(f"# {runtime}: median error {statistics.median(every):+.1%} over {len(every)} runs "
+              f"({min(every):+.1%} to {max(every):+.1%}); held out only: "
+              + (f"median {statistics.median(held):+.1%} over {len(held)}" if held else "none"))
     return 0
 
 
