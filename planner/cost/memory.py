@@ -39,11 +39,12 @@ So per block: ``s b (R + T / t) + a s^2 b S / t`` (no sequence parallelism) or `
 (with it). Selective recompute drops the score term (it re-runs the attention core; Korthikanti Sec. 5; with
 FlashAttention there is nothing to drop); a runtime whose selective recompute is torchtitan's per-op policy
 keeps the tensors ``planner.cost.compute`` counts from the block's ops instead. Full recompute keeps only
-the block input, ``w s b h`` (``/ t`` under sequence parallelism). For the GPT block at ``w = 2, g = 2, d = 1`` these are exactly Korthikanti's
-Table 2: ``sbh (10 + 24/t + 5as/(ht))``, ``sbh/t (34 + 5as/h)``, ``34 sbh/t``, ``2 sbh``. Under fp8 an fp8 GEMM
-input saved for the backward is its columnwise fp8 copy (Transformer Engine quantizes the input for both
-usages and drops the rowwise one after the forward GEMM) plus the recipe's scales: ``g = 1 + s`` with ``s`` the
-recipe's scale bytes per element (``planner.hardware.fp8``: 0 per-tensor, 4/128 blockwise, 1/32 MXFP8).
+the block input, ``w s b h`` (``/ t`` under sequence parallelism). For the GPT block at ``w = 2, g = 2,
+d = 1`` these are exactly Korthikanti's Table 2: ``sbh (10 + 24/t + 5as/(ht))``, ``sbh/t (34 + 5as/h)``,
+``34 sbh/t``, ``2 sbh``. Under fp8 an fp8 GEMM input saved for the backward is its columnwise fp8 copy
+(Transformer Engine quantizes the input for both usages and drops the rowwise one after the forward GEMM)
+plus the recipe's scales: ``g = 1 + s`` with ``s`` the recipe's scale bytes per element
+(``planner.hardware.fp8``: 0 per-tensor, 4/128 blockwise, 1/32 MXFP8).
 
 Activations of the embedding and the output layer
 -------------------------------------------------
