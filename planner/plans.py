@@ -310,6 +310,13 @@ def cluster_summary(cluster: Cluster) -> dict[str, Any]:
     return {"name": cluster.name, "num_devices": cluster.num_devices, "groups": groups}
 
 
+def cluster_group(plan: Plan, device: int) -> dict[str, Any] | None:
+    """The group of ``plan``'s cluster summary (:func:`cluster_summary`) that holds global device ``device``,
+    None where none does (a plan file edited by hand)."""
+    return next((group for group in plan.cluster.get("groups", ())
+                 if group["first_device"] <= device < group["first_device"] + group["devices"]), None)
+
+
 # ----------------------------------------------------------------------------------------- schema
 
 

@@ -36,7 +36,7 @@ import json
 from typing import Any, Sequence
 
 from planner.errors import PlannerError
-from planner.plans import EmbeddingPlacement, EmbeddingShard, Plan
+from planner.plans import EmbeddingPlacement, EmbeddingShard, Plan, cluster_group
 from planner.embeddings.problem import block_split
 
 _REMAKE = "re-create the plan with 'planner plan ... --out FILE'"
@@ -45,11 +45,11 @@ _REMAKE = "re-create the plan with 'planner plan ... --out FILE'"
 def _locate(plan: Plan, device: int) -> tuple[tuple[int, int], int]:
     """((group index, node index in the group), CUDA index on the node) of global device ``device``, from the
     plan's cluster groups."""
-    for index, group in enumerate(plan.cluster.get("groups", ())):
-        start, total = group["first_device"], group["devices"]
-        if start <= device < start + total:
-            per_node = total // group["count"]
-            return (index, (device - start) // per_node), (device - start) % per_node
+    group = cluster_group(plan, device)
+    if group is not None:
+        index = plan.cluster["groups"].index(group)
+        start, per_node = group["first_device"], group["devices"] // group["count"]
+        return (index, (device - start) // per_node), (device - start) % per_node
     raise PlannerError(f"plan: device {device} is in no group of the plan's cluster summary (cluster.groups); "
                        f"{_REMAKE}")
 

@@ -79,7 +79,7 @@ from planner.export import _uniform
 from planner.export._uniform import (check_transformer_layers, chunk_sizes, pipeline_degree, require_uniform,
                                      transformer_layers, uniform_cp, uniform_experts, warn_tf32)
 from planner.hardware.fp8 import DEFAULT_FP8_RECIPE, FP8
-from planner.plans import Plan, plan_recompute
+from planner.plans import Plan, cluster_group, plan_recompute
 from planner.runtime import get_runtime
 
 log = logging.getLogger(__name__)
@@ -325,10 +325,10 @@ def _identifier(name: str) -> str:
 
 
 def _launch_lines(plan: Plan, module: str, function: str, world: int) -> list[str]:
-    """How to start ``world`` processes: run_train.sh on one node, torchrun across the nodes the plan's device
-    type sits on (as many devices a node as its cluster group has)."""
-    per_node = next((group["devices"] // group["count"] for group in plan.cluster.get("groups", ())
-                     if group.get("device") == plan.stages[0].device_type and group.get("count")), 0)
+    """How to start ``world`` processes: run_train.sh on one node, torchrun across the nodes the plan's first
+    device sits on (as many devices a node as its cluster group has)."""
+    group = cluster_group(plan, plan.stages[0].devices[0]) if plan.stages[0].devices else None
+    per_node = group["devices"] // group["count"] if group and group.get("count") else 0
     lines = [f"# Save as {module}.py where torchtitan can import it (a torchtitan checkout's root), then start",
              f"# {world} processes, one per GPU:"]
     if per_node and world > per_node and world % per_node == 0:
