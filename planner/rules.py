@@ -364,15 +364,34 @@ def valid_vpps(num_units: int, num_stages: int) -> list[int]:
     return [v for v in range(1, max(num_units, 1) + 1) if vpp_fits(num_units, num_stages, v)]
 
 
+def stage_chunks(units: int, vpp: int) -> list[int]:
+    """The units of each of a stage's ``vpp`` model chunks, first chunk first: its ``units`` shared out as
+    evenly as they go, the larger chunks first (a chunk may hold none, as Megatron-Core's
+    ``--pipeline-model-parallel-layout`` takes an empty virtual stage:
+    megatron/core/transformer/pipeline_parallel_layer_layout.py, ``pretty_repr``'s "(empty stage)")."""
+    return [units // vpp + (1 if v < units % vpp else 0) for v in range(vpp)]
+
+
+def chunk_sizes(stage_units: list[int], vpp: int) -> list[int]:
+    """The units of every model chunk of an interleaved pipeline, in virtual-stage order (chunk v x pp + p is
+    the v-th of stage p, and the chunks follow one another through the model in that order), each stage's
+    shared out by :func:`stage_chunks`."""
+    per_stage = [stage_chunks(n, vpp) for n in stage_units]
+    return [chunks[v] for v in range(vpp) for chunks in per_stage]
+
+
 def stage_blocks(num_units: int, pp: int, vpp: int, first: int | None, last: int | None,
                  flag: str = "") -> list[int]:
-    """Transformer blocks per stage of Megatron-Core's uneven pipeline: ``first`` on stage 0 and ``last`` on
-    the last stage where set, the rest evenly over the middle stages (Megatron-Core
+    """Transformer blocks per stage of an uneven pipeline: ``first`` on stage 0 and ``last`` on the last
+    stage where set, the rest evenly over the middle stages (Megatron-Core
     ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``, i.e.
     ``TransformerConfig.num_layers_in_first/last_pipeline_stage``; ``get_transformer_layer_offset`` in
     megatron/core/transformer/transformer_layer.py gives each middle stage ``middle // middle_stages``
-    layers and, interleaved, every chunk ``first // vpp``, ``last // vpp`` and ``middle // vpp //
-    middle_stages``, so each of those counts must divide exactly). Every stage holds at least one chunk.
+    layers). Interleaved, each stage's blocks are shared over its ``vpp`` chunks by :func:`stage_chunks`:
+    whole chunks where every count divides by vpp (Megatron-Core's first/last options), otherwise a
+    pipeline layout (``--pipeline-model-parallel-layout``, as Llama 3 405B ran: first and last stage one
+    layer short, its first chunk only the embedding and the last only the loss, Dubey et al. 2024,
+    Sec. 3.3.2), so vpp may not exceed the largest stage's blocks. Every stage holds at least one block.
     ConfigError names the flag and the nearest valid counts."""
     if first is None and last is None:
         raise ValueError("stage_blocks: neither first nor last is set")
@@ -382,23 +401,27 @@ def stage_blocks(num_units: int, pp: int, vpp: int, first: int | None, last: int
     ends = [x for x in (first, last) if x is not None]
     middle_stages = pp - len(ends)
     middle = num_units - sum(ends)
-    unit = vpp * max(middle_stages, 1)
-    bad = [x for x in ends if x < vpp or x % vpp]
+    bad = [x for x in ends if x < 1]
     if bad:
-        raise ConfigError(f"{flag}first/last stage layers {bad[0]}: each must be a positive multiple of vpp={vpp} "
-                          f"(whole chunks); nearest valid: {max(vpp, round(bad[0] / vpp) * vpp)}")
+        raise ConfigError(f"{flag}first/last stage layers {bad[0]}: each stage holds at least one transformer "
+                          "layer; use 1 or more")
+    unit = max(middle_stages, 1)
     if (middle_stages == 0 and middle != 0) or (middle_stages > 0 and (middle < unit or middle % unit)):
-        valid = [x for x in range(vpp, num_units + 1, vpp)
-                 if (middle_stages == 0 and num_units - sum(ends) + ends[0] - x == 0) or
-                 (middle_stages > 0 and (num_units - sum(ends) + ends[0] - x) >= unit
-                  and (num_units - sum(ends) + ends[0] - x) % unit == 0)]
+        rest = num_units - sum(ends) + ends[0]
+        valid = [x for x in range(1, num_units + 1)
+                 if (middle_stages == 0 and rest - x == 0) or
+                 (middle_stages > 0 and rest - x >= unit and (rest - x) % unit == 0)]
         hint = f"nearest valid first/last count with the other fixed: {nearest(ends[0], valid)}" if valid else \
             "use other counts or another pp"
         raise ConfigError(f"{flag}first/last stage layers leave {middle} of the {num_units} transformer layers for "
-                          f"{middle_stages} middle stages, which must share them evenly in whole {vpp}-layer "
-                          f"chunks (a multiple of {unit}, at least {unit}); {hint}")
+                          f"{middle_stages} middle stages, which must share them evenly (a multiple of {unit}, "
+                          f"at least {unit}); {hint}")
     per = middle // middle_stages if middle_stages else 0
-    return [first if first is not None else per, *[per] * (pp - 2), last if last is not None else per]
+    counts = [first if first is not None else per, *[per] * (pp - 2), last if last is not None else per]
+    if vpp > max(counts):
+        raise ConfigError(f"{flag}vpp={vpp}: the largest stage holds {max(counts)} transformer layers, too few for "
+                          f"{vpp} model chunks; use vpp {max(counts)} or less")
+    return counts
 
 
 def check_schedule(schedule: str | None, vpp: int | None, pp: int | None, runtime: Runtime,
@@ -432,16 +455,20 @@ def check_schedule(schedule: str | None, vpp: int | None, pp: int | None, runtim
 
 
 def check_vpp_shape(vpp: int, pp: int, num_units: int, num_micro_batches: int | None,
-                    vpp_flag: str = "vpp=", pp_flag: str = "pp=", runtime: Runtime | None = None) -> None:
+                    vpp_flag: str = "vpp=", pp_flag: str = "pp=", runtime: Runtime | None = None,
+                    chunks_checked: bool = False) -> None:
     """vpp > 1 on ``pp`` stages of a model of ``num_units`` units (``num_micro_batches`` None: not fixed); on a
-    ``runtime`` without an uneven pipeline, the same whole chunks on every stage."""
+    ``runtime`` without an uneven pipeline, the same whole chunks on every stage. ``chunks_checked``: the
+    stages' layer counts are given and :func:`stage_blocks` has checked their chunks; only the micro-batches
+    are left."""
     if vpp == 1:
         return
-    if not vpp_fits(num_units, pp, vpp):
+    if not chunks_checked and not vpp_fits(num_units, pp, vpp):
         raise ConfigError(f"{vpp_flag}{vpp}: {pp} stages of whole {vpp}-layer chunks need the model's {num_units} "
                           f"pipeline units (layers) to be a multiple of {vpp} and at least {pp * vpp}; nearest "
                           f"valid vpp: {nearest(vpp, valid_vpps(num_units, pp))}")
-    if runtime is not None and not runtime.uneven_pipeline and not even_split_fits(num_units, pp, vpp):
+    if not chunks_checked and runtime is not None and not runtime.uneven_pipeline \
+            and not even_split_fits(num_units, pp, vpp):
         valid = [v for v in valid_vpps(num_units, pp) if even_split_fits(num_units, pp, v)]
         raise ConfigError(f"{vpp_flag}{vpp}: the {runtime.name} runtime gives each of the {pp} stages the same "
                           f"number of whole {vpp}-layer chunks, so {pp * vpp} must divide the model's {num_units} "
@@ -655,16 +682,18 @@ def check_config(model: LayerGraph, cluster: Cluster, config: ParallelConfig) ->
     check_cp_pools(tp, cp, cluster, pools)
     check_batch(gb, dp, config.micro_batch)
     check_schedule(config.schedule, config.vpp, pp, runtime)
-    if config.vpp is not None:
-        m = Batching.of(config).num_micro_batches if config.micro_batch else None
-        check_vpp_shape(config.vpp, pp, shape.num_units, m, runtime=runtime)
-    if config.zero is not None:
-        check_zero(config.zero, pp, runtime, tp=tp)
-    if config.first_stage_layers is not None or config.last_stage_layers is not None:
+    uneven = config.first_stage_layers is not None or config.last_stage_layers is not None
+    if uneven:
         if not runtime.uneven_pipeline:
             raise ConfigError(f"first/last stage layers: the {runtime.name} runtime splits the layers evenly over "
                               f"the pipeline stages; leave them out, or use --runtime {_uneven_runtimes()}")
         stage_blocks(shape.num_units, pp, config.vpp or 1, config.first_stage_layers, config.last_stage_layers)
+    if config.vpp is not None:
+        m = Batching.of(config).num_micro_batches if config.micro_batch else None
+        # with first/last counts, stage_blocks has shared the layers out over the chunks
+        check_vpp_shape(config.vpp, pp, shape.num_units, m, runtime=runtime, chunks_checked=uneven)
+    if config.zero is not None:
+        check_zero(config.zero, pp, runtime, tp=tp)
     check_numerics(config.recompute, config.optimizer, config.dtype, config.sequence_parallel, tp, runtime)
     check_recipe_choice(config.dtype, config.fp8_recipe)
     check_experts(config.ep or 1, config.expert_tp, tp, dp, shape, runtime, cp,

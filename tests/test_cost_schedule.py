@@ -67,3 +67,39 @@ def test_interleaved_needs_multiple_of_pp():
 def test_pipeline_time_simulates_unequal_stages():
     total, bubble = pipeline_time([10, 1], [10, 1], 2, "1f1b")
     assert total == pytest.approx(40.0) and bubble == pytest.approx(40.0 - 2 * 20)
+
+
+# ------------------------------------------------------------- chunks of their own sizes (a pipeline layout)
+
+
+def test_chunk_shares_follow_the_units_each_chunk_holds():
+    from planner.cost.schedule import chunk_shares
+
+    assert chunk_shares([8, 8, 8], 2) is None  # whole chunks: 1/vpp each
+    assert chunk_shares([7, 8], 1) is None
+    assert chunk_shares([7, 8], 4) == ((2 / 7, 2 / 7, 2 / 7, 1 / 7), (0.25, 0.25, 0.25, 0.25))
+    assert chunk_shares([0, 3], 2) == ((0.5, 0.5), (2 / 3, 1 / 3))  # a stage of only the embedding: even
+
+
+def test_each_chunk_runs_its_share_of_the_stage():
+    """Every operation of chunk c on stage s lasts the stage's time times that chunk's share; with shares of
+    1/vpp the simulation is the one without shares."""
+    f, b, m, vpp = [3.0, 2.0, 4.0], [6.0, 4.0, 8.0], 6, 2
+    shares = [(0.75, 0.25), (0.5, 0.5), (0.0, 1.0)]
+    sim = simulate_pipeline(f, b, m, "interleaved", vpp, p2p_s=0.1, chunk_shares=shares)
+    for e in sim.events:
+        if e.kind != "send":
+            time = (f if e.kind == "forward" else b)[e.stage] * shares[e.stage][e.chunk]
+            assert e.end_s - e.start_s == pytest.approx(time)
+    assert sim.stage_busy_s == tuple(m * (x + y) for x, y in zip(f, b))
+    assert sim.iteration_time_s >= m * max(x + y for x, y in zip(f, b))
+    even = simulate_pipeline(f, b, m, "interleaved", vpp, p2p_s=0.1, chunk_shares=[(0.5, 0.5)] * 3)
+    assert even.iteration_time_s == simulate_pipeline(f, b, m, "interleaved", vpp, p2p_s=0.1).iteration_time_s
+    assert pipeline_time(f, b, m, "interleaved", vpp, 0.1, shares)[0] == sim.iteration_time_s
+
+
+@pytest.mark.parametrize("shares, words", [([(0.5, 0.5)], "expected 2 stages"), ([(0.5, 0.6), (0.5, 0.5)], "sum to 1"),
+                                           ([(1.5, -0.5), (0.5, 0.5)], "non-negative")])
+def test_chunk_shares_are_checked(shares, words):
+    with pytest.raises(ConfigError, match=words):
+        simulate_pipeline([1.0, 1.0], [2.0, 2.0], 2, "interleaved", 2, chunk_shares=shares)

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from planner.builders import build
-from planner.cost import estimate
+from planner.cost import estimate, pipeline_time
 from planner.errors import ConfigError
 from planner.graph import import_model_proto
 from planner.hardware import load_cluster
-from planner.rules import stage_blocks
+from planner.rules import chunk_sizes, stage_blocks, stage_chunks
 from planner.types import ParallelConfig
 
 
@@ -20,15 +20,26 @@ def test_stage_blocks_by_hand():
     assert stage_blocks(126, 16, 1, 6, None) == [6] + [8] * 15  # 120 left for 15 stages
     assert stage_blocks(10, 2, 1, 3, None) == [3, 7]
     assert stage_blocks(10, 2, 1, 4, 6) == [4, 6]
-    # interleaved: every count whole chunks (24 = 4 + 2 x 8 + 4 at vpp 2 and 4)
+    # interleaved: whole chunks (24 = 4 + 2 x 8 + 4 at vpp 2 and 4), or a layout's chunks of their own sizes
     assert stage_blocks(24, 4, 2, 4, 4) == [4, 8, 8, 4]
     assert stage_blocks(24, 4, 4, 4, 4) == [4, 8, 8, 4]
+    assert stage_blocks(126, 16, 8, 7, 7) == [7] + [8] * 14 + [7]  # Llama 3 405B: one chunk of each end empty
+    assert stage_blocks(24, 4, 4, 4, 8) == [4, 6, 6, 8]
+
+
+def test_a_layout_shares_each_stage_over_its_chunks():
+    assert stage_chunks(7, 8) == [1] * 7 + [0]
+    assert stage_chunks(8, 3) == [3, 3, 2]  # the larger chunks first
+    # virtual-stage order: the first chunk of every stage, then the second
+    assert chunk_sizes([3, 3, 2], 2) == [2, 2, 1, 1, 1, 1]
+    assert sum(chunk_sizes([7] + [8] * 14 + [7], 8)) == 126
 
 
 @pytest.mark.parametrize("args, words", [
     ((126, 16, 1, 7, 8), "nearest valid first/last count"),  # 111 left for 14 stages
-    ((126, 16, 2, 7, 7), "positive multiple of vpp=2"),
-    ((24, 4, 4, 4, 8), "whole 4-layer chunks"),
+    ((126, 16, 9, 7, 7), "too few for 9 model chunks; use vpp 8 or less"),
+    ((24, 4, 4, 0, 8), "at least one transformer layer"),
+    ((24, 4, 4, 4, 9), "must share them evenly"),
     ((10, 1, 1, 3, None), "pp >= 2"),
     ((10, 2, 1, 4, 5), "0 middle stages"),
 ])
@@ -51,6 +62,31 @@ def test_estimate_places_the_uneven_split():
     assert blocks == [7] + [8] * 14 + [7]
     assert est.stages[0].first_layer == 0 and est.stages[-1].last_layer == len(kinds) - 1
     assert kinds[0] != "block" and kinds[-1] != "block"  # the embedding and the head sit on the end stages
+
+
+def test_estimate_interleaves_the_uneven_split_in_chunks_of_their_own_sizes():
+    """Llama 3 405B's split (stages of 7, 8, ..., 8, 7 blocks) runs interleaved under a layout: vpp 8 is
+    accepted (the end stages each have one chunk without a block), the chunks' times follow their blocks, a
+    free vpp resolves to the fastest, and a vpp above the largest stage's blocks is refused."""
+    proto = build("llama", {"layers": 126, "hidden": 256, "heads": 4, "vocab": 1024, "seq_len": 256})
+    model = import_model_proto(proto, {"batch": 1, "seq": 256}, name="narrow-126")
+    cluster = load_cluster("dgx-h100*2")
+    base = dict(global_batch=32, tp=1, pp=16, dp=1, micro_batch=1, recompute="none", zero=0,
+                first_stage_layers=7, last_stage_layers=7)
+    times = {v: estimate(model, cluster, ParallelConfig(vpp=v, **base)).iteration_time_s for v in (1, 2, 4, 8)}
+    assert times[8] < times[4] < times[2] < times[1]  # the bubble shrinks with vpp, as on whole chunks
+    # the pipeline is the stages' times run in chunks of 1/7 (end stages, and one empty chunk) and 1/8
+    est = estimate(model, cluster, ParallelConfig(vpp=8, **base))
+    f, b = [s.forward_s for s in est.stages], [s.backward_s for s in est.stages]
+    p2p = [s.p2p_s for s in est.stages]
+    shares = ((1 / 7,) * 7 + (0.0,),) + ((1 / 8,) * 8,) * 14 + ((1 / 7,) * 7 + (0.0,),)
+    layout = pipeline_time(f, b, 32, "interleaved", 8, p2p, shares)[0]
+    assert layout != pipeline_time(f, b, 32, "interleaved", 8, p2p)[0]
+    assert est.iteration_time_s == pytest.approx(layout + est.breakdown.optimizer_s, rel=1e-12)
+    free = estimate(model, cluster, ParallelConfig(**base))
+    assert free.config.vpp > 1 and free.iteration_time_s <= min(times.values())
+    with pytest.raises(ConfigError, match="use vpp 8 or less"):
+        estimate(model, cluster, ParallelConfig(vpp=9, **base))
 
 
 def test_estimate_cli_takes_the_first_and_last_counts(tmp_path, capsys):

@@ -43,7 +43,7 @@ from planner.cost.moe import ep_group_devices, expert_dp_devices, resolved_exper
 from planner.cost.memory import (dtype_bytes, gradient_reduce_bytes, memory_terms, micro_batches_in_flight,
                                  stage_tied_params)
 from planner.cost.optimizer import optimizer_time_s
-from planner.cost.schedule import SCHEDULES, pipeline_time
+from planner.cost.schedule import SCHEDULES, chunk_shares, pipeline_time
 from planner.errors import ConfigError
 from planner.hardware.cluster import locate
 from planner.hardware.efficiency import resolve_dtype
@@ -157,6 +157,7 @@ class _Placement:
     expert_params: np.ndarray | float = 0.0
     row_expert_dp: np.ndarray | float = 1.0
     has_experts: bool = False  # the model has mixture-of-experts layers
+    stage_units: tuple[int, ...] = ()  # per stage, its pipeline units (planner.rules.pipeline_units)
 
 
 def _expert_groups(model: LayerGraph, cluster: Cluster, r: ReplicaSpec, cal: DeviceCalibration, ep: int,
@@ -251,7 +252,16 @@ def _placement(model: LayerGraph, cluster: Cluster, stages: tuple[StageSpec, ...
         zero3_gather_s=per_layer["all_gather"], zero3_reduce_s=per_layer["reduce_scatter"],
         optimizer=optimizer, dtype=dtype, runtime=runtime, experts=tuple(experts), expert_params=p_expert,
         row_expert_dp=np.array(row_edp, dtype=float),
-        has_experts=any(layer.moe is not None for layer in model.layers))
+        has_experts=any(layer.moe is not None for layer in model.layers),
+        stage_units=tuple(_units_in(model, stage.first_layer, stage.last_layer) for stage in stages))
+
+
+def _units_in(model: LayerGraph, first: int, last: int) -> int:
+    """The pipeline units (planner.rules.pipeline_units) among layers ``first``..``last``."""
+    layers = model.layers[first:last + 1]
+    if any(layer.kind == "block" for layer in model.layers):
+        return sum(1 for layer in layers if layer.kind == "block")
+    return len(layers)
 
 
 def _tied_sync_rows(model: LayerGraph, cluster: Cluster, stages: tuple[StageSpec, ...], rows: list[ReplicaSpec],
@@ -440,11 +450,13 @@ def _evaluate(work: _Work, schedule: str, vpp: int, zero: int, exact: bool,
     stage_ep = (np.broadcast_to(work.ep_comm_s, load.shape) * load)[pick]
     stage_z3 = ((f - work.forward_s) + (b - work.backward_s))[pick] * load[pick]
     p2p = work.p2p_s
+    # a stage whose units do not split into vpp equal chunks runs chunks of their own sizes (a layout)
+    shares = chunk_shares(pl.stage_units, vpp) if schedule == "interleaved" else None
     key = (id(work), schedule, vpp, zero if zero >= 2 else 0, exact)
     pipeline = pipelines.get(key) if pipelines is not None else None
     if pipeline is None:
         if exact:
-            pipeline, _ = pipeline_time(stage_f, stage_b, m, schedule, vpp, p2p)
+            pipeline, _ = pipeline_time(stage_f, stage_b, m, schedule, vpp, p2p, shares)
         else:
             pipeline = _approximate_pipeline(stage_f, stage_b, m, vpp, p2p, schedule)
         if pipelines is not None:
@@ -458,7 +470,9 @@ def _evaluate(work: _Work, schedule: str, vpp: int, zero: int, exact: bool,
     sync_rows = sync_tail_s(sync, rt, work.backward_s, work.forward_s) + pl.tied_sync_s
     stage_sync = _per_stage_max(sync_rows, pl.row_stage, pp)
     stage_opt = _per_stage_max(pl.optimizer_s[zero], pl.row_stage, pp)
-    drained = np.concatenate(([0.0], np.cumsum(stage_b / vpp + p2p)[:-1]))
+    # a stage's last operation is its first chunk's last backward
+    last_backward = stage_b / vpp if shares is None else stage_b * np.array([row[0] for row in shares])
+    drained = np.concatenate(([0.0], np.cumsum(last_backward + p2p)[:-1]))
     finish = pipeline - drained
     ends = finish + stage_sync + stage_opt
     crit = int(np.argmax(ends))
@@ -612,7 +626,7 @@ def balanced_split(model: LayerGraph, pp: int, vpp: int = 1, first_blocks: int |
 
 
 def _splits(units: int, pp: int, vpp: int, config: ParallelConfig) -> bool:
-    """Whether Megatron-Core's uneven split of ``config`` holds whole ``vpp``-layer chunks on every stage."""
+    """Whether the uneven split of ``config`` can run ``vpp`` chunks per stage (:func:`planner.rules.stage_blocks`)."""
     try:
         stage_blocks(units, pp, vpp, config.first_stage_layers, config.last_stage_layers)
     except ConfigError:
@@ -658,7 +672,7 @@ def _candidates(model: LayerGraph, config: ParallelConfig) -> dict[str, list]:
         vpps = [1] + [v for v in divisors(units) if v > 1 and vpp_fits(units, pp, v, runtime.interleaved_min_stages)
                       and (runtime.uneven_pipeline or even_split_fits(units, pp, v))]
         if config.first_stage_layers is not None or config.last_stage_layers is not None:
-            vpps = [v for v in [1, *divisors(units)[1:]] if _splits(units, pp, v, config)]  # whole chunks per stage
+            vpps = [v for v in range(1, units + 1) if _splits(units, pp, v, config)]  # a layout's chunks
         if config.schedule == "interleaved":
             vpps = [v for v in vpps if v > 1]
             if not vpps:

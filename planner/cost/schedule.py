@@ -14,7 +14,9 @@ Model of one iteration (all times per micro-batch and per pipeline stage, as the
   interleaved schedule, whose last device feeds the first device's next chunk. Transfers run on the links,
   not on the stage's compute, and do not queue behind each other (each boundary sends at most one tensor
   per forward-backward period in the steady state).
-* With ``vpp`` chunks per device, each chunk takes ``1/vpp`` of the stage's forward and backward time.
+* With ``vpp`` chunks per device, each chunk takes ``1/vpp`` of the stage's forward and backward time, or,
+  given ``chunk_shares``, its own share of them (a stage whose layers do not split into equal chunks:
+  :func:`planner.rules.stage_chunks`).
 
 ``simulate_pipeline`` computes the exact iteration time of that model for any stage times (unequal stages,
 as on mixed hardware, too). ``closed_form_time`` gives the textbook formulas, exact for uniform stages:
@@ -36,7 +38,7 @@ from typing import Sequence
 import numpy as np
 
 from planner.errors import ConfigError
-from planner.rules import SCHEDULES
+from planner.rules import SCHEDULES, stage_chunks
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,27 @@ def _as_array(values: float | Sequence[float], length: int, what: str) -> list[f
     if np.any(array < 0) or not np.all(np.isfinite(array)):
         raise ConfigError(f"{what}: times must be finite and non-negative")
     return [float(x) for x in array]
+
+
+def chunk_shares(stage_units: Sequence[int], vpp: int) -> tuple[tuple[float, ...], ...] | None:
+    """Each stage's share of its time per model chunk, in proportion to the pipeline units (transformer
+    blocks) the chunk holds (:func:`planner.rules.stage_chunks`); None where every stage splits into ``vpp``
+    equal chunks (each ``1/vpp``). A stage of no units (only an embedding or a head) splits evenly."""
+    if vpp == 1 or all(n % vpp == 0 for n in stage_units):
+        return None
+    return tuple(tuple(c / n for c in stage_chunks(n, vpp)) if n else (1.0 / vpp,) * vpp for n in stage_units)
+
+
+def _check_shares(shares: Sequence[Sequence[float]] | None, pp: int, vpp: int) -> list[list[float]] | None:
+    if shares is None:
+        return None
+    rows = [[float(x) for x in row] for row in shares]
+    if len(rows) != pp or any(len(row) != vpp for row in rows):
+        raise ConfigError(f"chunk_shares: expected {pp} stages of {vpp} shares each")
+    if any(x < 0 or not np.isfinite(x) for row in rows for x in row) or any(abs(sum(row) - 1.0) > 1e-9
+                                                                         for row in rows):
+        raise ConfigError("chunk_shares: each stage's shares must be non-negative and sum to 1")
+    return rows
 
 
 def _check(forward: Sequence[float], backward: Sequence[float], num_micro_batches: int, schedule: str,
@@ -122,9 +145,11 @@ _FORWARD, _BACKWARD, _LAST_BACKWARD = 0, 1, 2
 
 
 @lru_cache(maxsize=64)
-def _program(pp: int, m: int, schedule: str, vpp: int) -> tuple[tuple[tuple[int, int, int, int, int], ...], ...]:
-    """Per stage, its operations as ``(slot, dependency slot or -1, kind, chunk, micro_batch)``; a slot
-    indexes the end-time table ``[backward][virtual stage][micro-batch]``, flattened."""
+def _program(pp: int, m: int, schedule: str, vpp: int
+             ) -> tuple[tuple[tuple[int, int, int, int, int, int], ...], ...]:
+    """Per stage, its operations as ``(slot, dependency slot or -1, kind, timing, chunk, micro_batch)``; a
+    slot indexes the end-time table ``[backward][virtual stage][micro-batch]``, flattened, and ``timing``
+    the stage's durations ``[chunk][kind]``, flattened."""
     last_virtual = (vpp - 1) * pp + pp - 1
     half = vpp * pp * m
     programs = []
@@ -134,20 +159,25 @@ def _program(pp: int, m: int, schedule: str, vpp: int) -> tuple[tuple[tuple[int,
             virtual = chunk * pp + s
             if not backward:
                 slot = virtual * m + j
-                ops.append((slot, (virtual - 1) * m + j if virtual else -1, _FORWARD, chunk, j))
+                ops.append((slot, (virtual - 1) * m + j if virtual else -1, _FORWARD, 3 * chunk + _FORWARD, chunk, j))
             elif virtual == last_virtual:
-                ops.append((half + virtual * m + j, virtual * m + j, _LAST_BACKWARD, chunk, j))
+                ops.append((half + virtual * m + j, virtual * m + j, _LAST_BACKWARD, 3 * chunk + _LAST_BACKWARD,
+                            chunk, j))
             else:
-                ops.append((half + virtual * m + j, half + (virtual + 1) * m + j, _BACKWARD, chunk, j))
+                ops.append((half + virtual * m + j, half + (virtual + 1) * m + j, _BACKWARD, 3 * chunk + _BACKWARD,
+                            chunk, j))
         programs.append(tuple(ops))
     return tuple(programs)
 
 
 def simulate_pipeline(stage_forward_s: Sequence[float], stage_backward_s: Sequence[float],
                       num_micro_batches: int, schedule: str = "1f1b", vpp: int = 1,
-                      p2p_s: float | Sequence[float] = 0.0, record_events: bool = True) -> SimulationResult:
-    """Event-driven simulation of one iteration (see the module docstring for the model)."""
+                      p2p_s: float | Sequence[float] = 0.0, record_events: bool = True,
+                      chunk_shares: Sequence[Sequence[float]] | None = None) -> SimulationResult:
+    """Event-driven simulation of one iteration (see the module docstring for the model). ``chunk_shares``:
+    per stage, each chunk's share of the stage's forward and backward time (None: ``1/vpp`` each)."""
     f, b, c = _check(stage_forward_s, stage_backward_s, num_micro_batches, schedule, vpp, p2p_s)
+    shares = _check_shares(chunk_shares, len(f), vpp)
     if schedule == "interleaved" and vpp > 1 and num_micro_batches % len(f) != 0:
         raise ConfigError(f"the interleaved schedule needs the number of micro-batches "
                           f"({num_micro_batches}) to be a multiple of pp={len(f)}")
@@ -156,8 +186,11 @@ def simulate_pipeline(stage_forward_s: Sequence[float], stage_backward_s: Sequen
     end = [-1.0] * (2 * v * pp * m)
     free = [0.0] * pp
     ptr = [0] * pp
-    # per stage: duration and arrival delay of each kind of operation
-    duration = [(f[s] / v, b[s] / v, b[s] / v) for s in range(pp)]
+    # per stage: the duration of each kind of operation of each chunk, and the arrival delay of each kind
+    if shares is None:
+        duration = [[f[s] / v, b[s] / v, b[s] / v] * v for s in range(pp)]
+    else:
+        duration = [[x for w in shares[s] for x in (f[s] * w, b[s] * w, b[s] * w)] for s in range(pp)]
     delay = [(c[(s - 1) % pp], c[s], 0.0) for s in range(pp)]
     starts: list[list[float]] | None = [[] for _ in range(pp)] if record_events else None
     remaining = sum(len(p) for p in programs)
@@ -172,7 +205,7 @@ def simulate_pipeline(stage_forward_s: Sequence[float], stage_backward_s: Sequen
             dly = delay[s]
             first = i
             while i < n:
-                slot, dep, kind, _, _ = program[i]
+                slot, dep, kind, timing, _, _ = program[i]
                 if dep >= 0:
                     ready = end[dep]
                     if ready < 0.0:
@@ -182,7 +215,7 @@ def simulate_pipeline(stage_forward_s: Sequence[float], stage_backward_s: Sequen
                         t = ready
                 if starts is not None:
                     starts[s].append(t)
-                t += dur[kind]
+                t += dur[timing]
                 end[slot] = t
                 i += 1
             if i != first:
@@ -197,7 +230,7 @@ def simulate_pipeline(stage_forward_s: Sequence[float], stage_backward_s: Sequen
     events: list[PipelineEvent] = []
     if starts is not None:
         for s in range(pp):
-            for (slot, _, kind, chunk, j), start in zip(programs[s], starts[s]):
+            for (slot, _, kind, _, chunk, j), start in zip(programs[s], starts[s]):
                 finish = end[slot]
                 backward = kind != _FORWARD
                 events.append(PipelineEvent(s, j, "backward" if backward else "forward", start, finish, chunk))
@@ -231,21 +264,22 @@ def closed_form_time(forward_s: float, backward_s: float, pp: int, num_micro_bat
 
 
 def pipeline_time(stage_forward_s: Sequence[float], stage_backward_s: Sequence[float], num_micro_batches: int,
-                  schedule: str = "1f1b", vpp: int = 1,
-                  p2p_s: float | Sequence[float] = 0.0) -> tuple[float, float]:
+                  schedule: str = "1f1b", vpp: int = 1, p2p_s: float | Sequence[float] = 0.0,
+                  chunk_shares: Sequence[Sequence[float]] | None = None) -> tuple[float, float]:
     """``(iteration_time_s, bubble_s)`` of the pipeline part of an iteration.
 
     ``bubble_s`` is the time the busiest stage is not computing (fill, drain and waits on transfers):
-    ``iteration_time_s - m * max_s(f_s + b_s)``. Closed form where it is exact (uniform stages), the
-    event simulation otherwise.
+    ``iteration_time_s - m * max_s(f_s + b_s)``. Closed form where it is exact (uniform stages and
+    chunks), the event simulation otherwise.
     """
     f, b, c = _check(stage_forward_s, stage_backward_s, num_micro_batches, schedule, vpp, p2p_s)
     busiest = num_micro_batches * max(x + y for x, y in zip(f, b))
     pp = len(f)
     links = c[:-1] if schedule != "interleaved" else c
     total: float | None = None
-    if max(f) == min(f) and max(b) == min(b) and (not links or max(links) == min(links)):
+    if chunk_shares is None and max(f) == min(f) and max(b) == min(b) and (not links or max(links) == min(links)):
         total = closed_form_time(f[0], b[0], pp, num_micro_batches, schedule, vpp, links[0] if links else 0.0)
     if total is None:
-        total = simulate_pipeline(f, b, num_micro_batches, schedule, vpp, c, record_events=False).iteration_time_s
+        total = simulate_pipeline(f, b, num_micro_batches, schedule, vpp, c, record_events=False,
+                                  chunk_shares=chunk_shares).iteration_time_s
     return total, max(0.0, total - busiest)

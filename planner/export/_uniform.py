@@ -94,13 +94,6 @@ def check_no_tables(count: int, what: str, config: str, why: str) -> None:
                            f"{config} cannot express ({why}); use --format torchrec for the tables' sharding plan")
 
 
-def chunk_sizes(stage_layers: list[int], vpp: int) -> list[int]:
-    """The layers of each model chunk of an interleaved pipeline, in virtual-stage order (chunk v x pp + p is
-    the v-th of stage p, and the chunks follow one another through the model in that order): a stage's
-    ``stage_layers`` shared out over its ``vpp`` chunks as evenly as they go, the larger chunks first."""
-    return [n // vpp + (1 if v < n % vpp else 0) for v in range(vpp) for n in stage_layers]
-
-
 def pipeline_degree(plan: Plan) -> int:
     """Pipeline stages (``vpp`` model chunks each under an interleaved schedule)."""
     return len(plan.stages)

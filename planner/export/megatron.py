@@ -28,12 +28,12 @@ import logging
 import shlex
 
 from planner.errors import ConfigError, PlannerError
-from planner.export._uniform import (check_transformer_layers, chunk_sizes, framework_runtime, pipeline_degree,
+from planner.export._uniform import (check_transformer_layers, framework_runtime, pipeline_degree,
                                      refuse_gpipe, require_uniform, transformer_layers, uniform_cp, uniform_experts,
                                      warn_tf32)
 from planner.hardware.fp8 import DEFAULT_FP8_RECIPE, FP8, FP8_RECIPES
 from planner.plans import Plan, plan_recompute
-from planner.rules import check_numerics, check_schedule, check_vpp_shape
+from planner.rules import check_numerics, check_schedule, check_vpp_shape, chunk_sizes
 from planner.runtime import Runtime, get_runtime
 
 log = logging.getLogger(__name__)
@@ -291,7 +291,7 @@ def _split_args(stage_layers: list[int], vpp: int) -> list[str]:
     # Layout string: pp x vpp chunks separated by "|", virtual round after virtual round (chunk v*pp + p runs
     # on stage p); "E" the embedding (first chunk), "t" a transformer layer, "L" the loss (last chunk).
     # A stage's layers are shared out over its vpp chunks as evenly as they go, the larger chunks first
-    # (_uniform.chunk_sizes).
+    # (planner.rules.chunk_sizes).
     parts = ["t" * size for size in chunk_sizes(stage_layers, vpp)]
     parts[0] = "E" + parts[0]
     parts[-1] = parts[-1] + "L"

@@ -44,7 +44,7 @@ Every name comes from torchtitan at b5bcd76c:
   ``layers.N``, ``norm`` and ``lm_head`` (decoder.py:248-255; pipeline_parallel.py:387 and :456 list them
   so); ``module_fqns_per_model_part`` holds one list per model chunk in model order, chunk c on pipeline rank
   c mod pp (pipeline_parallel.py:88 takes the list as given, :559 assigns the chunks), so with vpp > 1 a
-  stage's blocks are shared out over its chunks as Megatron-LM's layout does (``_uniform.chunk_sizes``).
+  stage's blocks are shared out over its chunks as Megatron-LM's layout does (``planner.rules.chunk_sizes``).
 * Activation checkpointing: ``None`` (no recompute: parallelize.py:46), ``FullAC.Config()`` (the whole block,
   torchtitan/distributed/activation_checkpoint.py:166) and ``SelectiveAC.Config()`` (:185, the per-op policy
   that saves matrix products, attention and reduce-scatters but every second matrix product, :269: the
@@ -76,10 +76,11 @@ from typing import Any
 
 from planner.errors import PlannerError
 from planner.export import _uniform
-from planner.export._uniform import (check_transformer_layers, chunk_sizes, pipeline_degree, require_uniform,
+from planner.export._uniform import (check_transformer_layers, pipeline_degree, require_uniform,
                                      transformer_layers, uniform_cp, uniform_experts, warn_tf32)
 from planner.hardware.fp8 import DEFAULT_FP8_RECIPE, FP8
 from planner.plans import Plan, cluster_group, plan_recompute
+from planner.rules import chunk_sizes
 from planner.runtime import get_runtime
 
 log = logging.getLogger(__name__)
