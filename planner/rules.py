@@ -364,20 +364,30 @@ def valid_vpps(num_units: int, num_stages: int) -> list[int]:
     return [v for v in range(1, max(num_units, 1) + 1) if vpp_fits(num_units, num_stages, v)]
 
 
-def stage_chunks(units: int, vpp: int) -> list[int]:
+def stage_chunks(units: int, vpp: int, first_stage: bool = False) -> list[int]:
     """The units of each of a stage's ``vpp`` model chunks, first chunk first: its ``units`` shared out as
-    evenly as they go, the larger chunks first (a chunk may hold none, as Megatron-Core's
-    ``--pipeline-model-parallel-layout`` takes an empty virtual stage:
-    megatron/core/transformer/pipeline_parallel_layer_layout.py, ``pretty_repr``'s "(empty stage)")."""
-    return [units // vpp + (1 if v < units % vpp else 0) for v in range(vpp)]
+    evenly as they go, the larger chunks first, except on the first stage, the smaller first (its first chunk
+    also holds the embedding, as the last stage's last chunk holds the head and loss: Llama 3 405B's layout,
+    whose first chunk is only the embedding and last only the loss, Dubey et al. 2024, Sec. 3.3.2)."""
+    sizes = [units // vpp + (1 if v < units % vpp else 0) for v in range(vpp)]
+    return sizes[::-1] if first_stage else sizes
 
 
 def chunk_sizes(stage_units: list[int], vpp: int) -> list[int]:
     """The units of every model chunk of an interleaved pipeline, in virtual-stage order (chunk v x pp + p is
     the v-th of stage p, and the chunks follow one another through the model in that order), each stage's
     shared out by :func:`stage_chunks`."""
-    per_stage = [stage_chunks(n, vpp) for n in stage_units]
+    per_stage = [stage_chunks(n, vpp, s == 0) for s, n in enumerate(stage_units)]
     return [chunks[v] for v in range(vpp) for chunks in per_stage]
+
+
+def layout_vpp_limit(stage_units: Sequence[int]) -> int:
+    """The largest vpp at which every model chunk (:func:`stage_chunks`) holds a unit, but the first stage's
+    first chunk and the last stage's last chunk, which hold the embedding and the head (Megatron-Core's layout
+    takes an empty virtual stage, megatron/core/transformer/pipeline_parallel_layer_layout.py ``pretty_repr``'s
+    "(empty stage)"; torchtitan's pipeline split does not)."""
+    last = len(stage_units) - 1
+    return min(n + (s == 0) + (s == last) for s, n in enumerate(stage_units))
 
 
 def stage_blocks(num_units: int, pp: int, vpp: int, first: int | None, last: int | None,
@@ -389,10 +399,9 @@ def stage_blocks(num_units: int, pp: int, vpp: int, first: int | None, last: int
     megatron/core/transformer/transformer_layer.py gives each middle stage ``middle // middle_stages``
     layers). Interleaved, each stage's blocks are shared over its ``vpp`` chunks by :func:`stage_chunks`:
     whole chunks where every count divides by vpp (Megatron-Core's first/last options), otherwise a
-    pipeline layout (``--pipeline-model-parallel-layout``, as Llama 3 405B ran: first and last stage one
-    layer short, its first chunk only the embedding and the last only the loss, Dubey et al. 2024,
-    Sec. 3.3.2), so vpp may not exceed the largest stage's blocks. Every stage holds at least one block.
-    ConfigError names the flag and the nearest valid counts."""
+    pipeline layout (``--pipeline-model-parallel-layout``, as Llama 3 405B ran), with vpp at most
+    :func:`layout_vpp_limit`. Every stage holds at least one block. ConfigError names the flag and the
+    nearest valid counts."""
     if first is None and last is None:
         raise ValueError("stage_blocks: neither first nor last is set")
     if pp < 2:
@@ -418,9 +427,11 @@ def stage_blocks(num_units: int, pp: int, vpp: int, first: int | None, last: int
                           f"at least {unit}); {hint}")
     per = middle // middle_stages if middle_stages else 0
     counts = [first if first is not None else per, *[per] * (pp - 2), last if last is not None else per]
-    if vpp > max(counts):
-        raise ConfigError(f"{flag}vpp={vpp}: the largest stage holds {max(counts)} transformer layers, too few for "
-                          f"{vpp} model chunks; use vpp {max(counts)} or less")
+    limit = layout_vpp_limit(counts)
+    if vpp > limit:
+        raise ConfigError(f"{flag}vpp={vpp}: stages of {', '.join(map(str, sorted(set(counts))))} transformer "
+                          f"layers leave a model chunk without one (only the first chunk may hold just the embedding "
+                          f"and the last just the head); use vpp {limit} or less")
     return counts
 
 

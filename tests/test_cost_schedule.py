@@ -77,7 +77,8 @@ def test_chunk_shares_follow_the_units_each_chunk_holds():
 
     assert chunk_shares([8, 8, 8], 2) is None  # whole chunks: 1/vpp each
     assert chunk_shares([7, 8], 1) is None
-    assert chunk_shares([7, 8], 4) == ((2 / 7, 2 / 7, 2 / 7, 1 / 7), (0.25, 0.25, 0.25, 0.25))
+    # the first stage's smaller chunk first (beside the embedding), the others' larger first
+    assert chunk_shares([7, 8, 7], 4) == ((1 / 7, 2 / 7, 2 / 7, 2 / 7), (0.25,) * 4, (2 / 7, 2 / 7, 2 / 7, 1 / 7))
     assert chunk_shares([0, 3], 2) == ((0.5, 0.5), (2 / 3, 1 / 3))  # a stage of only the embedding: even
 
 

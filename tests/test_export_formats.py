@@ -266,10 +266,11 @@ def test_megatron_interleaved():
     assert options["--num-virtual-stages-per-pipeline-rank"] == ["2"]
     assert options["--pipeline-model-parallel-size"] == ["2"]
     assert "--pipeline-model-parallel-layout" not in options  # 8 blocks divide evenly into 2 x 2 chunks
-    # blocks 3, 3, 2 over 3 stages x 2 chunks: round 0 gets 2, 2, 1 and round 1 gets 1, 1, 1; the layout's
-    # 6 chunks give vpp 2, so no vpp option beside it (Megatron-LM refuses both)
+    # blocks 3, 3, 2 over 3 stages x 2 chunks: round 0 gets 1, 2, 1 and round 1 gets 2, 1, 1 (the first
+    # stage's smaller chunk first, beside the embedding); the layout's 6 chunks give vpp 2, so no vpp option
+    # beside it (Megatron-LM refuses both)
     options = parse_megatron(render(plan_samples.gpt_plan((4, 3, 3), vpp=2), "megatron"))
-    assert options["--pipeline-model-parallel-layout"] == ["Ett|tt|t|t|t|tL"]
+    assert options["--pipeline-model-parallel-layout"] == ["Et|tt|t|tt|t|tL"]
     assert "--num-virtual-stages-per-pipeline-rank" not in options
 
 
@@ -284,6 +285,15 @@ def test_megatron_interleaved_uneven_first_and_last():
     # an end stage of 3 blocks splits into no whole chunks at vpp 2: a layout instead
     options = parse_megatron(render(plan_samples.gpt_plan((4, 4, 4, 2), vpp=2), "megatron"))
     assert "--decoder-first-pipeline-num-layers" not in options and "--pipeline-model-parallel-layout" in options
+
+
+def test_megatron_writes_llama3_layout():
+    """Llama 3 405B's split in small (blocks 7, 8, 8, 7 at vpp 8): the first chunk only the embedding, the
+    last only the loss, one block in every other chunk; 30 blocks do not divide by vpp 8, which a layout
+    expresses (no vpp option beside it)."""
+    options = parse_megatron(render(plan_samples.gpt_plan((8, 8, 8, 8), vpp=8), "megatron"))
+    assert options["--pipeline-model-parallel-layout"] == ["E|" + "t|" * 30 + "L"]
+    assert "--num-virtual-stages-per-pipeline-rank" not in options
 
 
 @pytest.mark.parametrize("counts, vpp, layout", [((5, 4, 1), 1, "Etttt|tttt|L"), ((1, 5, 4), 1, "E|ttttt|tttL"),

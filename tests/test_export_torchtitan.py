@@ -142,15 +142,15 @@ def test_pipeline_1f1b_names_each_stages_modules():
 
 
 def test_interleaved_chunks_run_in_virtual_stage_order():
-    """Chunk k of stage s is virtual stage k x pp + s: with vpp 2 over blocks 3, 3, 2 the chunks hold 2, 2, 1 then
-    1, 1, 1 blocks, and torchtitan puts chunk c on rank c mod pp, so each stage keeps its own blocks, as
-    Megatron-LM's layout of the same plan does."""
+    """Chunk k of stage s is virtual stage k x pp + s: with vpp 2 over blocks 3, 3, 2 the chunks hold 1, 2, 1 then
+    2, 1, 1 blocks (the first stage's smaller chunk first, beside the embedding), and torchtitan puts chunk c on
+    rank c mod pp, so each stage keeps its own blocks, as Megatron-LM's layout of the same plan does."""
     plan = interleaved_plan()
     written = fields(plan)
     assert written["parallelism.pipeline_parallel_schedule"] == "Interleaved1F1B"
     chunks = written["parallelism.module_fqns_per_model_part"]
-    assert chunks == [["tok_embeddings", "layers.0", "layers.1"], ["layers.2", "layers.3"], ["layers.4"],
-                      ["layers.5"], ["layers.6"], ["layers.7", "norm", "lm_head"]]
+    assert chunks == [["tok_embeddings", "layers.0"], ["layers.1", "layers.2"], ["layers.3"],
+                      ["layers.4", "layers.5"], ["layers.6"], ["layers.7", "norm", "lm_head"]]
     for stage in range(3):
         held = sum(sum(name.startswith("layers.") for name in chunk) for chunk in chunks[stage::3])
         assert held == sum(kind == "block" for kind in plan.stages[stage].layer_kinds)

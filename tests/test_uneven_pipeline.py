@@ -10,7 +10,7 @@ from planner.cost import estimate, pipeline_time
 from planner.errors import ConfigError
 from planner.graph import import_model_proto
 from planner.hardware import load_cluster
-from planner.rules import chunk_sizes, stage_blocks, stage_chunks
+from planner.rules import chunk_sizes, layout_vpp_limit, stage_blocks, stage_chunks
 from planner.types import ParallelConfig
 
 
@@ -30,14 +30,18 @@ def test_stage_blocks_by_hand():
 def test_a_layout_shares_each_stage_over_its_chunks():
     assert stage_chunks(7, 8) == [1] * 7 + [0]
     assert stage_chunks(8, 3) == [3, 3, 2]  # the larger chunks first
+    assert stage_chunks(7, 8, first_stage=True) == [0] + [1] * 7  # the first chunk: only the embedding
     # virtual-stage order: the first chunk of every stage, then the second
-    assert chunk_sizes([3, 3, 2], 2) == [2, 2, 1, 1, 1, 1]
-    assert sum(chunk_sizes([7] + [8] * 14 + [7], 8)) == 126
+    assert chunk_sizes([3, 3, 2], 2) == [1, 2, 1, 2, 1, 1]
+    llama = chunk_sizes([7] + [8] * 14 + [7], 8)
+    assert sum(llama) == 126 and llama[0] == 0 and llama[-1] == 0 and all(llama[1:-1])
+    assert layout_vpp_limit([7] + [8] * 14 + [7]) == 8
+    assert layout_vpp_limit([10, 4, 4, 10]) == 4  # a middle chunk may not be empty
 
 
 @pytest.mark.parametrize("args, words", [
     ((126, 16, 1, 7, 8), "nearest valid first/last count"),  # 111 left for 14 stages
-    ((126, 16, 9, 7, 7), "too few for 9 model chunks; use vpp 8 or less"),
+    ((126, 16, 9, 7, 7), "leave a model chunk without one .* use vpp 8 or less"),
     ((24, 4, 4, 0, 8), "at least one transformer layer"),
     ((24, 4, 4, 4, 9), "must share them evenly"),
     ((10, 1, 1, 3, None), "pp >= 2"),
@@ -79,10 +83,13 @@ def test_estimate_interleaves_the_uneven_split_in_chunks_of_their_own_sizes():
     est = estimate(model, cluster, ParallelConfig(vpp=8, **base))
     f, b = [s.forward_s for s in est.stages], [s.backward_s for s in est.stages]
     p2p = [s.p2p_s for s in est.stages]
-    shares = ((1 / 7,) * 7 + (0.0,),) + ((1 / 8,) * 8,) * 14 + ((1 / 7,) * 7 + (0.0,),)
+    shares = ((0.0,) + (1 / 7,) * 7,) + ((1 / 8,) * 8,) * 14 + ((1 / 7,) * 7 + (0.0,),)
     layout = pipeline_time(f, b, 32, "interleaved", 8, p2p, shares)[0]
     assert layout != pipeline_time(f, b, 32, "interleaved", 8, p2p)[0]
     assert est.iteration_time_s == pytest.approx(layout + est.breakdown.optimizer_s, rel=1e-12)
+    assert any("pipeline layout" in note for note in est.notes)
+    assert not any("pipeline layout" in note for note in estimate(model, cluster, ParallelConfig(
+        vpp=1, **base)).notes)
     free = estimate(model, cluster, ParallelConfig(**base))
     assert free.config.vpp > 1 and free.iteration_time_s <= min(times.values())
     with pytest.raises(ConfigError, match="use vpp 8 or less"):

@@ -25,6 +25,7 @@ total.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 from dataclasses import dataclass, field, replace
@@ -573,6 +574,11 @@ def _to_estimate(work: _Work, result: _Result) -> Estimate:
     if work.recompute == "selective" and pl.runtime.selective_recomputes_nothing:
         notes += (f"recompute=selective under {pl.runtime.name}'s FlashAttention: no attention scores are kept, "
                   "so there is nothing to recompute; time and memory are those of recompute=none",)
+    if result.schedule == "interleaved" and chunk_shares(pl.stage_units, result.vpp) is not None:
+        runs = [(n, len(list(group))) for n, group in itertools.groupby(pl.stage_units)]
+        counts = ", ".join(f"{n} x {k}" if k > 1 else str(n) for n, k in runs)
+        notes += (f"vpp={result.vpp} on stages of {counts} pipeline units: each stage runs chunks of their own sizes "
+                  "(planner.rules.stage_chunks), a pipeline layout (Megatron-Core --pipeline-model-parallel-layout)",)
     iteration = result.iteration_s
     return Estimate(config=config, iteration_time_s=iteration,
                     throughput_samples_per_s=work.global_batch / iteration if iteration > 0 else 0.0,

@@ -78,7 +78,8 @@ def chunk_shares(stage_units: Sequence[int], vpp: int) -> tuple[tuple[float, ...
     equal chunks (each ``1/vpp``). A stage of no units (only an embedding or a head) splits evenly."""
     if vpp == 1 or all(n % vpp == 0 for n in stage_units):
         return None
-    return tuple(tuple(c / n for c in stage_chunks(n, vpp)) if n else (1.0 / vpp,) * vpp for n in stage_units)
+    return tuple(tuple(c / n for c in stage_chunks(n, vpp, s == 0)) if n else (1.0 / vpp,) * vpp
+                 for s, n in enumerate(stage_units))
 
 
 def _check_shares(shares: Sequence[Sequence[float]] | None, pp: int, vpp: int) -> list[list[float]] | None:

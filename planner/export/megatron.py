@@ -113,7 +113,7 @@ def megatron_args(plan: Plan) -> list[str]:
         raise PlannerError(f"plan: its stages hold {', '.join(map(str, stage_layers))} transformer layers, but "
                            f"{runtime.name} splits the layers evenly over the pipeline stages; re-plan with "
                            "--runtime megatron-core, whose layout options express the split")
-    _check_rules(plan, runtime, recompute, tp, pp, sum(stage_layers))
+    _check_rules(plan, runtime, recompute, tp, pp, stage_layers)
     check_optimizer(plan.optimizer, "plan")
     cp = uniform_cp(plan, "Megatron-LM")
     if cp > 1 and not runtime.context_parallel:
@@ -150,14 +150,15 @@ def _warn_fp32_on_transformer_engine(plan: Plan, runtime: Runtime) -> None:
                     "with --dtype tf32 costs those GEMMs as they run", runtime.name)
 
 
-def _check_rules(plan: Plan, runtime: Runtime, recompute: str, tp: int, pp: int, num_layers: int) -> None:
+def _check_rules(plan: Plan, runtime: Runtime, recompute: str, tp: int, pp: int, stage_layers: list[int]) -> None:
     """The rule book's verdict on what the options express (planner.rules: the schedule and vpp, the split
-    into whole chunks, recompute, sequence parallelism and dtype against the runtime), for a plan file
-    written by hand or before a rule."""
+    into chunks, whole ones where the runtime has no uneven pipeline and a layout's otherwise, recompute,
+    sequence parallelism and dtype against the runtime), for a plan file written by hand or before a rule."""
     try:
         check_schedule(plan.schedule, plan.vpp, pp, runtime)
-        if plan.vpp > 1:
-            check_vpp_shape(plan.vpp, pp, num_layers, None, runtime=runtime)
+        if plan.vpp > 1:  # a layout (uneven runtimes) takes chunks of any size, empty ones too
+            check_vpp_shape(plan.vpp, pp, sum(stage_layers), None, runtime=runtime,
+                            chunks_checked=runtime.uneven_pipeline)
         check_numerics(recompute, plan.optimizer, plan.dtype, plan.sequence_parallel, tp, runtime)
     except ConfigError as exc:
         raise PlannerError(f"plan: {exc}") from None
