@@ -42,6 +42,8 @@ This module imports nothing of the cost model or the search (both import it).
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
@@ -381,6 +383,25 @@ def chunk_sizes(stage_units: list[int], vpp: int) -> list[int]:
     return [chunks[v] for v in range(vpp) for chunks in per_stage]
 
 
+def layer_chunks(unit_flags: Sequence[bool], vpp: int, first_stage: bool = False) -> list[int]:
+    """The model chunk of each layer of one stage (``unit_flags``: which of its layers are pipeline units),
+    its units dealt out by :func:`stage_chunks`: a layer before the stage's first unit (the embedding) goes
+    with the first chunk, one after its last unit (the final norm and head) with the last chunk, any other
+    with the chunk of the unit before it (Megatron-Core's layout: "E" opens the first chunk, "L" closes the
+    last; torchtitan's split alike, planner.export.torchtitan)."""
+    sizes = stage_chunks(sum(map(bool, unit_flags)), vpp, first_stage)
+    ends = list(itertools.accumulate(sizes))
+    total = ends[-1] if ends else 0
+    chunks, seen = [], 0
+    for flag in unit_flags:
+        if flag:
+            seen += 1
+            chunks.append(bisect.bisect_left(ends, seen))
+        else:
+            chunks.append(0 if seen == 0 else vpp - 1 if seen == total else bisect.bisect_left(ends, seen))
+    return chunks
+
+
 def layout_vpp_limit(stage_units: Sequence[int]) -> int:
     """The largest vpp at which every model chunk (:func:`stage_chunks`) holds a unit, but the first stage's
     first chunk and the last stage's last chunk, which hold the embedding and the head (Megatron-Core's layout
@@ -467,18 +488,18 @@ def check_schedule(schedule: str | None, vpp: int | None, pp: int | None, runtim
 
 def check_vpp_shape(vpp: int, pp: int, num_units: int, num_micro_batches: int | None,
                     vpp_flag: str = "vpp=", pp_flag: str = "pp=", runtime: Runtime | None = None,
-                    chunks_checked: bool = False) -> None:
+                    layout: bool = False) -> None:
     """vpp > 1 on ``pp`` stages of a model of ``num_units`` units (``num_micro_batches`` None: not fixed); on a
-    ``runtime`` without an uneven pipeline, the same whole chunks on every stage. ``chunks_checked``: the
-    stages' layer counts are given and :func:`stage_blocks` has checked their chunks; only the micro-batches
-    are left."""
+    ``runtime`` without an uneven pipeline, the same whole chunks on every stage. ``layout``: the stages hold
+    counts of their own, shared over their chunks as a pipeline layout (checked by :func:`stage_blocks` where
+    the counts come from first/last pins), so no whole chunks are asked; only the micro-batches are left."""
     if vpp == 1:
         return
-    if not chunks_checked and not vpp_fits(num_units, pp, vpp):
+    if not layout and not vpp_fits(num_units, pp, vpp):
         raise ConfigError(f"{vpp_flag}{vpp}: {pp} stages of whole {vpp}-layer chunks need the model's {num_units} "
                           f"pipeline units (layers) to be a multiple of {vpp} and at least {pp * vpp}; nearest "
                           f"valid vpp: {nearest(vpp, valid_vpps(num_units, pp))}")
-    if not chunks_checked and runtime is not None and not runtime.uneven_pipeline \
+    if not layout and runtime is not None and not runtime.uneven_pipeline \
             and not even_split_fits(num_units, pp, vpp):
         valid = [v for v in valid_vpps(num_units, pp) if even_split_fits(num_units, pp, v)]
         raise ConfigError(f"{vpp_flag}{vpp}: the {runtime.name} runtime gives each of the {pp} stages the same "
@@ -702,7 +723,7 @@ def check_config(model: LayerGraph, cluster: Cluster, config: ParallelConfig) ->
     if config.vpp is not None:
         m = Batching.of(config).num_micro_batches if config.micro_batch else None
         # with first/last counts, stage_blocks has shared the layers out over the chunks
-        check_vpp_shape(config.vpp, pp, shape.num_units, m, runtime=runtime, chunks_checked=uneven)
+        check_vpp_shape(config.vpp, pp, shape.num_units, m, runtime=runtime, layout=uneven)
     if config.zero is not None:
         check_zero(config.zero, pp, runtime, tp=tp)
     check_numerics(config.recompute, config.optimizer, config.dtype, config.sequence_parallel, tp, runtime)

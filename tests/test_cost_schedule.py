@@ -72,16 +72,6 @@ def test_pipeline_time_simulates_unequal_stages():
 # ------------------------------------------------------------- chunks of their own sizes (a pipeline layout)
 
 
-def test_chunk_shares_follow_the_units_each_chunk_holds():
-    from planner.cost.schedule import chunk_shares
-
-    assert chunk_shares([8, 8, 8], 2) is None  # whole chunks: 1/vpp each
-    assert chunk_shares([7, 8], 1) is None
-    # the first stage's smaller chunk first (beside the embedding), the others' larger first
-    assert chunk_shares([7, 8, 7], 4) == ((1 / 7, 2 / 7, 2 / 7, 2 / 7), (0.25,) * 4, (2 / 7, 2 / 7, 2 / 7, 1 / 7))
-    assert chunk_shares([0, 3], 2) == ((0.5, 0.5), (2 / 3, 1 / 3))  # a stage of only the embedding: even
-
-
 def test_each_chunk_runs_its_share_of_the_stage():
     """Every operation of chunk c on stage s lasts the stage's time times that chunk's share; with shares of
     1/vpp the simulation is the one without shares."""
@@ -92,6 +82,11 @@ def test_each_chunk_runs_its_share_of_the_stage():
         if e.kind != "send":
             time = (f if e.kind == "forward" else b)[e.stage] * shares[e.stage][e.chunk]
             assert e.end_s - e.start_s == pytest.approx(time)
+    # a forward of virtual stage v (chunk c of stage s: v = c x pp + s) starts after v - 1's ends
+    forward_end = {(e.chunk * 3 + e.stage, e.micro_batch): e.end_s for e in sim.events if e.kind == "forward"}
+    for (v, j), end in forward_end.items():
+        start = end - f[v % 3] * shares[v % 3][v // 3]
+        assert v == 0 or start >= forward_end[(v - 1, j)] - 1e-12
     assert sim.stage_busy_s == tuple(m * (x + y) for x, y in zip(f, b))
     assert sim.iteration_time_s >= m * max(x + y for x, y in zip(f, b))
     even = simulate_pipeline(f, b, m, "interleaved", vpp, p2p_s=0.1, chunk_shares=[(0.5, 0.5)] * 3)

@@ -3,6 +3,7 @@ stages even), by hand: the rule book's counts and refusals, and estimate's stage
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from planner.builders import build
@@ -10,7 +11,7 @@ from planner.cost import estimate, pipeline_time
 from planner.errors import ConfigError
 from planner.graph import import_model_proto
 from planner.hardware import load_cluster
-from planner.rules import chunk_sizes, layout_vpp_limit, stage_blocks, stage_chunks
+from planner.rules import chunk_sizes, layer_chunks, layout_vpp_limit, stage_blocks, stage_chunks
 from planner.types import ParallelConfig
 
 
@@ -37,6 +38,18 @@ def test_a_layout_shares_each_stage_over_its_chunks():
     assert sum(llama) == 126 and llama[0] == 0 and llama[-1] == 0 and all(llama[1:-1])
     assert layout_vpp_limit([7] + [8] * 14 + [7]) == 8
     assert layout_vpp_limit([10, 4, 4, 10]) == 4  # a middle chunk may not be empty
+    # the embedding with the first chunk, the final norm and head with the last, even when they hold no block
+    assert layer_chunks([False] + [True] * 7, 8, first_stage=True) == list(range(8))
+    assert layer_chunks([True] * 7 + [False, False], 8) == [0, 1, 2, 3, 4, 5, 6, 7, 7]
+    assert layer_chunks([False, True, True, True, False], 2, first_stage=True) == [0, 0, 1, 1, 1]
+    assert layer_chunks([True] * 8, 3) == [0, 0, 0, 1, 1, 1, 2, 2]
+    # the chunks' blocks are the exporters' chunk sizes, in virtual-stage order
+    units = [7, 8, 8, 7]
+    flags = [[False] + [True] * 7, [True] * 8, [True] * 8, [True] * 7 + [False, False]]
+    for v in (2, 3, 8):
+        held = [[sum(1 for c, f in zip(layer_chunks(fl, v, s == 0), fl) if f and c == k) for k in range(v)]
+                for s, fl in enumerate(flags)]
+        assert [held[s][k] for k in range(v) for s in range(4)] == chunk_sizes(units, v)
 
 
 @pytest.mark.parametrize("args, words", [
@@ -68,6 +81,19 @@ def test_estimate_places_the_uneven_split():
     assert kinds[0] != "block" and kinds[-1] != "block"  # the embedding and the head sit on the end stages
 
 
+def _layout_pipeline(est) -> tuple[float, list[tuple[float, ...]]]:
+    """The pipeline time of a 7, 8 x 14, 7 split at vpp 8 from the estimate's stage times, each chunk
+    taking its layers' share (a block's time from a middle stage; the end stages' rest is the embedding or
+    the head), and those shares."""
+    f = np.array([s.forward_s for s in est.stages])
+    b = np.array([s.backward_s for s in est.stages])
+    block = (f[1] + b[1]) / 8
+    first, last = f[0] + b[0], f[-1] + b[-1]
+    shares = [((first - 7 * block) / first,) + (block / first,) * 7] + [(1 / 8,) * 8] * 14 + \
+        [(block / last,) * 7 + ((last - 7 * block) / last,)]
+    return pipeline_time(f, b, 32, "interleaved", 8, [s.p2p_s for s in est.stages], shares)[0], shares
+
+
 def test_estimate_interleaves_the_uneven_split_in_chunks_of_their_own_sizes():
     """Llama 3 405B's split (stages of 7, 8, ..., 8, 7 blocks) runs interleaved under a layout: vpp 8 is
     accepted (the end stages each have one chunk without a block), the chunks' times follow their blocks, a
@@ -79,14 +105,12 @@ def test_estimate_interleaves_the_uneven_split_in_chunks_of_their_own_sizes():
                 first_stage_layers=7, last_stage_layers=7)
     times = {v: estimate(model, cluster, ParallelConfig(vpp=v, **base)).iteration_time_s for v in (1, 2, 4, 8)}
     assert times[8] < times[4] < times[2] < times[1]  # the bubble shrinks with vpp, as on whole chunks
-    # the pipeline is the stages' times run in chunks of 1/7 (end stages, and one empty chunk) and 1/8
+    # the pipeline runs each chunk's own layers: the first stage's first chunk only the embedding, the last
+    # stage's last chunk only the final norm and head, every other chunk one block (blocks time alike)
     est = estimate(model, cluster, ParallelConfig(vpp=8, **base))
-    f, b = [s.forward_s for s in est.stages], [s.backward_s for s in est.stages]
-    p2p = [s.p2p_s for s in est.stages]
-    shares = ((0.0,) + (1 / 7,) * 7,) + ((1 / 8,) * 8,) * 14 + ((1 / 7,) * 7 + (0.0,),)
-    layout = pipeline_time(f, b, 32, "interleaved", 8, p2p, shares)[0]
-    assert layout != pipeline_time(f, b, 32, "interleaved", 8, p2p)[0]
-    assert est.iteration_time_s == pytest.approx(layout + est.breakdown.optimizer_s, rel=1e-12)
+    pipe, shares = _layout_pipeline(est)
+    assert shares[0][0] < shares[0][1] and shares[-1][-1] != shares[-1][0]
+    assert est.iteration_time_s == pytest.approx(pipe + est.breakdown.optimizer_s, rel=1e-12)
     assert any("pipeline layout" in note for note in est.notes)
     assert not any("pipeline layout" in note for note in estimate(model, cluster, ParallelConfig(
         vpp=1, **base)).notes)
@@ -94,6 +118,24 @@ def test_estimate_interleaves_the_uneven_split_in_chunks_of_their_own_sizes():
     assert free.config.vpp > 1 and free.iteration_time_s <= min(times.values())
     with pytest.raises(ConfigError, match="use vpp 8 or less"):
         estimate(model, cluster, ParallelConfig(vpp=9, **base))
+
+
+def test_a_layout_stage_synchronises_after_its_first_chunk_drains():
+    """With dp 2 each stage all-reduces its gradients after its own last backward, its first chunk's; the
+    iteration ends at the latest stage's pipeline end (less the backward still draining through the stages
+    before it: each one's first chunk and the transfer) plus its sync and step."""
+    proto = build("llama", {"layers": 126, "hidden": 256, "heads": 4, "vocab": 1024, "seq_len": 256})
+    model = import_model_proto(proto, {"batch": 1, "seq": 256}, name="narrow-126")
+    config = ParallelConfig(global_batch=64, tp=1, pp=16, dp=2, micro_batch=1, recompute="none", zero=0, vpp=8,
+                            first_stage_layers=7, last_stage_layers=7)
+    est = estimate(model, load_cluster("dgx-h100*4"), config)
+    pipe, shares = _layout_pipeline(est)
+    b = np.array([s.backward_s for s in est.stages])
+    p2p = np.array([s.p2p_s for s in est.stages])
+    drained = np.concatenate(([0.0], np.cumsum(b * np.array([row[0] for row in shares]) + p2p)[:-1]))
+    ends = pipe - drained + np.array([s.dp_sync_s + s.optimizer_s for s in est.stages])
+    assert int(np.argmax(ends)) > 0  # a later stage, not the first, ends the iteration
+    assert est.iteration_time_s == pytest.approx(max(pipe, float(ends.max())), rel=1e-12)
 
 
 def test_estimate_cli_takes_the_first_and_last_counts(tmp_path, capsys):

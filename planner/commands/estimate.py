@@ -27,10 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "--cluster instead of a configuration: what the same plan takes on another profile of "
                              "the devices or the network; replaces --global-batch and the configuration flags")
     add_config_flags(parser)
-    for end in ("first", "last"):  # Megatron-Core's uneven pipeline (planner.rules.stage_blocks)
+    for end in ("first", "last"):  # an uneven pipeline (planner.rules.stage_blocks)
         parser.add_argument(f"--{end}-stage-layers", type=positive_int,
                             help=f"transformer layers of the {end} pipeline stage (Megatron-Core's "
-                                 f"--decoder-{end}-pipeline-num-layers; the middle stages share the rest evenly)")
+                                 f"--decoder-{end}-pipeline-num-layers; the middle stages share the rest evenly; "
+                                 "with a vpp that does not divide the counts, a pipeline layout)")
     add_solver_flags(parser, dense=False)
     add_json_flag(parser)
 

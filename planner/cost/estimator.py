@@ -44,15 +44,15 @@ from planner.cost.moe import ep_group_devices, expert_dp_devices, resolved_exper
 from planner.cost.memory import (dtype_bytes, gradient_reduce_bytes, memory_terms, micro_batches_in_flight,
                                  stage_tied_params)
 from planner.cost.optimizer import optimizer_time_s
-from planner.cost.schedule import SCHEDULES, chunk_shares, pipeline_time
+from planner.cost.schedule import SCHEDULES, pipeline_time
 from planner.errors import ConfigError
 from planner.hardware.cluster import locate
 from planner.hardware.efficiency import resolve_dtype
 from planner.hardware.fp8 import base_dtype, cost_dtype, recipe_name, resolve_fp8_recipe
 from planner.hardware.collectives import CommGroup, p2p_time_s
 from planner.rules import (TIE_TOLERANCE, ModelShape, check_config, divisors, ep_values, even_split_fits,
-                           expert_tp_values, micro_batch_choices, pipeline_units, recompute_choices, simplicity_key,
-                           stage_blocks, tp_zero_fits, vpp_fits, zero_stages)
+                           expert_tp_values, layer_chunks, micro_batch_choices, pipeline_units, recompute_choices,
+                           simplicity_key, stage_blocks, tp_zero_fits, vpp_fits, zero_stages)
 from planner.runtime import Runtime, get_runtime
 from planner.types import (Batching, Breakdown, Cluster, Estimate, LayerGraph, MemoryBreakdown, NodeProfile,
                            ParallelConfig, PipelineSpec, ReplicaEstimate, ReplicaSpec, StageEstimate, StageSpec)
@@ -158,7 +158,9 @@ class _Placement:
     expert_params: np.ndarray | float = 0.0
     row_expert_dp: np.ndarray | float = 1.0
     has_experts: bool = False  # the model has mixture-of-experts layers
-    stage_units: tuple[int, ...] = ()  # per stage, its pipeline units (planner.rules.pipeline_units)
+    # per stage, which of its layers are pipeline units (planner.rules.pipeline_units), and how many
+    stage_unit_flags: tuple[tuple[bool, ...], ...] = ()
+    stage_units: tuple[int, ...] = ()
 
 
 def _expert_groups(model: LayerGraph, cluster: Cluster, r: ReplicaSpec, cal: DeviceCalibration, ep: int,
@@ -244,6 +246,7 @@ def _placement(model: LayerGraph, cluster: Cluster, stages: tuple[StageSpec, ...
                                                 runtime, p_expert[i], row_edp[i], pipelined)
                                for i in range(len(rows))]))
     tied = _tied_sync_rows(model, cluster, stages, rows, row_stage, cals, dtype, runtime)
+    unit_flags = tuple(_unit_flags(model, stage.first_layer, stage.last_layer) for stage in stages)
     return _Placement(
         stages=stages, rows=tuple(rows), nodes=tuple(nodes), cals=tuple(cals), row_stage=np.array(row_stage),
         single=len(rows) == len(stages), stage_dp=tuple(stage_dp), stage_replicas=tuple(stage_replicas),
@@ -254,15 +257,30 @@ def _placement(model: LayerGraph, cluster: Cluster, stages: tuple[StageSpec, ...
         optimizer=optimizer, dtype=dtype, runtime=runtime, experts=tuple(experts), expert_params=p_expert,
         row_expert_dp=np.array(row_edp, dtype=float),
         has_experts=any(layer.moe is not None for layer in model.layers),
-        stage_units=tuple(_units_in(model, stage.first_layer, stage.last_layer) for stage in stages))
+        stage_unit_flags=unit_flags, stage_units=tuple(sum(f) for f in unit_flags))
 
 
-def _units_in(model: LayerGraph, first: int, last: int) -> int:
-    """The pipeline units (planner.rules.pipeline_units) among layers ``first``..``last``."""
-    layers = model.layers[first:last + 1]
-    if any(layer.kind == "block" for layer in model.layers):
-        return sum(1 for layer in layers if layer.kind == "block")
-    return len(layers)
+def _unit_flags(model: LayerGraph, first: int, last: int) -> tuple[bool, ...]:
+    """Which of layers ``first``..``last`` are pipeline units (planner.rules.pipeline_units)."""
+    blocks = any(layer.kind == "block" for layer in model.layers)
+    return tuple(layer.kind == "block" or not blocks for layer in model.layers[first:last + 1])
+
+
+def _chunk_shares(pl: _Placement, work: _Work, pick: np.ndarray, vpp: int) -> tuple[tuple[float, ...], ...] | None:
+    """Each stage's share of its time per model chunk where some stage's units do not split into ``vpp``
+    equal chunks (a pipeline layout): the forward and backward time of the layers each chunk holds
+    (planner.rules.layer_chunks: the embedding in the first chunk, the head in the last), on the stage's
+    slowest replica group (``pick``). None where every stage's chunks are whole: each then takes 1/vpp, the
+    share the search's bound assumes (the embedding and head spread over their stage's chunks)."""
+    if all(n % vpp == 0 for n in pl.stage_units):
+        return None
+    shares = []
+    for s, flags in enumerate(pl.stage_unit_flags):
+        times = work.layer_forward_s[pick[s], :len(flags)] + work.layer_backward_s[pick[s], :len(flags)]
+        total = float(times.sum())
+        per_chunk = np.bincount(layer_chunks(flags, vpp, s == 0), weights=times, minlength=vpp)
+        shares.append(tuple(float(x) / total for x in per_chunk) if total > 0 else (1.0 / vpp,) * vpp)
+    return tuple(shares)
 
 
 def _tied_sync_rows(model: LayerGraph, cluster: Cluster, stages: tuple[StageSpec, ...], rows: list[ReplicaSpec],
@@ -452,7 +470,7 @@ def _evaluate(work: _Work, schedule: str, vpp: int, zero: int, exact: bool,
     stage_z3 = ((f - work.forward_s) + (b - work.backward_s))[pick] * load[pick]
     p2p = work.p2p_s
     # a stage whose units do not split into vpp equal chunks runs chunks of their own sizes (a layout)
-    shares = chunk_shares(pl.stage_units, vpp) if schedule == "interleaved" else None
+    shares = _chunk_shares(pl, work, pick, vpp) if schedule == "interleaved" else None
     key = (id(work), schedule, vpp, zero if zero >= 2 else 0, exact)
     pipeline = pipelines.get(key) if pipelines is not None else None
     if pipeline is None:
@@ -574,11 +592,12 @@ def _to_estimate(work: _Work, result: _Result) -> Estimate:
     if work.recompute == "selective" and pl.runtime.selective_recomputes_nothing:
         notes += (f"recompute=selective under {pl.runtime.name}'s FlashAttention: no attention scores are kept, "
                   "so there is nothing to recompute; time and memory are those of recompute=none",)
-    if result.schedule == "interleaved" and chunk_shares(pl.stage_units, result.vpp) is not None:
+    if result.schedule == "interleaved" and any(n % result.vpp for n in pl.stage_units):
         runs = [(n, len(list(group))) for n, group in itertools.groupby(pl.stage_units)]
         counts = ", ".join(f"{n} x {k}" if k > 1 else str(n) for n, k in runs)
         notes += (f"vpp={result.vpp} on stages of {counts} pipeline units: each stage runs chunks of their own sizes "
-                  "(planner.rules.stage_chunks), a pipeline layout (Megatron-Core --pipeline-model-parallel-layout)",)
+                  "(planner.rules.layer_chunks), a pipeline layout (Megatron-Core --pipeline-model-parallel-layout, "
+                  "torchtitan module_fqns_per_model_part)",)
     iteration = result.iteration_s
     return Estimate(config=config, iteration_time_s=iteration,
                     throughput_samples_per_s=work.global_batch / iteration if iteration > 0 else 0.0,
@@ -612,7 +631,8 @@ def balanced_split(model: LayerGraph, pp: int, vpp: int = 1, first_blocks: int |
     split take one more), layers before the first block on stage 0, the rest with the block before them.
     With ``vpp`` > 1 the blocks are dealt out in whole ``vpp``-block chunks, so every stage holds a multiple
     of vpp (Megatron's pipeline layout where the chunks do not split evenly). ``first_blocks`` /
-    ``last_blocks``: Megatron-Core's uneven pipeline (:func:`planner.rules.stage_blocks`)."""
+    ``last_blocks``: an uneven pipeline (:func:`planner.rules.stage_blocks`), whose stages need not hold whole
+    chunks."""
     n = len(model.layers)
     blocks = [i for i, layer in enumerate(model.layers) if layer.kind == "block"] or list(range(n))
     per, extra = divmod(len(blocks) // vpp, pp)

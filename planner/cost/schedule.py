@@ -15,8 +15,8 @@ Model of one iteration (all times per micro-batch and per pipeline stage, as the
   not on the stage's compute, and do not queue behind each other (each boundary sends at most one tensor
   per forward-backward period in the steady state).
 * With ``vpp`` chunks per device, each chunk takes ``1/vpp`` of the stage's forward and backward time, or,
-  given ``chunk_shares``, its own share of them (a stage whose layers do not split into equal chunks:
-  :func:`planner.rules.stage_chunks`).
+  given ``chunk_shares``, its own share of them (a pipeline layout, whose chunks hold layers of their own:
+  ``planner.rules.layer_chunks``).
 
 ``simulate_pipeline`` computes the exact iteration time of that model for any stage times (unequal stages,
 as on mixed hardware, too). ``closed_form_time`` gives the textbook formulas, exact for uniform stages:
@@ -38,7 +38,7 @@ from typing import Sequence
 import numpy as np
 
 from planner.errors import ConfigError
-from planner.rules import SCHEDULES, stage_chunks
+from planner.rules import SCHEDULES
 
 
 @dataclass(frozen=True)
@@ -70,16 +70,6 @@ def _as_array(values: float | Sequence[float], length: int, what: str) -> list[f
     if np.any(array < 0) or not np.all(np.isfinite(array)):
         raise ConfigError(f"{what}: times must be finite and non-negative")
     return [float(x) for x in array]
-
-
-def chunk_shares(stage_units: Sequence[int], vpp: int) -> tuple[tuple[float, ...], ...] | None:
-    """Each stage's share of its time per model chunk, in proportion to the pipeline units (transformer
-    blocks) the chunk holds (:func:`planner.rules.stage_chunks`); None where every stage splits into ``vpp``
-    equal chunks (each ``1/vpp``). A stage of no units (only an embedding or a head) splits evenly."""
-    if vpp == 1 or all(n % vpp == 0 for n in stage_units):
-        return None
-    return tuple(tuple(c / n for c in stage_chunks(n, vpp, s == 0)) if n else (1.0 / vpp,) * vpp
-                 for s, n in enumerate(stage_units))
 
 
 def _check_shares(shares: Sequence[Sequence[float]] | None, pp: int, vpp: int) -> list[list[float]] | None:

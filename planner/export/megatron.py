@@ -157,8 +157,7 @@ def _check_rules(plan: Plan, runtime: Runtime, recompute: str, tp: int, pp: int,
     try:
         check_schedule(plan.schedule, plan.vpp, pp, runtime)
         if plan.vpp > 1:  # a layout (uneven runtimes) takes chunks of any size, empty ones too
-            check_vpp_shape(plan.vpp, pp, sum(stage_layers), None, runtime=runtime,
-                            chunks_checked=runtime.uneven_pipeline)
+            check_vpp_shape(plan.vpp, pp, sum(stage_layers), None, runtime=runtime, layout=runtime.uneven_pipeline)
         check_numerics(recompute, plan.optimizer, plan.dtype, plan.sequence_parallel, tp, runtime)
     except ConfigError as exc:
         raise PlannerError(f"plan: {exc}") from None
@@ -291,8 +290,7 @@ def _split_args(stage_layers: list[int], vpp: int) -> list[str]:
             return args
     # Layout string: pp x vpp chunks separated by "|", virtual round after virtual round (chunk v*pp + p runs
     # on stage p); "E" the embedding (first chunk), "t" a transformer layer, "L" the loss (last chunk).
-    # A stage's layers are shared out over its vpp chunks as evenly as they go, the larger chunks first
-    # (planner.rules.chunk_sizes).
+    # A stage's layers are shared out over its vpp chunks as evenly as they go (planner.rules.chunk_sizes).
     parts = ["t" * size for size in chunk_sizes(stage_layers, vpp)]
     parts[0] = "E" + parts[0]
     parts[-1] = parts[-1] + "L"
