@@ -67,6 +67,13 @@ class Runtime:
     # Megatron-Core's validate_args (megatron/training/arguments.py) asks for more than 2 only with
     # --no-overlap-p2p-communication, its default being the overlap, which runs on 2
     interleaved_min_stages: int = 2
+    # the interleaved schedule with as many micro-batches as stages runs every forward before any backward:
+    # Megatron-LM v2.5 megatron/schedules.py (forward_backward_pipelining_with_interleaving, "Run all forward
+    # passes and then all backward passes if number of microbatches is just the number of pipeline stages");
+    # False: the warm-up of 2 (pp - rank - 1) + (vpp - 1) pp chunks in every case, capped at all of them
+    # (Megatron-Core get_pp_rank_microbatches, megatron/core/pipeline_parallel/schedules.py at d98e8a64dd;
+    # torch.distributed.pipelining ScheduleInterleaved1F1B, _get_warmup_ops, torch 2.13)
+    interleaved_all_forwards_at_pp: bool = False
     # the lowest ZeRO stage whose gradient reduction overlaps the backward (``overlap_grad_reduce``); below
     # it the runtime reduces after the backward pass
     overlap_grad_reduce_min_zero: int = 0
@@ -235,7 +242,7 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
         zero_stages=(0,), max_pipeline_zero=0, interleaved=True, tensor_parallel=True, pipeline_parallel=True,
         recompute_choices=("none", "full"), sequence_parallel=False, moe_layers=False, uneven_pipeline=False,
         grad_reduce_bytes=4, native_grad_dtypes=("fp16",), p2p_scatter_gather=True, interleaved_min_stages=3,
-        fp8=False),
+        interleaved_all_forwards_at_pp=True, fp8=False),
     Runtime(
         name="megatron-core",
         description="Megatron-Core with Transformer Engine: distributed optimizer (ZeRO-1), overlapped "

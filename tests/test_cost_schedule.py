@@ -99,3 +99,48 @@ def test_each_chunk_runs_its_share_of_the_stage():
 def test_chunk_shares_are_checked(shares, words):
     with pytest.raises(ConfigError, match=words):
         simulate_pipeline([1.0, 1.0], [2.0, 2.0], 2, "interleaved", 2, chunk_shares=shares)
+
+
+# --------------------------------------------------- the interleaved warm-up of each runtime at m = pp
+
+
+def test_interleaved_warmup_by_hand():
+    """2 (pp - stage - 1) + (vpp - 1) pp chunks, capped at all m vpp; every chunk at m = pp where the runtime
+    runs all forwards first (Megatron-LM v2.5)."""
+    from planner.cost.schedule import interleaved_warmup
+
+    assert [interleaved_warmup(s, 4, 4, 2) for s in range(4)] == [8, 8, 6, 4]
+    assert [interleaved_warmup(s, 4, 4, 2, all_forwards_at_pp=True) for s in range(4)] == [8] * 4
+    assert [interleaved_warmup(s, 4, 8, 2, all_forwards_at_pp=True) for s in range(4)] == [10, 8, 6, 4]
+
+
+def test_all_forwards_first_only_where_the_runtime_says():
+    """At m = pp the last stage starts backwards after its warm-up under Megatron-Core's rule, and after
+    every forward under Megatron-LM v2.5's; memory counts the chunks each holds."""
+    from planner.cost import micro_batches_in_flight
+
+    f, b, m, vpp = [1.0] * 4, [2.0] * 4, 4, 2
+    for everything in (False, True):
+        sim = simulate_pipeline(f, b, m, "interleaved", vpp, all_forwards_at_pp=everything)
+        last = sorted((e for e in sim.events if e.stage == 3 and e.kind != "send"), key=lambda e: e.start_s)
+        first_backward = next(i for i, e in enumerate(last) if e.kind == "backward")
+        assert first_backward == (m * vpp if everything else 4 + 1)  # its warm-up, then a forward-backward pair
+        assert micro_batches_in_flight(3, 4, m, "interleaved", vpp, everything) == (4.0 if everything else 2.5)
+
+
+def test_the_estimate_holds_the_runtimes_warmup():
+    """The last stage's activations at m = pp under megatron-core: its 4 + 1 chunks of 2 in flight, 2.5 times
+    what 1F1B's one micro-batch holds."""
+    from planner.builders import build
+    from planner.cost import estimate
+    from planner.graph import import_model_proto
+    from planner.hardware import load_cluster
+    from planner.types import ParallelConfig
+
+    proto = build("gpt", {"layers": 8, "hidden": 256, "heads": 4, "vocab": 1024, "seq_len": 256})
+    model = import_model_proto(proto, {"batch": 1, "seq": 256}, name="gpt-8")
+    cluster = load_cluster("dgx-h100*1")
+    base = dict(global_batch=4, tp=1, pp=4, dp=1, micro_batch=1, recompute="none", zero=0, runtime="megatron-core")
+    inter = estimate(model, cluster, ParallelConfig(vpp=2, **base)).stages[-1].memory.activations_bytes
+    plain = estimate(model, cluster, ParallelConfig(vpp=1, **base)).stages[-1].memory.activations_bytes
+    assert inter == pytest.approx(2.5 * plain, rel=1e-9)

@@ -423,8 +423,8 @@ def _per_stage_max(values: np.ndarray, row_stage: np.ndarray, pp: int) -> np.nda
 
 
 @lru_cache(maxsize=4096)
-def _in_flight(pp: int, m: int, schedule: str, vpp: int) -> np.ndarray:
-    return np.array([micro_batches_in_flight(s, pp, m, schedule, vpp) for s in range(pp)])
+def _in_flight(pp: int, m: int, schedule: str, vpp: int, all_forwards_at_pp: bool) -> np.ndarray:
+    return np.array([micro_batches_in_flight(s, pp, m, schedule, vpp, all_forwards_at_pp) for s in range(pp)])
 
 
 def _approximate_pipeline(f: np.ndarray, b: np.ndarray, m: int, vpp: int, p2p: np.ndarray, schedule: str) -> float:
@@ -475,7 +475,8 @@ def _evaluate(work: _Work, schedule: str, vpp: int, zero: int, exact: bool,
     pipeline = pipelines.get(key) if pipelines is not None else None
     if pipeline is None:
         if exact:
-            pipeline, _ = pipeline_time(stage_f, stage_b, m, schedule, vpp, p2p, shares)
+            pipeline, _ = pipeline_time(stage_f, stage_b, m, schedule, vpp, p2p, shares,
+                                        rt.interleaved_all_forwards_at_pp)
         else:
             pipeline = _approximate_pipeline(stage_f, stage_b, m, vpp, p2p, schedule)
         if pipelines is not None:
@@ -502,7 +503,8 @@ def _evaluate(work: _Work, schedule: str, vpp: int, zero: int, exact: bool,
         critical_sync = max(0.0, float(stage_sync[crit] - drained[crit]))
         critical_opt = iteration - pipeline - critical_sync
     # memory
-    flight = np.minimum(_in_flight(pp, m, schedule, vpp)[pl.row_stage], np.ceil(work.row_micro_batches - 1e-9))
+    flight = np.minimum(_in_flight(pp, m, schedule, vpp, rt.interleaved_all_forwards_at_pp)[pl.row_stage],
+                        np.ceil(work.row_micro_batches - 1e-9))
     transient = work.transient_bytes
     if zero == 3 and not sync.grad_once:  # the layer gathered and the ones prefetched (deferred: held whole)
         transient = transient + (1.0 + rt.zero3_prefetch_layers) * pl.largest_layer_params * dtype_bytes(pl.dtype)

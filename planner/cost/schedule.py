@@ -103,9 +103,21 @@ def _check(forward: Sequence[float], backward: Sequence[float], num_micro_batche
     return f, b, c
 
 
+def interleaved_warmup(stage: int, pp: int, num_micro_batches: int, vpp: int,
+                       all_forwards_at_pp: bool = False) -> int:
+    """Model-chunk forwards ``stage`` runs before its first backward under the interleaved schedule:
+    ``2 (pp - stage - 1) + (vpp - 1) pp``, at most all ``m vpp`` of them; every one where
+    ``all_forwards_at_pp`` and ``m = pp`` (``planner.runtime.Runtime.interleaved_all_forwards_at_pp``)."""
+    total = num_micro_batches * vpp
+    if all_forwards_at_pp and num_micro_batches == pp:
+        return total
+    return min(2 * (pp - stage - 1) + (vpp - 1) * pp, total)
+
+
 def operation_order(stage: int, pp: int, num_micro_batches: int, schedule: str,
-                    vpp: int = 1) -> list[tuple[bool, int, int]]:
-    """The order in which ``stage`` runs its operations: ``(is_backward, chunk, micro_batch)``."""
+                    vpp: int = 1, all_forwards_at_pp: bool = False) -> list[tuple[bool, int, int]]:
+    """The order in which ``stage`` runs its operations: ``(is_backward, chunk, micro_batch)``
+    (``all_forwards_at_pp``: :func:`interleaved_warmup`)."""
     m = num_micro_batches
     if schedule == "gpipe":
         return [(False, 0, j) for j in range(m)] + [(True, 0, j) for j in range(m)]
@@ -122,7 +134,7 @@ def operation_order(stage: int, pp: int, num_micro_batches: int, schedule: str,
     group = pp * vpp
     forwards = [(False, (k // pp) % vpp, (k // group) * pp + k % pp) for k in range(total)]
     backwards = [(True, vpp - 1 - (k // pp) % vpp, (k // group) * pp + k % pp) for k in range(total)]
-    warmup = total if m == pp else min((pp - stage - 1) * 2 + (vpp - 1) * pp, total)
+    warmup = interleaved_warmup(stage, pp, m, vpp, all_forwards_at_pp)
     order = forwards[:warmup]
     for i in range(total - warmup):
         order.append(forwards[warmup + i])
@@ -136,7 +148,7 @@ _FORWARD, _BACKWARD, _LAST_BACKWARD = 0, 1, 2
 
 
 @lru_cache(maxsize=64)
-def _program(pp: int, m: int, schedule: str, vpp: int
+def _program(pp: int, m: int, schedule: str, vpp: int, all_forwards_at_pp: bool
              ) -> tuple[tuple[tuple[int, int, int, int, int, int], ...], ...]:
     """Per stage, its operations as ``(slot, dependency slot or -1, kind, timing, chunk, micro_batch)``; a
     slot indexes the end-time table ``[backward][virtual stage][micro-batch]``, flattened, and ``timing``
@@ -146,7 +158,7 @@ def _program(pp: int, m: int, schedule: str, vpp: int
     programs = []
     for s in range(pp):
         ops = []
-        for backward, chunk, j in operation_order(s, pp, m, schedule, vpp):
+        for backward, chunk, j in operation_order(s, pp, m, schedule, vpp, all_forwards_at_pp):
             virtual = chunk * pp + s
             if not backward:
                 slot = virtual * m + j
@@ -164,16 +176,18 @@ def _program(pp: int, m: int, schedule: str, vpp: int
 def simulate_pipeline(stage_forward_s: Sequence[float], stage_backward_s: Sequence[float],
                       num_micro_batches: int, schedule: str = "1f1b", vpp: int = 1,
                       p2p_s: float | Sequence[float] = 0.0, record_events: bool = True,
-                      chunk_shares: Sequence[Sequence[float]] | None = None) -> SimulationResult:
+                      chunk_shares: Sequence[Sequence[float]] | None = None,
+                      all_forwards_at_pp: bool = False) -> SimulationResult:
     """Event-driven simulation of one iteration (see the module docstring for the model). ``chunk_shares``:
-    per stage, each chunk's share of the stage's forward and backward time (None: ``1/vpp`` each)."""
+    per stage, each chunk's share of the stage's forward and backward time (None: ``1/vpp`` each);
+    ``all_forwards_at_pp``: the runtime's interleaved warm-up (:func:`interleaved_warmup`)."""
     f, b, c = _check(stage_forward_s, stage_backward_s, num_micro_batches, schedule, vpp, p2p_s)
     shares = _check_shares(chunk_shares, len(f), vpp)
     if schedule == "interleaved" and vpp > 1 and num_micro_batches % len(f) != 0:
         raise ConfigError(f"the interleaved schedule needs the number of micro-batches "
                           f"({num_micro_batches}) to be a multiple of pp={len(f)}")
     pp, m, v = len(f), num_micro_batches, vpp
-    programs = _program(pp, m, schedule, v)
+    programs = _program(pp, m, schedule, v, bool(all_forwards_at_pp))
     end = [-1.0] * (2 * v * pp * m)
     free = [0.0] * pp
     ptr = [0] * pp
@@ -256,7 +270,8 @@ def closed_form_time(forward_s: float, backward_s: float, pp: int, num_micro_bat
 
 def pipeline_time(stage_forward_s: Sequence[float], stage_backward_s: Sequence[float], num_micro_batches: int,
                   schedule: str = "1f1b", vpp: int = 1, p2p_s: float | Sequence[float] = 0.0,
-                  chunk_shares: Sequence[Sequence[float]] | None = None) -> tuple[float, float]:
+                  chunk_shares: Sequence[Sequence[float]] | None = None,
+                  all_forwards_at_pp: bool = False) -> tuple[float, float]:
     """``(iteration_time_s, bubble_s)`` of the pipeline part of an iteration.
 
     ``bubble_s`` is the time the busiest stage is not computing (fill, drain and waits on transfers):
@@ -272,5 +287,6 @@ def pipeline_time(stage_forward_s: Sequence[float], stage_backward_s: Sequence[f
         total = closed_form_time(f[0], b[0], pp, num_micro_batches, schedule, vpp, links[0] if links else 0.0)
     if total is None:
         total = simulate_pipeline(f, b, num_micro_batches, schedule, vpp, c, record_events=False,
-                                  chunk_shares=chunk_shares).iteration_time_s
+                                  chunk_shares=chunk_shares,
+                                  all_forwards_at_pp=all_forwards_at_pp).iteration_time_s
     return total, max(0.0, total - busiest)

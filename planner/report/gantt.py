@@ -13,6 +13,7 @@ from typing import Any, Protocol, Sequence
 from planner.errors import ConfigError
 from planner.plans import Plan, pipeline_spec
 from planner.report._figure import check_path, pyplot, save
+from planner.runtime import get_runtime
 from planner.units import GIB
 from planner.types import Cluster, LayerGraph, MemoryBreakdown, PipelineSpec, StageEstimate
 
@@ -157,7 +158,8 @@ def write_plan_gantt(plan: Plan, model: LayerGraph, cluster: Cluster, path: str 
     stages = plan_stage_estimates(plan, model, cluster)
     simulation = simulate_pipeline([s.forward_s for s in stages], [s.backward_s for s in stages],
                                    plan.num_micro_batches, plan.schedule, max(plan.vpp, 1),
-                                   [s.p2p_s for s in stages])
+                                   [s.p2p_s for s in stages],
+                                   all_forwards_at_pp=get_runtime(plan.runtime).interleaved_all_forwards_at_pp)
     bars, capacities = _memory_bars(stages)
     top = schedule_height_in(len(stages))
     figure, (schedule_ax, memory_ax) = pyplot().subplots(

@@ -43,6 +43,7 @@ from typing import Sequence
 
 import numpy as np
 
+from planner.cost.schedule import interleaved_warmup
 from planner.rules import INTERLEAVED, stages_allowed, valid_vpps
 
 def schedule_for(vpp: int) -> str:
@@ -64,13 +65,15 @@ def vpp_choices(pinned_vpp: int | None, pinned_schedule: str | None, num_units: 
 
 
 def warmup(stage: int, num_stages: int, num_micro_batches: int, vpp: int = 1) -> int:
-    """Forward operations (model chunks) a stage runs before its first backward: Megatron-LM's warm-up
-    (``planner.cost.schedule.operation_order``)."""
+    """Forward operations (model chunks) a stage runs before its first backward, as the bound takes them:
+    1F1B's, and the interleaved schedule's (:func:`planner.cost.schedule.interleaved_warmup`) with every
+    forward first where there are as many micro-batches as stages. Some runtimes warm up less there
+    (``Runtime.interleaved_all_forwards_at_pp`` False); the larger warm-up leaves fewer forwards after the
+    first backward (a smaller ``delta``) and no steady-state hand-offs, so the bound stays below both."""
     m, P, V = num_micro_batches, num_stages, vpp
     if V == 1:
         return min(P - stage - 1, m)
-    total = m * V
-    return total if m == P else min(2 * (P - stage - 1) + (V - 1) * P, total)
+    return interleaved_warmup(stage, P, m, V, all_forwards_at_pp=True)
 
 
 def pipeline_allowed(num_stages: int, num_micro_batches: int, vpp: int, num_units: int, even: bool = False,
