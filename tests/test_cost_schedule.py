@@ -144,3 +144,42 @@ def test_the_estimate_holds_the_runtimes_warmup():
     inter = estimate(model, cluster, ParallelConfig(vpp=2, **base)).stages[-1].memory.activations_bytes
     plain = estimate(model, cluster, ParallelConfig(vpp=1, **base)).stages[-1].memory.activations_bytes
     assert inter == pytest.approx(2.5 * plain, rel=1e-9)
+
+
+def test_megatron_lm_2021_holds_every_chunk_at_m_equal_pp():
+    """Megatron-LM v2.5 runs every forward first at m = pp: its last stage holds all 4 micro-batches (4 x
+    1F1B's one), and its pipeline is no shorter than Megatron-Core's warm-up gives on the same stages."""
+    from planner.builders import build
+    from planner.cost import estimate
+    from planner.graph import import_model_proto
+    from planner.hardware import load_cluster
+    from planner.types import ParallelConfig
+
+    proto = build("gpt", {"layers": 12, "hidden": 256, "heads": 4, "vocab": 1024, "seq_len": 256})
+    model = import_model_proto(proto, {"batch": 1, "seq": 256}, name="gpt-12")
+    cluster = load_cluster("dgx-a100-80gb*1")
+    base = dict(global_batch=4, tp=1, pp=4, dp=1, micro_batch=1, recompute="none", zero=0, dtype="fp16",
+                runtime="megatron-lm-2021")
+    old = estimate(model, cluster, ParallelConfig(vpp=3, **base))
+    plain = estimate(model, cluster, ParallelConfig(vpp=1, **base)).stages[-1].memory.activations_bytes
+    assert old.stages[-1].memory.activations_bytes == pytest.approx(4.0 * plain, rel=1e-9)
+    f, b = [s.forward_s for s in old.stages], [s.backward_s for s in old.stages]
+    p2p = [s.p2p_s for s in old.stages]
+    assert pipeline_time(f, b, 4, "interleaved", 3, p2p, all_forwards_at_pp=True)[0] >= \
+        pipeline_time(f, b, 4, "interleaved", 3, p2p)[0] - 1e-12
+
+
+def test_the_search_masks_memory_with_the_runtimes_warmup(tmp_path, capsys):
+    """The search's feasibility mask counts the chunks the runtime holds: under megatron-lm-2021 at m = pp
+    (every forward first) it admits no plan the cost model then finds out of memory, so the plan is proven."""
+    import json
+
+    from planner.builders import build
+    from planner.cli import main
+
+    path = tmp_path / "gpt.onnx"
+    proto = build("gpt", {"layers": 24, "hidden": 4608, "heads": 36, "vocab": 256000, "seq_len": 4096})
+    path.write_bytes(proto.SerializeToString())
+    assert main(["plan", str(path), "--cluster", "dgx-a100-80gb*1", "--global-batch", "4", "--runtime",
+                 "megatron-lm-2021", "--dtype", "fp16", "--recompute", "none", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["search"]["proven_optimal"]

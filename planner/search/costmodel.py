@@ -210,7 +210,9 @@ class CostModelBackend:
             fwd.append(f + extra_f)
             bwd.append(b + extra_b)
             sends.append(self._sends(layout, settings, devices, k))
-            in_flight = micro_batches_in_flight(k, P, m, settings.schedule, settings.vpp)
+            # the DP's feasibility mask: the runtime's own warm-up, as the estimator times the plan it returns
+            in_flight = micro_batches_in_flight(k, P, m, settings.schedule, settings.vpp,
+                                                get_runtime(settings.runtime).interleaved_all_forwards_at_pp)
             empty, per_micro_batch = self._memory_of(option, settings, pipelined)
             fits.append(empty + in_flight * per_micro_batch <= self.capacity_bytes(option))
             # a tied weight's copies are reduced between stage 0 and the stage holding the copy, the last
