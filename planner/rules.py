@@ -109,10 +109,18 @@ def nearest(value: int, valid: Iterable[int]) -> str:
 # ------------------------------------------------------------------------------------------------ model
 
 
+def unit_flags(kinds: Sequence[str]) -> tuple[int, ...]:
+    """Per layer (``kinds``: the layers' kinds), 1 for a pipeline unit: the transformer blocks where there are
+    any, else every layer."""
+    if any(kind == "block" for kind in kinds):
+        return tuple(int(kind == "block") for kind in kinds)
+    return (1,) * len(kinds)
+
+
 def pipeline_units(model: LayerGraph) -> int:
-    """How many layers a pipeline can split: the transformer blocks where there are any, else all layers."""
-    blocks = sum(1 for layer in model.layers if layer.kind == "block")
-    return blocks or len(model.layers)
+    """How many layers a pipeline can split: the transformer blocks where there are any, else all layers
+    (:func:`unit_flags`)."""
+    return sum(unit_flags([layer.kind for layer in model.layers]))
 
 
 def attention_heads(model: LayerGraph) -> tuple[tuple[int, str], ...]:
@@ -383,17 +391,17 @@ def chunk_sizes(stage_units: list[int], vpp: int) -> list[int]:
     return [chunks[v] for v in range(vpp) for chunks in per_stage]
 
 
-def layer_chunks(unit_flags: Sequence[bool], vpp: int, first_stage: bool = False) -> list[int]:
-    """The model chunk of each layer of one stage (``unit_flags``: which of its layers are pipeline units),
-    its units dealt out by :func:`stage_chunks`: a layer before the stage's first unit (the embedding) goes
-    with the first chunk, one after its last unit (the final norm and head) with the last chunk, any other
-    with the chunk of the unit before it (Megatron-Core's layout: "E" opens the first chunk, "L" closes the
-    last; torchtitan's split alike, planner.export.torchtitan)."""
-    sizes = stage_chunks(sum(map(bool, unit_flags)), vpp, first_stage)
+def layer_chunks(flags: Sequence[int], vpp: int, first_stage: bool = False) -> list[int]:
+    """The model chunk of each layer of one stage (``flags``: which of its layers are pipeline units,
+    :func:`unit_flags`), its units dealt out by :func:`stage_chunks`: a layer before the stage's first unit
+    (the embedding) goes with the first chunk, one after its last unit (the final norm and head) with the
+    last chunk, any other with the chunk of the unit before it (Megatron-Core's layout: "E" opens the first
+    chunk, "L" closes the last; torchtitan's split alike, planner.export.torchtitan)."""
+    sizes = stage_chunks(sum(map(bool, flags)), vpp, first_stage)
     ends = list(itertools.accumulate(sizes))
     total = ends[-1] if ends else 0
     chunks, seen = [], 0
-    for flag in unit_flags:
+    for flag in flags:
         if flag:
             seen += 1
             chunks.append(bisect.bisect_left(ends, seen))

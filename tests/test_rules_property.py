@@ -23,9 +23,10 @@ from planner.errors import ConfigError
 from planner.graph.importer import import_model_proto
 from planner.hardware import load_cluster
 from planner.hardware.efficiency import resolve_dtype
-from planner.rules import RECOMPUTE_CHOICES, ZERO_STAGES, ModelShape, micro_batch_choices, pools_touched
+from planner.rules import (RECOMPUTE_CHOICES, ZERO_STAGES, ModelShape, micro_batch_choices, pools_touched,
+                           unit_flags)
 from planner.runtime import RUNTIMES
-from planner.search.interleave import pipeline_allowed, unit_flags
+from planner.search.interleave import pipeline_allowed
 from planner.search.space import (Pins, cp_choices, enumerate_settings, experts_allowed, max_stages, settings_allowed,
                                   tp_choices, validate_pins)
 from planner.types import Cluster, Estimate, LayerGraph, ParallelConfig

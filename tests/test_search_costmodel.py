@@ -10,11 +10,12 @@ from planner.builders import build
 from planner.cost import estimate_pipeline
 from planner.graph import import_model_proto
 from planner.hardware import load_cluster
+from planner.rules import unit_flags
 from planner.search.backend import FIRST, MEAN
 from planner.search.bounds import Profiles, layout_floor, lower_bounds
 from planner.search.costmodel import CostModelBackend
 from planner.search.engine import pipeline_spec
-from planner.search.interleave import partition_allowed, unit_flags
+from planner.search.interleave import partition_allowed
 from planner.search.partition import score
 from planner.search.space import Layout, Settings, StageOption
 

@@ -5,8 +5,9 @@ import dataclasses
 import numpy as np
 import pytest
 
+from planner.rules import unit_flags
 from planner.search import engine
-from planner.search.interleave import partition_allowed, unit_flags
+from planner.search.interleave import partition_allowed
 from planner.search.space import Pins
 from search_synthetic import SyntheticBackend
 from tests.search_fixtures import cluster, random_model

@@ -52,7 +52,7 @@ from planner.hardware.fp8 import base_dtype, cost_dtype, recipe_name, resolve_fp
 from planner.hardware.collectives import CommGroup, p2p_time_s
 from planner.rules import (TIE_TOLERANCE, ModelShape, check_config, divisors, ep_values, even_split_fits,
                            expert_tp_values, layer_chunks, micro_batch_choices, pipeline_units, recompute_choices,
-                           simplicity_key, stage_blocks, tp_zero_fits, vpp_fits, zero_stages)
+                           simplicity_key, stage_blocks, tp_zero_fits, unit_flags, vpp_fits, zero_stages)
 from planner.runtime import Runtime, get_runtime
 from planner.types import (Batching, Breakdown, Cluster, Estimate, LayerGraph, MemoryBreakdown, NodeProfile,
                            ParallelConfig, PipelineSpec, ReplicaEstimate, ReplicaSpec, StageEstimate, StageSpec)
@@ -158,9 +158,13 @@ class _Placement:
     expert_params: np.ndarray | float = 0.0
     row_expert_dp: np.ndarray | float = 1.0
     has_experts: bool = False  # the model has mixture-of-experts layers
-    # per stage, which of its layers are pipeline units (planner.rules.pipeline_units), and how many
-    stage_unit_flags: tuple[tuple[bool, ...], ...] = ()
+    # per stage, which of its layers are pipeline units (planner.rules.unit_flags), and how many
+    stage_unit_flags: tuple[tuple[int, ...], ...] = ()
     stage_units: tuple[int, ...] = ()
+
+    def layout(self, vpp: int) -> bool:
+        """Whether ``vpp`` chunks per stage make a pipeline layout: some stage's units do not split evenly."""
+        return any(n % vpp for n in self.stage_units)
 
 
 def _expert_groups(model: LayerGraph, cluster: Cluster, r: ReplicaSpec, cal: DeviceCalibration, ep: int,
@@ -246,7 +250,8 @@ def _placement(model: LayerGraph, cluster: Cluster, stages: tuple[StageSpec, ...
                                                 runtime, p_expert[i], row_edp[i], pipelined)
                                for i in range(len(rows))]))
     tied = _tied_sync_rows(model, cluster, stages, rows, row_stage, cals, dtype, runtime)
-    unit_flags = tuple(_unit_flags(model, stage.first_layer, stage.last_layer) for stage in stages)
+    units = unit_flags([layer.kind for layer in model.layers])
+    flags = tuple(units[stage.first_layer:stage.last_layer + 1] for stage in stages)
     return _Placement(
         stages=stages, rows=tuple(rows), nodes=tuple(nodes), cals=tuple(cals), row_stage=np.array(row_stage),
         single=len(rows) == len(stages), stage_dp=tuple(stage_dp), stage_replicas=tuple(stage_replicas),
@@ -257,13 +262,7 @@ def _placement(model: LayerGraph, cluster: Cluster, stages: tuple[StageSpec, ...
         optimizer=optimizer, dtype=dtype, runtime=runtime, experts=tuple(experts), expert_params=p_expert,
         row_expert_dp=np.array(row_edp, dtype=float),
         has_experts=any(layer.moe is not None for layer in model.layers),
-        stage_unit_flags=unit_flags, stage_units=tuple(sum(f) for f in unit_flags))
-
-
-def _unit_flags(model: LayerGraph, first: int, last: int) -> tuple[bool, ...]:
-    """Which of layers ``first``..``last`` are pipeline units (planner.rules.pipeline_units)."""
-    blocks = any(layer.kind == "block" for layer in model.layers)
-    return tuple(layer.kind == "block" or not blocks for layer in model.layers[first:last + 1])
+        stage_unit_flags=flags, stage_units=tuple(sum(f) for f in flags))
 
 
 def _chunk_shares(pl: _Placement, work: _Work, pick: np.ndarray, vpp: int) -> tuple[tuple[float, ...], ...] | None:
@@ -272,7 +271,7 @@ def _chunk_shares(pl: _Placement, work: _Work, pick: np.ndarray, vpp: int) -> tu
     (planner.rules.layer_chunks: the embedding in the first chunk, the head in the last), on the stage's
     slowest replica group (``pick``). None where every stage's chunks are whole: each then takes 1/vpp, the
     share the search's bound assumes (the embedding and head spread over their stage's chunks)."""
-    if all(n % vpp == 0 for n in pl.stage_units):
+    if not pl.layout(vpp):
         return None
     shares = []
     for s, flags in enumerate(pl.stage_unit_flags):
@@ -594,7 +593,7 @@ def _to_estimate(work: _Work, result: _Result) -> Estimate:
     if work.recompute == "selective" and pl.runtime.selective_recomputes_nothing:
         notes += (f"recompute=selective under {pl.runtime.name}'s FlashAttention: no attention scores are kept, "
                   "so there is nothing to recompute; time and memory are those of recompute=none",)
-    if result.schedule == "interleaved" and any(n % result.vpp for n in pl.stage_units):
+    if result.schedule == "interleaved" and pl.layout(result.vpp):
         runs = [(n, len(list(group))) for n, group in itertools.groupby(pl.stage_units)]
         counts = ", ".join(f"{n} x {k}" if k > 1 else str(n) for n, k in runs)
         notes += (f"vpp={result.vpp} on stages of {counts} pipeline units: each stage runs chunks of their own sizes "

@@ -15,14 +15,14 @@ from planner.hardware.cluster import arranged, pooled
 from planner.hardware.efficiency import resolve_dtype
 from planner.hardware.fp8 import cost_dtype, resolve_fp8_recipe
 from planner.plans import Plan, SearchInfo
-from planner.rules import TIE_TOLERANCE, ModelShape
+from planner.rules import TIE_TOLERANCE, ModelShape, unit_flags
 from planner.runtime import get_runtime
 from planner.solver import SolverOptions
 from planner.search import engine
 from planner.search.backend import Backend
 from planner.search.build import relabelled, to_plan
 from planner.search.explain import bottleneck, tie_note
-from planner.search.interleave import searched_units, unit_flags
+from planner.search.interleave import searched_units
 from planner.search.space import Pins, Settings, StageOption, cp_searched, validate_pins
 from planner.types import MAX_GLOBAL_BATCH, Cluster, Estimate, LayerGraph, ParallelConfig, PipelineSpec
 from planner.units import GIB

@@ -548,7 +548,7 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
     seconds, ``budget`` work units or the work limit of ``options`` (:class:`Limits`; None:
     ``SolverOptions()``), whichever comes first, once a plan is found.
     ``units[l]`` is 1 when layer l is a pipeline unit (interleaved chunks split those;
-    :func:`planner.search.interleave.unit_flags`), default every layer; ``interleave``: search vpp > 1
+    :func:`planner.rules.unit_flags`), default every layer; ``interleave``: search vpp > 1
     (unpinned) too. ``tie_tolerance`` > 0: every plan within that fraction of the fastest is searched too, and
     the simplest of them (:func:`simplicity`) comes first (``Outcome.fastest`` then holds the fastest); the
     lower bound stays one on every plan. ``admit`` (None: every plan that fits) may turn a timed plan away, as

@@ -140,11 +140,3 @@ def searched_units(kinds: Sequence[str]) -> int:
     """The unit count the search offers interleaving for: the transformer blocks (0 without any: no vpp > 1
     unless pinned)."""
     return sum(1 for kind in kinds if kind == "block")
-
-
-def unit_flags(kinds: Sequence[str]) -> tuple[int, ...]:
-    """Per layer, 1 for a pipeline unit: the transformer blocks where there are any, else every layer (as
-    ``planner.rules.pipeline_units`` counts them)."""
-    if any(kind == "block" for kind in kinds):
-        return tuple(int(kind == "block") for kind in kinds)
-    return (1,) * len(kinds)
