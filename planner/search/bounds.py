@@ -43,6 +43,7 @@ import itertools
 import numpy as np
 
 from planner.cost.memory import micro_batches_in_flight
+from planner.runtime import get_runtime
 from planner.search.backend import Backend, handoff_cycles, handoff_g, warmups
 from planner.search.interleave import bound_coefficients, least_delta, schedule_for
 from planner.search.space import Layout, Settings, StageOption
@@ -469,6 +470,7 @@ def layout_floor(profiles: Profiles, layout: Layout, settings: Settings, num_mic
     (:func:`planner.search.backend.handoff_g`, with the side's least layer) holds its cycles' transfers on top
     of the fill's least work."""
     P, m, V = layout.num_stages, num_micro_batches, settings.vpp
+    all_forwards = get_runtime(settings.runtime).interleaved_all_forwards_at_pp
     floors = profiles.backend.send_floors(layout, settings)
     fill = sum(h * c for h, c in zip(_hops(P, m, V), floors))
     if P == 1 or not any(floors):
@@ -479,7 +481,7 @@ def layout_floor(profiles: Profiles, layout: Layout, settings: Settings, num_mic
     if least is None:
         work = [p.forward_s + p.backward_s / V for p in (profiles.get(o, settings) for o in key[1])]
         least = memo[key] = float(np.minimum.reduce(work).sum())
-    cycles, warm = handoff_cycles(P, m, V), warmups(P, m, V)
+    cycles, warm = handoff_cycles(P, m, V, all_forwards), warmups(P, m, V, all_forwards)
     passes = {o: _least_passes(profiles, o, settings) for o in key[1]}
     chains = 0.0
     for k, (n, span) in enumerate(cycles):

@@ -203,6 +203,7 @@ class CostModelBackend:
         pipelined = self._pipelined(settings, P)
         devices = allocate(self.cluster, layout, settings)
         weights = exposure_weights(exposure, P)
+        all_forwards = get_runtime(settings.runtime).interleaved_all_forwards_at_pp
         fwd, bwd, sends, fits, tails = [], [], [], [], []
         for k, option in enumerate(layout.options):
             f, b, params, act, peak = self._segments_of(option, settings)
@@ -211,8 +212,7 @@ class CostModelBackend:
             bwd.append(b + extra_b)
             sends.append(self._sends(layout, settings, devices, k))
             # the DP's feasibility mask: the runtime's own warm-up, as the estimator times the plan it returns
-            in_flight = micro_batches_in_flight(k, P, m, settings.schedule, settings.vpp,
-                                                get_runtime(settings.runtime).interleaved_all_forwards_at_pp)
+            in_flight = micro_batches_in_flight(k, P, m, settings.schedule, settings.vpp, all_forwards)
             empty, per_micro_batch = self._memory_of(option, settings, pipelined)
             fits.append(empty + in_flight * per_micro_batch <= self.capacity_bytes(option))
             # a tied weight's copies are reduced between stage 0 and the stage holding the copy, the last
@@ -222,7 +222,7 @@ class CostModelBackend:
             # stage 0 starts at layer 0: its prefixes are all it needs
             tails.append(None if weights[k] == 0 else self._tails(option, devices[k], settings, first=k == 0,
                                                                   partner=partner, pipelined=pipelined))
-        return bound_matrices(fwd, bwd, sends, fits, tails, m, settings.vpp, exposure)
+        return bound_matrices(fwd, bwd, sends, fits, tails, m, settings.vpp, exposure, all_forwards)
 
     def _sends(self, layout: Layout, settings: Settings, devices: list[tuple[int, ...]], k: int
                ) -> np.ndarray | None:

@@ -64,16 +64,18 @@ def vpp_choices(pinned_vpp: int | None, pinned_schedule: str | None, num_units: 
     return values
 
 
-def warmup(stage: int, num_stages: int, num_micro_batches: int, vpp: int = 1) -> int:
+def warmup(stage: int, num_stages: int, num_micro_batches: int, vpp: int = 1, all_forwards_at_pp: bool = True
+           ) -> int:
     """Forward operations (model chunks) a stage runs before its first backward, as the bound takes them:
-    1F1B's, and the interleaved schedule's (:func:`planner.cost.schedule.interleaved_warmup`) with every
-    forward first where there are as many micro-batches as stages. Some runtimes warm up less there
-    (``Runtime.interleaved_all_forwards_at_pp`` False); the larger warm-up leaves fewer forwards after the
-    first backward (a smaller ``delta``) and no steady-state hand-offs, so the bound stays below both."""
+    1F1B's, and the interleaved schedule's (:func:`planner.cost.schedule.interleaved_warmup`). Where there are
+    as many micro-batches as stages, ``all_forwards_at_pp`` runs every forward first
+    (``Runtime.interleaved_all_forwards_at_pp``); the search passes its runtime's own. The default, the larger
+    warm-up, leaves fewer forwards after the first backward (a smaller ``delta``) and no steady-state
+    hand-offs, so a bound built with it stays below both schedules."""
     m, P, V = num_micro_batches, num_stages, vpp
     if V == 1:
         return min(P - stage - 1, m)
-    return interleaved_warmup(stage, P, m, V, all_forwards_at_pp=True)
+    return interleaved_warmup(stage, P, m, V, all_forwards_at_pp=all_forwards_at_pp)
 
 
 def pipeline_allowed(num_stages: int, num_micro_batches: int, vpp: int, num_units: int, even: bool = False,
@@ -95,9 +97,10 @@ class BoundCoefficients:
     hops: np.ndarray  # per stage: transfers of c_k on the critical path
 
 
-def bound_coefficients(num_stages: int, num_micro_batches: int, vpp: int = 1) -> BoundCoefficients:
+def bound_coefficients(num_stages: int, num_micro_batches: int, vpp: int = 1, all_forwards_at_pp: bool = True
+                       ) -> BoundCoefficients:
     P, m, V = num_stages, num_micro_batches, vpp
-    delta = np.array([max(0, m * V - warmup(k, P, m, V) - 1) / V for k in range(P)], dtype=float)
+    delta = np.array([max(0, m * V - warmup(k, P, m, V, all_forwards_at_pp) - 1) / V for k in range(P)], dtype=float)
     hops = np.full(P, V + 1.0)
     hops[-1] = V - 1.0
     return BoundCoefficients(backward_weight=1.0 / V, gamma=m - 1.0 / V, delta=delta, hops=hops)
