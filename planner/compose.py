@@ -267,7 +267,7 @@ def with_tables(plan: Plan, dense: Estimate, tables: EmbeddingResult) -> Plan:
 def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: ParallelConfig | None = None,
            top_k: int = 1, time_limit_s: float | None = None, tables: Any = None,
            backend: Backend | None = None, progress: Callable[[float], None] | None = None,
-           budget: int | None = None, options: SolverOptions | None = None) -> SearchResult:
+           budget: int | None = None, options: SolverOptions | None = None, uniform: bool = False) -> SearchResult:
     """planner.search.search (see there): the dense part is searched by planner.search (``time_limit_s``, its
     wall-clock limit, and ``budget``, its work units, are the dense search's); each of its plans gets the sparse
     tables sharded and joined before its bottleneck sentence is written. ``options`` (None: the default) goes to
@@ -278,7 +278,7 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
     sparse = sparse_tables(model, tables)
     if not sparse:
         return search_dense(model, cluster, global_batch, pinned=pinned, top_k=top_k, time_limit_s=time_limit_s,
-                            backend=backend, progress=progress, budget=budget, options=options)
+                            backend=backend, progress=progress, budget=budget, options=options, uniform=uniform)
     from planner.embeddings import check_capacity, table_optimizer  # noqa: PLC0415 - only models with tables
 
     # tables too large for the whole cluster fail here, with the sharder's reason, before any search
@@ -306,7 +306,7 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
     try:
         return search_dense(dense_part(model), cluster, global_batch, pinned=pinned, top_k=top_k,
                             time_limit_s=time_limit_s, backend=backend, progress=progress, budget=budget,
-                            finish=finish, admit=admit, options=options)
+                            finish=finish, admit=admit, options=options, uniform=uniform)
     except InfeasibleError as exc:
         if all(admitted.values()):
             raise  # no dense plan fits, or the sharder found no placement: their reason

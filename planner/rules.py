@@ -78,6 +78,13 @@ FORMAT_RUNTIMES: dict[str, tuple[str, ...]] = {
     "torchtitan": ("pytorch-fsdp2",),
 }
 
+
+def uniform_stages(fmt: str) -> bool:
+    """Whether a plan printed as ``fmt`` must run every stage on the same tp and cp, each stage served by one
+    replica group: the framework exports (:data:`FORMAT_RUNTIMES`) launch one configuration everywhere."""
+    return fmt in FORMAT_RUNTIMES
+
+
 # among plans within this fraction of the fastest predicted time, the simpler one is taken (simplicity_key)
 TIE_TOLERANCE = 0.005
 

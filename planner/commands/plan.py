@@ -14,7 +14,7 @@ from planner.commands._common import add_allow_unknown_ops_flag, add_solver_flag
 from planner.outputs import check_distinct, check_output_file, write_text
 from planner.plans import Plan
 from planner.report import FORMATS, render
-from planner.rules import runtime_for_format
+from planner.rules import runtime_for_format, uniform_stages
 from planner.types import LayerGraph
 
 HELP = "search the fastest parallel plan that fits (provably optimal under the cost model where it can say so)"
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = search(model, cluster, args.global_batch, pinned=pinned, top_k=args.top + 1,
                         time_limit_s=args.time_limit, tables=tables, progress=bar,
-                        budget=args.budget, options=options)
+                        budget=args.budget, options=options, uniform=uniform_stages(args.format))
     finally:
         if bar is not None:
             bar.close()

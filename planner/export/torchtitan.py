@@ -363,8 +363,9 @@ def render_torchtitan(plan: Plan) -> str:
     world = tp * cp * pp * dp
     name = " ".join(str(plan.model.get("name", "model")).split())
     layers = config["transformer_layers"]
+    devices = ", ".join(dict.fromkeys(stage.device_type for stage in plan.stages))  # in stage order
     lines = [f"# torchtitan configuration for {name}, written by planner --format torchtitan for torchtitan {COMMIT}",
-             f"# {world} GPUs ({plan.stages[0].device_type}) = tp {tp} x cp {cp} x pp {pp} x dp {dp}; "
+             f"# {world} GPUs ({devices}) = tp {tp} x cp {cp} x pp {pp} x dp {dp}; "
              f"ZeRO-{plan.zero}, {plan.dtype}, runtime {plan.runtime}"]
     lines += _launch_lines(plan, config["module"], config["function"], world)
     lines += [f"# stage {stage.index}: layers {stage.first_layer}-{stage.last_layer} ({transformer_layers(stage)} "

@@ -54,7 +54,7 @@ def default_backend(model: LayerGraph, cluster: Cluster) -> Backend:
 def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: ParallelConfig | None = None,
            top_k: int = 1, time_limit_s: float | None = None, tables=None,
            backend: Backend | None = None, progress: Callable[[float], None] | None = None,
-           budget: int | None = None, options: SolverOptions | None = None) -> SearchResult:
+           budget: int | None = None, options: SolverOptions | None = None, uniform: bool = False) -> SearchResult:
     """The ``top_k`` fastest plans that fit, best first. ``pinned`` fields that are set are fixed.
 
     ``options`` (planner.solver.SolverOptions; None: the default) is both searches' work and the seed of the
@@ -68,7 +68,8 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
     with ``options`` (the sharder's work, a multiple of its default budget, and its seed). With no time limit
     the search is deterministic: the dense search makes no random choice and the sharder's are seeded."""
     return compose.search(model, cluster, global_batch, pinned=pinned, top_k=top_k, time_limit_s=time_limit_s,
-                          tables=tables, backend=backend, progress=progress, budget=budget, options=options)
+                          tables=tables, backend=backend, progress=progress, budget=budget, options=options,
+                          uniform=uniform)
 
 
 def check_search_arguments(global_batch: object, time_limit_s: object, budget: object, pinned: object,
@@ -88,7 +89,7 @@ def search_dense(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinn
                  progress: Callable[[float], None] | None = None, budget: int | None = None,
                  finish: Callable[[Plan, Estimate], Plan] | None = None,
                  admit: Callable[[Estimate], bool] | None = None,
-                 options: SolverOptions | None = None) -> SearchResult:
+                 options: SolverOptions | None = None, uniform: bool = False) -> SearchResult:
     """:func:`search` of a dense model. ``finish`` (planner.compose's join of the sparse tables) is applied
     to each plan with its dense estimate before the plan's bottleneck sentence is written, so the sentence
     weighs what ``finish`` adds to ``breakdown["embedding_s"]``. ``admit`` (planner.compose's check that the
@@ -102,7 +103,9 @@ def search_dense(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinn
                           "give the same value (or pass pinned=None)")
     if not model.layers:
         raise ConfigError(f"model {model.name!r} has no layers (pipeline units) to place")
-    pins = Pins.from_config(pinned)
+    arguments.instance(uniform, bool, "uniform", "give True (every stage on one tp and cp, as the framework exports "
+                       "need) or False")
+    pins = dataclasses.replace(Pins.from_config(pinned), uniform=uniform)
     runtime = get_runtime(pins.runtime)  # an unknown name fails here, before the search
     listed = cluster  # the plan reports the groups as given; the search places stages on pools of them
     arranged_cluster, listed_ids = arranged(cluster)
@@ -165,10 +168,11 @@ def search_dense(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinn
 def plan(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: ParallelConfig | None = None,
          top_k: int = 1, time_limit_s: float | None = None, tables=None,
          backend: Backend | None = None, progress: Callable[[float], None] | None = None,
-         budget: int | None = None, options: SolverOptions | None = None) -> Plan:
+         budget: int | None = None, options: SolverOptions | None = None, uniform: bool = False) -> Plan:
     """The fastest plan that fits (see :func:`search`)."""
     return search(model, cluster, global_batch, pinned=pinned, top_k=top_k, time_limit_s=time_limit_s,
-                  tables=tables, backend=backend, progress=progress, budget=budget, options=options).best
+                  tables=tables, backend=backend, progress=progress, budget=budget, options=options,
+                  uniform=uniform).best
 
 
 def _why_infeasible(model: LayerGraph, cluster: Cluster, global_batch: int, pins: Pins, backend: Backend) -> str:

@@ -177,7 +177,7 @@ def _choices(profiles: Profiles, cluster: Cluster, settings: Settings, index: in
     choices = []
     for choice in itertools.product(*[[None, *opts] for opts in per_pool]):
         chosen = tuple(o for o in choice if o is not None)
-        if not options_allowed(settings, chosen) or (stages_cap == 1 and len(chosen) > 1):
+        if not options_allowed(settings, chosen, pins.uniform) or (stages_cap == 1 and len(chosen) > 1):
             continue
         caps = tuple(min(num_layers, stages_cap, o.most_stages(cluster, settings.dp)) for o in chosen)
         if (pins.pp and sum(caps) < pins.pp) or (settings.vpp > 1 and sum(caps) < 2):
@@ -601,7 +601,7 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
 
     for i, s in enumerate(settings_list):
         queue.append((quick_bound(s, False), i, _QUICK))
-        if len(cluster.groups) > 1 and hetero.hetero_allowed(s, pins):  # its heterogeneous stages, when due
+        if len(cluster.groups) > 1 and hetero.hetero_allowed(s, pins):  # never with pins.uniform  # its heterogeneous stages, when due
             queue.append((hetero.settings_floor(backend.layer_table, cluster, s, global_batch, pins, floors), i,
                           _HETERO))
     heapq.heapify(queue)

@@ -136,6 +136,9 @@ class Pins:
     cp: int = 0
     ep: int | None = None
     expert_tp: int | None = None
+    # every stage on the same tp and cp, each served by one replica group: what the framework exports
+    # (Megatron-LM, DeepSpeed, torchtitan) can write (planner.rules.uniform_stages)
+    uniform: bool = False
 
     @classmethod
     def from_config(cls, config: ParallelConfig | None) -> "Pins":
@@ -353,8 +356,11 @@ def max_stages(settings: Settings, num_units: int) -> int:
     return most // settings.vpp if settings.vpp > 1 and most > 1 else most
 
 
-def options_allowed(settings: Settings, options: Sequence[StageOption]) -> bool:
-    """Sequence parallelism changes nothing when every stage has tp = 1 (the plan without it is kept)."""
+def options_allowed(settings: Settings, options: Sequence[StageOption], uniform: bool = False) -> bool:
+    """Sequence parallelism changes nothing when every stage has tp = 1 (the plan without it is kept);
+    ``uniform`` (:attr:`Pins.uniform`): every option on one tp and cp."""
+    if uniform and len({(o.tp, o.cp) for o in options}) > 1:
+        return False
     return bool(options) and not (settings.sequence_parallel and all(o.tp == 1 for o in options))
 
 
