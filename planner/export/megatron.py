@@ -121,8 +121,10 @@ def megatron_args(plan: Plan) -> list[str]:
                            "--runtime megatron-core")
     args = ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp),
             "--num-layers", str(sum(stage_layers))]
+    if runtime.context_parallel:  # written at 1 too, as every parallel degree is (the contract's list)
+        args += ["--context-parallel-size", str(cp)]
     if cp > 1:  # the ring exchange of K and V the cost model times (planner.cost.context)
-        args += ["--context-parallel-size", str(cp), "--cp-comm-type", "p2p"]
+        args += ["--cp-comm-type", "p2p"]
     args += _pipeline_split_args(stage_layers, plan.vpp, runtime)
     args += _moe_args(plan, runtime)
     args += ["--micro-batch-size", str(plan.micro_batch), "--global-batch-size", str(plan.global_batch)]
