@@ -217,3 +217,35 @@ def test_a_searched_plan_records_its_sequence_length_and_family():
     assert best.model["family"] == model.family == "gpt"
     validate(best.to_dict())
     assert shape_summary(LayerGraph(name="bare", layers=())) == {}
+
+
+def _contract_fields_missing(document: dict) -> list[str]:
+    """The contract's fields (v1 and its version 2 additions) that a plan document lacks."""
+    missing = [name for name in ("runtime", "dtype") if name not in document]
+    for stage in document["stages"]:
+        missing += [f"stages[{stage['index']}].{name}" for name in ("cp", "ep") if name not in stage]
+        for r, group in enumerate(stage.get("replicas", [])):
+            missing += [f"stages[{stage['index']}].replicas[{r}].{name}" for name in
+                        ("device_type", "devices", "tp", "dp", "recompute", "memory_bytes_per_device", "time_s",
+                         "cp", "ep") if name not in group]
+    for table in document["embeddings"]:
+        missing += [f"embeddings[{table['table']}].shards[{s}].{name}" for s, shard in enumerate(table["shards"])
+                    for name in ("device", "rows", "cols", "memory") if name not in shard]
+    return missing
+
+
+@pytest.mark.parametrize("name", sorted(plan_samples.ALL))
+def test_emitted_plans_carry_every_contract_field(name):
+    """The schema leaves the version 2 fields (runtime, dtype, cp, ep) and a replica group's recompute optional,
+    so that plan files written before them still load; every plan this planner writes has them."""
+    assert _contract_fields_missing(plan_samples.ALL[name]().to_dict()) == []
+
+
+def test_a_searched_plan_on_mixed_devices_carries_every_contract_field():
+    import planner  # noqa: PLC0415
+    from planner.hardware import load_cluster  # noqa: PLC0415
+
+    model = planner.load_model("models/gpt2-124m.onnx", {"batch": 1})
+    best = planner.plan(model, load_cluster("dgx-h100*1+dgx-a100-80gb*1"), 64)
+    assert any(stage.replicas for stage in best.stages)  # a heterogeneous stage: its groups are checked too
+    assert _contract_fields_missing(best.to_dict()) == []
