@@ -50,10 +50,10 @@ from typing import Iterable, Sequence
 
 from planner.arguments import degree
 from planner.errors import ConfigError, suggest
-from planner.hardware.efficiency import DTYPE_FALLBACK
+from planner.hardware.efficiency import DEFAULT_DTYPE, DTYPE_FALLBACK, default_dtype
 from planner.hardware.fp8 import FP8, FP8_RECIPES, base_dtype, check_recipe_choice
 from planner.runtime import RUNTIMES, Runtime, get_runtime
-from planner.types import Batching, Cluster, LayerGraph, ParallelConfig
+from planner.types import Batching, Cluster, DeviceProfile, LayerGraph, ParallelConfig
 
 # ------------------------------------------------------------------------------------------------ enums
 
@@ -77,6 +77,31 @@ FORMAT_RUNTIMES: dict[str, tuple[str, ...]] = {
     "deepspeed": ("deepspeed",),
     "torchtitan": ("pytorch-fsdp2",),
 }
+
+# the training dtypes an export format can write where it has a setting of its own: torchtitan's
+# training.mixed_precision_param is bfloat16 or float32 (torchtitan/config/job_config.py at b5bcd76c; fp8
+# trains bf16 weights, tf32 computes fp32 ones); the other formats write every dtype
+FORMAT_DTYPES: dict[str, tuple[str, ...]] = {"torchtitan": ("bf16", "fp8", "fp32", "tf32")}
+
+
+def format_dtype(fmt: str, devices: Sequence[DeviceProfile], dtype: str | None, flag: str = "--dtype ") -> str | None:
+    """The dtype a plan printed as ``fmt`` trains in: ``dtype`` where asked (ConfigError where the format has no
+    setting for it), else the default where the format writes it (None: left to the search's default), else
+    the first fallback of ``DTYPE_FALLBACK["bf16"]`` that every device runs and the format writes (fp32 for
+    torchtitan on V100s, whose default is fp16)."""
+    allowed = FORMAT_DTYPES.get(fmt)
+    if allowed is None:
+        return dtype
+    if dtype is not None:
+        if dtype not in allowed:
+            raise ConfigError(f"{flag}{dtype}: --format {fmt} has no setting for it; use --dtype "
+                              f"{' or '.join(d for d in allowed if d in ('bf16', 'fp32'))}")
+        return dtype
+    if default_dtype(devices) in allowed:
+        return None
+    runnable = [d for d in DTYPE_FALLBACK[DEFAULT_DTYPE] if d in allowed
+                and all(device.peak_flops_per_s.get(d) for device in devices)]
+    return runnable[0] if runnable else None
 
 
 def uniform_stages(fmt: str) -> bool:

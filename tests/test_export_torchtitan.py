@@ -196,7 +196,9 @@ def test_dtypes(dtype, param, caplog):
 
 
 def test_fp16_is_refused():
-    with pytest.raises(PlannerError, match=r"dtype fp16 has no torchtitan setting .*--dtype bf16$"):
+    with pytest.raises(PlannerError,
+                       match=r"dtype fp16 has no torchtitan setting .*--dtype bf16 \(fp32 where the devices lack "
+                             r"bf16\)$"):
         torchtitan_config(dataclasses.replace(titan_plan(zero=2), dtype="fp16"))
 
 

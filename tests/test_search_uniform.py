@@ -51,3 +51,19 @@ def test_plan_format_megatron_on_mixed_devices(capsys):
     assert main(["plan", "models/gpt2-124m.onnx", "--cluster", MIXED, "--global-batch", "64",
                  "--format", "megatron"]) == 0
     assert "--tensor-model-parallel-size" in capsys.readouterr().out
+
+
+def test_torchtitan_plans_on_devices_without_bf16_train_in_fp32(capsys):
+    """torchtitan writes bfloat16 or float32 weights, so on V100s (fp16 by default) --format torchtitan plans
+    fp32, and refuses an asked fp16 before the search (planner.rules.format_dtype)."""
+    from planner.cli import main  # noqa: PLC0415
+    from planner.export.torchtitan import _PARAM_DTYPES  # noqa: PLC0415
+    from planner.rules import FORMAT_DTYPES  # noqa: PLC0415
+
+    assert set(FORMAT_DTYPES["torchtitan"]) == set(_PARAM_DTYPES)
+    argv = ["plan", "models/gpt2-124m.onnx", "--cluster", "dgx-a100-80gb*1+hgx-v100-32gb*1", "--global-batch", "64",
+            "--format", "torchtitan"]
+    assert main(argv) == 0
+    assert "fp32, runtime pytorch-fsdp2" in capsys.readouterr().out
+    assert main([*argv, "--dtype", "fp16"]) == 2
+    assert "--format torchtitan has no setting for it" in capsys.readouterr().err

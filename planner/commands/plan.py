@@ -14,7 +14,7 @@ from planner.commands._common import add_allow_unknown_ops_flag, add_solver_flag
 from planner.outputs import check_distinct, check_output_file, write_text
 from planner.plans import Plan
 from planner.report import FORMATS, render
-from planner.rules import runtime_for_format, uniform_stages
+from planner.rules import format_dtype, runtime_for_format, uniform_stages
 from planner.types import LayerGraph
 
 HELP = "search the fastest parallel plan that fits (provably optimal under the cost model where it can say so)"
@@ -95,8 +95,9 @@ def run(args: argparse.Namespace) -> int:
     _check_format(args.format, model, tables, args.model, args.optimizer)
     cluster = load_cluster(args.cluster)
     # --format megatron/deepspeed plans for that framework's runtime (an explicit --runtime must produce it)
-    pinned = dataclasses.replace(config_from_args(args, defaults_to_one=False),
-                                 runtime=runtime_for_format(args.format, args.runtime))
+    config = config_from_args(args, defaults_to_one=False)
+    pinned = dataclasses.replace(config, runtime=runtime_for_format(args.format, args.runtime),
+                                 dtype=format_dtype(args.format, [g.node.device for g in cluster.groups], config.dtype))
     bar = terminal_bar("searching")
     try:
         result = search(model, cluster, args.global_batch, pinned=pinned, top_k=args.top + 1,

@@ -80,7 +80,7 @@ from planner.export._uniform import (check_transformer_layers, pipeline_degree, 
                                      transformer_layers, uniform_cp, uniform_experts, warn_tf32)
 from planner.hardware.fp8 import DEFAULT_FP8_RECIPE, FP8
 from planner.plans import Plan, cluster_group, plan_recompute
-from planner.rules import chunk_sizes
+from planner.rules import FORMAT_DTYPES, chunk_sizes
 from planner.runtime import get_runtime
 
 log = logging.getLogger(__name__)
@@ -194,9 +194,9 @@ def _check_zero_and_dtype(plan: Plan) -> None:
         raise PlannerError(f"plan: ZeRO-{plan.zero} has no torchtitan setting (FSDP2 shards parameters, gradients and "
                            "optimizer states together, ZeRO-3, or keeps parameters gathered from forward to backward, "
                            "ZeRO-2); re-plan with --runtime pytorch-fsdp2 (ZeRO 0, 2 or 3)")
-    if plan.dtype not in _PARAM_DTYPES:
+    if plan.dtype not in FORMAT_DTYPES["torchtitan"]:
         raise PlannerError(f"plan: dtype {plan.dtype} has no torchtitan setting (mixed_precision_param is bfloat16 or "
-                           "float32); re-plan with --dtype bf16")
+                           "float32); re-plan with --dtype bf16 (fp32 where the devices lack bf16)")
 
 
 def _sequence_length(plan: Plan) -> int:
