@@ -66,6 +66,10 @@ FP8_RECIPE_NAMES = tuple(FP8_RECIPES)
 SCHEDULES = ("1f1b", "interleaved", "gpipe")
 # the largest micro-batch a free choice goes to (a pinned one may be larger)
 MAX_MICRO_BATCH = 1024
+# the most micro-batches per replica a pipeline (pp > 1) may run: the cost model simulates every operation of
+# every micro-batch on every stage, so time and memory grow with m x pp; published pipelines run at most a few
+# hundred per replica (GPT-3 175B on 1,024 A100: 192; DeepSeek-V3: 120), one stage takes any number
+MAX_PIPELINE_MICRO_BATCHES = 4096
 INTERLEAVED = "interleaved"
 ZERO_STAGES = (0, 1, 2, 3)
 RUNTIME_NAMES = tuple(RUNTIMES)
@@ -303,10 +307,14 @@ def check_cp_pools(tp: int, cp: int, cluster: Cluster, pools: Sequence[int], fla
 # ----------------------------------------------------------------------------------------- pipeline (pp)
 
 
-def max_pipeline(shape: ModelShape, runtime: Runtime, zero: int | None = None) -> int:
+def max_pipeline(shape: ModelShape, runtime: Runtime, zero: int | None = None,
+                 num_micro_batches: int | None = None) -> int:
     """The most pipeline stages: one unit per stage at most (0 units: unknown, no limit); 1 where the runtime
-    has no pipeline, or where ``zero`` is above what it combines with a pipeline."""
+    has no pipeline, where ``zero`` is above what it combines with a pipeline, or where there are more than
+    :data:`MAX_PIPELINE_MICRO_BATCHES` micro-batches per replica."""
     if not runtime.pipeline_parallel or (zero is not None and zero > runtime.max_pipeline_zero):
+        return 1
+    if num_micro_batches is not None and num_micro_batches > MAX_PIPELINE_MICRO_BATCHES:
         return 1
     return shape.num_units if shape.num_units else 1 << 30
 
@@ -328,6 +336,15 @@ def stages_allowed(num_stages: int, num_micro_batches: int, vpp: int, num_units:
 
 def _uneven_runtimes() -> str:
     return " or ".join(r.name for r in RUNTIMES.values() if r.uneven_pipeline and r.pipeline_parallel)
+
+
+def check_pipeline_micro_batches(pp: int, num_micro_batches: int, flag: str = "pp=") -> None:
+    """ConfigError where ``pp`` > 1 stages would run more than :data:`MAX_PIPELINE_MICRO_BATCHES` micro-batches
+    per replica."""
+    if pp > 1 and num_micro_batches > MAX_PIPELINE_MICRO_BATCHES:
+        raise ConfigError(f"{flag}{pp}: {num_micro_batches} micro-batches per replica is more than the "
+                          f"{MAX_PIPELINE_MICRO_BATCHES} a pipeline is timed for; use a larger micro-batch or dp, "
+                          "or pp 1")
 
 
 def check_pp(pp: int, shape: ModelShape, runtime: Runtime, flag: str = "pp=") -> None:

@@ -98,7 +98,7 @@ def search_contains(model: LayerGraph, cluster: Cluster, config: ParallelConfig)
             continue
         for name in ("micro_batch", "zero", "recompute", "ep"):
             assert getattr(config, name) in (None, getattr(s, name))
-        if pp <= min(len(model.layers), max_stages(s, num_units)) and config.vpp in (None, s.vpp) \
+        if pp <= min(len(model.layers), max_stages(s, num_units, config.global_batch)) and config.vpp in (None, s.vpp) \
                 and pipeline_allowed(pp, s.num_micro_batches(config.global_batch), s.vpp, num_units,
                                      not RUNTIMES[s.runtime].uneven_pipeline):
             return True

@@ -50,9 +50,10 @@ from planner.hardware.cluster import locate
 from planner.hardware.efficiency import resolve_dtype
 from planner.hardware.fp8 import base_dtype, cost_dtype, recipe_name, resolve_fp8_recipe
 from planner.hardware.collectives import CommGroup, p2p_time_s
-from planner.rules import (TIE_TOLERANCE, ModelShape, check_config, divisors, ep_values, even_split_fits,
-                           expert_tp_values, layer_chunks, micro_batch_choices, pipeline_units, recompute_choices,
-                           simplicity_key, stage_blocks, tp_zero_fits, unit_flags, vpp_fits, zero_stages)
+from planner.rules import (MAX_PIPELINE_MICRO_BATCHES, TIE_TOLERANCE, ModelShape, check_config,
+                           check_pipeline_micro_batches, divisors, ep_values, even_split_fits, expert_tp_values,
+                           layer_chunks, micro_batch_choices, pipeline_units, recompute_choices, simplicity_key,
+                           stage_blocks, tp_zero_fits, unit_flags, vpp_fits, zero_stages)
 from planner.runtime import Runtime, get_runtime
 from planner.types import (Batching, Breakdown, Cluster, Estimate, LayerGraph, MemoryBreakdown, NodeProfile,
                            ParallelConfig, PipelineSpec, ReplicaEstimate, ReplicaSpec, StageEstimate, StageSpec)
@@ -617,6 +618,7 @@ def estimate_pipeline(model: LayerGraph, cluster: Cluster, spec: PipelineSpec,
                            get_runtime(spec.runtime), spec.ep, spec.expert_tp)
     work = _work(model, cluster, placement, spec.global_batch, spec.micro_batch, spec.recompute,
                  bool(spec.sequence_parallel))
+    check_pipeline_micro_batches(len(spec.stages), work.num_micro_batches)
     if spec.schedule == "interleaved" and spec.vpp > 1 and work.num_micro_batches % len(spec.stages):
         raise ConfigError(f"the interleaved schedule needs the number of micro-batches "
                           f"({work.num_micro_batches}) to be a multiple of pp={len(spec.stages)}")
@@ -688,6 +690,12 @@ def _candidates(model: LayerGraph, config: ParallelConfig) -> dict[str, list]:
     runtime = get_runtime(config.runtime)
     per_replica = g // dp
     mbs = [config.micro_batch] if config.micro_batch else micro_batch_choices(per_replica)
+    # a pipeline is timed for at most MAX_PIPELINE_MICRO_BATCHES per replica: a free micro-batch skips smaller
+    # ones, and where every choice leaves more the rule says so
+    piped = [b for b in mbs if pp == 1 or per_replica // b <= MAX_PIPELINE_MICRO_BATCHES]
+    if not piped:
+        check_pipeline_micro_batches(pp, min(per_replica // b for b in mbs))
+    mbs = piped
     units = pipeline_units(model)
     if config.vpp is not None:
         vpps = [config.vpp]

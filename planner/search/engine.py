@@ -170,7 +170,7 @@ def _choices(profiles: Profiles, cluster: Cluster, settings: Settings, index: in
     outside the warm-up), so the corner bounds every count of the choice; a choice whose corner reaches the
     cutoff is dropped whole (the cutoff only decreases)."""
     m = settings.num_micro_batches(global_batch)
-    stages_cap = min(num_layers, max_stages(settings, pins.shape.num_units))
+    stages_cap = min(num_layers, max_stages(settings, pins.shape.num_units, global_batch))
     per_pool = pool_options(cluster, settings, pins)
     options = [o for opts in per_pool for o in opts]
     column = {o: c for c, o in enumerate(options)}
@@ -199,7 +199,7 @@ def _split(profiles: Profiles, settings: Settings, box: _Entry, num_layers: int,
     """A box of stage counts cut in halves along every count with more than one value, each part bounded at
     its corners (:func:`planner.search.bounds.lower_bounds`: the parts that fall with the counts at its
     largest, those that grow at its least) and at least the box's bound; those below ``cutoff``."""
-    stages_cap = min(num_layers, max_stages(settings, pins.shape.num_units))
+    stages_cap = min(num_layers, max_stages(settings, pins.shape.num_units, global_batch))
     halves = [[(lo, hi)] if lo == hi else [(lo, (lo + hi) // 2), ((lo + hi) // 2 + 1, hi)]
               for lo, hi in zip(box.lows, box.counts)]
     parts = []
@@ -224,8 +224,8 @@ def _blocks(profiles: Profiles, cluster: Cluster, settings: Settings, choice: _E
     """The stage-count grid of one choice, each count bounded (one vectorised call), those below ``cutoff``;
     and whether the grid is complete (not restricted to whole pools). Interleaved settings keep the stage
     counts that may interleave (:func:`planner.search.interleave.pipeline_allowed`)."""
-    counts, full = _count_grid(list(choice.counts), num_layers, pins.pp,
-                               min(num_layers, max_stages(settings, pins.shape.num_units)), choice.lows)
+    cap = min(num_layers, max_stages(settings, pins.shape.num_units, global_batch))
+    counts, full = _count_grid(list(choice.counts), num_layers, pins.pp, cap, choice.lows)
     m = settings.num_micro_batches(global_batch)
     even = even_split(settings)
     if settings.vpp > 1 or even:
@@ -492,7 +492,7 @@ def settings_bound(profiles: Profiles, cluster: Cluster, settings: Settings, num
     if options is None:
         options = tuple(o for opts in pool_options(cluster, settings, pins) for o in opts)
     caps = np.array([o.most_stages(cluster, settings.dp) for o in options], dtype=int)
-    stages_cap = min(num_layers, max_stages(settings, num_units))
+    stages_cap = min(num_layers, max_stages(settings, num_units, global_batch))
     return settings_lower_bound([profiles.get(o, settings) for o in options], caps,
                                 settings.num_micro_batches(global_batch), num_layers, stages_cap,
                                 cluster.num_devices, settings.dp, floor_s, settings.vpp, profiles.count_memo,
@@ -584,7 +584,7 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
     quick_memo: dict[tuple, float] = {}
 
     def quick_bound(s: Settings, counted: bool) -> float:
-        stages = min(num_layers, max_stages(s, num_units))
+        stages = min(num_layers, max_stages(s, num_units, global_batch))
         key = (s.dp, s.micro_batch, s.recompute, s.sequence_parallel, s.dtype, s.runtime, s.vpp, counted and stages,
                s.ep, s.expert_tp)
         hit = quick_memo.get(key)
@@ -601,7 +601,7 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
 
     for i, s in enumerate(settings_list):
         queue.append((quick_bound(s, False), i, _QUICK))
-        if len(cluster.groups) > 1 and hetero.hetero_allowed(s, pins):  # never with pins.uniform  # its heterogeneous stages, when due
+        if len(cluster.groups) > 1 and hetero.hetero_allowed(s, pins):  # its heterogeneous stages, when due
             queue.append((hetero.settings_floor(backend.layer_table, cluster, s, global_batch, pins, floors), i,
                           _HETERO))
     heapq.heapify(queue)
@@ -722,5 +722,5 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
                    bounded=bounded, solved=solved, timed=state.timed, complete_space=complete,
                    timed_out=timed_out, bound_violations=state.violations, time_s=time.perf_counter() - start,
                    work=state.work, fastest=fastest, vpp_values=tuple(sorted({s.vpp for s in settings_list})),
-                   uneven=any(min(num_layers, max_stages(s, num_units)) > 1 and not even_split(s)
+                   uneven=any(min(num_layers, max_stages(s, num_units, global_batch)) > 1 and not even_split(s)
                               for s in settings_list))

@@ -162,6 +162,12 @@ def validate_pins(pins: Pins, cluster: Cluster, global_batch: int, num_layers: i
     check_schedule_pins(pins, units, global_batch)
     if pins.pp:
         rules.check_pp(pins.pp, shape, runtime, flag="--pp ")
+        dps = [pins.dp] if pins.dp else [d for d in rules.divisors(global_batch) if d <= cluster.num_devices]
+        least = min((global_batch // (dp * b) for dp in dps if global_batch % dp == 0
+                     for b in ([pins.micro_batch] if pins.micro_batch else
+                               rules.micro_batch_choices(global_batch // dp)) if (global_batch // dp) % b == 0),
+                    default=0)
+        rules.check_pipeline_micro_batches(pins.pp, least, flag="--pp ")
     if pins.tp:
         valid = cluster_tps(cluster, pins)
         if pins.tp not in valid:  # the largest node names the rule (pools of smaller ones are left out anyway)
@@ -348,11 +354,13 @@ def interleaved_min_stages(settings: Settings) -> int:
     return get_runtime(settings.runtime).interleaved_min_stages
 
 
-def max_stages(settings: Settings, num_units: int) -> int:
+def max_stages(settings: Settings, num_units: int, global_batch: int) -> int:
     """Pipeline stages allowed (:func:`planner.rules.max_pipeline`): one per pipeline unit at most (0 units:
     unknown, the caller caps by its layers), one per ``vpp`` units when interleaved (every stage holds whole
-    chunks); one only with a ZeRO stage the runtime does not combine with a pipeline."""
-    most = rules.max_pipeline(ModelShape(num_units=num_units), get_runtime(settings.runtime), settings.zero)
+    chunks); one only with a ZeRO stage the runtime does not combine with a pipeline, or with more
+    micro-batches of ``global_batch`` per replica than a pipeline is timed for."""
+    most = rules.max_pipeline(ModelShape(num_units=num_units), get_runtime(settings.runtime), settings.zero,
+                              settings.num_micro_batches(global_batch))
     return most // settings.vpp if settings.vpp > 1 and most > 1 else most
 
 

@@ -36,7 +36,7 @@ def plans(cluster: Cluster, num_layers: int, global_batch: int, pins: Pins, unit
         m = settings.num_micro_batches(global_batch)
         if not settings_allowed(settings, pins):
             continue
-        cap = min(num_layers, max_stages(settings, sum(units)))
+        cap = min(num_layers, max_stages(settings, sum(units), global_batch))
         for choice in itertools.product(*[[None, *opts] for opts in pool_options(cluster, settings, pins)]):
             options = tuple(o for o in choice if o is not None)
             if not options_allowed(settings, options):
