@@ -11,6 +11,7 @@ from planner.commands._common import add_cluster_flags, add_config_flags, add_js
     emit_json, non_negative_int, output_format, parse_dims, positive_int, positive_seconds, tables_from_args, \
     warn_batch_dim
 from planner.commands._common import add_allow_unknown_ops_flag, add_solver_flags, solver_options_from_args
+from planner.errors import ConfigError
 from planner.outputs import check_distinct, check_output_file, write_text
 from planner.plans import Plan
 from planner.report import FORMATS, render
@@ -26,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_allow_unknown_ops_flag(parser)
     add_config_flags(parser, required=False)
     parser.add_argument("--top", type=non_negative_int, default=0, metavar="K",
-                        help="also list the K next best plans (alternatives)")
+                        help="also list the K next best plans (alternatives; at most 99)")
     parser.add_argument("--time-limit", type=positive_seconds, metavar="S",
                         help="stop searching after S seconds, once a plan is found (the plan then says whether it "
                              "is proven optimal, and its lower bound)")
@@ -76,11 +77,15 @@ def run(args: argparse.Namespace) -> int:
     from planner.graph import load_model
     from planner.hardware import load_cluster
     from planner.search import search
+    from planner.search.api import MAX_TOP_K
     from planner.report._figure import check_path
     from planner.progress import terminal_bar
 
     # a bad output path or solver option fails before the search, not after it
     options = solver_options_from_args(args)
+    if args.top >= MAX_TOP_K:
+        raise ConfigError(f"--top {args.top}: a search returns at most {MAX_TOP_K} plans; use --top "
+                          f"{MAX_TOP_K - 1} or less")
     output_format(args)
     if args.gantt is not None:  # an empty path is an error, not "not given"
         check_path(args.gantt, "--gantt")

@@ -46,6 +46,10 @@ class SearchResult:
         return self.plans[0]
 
 
+# the most plans one search returns: each is timed by the cost model and the search's cutoff is the K-th best
+# time, so a large K times most of the space
+MAX_TOP_K = 100
+
 def default_backend(model: LayerGraph, cluster: Cluster) -> Backend:
     from planner.search.costmodel import CostModelBackend  # the full cost model, imported on first use
     return CostModelBackend(model, cluster)
@@ -97,7 +101,7 @@ def search_dense(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinn
     then goes on to the next ones, so ``finish`` only sees admitted plans. Both get the estimate with the
     device ids of ``cluster`` as given."""
     global_batch, time_limit_s, budget = check_search_arguments(global_batch, time_limit_s, budget, pinned, options)
-    top_k = arguments.whole(top_k, "top_k")
+    top_k = arguments.whole(top_k, "top_k", most=MAX_TOP_K)
     if pinned is not None and pinned.global_batch != global_batch:
         raise ConfigError(f"pinned global_batch {pinned.global_batch} differs from global_batch {global_batch}; "
                           "give the same value (or pass pinned=None)")

@@ -1,6 +1,8 @@
-"""A pipeline is timed for at most planner.rules.MAX_PIPELINE_MICRO_BATCHES micro-batches per replica (the event
-simulation's time and memory grow with m x pp); one stage takes any number. A prime global batch, whose only
-micro-batch is 1, used to make plan and estimate simulate millions of micro-batches until memory ran out."""
+"""Limits that keep a search or an estimate within seconds and memory on any input. A pipeline is timed for at
+most planner.rules.MAX_PIPELINE_MICRO_BATCHES micro-batches per replica (the event simulation's time and memory
+grow with m x pp; one stage takes any number): a prime global batch, whose only micro-batch is 1, used to make
+plan and estimate simulate millions of micro-batches until memory ran out. A search returns at most
+planner.search.api.MAX_TOP_K plans."""
 
 from __future__ import annotations
 
@@ -44,3 +46,15 @@ def test_cli_names_the_pinned_pp(capsys):
                  "--pp", "2"])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("planner: error: --pp 2: ") and err.count("\n") == 1
+
+
+def test_top_is_bounded(model, capsys):
+    """A search returns at most planner.search.api.MAX_TOP_K plans (each timed; the cutoff is the K-th best)."""
+    from planner.search import search  # noqa: PLC0415
+    from planner.search.api import MAX_TOP_K  # noqa: PLC0415
+
+    with pytest.raises(ConfigError, match=rf"top_k={MAX_TOP_K + 1} is over {MAX_TOP_K}"):
+        search(model, load_cluster("dgx-a100-80gb*1"), 64, top_k=MAX_TOP_K + 1)
+    code = main(["plan", "models/gpt2-124m.onnx", "--cluster", "dgx-a100-80gb*1", "--global-batch", "64",
+                 "--top", str(MAX_TOP_K)])
+    assert code == 2 and f"--top {MAX_TOP_K}: a search returns at most" in capsys.readouterr().err
