@@ -36,7 +36,7 @@ from planner import arguments
 from planner.cost.estimator import Calibrations, estimate_pipeline
 from planner.cost.estimator import estimate as estimate_dense
 from planner.errors import ConfigError, InfeasibleError
-from planner.plans import Plan, pipeline_spec
+from planner.plans import Plan, check_fits_model, pipeline_spec
 from planner.solver import SolverOptions
 from planner.types import Batching, Cluster, EmbeddingTable, Estimate, LayerGraph, ParallelConfig
 
@@ -224,10 +224,7 @@ def estimate_plan(model: LayerGraph, cluster: Cluster, plan: Plan, calibration: 
         raise ConfigError("plan: it places embedding tables and the model has none (give the tables it was made "
                           "for: --tables FILE)" if plan.embeddings else "plan: the model has embedding tables and "
                           "the plan places none; give the plan made for these tables")
-    planned = plan.model.get("params")
-    if isinstance(planned, (int, float)) and planned != model.params:
-        raise ConfigError(f"plan: it was made for a model of {planned:,} parameters ({plan.model.get('name', '?')}), "
-                          f"not {model.params:,} ({model.name}); give the model the plan was made for")
+    check_fits_model(plan, model.params, dense_part(model) if sparse else model)
     highest = max(plan.devices, default=-1)
     if highest >= cluster.num_devices:
         raise ConfigError(f"plan: it uses device {highest}, the cluster has {cluster.num_devices} devices "

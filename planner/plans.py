@@ -21,7 +21,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-from planner.errors import PlannerError
+from planner.errors import ConfigError, PlannerError
 from planner.hardware.documents import MAX_JSON_BYTES, expand_ranges, load_json, non_finite, read_input
 from planner.rules import INTERLEAVED
 from planner.runtime import DEFAULT_RUNTIME, get_runtime
@@ -366,8 +366,15 @@ def _consistency_errors(plan: dict[str, Any]) -> list[str]:
         out.append(f"plan.global_batch: {plan['global_batch']} is not micro_batch {plan['micro_batch']} x "
                    f"num_micro_batches {plan['num_micro_batches']} x dp {dp}")
     previous_last = -1
+    owner: dict[Any, int] = {}  # device id -> the first stage listing it
     for i, stage in enumerate(plan["stages"]):
         where = f"plan.stages[{i}]"
+        for device in dict.fromkeys(stage["devices"]):
+            if device in owner:
+                out.append(f"{where}.devices: device {device} is also in stage {owner[device]} (a device runs one "
+                           "stage)")
+            else:
+                owner[device] = i
         first, last = stage["first_layer"], stage["last_layer"]
         if stage["index"] != i:
             out.append(f"{where}.index: {stage['index']} should be {i} (stages are listed in pipeline order)")
@@ -388,6 +395,27 @@ def _consistency_errors(plan: dict[str, Any]) -> list[str]:
                 if end <= start:
                     out.append(f"plan.embeddings[{i}].shards[{j}].{key}: [{start}, {end}) is empty")
     return out
+
+
+def check_fits_model(plan: Plan, params: int, layers: LayerGraph) -> None:
+    """ConfigError unless ``plan`` was made for this model: its ``params`` (the whole model's, embedding tables
+    included) and ``layers`` (the layers the plan's stages place: a model with tables, its dense part), by count
+    and name. ``planner split`` and ``planner estimate --plan`` (and what-if's re-timing) check alike."""
+    planned = plan.model.get("params")
+    if isinstance(planned, (int, float)) and planned != params:
+        raise ConfigError(f"plan: made for model {plan.model.get('name')!r} of {planned:,} parameters, but "
+                           f"{layers.name!r} has {params:,}; give the model the plan was made for, or plan this "
+                           "model ('planner plan MODEL ... --out PLAN.json')")
+    count = len(layers.layers)
+    if plan.stages[-1].last_layer != count - 1:
+        raise ConfigError(f"plan: the stages cover layers 0..{plan.stages[-1].last_layer} but the model has "
+                           f"{count} layers (0..{count - 1}); was the plan made for this model and these --dim values?")
+    for stage in plan.stages:
+        for offset, index in enumerate(range(stage.first_layer, stage.last_layer + 1)):
+            planned_name, name = stage.layer_names[offset], layers.layers[index].name
+            if planned_name != name:
+                raise ConfigError(f"plan: stage {stage.index} lists layer {index} as '{planned_name}' but the "
+                                   f"model's layer {index} is '{name}'; the plan was made for another model")
 
 
 def _device_errors(stage: dict[str, Any], where: str, num_devices: Any) -> list[str]:

@@ -4,6 +4,7 @@ and applied alike by jsonschema and the built-in fallback validator."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 
@@ -249,3 +250,28 @@ def test_a_searched_plan_on_mixed_devices_carries_every_contract_field():
     best = planner.plan(model, load_cluster("dgx-h100*1+dgx-a100-80gb*1"), 64)
     assert any(stage.replicas for stage in best.stages)  # a heterogeneous stage: its groups are checked too
     assert _contract_fields_missing(best.to_dict()) == []
+
+
+def test_a_device_in_two_stages_is_refused_on_load():
+    """Every command reads a plan file through Plan.from_json, so show, split and estimate --plan refuse alike."""
+    document = plan_samples.gpt_plan().to_dict()
+    document["stages"][1]["devices"] = document["stages"][0]["devices"]
+    with pytest.raises(PlannerError, match=r"plan\.stages\[1\]\.devices: device 0 is also in stage 0"):
+        Plan.from_json(json.dumps(document))
+
+
+def test_estimate_plan_checks_the_layer_names_as_split_does():
+    import planner  # noqa: PLC0415
+    from planner.compose import estimate_plan  # noqa: PLC0415
+    from planner.hardware import load_cluster  # noqa: PLC0415
+    from planner.plans import check_fits_model  # noqa: PLC0415
+
+    model = planner.load_model("models/gpt2-124m.onnx", {"batch": 1})
+    cluster = load_cluster("dgx-a100-80gb*2")
+    best = planner.plan(model, cluster, 16, pinned=planner.ParallelConfig(global_batch=16, tp=0, pp=2, dp=0))
+    check_fits_model(best, model.params, model)  # the plan's own model passes
+    stages = list(best.stages)
+    stages[0] = dataclasses.replace(stages[0], layer_names=("zzz", *stages[0].layer_names[1:]))
+    wrong = dataclasses.replace(best, stages=tuple(stages))
+    with pytest.raises(PlannerError, match="stage 0 lists layer 0 as 'zzz'"):
+        estimate_plan(model, cluster, wrong)

@@ -16,10 +16,10 @@ from typing import Any, Sequence
 
 import onnx
 
-from planner.errors import ConfigError, PlannerError
+from planner.errors import ConfigError
 from planner.export.stages import StageModel, split_model
 from planner.outputs import atomic_open, write_error
-from planner.plans import Plan, StagePlan
+from planner.plans import Plan, StagePlan, check_fits_model
 from planner.types import LayerGraph
 
 log = logging.getLogger(__name__)
@@ -28,24 +28,11 @@ MANIFEST = "manifest.json"
 
 def stage_node_names(plan: Plan, layers: LayerGraph) -> list[set[str]]:
     """The ONNX node names of each plan stage; PlannerError when the plan does not fit the model's layers."""
-    count = len(layers.layers)
-    planned_params = plan.model.get("params")
-    if isinstance(planned_params, int) and planned_params != layers.params:
-        raise PlannerError(f"plan: made for model {plan.model.get('name')!r} of {planned_params:,} parameters, but "
-                           f"{layers.name!r} has {layers.params:,}; plan this model ('planner plan MODEL ... --out "
-                           "PLAN.json') and split with that plan")
-    if plan.stages[-1].last_layer != count - 1:
-        raise PlannerError(f"plan: the stages cover layers 0..{plan.stages[-1].last_layer} but the model has "
-                           f"{count} layers (0..{count - 1}); was the plan made for this model and these --dim values?")
+    check_fits_model(plan, layers.params, layers)
     result: list[set[str]] = []
     for stage in plan.stages:
         names: set[str] = set()
-        for offset, index in enumerate(range(stage.first_layer, stage.last_layer + 1)):
-            layer = layers.layers[index]
-            planned = stage.layer_names[offset]
-            if layer.name != planned:
-                raise PlannerError(f"plan: stage {stage.index} lists layer {index} as '{planned}' but the model's "
-                                   f"layer {index} is '{layer.name}'; the plan was made for another model")
+        for layer in layers.layers[stage.first_layer:stage.last_layer + 1]:
             names.update(op.name for op in layer.ops)
         result.append(names)
     return result
