@@ -752,7 +752,8 @@ def check_numerics(recompute: str | None, optimizer: str, dtype: str | None, seq
 
 
 def check_config(model: LayerGraph, cluster: Cluster, config: ParallelConfig) -> None:
-    """Raise ConfigError for the first rule ``config`` breaks (estimate's check: tp, pp, dp given)."""
+    """Raise ConfigError for the first rule ``config`` breaks (estimate's check: tp, pp, dp left out are 1)."""
+    config = config.with_unit_degrees()
     tp, pp, dp, gb = config.tp, config.pp, config.dp, config.global_batch
     for name, value in (("tp", tp), ("pp", pp), ("dp", dp)):
         degree(value, name)  # the message ParallelConfig gives a negative degree

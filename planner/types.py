@@ -23,7 +23,7 @@ Conventions
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping
 
 import numpy as np
@@ -312,12 +312,15 @@ MAX_GLOBAL_BATCH = 1 << 30
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    """One parallel configuration. Fields left ``None`` resolve to the best feasible choice."""
+    """One parallel configuration. Fields left ``None`` resolve to the best feasible choice; the parallel
+    degrees (tp, pp, dp, cp) left ``None`` are 1 for estimate and searched by plan (:meth:`with_unit_degrees`)."""
 
     global_batch: int
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
+    # tensor-parallel, pipeline-parallel (stages) and data-parallel degrees; None: 1 for estimate, searched by
+    # plan (0, in a plan's pins, is searched too). Devices used: tp x cp x pp x dp
+    tp: int | None = None
+    pp: int | None = None
+    dp: int | None = None
     micro_batch: int | None = None
     vpp: int | None = None
     zero: int | None = None
@@ -362,10 +365,15 @@ class ParallelConfig:
             elif not isinstance(value, str):
                 raise ConfigError(f"{f.name}={value!r} must be a name (a string) or None")
 
+    def with_unit_degrees(self) -> ParallelConfig:
+        """This configuration with its degrees left out (tp, pp, dp, cp None) at 1: the configuration estimate
+        takes (a plan searches them instead)."""
+        return replace(self, **{name: 1 for name in _DEGREE_FIELDS if getattr(self, name) is None})
 
-# ParallelConfig's parallel degrees: a tp, pp, dp or cp of 0 leaves the degree to the search when the config
-# pins a plan (estimate's rules ask for 1 or more, with the same message); its other integer fields, of which
-# ZeRO's stage counts from 0.
+
+# ParallelConfig's parallel degrees: a tp, pp, dp or cp of 0, as None, leaves the degree to the search when the
+# config pins a plan (estimate's rules ask for 1 or more, with the same message); its other integer fields, of
+# which ZeRO's stage counts from 0.
 _DEGREE_FIELDS = frozenset({"tp", "pp", "dp", "cp"})
 _COUNT_FIELDS = frozenset({"global_batch", "micro_batch", "vpp", "zero", "first_stage_layers", "last_stage_layers",
                            "ep", "expert_tp"})
@@ -385,7 +393,7 @@ class Batching:
     @classmethod
     def of(cls, config: ParallelConfig) -> Batching:
         """The batching of a resolved configuration (``Estimate.config``)."""
-        return cls(global_batch=config.global_batch, micro_batch=config.micro_batch or 1, dp=config.dp)
+        return cls(global_batch=config.global_batch, micro_batch=config.micro_batch or 1, dp=config.dp or 1)
 
     @property
     def per_replica(self) -> int:

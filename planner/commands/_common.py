@@ -179,15 +179,14 @@ def add_config_flags(parser: argparse.ArgumentParser, required: bool = False) ->
                              "of tp (omitted: the best the rules allow)")
 
 
-def config_from_args(args: argparse.Namespace, defaults_to_one: bool = True) -> ParallelConfig:
-    """A ParallelConfig from the flags. For `estimate`, tp/pp/dp are given; for `plan` they may be None
-    (searched), which ``defaults_to_one=False`` keeps as 0 meaning "free"."""
-    free = 1 if defaults_to_one else 0
+def config_from_args(args: argparse.Namespace) -> ParallelConfig:
+    """A ParallelConfig from the flags, None where a flag is left out. For `estimate`, tp/pp/dp are given; for
+    `plan` and `whatif` they may be left out (searched)."""
     return ParallelConfig(
         global_batch=args.global_batch,
-        tp=args.tp if args.tp is not None else free,
-        pp=args.pp if args.pp is not None else free,
-        dp=args.dp if args.dp is not None else free,
+        tp=args.tp,
+        pp=args.pp,
+        dp=args.dp,
         micro_batch=args.micro_batch,
         vpp=args.vpp,
         zero=args.zero,

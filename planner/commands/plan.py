@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     _check_format(args.format, model, tables, args.model, args.optimizer)
     cluster = load_cluster(args.cluster)
     # --format megatron/deepspeed plans for that framework's runtime (an explicit --runtime must produce it)
-    config = config_from_args(args, defaults_to_one=False)
+    config = config_from_args(args)
     pinned = dataclasses.replace(config, runtime=runtime_for_format(args.format, args.runtime),
                                  dtype=format_dtype(args.format, [g.node.device for g in cluster.groups], config.dtype))
     bar = terminal_bar("searching")

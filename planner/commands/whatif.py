@@ -65,11 +65,11 @@ def _check_outputs(args: argparse.Namespace) -> None:
                     ("--plan", args.plan)])
 
 
-def _pinned(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    """The pinned choices as a ParallelConfig (0 = searched), or None when nothing is pinned (every flag
+def _pinned(args: argparse.Namespace) -> ParallelConfig | None:
+    """The pinned choices as a ParallelConfig (None = searched), or None when nothing is pinned (every flag
     config_from_args reads at its default)."""
-    config = config_from_args(args, defaults_to_one=False)
-    return None if config == ParallelConfig(global_batch=config.global_batch, tp=0, pp=0, dp=0) else config
+    config = config_from_args(args)
+    return None if config == ParallelConfig(global_batch=config.global_batch) else config
 
 
 def run(args: argparse.Namespace) -> int:

@@ -758,17 +758,19 @@ def _simpler_first(finalists: list[_Result], works: list[_Work]) -> int:
 
 def estimate(model: LayerGraph, cluster: Cluster, config: ParallelConfig,
              calibration: Calibrations | None = None) -> Estimate:
-    """Predict one configuration. Fields left None (micro_batch, recompute, sequence_parallel, vpp, zero,
-    schedule) resolve to the fastest feasible choice (if none fits, the one needing the least memory,
-    with ``feasible=False``); ``Estimate.config`` says what they resolved to. Within
-    ``planner.rules.TIE_TOLERANCE`` of the fastest, the simpler choice (lower ZeRO, less recompute) wins.
+    """Predict one configuration. The degrees left None (tp, pp, dp, cp) are 1. Other fields left None
+    (micro_batch, recompute, sequence_parallel, vpp, zero, schedule) resolve to the fastest feasible choice
+    (if none fits, the one needing the least memory, with ``feasible=False``); ``Estimate.config`` says what
+    they resolved to. Within ``planner.rules.TIE_TOLERANCE`` of the fastest, the simpler choice (lower ZeRO,
+    less recompute) wins.
 
     Candidates are ranked with a fast pipeline formula; the best few are then timed exactly (closed form or
     simulation) and the best of those returned.
     """
     devices = [g.node.device for g in cluster.groups]
     dtype = resolve_dtype(devices, config.dtype)
-    config = replace(config, dtype=dtype, fp8_recipe=resolve_fp8_recipe(devices, dtype, config.fp8_recipe),
+    config = replace(config.with_unit_degrees(), dtype=dtype,
+                     fp8_recipe=resolve_fp8_recipe(devices, dtype, config.fp8_recipe),
                      runtime=get_runtime(config.runtime).name)
     check_config(model, cluster, config)
     numerics = cost_dtype(config.dtype, config.fp8_recipe)  # the recipe rides on the cost model's dtype key

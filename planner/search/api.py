@@ -80,8 +80,8 @@ def check_search_arguments(global_batch: object, time_limit_s: object, budget: o
                            options: object) -> tuple[int, float | None, int | None]:
     """The arguments every search takes (plan's, and each what-if point's), checked: ConfigError naming the
     one at fault; the numbers are returned as the Python int and float the search uses."""
-    arguments.optional(pinned, ParallelConfig, "pinned", "give planner.ParallelConfig(global_batch=..., tp=0, ...) "
-                       "(0 leaves tp, pp, dp, cp to the search) or None")
+    arguments.optional(pinned, ParallelConfig, "pinned", "give planner.ParallelConfig(global_batch=..., zero=1, ...) "
+                       "(the fields left out are searched) or None")
     arguments.optional(options, SolverOptions, "options", arguments.SOLVER_OPTIONS_FIX)
     return (arguments.whole(global_batch, "global_batch", most=MAX_GLOBAL_BATCH),
             None if time_limit_s is None else arguments.seconds(time_limit_s, "time_limit_s"),
