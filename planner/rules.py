@@ -36,6 +36,9 @@ Rules
 * dtype fp8: only on a runtime that trains it (``runtime.fp8``).
 * enums: recompute, optimizer, dtype, schedule, runtime, each spelled once here (the search plans the 1F1B
   and interleaved schedules; GPipe, which holds every micro-batch's activations, is estimated only).
+* runtime left out (``--runtime``, ``ParallelConfig.runtime`` None): the default runtime where it runs every
+  pinned choice, else the first of ``RUNTIME_PREFERENCE`` that does (:func:`resolve_runtime`; e.g. ZeRO-3, which
+  megatron-core does not run, resolves to pytorch-fsdp2). A named runtime is never replaced.
 
 This module imports nothing of the cost model or the search (both import it).
 """
@@ -46,13 +49,13 @@ import bisect
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from planner.arguments import degree
 from planner.errors import ConfigError, suggest
 from planner.hardware.efficiency import DEFAULT_DTYPE, DTYPE_FALLBACK, default_dtype
 from planner.hardware.fp8 import FP8, FP8_RECIPES, base_dtype, check_recipe_choice
-from planner.runtime import RUNTIMES, Runtime, get_runtime
+from planner.runtime import DEFAULT_RUNTIME, RUNTIMES, Runtime, get_runtime
 from planner.types import Batching, Cluster, DeviceProfile, LayerGraph, ParallelConfig
 
 # ------------------------------------------------------------------------------------------------ enums
@@ -113,6 +116,13 @@ def uniform_stages(fmt: str) -> bool:
     replica group: the framework exports (:data:`FORMAT_RUNTIMES`) launch one configuration everywhere."""
     return fmt in FORMAT_RUNTIMES
 
+
+# the runtimes a configuration that names none resolves to (resolve_runtime), in the order a user of today would
+# reach for them: the default; then PyTorch FSDP2 as torchtitan runs it, PyTorch's own sharded data parallelism,
+# which runs ZeRO-2 and -3 with pipeline stages, the interleaved schedule and sequence parallelism; then
+# DeepSpeed (ZeRO-2 and -3 without pipeline stages). megatron-lm-2021 runs no choice megatron-core does not, so
+# it is only ever taken by name
+RUNTIME_PREFERENCE: tuple[str, ...] = (DEFAULT_RUNTIME, "pytorch-fsdp2", "deepspeed")
 
 # among plans within this fraction of the fastest predicted time, the simpler one is taken (simplicity_key)
 TIE_TOLERANCE = 0.005
@@ -804,7 +814,7 @@ def format_launches(fmt: str, runtime: str) -> bool:
 
 def runtime_for_format(fmt: str, runtime: str | None) -> str | None:
     """The runtime a plan printed as ``fmt`` is made for: the asked one, which must be able to produce the
-    format; or, left out, the format's framework (None: the default runtime)."""
+    format; or, left out, the format's framework (None: resolved by :func:`resolve_runtime`)."""
     allowed = FORMAT_RUNTIMES.get(fmt)
     if allowed is None:
         return runtime
@@ -816,3 +826,29 @@ def runtime_for_format(fmt: str, runtime: str | None) -> str | None:
                           f"{' or '.join(allowed)}; use --runtime {allowed[0]}, or leave --runtime out")
     return name
 
+
+def resolve_runtime(runtime: str | Runtime | None, runs: Callable[[str], object]) -> tuple[str, str]:
+    """The runtime a configuration is made for, and a note saying why where it is not the one named or the
+    default (else ""). Named (``runtime`` not None), that runtime, whatever it refuses. Left out, the default
+    where it runs the configuration, else the first of ``RUNTIME_PREFERENCE`` that runs it; where none does,
+    the default's refusal is raised. ``runs(name)`` applies the caller's rules (estimate's :func:`check_config`,
+    the search's pins) to its configuration under the runtime ``name``, raising ConfigError where one fails."""
+    if runtime is not None:
+        return get_runtime(runtime).name, ""
+    try:
+        runs(DEFAULT_RUNTIME)
+        return DEFAULT_RUNTIME, ""
+    except ConfigError as exc:
+        refusal = exc
+    others = RUNTIME_PREFERENCE[1:]
+    for name in others:
+        try:
+            runs(name)
+        except ConfigError:
+            continue
+        # the rule the default breaks, without the fix its message goes on to suggest
+        reason = str(refusal).split("; ")[0]
+        return name, (f"runtime {name}: none was named and the default cannot run the pinned choices ({reason}); "
+                      f"{name} is the first of {', '.join(others)} that runs them all (name one with --runtime to "
+                      "choose another)")
+    raise refusal

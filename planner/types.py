@@ -329,7 +329,9 @@ class ParallelConfig:
     schedule: str | None = None  # "1f1b" | "interleaved" | "gpipe"
     optimizer: str = "adam"  # "adam" | "sgd" | "adagrad"
     dtype: str | None = None  # "fp32" | "tf32" | "bf16" | "fp16" | "fp8"; None: bf16 (fp16, then fp32, where missing)
-    runtime: str | None = None  # the training stack (planner.runtime.RUNTIMES); None: DEFAULT_RUNTIME
+    # the training stack (planner.runtime.RUNTIMES); None: DEFAULT_RUNTIME, or where it cannot run the pinned
+    # choices the first runtime that can (planner.rules.resolve_runtime)
+    runtime: str | None = None
     # Transformer Engine's FP8 scaling recipe, with dtype "fp8" only (planner.hardware.fp8.FP8_RECIPES):
     # "delayed" | "blockwise" | "mxfp8"; None: delayed under fp8
     fp8_recipe: str | None = None

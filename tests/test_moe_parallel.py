@@ -244,7 +244,8 @@ def test_tensor_parallel_moe_layers_need_sequence_parallelism_whatever_ep(ep):
     tp 1 runs without it, and left free, sequence parallelism is taken."""
     cluster = load_cluster("dgx-h100*1")
     with pytest.raises(ConfigError, match="tp=2 without sequence parallelism"):
-        estimate(moe_model(), cluster, ParallelConfig(global_batch=16, tp=2, dp=4, ep=ep, sequence_parallel=False))
+        estimate(moe_model(), cluster, ParallelConfig(global_batch=16, tp=2, dp=4, ep=ep, sequence_parallel=False,
+                                                      runtime="megatron-core"))
     assert estimate(moe_model(), cluster, ParallelConfig(global_batch=16, tp=2, dp=4, ep=ep)).config.sequence_parallel
     estimate(moe_model(), cluster, ParallelConfig(global_batch=16, tp=1, dp=8, ep=ep, sequence_parallel=False))
     best = plan(moe_model(), cluster, 16, pinned=ParallelConfig(global_batch=16, tp=2, pp=0, dp=0, ep=ep))

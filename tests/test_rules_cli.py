@@ -47,9 +47,10 @@ def one_error_line(err: str) -> str:
     (["plan", *README, "--dtype", "fp8"], ["dtype fp8", "a100-80gb cannot run it", "--dtype"]),
     (["plan", GPT, "--cluster", "hgx-v100-32gb*1", "--global-batch", "256", "--dtype", "bf16"],
      ["dtype bf16", "v100-32gb cannot run it", "--dtype fp32 or fp16"]),
-    (["plan", *README, "--zero", "3", "--pp", "2"],
+    # a named runtime keeps refusing what it cannot run (left out, the runtime resolves to one that can)
+    (["plan", *README, "--zero", "3", "--pp", "2", "--runtime", "megatron-core"],
      ["--zero 3", "megatron-core runtime runs ZeRO 0, 1", "nearest valid ZeRO: 1", "--runtime pytorch-fsdp2"]),
-    (["estimate", *README, "--tp", "1", "--pp", "2", "--dp", "8", "--zero", "3"],
+    (["estimate", *README, "--tp", "1", "--pp", "2", "--dp", "8", "--zero", "3", "--runtime", "megatron-core"],
      ["zero=3", "megatron-core runtime runs ZeRO 0, 1", "nearest valid ZeRO: 1"]),
     (["plan", *README, "--zero", "3", "--pp", "2", "--runtime", "deepspeed"],
      ["--zero 3 with --pp 2", "ZeRO 1 at most", "use ZeRO 1 or pp 1"]),

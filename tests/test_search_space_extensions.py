@@ -83,7 +83,7 @@ def test_interleaving_is_searched_and_never_worse_than_1f1b(gpt8):
     (dict(schedule="gpipe"), "gpipe"),
     (dict(vpp=8), "pipeline units"),
     (dict(vpp=2, pp=1), "pipeline parallelism"),
-    (dict(vpp=2, zero=2), "ZeRO"),
+    (dict(vpp=2, zero=2, runtime="megatron-core"), "ZeRO"),
     (dict(vpp=1, schedule="interleaved"), "vpp 2 or more"),
     (dict(vpp=2, schedule="1f1b"), "interleaved"),
     (dict(vpp=2, pp=3, dp=2, micro_batch=4), "multiple of --pp"),

@@ -12,8 +12,8 @@ from typing import Any
 from planner.assignments import split_assignments
 from planner.errors import ConfigError
 from planner.rules import (DTYPES, FORMAT_RUNTIMES, FP8_RECIPE_NAMES, OPTIMIZERS, RECOMPUTE_CHOICES,
-                           RUNTIME_NAMES, SCHEDULES, ZERO_STAGES)
-from planner.runtime import DEFAULT_RUNTIME
+                           RUNTIME_NAMES, RUNTIME_PREFERENCE, SCHEDULES, ZERO_STAGES)
+from planner.runtime import DEFAULT_RUNTIME, get_runtime
 from planner.solver import SolverOptions
 from planner.types import MAX_GLOBAL_BATCH, LayerGraph, ParallelConfig
 
@@ -22,6 +22,9 @@ log = logging.getLogger(__name__)
 
 # the runtime each export format implies when --runtime is left out
 _IMPLIED = ", ".join(f"{fmt} -> {names[0]}" for fmt, names in FORMAT_RUNTIMES.items())
+# the runtimes a left-out --runtime falls back to, in order (planner.rules.resolve_runtime), and the one ZeRO-3 gets
+_FALLBACKS = ", ".join(RUNTIME_PREFERENCE[1:])
+_ZERO3 = next(name for name in RUNTIME_PREFERENCE if 3 in get_runtime(name).zero_stages)
 
 
 def add_json_flag(parser: argparse.ArgumentParser) -> None:
@@ -162,7 +165,9 @@ def add_config_flags(parser: argparse.ArgumentParser, required: bool = False) ->
     parser.add_argument("--optimizer", choices=OPTIMIZERS, help=f"optimizer (default: {ParallelConfig.optimizer})")
     parser.add_argument("--runtime", choices=RUNTIME_NAMES,
                         help=f"training stack, which bounds ZeRO, interleaving and overlap (default: "
-                             f"{DEFAULT_RUNTIME}; with 'plan --format' the format's framework: {_IMPLIED})")
+                             f"{DEFAULT_RUNTIME}, or where it cannot run the pinned choices the first of "
+                             f"{_FALLBACKS} that can, e.g. --zero 3 -> {_ZERO3}; with 'plan --format' the "
+                             f"format's framework: {_IMPLIED})")
     parser.add_argument("--dtype", choices=DTYPES,
                         help="training dtype; every device must run it (default: bf16, or the first of fp16 "
                              "and fp32 that every device runs where one lacks bf16)")

@@ -52,8 +52,8 @@ from planner.hardware.fp8 import base_dtype, cost_dtype, recipe_name, resolve_fp
 from planner.hardware.collectives import CommGroup, p2p_time_s
 from planner.rules import (MAX_PIPELINE_MICRO_BATCHES, TIE_TOLERANCE, ModelShape, check_config,
                            check_pipeline_micro_batches, divisors, ep_values, even_split_fits, expert_tp_values,
-                           layer_chunks, micro_batch_choices, pipeline_units, recompute_choices, simplicity_key,
-                           stage_blocks, tp_zero_fits, unit_flags, vpp_fits, zero_stages)
+                           layer_chunks, micro_batch_choices, pipeline_units, recompute_choices, resolve_runtime,
+                           simplicity_key, stage_blocks, tp_zero_fits, unit_flags, vpp_fits, zero_stages)
 from planner.runtime import Runtime, get_runtime
 from planner.types import (Batching, Breakdown, Cluster, Estimate, LayerGraph, MemoryBreakdown, NodeProfile,
                            ParallelConfig, PipelineSpec, ReplicaEstimate, ReplicaSpec, StageEstimate, StageSpec)
@@ -758,11 +758,12 @@ def _simpler_first(finalists: list[_Result], works: list[_Work]) -> int:
 
 def estimate(model: LayerGraph, cluster: Cluster, config: ParallelConfig,
              calibration: Calibrations | None = None) -> Estimate:
-    """Predict one configuration. The degrees left None (tp, pp, dp, cp) are 1. Other fields left None
-    (micro_batch, recompute, sequence_parallel, vpp, zero, schedule) resolve to the fastest feasible choice
-    (if none fits, the one needing the least memory, with ``feasible=False``); ``Estimate.config`` says what
-    they resolved to. Within ``planner.rules.TIE_TOLERANCE`` of the fastest, the simpler choice (lower ZeRO,
-    less recompute) wins.
+    """Predict one configuration. The degrees left None (tp, pp, dp, cp) are 1; the runtime left None is
+    resolved by ``planner.rules.resolve_runtime`` (the default, or the first runtime that runs the pinned
+    choices, which a note then names). Other fields left None (micro_batch, recompute, sequence_parallel, vpp,
+    zero, schedule) resolve to the fastest feasible choice (if none fits, the one needing the least memory,
+    with ``feasible=False``); ``Estimate.config`` says what they resolved to. Within
+    ``planner.rules.TIE_TOLERANCE`` of the fastest, the simpler choice (lower ZeRO, less recompute) wins.
 
     Candidates are ranked with a fast pipeline formula; the best few are then timed exactly (closed form or
     simulation) and the best of those returned.
@@ -770,8 +771,10 @@ def estimate(model: LayerGraph, cluster: Cluster, config: ParallelConfig,
     devices = [g.node.device for g in cluster.groups]
     dtype = resolve_dtype(devices, config.dtype)
     config = replace(config.with_unit_degrees(), dtype=dtype,
-                     fp8_recipe=resolve_fp8_recipe(devices, dtype, config.fp8_recipe),
-                     runtime=get_runtime(config.runtime).name)
+                     fp8_recipe=resolve_fp8_recipe(devices, dtype, config.fp8_recipe))
+    runtime, runtime_note = resolve_runtime(
+        config.runtime, lambda name: check_config(model, cluster, replace(config, runtime=name)))
+    config = replace(config, runtime=runtime)
     check_config(model, cluster, config)
     numerics = cost_dtype(config.dtype, config.fp8_recipe)  # the recipe rides on the cost model's dtype key
     tp, pp, dp = config.tp, config.pp, config.dp
@@ -838,4 +841,5 @@ def estimate(model: LayerGraph, cluster: Cluster, config: ParallelConfig,
     finalists = [_evaluate(work, schedule, vpp, zero, True, pipelines) for _, _, work, schedule, vpp, zero in head]
     works = [item[2] for item in head]
     best = _simpler_first(finalists, works)
-    return _to_estimate(works[best], finalists[best])
+    result = _to_estimate(works[best], finalists[best])
+    return replace(result, notes=(runtime_note, *result.notes)) if runtime_note else result

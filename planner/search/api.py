@@ -15,7 +15,7 @@ from planner.hardware.cluster import arranged, pooled
 from planner.hardware.efficiency import resolve_dtype
 from planner.hardware.fp8 import cost_dtype, resolve_fp8_recipe
 from planner.plans import Plan, SearchInfo
-from planner.rules import TIE_TOLERANCE, ModelShape, unit_flags
+from planner.rules import TIE_TOLERANCE, ModelShape, resolve_runtime, unit_flags
 from planner.runtime import get_runtime
 from planner.solver import SolverOptions
 from planner.search import engine
@@ -109,8 +109,9 @@ def search_dense(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinn
         raise ConfigError(f"model {model.name!r} has no layers (pipeline units) to place")
     arguments.instance(uniform, bool, "uniform", "give True (every stage on one tp and cp, as the framework exports "
                        "need) or False")
-    pins = dataclasses.replace(Pins.from_config(pinned), uniform=uniform)
-    runtime = get_runtime(pins.runtime)  # an unknown name fails here, before the search
+    named = pinned.runtime if pinned is not None else None
+    if named is not None:
+        get_runtime(named)  # an unknown name fails here, before the search
     listed = cluster  # the plan reports the groups as given; the search places stages on pools of them
     arranged_cluster, listed_ids = arranged(cluster)
     cluster = pooled(arranged_cluster)
@@ -118,11 +119,19 @@ def search_dense(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinn
     dtype = resolve_dtype(devices, pinned.dtype if pinned is not None else None)
     recipe = resolve_fp8_recipe(devices, dtype, pinned.fp8_recipe if pinned is not None else None)
     # the search carries the fp8 recipe on the cost model's dtype key (planner.hardware.fp8.cost_dtype)
-    pins = dataclasses.replace(pins, dtype=cost_dtype(dtype, recipe), runtime=runtime.name,
-                               shape=ModelShape.of(model))
+    pins = dataclasses.replace(Pins.from_config(pinned), dtype=cost_dtype(dtype, recipe), shape=ModelShape.of(model),
+                               uniform=uniform)
     kinds = [layer.kind for layer in model.layers]
     units = unit_flags(kinds)
-    validate_pins(pins, cluster, global_batch, len(model.layers), sum(units))
+
+    def validated(runtime: str) -> Pins:
+        """The pins under ``runtime``, checked (:func:`validate_pins`)."""
+        ruled = dataclasses.replace(pins, runtime=runtime)
+        validate_pins(ruled, cluster, global_batch, len(model.layers), sum(units))
+        return ruled
+
+    runtime, runtime_note = resolve_runtime(named, validated)
+    pins = validated(runtime)
     backend = backend if backend is not None else default_backend(model, cluster)
 
     def listed_spec(cand: engine.Candidate) -> tuple[PipelineSpec, Estimate]:
@@ -163,6 +172,9 @@ def search_dense(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinn
     if outcome.fastest is not None and len(built) == len(outcome.candidates):  # the tie rule's choice, said
         note = tie_note(outcome.candidates[0], outcome.fastest, TIE_TOLERANCE)
         built[0] = dataclasses.replace(built[0], bottleneck=f"{built[0].bottleneck} {note}".strip())
+    if runtime_note:  # the runtime taken for the one left out, said on every plan made under it
+        said = f"{runtime_note[0].upper()}{runtime_note[1:]}."
+        built = [dataclasses.replace(p, bottleneck=f"{p.bottleneck} {said}".strip()) for p in built]
     # proven as the first plan is: a simpler plan taken over a faster one is not
     return SearchResult(plans=tuple(built), proven_optimal=built[0].search.proven_optimal,
                         lower_bound_s=info.lower_bound_s, time_s=outcome.time_s,
