@@ -205,3 +205,16 @@ def test_a_swept_seq_len_the_model_cannot_take_names_the_sweep(files):
     model, cluster = files
     with pytest.raises(ModelError, match=r"^--sweep seq_len=8388608: .*size 8,388,608 on axis 1"):
         whatif(model, cluster, 8, {"seq_len": ["64", str(2 ** 23)]}, workers=1)
+
+
+def test_a_fixed_plan_that_every_point_refuses_is_the_mistake(tmp_path):
+    """A plan re-timed on clusters that are all too small for its devices (or given tables it does not place)
+    is refused as a whole, as pins every point refuses are; a sweep where some point takes it is rows."""
+    model_path = "models/gpt2-124m.onnx"
+    model = planner.load_model(model_path, {"batch": 1})
+    plan = planner.plan(model, planner.load_cluster("dgx-a100-80gb*2"), 16,
+                        pinned=ParallelConfig(global_batch=16, tp=0, pp=2, dp=0))
+    with pytest.raises(ConfigError, match="every point of the sweep refuses the plan; the first: plan: it uses device"):
+        whatif(model_path, "dgx-a100-80gb*2", 16, {"count": ["1"]}, plan=plan, workers=1)
+    result = whatif(model_path, "dgx-a100-80gb*2", 16, {"count": ["1", "2"]}, plan=plan, workers=1)
+    assert [p.feasible for p in result.points] == [False, True]

@@ -8,8 +8,8 @@ Each grid point is the whole pipeline run again with its inputs changed (planner
 points run on local worker processes or Ray (planner.sweep.runner) and come back in grid order, so the result
 does not depend on the number of workers. A point that cannot be planned (the model does not fit, a pinned
 choice does not divide the devices) is a row with ``feasible=False`` and the planner's reason; when every
-point refuses the pinned configuration, the pins are the mistake and ``whatif`` raises ConfigError, as ``plan``
-does.
+point refuses the pinned configuration (or the fixed plan), the pins (or the plan) are the mistake and ``whatif``
+raises ConfigError, as ``plan`` does.
 
 Cost: ``cost_per_hour`` is the price of the nodes the plan uses (a node counts whole when the plan uses any
 of its devices; one would not rent the rest), known only when those nodes' groups have ``price_per_node_hour``;
@@ -334,8 +334,8 @@ def _retimed(plan: Plan, model: LayerGraph, inputs: PointInputs, seq_len: int | 
 
     try:
         estimate = estimate_plan(model, inputs.cluster, plan, tables=tables)
-    except PlannerError as exc:
-        return infeasible(inputs, " ".join(str(exc).split()), seq_len)
+    except PlannerError as exc:  # refused where the plan does not fit the inputs (its model, tables, devices)
+        return replace(infeasible(inputs, " ".join(str(exc).split()), seq_len), refused=isinstance(exc, ConfigError))
     if not estimate.feasible:
         return infeasible(inputs, estimate.reason, seq_len)
     retimed = replace(plan, iteration_time_s=estimate.iteration_time_s,
@@ -390,7 +390,8 @@ def whatif(model_path: str, cluster_spec: str | Cluster, global_batch: int, swee
     log.info("whatif: %d points", len(tasks))
     results = run_tasks(evaluate_point, tasks, workers=workers, backend=backend, progress=progress)
     if results and all(p.refused for p in results):  # the pins are the mistake, not the points
-        raise ConfigError(f"every point of the sweep refuses the pinned configuration; the first: {results[0].reason}")
+        what = "the plan" if plan is not None else "the pinned configuration"
+        raise ConfigError(f"every point of the sweep refuses {what}; the first: {results[0].reason}")
     name = cluster.name or (cluster_spec if isinstance(cluster_spec, str) else "")
     used_workers = workers or (default_workers() if backend == "process" else None)
     return WhatIfResult(points=tuple(results), keys=tuple(s.key.text for s in parsed), model=str(model_path),
