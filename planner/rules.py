@@ -71,7 +71,7 @@ SCHEDULES = ("1f1b", "interleaved", "gpipe")
 MAX_MICRO_BATCH = 1024
 # the most micro-batches per replica a pipeline (pp > 1) may run: the cost model simulates every operation of
 # every micro-batch on every stage, so time and memory grow with m x pp; published pipelines run at most a few
-# hundred per replica (GPT-3 175B on 1,024 A100: 192; DeepSeek-V3: 120), one stage takes any number
+# hundred per replica; one stage, timed in closed form, takes any number
 MAX_PIPELINE_MICRO_BATCHES = 4096
 INTERLEAVED = "interleaved"
 ZERO_STAGES = (0, 1, 2, 3)
