@@ -309,6 +309,12 @@ class Cluster:
 # per iteration), and small enough that listing its divisors (dp and micro-batch choices) stays instant.
 MAX_GLOBAL_BATCH = 1 << 30
 
+# the largest dimension of a data input, after binding (a --dim value, a swept seq_len or a static size): ONNX
+# data propagation materialises index vectors of that length (a Range over the batch feeding a Loop), in time
+# and memory linear in it -- about a second and 400 MB at this size, gigabytes beyond; no training sequence or
+# batch axis per sample comes near it
+MAX_INPUT_DIM = 2 ** 22
+
 
 @dataclass(frozen=True)
 class ParallelConfig:

@@ -181,13 +181,40 @@ def test_absurd_bound_dimension(tmp_path):
                          [h.make_tensor_value_info("y", T.FLOAT, ["batch", 1024, "seq", "seq"])])
     path = save(h.make_model(graph, opset_imports=[h.make_opsetid("", 20)]), tmp_path, "scores")
     assert answer_is_clean(["inspect", str(path), "--dim", "seq=64"]) == (0, "")
-    refused(path, "input 'x'", f"size {MAX_INPUT_DIM * 2:,} on axis 2", "smaller --dim",
-            argv=("--dim", f"seq={MAX_INPUT_DIM * 2}"))
+    for seq in (MAX_INPUT_DIM * 2, 2 ** 63, 10 ** 20):  # beyond 2**63 ONNX's int64 dims overflow
+        refused(path, f"--dim seq={seq:,} is over the {MAX_INPUT_DIM:,}", "smaller --dim", argv=("--dim", f"seq={seq}"))
     refused(path, "tensor 'y' would have shape [1, 1024, 2097152, 2097152]", "over 2**48", "--dim",
             argv=("--dim", f"seq={2 ** 21}"))
     # the batch is bound to 1 for the per-sample costs, but inspect and estimate scale by it
     refused(path, f"--dim batch={10 ** 26:,} is over the {MAX_INPUT_DIM:,}", "smaller --dim",
             argv=("--dim", "seq=64", "--dim", f"batch={10 ** 26}"))
+
+
+def test_an_overflowing_dim_is_refused_on_every_path(tmp_path):
+    """A --dim (or a swept seq_len) of 2**63 or more, which ONNX's int64 dims cannot hold, is one error line
+    from every command that binds dims, and a ModelError from the Python API, never a ValueError."""
+    from planner.builders import build, save as save_built  # noqa: PLC0415
+
+    model = str(tmp_path / "gpt.onnx")
+    save_built(build("gpt", {"layers": 2, "hidden": 64, "heads": 2, "vocab": 128, "seq_len": 64}), model)
+    plan = str(tmp_path / "plan.json")
+    assert answer_is_clean(["plan", model, "--cluster", "t4", "--global-batch", "8", "--out", plan]) == (0, "")
+    huge = ("--dim", f"seq={2 ** 63}")
+    base = ("--cluster", "t4", "--global-batch", "8")
+    for argv in (["inspect", model, *huge], ["estimate", model, *base, "--tp", "1", "--pp", "1", "--dp", "1", *huge],
+                 ["plan", model, *base, *huge], ["split", model, "--plan", plan, "--out-dir", str(tmp_path / "s"),
+                                                 "--verify", *huge],
+                 ["whatif", model, *base, "--sweep", "count=1", "--workers", "1", *huge],
+                 ["profile", "--out", str(tmp_path / "p.yaml"), "--quick", "--model", model, *huge]):
+        code, line = answer_is_clean(argv)
+        assert code == 2 and f"--dim seq={2 ** 63:,} is over the {MAX_INPUT_DIM:,}" in line, (argv, line)
+    code, line = answer_is_clean(["whatif", model, *base, "--sweep", "seq_len=99999999999999999999"])
+    assert code == 2 and f"--sweep seq_len: 99999999999999999999 must be from 1 to {MAX_INPUT_DIM}" in line
+    assert sorted(os.listdir(tmp_path)) == ["gpt.onnx", "plan.json"]
+    with pytest.raises(ModelError, match="is over the"):
+        planner.load_model(model, dims={"seq": 10 ** 20})
+    with pytest.raises(ModelError, match="is over the"):
+        planner.whatif(model, "t4", 8, {"count": ["1"]}, dims={"seq": 10 ** 20}, workers=1)
 
 
 def test_truncated_and_flipped_files(tmp_path):

@@ -122,6 +122,15 @@ def test_builder_metadata_gives_default_dims_and_family():
     assert dict(override.dims)["seq"] == 2 * S and override.embedding_tables[0].pooling_factor == 2 * S
 
 
+@pytest.mark.parametrize("seq", [0, 2 ** 63])
+def test_metadata_default_dims_out_of_range_are_refused(seq):
+    """A default the user never gave, over what ONNX's int64 dims hold or under 1, is the file's fault."""
+    model = tiny_gpt(1, H, A, S, V, symbolic_seq=True)
+    model.metadata_props.add(key="planner.default_dims", value=json.dumps({"seq": seq}))
+    with pytest.raises(ModelError, match="'planner.default_dims' is not a JSON object of integers from 1 to"):
+        import_model_proto(model)
+
+
 def _with_initializers(model: onnx.ModelProto, external: bool) -> onnx.ModelProto:
     """Move the weight graph inputs into initializers (weight-less, with external-data entries if asked)."""
     m = onnx.ModelProto()

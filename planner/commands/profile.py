@@ -12,6 +12,7 @@ import yaml
 
 from planner.commands._common import add_dim_flag, add_json_flag, emit_json, parse_dims
 from planner.errors import ConfigError
+from planner.graph.inputs import check_dims
 from planner.hardware import catalog, profiler
 from planner.outputs import check_distinct, check_output_file, write_text
 
@@ -59,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--dim binds the dimensions of --model, and no --model was given; add --model "
                           "MODEL.onnx or drop --dim")
     model = profiler.load_model_file(args.model) if args.model else None  # fail early on a bad model
+    check_dims(dims, str(args.model))  # the import's limits, before onnxruntime binds them
     check_name(args.name)
     cores = os.cpu_count() or 1
     if not 0 <= args.threads <= cores:

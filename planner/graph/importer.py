@@ -12,6 +12,7 @@ import onnx
 from planner.collector import collector_paused
 from planner.errors import ModelError
 from planner.graph import layers as layer_detection
+from planner.graph.inputs import check_dims
 from planner.graph.moe import ROUTED_EXPERT, MoEMatch, detect_moe
 from planner.graph.loader import check_external_data, check_structure, read_model
 from planner.graph.ir import ACT_BYTES, FLOAT_TYPES, INT_BYTES, Node, OpGraph, stored_bytes
@@ -61,7 +62,7 @@ def import_model_proto(model: onnx.ModelProto, dims: Mapping[str, int] | None = 
 @collector_paused()
 def _import(model: onnx.ModelProto, dims: Mapping[str, int] | None, name: str, where: str,
             allow_unknown_ops: bool) -> LayerGraph:
-    _check_dims(dims, where)
+    check_dims(dims, where)
     graph = build(model, dims, where)
     check_sizes(graph, where)
     compute = [node for node in graph.nodes if graph.is_compute(node)]
@@ -106,14 +107,6 @@ def _note_routed(graph: OpGraph, layers: int) -> None:
             graph.warnings[k] = (msg[:-len(COSTED_AS_ZERO)]
                                  + f"those in the experts of the {layers} mixture-of-experts layers (data-dependent "
                                  f"token counts) are costed as routed (tokens x top_k rows), any others as zero")
-
-
-def _check_dims(dims: Mapping[str, int] | None, where: str) -> None:
-    if dims is not None and not isinstance(dims, Mapping):
-        raise ModelError(f"{where}: dims got a {type(dims).__name__}; give a mapping such as {{'batch': 1, 'seq': 2048}}")
-    for key, value in (dims or {}).items():
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ModelError(f"{where}: dimension {key}={value!r} must be a positive integer")
 
 
 def _cost(graph: OpGraph, node: Node, bag: EmbeddingTable | None = None) -> OpCost:

@@ -10,12 +10,8 @@ import onnx
 
 from planner.errors import ModelError, suggest
 from planner.graph.ir import FLOAT_TYPES, Node
+from planner.types import MAX_INPUT_DIM
 
-# the largest dimension of a data input, after binding (a --dim value or a static size): ONNX data
-# propagation materialises index vectors of that length (a Range over the batch feeding a Loop), in time and
-# memory linear in it -- about a second and 400 MB at this size, gigabytes beyond; no training sequence or
-# batch axis per sample comes near it
-MAX_INPUT_DIM = 2 ** 22
 
 
 PARAM_SLOTS = {
@@ -111,6 +107,21 @@ def dim_name(tensor: str, pos: int, dim: onnx.TensorShapeProto.Dimension) -> str
     return dim.dim_param or f"{tensor}[{pos}]"
 
 
+def check_dims(dims: Mapping[str, int] | None, where: str) -> None:
+    """Every value the user binds (``--dim``, ``dims=``, a swept seq_len), whatever the dimension, before the
+    model is bound: a positive integer of at most :data:`MAX_INPUT_DIM` (beyond it ONNX's int64 dims overflow,
+    or inference runs for ages)."""
+    if dims is not None and not isinstance(dims, Mapping):
+        raise ModelError(f"{where}: dims got a {type(dims).__name__}; give a mapping such as "
+                         "{'batch': 1, 'seq': 2048}")
+    for key, value in (dims or {}).items():
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ModelError(f"{where}: dimension {key}={value!r} must be a positive integer")
+        if value > MAX_INPUT_DIM:  # the batch too: costs are per sample, but inspect and estimate scale by it
+            raise ModelError(f"{where}: --dim {key}={value:,} is over the {MAX_INPUT_DIM:,} the planner handles on "
+                             "one axis of a data input; pass a smaller --dim")
+
+
 def bind_dims(graph: onnx.GraphProto, data_inputs: list[str], dims: Mapping[str, int], meta: dict[str, str],
                name: str) -> tuple[dict[str, int], int, int]:
     """Values for every symbolic dim of the data inputs; the batch dim is bound to 1 (costs are per sample).
@@ -121,14 +132,13 @@ def bind_dims(graph: onnx.GraphProto, data_inputs: list[str], dims: Mapping[str,
         try:
             raw = json.loads(meta["planner.default_dims"])
             defaults = {str(k): int(v) for k, v in raw.items()}
+            if not all(0 < v <= MAX_INPUT_DIM for v in defaults.values()):
+                raise ValueError("out of range")
         except (ValueError, TypeError, AttributeError):
-            raise ModelError(f"{name}: metadata 'planner.default_dims' is not a JSON object of integers; "
-                             f"rebuild the model with 'planner models build'") from None
+            raise ModelError(f"{name}: metadata 'planner.default_dims' is not a JSON object of integers from 1 to "
+                             f"{MAX_INPUT_DIM:,}; rebuild the model with 'planner models build'") from None
     batch_dim = batch_dim_name(graph, data_inputs)
     user_batch = int(dims.get(batch_dim or "batch", dims.get("batch", 1)))
-    if user_batch > MAX_INPUT_DIM:  # costs are per sample, but inspect and estimate scale them by it
-        raise ModelError(f"{name}: --dim {batch_dim or 'batch'}={user_batch:,} is over the {MAX_INPUT_DIM:,} the "
-                         "planner handles on one axis of a data input; pass a smaller --dim")
     bound: dict[str, int] = {}
     for inp, pos, dim in _input_dim_names(graph, data_inputs):
         if dim == batch_dim:

@@ -20,7 +20,7 @@ from planner.assignments import split_assignments
 from planner.errors import ClusterError, ConfigError, suggest
 from planner.hardware.cluster import renumber, with_overrides
 from planner.hardware.documents import RANGES
-from planner.types import MAX_GLOBAL_BATCH, Cluster, DeviceGroup, DeviceProfile, NodeProfile
+from planner.types import MAX_GLOBAL_BATCH, MAX_INPUT_DIM, Cluster, DeviceGroup, DeviceProfile, NodeProfile
 
 Value = Union[int, float, str]
 log = logging.getLogger(__name__)
@@ -134,7 +134,7 @@ def parse_value(key: SweepKey, text: str) -> Value:
     if key.field == "global_batch":
         return _int_value(key, text, 1, MAX_GLOBAL_BATCH)
     if key.field == "seq_len":
-        return _int_value(key, text, 1)
+        return _int_value(key, text, 1, MAX_INPUT_DIM)  # the model's limit, said before any import
     if key.field == "inter_node_bandwidth_GBps":
         return _float_value(key, text, positive=True, maximum=RANGES["link_bandwidth_GBps"][1])
     if key.field == "price_per_node_hour":
