@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from numbers import Integral, Real
 from typing import Any
 
@@ -27,6 +28,11 @@ def optional(value: Any, kind: type | tuple[type, ...], name: str, fix: str) -> 
     """:func:`instance`, where None is also accepted."""
     if value is not None:
         instance(value, kind, name, fix)
+
+
+def function(value: Any, name: str, call: str) -> None:
+    """Raise unless ``value`` is None or callable; ``call`` shows how it is called, e.g. ``progress(fraction)``."""
+    optional(value, Callable, name, f"give a function {call} or None")
 
 
 def whole(value: Any, name: str, least: int = 1, most: int | None = None) -> int:

@@ -30,9 +30,10 @@ import functools
 import logging
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from planner import arguments
+from planner.cost.calibration import DeviceCalibration
 from planner.cost.estimator import Calibrations, estimate_pipeline
 from planner.cost.estimator import estimate as estimate_dense
 from planner.errors import ConfigError, InfeasibleError
@@ -44,13 +45,20 @@ log = logging.getLogger(__name__)
 
 _MODEL_FIX = "give the LayerGraph of planner.load_model('MODEL.onnx')"
 _CLUSTER_FIX = "give the Cluster of planner.load_cluster('dgx-a100-80gb*2') or of a cluster file"
+_CALIBRATION_FIX = ("give a mapping of device name to planner.cost.calibration.DeviceCalibration, e.g. "
+                    "{'h100-sxm': DeviceCalibration(gemm_scale=0.9)}, or None")
 
 
-def check_inputs(model: Any, cluster: Any, options: Any) -> None:
-    """Raise ConfigError unless the Python API got a model, a cluster and (or None) solver options."""
+def check_inputs(model: Any, cluster: Any, options: Any, calibration: Any = None) -> None:
+    """Raise ConfigError unless the Python API got a model, a cluster and (or None) solver options and
+    calibrations."""
     arguments.instance(model, LayerGraph, "model", _MODEL_FIX)
     arguments.instance(cluster, Cluster, "cluster", _CLUSTER_FIX)
     arguments.optional(options, SolverOptions, "options", arguments.SOLVER_OPTIONS_FIX)
+    arguments.optional(calibration, Mapping, "calibration", _CALIBRATION_FIX)
+    for device, factors in (calibration or {}).items():
+        arguments.instance(device, str, f"calibration key {device!r}", _CALIBRATION_FIX)
+        arguments.instance(factors, DeviceCalibration, f"calibration[{device!r}]", _CALIBRATION_FIX)
 
 if TYPE_CHECKING:  # the search and the sharder are imported on first use (see search and shard)
     from planner.embeddings import EmbeddingResult
@@ -183,7 +191,7 @@ def estimate(model: LayerGraph, cluster: Cluster, config: ParallelConfig, calibr
     a table file or EmbeddingTables) are sharded as a plan shards them (``options``: the sharder's work and seed)
     and their time joined. Tables that fit nowhere make the estimate infeasible, with the sharder's reason, as a
     stage that does not fit does."""
-    check_inputs(model, cluster, options)
+    check_inputs(model, cluster, options, calibration)
     arguments.instance(config, ParallelConfig, "config", "give planner.ParallelConfig(global_batch=..., tp=, pp=, dp=)")
     sparse = sparse_tables(model, tables)
     if not sparse:
@@ -217,7 +225,7 @@ def estimate_plan(model: LayerGraph, cluster: Cluster, plan: Plan, calibration: 
     the devices or the network. Sparse tables (the model's, or ``tables`` as :func:`estimate` takes them) keep
     the plan's placement (:func:`planner.embeddings.retime.retime_placements`), in the memory the dense part
     leaves; a placement that no longer fits makes the estimate infeasible."""
-    check_inputs(model, cluster, None)
+    check_inputs(model, cluster, None, calibration)
     arguments.instance(plan, Plan, "plan", "give a planner.plans.Plan, e.g. planner.plans.load_plan('PLAN.json')")
     sparse = sparse_tables(model, tables)
     if bool(sparse) != bool(plan.embeddings):

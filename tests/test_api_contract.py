@@ -91,6 +91,14 @@ def test_zero_leaves_a_degree_to_the_search_and_numpy_integers_are_integers():
      r"dtype_bytes=0 must be an integer from 1 to 8"),
     (lambda m, c: planner.estimate(m, c, planner.ParallelConfig(8, dp=8), tables=[_table(), _table()]),
      r"table name 't' appears twice"),
+    (lambda m, c: planner.plan(m, c, 16, backend="ray"), r"backend: got a str; give None \(the cost model\)"),
+    (lambda m, c: planner.plan(m, c, 16, progress=5), r"progress: got a int; give a function progress\(fraction\)"),
+    (lambda m, c: planner.estimate(m, c, planner.ParallelConfig(8, dp=8), 42), r"calibration: got a int; give a "
+     r"mapping of device name to planner.cost.calibration.DeviceCalibration"),
+    (lambda m, c: planner.estimate(m, c, planner.ParallelConfig(8, dp=8), "fast"), r"calibration: got a str"),
+    (lambda m, c: planner.estimate(m, c, planner.ParallelConfig(8, dp=8), {"a100-80gb": 0.9}),
+     r"calibration\['a100-80gb'\]: got a float"),
+    (lambda m, c: planner.estimate_plan(m, c, planner.plan(m, c, 8), "fast"), r"calibration: got a str"),
 ])
 def test_a_wrong_argument_to_plan_or_estimate_is_named(tiny, call, message):
     with pytest.raises(planner.ConfigError, match=message):
@@ -112,6 +120,8 @@ def test_tables_from_python_are_sharded_as_a_files_are(tiny):
     ({"sweeps": ["count"]}, r"sweeps: got a list"),
     ({"sweeps": {"count": [object()]}}, r"--sweep count: value .* must be a number or its text"),
     ({"tables": "/nonexistent/tables.json"}, r"tables file '/nonexistent/tables.json' does not exist"),
+    ({"progress": 5, "workers": 1}, r"progress: got a int; give a function progress\(done, total\) or None"),
+    ({"backend": None}, r"--backend None: choose one of process, ray"),
 ])
 def test_a_wrong_whatif_argument_is_raised_not_reported_as_an_infeasible_point(tmp_path, change, message):
     path = tmp_path / "gpt.onnx"

@@ -109,6 +109,9 @@ def search_dense(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinn
         raise ConfigError(f"model {model.name!r} has no layers (pipeline units) to place")
     arguments.instance(uniform, bool, "uniform", "give True (every stage on one tp and cp, as the framework exports "
                        "need) or False")
+    arguments.optional(backend, Backend, "backend", "give None (the cost model) or an object with the methods of "
+                       "planner.search.backend.Backend; 'process' and 'ray' are planner.whatif's backends")
+    arguments.function(progress, "progress", "progress(fraction)")
     named = pinned.runtime if pinned is not None else None
     if named is not None:
         get_runtime(named)  # an unknown name fails here, before the search

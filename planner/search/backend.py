@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -94,6 +94,7 @@ class LayerTable:
     output_bytes: np.ndarray  # boundary tensor handed to the next layer, per micro-batch
 
 
+@runtime_checkable  # the Python API checks a backend it is given has these methods
 class Backend(Protocol):
     """The cost model as the search sees it."""
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Sequence, TypeVar
 
+from planner import arguments
 from planner.errors import ConfigError, PlannerError
 
 T = TypeVar("T")
@@ -39,6 +40,7 @@ def run_tasks(fn: Callable[[T], R], tasks: Sequence[T], *, workers: int | None =
               backend: str = "process", progress: Progress | None = None) -> list[R]:
     if backend not in BACKENDS:
         raise ConfigError(f"--backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    arguments.function(progress, "progress", "progress(done, total)")
     if workers is not None and workers < 1:
         raise ConfigError(f"--workers {workers}: must be at least 1")
     if backend == "ray":
