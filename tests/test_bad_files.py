@@ -15,8 +15,10 @@ from bad_inputs import CLUSTERS, DEVICES, NODES, PROFILES, ROOT, TABLE_FILES, cl
 from plan_samples import ALL as SAMPLE_PLANS
 from planner.builders import build, save
 from planner.builders.tables import load_tables
+from planner.errors import ClusterError
 from planner.hardware import catalog, load_cluster
 from planner.hardware.documents import MAX_JSON_BYTES, MAX_NESTING_DEPTH, MAX_YAML_BYTES, RANGES, _size_text
+from planner.hardware.profiler import KernelCosts
 
 BILLION_LAUGHS = "".join(
     f"{name}: &{name} [{', '.join([f'*{previous}'] * 9)}]\n" for previous, name in zip("abcdefgh", "bcdefghi"))
@@ -127,6 +129,13 @@ CLUSTER_CASES = {
                          "has an unknown key 'xxxxxxxxxx"),
     "binary_tag": ("c.yaml", "groups: [{node: !!binary aGVsbG8=, count: 1}]\n", "'groups[0].node' must be"),
     "python_tag": ("c.yaml", "groups: [{node: !!python/object:os.system x, count: 1}]\n", "malformed YAML/JSON"),
+    # json keeps the last of two equal keys, which used to report the empty list as too short
+    "json_key_twice": ("c.json", '{"groups":[{"node":"dgx-a100-80gb","count":1}],"groups":[]}',
+                       ":1: the key 'groups' appears twice; keep one"),
+    "json_inner_key_twice": ("c.json", '{"groups": [{"node": "t4",\n "count": 1, "count": 2}]}',
+                             ":2: the key 'count' appears twice; keep one"),
+    "yaml_key_twice": ("c.yaml", "groups: [{node: t4, count: 1}]\ngroups: []\n",
+                       ":2: the key 'groups' appears twice; keep one"),
 }
 
 
@@ -222,6 +231,19 @@ def test_bad_device_profile(field, value, words, tmp_path, capsys):
     assert "gpu.yaml" in line and words in line, line
 
 
+def test_a_key_twice_in_a_json_device_profile_or_a_measured_profile_is_refused(tmp_path, capsys):
+    profile = (PROFILES / "devices" / "a100-80gb.yaml").read_text()
+    cluster = _device_cluster(tmp_path, profile)
+    (tmp_path / "gpu.json").write_text(json.dumps(yaml.safe_load(profile))[:-1] + ', "name": "again"}')
+    (tmp_path / "c.yaml").write_text((tmp_path / "c.yaml").read_text().replace("gpu.yaml", "gpu.json"))
+    line = error_line(devices(cluster), capsys)
+    assert "gpu.json:1: the key 'name' appears twice; keep one" in line, line
+    measured = tmp_path / "measured.yaml"
+    measured.write_text("measured:\n  kernel_costs: {row_s: 1.0e-6, row_s: 2.0e-6}\n")
+    with pytest.raises(ClusterError, match="measured.yaml:2: the key 'row_s' appears twice; keep one"):
+        KernelCosts.from_file(measured)
+
+
 def test_a_device_profile_of_aliases_is_refused(tmp_path, capsys):
     line = error_line(devices(_device_cluster(tmp_path, BILLION_LAUGHS + "name: x\n")), capsys)
     assert "gpu.yaml" in line and "anchors and aliases" in line
@@ -280,6 +302,8 @@ TABLE_CASES = {
                     "a number in the file has over 4300 digits"),
     "not_a_mapping": ("t.json", "[1, 2]", "must be a mapping"),
     "truncated": ("t.json", '{"tables": [{"name": "a", "ro', "not valid JSON"),
+    "key_twice": ("t.json", '{"tables": [{"name": "a", "rows": 10, "dim": 4, "dim": 8}]}',
+                  ":1: the key 'dim' appears twice; keep one"),
     # a misspelt field used to fall back to its default silently
     "misspelt_pooling": ("t.json", '{"tables": [{"name": "a", "rows": 10, "dim": 4, "pooling_factr": 50}]}',
                          "'tables[0]' has an unknown key 'pooling_factr' (did you mean pooling_factor?)"),
@@ -339,6 +363,10 @@ def test_bad_plan_file(label, change, words, tmp_path, capsys):
     ("deep", '{"schema_version": 1, "x": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested deeper than"),
     ("5000_digits", '{"schema_version": 1' + "0" * 5000 + "}", "over 4300 digits"),
     ("truncated", SAMPLE_PLANS["gpt"]().to_json()[:200], "not valid JSON"),
+    ("key_twice", '{"schema_version": 1,\n"schema_version": 2}', "plan:2: the key 'schema_version' appears twice"),
+    # too large to find the line by reading it as YAML as well: the key alone is named
+    ("key_twice_in_a_large_file", '{"x": "' + " " * MAX_YAML_BYTES + '", "x": 1}',
+     "plan: the key 'x' appears twice; keep one"),
 ])
 def test_malformed_plan_file(label, text, words, tmp_path, capsys):
     path = tmp_path / "plan.json"

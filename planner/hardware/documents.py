@@ -224,8 +224,26 @@ def _malformed(exc: yaml.YAMLError, where: str, error: type[PlannerError]) -> Pl
     return error(f"{where}: malformed YAML/JSON: {exc}")
 
 
+def _check_keys(node: yaml.MappingNode, where: str, error: type[PlannerError]) -> None:
+    """Refuse a key that is not plain text and a key given twice in one mapping (YAML would silently keep the
+    last one, Python's json too)."""
+    keys: set[str] = set()
+    for key_node, _ in node.value:
+        key_line = key_node.start_mark.line + 1
+        if not isinstance(key_node, yaml.ScalarNode):
+            raise error(f"{where}:{key_line}: a key must be plain text, not a list or a mapping")
+        if key_node.value in keys:
+            raise error(f"{where}:{key_line}: {_repeated(key_node.value)}")
+        keys.add(key_node.value)
+
+
+def _repeated(key: str) -> str:
+    return f"the key {key[:QUOTE_CHARS]!r} appears twice; keep one"
+
+
 def _check_nodes(root: yaml.Node, where: str, error: type[PlannerError]) -> None:
-    """Refuse a node reached twice (an alias) and nesting deeper than MAX_NESTING_DEPTH, without recursion."""
+    """Refuse a node reached twice (an alias), nesting deeper than MAX_NESTING_DEPTH and the keys
+    :func:`_check_keys` refuses, without recursion."""
     seen: set[int] = set()
     stack: list[tuple[yaml.Node, int]] = [(root, 0)]
     while stack:
@@ -237,6 +255,7 @@ def _check_nodes(root: yaml.Node, where: str, error: type[PlannerError]) -> None
         if depth > MAX_NESTING_DEPTH:
             raise error(f"{where}:{line}: malformed YAML/JSON: {_DEPTH_PROBLEM}")
         if isinstance(node, yaml.MappingNode):
+            _check_keys(node, where, error)
             stack.extend((part, depth + 1) for pair in node.value for part in pair)
         elif isinstance(node, yaml.SequenceNode):
             stack.extend((item, depth + 1) for item in node.value)
@@ -283,12 +302,53 @@ def _json_too_deep(text: str) -> bool:
     return bool(brackets)
 
 
+class _RepeatedKey(Exception):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's mapping; a key given twice raises _RepeatedKey (json would keep the last one)."""
+    mapping = dict(pairs)
+    if len(mapping) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _RepeatedKey(key)
+            seen.add(key)
+    return mapping
+
+
+def _repeated_key_error(text: str, key: str, where: str, error: type[PlannerError]) -> PlannerError:
+    """The error for ``key`` given twice in one object of JSON ``text``: as YAML reports it, with its line, where
+    the text is small enough to compose as YAML (JSON is YAML) quickly and YAML reads it so."""
+    root = None
+    if len(text) <= MAX_YAML_BYTES:
+        loader = (_FAST_LOADER or _Loader)(text)
+        try:
+            root = loader.get_single_node()
+        except yaml.YAMLError:
+            pass  # JSON that YAML reads otherwise: the message goes without its line
+        finally:
+            loader.dispose()
+    if root is not None:
+        try:
+            _check_nodes(root, where, error)
+        except PlannerError as exc:
+            return exc
+    return error(f"{where}: {_repeated(key)}")
+
+
 def load_json(text: str, where: str, error: type[PlannerError] = ClusterError) -> Any:
-    """Parse JSON: malformed text and nesting deeper than :data:`MAX_NESTING_DEPTH` raise ``error``."""
+    """Parse JSON: malformed text, a key given twice in one object and nesting deeper than
+    :data:`MAX_NESTING_DEPTH` raise ``error``."""
     if _json_too_deep(text):
         raise error(f"{where}: malformed JSON: {_DEPTH_PROBLEM}")
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_unique_keys)
+    except _RepeatedKey as exc:
+        raise _repeated_key_error(text, exc.key, where, error) from None
     except json.JSONDecodeError as exc:
         raise error(f"{where}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
     except RecursionError:
@@ -355,17 +415,11 @@ def _index_lines(node: yaml.Node, path: JsonPath, out: dict[JsonPath, int], wher
         raise error(f"{where}:{line}: malformed YAML/JSON: {_DEPTH_PROBLEM}")
     out[path] = line
     if isinstance(node, yaml.MappingNode):
-        keys: set[str] = set()
+        _check_keys(node, where, error)
         for key_node, value_node in node.value:
-            key_line = key_node.start_mark.line + 1
-            if not isinstance(key_node, yaml.ScalarNode):
-                raise error(f"{where}:{key_line}: a key must be plain text, not a list or a mapping")
             key = key_node.value
-            if key in keys:  # YAML would silently keep the last one
-                raise error(f"{where}:{key_line}: the key {key[:QUOTE_CHARS]!r} appears twice; keep one")
-            keys.add(key)
             _index_lines(value_node, path + (key,), out, where, error, seen)
-            out[path + (key,)] = key_line  # a value's errors point at its key's line
+            out[path + (key,)] = key_node.start_mark.line + 1  # a value's errors point at its key's line
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
             _index_lines(item, path + (i,), out, where, error, seen)
