@@ -271,6 +271,8 @@ def own_catalog(tmp_path, monkeypatch):
     # found by tests/test_bad_files_fuzz.py
     (("devices_per_node: 8", f"devices_per_node: {10**400}"),
      "'devices_per_node' must be an integer from 1 to 1024"),
+    # the node file names the device, so the message names the node file and its line
+    (("device: a100-80gb", "device: nosuch-gpu"), "dgx-a100-80gb.yaml:4: unknown device 'nosuch-gpu'"),
 ])
 def test_bad_node_profile(replace, words, own_catalog, capsys):
     path = own_catalog / "dgx-a100-80gb.yaml"

@@ -95,7 +95,10 @@ def device_from_document(doc: Document) -> DeviceProfile:
 def node_from_document(doc: Document) -> NodeProfile:
     check(doc, "node")
     data = doc.data
-    device = get_device(data["device"])
+    try:
+        device = get_device(data["device"])
+    except ClusterError as exc:  # the node file names the device: say which file and line to fix
+        raise ClusterError(f"{doc.at(('device',))}: {exc}") from None
     sources = data["sources"]
     return NodeProfile(
         name=data["name"],
