@@ -167,6 +167,18 @@ def test_cli_table_csv_json_plot(files, tmp_path, capsys):
     assert len(document["points"]) == 2 and document["keys"] == ["l4.count"]
 
 
+def test_a_plot_that_cannot_be_drawn_leaves_no_csv_behind(files, tmp_path, capsys):
+    pytest.importorskip("matplotlib", reason="matplotlib (the plot extra) is not installed")
+    model, cluster = files
+    out_csv, out_png = tmp_path / "sweep.csv", tmp_path / "sweep.png"
+    argv = ["whatif", model, "--cluster", cluster, "--global-batch", "8", "--sweep", "count=0", "--workers", "1",
+            "--csv", str(out_csv), "--plot", str(out_png)]  # every group emptied: no point is feasible
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "no point of the sweep is feasible" in err and "(the first: no nodes left" in err, err
+    assert not out_csv.exists() and not out_png.exists()
+
+
 def test_cli_work_and_seed_reach_every_point(files, monkeypatch):
     """`planner whatif --work W --seed N` plans every point with SolverOptions(W, N), as `planner plan` does."""
     import planner.search

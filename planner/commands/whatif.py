@@ -98,11 +98,13 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
+    if args.plot is not None:
+        from planner.report.plots import check_whatif_plot, write_whatif_plot  # noqa: PLC0415
+
+        check_whatif_plot(result, args.plot)  # a plot that cannot be drawn fails the command before --csv is written
     if args.csv is not None:
         write_text(args.csv, result.to_csv(), "--csv")
     if args.plot is not None:
-        from planner.report.plots import write_whatif_plot  # noqa: PLC0415
-
         write_whatif_plot(result, args.plot)
     if args.json:
         emit_json(result.to_dict())

@@ -97,17 +97,27 @@ def _draw_cost(ax: Any, result: "WhatIfResult") -> None:
     ax.legend(fontsize="x-small")
 
 
-def write_whatif_plot(result: "WhatIfResult", path: str | Path, x_key: str | None = None) -> Path:
-    """Throughput against ``x_key`` (default: the first swept key; one line per combination of the other
-    keys; infeasible points as x at 0) and, when prices are known, time against cost per million tokens
-    (or samples) with the Pareto front."""
+def check_whatif_plot(result: "WhatIfResult", path: str | Path, x_key: str | None = None) -> str:
+    """Raise what would stop :func:`write_whatif_plot` before it draws (the path, a key that was not swept, a
+    sweep with no feasible point, matplotlib missing), so a command can check it before writing any other
+    output. Returns the key of the x axis."""
     check_path(path, "--plot")
     key = x_key or (result.keys[0] if result.keys else "")
     if key not in result.keys:
         raise ConfigError(f"--plot: {key!r} is not a swept key (swept: {', '.join(result.keys)})")
-    if not any(p.feasible for p in result.points):
-        raise ConfigError("--plot: no point of the sweep is feasible, so there is nothing to plot; "
-                          "see the reasons in the table")
+    if not any(p.feasible for p in result.points):  # the command prints no table then: give the first reason
+        first = result.points[0].reason if result.points else "the sweep has no points"
+        raise ConfigError(f"--plot: no point of the sweep is feasible, so there is nothing to plot (the first: "
+                          f"{first}); drop --plot to see every point's reason")
+    pyplot()
+    return key
+
+
+def write_whatif_plot(result: "WhatIfResult", path: str | Path, x_key: str | None = None) -> Path:
+    """Throughput against ``x_key`` (default: the first swept key; one line per combination of the other
+    keys; infeasible points as x at 0) and, when prices are known, time against cost per million tokens
+    (or samples) with the Pareto front."""
+    key = check_whatif_plot(result, path, x_key)
     plt = pyplot()
     panels = 2 if result.priced else 1
     figure, axes = plt.subplots(1, panels, figsize=(PANEL_SIZE_IN[0] * panels, PANEL_SIZE_IN[1]),
@@ -123,4 +133,4 @@ def figure_size_px(panels: int, dpi: int) -> tuple[int, int]:
     return round(PANEL_SIZE_IN[0] * panels * dpi), round(PANEL_SIZE_IN[1] * dpi)
 
 
-__all__: Sequence[str] = ("write_whatif_plot", "figure_size_px")
+__all__: Sequence[str] = ("check_whatif_plot", "write_whatif_plot", "figure_size_px")
