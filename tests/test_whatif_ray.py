@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -31,7 +33,11 @@ def ray_results(tmp_path_factory) -> dict:
     pytest.importorskip("ray", reason='Ray is not installed (optional extra: pip install "planner[ray]")')
     # the child and Ray's workers import planner and the fakes
     path = os.pathsep.join(p for p in (str(TESTS.parent), str(TESTS), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "PYTHONPATH": path}
+    # a temporary folder of the child's own, to see what Ray leaves in it (Ray's default is $TMPDIR/ray); short,
+    # as Ray's socket paths under it must fit the 107 characters of a Unix socket's
+    temp = tempfile.mkdtemp(prefix="pt-")
+    env = {**os.environ, "PYTHONPATH": path, "TMPDIR": temp}
+    env.pop("RAY_ADDRESS", None)
     # output to a file, not a pipe: Ray's daemons inherit the child's streams and may outlive it; the child in
     # a session of its own, so that a hang is ended with everything it started
     out = tmp_path_factory.mktemp("ray") / "child.txt"
@@ -43,11 +49,13 @@ def ray_results(tmp_path_factory) -> dict:
         except subprocess.TimeoutExpired:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()
+    left = sorted(os.listdir(temp))
+    shutil.rmtree(temp)
     text = out.read_text()
     lines = [line for line in text.splitlines() if line.startswith("{")]
     if not lines:
         pytest.fail(f"the Ray child printed no result (exit {child.returncode}):\n{text[-3000:]}")
-    return {**json.loads(lines[-1]), "output": text}
+    return {**json.loads(lines[-1]), "output": text, "left": left}
 
 
 def test_ray_backend_matches_processes(ray_results):
@@ -60,6 +68,12 @@ def test_ray_backend_reraises_planner_errors(ray_results):
 
 def test_a_failed_ray_sweep_collects_its_points_in_flight(ray_results):
     assert "Unhandled error" not in ray_results["output"]
+
+
+def test_a_local_ray_instance_leaves_no_files_behind(ray_results):
+    """Ray keeps a local instance's session files (under $TMPDIR/ray by default) after it shuts down; the
+    runner's instance keeps them in a folder of its own, removed at exit."""
+    assert ray_results["left"] == []
 
 
 def test_ray_start_up_lines_stay_off_stderr(ray_results):

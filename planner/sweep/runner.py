@@ -8,9 +8,12 @@ bad model file, or a bug) stops the sweep and is re-raised here.
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import logging
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Sequence, TypeVar
@@ -83,20 +86,14 @@ def _package_root() -> str:
 
 def _run_ray(fn: Callable[[T], R], tasks: Sequence[T], workers: int | None, progress: Progress | None) -> list[R]:
     """One Ray task per point. Uses the Ray instance this process is connected to; otherwise connects with
-    ``ray.init()`` (``RAY_ADDRESS`` selects a cluster; without it Ray starts a local instance). ``workers``,
+    :func:`_start_ray` (``RAY_ADDRESS`` selects a cluster; without it Ray starts a local instance). ``workers``,
     where given, caps the points in flight."""
     try:
         import ray  # noqa: PLC0415 - optional extra
     except ImportError:
         raise PlannerError('--backend ray needs Ray: pip install "planner[ray]"') from None
     if not ray.is_initialized():
-        # workers must import planner; a source checkout is not installed, so put it on their path
-        path = os.pathsep.join(p for p in (_package_root(), os.environ.get("PYTHONPATH", "")) if p)
-        # Ray's own start-up lines (its token-authentication warning, "Started a local Ray instance") would
-        # reach stderr before the one line a bad input ends with; they are shown when planner logs at DEBUG
-        quiet = not log.isEnabledFor(logging.DEBUG)
-        ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR if quiet else logging.INFO,
-                 runtime_env={"env_vars": {"PYTHONPATH": path}})
+        _start_ray(ray)
     remote = ray.remote(num_cpus=1)(fn)
     limit = len(tasks) if workers is None else workers
     results: list[R | None] = [None] * len(tasks)
@@ -118,6 +115,42 @@ def _run_ray(fn: Callable[[T], R], tasks: Sequence[T], workers: int | None, prog
         _abandon(ray, list(pending))
         raise
     return results  # type: ignore[return-value]
+
+
+def _start_ray(ray: ModuleType) -> None:
+    """Connect to the cluster ``RAY_ADDRESS`` names, or start a local Ray instance for this process. A local
+    instance keeps its session files (logs, sockets) in a temporary folder of its own rather than under
+    /tmp/ray, where Ray leaves them; the folder goes when the process exits, after the instance is shut down."""
+    # workers must import planner; a source checkout is not installed, so put it on their path
+    path = os.pathsep.join(p for p in (_package_root(), os.environ.get("PYTHONPATH", "")) if p)
+    # Ray's own start-up lines (its token-authentication warning, "Started a local Ray instance") would
+    # reach stderr before the one line a bad input ends with; they are shown when planner logs at DEBUG
+    quiet = not log.isEnabledFor(logging.DEBUG)
+    # a short name: Ray's Unix socket paths under it must fit 107 characters
+    folder = None if os.environ.get("RAY_ADDRESS") else tempfile.mkdtemp(prefix="ray-")
+    try:
+        ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR if quiet else logging.INFO,
+                 runtime_env={"env_vars": {"PYTHONPATH": path}}, **({"_temp_dir": folder} if folder else {}))
+    except BaseException:
+        if folder is not None:
+            _remove(folder)
+        raise
+    if folder is not None:
+        # exit handlers run last registered first: this one before Ray's own shutdown, which it makes a no-op
+        atexit.register(_shut_down, ray, folder)
+
+
+def _shut_down(ray: ModuleType, folder: str) -> None:
+    ray.shutdown()
+    _remove(folder)
+
+
+def _remove(folder: str) -> None:
+    """Remove Ray's temporary folder; a failure is logged (at exit, nothing could handle it)."""
+    try:
+        shutil.rmtree(folder)
+    except OSError as exc:
+        log.warning("could not remove Ray's temporary folder %s (%s); delete it by hand", folder, exc)
 
 
 def _abandon(ray: ModuleType, refs: list[Any], timeout_s: float = ABANDON_TIMEOUT_S) -> None:
