@@ -121,7 +121,10 @@ CLUSTER_CASES = {
     "deep_json": ("c.json", '{"groups": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested deeper than"),
     "complex_key": ("c.yaml", "? [groups]\n: 1\n", "a key must be plain text"),
     "not_utf8": ("c.yaml", b"groups: [{node: t4, count: 1}] # \xff\xfe\n", "is not a UTF-8 text file"),
-    "truncated": ("c.yaml", "groups:\n  - {node: dgx-a100-80gb, cou", "malformed YAML/JSON"),
+    "truncated": ("c.yaml", "groups:\n  - {node: dgx-a100-80gb, cou",
+                  "malformed YAML/JSON: did not find expected ',' or '}'; fix the syntax at or before that line"),
+    "yaml_named_json": ("c.json", "groups: [{node: t4, count: 1}]\n", "not valid JSON (line 1, column 1: Expecting "
+                        "value); fix the syntax at that line (a YAML file must be named .yaml or .yml)"),
     "a_date": ("c.yaml", "groups: [{node: t4, count: 2024-01-01}]\n", "'groups[0].count' must be an integer"),
     "no_such_date": ("c.yaml", "groups: [{node: t4, count: 2024-13-45}]\n",
                      "a value cannot be read (month must be in 1..12); write it as plain text or a number"),

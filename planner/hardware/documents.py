@@ -216,11 +216,15 @@ _FAST_LOADER = getattr(yaml, "CSafeLoader", None)
 
 
 def _malformed(exc: yaml.YAMLError, where: str, error: type[PlannerError]) -> PlannerError:
+    """The error for text YAML cannot parse: where, what the parser says and, for a syntax error (not one of
+    the refusals that say their own fix), where to fix it."""
     if isinstance(exc, yaml.MarkedYAMLError):
         mark = exc.problem_mark or exc.context_mark
         line = f":{mark.line + 1}" if mark is not None else ""
         problem = exc.problem or exc.context or "malformed"
-        return error(f"{where}{line}: malformed YAML/JSON: {problem}")
+        # the parser marks where it noticed the error, often after it (an unclosed bracket: at the end)
+        fix = "" if problem in (_ALIAS_PROBLEM, _DEPTH_PROBLEM) else "; fix the syntax at or before that line"
+        return error(f"{where}{line}: malformed YAML/JSON: {problem}{fix}")
     return error(f"{where}: malformed YAML/JSON: {exc}")
 
 
@@ -350,7 +354,10 @@ def load_json(text: str, where: str, error: type[PlannerError] = ClusterError) -
     except _RepeatedKey as exc:
         raise _repeated_key_error(text, exc.key, where, error) from None
     except json.JSONDecodeError as exc:
-        raise error(f"{where}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+        # a file named .json is read as JSON: YAML in it fails here
+        hint = " (a YAML file must be named .yaml or .yml)" if where.lower().endswith(".json") else ""
+        raise error(f"{where}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); fix the syntax "
+                    f"at that line{hint}") from None
     except RecursionError:
         raise error(f"{where}: malformed JSON: {_DEPTH_PROBLEM}") from None
     except ValueError as exc:  # an integer of more digits than Python converts
