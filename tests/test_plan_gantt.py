@@ -75,3 +75,21 @@ def test_plan_command_gantt_flag(tmp_path, capsys):
                  "--gantt", str(out)]) == 0
     capsys.readouterr()
     _check_png(out, 2)
+
+
+def test_gantt_without_matplotlib_fails_before_the_plan_file_is_written(tmp_path, capsys, monkeypatch):
+    """matplotlib missing is found before the search, so --out is not left behind by a failed --gantt."""
+    import planner.report._figure as figure
+    from planner.cli import main
+    from planner.errors import PlannerError
+
+    def missing():
+        raise PlannerError('plots need matplotlib: pip install "planner[plot]"')
+
+    monkeypatch.setattr(figure, "pyplot", missing)
+    model = tmp_path / "gpt.onnx"
+    save(build("gpt", {"layers": 4, "hidden": 256, "heads": 4, "vocab": 1000, "seq_len": 128}), str(model))
+    plan_file = tmp_path / "plan.json"
+    assert main(["plan", str(model), "--cluster", "dgx-a100-80gb*1", "--global-batch", "64", "--out", str(plan_file),
+                 "--gantt", str(tmp_path / "schedule.png")]) == 2
+    assert "plots need matplotlib" in capsys.readouterr().err and not plan_file.exists()

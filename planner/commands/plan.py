@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     from planner.hardware import load_cluster
     from planner.search import search
     from planner.search.api import MAX_TOP_K
-    from planner.report._figure import check_path
+    from planner.report._figure import check_path, pyplot
     from planner.progress import terminal_bar
 
     # a bad output path or solver option fails before the search, not after it
@@ -89,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     output_format(args)
     if args.gantt is not None:  # an empty path is an error, not "not given"
         check_path(args.gantt, "--gantt")
+        pyplot()  # matplotlib missing fails here, before --out is written
     if args.out is not None:
         check_output_file(args.out, "--out")
     check_distinct([("--out", args.out), ("--gantt", args.gantt)],
