@@ -464,3 +464,14 @@ def test_an_output_that_names_an_input_is_refused_before_it_is_read(tiny_model, 
     line = error_line(["plan", str(model), "--cluster", "dgx-a100-80gb*1", "--global-batch", "16", "--out", out,
                        "--gantt", out], capsys)
     assert line.startswith(f"planner: error: --gantt {out}: is also --out")
+
+
+@pytest.mark.parametrize("written", ["010", "0x10", "1:30", "1_000"])
+def test_a_number_yaml_reads_in_another_base_is_refused(written, tmp_path):
+    """YAML 1.1 reads 010 as 8 and 1:30 as 90; a cluster file's count or bandwidth would take it silently."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"groups:\n  - node: dgx-a100-80gb\n    count: {written}\n")
+    with pytest.raises(ClusterError, match=rf"c\.yaml:3: the number '{written}' is not plain decimal"):
+        load_cluster(str(path))
+    path.write_text("groups:\n  - node: dgx-a100-80gb\n    count: 10\n")
+    assert load_cluster(str(path)).num_devices == 80

@@ -245,6 +245,20 @@ def _repeated(key: str) -> str:
     return f"the key {key[:QUOTE_CHARS]!r} appears twice; keep one"
 
 
+_YAML_INT = "tag:yaml.org,2002:int"
+_DECIMAL = re.compile(r"[-+]?(0|[1-9][0-9]*)")
+
+
+def _check_number(node: yaml.Node, where: str, error: type[PlannerError]) -> None:
+    """Refuse an integer YAML 1.1 reads other than as written in decimal: ``010`` is octal 8, ``0x10`` 16,
+    ``1:30`` (base 60) 90 and ``1_000`` 1000, which a cluster file's count or bandwidth would take silently."""
+    if isinstance(node, yaml.ScalarNode) and node.tag == _YAML_INT and not node.style \
+            and not _DECIMAL.fullmatch(node.value):
+        raise error(f"{where}:{node.start_mark.line + 1}: the number {node.value[:QUOTE_CHARS]!r} is not plain "
+                    "decimal (YAML reads 010 as 8, 0x10 as 16, 1:30 as 90); write it in decimal without leading "
+                    "zeros, colons or underscores")
+
+
 def _check_nodes(root: yaml.Node, where: str, error: type[PlannerError]) -> None:
     """Refuse a node reached twice (an alias), nesting deeper than MAX_NESTING_DEPTH and the keys
     :func:`_check_keys` refuses, without recursion."""
@@ -258,6 +272,7 @@ def _check_nodes(root: yaml.Node, where: str, error: type[PlannerError]) -> None
         seen.add(id(node))
         if depth > MAX_NESTING_DEPTH:
             raise error(f"{where}:{line}: malformed YAML/JSON: {_DEPTH_PROBLEM}")
+        _check_number(node, where, error)
         if isinstance(node, yaml.MappingNode):
             _check_keys(node, where, error)
             stack.extend((part, depth + 1) for pair in node.value for part in pair)
@@ -421,6 +436,7 @@ def _index_lines(node: yaml.Node, path: JsonPath, out: dict[JsonPath, int], wher
     if len(path) > MAX_NESTING_DEPTH:
         raise error(f"{where}:{line}: malformed YAML/JSON: {_DEPTH_PROBLEM}")
     out[path] = line
+    _check_number(node, where, error)
     if isinstance(node, yaml.MappingNode):
         _check_keys(node, where, error)
         for key_node, value_node in node.value:
