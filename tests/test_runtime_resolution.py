@@ -168,4 +168,6 @@ def test_whatif_resolves_the_runtime_at_every_point(gpt8, tmp_path):
     result = planner.whatif(str(path), "dgx-a100-80gb*1", 64, {"count": ["1", "2"]}, dims={"batch": 1, "seq": 512},
                             pinned=ParallelConfig(global_batch=64, zero=3), workers=1)
     assert [p.feasible for p in result.points] == [True, True]
+    assert [p.runtime for p in result.points] == [FALLBACK, FALLBACK]  # each row says what it resolved to
+    assert "runtime" in result.to_csv().splitlines()[0].split(",")
 

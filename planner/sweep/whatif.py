@@ -70,6 +70,7 @@ class WhatIfPoint:
     reason: str = ""  # why infeasible, or empty
     cp: int | None = None  # context-parallel degree; None when stages differ
     ep: int | None = None  # expert-parallel degree (mixtures of experts; 1 on dense models); None when stages differ
+    runtime: str = ""  # the plan's runtime: the pinned one, or what a left-out one resolved to (planner.rules)
     search_time_s: float = field(default=0.0, compare=False)  # wall time of planning this point (varies)
     # the planner refused the pinned configuration on this point (a ConfigError), as opposed to finding no
     # plan that fits; not an output column (whatif raises when every point refuses)
@@ -277,7 +278,7 @@ def summarize(settings: tuple[tuple[str, Value], ...], plan: Plan, cluster: Clus
         seq_len=seq_len, pp=len({s.devices for s in plan.stages}), tp=_uniform(tps), dp=_uniform(dps),
         micro_batch=plan.micro_batch, num_micro_batches=plan.num_micro_batches, stages=stages,
         proven_optimal=plan.search.proven_optimal, lower_bound_s=plan.search.lower_bound_s, cp=_uniform(cps),
-        ep=_uniform(eps))
+        ep=_uniform(eps), runtime=plan.runtime)
 
 
 def infeasible(inputs: PointInputs, reason: str, seq_len: int | None = None) -> WhatIfPoint:
