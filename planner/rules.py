@@ -102,7 +102,8 @@ def format_dtype(fmt: str, devices: Sequence[DeviceProfile], dtype: str | None, 
     if dtype is not None:
         if dtype not in allowed:
             raise ConfigError(f"{flag}{dtype}: --format {fmt} has no setting for it; use --dtype "
-                              f"{' or '.join(d for d in allowed if d in ('bf16', 'fp32'))}")
+                              f"{' or '.join(d for d in allowed if d in ('bf16', 'fp32'))} (fp32 where a device "
+                              "lacks bf16), or leave --dtype out")
         return dtype
     if default_dtype(devices) in allowed:
         return None
@@ -831,7 +832,9 @@ def resolve_runtime(runtime: str | Runtime | None, runs: Callable[[str], object]
     """The runtime a configuration is made for, and a note saying why where it is not the one named or the
     default (else ""). Named (``runtime`` not None), that runtime, whatever it refuses. Left out, the default
     where it runs the configuration, else the first of ``RUNTIME_PREFERENCE`` that runs it; where none does,
-    the default's refusal is raised. ``runs(name)`` applies the caller's rules (estimate's :func:`check_config`,
+    the default's refusal is raised, or, where the others refuse other choices (so no runtime runs them all,
+    and each refusal's fix would send the user to a runtime that refuses another), one error naming each
+    runtime's refusal. ``runs(name)`` applies the caller's rules (estimate's :func:`check_config`,
     the search's pins) to its configuration under the runtime ``name``, raising ConfigError where one fails."""
     if runtime is not None:
         return get_runtime(runtime).name, ""
@@ -841,14 +844,19 @@ def resolve_runtime(runtime: str | Runtime | None, runs: Callable[[str], object]
     except ConfigError as exc:
         refusal = exc
     others = RUNTIME_PREFERENCE[1:]
+    # the rule each runtime breaks, without the fix its message goes on to suggest
+    reason = str(refusal).split("; ")[0]
+    reasons = {DEFAULT_RUNTIME: reason}
     for name in others:
         try:
             runs(name)
-        except ConfigError:
+        except ConfigError as exc:
+            reasons[name] = str(exc).split("; ")[0]
             continue
-        # the rule the default breaks, without the fix its message goes on to suggest
-        reason = str(refusal).split("; ")[0]
         return name, (f"runtime {name}: none was named and the default cannot run the pinned choices ({reason}); "
                       f"{name} is the first of {', '.join(others)} that runs them all (name one with --runtime to "
                       "choose another)")
-    raise refusal
+    if len(set(reasons.values())) == 1:  # a choice no runtime runs: the default's refusal and its fix
+        raise refusal
+    said = "; ".join(f"{name}: {why}" for name, why in reasons.items())
+    raise ConfigError(f"no runtime runs all the pinned choices ({said}); unpin or change one of them")

@@ -82,11 +82,24 @@ def test_the_first_runtime_that_runs_the_choices_is_taken_with_the_reason():
     assert f"zero=3: the {DEFAULT_RUNTIME} runtime cannot" in note and "use another" not in note
 
 
-def test_where_no_runtime_runs_the_choices_the_defaults_refusal_stands():
+def test_a_choice_no_runtime_runs_keeps_the_defaults_refusal():
     def refuses(name: str) -> None:
-        raise ConfigError(f"{name} refused")
+        raise ConfigError("tp=3 does not divide the heads; use tp 2")
 
-    with pytest.raises(ConfigError, match=f"^{DEFAULT_RUNTIME} refused$"):
+    with pytest.raises(ConfigError, match="^tp=3 does not divide the heads; use tp 2$"):
+        resolve_runtime(None, refuses)
+
+
+def test_choices_each_runtime_refuses_otherwise_are_named_together():
+    """--zero 3 --cp 2: the default refuses ZeRO-3, the others cp; each refusal's fix would send the user to a
+    runtime refusing the other, so one error names them all."""
+    def refuses(name: str) -> None:
+        rule = "--zero 3: no ZeRO-3" if name == DEFAULT_RUNTIME else "--cp 2: no context parallelism"
+        raise ConfigError(f"{rule}; use --runtime something-else")
+
+    with pytest.raises(ConfigError, match=rf"^no runtime runs all the pinned choices \({DEFAULT_RUNTIME}: --zero 3: "
+                                          r"no ZeRO-3; pytorch-fsdp2: --cp 2: no context parallelism; deepspeed: "
+                                          r"--cp 2: no context parallelism\); unpin or change one of them$"):
         resolve_runtime(None, refuses)
 
 

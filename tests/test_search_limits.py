@@ -58,3 +58,12 @@ def test_top_is_bounded(model, capsys):
     code = main(["plan", "models/gpt2-124m.onnx", "--cluster", "dgx-a100-80gb*1", "--global-batch", "64",
                  "--top", str(MAX_TOP_K)])
     assert code == 2 and f"--top {MAX_TOP_K}: a search returns at most" in capsys.readouterr().err
+
+
+def test_a_pinned_pp_counts_only_the_dp_its_devices_hold(capsys):
+    """With pp 2 on 8 devices dp is at most 4, so 2^25 samples leave at least 8,192 micro-batches per replica:
+    the pin is refused for that, not with a memory message (dp 8 would have left 4,096)."""
+    code = main(["plan", "models/gpt2-124m.onnx", "--cluster", "dgx-a100-80gb*1", "--global-batch", str(2 ** 25),
+                 "--pp", "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("planner: error: --pp 2: 8192 micro-batches per replica")

@@ -162,7 +162,8 @@ def validate_pins(pins: Pins, cluster: Cluster, global_batch: int, num_layers: i
     check_schedule_pins(pins, units, global_batch)
     if pins.pp:
         rules.check_pp(pins.pp, shape, runtime, flag="--pp ")
-        dps = [pins.dp] if pins.dp else [d for d in rules.divisors(global_batch) if d <= cluster.num_devices]
+        room = cluster.num_devices // (pins.pp * max(pins.tp, 1) * max(pins.cp, 1))  # the dp the devices hold
+        dps = [pins.dp] if pins.dp else [d for d in rules.divisors(global_batch) if d <= room]
         least = min((global_batch // (dp * b) for dp in dps if global_batch % dp == 0
                      for b in ([pins.micro_batch] if pins.micro_batch else
                                rules.micro_batch_choices(global_batch // dp)) if (global_batch // dp) % b == 0),
