@@ -234,7 +234,7 @@ def test_table_lists_every_point():
     result = result_for({"count": ["0", "1", "2"]})
     lines = result.to_table().splitlines()
     assert lines[0].split()[:2] == ["count", "feasible"]
-    assert len(lines) == 1 + 3 + 1 and lines[-1] == "3 points, 2 feasible"
+    assert len(lines) == 1 + 3 + 1 and lines[-1] == "3 points, 2 feasible; runtime megatron-core"
 
 
 def test_pareto_front_is_the_non_dominated_points():

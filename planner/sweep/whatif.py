@@ -163,7 +163,9 @@ class WhatIfResult:
         lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
         lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
         feasible = sum(p.feasible for p in self.points)
-        lines.append(f"{len(self.points)} points, {feasible} feasible")
+        runtimes = sorted({p.runtime for p in self.points if p.runtime})  # the CSV has it per row
+        lines.append(f"{len(self.points)} points, {feasible} feasible"
+                     + (f"; runtime {', '.join(runtimes)}" if runtimes else ""))
         return "\n".join(lines)
 
 
