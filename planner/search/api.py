@@ -50,6 +50,7 @@ class SearchResult:
 # time, so a large K times most of the space
 MAX_TOP_K = 100
 
+
 def default_backend(model: LayerGraph, cluster: Cluster) -> Backend:
     from planner.search.costmodel import CostModelBackend  # the full cost model, imported on first use
     return CostModelBackend(model, cluster)
@@ -59,7 +60,9 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
            top_k: int = 1, time_limit_s: float | None = None, tables=None,
            backend: Backend | None = None, progress: Callable[[float], None] | None = None,
            budget: int | None = None, options: SolverOptions | None = None, uniform: bool = False) -> SearchResult:
-    """The ``top_k`` fastest plans that fit, best first. ``pinned`` fields that are set are fixed.
+    """The ``top_k`` fastest plans that fit, best first. ``pinned`` fields that are set are fixed; ``uniform``
+    keeps to plans the framework exports launch (every stage on one tp and cp, one replica group each:
+    :func:`planner.rules.uniform_stages`), as ``planner plan --format megatron|deepspeed|torchtitan`` does.
 
     ``options`` (planner.solver.SolverOptions; None: the default) is both searches' work and the seed of the
     table sharder's random choices. The dense search spends at most ``planner.search.engine.DEFAULT_WORK_UNITS
