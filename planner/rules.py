@@ -832,9 +832,9 @@ def resolve_runtime(runtime: str | Runtime | None, runs: Callable[[str], object]
     """The runtime a configuration is made for, and a note saying why where it is not the one named or the
     default (else ""). Named (``runtime`` not None), that runtime, whatever it refuses. Left out, the default
     where it runs the configuration, else the first of ``RUNTIME_PREFERENCE`` that runs it; where none does,
-    the default's refusal is raised, or, where the others refuse other choices (so no runtime runs them all,
-    and each refusal's fix would send the user to a runtime that refuses another), one error naming each
-    runtime's refusal. ``runs(name)`` applies the caller's rules (estimate's :func:`check_config`,
+    the default's refusal is raised, or, where its fix names another runtime and the others refuse other
+    choices (so each refusal's fix would send the user to a runtime that refuses another), one error naming
+    each runtime's refusal. ``runs(name)`` applies the caller's rules (estimate's :func:`check_config`,
     the search's pins) to its configuration under the runtime ``name``, raising ConfigError where one fails."""
     if runtime is not None:
         return get_runtime(runtime).name, ""
@@ -856,7 +856,10 @@ def resolve_runtime(runtime: str | Runtime | None, runs: Callable[[str], object]
         return name, (f"runtime {name}: none was named and the default cannot run the pinned choices ({reason}); "
                       f"{name} is the first of {', '.join(others)} that runs them all (name one with --runtime to "
                       "choose another)")
-    if len(set(reasons.values())) == 1:  # a choice no runtime runs: the default's refusal and its fix
+    # the default's refusal stands where its fix does not send the user to another runtime (a cp that does not
+    # divide the sequence: the others refuse cp itself, but no runtime runs that value), or where every runtime
+    # breaks the same rule; the rules' messages name "--runtime" exactly where another runtime runs the choice
+    if "--runtime" not in str(refusal) or len(set(reasons.values())) == 1:
         raise refusal
     said = "; ".join(f"{name}: {why}" for name, why in reasons.items())
     raise ConfigError(f"no runtime runs all the pinned choices ({said}); unpin or change one of them")
