@@ -67,3 +67,19 @@ def test_torchtitan_plans_on_devices_without_bf16_train_in_fp32(capsys):
     assert "fp32, runtime pytorch-fsdp2" in capsys.readouterr().out
     assert main([*argv, "--dtype", "fp16"]) == 2
     assert "--format torchtitan has no setting for it" in capsys.readouterr().err
+
+
+def test_an_export_that_refuses_the_plan_leaves_no_plan_file(tmp_path, capsys, monkeypatch):
+    """The plan is rendered in its format before --out is written, so a refusal leaves no output behind."""
+    import planner.commands.plan as command  # noqa: PLC0415
+    from planner.cli import main  # noqa: PLC0415
+    from planner.errors import PlannerError  # noqa: PLC0415
+
+    def refuses(plan, fmt):
+        raise PlannerError(f"plan: {fmt} cannot write it")
+
+    monkeypatch.setattr(command, "render", refuses)
+    out = tmp_path / "plan.json"
+    assert main(["plan", "models/gpt2-124m.onnx", "--cluster", "dgx-a100-80gb*1", "--global-batch", "64",
+                 "--format", "megatron", "--out", str(out)]) == 2
+    assert "megatron cannot write it" in capsys.readouterr().err and not out.exists()

@@ -113,18 +113,20 @@ def run(args: argparse.Namespace) -> int:
         if bar is not None:
             bar.close()
     best = result.best
+    # rendered first: an export that refuses the plan fails before --out and --gantt are written
+    text = None if args.json else render(best, args.format)
     if args.out is not None:
         write_text(args.out, best.to_json() + "\n", "--out")
     if args.gantt is not None:
         from planner.report.gantt import write_plan_gantt  # matplotlib, imported only when drawing
         write_plan_gantt(best, model, cluster, args.gantt)
-    if args.json:
+    if text is None:
         document = best.to_dict()
         if len(result.plans) > 1:
             document["alternatives"] = [p.to_dict() for p in result.plans[1:]]
         emit_json(document)
         return 0
-    sys.stdout.write(render(best, args.format))
+    sys.stdout.write(text)
     if len(result.plans) > 1 and args.format == "table":
         sys.stdout.write(_alternatives(result.plans))
     return 0
