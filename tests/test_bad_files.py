@@ -466,7 +466,7 @@ def test_an_output_that_names_an_input_is_refused_before_it_is_read(tiny_model, 
     assert line.startswith(f"planner: error: --gantt {out}: is also --out")
 
 
-@pytest.mark.parametrize("written", ["010", "0x10", "1:30", "1_000"])
+@pytest.mark.parametrize("written", ["010", "0x10", "1:30", "1_000", "1:30.5"])
 def test_a_number_yaml_reads_in_another_base_is_refused(written, tmp_path):
     """YAML 1.1 reads 010 as 8 and 1:30 as 90; a cluster file's count or bandwidth would take it silently."""
     path = tmp_path / "c.yaml"

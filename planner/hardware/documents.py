@@ -246,14 +246,19 @@ def _repeated(key: str) -> str:
 
 
 _YAML_INT = "tag:yaml.org,2002:int"
+_YAML_FLOAT = "tag:yaml.org,2002:float"
 _DECIMAL = re.compile(r"[-+]?(0|[1-9][0-9]*)")
 
 
 def _check_number(node: yaml.Node, where: str, error: type[PlannerError]) -> None:
-    """Refuse an integer YAML 1.1 reads other than as written in decimal: ``010`` is octal 8, ``0x10`` 16,
-    ``1:30`` (base 60) 90 and ``1_000`` 1000, which a cluster file's count or bandwidth would take silently."""
-    if isinstance(node, yaml.ScalarNode) and node.tag == _YAML_INT and not node.style \
-            and not _DECIMAL.fullmatch(node.value):
+    """Refuse a number YAML 1.1 reads other than as written in decimal: ``010`` is octal 8, ``0x10`` 16,
+    ``1:30`` (base 60) 90, ``1:30.5`` 90.5 and ``1_000`` 1000, which a cluster file's count or bandwidth would
+    take silently."""
+    if not isinstance(node, yaml.ScalarNode) or node.style:
+        return
+    other_base = (node.tag == _YAML_INT and not _DECIMAL.fullmatch(node.value)) \
+        or (node.tag == _YAML_FLOAT and ":" in node.value)
+    if other_base:
         raise error(f"{where}:{node.start_mark.line + 1}: the number {node.value[:QUOTE_CHARS]!r} is not plain "
                     "decimal (YAML reads 010 as 8, 0x10 as 16, 1:30 as 90); write it in decimal without leading "
                     "zeros, colons or underscores")
