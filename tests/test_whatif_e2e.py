@@ -230,3 +230,22 @@ def test_a_fixed_plan_that_every_point_refuses_is_the_mistake(tmp_path):
         whatif(model_path, "dgx-a100-80gb*2", 16, {"count": ["1"]}, plan=plan, workers=1)
     result = whatif(model_path, "dgx-a100-80gb*2", 16, {"count": ["1", "2"]}, plan=plan, workers=1)
     assert [p.feasible for p in result.points] == [False, True]
+
+
+def test_plot_without_matplotlib_fails_before_the_sweep(files, tmp_path, capsys, monkeypatch):
+    import planner.report._figure as figure
+    import planner.sweep.whatif as sweep
+    from planner.errors import PlannerError
+
+    def missing():
+        raise PlannerError('plots need matplotlib: pip install "planner[plot]"')
+
+    def never(*args, **kwargs):
+        raise AssertionError("the sweep ran")
+
+    monkeypatch.setattr(figure, "pyplot", missing)
+    monkeypatch.setattr(sweep, "whatif", never)
+    model, cluster = files
+    assert main(["whatif", model, "--cluster", cluster, "--global-batch", "8", "--sweep", "l4.count=1,2",
+                 "--plot", str(tmp_path / "x.png")]) == 2
+    assert "plots need matplotlib" in capsys.readouterr().err

@@ -54,10 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _check_outputs(args: argparse.Namespace) -> None:
     """Fail before planning, not after minutes of it, when an output cannot be written."""
-    from planner.report._figure import check_path  # noqa: PLC0415
+    from planner.report._figure import check_path, pyplot  # noqa: PLC0415
 
     if args.plot is not None:  # an empty path is an error, not "not given"
         check_path(args.plot, "--plot")
+        pyplot()  # matplotlib missing fails here, before the sweep
     if args.csv is not None:
         check_output_file(args.csv, "--csv")
     check_distinct([("--csv", args.csv), ("--plot", args.plot)],
