@@ -83,3 +83,14 @@ def test_an_export_that_refuses_the_plan_leaves_no_plan_file(tmp_path, capsys, m
     assert main(["plan", "models/gpt2-124m.onnx", "--cluster", "dgx-a100-80gb*1", "--global-batch", "64",
                  "--format", "megatron", "--out", str(out)]) == 2
     assert "megatron cannot write it" in capsys.readouterr().err and not out.exists()
+
+
+def test_a_choice_the_formats_runtime_refuses_points_at_the_format(capsys):
+    """--format megatron chose megatron-core: the refusal of --zero 3 must not advise a runtime the format refuses."""
+    from planner.cli import main  # noqa: PLC0415
+
+    assert main(["plan", "models/gpt2-124m.onnx", "--cluster", "dgx-a100-80gb*1", "--global-batch", "64",
+                 "--format", "megatron", "--zero", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("planner: error: --zero 3: the megatron-core runtime runs ZeRO 0, 1; --format megatron "
+                          "launches megatron-core or megatron-lm-2021") and "--runtime" not in err
