@@ -728,3 +728,17 @@ def test_deepspeed_writes_autotp_with_zero_3():
                                runtime="deepspeed")
     config = deepspeed_config(plan)
     assert config["tensor_parallel"] == {"autotp_size": 2} and config["zero_optimization"]["stage"] == 3
+
+
+def test_stage_comments_give_the_launch_ranks_and_the_planned_devices():
+    """Megatron-LM and torchtitan run stage s on ranks s x W .. (s + 1) x W - 1; a stage the plan puts on other
+    device ids (a device type later in the cluster file) names them, so the hosts can be ordered to match."""
+    plan = plan_samples.gpt_plan()
+    text = render(plan, "megatron")
+    assert "# stage 0: layers 0-4 (4 transformer) on a100-80gb, ranks 0-7\n" in text
+    swapped = dataclasses.replace(plan, stages=(
+        dataclasses.replace(plan.stages[0], devices=plan.stages[1].devices),
+        dataclasses.replace(plan.stages[1], devices=plan.stages[0].devices)))
+    text = render(swapped, "megatron")
+    assert "ranks 0-7 on the cluster's devices 8-15 (order the hosts so)" in text
+    assert "ranks 8-15 on the cluster's devices 0-7 (order the hosts so)" in text

@@ -29,8 +29,8 @@ import shlex
 
 from planner.errors import ConfigError, PlannerError
 from planner.export._uniform import (check_transformer_layers, framework_runtime, pipeline_degree,
-                                     refuse_gpipe, require_uniform, transformer_layers, uniform_cp, uniform_experts,
-                                     warn_tf32)
+                                     refuse_gpipe, require_uniform, stage_comments, transformer_layers, uniform_cp,
+                                     uniform_experts, warn_tf32)
 from planner.hardware.fp8 import DEFAULT_FP8_RECIPE, FP8, FP8_RECIPES
 from planner.plans import Plan, plan_recompute
 from planner.rules import check_numerics, check_schedule, check_vpp_shape, chunk_sizes
@@ -315,9 +315,7 @@ def render_megatron(plan: Plan) -> str:
         lines.append(_FSDP_NOTE)
     elif (tp > 1 or cp > 1) and runtime.name != "megatron-lm-2021":
         lines.append(_STREAM_NOTE)
-    for stage in plan.stages:
-        lines.append(f"# stage {stage.index}: layers {stage.first_layer}-{stage.last_layer} "
-                     f"({transformer_layers(stage)} transformer) on {stage.device_type}")
+    lines += stage_comments(plan)
     options: list[list[str]] = []
     for arg in args:
         if arg.startswith("--"):

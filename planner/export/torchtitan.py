@@ -77,7 +77,7 @@ from typing import Any
 from planner.errors import PlannerError
 from planner.export import _uniform
 from planner.export._uniform import (check_transformer_layers, pipeline_degree, require_uniform,
-                                     transformer_layers, uniform_cp, uniform_experts, warn_tf32)
+                                     stage_comments, transformer_layers, uniform_cp, uniform_experts, warn_tf32)
 from planner.hardware.fp8 import DEFAULT_FP8_RECIPE, FP8
 from planner.plans import Plan, cluster_group, plan_recompute
 from planner.rules import FORMAT_DTYPES, chunk_sizes
@@ -368,8 +368,7 @@ def render_torchtitan(plan: Plan) -> str:
              f"# {world} GPUs ({devices}) = tp {tp} x cp {cp} x pp {pp} x dp {dp}; "
              f"ZeRO-{plan.zero}, {plan.dtype}, runtime {plan.runtime}"]
     lines += _launch_lines(plan, config["module"], config["function"], world)
-    lines += [f"# stage {stage.index}: layers {stage.first_layer}-{stage.last_layer} ({transformer_layers(stage)} "
-              f"transformer) on {stage.device_type}" for stage in plan.stages]
+    lines += stage_comments(plan)
     lines.append("")
     policy = config["activation_checkpoint"]
     if policy:
