@@ -404,18 +404,18 @@ def check_fits_model(plan: Plan, params: int, layers: LayerGraph) -> None:
     planned = plan.model.get("params")
     if isinstance(planned, (int, float)) and planned != params:
         raise ConfigError(f"plan: made for model {plan.model.get('name')!r} of {planned:,} parameters, but "
-                           f"{layers.name!r} has {params:,}; give the model the plan was made for, or plan this "
-                           "model ('planner plan MODEL ... --out PLAN.json')")
+                          f"{layers.name!r} has {params:,}; give the model the plan was made for, or plan this "
+                          "model ('planner plan MODEL ... --out PLAN.json')")
     count = len(layers.layers)
     if plan.stages[-1].last_layer != count - 1:
         raise ConfigError(f"plan: the stages cover layers 0..{plan.stages[-1].last_layer} but the model has "
-                           f"{count} layers (0..{count - 1}); was the plan made for this model and these --dim values?")
+                          f"{count} layers (0..{count - 1}); was the plan made for this model and these --dim values?")
     for stage in plan.stages:
-        for offset, index in enumerate(range(stage.first_layer, stage.last_layer + 1)):
-            planned_name, name = stage.layer_names[offset], layers.layers[index].name
+        for index, planned_name in enumerate(stage.layer_names, stage.first_layer):
+            name = layers.layers[index].name
             if planned_name != name:
                 raise ConfigError(f"plan: stage {stage.index} lists layer {index} as '{planned_name}' but the "
-                                   f"model's layer {index} is '{name}'; the plan was made for another model")
+                                  f"model's layer {index} is '{name}'; the plan was made for another model")
 
 
 def _device_errors(stage: dict[str, Any], where: str, num_devices: Any) -> list[str]:

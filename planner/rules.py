@@ -828,6 +828,12 @@ def runtime_for_format(fmt: str, runtime: str | None) -> str | None:
     return name
 
 
+def refused_rule(refusal: ConfigError) -> str:
+    """The rule a refusal names, without the fix its message goes on to suggest (the text before its first
+    "; ")."""
+    return str(refusal).split("; ")[0]
+
+
 def resolve_runtime(runtime: str | Runtime | None, runs: Callable[[str], object]) -> tuple[str, str]:
     """The runtime a configuration is made for, and a note saying why where it is not the one named or the
     default (else ""). Named (``runtime`` not None), that runtime, whatever it refuses. Left out, the default
@@ -844,14 +850,13 @@ def resolve_runtime(runtime: str | Runtime | None, runs: Callable[[str], object]
     except ConfigError as exc:
         refusal = exc
     others = RUNTIME_PREFERENCE[1:]
-    # the rule each runtime breaks, without the fix its message goes on to suggest
-    reason = str(refusal).split("; ")[0]
+    reason = refused_rule(refusal)  # the rule each runtime breaks, without its fix
     reasons = {DEFAULT_RUNTIME: reason}
     for name in others:
         try:
             runs(name)
         except ConfigError as exc:
-            reasons[name] = str(exc).split("; ")[0]
+            reasons[name] = refused_rule(exc)
             continue
         return name, (f"runtime {name}: none was named and the default cannot run the pinned choices ({reason}); "
                       f"{name} is the first of {', '.join(others)} that runs them all (name one with --runtime to "

@@ -15,7 +15,7 @@ from planner.errors import ConfigError
 from planner.outputs import check_distinct, check_output_file, write_text
 from planner.plans import Plan
 from planner.report import FORMATS, render
-from planner.rules import FORMAT_RUNTIMES, format_dtype, runtime_for_format, uniform_stages
+from planner.rules import FORMAT_RUNTIMES, format_dtype, refused_rule, runtime_for_format, uniform_stages
 from planner.types import LayerGraph
 
 HELP = "search the fastest parallel plan that fits (provably optimal under the cost model where it can say so)"
@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         if args.runtime is None and args.format in FORMAT_RUNTIMES and "--runtime" in str(exc):
             # the format chose the runtime: a fix naming another runtime would be refused by the format
-            raise ConfigError(f"{str(exc).split('; ')[0]}; --format {args.format} launches "
+            raise ConfigError(f"{refused_rule(exc)}; --format {args.format} launches "
                               f"{' or '.join(FORMAT_RUNTIMES[args.format])}, so change that choice or ask for "
                               "another --format") from None
         raise

@@ -12,6 +12,7 @@ from planner.errors import PlannerError
 from planner.plans import Plan, StagePlan
 from planner.rules import FORMAT_RUNTIMES
 from planner.runtime import Runtime, get_runtime
+from planner.units import id_ranges
 
 log = logging.getLogger(__name__)
 
@@ -78,30 +79,19 @@ def transformer_layers(stage: StagePlan) -> int:
     return sum(1 for kind in stage.layer_kinds if kind == "block")
 
 
-def _runs(ids: list[int]) -> str:
-    """Device ids as ranges of consecutive ids: ``0-7, 16-23``."""
-    runs: list[list[int]] = []
-    for i in ids:
-        if runs and i == runs[-1][1] + 1:
-            runs[-1][1] = i
-        else:
-            runs.append([i, i])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
-
-
 def stage_comments(plan: Plan) -> list[str]:
     """A comment line per stage: its layers, device type, and the launch ranks that run it. Megatron-LM and
     torchtitan give pipeline stage s the ranks s x W .. (s + 1) x W - 1 (W = tp x cp x dp; the pipeline is the
     outermost dimension of both); where those are not the plan's own device ids (a stage placed on a device
-    type later in the cluster file), the line names the devices, in rank order, that the hosts must give them."""
+    type later in the cluster file), the line names the devices the hosts must give them."""
     lines = []
     first = 0
     for stage in plan.stages:
         ranks = list(range(first, first + len(stage.devices)))
         first += len(stage.devices)
-        where = f"ranks {_runs(ranks)}"
+        where = f"ranks {id_ranges(ranks)}"
         if list(stage.devices) != ranks:
-            where += f" on the cluster's devices {_runs(list(stage.devices))} (order the hosts so)"
+            where += f" on the cluster's devices {id_ranges(stage.devices)} (order the hosts so)"
         lines.append(f"# stage {stage.index}: layers {stage.first_layer}-{stage.last_layer} "
                      f"({transformer_layers(stage)} transformer) on {stage.device_type}, {where}")
     return lines

@@ -63,7 +63,8 @@ def hetero_allowed(settings: Settings, pins: Pins) -> bool:
     tp x 1 group each (a pinned context parallelism is left to the uniform layouts), and no expert
     parallelism (an expert-parallel group lies in one replica group's devices, planner.cost.moe); never where
     every stage must be served by one replica group (``pins.uniform``)."""
-    return not pins.uniform and settings.vpp == 1 and settings.dp >= 2 and pins.pp in (0, 1) and pins.cp in (0, 1) and settings.ep == 1
+    return (not pins.uniform and settings.vpp == 1 and settings.dp >= 2 and pins.pp in (0, 1) and pins.cp in (0, 1)
+            and settings.ep == 1)
 
 
 def settings_floor(layer_table: Callable[[StageOption, Settings], object], cluster: Cluster, settings: Settings,
