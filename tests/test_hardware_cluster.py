@@ -53,6 +53,48 @@ def test_example_clusters_load_and_match_the_schema(path):
     assert len({g.name for g in cluster.groups}) == len(cluster.groups)
 
 
+@pytest.mark.parametrize("path", CLUSTERS, ids=lambda p: p.stem)
+def test_example_clusters_load_by_name(path):
+    def shape(cluster):  # inline nodes' sources name the file's path, which the catalog reaches through a link
+        return ([(g.name, g.node.name, g.node.device.name, g.count, g.first_device, g.price_per_node_hour)
+                 for g in cluster.groups], cluster.fabric_latency_s, cluster.oversubscription, cluster.name)
+    assert shape(load_cluster(path.stem)) == shape(load_cluster(path))
+    assert shape(load_cluster(f" {path.stem.upper()} ")) == shape(load_cluster(path))
+
+
+def test_a_node_name_wins_over_a_cluster_file_of_that_name(tmp_path, monkeypatch):
+    root = ROOT / "hardware_profiles"
+    for kind in ("devices", "nodes"):
+        (tmp_path / kind).symlink_to(root / kind)
+    (tmp_path / "clusters").mkdir()
+    (tmp_path / "clusters" / "dgx-h100.yaml").write_text("groups: [{node: t4, count: 2}]\n")
+    (tmp_path / "clusters" / "two-t4.yaml").write_text("groups: [{node: t4, count: 2}]\n")
+    monkeypatch.setenv("PLANNER_PROFILES_DIR", str(tmp_path))
+    assert load_cluster("dgx-h100").device_types == ("h100-sxm",)
+    assert load_cluster("two-t4").num_devices == 2
+
+
+@pytest.mark.parametrize("text, message", [
+    ("dgx-a100-1", "unknown node or cluster 'dgx-a100-1' (did you mean dgx-a100-16, "),
+    ("nonsense", "unknown node or cluster 'nonsense'"),
+    ("dgx-a100-16*2", "unknown node 'dgx-a100-16'"),  # a count multiplies nodes, not cluster files
+])
+def test_unknown_bare_names_suggest_nodes_and_clusters(text, message):
+    with pytest.raises(ClusterError) as err:
+        load_cluster(text)
+    assert message in str(err.value)
+
+
+def test_devices_lists_the_example_clusters(capsys):
+    assert main(["devices"]) == 0
+    out = capsys.readouterr().out
+    assert "cluster (--cluster NAME)" in out
+    assert "h100-a100-mixed           48       dgx-h100*2 + dgx-a100-40gb*4" in out
+    assert main(["devices", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)["clusters"]
+    assert [c["name"] for c in listed] == [p.stem for p in CLUSTERS]
+
+
 def test_mixed_examples_exist():
     types = {p.stem: load_cluster(p).device_types for p in CLUSTERS}
     assert set(types["a100-v100-mixed"]) == {"a100-80gb", "v100-32gb"}

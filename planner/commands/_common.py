@@ -123,7 +123,8 @@ def non_negative_int(text: str) -> int:
 
 def add_cluster_flags(parser: argparse.ArgumentParser, global_batch_required: bool = True) -> None:
     parser.add_argument("--cluster", required=True,
-                        help="a cluster file (YAML/JSON) or a shorthand NODE*COUNT[+NODE*COUNT...]")
+                        help="a cluster file (YAML/JSON), an example cluster's name (`planner devices` lists them) or "
+                             "a shorthand NODE*COUNT[+NODE*COUNT...]")
     parser.add_argument("--global-batch", type=global_batch_arg, required=global_batch_required, metavar="N",
                         help="samples per iteration")
     parser.add_argument("--tables", metavar="FILE",

@@ -17,7 +17,8 @@ TFLOP = 1e12
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cluster", help="describe this cluster (a file or NODE*COUNT[+...]) instead of the catalog")
+    parser.add_argument("--cluster", help="describe this cluster (a file, an example cluster's name or NODE*COUNT[+...]) "
+                        "instead of the catalog")
     add_json_flag(parser)
 
 
@@ -67,7 +68,12 @@ def catalog_document() -> dict:
             "inter_node_bandwidth_Bps": n.inter_node_bandwidth_Bps, "inter_node_latency_s": n.inter_node_latency_s,
             "inter_node_efficiency": n.inter_node_efficiency, "source": n.source,
         })
-    return {"profiles_dir": str(catalog.profiles_dir()), "devices": devices, "nodes": nodes}
+    clusters = []
+    for name in catalog.cluster_names():
+        c = load_cluster(name)
+        clusters.append({"name": name, "devices": c.num_devices, "device_types": list(c.device_types),
+                         "groups": [f"{g.node.name}*{g.count}" for g in c.groups]})
+    return {"profiles_dir": str(catalog.profiles_dir()), "devices": devices, "nodes": nodes, "clusters": clusters}
 
 
 def _table(rows: list[list[str]]) -> str:
@@ -115,6 +121,11 @@ def run(args: argparse.Namespace) -> int:
         rows.append([n["name"], n["device"], str(n["devices_per_node"]), n["intra_node_fabric"],
                      f"{n['intra_node_bandwidth_Bps'] / GB:g}", "yes" if n["nvls_efficiency"] else "-",
                      str(n["nics_per_node"]), f"{n['inter_node_bandwidth_Bps'] / GB:g}"])
-    out += [_table(rows), "", f"catalog: {doc['profiles_dir']} (sources: planner devices --json)"]
+    out += [_table(rows), ""]
+    if doc["clusters"]:
+        rows = [["cluster (--cluster NAME)", "devices", "groups"]]
+        rows += [[c["name"], str(c["devices"]), " + ".join(c["groups"])] for c in doc["clusters"]]
+        out += [_table(rows), ""]
+    out.append(f"catalog: {doc['profiles_dir']} (sources: planner devices --json)")
     sys.stdout.write("\n".join(out) + "\n")
     return 0

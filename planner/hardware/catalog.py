@@ -5,6 +5,8 @@ Where the catalog is found, first match wins:
 2. ``planner/hardware_profiles`` inside the installed package (a non-editable ``pip install .``);
 3. ``hardware_profiles/`` at the top of a source checkout.
 
+Its ``clusters/`` folder holds example cluster files, which ``--cluster`` also takes by name.
+
 Unknown names raise :class:`~planner.errors.ClusterError` with the closest known names suggested.
 """
 
@@ -146,6 +148,16 @@ def device_names() -> list[str]:
 
 def node_names() -> list[str]:
     return sorted(_files("nodes", str(profiles_dir())))
+
+
+def cluster_names() -> list[str]:
+    """The catalog's example clusters (its ``clusters/`` folder), by file name without the suffix."""
+    return sorted(_files("clusters", str(profiles_dir())))
+
+
+def cluster_file(name: str) -> Path | None:
+    """The catalog's cluster file named ``name`` (no suffix), or None."""
+    return _files("clusters", str(profiles_dir())).get(name.strip().lower())
 
 
 def _get(kind: str, name: str, load):

@@ -1,5 +1,6 @@
-"""Cluster loading: a YAML/JSON file (``planner/schemas/cluster.schema.json``) or the shorthand
-``NODE*COUNT[+NODE*COUNT...]`` (``COUNT`` defaults to 1).
+"""Cluster loading: a YAML/JSON file (``planner/schemas/cluster.schema.json``), the name of one of the
+catalog's example cluster files (``hardware_profiles/clusters/NAME.yaml``), or the shorthand
+``NODE*COUNT[+NODE*COUNT...]`` (``COUNT`` defaults to 1; a node's name wins over a cluster file's).
 
 Devices are numbered globally in group order: group 0's devices are ``0 .. n0-1``, node-major (node 0's
 devices first). Group names are unique: the ``name`` given, else the node name, with ``_2``, ``_3`` ... for
@@ -15,7 +16,7 @@ from bisect import bisect_right
 from pathlib import Path
 from typing import Any, Sequence
 
-from planner.errors import ClusterError
+from planner.errors import ClusterError, suggest
 from planner.hardware import catalog
 from planner.hardware.documents import RANGES, Document, JsonPath, check, read_document
 from planner.types import Cluster, DeviceGroup, NodeProfile
@@ -37,11 +38,13 @@ LINK_OVERRIDES = {"inter_node_bandwidth_GBps": "inter_node_bandwidth_Bps",
 MAX_NODES_PER_GROUP = int(RANGES["nodes"][1])  # a cluster file's limit, for the shorthand too
 MAX_GROUPS = int(RANGES["groups"][1])
 _WHOLE_NUMBER = re.compile(r"[+-]?[0-9]+")
+_BARE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _SHORTHAND_TERM = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\*\s*([^\s+*]+))?\s*$")
 
 
 def load_cluster(spec: str | os.PathLike) -> Cluster:
-    """A Cluster from a file path (YAML/JSON) or a shorthand such as ``dgx-a100-80gb*16+hgx-v100-32gb*8``."""
+    """A Cluster from a file path (YAML/JSON), a catalog cluster's name (``h100-a100-mixed``) or a shorthand
+    such as ``dgx-a100-80gb*16+hgx-v100-32gb*8``."""
     if not isinstance(spec, (str, os.PathLike)):
         raise ClusterError(f"cluster: got a {type(spec).__name__}; give a cluster file's path or a shorthand such as "
                            "'dgx-a100-80gb*16+hgx-v100-32gb*8'")
@@ -50,6 +53,9 @@ def load_cluster(spec: str | os.PathLike) -> Cluster:
     if path.suffix.lower() in (".yaml", ".yml", ".json") or "/" in text or os.sep in text or (text and _exists(path)):
         # a missing file: "no such file"; a folder: "is not a file"
         return _cluster_from_document(read_document(path), path.parent)
+    bundled = catalog.cluster_file(text) if _BARE_NAME.fullmatch(text.strip()) else None
+    if bundled is not None and text.strip().lower() not in catalog.node_names():
+        return _cluster_from_document(read_document(bundled), bundled.parent)
     return parse_shorthand(text)
 
 
@@ -85,9 +91,22 @@ def parse_shorthand(text: str) -> Cluster:
             if not 1 <= count <= MAX_NODES_PER_GROUP:
                 raise ClusterError(f"cluster {text!r}: node count {count_text} of {name!r} must be from 1 to "
                                    f"{MAX_NODES_PER_GROUP} nodes per group")
-        groups.append((name.lower(), catalog.get_node(name), count))
+        groups.append((name.lower(), _shorthand_node(name, single=len(terms) == 1 and count_text is None), count))
     return _assemble(groups, prices=[None] * len(groups), fabric_latency_s=DEFAULT_FABRIC_LATENCY_S,
                      oversubscription=DEFAULT_OVERSUBSCRIPTION, name=text.strip())
+
+
+def _shorthand_node(name: str, single: bool) -> NodeProfile:
+    """The catalog node ``name``; where a bare name (``single``) is none, the error also suggests the catalog's
+    cluster names, which ``--cluster`` takes as well."""
+    try:
+        return catalog.get_node(name)
+    except ClusterError:
+        if not single:
+            raise
+    key = name.strip().lower()
+    raise ClusterError(f"unknown node or cluster {name!r}{suggest(key, catalog.node_names() + catalog.cluster_names())}"
+                       "; `planner devices` lists the catalog's nodes and clusters") from None
 
 
 def _cluster_from_document(doc: Document, base_dir: Path) -> Cluster:
