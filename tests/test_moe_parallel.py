@@ -26,6 +26,7 @@ from planner.hardware import load_cluster
 from planner.hardware.collectives import collective_time_s
 from planner.runtime import Runtime, get_runtime
 from planner.search.api import plan
+from planner.search.explain import bottleneck
 from planner.plans import schema_errors
 from planner.types import LayerGraph, ParallelConfig
 
@@ -175,6 +176,20 @@ def test_estimate_resolves_ep_and_a_dense_model_keeps_ep_one():
     assert est.config.ep in (1, 2, 4, 8) and est.config.expert_tp == 1
     dense = estimate(dense_model(), load_cluster("dgx-h100*1"), ParallelConfig(global_batch=16, tp=2, dp=4))
     assert dense.config.ep == 1 and dense.breakdown.ep_comm_s == 0
+
+
+@pytest.mark.parametrize("ep, expert_tp, says, not_says", [
+    (1, 2, "gathers the tokens over the expert_tp=2 ranks", "all-to-all"),
+    (4, 1, "all-to-all over ep=4 ranks", "gathers"),
+    (2, 2, "all-to-all over ep=2 ranks and gathers the tokens over the expert_tp=2 ranks", "ep=1"),
+])
+def test_the_bottleneck_names_the_expert_traffic_the_configuration_has(ep, expert_tp, says, not_says):
+    est = estimate(moe_model(), load_cluster("dgx-h100*1"),
+                   ParallelConfig(global_batch=16, tp=2, dp=4, ep=ep, expert_tp=expert_tp, sequence_parallel=True))
+    # the sentence of the part that is the largest overhead; expert communication made the largest here
+    parts = dataclasses.replace(est.breakdown, ep_comm_s=est.iteration_time_s)
+    text = bottleneck(dataclasses.replace(est, breakdown=parts), 4)
+    assert "expert dispatch and combine" in text and says in text and not_says not in text
 
 
 # ------------------------------------------------------------------------------------- search and export

@@ -33,8 +33,7 @@ def bottleneck(estimate: Estimate, num_micro_batches: int, embedding_s: float = 
         "embedding_s": "embedding lookups and their all-to-all run outside the dense pipeline",
         "cp_comm_s": f"passing K and V around the ring of cp={stage.cp} ranks takes longer than the attention "
                      "step each transfer overlaps",
-        "ep_comm_s": (f"every MoE layer sends its tokens to their experts and back by all-to-all over ep={stage.ep} "
-                      f"ranks (expert tp {stage.expert_tp}), forward and backward"),
+        "ep_comm_s": _expert_traffic(stage.ep, stage.expert_tp),
     }.get(overhead[0], "")
     context = f", cp={stage.cp}" if stage.cp > 1 else ""
     sentence = (f"Stage {slow} (layers {stage.first_layer}-{stage.last_layer} on {stage.device_type}, "
@@ -48,6 +47,18 @@ def bottleneck(estimate: Estimate, num_micro_batches: int, embedding_s: float = 
     sentence += (f"; memory is tightest on stage {memory.index} ({memory.memory.total_bytes / GIB:.1f} of "
                  f"{memory.memory_capacity_bytes / GIB:.1f} GiB, {fill:.0%}).")
     return sentence
+
+
+def _expert_traffic(ep: int, expert_tp: int) -> str:
+    """What a MoE layer's expert communication is (planner.cost.moe): the all-to-alls over ``ep`` ranks, the
+    gathers and reduce-scatters of the received tokens over ``expert_tp`` ranks, or both."""
+    parts = []
+    if ep > 1:
+        parts.append(f"sends its tokens to their experts and back by all-to-all over ep={ep} ranks")
+    if expert_tp > 1:
+        parts.append(f"gathers the tokens over the expert_tp={expert_tp} ranks that split each expert and "
+                     "reduce-scatters the outputs")
+    return f"every MoE layer {' and '.join(parts)}, forward and backward" if parts else ""
 
 
 def tie_note(chosen: Any, fastest: Any, tolerance: float) -> str:
