@@ -137,6 +137,9 @@ class Plan:
     memory_per_device_bytes: float = 0.0
     bottleneck: str = ""  # one sentence: what limits this plan and why
     physical_bound_s: float = 0.0  # total FLOPs / summed peak FLOP/s of the devices used
+    # the expert-parallel all-to-alls under another micro-batch's computation (planner.cost.moe); written to JSON
+    # only where true, so that a plan without it reads as before
+    ep_overlap: bool = False
     schema_version: int = SCHEMA_VERSION
 
     # ------------------------------------------------------------------ derived views
@@ -158,6 +161,8 @@ class Plan:
     # ------------------------------------------------------------------ serialisation
     def to_dict(self) -> dict[str, Any]:
         document = _jsonable(asdict(self))
+        if not document["ep_overlap"]:
+            del document["ep_overlap"]
         # a replica group lists the fields of its stage too (the Plan JSON's contract): the stage's own
         for stage in document["stages"]:
             for group in stage["replicas"]:
@@ -270,7 +275,8 @@ def pipeline_spec(plan: Plan, recompute: str | None = None) -> PipelineSpec:
                         zero=plan.zero, recompute=recompute, sequence_parallel=plan.sequence_parallel,
                         schedule=plan.schedule, optimizer=plan.optimizer,
                         dtype=cost_dtype(plan.dtype, plan.fp8_recipe), runtime=plan.runtime,
-                        ep=eps.pop() if eps else 1, expert_tp=expert_tps.pop() if expert_tps else 0)
+                        ep=eps.pop() if eps else 1, expert_tp=expert_tps.pop() if expert_tps else 0,
+                        ep_overlap=plan.ep_overlap)
 
 
 def moe_summary(model: LayerGraph) -> dict[str, Any]:

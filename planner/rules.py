@@ -33,6 +33,10 @@ Rules
   expert_tp other than tp only where the runtime has expert tensor parallelism; tp > 1 only with sequence
   parallelism where the runtime requires it (``Runtime.moe_tensor_parallel_needs_sequence_parallel``:
   Megatron-Core's MoELayer refuses to train otherwise, whatever ep).
+* ep_overlap (the expert-parallel all-to-alls under another micro-batch's computation; ``runtime.ep_overlap``,
+  Megatron-Core's ``--overlap-moe-expert-parallel-comm``, whose TransformerConfig asserts each of these): ep > 1,
+  the interleaved schedule (vpp > 1) where pp > 1, no full recompute, 16-bit weights (bf16, fp16; fp8 trains
+  bf16 weights).
 * dtype fp8: only on a runtime that trains it (``runtime.fp8``).
 * enums: recompute, optimizer, dtype, schedule, runtime, each spelled once here (the search plans the 1F1B
   and interleaved schedules; GPipe, which holds every micro-batch's activations, is estimated only).
@@ -319,11 +323,14 @@ def check_cp_pools(tp: int, cp: int, cluster: Cluster, pools: Sequence[int], fla
 
 
 def max_pipeline(shape: ModelShape, runtime: Runtime, zero: int | None = None,
-                 num_micro_batches: int | None = None) -> int:
+                 num_micro_batches: int | None = None, ep_overlap: bool = False, vpp: int = 1) -> int:
     """The most pipeline stages: one unit per stage at most (0 units: unknown, no limit); 1 where the runtime
-    has no pipeline, where ``zero`` is above what it combines with a pipeline, or where there are more than
-    :data:`MAX_PIPELINE_MICRO_BATCHES` micro-batches per replica."""
+    has no pipeline, where ``zero`` is above what it combines with a pipeline, where ``ep_overlap`` runs
+    without interleaving (``vpp`` 1), or where there are more than :data:`MAX_PIPELINE_MICRO_BATCHES`
+    micro-batches per replica."""
     if not runtime.pipeline_parallel or (zero is not None and zero > runtime.max_pipeline_zero):
+        return 1
+    if ep_overlap and vpp == 1:
         return 1
     if num_micro_batches is not None and num_micro_batches > MAX_PIPELINE_MICRO_BATCHES:
         return 1
@@ -722,6 +729,47 @@ def check_batch(global_batch: int, dp: int, micro_batch: int | None) -> None:
                           f"or nearest valid micro-batch: {nearest(mb, divisors(gb // dp))}")
 
 
+EP_OVERLAP_DTYPES = ("bf16", "fp16", "fp8")  # 16-bit weights (fp8 GEMMs train bf16 weights)
+
+
+def ep_overlap_choices(runtime: Runtime, ep: int | None, recompute: str | None, dtype: str | None
+                       ) -> tuple[bool, ...]:
+    """Expert-parallel overlap off, and on where the runtime has it, ep > 1, recompute is not full and the
+    weights are 16-bit (``None``: not fixed; a pipeline also needs vpp > 1: :func:`max_pipeline`)."""
+    allowed = runtime.ep_overlap and (ep is None or ep > 1) and recompute != "full" \
+        and (dtype is None or base_dtype(dtype) in EP_OVERLAP_DTYPES)
+    return (False, True) if allowed else (False,)
+
+
+def check_ep_overlap(ep_overlap: bool | None, ep: int | None, pp: int | None, vpp: int | None,
+                     recompute: str | None, dtype: str | None, runtime: Runtime, schedule: str | None = None,
+                     shape: ModelShape | None = None) -> None:
+    """A pinned ``ep_overlap`` against the model's experts (``shape``; None: not known), the other pinned
+    choices (None: not fixed) and the runtime."""
+    if not ep_overlap:
+        return
+    fix = "; leave --ep-overlap out"
+    if shape is not None and not shape.experts:
+        raise ConfigError(f"ep_overlap: the model has no mixture-of-experts layers, so no expert-parallel "
+                          f"all-to-all to overlap{fix}")
+    if not runtime.ep_overlap:
+        others = " or ".join(r.name for r in RUNTIMES.values() if r.ep_overlap) or "none"
+        raise ConfigError(f"ep_overlap: the {runtime.name} runtime does not overlap the expert-parallel "
+                          f"all-to-alls with computation{fix}, or use --runtime {others}")
+    if ep is not None and ep < 2:
+        raise ConfigError(f"ep_overlap with ep={ep}: there is no expert-parallel all-to-all to overlap{fix}, or "
+                          "set --ep above 1")
+    if recompute == "full":
+        raise ConfigError(f"ep_overlap with recompute=full: Megatron-Core overlaps the all-to-alls only without "
+                          f"full recomputation{fix}, or use --recompute none or selective")
+    if dtype is not None and base_dtype(dtype) not in EP_OVERLAP_DTYPES:
+        raise ConfigError(f"ep_overlap with dtype={dtype}: Megatron-Core overlaps the all-to-alls only with bf16 "
+                          f"or fp16 weights{fix}, or use --dtype bf16")
+    if pp is not None and pp > 1 and ((vpp is not None and vpp < 2) or schedule in ("1f1b", "gpipe")):
+        raise ConfigError(f"ep_overlap with pp={pp} and no interleaving: Megatron-Core merges the steps of the "
+                          f"interleaved schedule only{fix}, or use --vpp 2 or more (or pp 1)")
+
+
 def recompute_choices(runtime: Runtime) -> tuple[str, ...]:
     """The recompute choices left free ones resolve to under ``runtime``, simplest first. Where selective
     recompute re-runs the attention core, under FlashAttention it has nothing to recompute (the scores never
@@ -799,6 +847,8 @@ def check_config(model: LayerGraph, cluster: Cluster, config: ParallelConfig) ->
     check_recipe_choice(config.dtype, config.fp8_recipe)
     check_experts(config.ep or 1, config.expert_tp, tp, dp, shape, runtime, cp,
                   sequence_parallel=config.sequence_parallel)
+    check_ep_overlap(config.ep_overlap, config.ep, pp, config.vpp, config.recompute, config.dtype, runtime,
+                     config.schedule, shape)
 
 
 def simplicity_key(zero: int, recompute: str, tp: int, pp: int) -> tuple[int, int, int, int]:

@@ -184,6 +184,10 @@ class Runtime:
     # each expert with for training with a load-balancing loss (Fedus et al. 2021, JMLR, Sec. 2.2 and
     # Table 1), i.e. the load the busiest expert reaches under that loss
     moe_load_imbalance: float = 1.25
+    # the expert-parallel all-to-alls overlapped with another micro-batch's computation: the steady state's
+    # forward and backward merged layer by layer on two streams (Megatron-Core --overlap-moe-expert-parallel-comm
+    # with --delay-wgrad-compute; planner.cost.moe), with one more warm-up forward (planner.cost.schedule)
+    ep_overlap: bool = False
 
     def overlaps_grad_reduce(self, zero: int, pipelined: bool = False) -> bool:
         """Whether the gradient reduction of ZeRO stage ``zero`` overlaps the backward pass (``pipelined``:
@@ -253,13 +257,14 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
                "accumulate_allreduce_grads_in_fp32: gradients reduced in fp32); Megatron-LM "
                "README performance table (overlap-grad-reduce, overlap-param-gather, tp-comm-overlap); "
                "megatron/core/transformer/moe/README.md (expert parallelism, expert tensor parallelism, "
-               "dropless routing by default)",
+               "dropless routing by default; EP A2A overlap) and transformer_config.py (its requirements: "
+               "ep > 1, vpp with pp > 1, no full recompute, bf16 or fp16 weights)",
         overlap_grad_reduce=True, overlap_param_gather=True, tp_comm_overlap=True,
         grad_bucket_params=40_000_000, zero3_prefetch_layers=1, attention="flash", main_grad_bytes=4,
         zero_stages=(0, 1), max_pipeline_zero=1, interleaved=True, tensor_parallel=True, pipeline_parallel=True,
         grad_bucket_params_per_rank=1_000_000, context_parallel=True, expert_parallel=True,
         expert_tensor_parallel=True, moe_tensor_parallel_needs_sequence_parallel=True, grad_reduce_bytes=4,
-        native_grad_dtypes=("fp16",)),
+        native_grad_dtypes=("fp16",), ep_overlap=True),
     Runtime(
         name="deepspeed",
         description="DeepSpeed ZeRO 0-3 with overlap_comm; tensor parallelism without sequence parallelism, "

@@ -352,6 +352,9 @@ class ParallelConfig:
     # ``expert_tp`` ranks (Megatron-Core's expert tensor parallelism); None: resolved (ep 1 on a dense model)
     ep: int | None = None
     expert_tp: int | None = None
+    # the expert-parallel all-to-alls run under another micro-batch's computation (Megatron-Core's
+    # --overlap-moe-expert-parallel-comm; planner.cost.moe); None: resolved (off where the rules refuse it)
+    ep_overlap: bool | None = None
 
     def __post_init__(self) -> None:
         # Wrong types from the Python API fail here, naming the field, rather than deep in a rule or formula.
@@ -366,9 +369,9 @@ class ParallelConfig:
                 least = 0 if f.name in _ZERO_ALLOWED else 1
                 most = MAX_GLOBAL_BATCH if f.name == "global_batch" else None
                 object.__setattr__(self, f.name, whole(value, f.name, least, most))
-            elif f.name == "sequence_parallel":
+            elif f.name in ("sequence_parallel", "ep_overlap"):
                 if not isinstance(value, (bool, np.bool_)):
-                    raise ConfigError(f"sequence_parallel={value!r} must be True, False or None")
+                    raise ConfigError(f"{f.name}={value!r} must be True, False or None")
                 object.__setattr__(self, f.name, bool(value))
             elif not isinstance(value, str):
                 raise ConfigError(f"{f.name}={value!r} must be a name (a string) or None")
@@ -462,6 +465,7 @@ class PipelineSpec:
     runtime: str = DEFAULT_RUNTIME
     ep: int = 1  # expert parallelism of every stage (planner.cost.moe)
     expert_tp: int = 0  # expert tensor parallelism; 0: each replica group's tp (Megatron-Core's default)
+    ep_overlap: bool = False  # the all-to-alls under another micro-batch's computation (planner.cost.moe)
 
     @property
     def batching(self) -> Batching:

@@ -10,14 +10,15 @@ from planner.search.backend import FIRST, HANDOFFS, bound_matrices, handoff_cycl
 from planner.search.partition import score
 
 
-def one_layer_stages(f, b, c, m, vpp=1, exposure=FIRST, all_forwards_at_pp=True):
-    """The bound of P stages holding one layer each, stage k taking f[k], b[k] and sending in c[k]."""
+def one_layer_stages(f, b, c, m, vpp=1, exposure=FIRST, all_forwards_at_pp=True, ep_overlap=False):
+    """The bound of P stages holding one layer each, stage k taking f[k], b[k] and sending in c[k]
+    (``ep_overlap``: the warm-up of expert-parallel overlap)."""
     P = len(f)
     full = [segment_sums(np.full(P, x)) for x in f], [segment_sums(np.full(P, x)) for x in b]
     sends = [np.full(P, c[k]) if k + 1 < P or vpp > 1 else None for k in range(P)]
     fits = [np.ones((P, P), dtype=bool)] * P
     tails = [np.zeros((P, P))] + [None] * (P - 1)
-    S, G = bound_matrices(*full, sends, fits, tails, m, vpp, exposure, all_forwards_at_pp)
+    S, G = bound_matrices(*full, sends, fits, tails, m, vpp, exposure, all_forwards_at_pp, ep_overlap)
     return score(S, G, tuple(range(P)))[0]
 
 

@@ -183,6 +183,10 @@ def add_config_flags(parser: argparse.ArgumentParser, required: bool = False) ->
     parser.add_argument("--expert-tp", type=positive_int, metavar="N",
                         help="expert tensor-parallel degree: each expert's matrices split over N ranks, a divisor "
                              "of tp (omitted: the best the rules allow)")
+    parser.add_argument("--ep-overlap", action=argparse.BooleanOptionalAction, default=None,
+                        help="run the expert-parallel all-to-alls under another micro-batch's computation "
+                             "(Megatron-Core --overlap-moe-expert-parallel-comm: ep > 1, vpp > 1 where pp > 1, no "
+                             "full recompute; omitted: taken where it is faster; --no-ep-overlap keeps it off)")
 
 
 def config_from_args(args: argparse.Namespace) -> ParallelConfig:
@@ -208,6 +212,7 @@ def config_from_args(args: argparse.Namespace) -> ParallelConfig:
         last_stage_layers=getattr(args, "last_stage_layers", None),
         ep=getattr(args, "ep", None),
         expert_tp=getattr(args, "expert_tp", None),
+        ep_overlap=getattr(args, "ep_overlap", None),
     )
 
 

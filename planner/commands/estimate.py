@@ -92,7 +92,8 @@ def _print_table(model: LayerGraph, estimate: Estimate) -> None:
               f"sequence-parallel={'yes' if cfg.sequence_parallel else 'no'} optimizer={cfg.optimizer} "
               f"dtype={cfg.dtype} "
               f"{f'fp8-recipe={cfg.fp8_recipe} ' if cfg.fp8_recipe else ''}runtime={cfg.runtime}"
-              + (f" ep={cfg.ep} expert-tp={cfg.expert_tp}" if any(layer.moe for layer in model.layers) else "") + "\n")
+              + (f" ep={cfg.ep} expert-tp={cfg.expert_tp} ep-overlap={'yes' if cfg.ep_overlap else 'no'}"
+                 if any(layer.moe for layer in model.layers) else "") + "\n")
     out.write(f"iteration {estimate.iteration_time_s:.4f} s, {estimate.throughput_samples_per_s:.2f} samples/s, "
               f"memory {estimate.memory_per_device_bytes / GIB:.1f} GiB per device (largest), "
               f"{'fits' if estimate.feasible else 'DOES NOT FIT: ' + estimate.reason}\n")
@@ -109,8 +110,8 @@ def _print_table(model: LayerGraph, estimate: Estimate) -> None:
 
 # what a plan file fixes: none of these may come with --plan
 _PLAN_FIXES = ("global_batch", "tp", "pp", "dp", "cp", "micro_batch", "vpp", "zero", "recompute", "sequence_parallel",
-               "schedule", "optimizer", "runtime", "dtype", "fp8_recipe", "ep", "expert_tp", "first_stage_layers",
-               "last_stage_layers")
+               "schedule", "optimizer", "runtime", "dtype", "fp8_recipe", "ep", "expert_tp", "ep_overlap",
+               "first_stage_layers", "last_stage_layers")
 # the table sharder's options: a plan file's placement is re-timed, never sharded again
 _PLAN_KEEPS_TABLES = ("work", "seed")
 

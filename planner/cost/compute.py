@@ -71,7 +71,7 @@ import numpy as np
 from planner.cost.calibration import DeviceCalibration, calibration_for
 from planner.cost.comm import tp_collective_time_s
 from planner.cost.moe import (ExpertParallel, dispatch_buffer_bytes, expert_gemm_s, expert_params_per_rank,
-                              moe_comm_s)
+                              merged_layer_s, moe_comm_s)
 from planner.cost.memory import (FP32_BYTES, activation_scale, check_recompute, dtype_bytes, gemm_input_bytes,
                                  transformer_activation_bytes)
 from planner.errors import ConfigError
@@ -112,6 +112,10 @@ class LayerCosts:
     # forward + backward (+ recomputed forward) expert-parallel all-to-alls and expert-tp gathers (planner.cost.moe)
     ep_comm_s: np.ndarray | None = None
     expert_params_per_rank: np.ndarray | None = None  # the routed experts' part of params_per_rank
+    # the forward of one micro-batch and the backward of another run as one merged step (Megatron-Core's
+    # expert-parallel overlap, planner.cost.moe.merged_layer_s); forward_s + backward_s where the layer has no
+    # expert communication to overlap
+    merged_s: np.ndarray | None = None
 
 
 ASYNC_VENDORS = ("nvidia", "amd")  # devices whose kernels queue on a stream while the host launches more
@@ -202,6 +206,8 @@ class _OneLayer:
     ep_backward_s: float = 0.0
     expert_params_per_rank: float = 0.0
     selective_tp_s: float = 0.0  # the tensor-parallel collectives it re-runs
+    routed_forward_s: float = 0.0  # the routed experts' part of forward_compute_s
+    routed_backward_s: float = 0.0  # and of backward_compute_s
 
 
 def _op_signature(op: OpCost) -> tuple:
@@ -246,14 +252,16 @@ def _flash_times_s(profile: DeviceProfile, products: list[tuple[float, float, fl
 
 def _costs_of_ops(layer: Layer, node: NodeProfile, tp: int, mb: float, sp: bool, dtype: str,
                   cal: DeviceCalibration, attention: str,
-                  par: ExpertParallel | None = None) -> tuple[float, float, float, float, float, float, float]:
+                  par: ExpertParallel | None = None
+                  ) -> tuple[float, float, float, float, float, float, float, float, float]:
     """(forward compute, backward compute, attention-core forward, tp forward comm, tp backward comm,
-    attention-core backward, forward compute per-op selective checkpointing re-runs). A routed expert's
+    attention-core backward, forward compute per-op selective checkpointing re-runs, the routed experts'
+    forward and backward compute, parts of the first two). A routed expert's
     MatMul (``par`` given) is a grouped GEMM on the rank's experts, and its output is combined by the expert
     communication of ``planner.cost.moe``, not a tensor-parallel all-reduce. A layer without operator detail
     re-runs nothing under per-op checkpointing (which ops it has is unknown)."""
     profile = node.device
-    fwd = bwd = core_fwd = core_bwd = rerun_fwd = 0.0
+    fwd = bwd = core_fwd = core_bwd = rerun_fwd = routed_fwd = routed_bwd = 0.0
     tp_sizes: list[float] = []  # one collective per row-parallel op: its output, the full tensor
     kind = "reduce_scatter+all_gather" if sp else "all_reduce"
     has_row = has_column = False
@@ -281,6 +289,8 @@ def _costs_of_ops(layer: Layer, node: NodeProfile, tp: int, mb: float, sp: bool,
                                  lambda m, n, k: _gemm_time_s(profile, m, n, k, dtype, cal))
             fwd += f
             bwd += b
+            routed_fwd += f
+            routed_bwd += b
             rerun_fwd += f if rerun else 0.0
             continue
         if op.gemm is not None:
@@ -350,7 +360,7 @@ def _costs_of_ops(layer: Layer, node: NodeProfile, tp: int, mb: float, sp: bool,
         tp_fwd = sum(tp_collective_time_s(kind, size, node, tp, cal) for size in forward if size)
         tp_bwd = tp_fwd if backward is forward else \
             sum(tp_collective_time_s(kind, size, node, tp, cal) for size in backward if size)
-    return fwd, bwd, core_fwd, tp_fwd, tp_bwd, core_bwd, rerun_fwd
+    return fwd, bwd, core_fwd, tp_fwd, tp_bwd, core_bwd, rerun_fwd, routed_fwd, routed_bwd
 
 
 def _tp_sharded_params(layer: Layer, tp: int) -> float:
@@ -508,8 +518,8 @@ def _one_layer(layer: Layer, node: NodeProfile, tp: int, mb: float, recompute: s
     if hit is not None:
         return hit  # type: ignore[return-value]
     attention = attention_kernel(runtime, node.device)
-    fwd, bwd, core, tp_fwd, tp_bwd, core_bwd, rerun_fwd = _costs_of_ops(layer, node, tp, mb, sp, dtype, cal,
-                                                                        attention, par)
+    fwd, bwd, core, tp_fwd, tp_bwd, core_bwd, rerun_fwd, routed_fwd, routed_bwd = _costs_of_ops(
+        layer, node, tp, mb, sp, dtype, cal, attention, par)
     kernel_fwd = core
     if attention == "flash":
         core = 0.0  # FlashAttention keeps no score tensor: selective recompute has nothing to re-run
@@ -538,7 +548,7 @@ def _one_layer(layer: Layer, node: NodeProfile, tp: int, mb: float, recompute: s
         dense_share = 1.0 - layer.moe.expert_params / layer.params if layer.params else 1.0
         params = params * dense_share + expert_params
     result = _OneLayer(fwd, bwd, selective_s, tp_fwd, tp_bwd, held, full, params, output, kernel_fwd, core_bwd,
-                       ep_fwd, ep_bwd, expert_params, selective_tp_s)
+                       ep_fwd, ep_bwd, expert_params, selective_tp_s, routed_fwd, routed_bwd)
     _ONE_LAYER_CACHE.put((node,), args, result)
     return result
 
@@ -566,6 +576,7 @@ def _layer_costs(model: LayerGraph, node: NodeProfile, tp: int, micro_batch: int
     kernel_backward = np.array([r.attention_kernel_backward_s for r in rows])
     ep_comm = np.empty(n)
     expert_params = np.empty(n)
+    merged = np.empty(n)
     for i, (layer, r) in enumerate(zip(model.layers, rows)):
         rerun = recompute == "full" and recomputed(layer)
         if rerun:
@@ -579,6 +590,11 @@ def _layer_costs(model: LayerGraph, node: NodeProfile, tp: int, micro_batch: int
         tp_comm[i] = r.tp_forward_s + r.tp_backward_s + (r.tp_forward_s if rerun else 0.0) \
             + (r.selective_tp_s if recompute == "selective" else 0.0)
         ep_comm[i] = r.ep_forward_s + r.ep_backward_s + (r.ep_forward_s if rerun else 0.0)
+        merged[i] = forward[i] + backward[i]
+        if r.ep_forward_s or r.ep_backward_s:  # the merged step's streams (planner.cost.moe.merged_layer_s)
+            merged[i] = merged_layer_s(forward[i] - r.ep_forward_s - r.routed_forward_s, r.routed_forward_s,
+                                       r.ep_forward_s, backward[i] - r.ep_backward_s - r.routed_backward_s,
+                                       r.routed_backward_s, r.ep_backward_s)
         recompute_s[i] = redo
         held[i] = r.activation_bytes
         extra[i] = max(0.0, r.full_activation_bytes - r.activation_bytes)
@@ -586,7 +602,7 @@ def _layer_costs(model: LayerGraph, node: NodeProfile, tp: int, micro_batch: int
         expert_params[i] = r.expert_params_per_rank
         output[i] = r.output_bytes
     arrays = (forward, backward, tp_comm, recompute_s, held, extra, params, output, kernel_forward, kernel_backward,
-              ep_comm, expert_params)
+              ep_comm, expert_params, merged)
     for a in arrays:
         a.flags.writeable = False
     return LayerCosts(*arrays)

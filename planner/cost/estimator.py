@@ -50,10 +50,11 @@ from planner.hardware.cluster import locate
 from planner.hardware.efficiency import resolve_dtype
 from planner.hardware.fp8 import base_dtype, cost_dtype, recipe_name, resolve_fp8_recipe
 from planner.hardware.collectives import CommGroup, p2p_time_s
-from planner.rules import (MAX_PIPELINE_MICRO_BATCHES, TIE_TOLERANCE, ModelShape, check_config,
-                           check_pipeline_micro_batches, divisors, ep_values, even_split_fits, expert_tp_values,
-                           layer_chunks, micro_batch_choices, pipeline_units, recompute_choices, resolve_runtime,
-                           simplicity_key, stage_blocks, tp_zero_fits, unit_flags, vpp_fits, zero_stages)
+from planner.rules import (MAX_PIPELINE_MICRO_BATCHES, TIE_TOLERANCE, ModelShape, check_config, check_ep_overlap,
+                           check_pipeline_micro_batches, divisors, ep_overlap_choices, ep_values, even_split_fits,
+                           expert_tp_values, layer_chunks, micro_batch_choices, pipeline_units, recompute_choices,
+                           resolve_runtime, simplicity_key, stage_blocks, tp_zero_fits, unit_flags, vpp_fits,
+                           zero_stages)
 from planner.runtime import Runtime, get_runtime
 from planner.types import (Batching, Breakdown, Cluster, Estimate, LayerGraph, MemoryBreakdown, NodeProfile,
                            ParallelConfig, PipelineSpec, ReplicaEstimate, ReplicaSpec, StageEstimate, StageSpec)
@@ -339,12 +340,14 @@ class _Work:
     layer_backward_s: np.ndarray
     memo: dict = field(default_factory=dict, compare=False, repr=False)  # ZeRO-3's exposed gathers
     ep_comm_s: np.ndarray | float = 0.0  # expert-parallel communication in forward_s + backward_s
+    # forward_s + backward_s as one merged step of expert-parallel overlap (planner.cost.moe.merged_layer_s)
+    merged_s: np.ndarray | None = None
 
 
 def _work(model: LayerGraph, cluster: Cluster, placement: _Placement, global_batch: int, micro_batch: int,
           recompute: str, sequence_parallel: bool) -> _Work:
     n = len(placement.rows)
-    f, b, tpc, act, extra, m_r, cpc, epc = (np.empty(n) for _ in range(8))
+    f, b, tpc, act, extra, m_r, cpc, epc, merged = (np.empty(n) for _ in range(9))
     layer_f, layer_b = np.zeros_like(placement.zero3_gather_s), np.zeros_like(placement.zero3_gather_s)
     out_bytes = np.zeros(len(placement.stages))
     batching = Batching(global_batch, micro_batch, int(placement.stage_dp[0]))
@@ -364,6 +367,7 @@ def _work(model: LayerGraph, cluster: Cluster, placement: _Placement, global_bat
         cpc[i] = cp_f.sum() + cp_b.sum()
         tpc[i] = lc.tp_comm_s[sl].sum()
         epc[i] = lc.ep_comm_s[sl].sum()
+        merged[i] = lc.merged_s[sl].sum() + cpc[i]
         act[i] = lc.activation_bytes[sl].sum()
         extra[i] = lc.peak_extra_bytes[sl].max()
         m_r[i] = batching.replica_micro_batches(r.batch_share, r.dp)
@@ -386,7 +390,7 @@ def _work(model: LayerGraph, cluster: Cluster, placement: _Placement, global_bat
             dst = placement.stages[(s + 1) % pp].replicas[0].devices[0]
             p2p[s] = p2p_time_s(cluster, src, dst, out_bytes[s]) / placement.cals[first_row].comm_scale
     return _Work(placement, global_batch, micro_batch, recompute, sequence_parallel, f, b, tpc, act, extra, cpc,
-                 m_r, m, p2p, layer_f, layer_b, ep_comm_s=epc)
+                 m_r, m, p2p, layer_f, layer_b, ep_comm_s=epc, merged_s=merged)
 
 
 # ------------------------------------------------------------------------------------------ timing
@@ -414,6 +418,8 @@ class _Result:
     memory_total: np.ndarray
     feasible: bool
     stage_cp_s: np.ndarray  # the exposed context-parallel exchange of a slot
+    ep_overlap: bool = False
+    stage_merged_s: np.ndarray | None = None  # a slot's forward and backward as one merged step (ep_overlap)
 
 
 def _per_stage_max(values: np.ndarray, row_stage: np.ndarray, pp: int) -> np.ndarray:
@@ -423,23 +429,28 @@ def _per_stage_max(values: np.ndarray, row_stage: np.ndarray, pp: int) -> np.nda
 
 
 @lru_cache(maxsize=4096)
-def _in_flight(pp: int, m: int, schedule: str, vpp: int, all_forwards_at_pp: bool) -> np.ndarray:
-    return np.array([micro_batches_in_flight(s, pp, m, schedule, vpp, all_forwards_at_pp) for s in range(pp)])
+def _in_flight(pp: int, m: int, schedule: str, vpp: int, all_forwards_at_pp: bool, ep_overlap: bool = False
+               ) -> np.ndarray:
+    return np.array([micro_batches_in_flight(s, pp, m, schedule, vpp, all_forwards_at_pp, ep_overlap)
+                     for s in range(pp)])
 
 
-def _approximate_pipeline(f: np.ndarray, b: np.ndarray, m: int, vpp: int, p2p: np.ndarray, schedule: str) -> float:
+def _approximate_pipeline(f: np.ndarray, b: np.ndarray, m: int, vpp: int, p2p: np.ndarray, schedule: str,
+                          merged: np.ndarray | None = None) -> float:
     """Fast estimate used to rank candidates: ``m`` periods of the slowest stage plus the others' fill and
-    drain (exact for uniform stages without transfers) plus the transfers of one fill and drain."""
-    per = f + b
+    drain (exact for uniform stages without transfers) plus the transfers of one fill and drain; a period is
+    the merged step where ``merged`` is given (expert-parallel overlap)."""
+    per = f + b if merged is None else merged
     hops = float(p2p.sum() if schedule == "interleaved" else p2p[:-1].sum())
     fill = (per.sum() - per.max()) / (vpp if schedule == "interleaved" else 1)
     return float(m * per.max() + fill + 2 * hops)
 
 
 def _evaluate(work: _Work, schedule: str, vpp: int, zero: int, exact: bool,
-              pipelines: dict | None = None) -> _Result:
-    """Time and memory of ``work`` under one schedule and ZeRO stage. ``pipelines`` memoises the pipeline
-    part, which depends on the ZeRO stage only through ZeRO-2/3's per-micro-batch collectives."""
+              pipelines: dict | None = None, ep_overlap: bool = False) -> _Result:
+    """Time and memory of ``work`` under one schedule and ZeRO stage, with or without expert-parallel overlap.
+    ``pipelines`` memoises the pipeline part, which depends on the ZeRO stage only through ZeRO-2/3's
+    per-micro-batch collectives."""
     pl = work.placement
     rt = pl.runtime
     pp, m = len(pl.stages), work.num_micro_batches
@@ -468,17 +479,22 @@ def _evaluate(work: _Work, schedule: str, vpp: int, zero: int, exact: bool,
     stage_cp = (work.cp_comm_s * load)[pick]
     stage_ep = (np.broadcast_to(work.ep_comm_s, load.shape) * load)[pick]
     stage_z3 = ((f - work.forward_s) + (b - work.backward_s))[pick] * load[pick]
+    stage_merged = ratio = None
+    if ep_overlap and work.merged_s is not None:
+        # ZeRO-2/3's per-micro-batch collectives stay on the computation stream, outside the merged step's overlap
+        stage_merged = (work.merged_s[pick] * load[pick]) + stage_z3
+        ratio = np.divide(stage_merged, stage_f + stage_b, out=np.ones(pp), where=(stage_f + stage_b) > 0)
     p2p = work.p2p_s
     # a stage whose units do not split into vpp equal chunks runs chunks of their own sizes (a layout)
     shares = _chunk_shares(pl, work, pick, vpp) if schedule == "interleaved" else None
-    key = (id(work), schedule, vpp, zero if zero >= 2 else 0, exact)
+    key = (id(work), schedule, vpp, zero if zero >= 2 else 0, exact, ep_overlap)
     pipeline = pipelines.get(key) if pipelines is not None else None
     if pipeline is None:
         if exact:
             pipeline, _ = pipeline_time(stage_f, stage_b, m, schedule, vpp, p2p, shares,
-                                        rt.interleaved_all_forwards_at_pp)
+                                        rt.interleaved_all_forwards_at_pp, ratio)
         else:
-            pipeline = _approximate_pipeline(stage_f, stage_b, m, vpp, p2p, schedule)
+            pipeline = _approximate_pipeline(stage_f, stage_b, m, vpp, p2p, schedule, stage_merged)
         if pipelines is not None:
             pipelines[key] = pipeline
     # each stage synchronises and steps once its own last backward is done (earlier stages drain later)
@@ -503,7 +519,7 @@ def _evaluate(work: _Work, schedule: str, vpp: int, zero: int, exact: bool,
         critical_sync = max(0.0, float(stage_sync[crit] - drained[crit]))
         critical_opt = iteration - pipeline - critical_sync
     # memory
-    flight = np.minimum(_in_flight(pp, m, schedule, vpp, rt.interleaved_all_forwards_at_pp)[pl.row_stage],
+    flight = np.minimum(_in_flight(pp, m, schedule, vpp, rt.interleaved_all_forwards_at_pp, ep_overlap)[pl.row_stage],
                         np.ceil(work.row_micro_batches - 1e-9))
     transient = work.transient_bytes
     if zero == 3 and not sync.grad_once:  # the layer gathered and the ones prefetched (deferred: held whole)
@@ -520,7 +536,8 @@ def _evaluate(work: _Work, schedule: str, vpp: int, zero: int, exact: bool,
     total = sum(terms)
     return _Result(schedule, vpp, zero, iteration, float(pipeline), stage_f, stage_b, stage_tp, stage_ep, stage_z3,
                    stage_sync, stage_opt, critical_sync, critical_opt, f, b, terms, total,
-                   bool(np.all(total <= pl.capacity)), stage_cp)
+                   bool(np.all(total <= pl.capacity)), stage_cp, ep_overlap and stage_merged is not None,
+                   stage_merged)
 
 
 def _rank_key(result: _Result, capacity: np.ndarray) -> tuple[int, float]:
@@ -539,13 +556,17 @@ def _to_estimate(work: _Work, result: _Result) -> Estimate:
     f, b = result.stage_forward_s, result.stage_backward_s
     c = int(np.argmax(f + b))
     busy = m * float(f[c] + b[c])
+    # expert-parallel overlap hides what the merged steps save, counted as if every step were merged
+    hidden = m * float(f[c] + b[c] - result.stage_merged_s[c]) if result.stage_merged_s is not None else 0.0
+    ep_exposed = max(0.0, m * float(result.stage_ep_s[c]) - hidden)
+    busy -= hidden
     bubble_all = max(0.0, result.pipeline_s - busy)
     hops = float(work.p2p_s.sum() if result.schedule == "interleaved" else work.p2p_s[:-1].sum())
     pp_comm = min(bubble_all, 2.0 * hops)
     breakdown = Breakdown(compute_s=busy - m * float(result.stage_tp_s[c] + result.stage_zero_s[c]
-                                                     + result.stage_cp_s[c] + result.stage_ep_s[c]),
+                                                     + result.stage_cp_s[c]) - ep_exposed,
                           tp_comm_s=m * float(result.stage_tp_s[c]), cp_comm_s=m * float(result.stage_cp_s[c]),
-                          ep_comm_s=m * float(result.stage_ep_s[c]),
+                          ep_comm_s=ep_exposed,
                           pp_comm_s=pp_comm,
                           dp_comm_s=m * float(result.stage_zero_s[c]) + result.critical_sync_s,
                           bubble_s=bubble_all - pp_comm, optimizer_s=result.critical_optimizer_s)
@@ -586,7 +607,7 @@ def _to_estimate(work: _Work, result: _Result) -> Estimate:
                             recompute=work.recompute, sequence_parallel=work.sequence_parallel,
                             schedule=result.schedule, optimizer=pl.optimizer, dtype=base_dtype(pl.dtype),
                             runtime=pl.runtime.name, fp8_recipe=recipe_name(pl.dtype), cp=pl.rows[0].cp,
-                            ep=pl.experts[0][0], expert_tp=pl.experts[0][1])
+                            ep=pl.experts[0][0], expert_tp=pl.experts[0][1], ep_overlap=result.ep_overlap)
     notes = tuple(sorted({f"{cal_name}: no calibration of its own under the {pl.runtime.name} runtime; the "
                           "mean of the fitted (runtime, device) entries' efficiency parameters is used"
                           for cal_name, cal in ((n.device.name, c) for n, c in zip(pl.nodes, pl.cals))
@@ -622,7 +643,10 @@ def estimate_pipeline(model: LayerGraph, cluster: Cluster, spec: PipelineSpec,
     if spec.schedule == "interleaved" and spec.vpp > 1 and work.num_micro_batches % len(spec.stages):
         raise ConfigError(f"the interleaved schedule needs the number of micro-batches "
                           f"({work.num_micro_batches}) to be a multiple of pp={len(spec.stages)}")
-    return _to_estimate(work, _evaluate(work, spec.schedule, spec.vpp, spec.zero, exact))
+    if spec.ep_overlap:
+        check_ep_overlap(True, spec.ep, len(spec.stages), spec.vpp, spec.recompute, spec.dtype, placement.runtime,
+                         spec.schedule)
+    return _to_estimate(work, _evaluate(work, spec.schedule, spec.vpp, spec.zero, exact, ep_overlap=spec.ep_overlap))
 
 
 # --------------------------------------------------------------------------- estimate(ParallelConfig)
@@ -737,6 +761,16 @@ def _candidates(model: LayerGraph, config: ParallelConfig) -> dict[str, list]:
     }
 
 
+def _ep_overlaps(config: ParallelConfig, placement: _Placement, recompute: str, pp: int, vpp: int) -> list[bool]:
+    """The expert-parallel overlap choices of one candidate: the pinned one, else every one the rules allow
+    (planner.rules.ep_overlap_choices; a pipeline overlaps only interleaved)."""
+    if config.ep_overlap is not None:
+        choices = [config.ep_overlap]
+    else:
+        choices = list(ep_overlap_choices(placement.runtime, placement.experts[0][0], recompute, placement.dtype))
+    return [c for c in choices if not (c and pp > 1 and vpp == 1)]
+
+
 def _schedule_for(config: ParallelConfig, vpp: int) -> str:
     if vpp > 1:
         return "interleaved"
@@ -791,7 +825,7 @@ def estimate(model: LayerGraph, cluster: Cluster, config: ParallelConfig,
                 placements[split] = (_placement(model, cluster, stages, config.optimizer, numerics, calibration,
                                                 get_runtime(config.runtime), ep, etp), [])
             placements[split][1].append(vpp)
-    ranked: list[tuple[tuple[int, float], int, _Work, str, int, int]] = []
+    ranked: list[tuple[tuple[int, float], int, _Work, str, int, int, bool]] = []
     approximate: dict = {}
     for placement, vpps in placements.values():
         for recompute in options["recompute"]:
@@ -803,11 +837,13 @@ def estimate(model: LayerGraph, cluster: Cluster, config: ParallelConfig,
                         if vpp > 1 and work.num_micro_batches % pp:
                             continue
                         schedule = _schedule_for(config, vpp)
+                        overlaps = _ep_overlaps(config, placement, recompute, pp, vpp)
                         for zero in options["zero"]:
-                            result = _evaluate(work, schedule, vpp, zero, False, approximate)
-                            any_fits = any_fits or result.feasible
-                            ranked.append((_rank_key(result, placement.capacity), len(ranked), work, schedule, vpp,
-                                           zero))
+                            for overlap in overlaps:
+                                result = _evaluate(work, schedule, vpp, zero, False, approximate, overlap)
+                                any_fits = any_fits or result.feasible
+                                ranked.append((_rank_key(result, placement.capacity), len(ranked), work, schedule,
+                                               vpp, zero, overlap))
                     if not any_fits and config.micro_batch is None:
                         break  # larger micro-batches only need more memory
     if not ranked:
@@ -838,7 +874,8 @@ def estimate(model: LayerGraph, cluster: Cluster, config: ParallelConfig,
                 simpler.add(key)
                 head.append(item)
     pipelines: dict = {}  # the works stay alive in `ranked`, so their ids are stable keys
-    finalists = [_evaluate(work, schedule, vpp, zero, True, pipelines) for _, _, work, schedule, vpp, zero in head]
+    finalists = [_evaluate(work, schedule, vpp, zero, True, pipelines, overlap)
+                 for _, _, work, schedule, vpp, zero, overlap in head]
     works = [item[2] for item in head]
     best = _simpler_first(finalists, works)
     result = _to_estimate(works[best], finalists[best])

@@ -116,7 +116,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.cost.schedule import interleaved_warmup
+from planner.cost.schedule import warmup_forwards
 from planner.errors import ConfigError
 from planner.graph.ir import ACT_BYTES
 from planner.hardware.efficiency import DTYPE_BYTES as OPERAND_BYTES
@@ -374,18 +374,17 @@ def stage_memory(params_per_rank, activation_bytes_per_micro_batch, micro_batche
 
 
 def micro_batches_in_flight(stage: int, pp: int, num_micro_batches: int, schedule: str, vpp: int = 1,
-                            all_forwards_at_pp: bool = False) -> float:
+                            all_forwards_at_pp: bool = False, ep_overlap: bool = False) -> float:
     """Micro-batches whose activations stage ``stage`` holds at its peak, in units of the whole stage's
     activations per micro-batch (a chunk of the interleaved schedule counts ``1/vpp``).
 
     GPipe holds every micro-batch; 1F1B holds ``min(pp - stage, m)`` (its warm-up plus one); the interleaved
     schedule holds its warm-up (``planner.cost.schedule.interleaved_warmup``, ``all_forwards_at_pp`` the
-    runtime's) plus one chunk.
+    runtime's) plus one chunk. Expert-parallel overlap (``ep_overlap``) runs one more warm-up forward, so
+    holds one micro-batch (chunk) more (``planner.cost.schedule``).
     """
     m = num_micro_batches
     if schedule == "gpipe":
         return float(m)
-    if schedule == "1f1b" or vpp == 1:
-        return float(min(pp - stage, m))
     total = m * vpp
-    return min(interleaved_warmup(stage, pp, m, vpp, all_forwards_at_pp) + 1, total) / vpp
+    return min(warmup_forwards(stage, pp, m, schedule, vpp, all_forwards_at_pp, ep_overlap) + 1, total) / vpp

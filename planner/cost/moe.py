@@ -32,6 +32,23 @@ per-expert count where the dense view would have seen every routed row in one GE
 ``T x top_k`` rows through one expert's matrices split ``expert_tp`` ways and gathered ``expert_tp``
 times: those of the active parameters split over tp, as without expert parallelism.
 
+Overlap (Megatron-Core's ``--overlap-moe-expert-parallel-comm``, "EP A2A overlap": the steady state's
+forward of one micro-batch and backward of another run as one merged step, layer by layer, on two CUDA
+streams; ``megatron/core/models/common/model_chunk_schedule_plan.py``, ``TransformerLayerSchedulePlan.run``).
+A MoE layer is four parts each way: the pre-dispatch computation ``A`` (attention, the pre-MLP norm, the
+router and the shared experts: ``megatron/core/models/gpt/fine_grained_callables.py``), the dispatch ``D``, the
+routed experts ``M`` and the combine ``C``. The merged step runs
+
+    communication stream:  C_b            | D_f -> D_b        | C_f
+    computation stream:    A_f            | M_b -> M_f        | A_b
+
+(``_b`` the backward's, ``_f`` the forward's), each part once its input is ready: ``M_b`` after ``C_b``,
+``D_f`` after ``A_f``, ``D_b`` after ``M_b``'s input gradient (its weight gradient is deferred,
+``--delay-wgrad-compute``), ``M_f`` after ``D_f``, ``A_b`` after ``D_b``, ``C_f`` after ``M_f``; the next
+layer's step starts when both the forward's output (``C_f``) and the backward's input gradient (``A_b``) are
+there. :func:`merged_layer_s` is that step's length: at least the longer of the two streams' sums, at most
+the forward and backward one after the other.
+
 Memory per rank: the routed experts' parameters over ``ep x expert_tp``, the rest of the layer as before;
 the received (permuted) tokens, the experts' input the weight gradient reads, are held for the backward
 pass: ``imbalance x expert_tp x A`` per micro-batch in flight.
@@ -156,6 +173,21 @@ def moe_comm_s(layer: Layer, node: NodeProfile, micro_batch: int, tp: int, dtype
         one_way += (collective_time_s("all_gather", gathered, group)
                     + collective_time_s("reduce_scatter", gathered, group))
     return one_way, one_way
+
+
+def merged_layer_s(pre_forward_s: float, experts_forward_s: float, comm_forward_s: float,
+                   pre_backward_s: float, experts_backward_s: float, comm_backward_s: float) -> float:
+    """One MoE layer's merged step (module docstring): the forward of one micro-batch and the backward of
+    another, given each one's pre-dispatch computation, routed experts and expert communication (dispatch
+    plus combine, each half of it). The experts' backward is half input gradient (which the backward's
+    dispatch waits for) and half weight gradient (its two GEMMs have the same FLOPs)."""
+    a_f, m_f, d_f = pre_forward_s, experts_forward_s, comm_forward_s / 2.0
+    a_b, m_b, d_b = pre_backward_s, experts_backward_s, comm_backward_s / 2.0
+    start = max(a_f, d_b)  # A_f on one stream, C_b on the other
+    dispatched = start + d_f
+    dispatched_back = max(dispatched, start + m_b / 2.0) + d_b
+    experts_done = max(start + m_b, dispatched) + m_f
+    return max(experts_done, dispatched_back) + max(a_b, d_f)
 
 
 def dispatch_buffer_bytes(layer: Layer, micro_batch: int, tp: int, dtype: str, par: ExpertParallel) -> float:

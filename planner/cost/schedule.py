@@ -27,6 +27,14 @@ as on mixed hardware, too). ``closed_form_time`` gives the textbook formulas, ex
   micro-batches), by an amount that depends on ``m mod p``; the simulator covers that case.
 
 ``pipeline_time`` uses the closed form where it is exact and the simulator otherwise.
+
+Expert-parallel overlap (Megatron-Core's ``--overlap-moe-expert-parallel-comm``; ``overlap_ratio`` given): every
+stage runs one forward more in its warm-up ("to ensure the forward and backward computations are independent
+in all 1f1b steps": ``megatron/core/pipeline_parallel/schedules.py``, ``get_pp_rank_microbatches``; with pp 1,
+``combined_1f1b_schedule_for_no_pipelining`` runs one forward first), and each steady-state forward and the
+backward after it are one merged step (``planner.cost.moe``), which starts once both inputs are there, takes
+``overlap_ratio[s]`` times the two operations' time and hands on both outputs at its end. The warm-up's
+forwards and the cool-down's backwards run alone.
 """
 
 from __future__ import annotations
@@ -104,25 +112,37 @@ def _check(forward: Sequence[float], backward: Sequence[float], num_micro_batche
 
 
 def interleaved_warmup(stage: int, pp: int, num_micro_batches: int, vpp: int,
-                       all_forwards_at_pp: bool = False) -> int:
+                       all_forwards_at_pp: bool = False, ep_overlap: bool = False) -> int:
     """Model-chunk forwards ``stage`` runs before its first backward under the interleaved schedule:
-    ``2 (pp - stage - 1) + (vpp - 1) pp``, at most all ``m vpp`` of them; every one where
-    ``all_forwards_at_pp`` and ``m = pp`` (``planner.runtime.Runtime.interleaved_all_forwards_at_pp``)."""
+    ``2 (pp - stage - 1) + (vpp - 1) pp`` (one more with ``ep_overlap``), at most all ``m vpp`` of them; every
+    one where ``all_forwards_at_pp`` and ``m = pp`` (``planner.runtime.Runtime.interleaved_all_forwards_at_pp``)."""
     total = num_micro_batches * vpp
     if all_forwards_at_pp and num_micro_batches == pp:
         return total
-    return min(2 * (pp - stage - 1) + (vpp - 1) * pp, total)
+    return min(2 * (pp - stage - 1) + (vpp - 1) * pp + int(ep_overlap), total)
+
+
+def warmup_forwards(stage: int, pp: int, num_micro_batches: int, schedule: str, vpp: int = 1,
+                    all_forwards_at_pp: bool = False, ep_overlap: bool = False) -> int:
+    """Forwards ``stage`` runs before its first backward under the 1F1B family of schedules: 1F1B's
+    ``pp - stage - 1`` (one more with ``ep_overlap``), at most ``m``; the interleaved schedule's
+    :func:`interleaved_warmup`."""
+    if schedule == "1f1b" or vpp == 1:
+        return min(pp - stage - 1 + int(ep_overlap), num_micro_batches)
+    return interleaved_warmup(stage, pp, num_micro_batches, vpp, all_forwards_at_pp, ep_overlap)
 
 
 def operation_order(stage: int, pp: int, num_micro_batches: int, schedule: str,
-                    vpp: int = 1, all_forwards_at_pp: bool = False) -> list[tuple[bool, int, int]]:
+                    vpp: int = 1, all_forwards_at_pp: bool = False,
+                    ep_overlap: bool = False) -> list[tuple[bool, int, int]]:
     """The order in which ``stage`` runs its operations: ``(is_backward, chunk, micro_batch)``
-    (``all_forwards_at_pp``: :func:`interleaved_warmup`)."""
+    (``all_forwards_at_pp``, ``ep_overlap``: :func:`warmup_forwards`; after the warm-up, forwards and
+    backwards alternate until the cool-down's backwards)."""
     m = num_micro_batches
     if schedule == "gpipe":
         return [(False, 0, j) for j in range(m)] + [(True, 0, j) for j in range(m)]
+    warmup = warmup_forwards(stage, pp, m, schedule, vpp, all_forwards_at_pp, ep_overlap)
     if schedule == "1f1b" or vpp == 1:
-        warmup = min(pp - stage - 1, m)
         order = [(False, 0, j) for j in range(warmup)]
         for i in range(m - warmup):
             order.append((False, 0, warmup + i))
@@ -134,7 +154,6 @@ def operation_order(stage: int, pp: int, num_micro_batches: int, schedule: str,
     group = pp * vpp
     forwards = [(False, (k // pp) % vpp, (k // group) * pp + k % pp) for k in range(total)]
     backwards = [(True, vpp - 1 - (k // pp) % vpp, (k // group) * pp + k % pp) for k in range(total)]
-    warmup = interleaved_warmup(stage, pp, m, vpp, all_forwards_at_pp)
     order = forwards[:warmup]
     for i in range(total - warmup):
         order.append(forwards[warmup + i])
@@ -148,17 +167,18 @@ _FORWARD, _BACKWARD, _LAST_BACKWARD = 0, 1, 2
 
 
 @lru_cache(maxsize=64)
-def _program(pp: int, m: int, schedule: str, vpp: int, all_forwards_at_pp: bool
+def _program(pp: int, m: int, schedule: str, vpp: int, all_forwards_at_pp: bool, ep_overlap: bool = False
              ) -> tuple[tuple[tuple[int, int, int, int, int, int], ...], ...]:
     """Per stage, its operations as ``(slot, dependency slot or -1, kind, timing, chunk, micro_batch)``; a
     slot indexes the end-time table ``[backward][virtual stage][micro-batch]``, flattened, and ``timing``
-    the stage's durations ``[chunk][kind]``, flattened."""
+    the stage's durations ``[chunk][kind]``, flattened. With ``ep_overlap`` the order is
+    :func:`operation_order`'s under expert-parallel overlap (:func:`_merged_steps` pairs its steady state)."""
     last_virtual = (vpp - 1) * pp + pp - 1
     half = vpp * pp * m
     programs = []
     for s in range(pp):
         ops = []
-        for backward, chunk, j in operation_order(s, pp, m, schedule, vpp, all_forwards_at_pp):
+        for backward, chunk, j in operation_order(s, pp, m, schedule, vpp, all_forwards_at_pp, ep_overlap):
             virtual = chunk * pp + s
             if not backward:
                 slot = virtual * m + j
@@ -173,21 +193,50 @@ def _program(pp: int, m: int, schedule: str, vpp: int, all_forwards_at_pp: bool
     return tuple(programs)
 
 
+@lru_cache(maxsize=64)
+def _merged_steps(pp: int, m: int, schedule: str, vpp: int, all_forwards_at_pp: bool
+                  ) -> tuple[tuple[bool, ...], ...]:
+    """Per stage and operation of its expert-parallel-overlap program, whether the operation opens a merged
+    step with the next one: the steady state's forward and the backward after it."""
+    steps = []
+    for s in range(pp):
+        warmup = warmup_forwards(s, pp, m, schedule, vpp, all_forwards_at_pp, ep_overlap=True)
+        steady = m * vpp - warmup
+        steps.append(tuple(warmup <= i < warmup + 2 * steady and (i - warmup) % 2 == 0
+                           for i in range(2 * m * vpp)))
+    return tuple(steps)
+
+
+def _arrival(end: list[float], dep: int, delay: float) -> float:
+    """When an operation's input arrives: its producer's end plus the transfer (no producer: 0; -1: the producer
+    has not run yet)."""
+    if dep < 0:
+        return 0.0
+    return end[dep] + delay if end[dep] >= 0.0 else -1.0
+
+
 def simulate_pipeline(stage_forward_s: Sequence[float], stage_backward_s: Sequence[float],
                       num_micro_batches: int, schedule: str = "1f1b", vpp: int = 1,
                       p2p_s: float | Sequence[float] = 0.0, record_events: bool = True,
                       chunk_shares: Sequence[Sequence[float]] | None = None,
-                      all_forwards_at_pp: bool = False) -> SimulationResult:
+                      all_forwards_at_pp: bool = False,
+                      overlap_ratio: Sequence[float] | None = None) -> SimulationResult:
     """Event-driven simulation of one iteration (see the module docstring for the model). ``chunk_shares``:
     per stage, each chunk's share of the stage's forward and backward time (None: ``1/vpp`` each);
-    ``all_forwards_at_pp``: the runtime's interleaved warm-up (:func:`interleaved_warmup`)."""
+    ``all_forwards_at_pp``: the runtime's interleaved warm-up (:func:`interleaved_warmup`); ``overlap_ratio``:
+    per stage, a merged step's time over its forward's and backward's (expert-parallel overlap; None: none)."""
     f, b, c = _check(stage_forward_s, stage_backward_s, num_micro_batches, schedule, vpp, p2p_s)
     shares = _check_shares(chunk_shares, len(f), vpp)
     if schedule == "interleaved" and vpp > 1 and num_micro_batches % len(f) != 0:
         raise ConfigError(f"the interleaved schedule needs the number of micro-batches "
                           f"({num_micro_batches}) to be a multiple of pp={len(f)}")
     pp, m, v = len(f), num_micro_batches, vpp
-    programs = _program(pp, m, schedule, v, bool(all_forwards_at_pp))
+    overlap = overlap_ratio is not None
+    if overlap and schedule == "gpipe":
+        raise ConfigError("expert-parallel overlap merges the 1F1B steady state's steps; GPipe has none")
+    ratio = _as_array(overlap_ratio, pp, "overlap_ratio") if overlap else [1.0] * pp
+    programs = _program(pp, m, schedule, v, bool(all_forwards_at_pp), overlap)
+    merges = _merged_steps(pp, m, schedule, v, bool(all_forwards_at_pp)) if overlap else None
     end = [-1.0] * (2 * v * pp * m)
     free = [0.0] * pp
     ptr = [0] * pp
@@ -208,6 +257,7 @@ def simulate_pipeline(stage_forward_s: Sequence[float], stage_backward_s: Sequen
             t = free[s]
             dur = duration[s]
             dly = delay[s]
+            merged = merges[s] if merges is not None else None
             first = i
             while i < n:
                 slot, dep, kind, timing, _, _ = program[i]
@@ -218,6 +268,18 @@ def simulate_pipeline(stage_forward_s: Sequence[float], stage_backward_s: Sequen
                     ready += dly[kind]
                     if ready > t:
                         t = ready
+                if merged is not None and merged[i]:  # a merged step: both inputs, one shared end
+                    slot2, dep2, kind2, timing2, _, _ = program[i + 1]
+                    ready = _arrival(end, dep2, dly[kind2])
+                    if ready < 0.0:
+                        break
+                    t = max(t, ready)
+                    if starts is not None:
+                        starts[s] += [t, t]
+                    t += ratio[s] * (dur[timing] + dur[timing2])
+                    end[slot] = end[slot2] = t
+                    i += 2
+                    continue
                 if starts is not None:
                     starts[s].append(t)
                 t += dur[timing]
@@ -232,6 +294,11 @@ def simulate_pipeline(stage_forward_s: Sequence[float], stage_backward_s: Sequen
         remaining -= progressed
     total = max(free)
     busy = tuple(m * (f[s] + b[s]) for s in range(pp))
+    if merges is not None:  # a merged step is busy for its own time, not its two operations'
+        busy = tuple(busy[s] - (1.0 - ratio[s]) * sum(duration[s][programs[s][i][3]]
+                                                      + duration[s][programs[s][i + 1][3]]
+                                                      for i, opens in enumerate(merges[s]) if opens)
+                     for s in range(pp))
     events: list[PipelineEvent] = []
     if starts is not None:
         for s in range(pp):
@@ -271,22 +338,24 @@ def closed_form_time(forward_s: float, backward_s: float, pp: int, num_micro_bat
 def pipeline_time(stage_forward_s: Sequence[float], stage_backward_s: Sequence[float], num_micro_batches: int,
                   schedule: str = "1f1b", vpp: int = 1, p2p_s: float | Sequence[float] = 0.0,
                   chunk_shares: Sequence[Sequence[float]] | None = None,
-                  all_forwards_at_pp: bool = False) -> tuple[float, float]:
+                  all_forwards_at_pp: bool = False,
+                  overlap_ratio: Sequence[float] | None = None) -> tuple[float, float]:
     """``(iteration_time_s, bubble_s)`` of the pipeline part of an iteration.
 
     ``bubble_s`` is the time the busiest stage is not computing (fill, drain and waits on transfers):
-    ``iteration_time_s - m * max_s(f_s + b_s)``. Closed form where it is exact (uniform stages and
-    chunks), the event simulation otherwise.
+    ``iteration_time_s - m * max_s(f_s + b_s)`` (at least 0). Closed form where it is exact (uniform stages
+    and chunks, no expert-parallel overlap), the event simulation otherwise.
     """
     f, b, c = _check(stage_forward_s, stage_backward_s, num_micro_batches, schedule, vpp, p2p_s)
     busiest = num_micro_batches * max(x + y for x, y in zip(f, b))
     pp = len(f)
     links = c[:-1] if schedule != "interleaved" else c
     total: float | None = None
-    if chunk_shares is None and max(f) == min(f) and max(b) == min(b) and (not links or max(links) == min(links)):
+    if chunk_shares is None and overlap_ratio is None and max(f) == min(f) and max(b) == min(b) \
+            and (not links or max(links) == min(links)):
         total = closed_form_time(f[0], b[0], pp, num_micro_batches, schedule, vpp, links[0] if links else 0.0)
     if total is None:
         total = simulate_pipeline(f, b, num_micro_batches, schedule, vpp, c, record_events=False,
-                                  chunk_shares=chunk_shares,
-                                  all_forwards_at_pp=all_forwards_at_pp).iteration_time_s
+                                  chunk_shares=chunk_shares, all_forwards_at_pp=all_forwards_at_pp,
+                                  overlap_ratio=overlap_ratio).iteration_time_s
     return total, max(0.0, total - busiest)

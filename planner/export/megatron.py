@@ -57,6 +57,10 @@ _FSDP_NOTE = "# Megatron-FSDP: leave CUDA_DEVICE_MAX_CONNECTIONS unset or above 
 # (megatron/training/arguments.py:1477); Megatron-LM v2.5 (megatron-lm-2021) has no such check
 _STREAM_NOTE = ("# tp or cp > 1: set CUDA_DEVICE_MAX_CONNECTIONS=1 on GPUs before Blackwell (Megatron-LM's "
                 "validate_args requires it)")
+# the expert-parallel overlap runs its all-to-alls on a second stream, which needs more than one hardware queue
+# (validate_args warns that tp or cp > 1 prefer one before Blackwell, and asserts nothing then)
+_EP_OVERLAP_NOTE = ("# --overlap-moe-expert-parallel-comm: set CUDA_DEVICE_MAX_CONNECTIONS above 1 (e.g. 32) so the "
+                    "all-to-alls run beside the computation")
 # fp8 trains bf16 weights with fp8 GEMMs (the format and recipe follow: _fp8_args); fp32 and tf32 both train
 # fp32 weights and have no option: Megatron-LM does not switch TF32 on and PyTorch leaves it off by default, so
 # a tf32 plan needs the training script to allow it (_uniform.warn_tf32)
@@ -212,6 +216,8 @@ def _moe_args(plan: Plan, runtime: Runtime) -> list[str]:
     args = ["--num-experts", str(experts), "--moe-router-topk", str(plan.model.get("top_k", 1)),
             "--expert-model-parallel-size", str(ep), "--expert-tensor-parallel-size", str(expert_tp),
             "--moe-token-dispatcher-type", "alltoall"]
+    if plan.ep_overlap:  # the merged steps planner.cost.moe times, with the experts' weight gradient deferred
+        args += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
     return args + _moe_layer_args(plan.model)
 
 
@@ -313,6 +319,8 @@ def render_megatron(plan: Plan) -> str:
         lines.append("# the plan has no layer kinds: every layer is counted as a transformer layer")
     if "--use-megatron-fsdp" in args:
         lines.append(_FSDP_NOTE)
+    elif plan.ep_overlap:
+        lines.append(_EP_OVERLAP_NOTE)
     elif (tp > 1 or cp > 1) and runtime.name != "megatron-lm-2021":
         lines.append(_STREAM_NOTE)
     lines += stage_comments(plan)

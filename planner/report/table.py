@@ -34,8 +34,9 @@ def _experts(plan: Plan) -> list[str]:
     if not plan.model.get("experts"):
         return []
     first = plan.stages[0]
+    overlap = "; all-to-alls under another micro-batch's computation (ep overlap)" if plan.ep_overlap else ""
     return [f"  experts {plan.model['experts']} routed, top-{plan.model.get('top_k', '?')}: ep {first.ep}, expert tp "
-            f"{first.expert_tp}, expert dp {first.tp * first.dp // (first.ep * first.expert_tp)}"]
+            f"{first.expert_tp}, expert dp {first.tp * first.dp // (first.ep * first.expert_tp)}{overlap}"]
 
 
 def render_table(plan: Plan) -> str:

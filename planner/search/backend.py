@@ -172,25 +172,26 @@ def segment_max(values: np.ndarray) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=4096)
-def warmups(num_stages: int, num_micro_batches: int, vpp: int = 1, all_forwards_at_pp: bool = True
-            ) -> tuple[int, ...]:
+def warmups(num_stages: int, num_micro_batches: int, vpp: int = 1, all_forwards_at_pp: bool = True,
+            ep_overlap: bool = False) -> tuple[int, ...]:
     """Every stage's warm-up (:func:`planner.search.interleave.warmup`); every layout's bound reads them."""
-    return tuple(warmup(k, num_stages, num_micro_batches, vpp, all_forwards_at_pp) for k in range(num_stages))
+    return tuple(warmup(k, num_stages, num_micro_batches, vpp, all_forwards_at_pp, ep_overlap)
+                 for k in range(num_stages))
 
 
-def handoff_cycles(num_stages: int, num_micro_batches: int, vpp: int = 1, all_forwards_at_pp: bool = True
-                   ) -> list[tuple[int, int]]:
+def handoff_cycles(num_stages: int, num_micro_batches: int, vpp: int = 1, all_forwards_at_pp: bool = True,
+                   ep_overlap: bool = False) -> list[tuple[int, int]]:
     """For the stages k and k + 1: (n_k, the backward operations each cycle spans) of the steady-state chain
     through both (module docstring). A cycle spans w_k - w_{k+1} + 1 operations (2 in 1F1B, 3 between
     interleaved stages), and n_k = floor((m V - w_k + d - 1) / (d + 1)) with d = w_k - w_{k+1}; none when stage
-    k has no steady state (``all_forwards_at_pp``: :func:`planner.search.interleave.warmup`)."""
-    return list(_handoff_cycles(num_stages, num_micro_batches, vpp, all_forwards_at_pp))
+    k has no steady state (``all_forwards_at_pp``, ``ep_overlap``: :func:`planner.search.interleave.warmup`)."""
+    return list(_handoff_cycles(num_stages, num_micro_batches, vpp, all_forwards_at_pp, ep_overlap))
 
 
 @functools.lru_cache(maxsize=4096)
-def _handoff_cycles(num_stages: int, num_micro_batches: int, vpp: int, all_forwards_at_pp: bool
-                    ) -> tuple[tuple[int, int], ...]:
-    warm = warmups(num_stages, num_micro_batches, vpp, all_forwards_at_pp)
+def _handoff_cycles(num_stages: int, num_micro_batches: int, vpp: int, all_forwards_at_pp: bool,
+                    ep_overlap: bool = False) -> tuple[tuple[int, int], ...]:
+    warm = warmups(num_stages, num_micro_batches, vpp, all_forwards_at_pp, ep_overlap)
     total = num_micro_batches * vpp
     out = []
     for k in range(num_stages - 1):
@@ -233,19 +234,21 @@ def exposure_weights(exposure: str, num_stages: int) -> np.ndarray:
 
 def bound_matrices(forward: list[np.ndarray], backward: list[np.ndarray], p2p: list[np.ndarray | None],
                    fits: list[np.ndarray], tails: list[np.ndarray | None], num_micro_batches: int, vpp: int = 1,
-                   exposure: str = FIRST, all_forwards_at_pp: bool = True) -> tuple[np.ndarray, np.ndarray]:
+                   exposure: str = FIRST, all_forwards_at_pp: bool = True, ep_overlap: bool = False
+                   ) -> tuple[np.ndarray, np.ndarray]:
     """(S, G) from per-stage segment matrices: ``forward[k][i, j]``, ``backward[k][i, j]``, the send time
     ``p2p[k][j]`` after layer j (for the last stage: back to stage 0, used only between interleaved chunks;
     None = no transfer), ``fits[k][i, j]`` and ``tails[k][i, j]``, stage k's exposed synchronisation and
     optimizer step when it holds layers i..j (None where its weight is 0: with ``FIRST`` only stage 0's row
     0 is read). With ``vpp > 1`` the interleaved schedule's bound (:mod:`planner.search.interleave`), its
-    warm-up the runtime's (``all_forwards_at_pp``; the default holds for either)."""
+    warm-up the runtime's (``all_forwards_at_pp``; the default holds for either) and the settings'
+    (``ep_overlap``: one more forward)."""
     P = len(forward)
     L = forward[0].shape[0]
     m = num_micro_batches
-    co = bound_coefficients(P, m, vpp, all_forwards_at_pp)
-    cycles = _handoff_cycles(P, m, vpp, all_forwards_at_pp)
-    warm = warmups(P, m, vpp, all_forwards_at_pp)
+    co = bound_coefficients(P, m, vpp, all_forwards_at_pp, ep_overlap)
+    cycles = _handoff_cycles(P, m, vpp, all_forwards_at_pp, ep_overlap)
+    warm = warmups(P, m, vpp, all_forwards_at_pp, ep_overlap)
     w = exposure_weights(exposure, P)
     later = np.cumsum(w[::-1])[::-1] - w  # W_k = sum of the weights after k
     S = np.empty((P, L, L))

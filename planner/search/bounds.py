@@ -263,7 +263,7 @@ def _count_tables_memo(memo: dict | None, profiles: list[OptionProfile], fwd: np
 
 def layer_count_bound(tables: CountTables, options: np.ndarray, counts: np.ndarray, pools: np.ndarray,
                       totals: np.ndarray, m: int, floor: np.ndarray, vpp: int = 1, stop: float = np.inf,
-                      in_flight_vpp: int = 1) -> np.ndarray:
+                      in_flight_vpp: int = 1, ep_overlap: bool = False) -> np.ndarray:
     """A lower bound on max_k G_k per row, at least ``floor[r]`` (inf: the stages cannot hold the layers),
     from stage capacities. A row searched alone (the only one with its stage count) whose bound exceeds
     ``stop`` may get any value from ``stop`` up to its bound (the caller prunes it either way; the search
@@ -288,14 +288,15 @@ def layer_count_bound(tables: CountTables, options: np.ndarray, counts: np.ndarr
         if out[0] >= stop:
             return out
         P = int(totals[0])
-        out[0] = _one_row(tables, options, counts[0], pools, _weights(tables.sb, tables.sf, options, P, m, vpp),
+        out[0] = _one_row(tables, options, counts[0], pools,
+                          _weights(tables.sb, tables.sf, options, P, m, vpp, ep_overlap),
                           float(out[0]), stop, P, in_flight_vpp)
         return out
     pool_ids = np.unique(pools)
     for P in np.unique(totals):
         sel = np.flatnonzero(totals == P)
         lo = float(out[sel].min())
-        g = _weights(tables.sb, tables.sf, options, int(P), m, vpp)
+        g = _weights(tables.sb, tables.sf, options, int(P), m, vpp, ep_overlap)
         if len(sel) == 1:  # one row (a settings bound): a binary search over the thresholds, in scalars
             out[sel] = _one_row(tables, options, counts[sel[0]], pools, g, lo, stop, int(P), in_flight_vpp)
             continue
@@ -325,12 +326,13 @@ def layer_count_bound(tables: CountTables, options: np.ndarray, counts: np.ndarr
     return out
 
 
-def _weights(sb: np.ndarray, sf: np.ndarray, options: np.ndarray, P: int, m: int, vpp: int) -> np.ndarray:
+def _weights(sb: np.ndarray, sf: np.ndarray, options: np.ndarray, P: int, m: int, vpp: int,
+             ep_overlap: bool = False) -> np.ndarray:
     """G of a stage holding its k smallest layers of U, per option (rows) and k (columns), with P stages
-    (``sb``, ``sf`` as in :class:`CountTables`)."""
+    (``sb``, ``sf`` as in :class:`CountTables`; ``ep_overlap``: one more warm-up forward)."""
     if vpp == 1:
-        return (m - 1) * sb[options] + max(0, m - P) * sf[options]
-    return (m - 1.0 / vpp) * sb[options] + least_delta(P, m, vpp) * sf[options]
+        return (m - 1) * sb[options] + max(0, m - P - int(ep_overlap)) * sf[options]
+    return (m - 1.0 / vpp) * sb[options] + least_delta(P, m, vpp, ep_overlap) * sf[options]
 
 
 def _one_row(tables: CountTables, options: np.ndarray, counts: np.ndarray, pools: np.ndarray, g: np.ndarray,
@@ -371,7 +373,7 @@ def _one_row(tables: CountTables, options: np.ndarray, counts: np.ndarray, pools
 
 
 def compute_count_bound(size: int, sb: np.ndarray, sf: np.ndarray, caps: np.ndarray, pools: np.ndarray, P: int,
-                        m: int, lo: float, vpp: int = 1) -> float:
+                        m: int, lo: float, vpp: int = 1, ep_overlap: bool = False) -> float:
     """:func:`layer_count_bound` of one row when memory does not limit a stage (``caps[o]`` stages of option
     o, each able to hold every layer of U; ``sb``, ``sf`` as in :class:`CountTables`), in closed form.
 
@@ -383,7 +385,7 @@ def compute_count_bound(size: int, sb: np.ndarray, sf: np.ndarray, caps: np.ndar
         return lo
     caps = np.asarray(caps, dtype=int)
     options = np.flatnonzero(caps > 0)
-    g = _weights(sb, sf, options, P, m, vpp)  # (used options, size + 1)
+    g = _weights(sb, sf, options, P, m, vpp, ep_overlap)  # (used options, size + 1)
     amount = np.arange(size + 1)
     best: np.ndarray | None = None  # least threshold at which the pools so far cover a layers, per a
     pool_ids = np.unique(pools[options])
@@ -481,7 +483,8 @@ def layout_floor(profiles: Profiles, layout: Layout, settings: Settings, num_mic
     if least is None:
         work = [p.forward_s + p.backward_s / V for p in (profiles.get(o, settings) for o in key[1])]
         least = memo[key] = float(np.minimum.reduce(work).sum())
-    cycles, warm = handoff_cycles(P, m, V, all_forwards), warmups(P, m, V, all_forwards)
+    cycles = handoff_cycles(P, m, V, all_forwards, settings.ep_overlap)
+    warm = warmups(P, m, V, all_forwards, settings.ep_overlap)
     passes = {o: _least_passes(profiles, o, settings) for o in key[1]}
     chains = 0.0
     for k, (n, span) in enumerate(cycles):
@@ -511,7 +514,7 @@ def _least_passes(profiles: Profiles, option: StageOption, settings: Settings) -
 
 def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_batches: int,
                  corners: bool = False, vpp: int = 1, memo: dict | None = None, cutoff_s: float = np.inf,
-                 lows: np.ndarray | None = None) -> np.ndarray:
+                 lows: np.ndarray | None = None, ep_overlap: bool = False) -> np.ndarray:
     """Bounds for every row of ``counts`` (stages per option, shape (n, len(profiles)); 0 = option unused);
     inf = infeasible. Rows are grouped by their set of options. ``corners``: only the parts that do not
     increase with any stage count (compute, layer counts, a layer alone in memory), so that each row
@@ -551,7 +554,8 @@ def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_ba
             continue
         c = counts[rows].astype(float)
         total = c.sum(axis=1)
-        extra = np.maximum(0.0, m - total) if vpp == 1 else np.array([least_delta(int(p), m, vpp) for p in total])
+        extra = np.maximum(0.0, m - total - int(ep_overlap)) if vpp == 1 else \
+            np.array([least_delta(int(p), m, vpp, ep_overlap) for p in total])
         least = work[M].min(axis=0)
         sum_min = float(least.sum())
         # what the layers every stage must hold (vpp of them, a chunk each) lose on their stage's option
@@ -575,7 +579,7 @@ def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_ba
             if not len(live):
                 break
             max_g[live] = layer_count_bound(tables, M, c[live][:, M], pools[M], P_rows[live], m, max_g[live], vpp,
-                                            float(stops[live].max()), 1 if corners else vpp)
+                                            float(stops[live].max()), 1 if corners else vpp, ep_overlap)
         if corners:
             out[rows] = sums + max_g  # worst <= 1: the group was skipped otherwise
             continue
@@ -627,7 +631,7 @@ def _stage_caps(caps: np.ndarray, pools: np.ndarray, num_layers: int, max_stages
 
 def settings_lower_bound(profiles: list[OptionProfile], caps: np.ndarray, m: int, num_layers: int, max_stages: int,
                          num_devices: int, dp: int, floor_s: float, vpp: int = 1, memo: dict | None = None,
-                         cutoff_s: float = np.inf) -> float:
+                         cutoff_s: float = np.inf, ep_overlap: bool = False) -> float:
     """A lower bound for every plan of one settings (any pools, tp, stage counts and partition), at least
     ``floor_s`` (:class:`QuickSettingsBound`), from the options of every pool (``caps[o]``: the most stages
     option o can have): the layer-count bound with each pool at its best option's largest count and at most
@@ -650,7 +654,7 @@ def settings_lower_bound(profiles: list[OptionProfile], caps: np.ndarray, m: int
     for layers in st.layer_sets:
         tables = _count_tables_memo(memo, profiles, fwd, bwd, static, act, peak, layers, caps, m)
         best = float(layer_count_bound(tables, options, caps[None, :], pools, total, m, np.array([best]), vpp,
-                                       stop)[0])
+                                       stop, ep_overlap=ep_overlap)[0])
         if not np.isfinite(best):
             return np.inf
         if best >= stop:
@@ -671,7 +675,7 @@ class QuickSettingsBound:
 
     def _tables(self, options: tuple[StageOption, ...], settings: Settings) -> tuple:
         key = (options, settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype,
-               settings.vpp, settings.runtime, settings.ep, settings.expert_tp)
+               settings.vpp, settings.runtime, settings.ep, settings.expert_tp, settings.ep_overlap)
         hit = self._memo.get(key)
         if hit is None:
             tabs = [self.backend.layer_table(o, settings) for o in options]
@@ -706,7 +710,7 @@ class QuickSettingsBound:
         """Per layer set of :func:`_layer_sets`: its size and the prefix sums of sorted backward and forward
         times (the time part of :class:`CountTables`)."""
         key = (options, settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype, settings.runtime,
-               settings.ep, settings.expert_tp)
+               settings.ep, settings.expert_tp, settings.ep_overlap)
         hit = self._prefix.get(key)
         if hit is None:
             hit = [(int(layers.sum()), _sorted_prefix(bwd, layers), _sorted_prefix(fwd, layers))

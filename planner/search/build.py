@@ -55,7 +55,7 @@ def to_plan(model: LayerGraph, cluster: Cluster, spec: PipelineSpec, estimate: E
         vpp=spec.vpp, sequence_parallel=spec.sequence_parallel, optimizer=spec.optimizer,
         dtype=base_dtype(spec.dtype), fp8_recipe=recipe_name(spec.dtype), runtime=spec.runtime,
         memory_per_device_bytes=float(estimate.memory_per_device_bytes), bottleneck=bottleneck,
-        physical_bound_s=physical_bound_s(model, cluster, spec))
+        physical_bound_s=physical_bound_s(model, cluster, spec), ep_overlap=spec.ep_overlap)
 
 
 def relabelled(spec: PipelineSpec, estimate: Estimate, ids: tuple[int, ...]) -> tuple[PipelineSpec, Estimate]:

@@ -53,7 +53,7 @@ class CostModelBackend:
     def _table_key(option: StageOption, settings: Settings) -> tuple:
         """What a stage option's per-layer costs depend on (the settings' dp, ZeRO and optimizer do not)."""
         return (option, settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype,
-                settings.runtime, settings.ep, settings.expert_tp)
+                settings.runtime, settings.ep, settings.expert_tp, settings.ep_overlap)
 
     def layer_table(self, option: StageOption, settings: Settings) -> LayerTable:
         key = self._table_key(option, settings)
@@ -70,7 +70,12 @@ class CostModelBackend:
             lc = layer_costs(self.model, node, option.tp, settings.micro_batch, settings.recompute,
                              settings.sequence_parallel, settings.dtype, cal, settings.runtime, cp=option.cp,
                              ep=settings.ep, expert_tp=etp, ep_group=group)
-            hit = LayerTable(forward_s=lc.forward_s, backward_s=lc.backward_s, params_per_rank=lc.params_per_rank,
+            forward, backward = lc.forward_s, lc.backward_s
+            if settings.ep_overlap:  # each layer's forward and backward scaled to its merged step (a bound)
+                scale = np.divide(lc.merged_s, forward + backward, out=np.ones_like(forward),
+                                  where=(forward + backward) > 0)
+                forward, backward = forward * scale, backward * scale
+            hit = LayerTable(forward_s=forward, backward_s=backward, params_per_rank=lc.params_per_rank,
                              act_bytes=lc.activation_bytes, peak_bytes=lc.peak_extra_bytes,
                              output_bytes=lc.output_bytes)
             self._tables[key] = hit
@@ -212,7 +217,8 @@ class CostModelBackend:
             bwd.append(b + extra_b)
             sends.append(self._sends(layout, settings, devices, k))
             # the DP's feasibility mask: the runtime's own warm-up, as the estimator times the plan it returns
-            in_flight = micro_batches_in_flight(k, P, m, settings.schedule, settings.vpp, all_forwards)
+            in_flight = micro_batches_in_flight(k, P, m, settings.schedule, settings.vpp, all_forwards,
+                                                settings.ep_overlap)
             empty, per_micro_batch = self._memory_of(option, settings, pipelined)
             fits.append(empty + in_flight * per_micro_batch <= self.capacity_bytes(option))
             # a tied weight's copies are reduced between stage 0 and the stage holding the copy, the last
@@ -222,7 +228,8 @@ class CostModelBackend:
             # stage 0 starts at layer 0: its prefixes are all it needs
             tails.append(None if weights[k] == 0 else self._tails(option, devices[k], settings, first=k == 0,
                                                                   partner=partner, pipelined=pipelined))
-        return bound_matrices(fwd, bwd, sends, fits, tails, m, settings.vpp, exposure, all_forwards)
+        return bound_matrices(fwd, bwd, sends, fits, tails, m, settings.vpp, exposure, all_forwards,
+                              settings.ep_overlap)
 
     def _sends(self, layout: Layout, settings: Settings, devices: list[tuple[int, ...]], k: int
                ) -> np.ndarray | None:

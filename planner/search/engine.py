@@ -189,7 +189,7 @@ def _choices(profiles: Profiles, cluster: Cluster, settings: Settings, index: in
     for r, (chosen, caps) in enumerate(choices):
         corners[r, [column[o] for o in chosen]] = caps
     bounds = lower_bounds([profiles.get(o, settings) for o in options], corners, m, corners=True, vpp=settings.vpp,
-                          memo=profiles.count_memo, cutoff_s=cutoff)
+                          memo=profiles.count_memo, cutoff_s=cutoff, ep_overlap=settings.ep_overlap)
     return [_Entry(float(b), index, chosen, caps, True, (1,) * len(caps))
             for (chosen, caps), b in zip(choices, bounds) if b < cutoff]
 
@@ -214,7 +214,7 @@ def _split(profiles: Profiles, settings: Settings, box: _Entry, num_layers: int,
     m = settings.num_micro_batches(global_batch)
     bounds = lower_bounds([profiles.get(o, settings) for o in box.options], np.array([h for _, h in parts]), m,
                           corners=True, vpp=settings.vpp, memo=profiles.count_memo, cutoff_s=cutoff,
-                          lows=np.array([lo for lo, _ in parts]))
+                          lows=np.array([lo for lo, _ in parts]), ep_overlap=settings.ep_overlap)
     return [_Entry(max(float(b), box.bound_s), box.settings_index, box.options, highs, True, lows)
             for (lows, highs), b in zip(parts, bounds) if max(float(b), box.bound_s) < cutoff]
 
@@ -238,7 +238,7 @@ def _blocks(profiles: Profiles, cluster: Cluster, settings: Settings, choice: _E
     if not len(counts):
         return [], full
     bounds = lower_bounds([profiles.get(o, settings) for o in choice.options], counts, m, vpp=settings.vpp,
-                          memo=profiles.count_memo, cutoff_s=cutoff)
+                          memo=profiles.count_memo, cutoff_s=cutoff, ep_overlap=settings.ep_overlap)
     return [_Entry(float(bounds[r]), choice.settings_index, choice.options, tuple(int(c) for c in counts[r]))
             for r in np.flatnonzero(bounds < cutoff)], full
 
@@ -496,7 +496,7 @@ def settings_bound(profiles: Profiles, cluster: Cluster, settings: Settings, num
     return settings_lower_bound([profiles.get(o, settings) for o in options], caps,
                                 settings.num_micro_batches(global_batch), num_layers, stages_cap,
                                 cluster.num_devices, settings.dp, floor_s, settings.vpp, profiles.count_memo,
-                                cutoff_s)
+                                cutoff_s, settings.ep_overlap)
 
 
 @dataclass(frozen=True)
@@ -586,7 +586,7 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
     def quick_bound(s: Settings, counted: bool) -> float:
         stages = min(num_layers, max_stages(s, num_units, global_batch))
         key = (s.dp, s.micro_batch, s.recompute, s.sequence_parallel, s.dtype, s.runtime, s.vpp, counted and stages,
-               s.ep, s.expert_tp)
+               s.ep, s.expert_tp, s.ep_overlap)
         hit = quick_memo.get(key)
         if hit is None:
             options = options_of(s)

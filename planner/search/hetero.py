@@ -77,7 +77,7 @@ def settings_floor(layer_table: Callable[[StageOption, Settings], object], clust
     which depend on the settings' micro-batch, recompute, sequence parallelism and dtype (``memo`` keeps the
     fastest time and the rate per those)."""
     key = (settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype, settings.runtime,
-           settings.ep, settings.expert_tp)
+           settings.ep, settings.expert_tp, settings.ep_overlap)
     hit = memo.get(key) if memo is not None else None
     if hit is None:
         per_pool = []

@@ -43,7 +43,7 @@ from typing import Sequence
 
 import numpy as np
 
-from planner.cost.schedule import interleaved_warmup
+from planner.cost.schedule import warmup_forwards
 from planner.rules import INTERLEAVED, stages_allowed, valid_vpps
 
 def schedule_for(vpp: int) -> str:
@@ -64,18 +64,19 @@ def vpp_choices(pinned_vpp: int | None, pinned_schedule: str | None, num_units: 
     return values
 
 
-def warmup(stage: int, num_stages: int, num_micro_batches: int, vpp: int = 1, all_forwards_at_pp: bool = True
-           ) -> int:
+def warmup(stage: int, num_stages: int, num_micro_batches: int, vpp: int = 1, all_forwards_at_pp: bool = True,
+           ep_overlap: bool = False) -> int:
     """Forward operations (model chunks) a stage runs before its first backward, as the bound takes them:
-    1F1B's, and the interleaved schedule's (:func:`planner.cost.schedule.interleaved_warmup`). Where there are
-    as many micro-batches as stages, ``all_forwards_at_pp`` runs every forward first
-    (``Runtime.interleaved_all_forwards_at_pp``); the search passes its runtime's own. The default, the larger
-    warm-up, leaves fewer forwards after the first backward (a smaller ``delta``) and no steady-state
-    hand-offs, so a bound built with it stays below both schedules."""
-    m, P, V = num_micro_batches, num_stages, vpp
-    if V == 1:
-        return min(P - stage - 1, m)
-    return interleaved_warmup(stage, P, m, V, all_forwards_at_pp=all_forwards_at_pp)
+    1F1B's, and the interleaved schedule's (:func:`planner.cost.schedule.warmup_forwards`; one more under
+    expert-parallel overlap, ``ep_overlap``). Where there are as many micro-batches as stages,
+    ``all_forwards_at_pp`` runs every forward first (``Runtime.interleaved_all_forwards_at_pp``); the search
+    passes its runtime's own. The default, the larger warm-up, leaves fewer forwards after the first backward
+    (a smaller ``delta``) and no steady-state hand-offs, so a bound built with it stays below both schedules.
+    Under overlap a bound from this warm-up and the merged steps' per-layer times (the forward and backward
+    scaled to the merged step's, planner.search.costmodel) stays below the merged schedule, whose steps hand
+    on their forward's output no earlier than the two operations one after the other would."""
+    return warmup_forwards(stage, num_stages, num_micro_batches, schedule_for(vpp), vpp, all_forwards_at_pp,
+                           ep_overlap)
 
 
 def pipeline_allowed(num_stages: int, num_micro_batches: int, vpp: int, num_units: int, even: bool = False,
@@ -97,18 +98,20 @@ class BoundCoefficients:
     hops: np.ndarray  # per stage: transfers of c_k on the critical path
 
 
-def bound_coefficients(num_stages: int, num_micro_batches: int, vpp: int = 1, all_forwards_at_pp: bool = True
-                       ) -> BoundCoefficients:
+def bound_coefficients(num_stages: int, num_micro_batches: int, vpp: int = 1, all_forwards_at_pp: bool = True,
+                       ep_overlap: bool = False) -> BoundCoefficients:
     P, m, V = num_stages, num_micro_batches, vpp
-    delta = np.array([max(0, m * V - warmup(k, P, m, V, all_forwards_at_pp) - 1) / V for k in range(P)], dtype=float)
+    delta = np.array([max(0, m * V - warmup(k, P, m, V, all_forwards_at_pp, ep_overlap) - 1) / V for k in range(P)],
+                     dtype=float)
     hops = np.full(P, V + 1.0)
     hops[-1] = V - 1.0
     return BoundCoefficients(backward_weight=1.0 / V, gamma=m - 1.0 / V, delta=delta, hops=hops)
 
 
-def least_delta(num_stages: int, num_micro_batches: int, vpp: int = 1) -> float:
+def least_delta(num_stages: int, num_micro_batches: int, vpp: int = 1, ep_overlap: bool = False) -> float:
     """min_k delta_k (stage 0's: its warm-up is the longest), for bounds valid at any stage position."""
-    return max(0, num_micro_batches * vpp - warmup(0, num_stages, num_micro_batches, vpp) - 1) / vpp
+    return max(0, num_micro_batches * vpp - warmup(0, num_stages, num_micro_batches, vpp, ep_overlap=ep_overlap)
+               - 1) / vpp
 
 
 def chunk_mask(units: Sequence[int], vpp: int, per_stage: int | None = None) -> np.ndarray | None:

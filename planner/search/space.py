@@ -88,6 +88,7 @@ class Settings:
     runtime: str = DEFAULT_RUNTIME
     ep: int = 1  # expert parallelism of every stage (mixture-of-experts models)
     expert_tp: int = 0  # expert tensor parallelism; 0: each stage's tp (Megatron-Core's default)
+    ep_overlap: bool = False  # the expert-parallel all-to-alls under another micro-batch's computation
 
     def batching(self, global_batch: int) -> Batching:
         """How ``global_batch`` splits under these settings: over dp replicas, in micro-batches."""
@@ -101,7 +102,7 @@ class Settings:
         return PipelineSpec(stages=stages, global_batch=global_batch, micro_batch=self.micro_batch, vpp=self.vpp,
                             zero=self.zero, recompute=self.recompute, sequence_parallel=self.sequence_parallel,
                             schedule=self.schedule, optimizer=self.optimizer, dtype=self.dtype,
-                            runtime=self.runtime, ep=self.ep, expert_tp=self.expert_tp)
+                            runtime=self.runtime, ep=self.ep, expert_tp=self.expert_tp, ep_overlap=self.ep_overlap)
 
 
 @dataclass(frozen=True, order=True)
@@ -136,6 +137,7 @@ class Pins:
     cp: int = 0
     ep: int | None = None
     expert_tp: int | None = None
+    ep_overlap: bool | None = None
     # every stage on the same tp and cp, each served by one replica group: what the framework exports
     # (Megatron-LM, DeepSpeed, torchtitan) can write (planner.rules.uniform_stages)
     uniform: bool = False
@@ -149,7 +151,7 @@ class Pins:
                    sequence_parallel=config.sequence_parallel, schedule=config.schedule,
                    optimizer=config.optimizer, dtype=config.dtype or "bf16",
                    runtime=config.runtime or DEFAULT_RUNTIME, cp=config.cp or 0, ep=config.ep,
-                   expert_tp=config.expert_tp)
+                   expert_tp=config.expert_tp, ep_overlap=config.ep_overlap)
 
 
 def validate_pins(pins: Pins, cluster: Cluster, global_batch: int, num_layers: int,
@@ -183,6 +185,8 @@ def validate_pins(pins: Pins, cluster: Cluster, global_batch: int, num_layers: i
                          runtime)
     check_expert_pins(pins)
     rules.check_moe_runtime(pins.shape, runtime)
+    rules.check_ep_overlap(pins.ep_overlap, pins.ep, pins.pp or None, pins.vpp, pins.recompute, pins.dtype, runtime,
+                           pins.schedule, pins.shape)
     if pins.expert_tp is not None and not pins.tp and pins.shape.experts:
         tps = cluster_tps(cluster, pins)
         hosts = [t for t in tps if pins.expert_tp in rules.expert_tp_values(pins.shape, t, runtime)]
@@ -322,9 +326,15 @@ def enumerate_settings(cluster: Cluster, global_batch: int, pins: Pins, num_unit
                                     not runtime.uneven_pipeline, least)):
                                 continue
                             for ep, etp in experts:
-                                yield Settings(micro_batch=b, dp=dp, zero=zero, recompute=rc, sequence_parallel=sp,
-                                               schedule=schedule_for(vpp), vpp=vpp, optimizer=pins.optimizer,
-                                               dtype=pins.dtype, runtime=pins.runtime, ep=ep, expert_tp=etp)
+                                overlaps = ([pins.ep_overlap] if pins.ep_overlap is not None
+                                            else rules.ep_overlap_choices(runtime, ep, rc, pins.dtype))
+                                for overlap in overlaps:
+                                    if overlap and vpp == 1 and pins.pp > 1:
+                                        continue
+                                    yield Settings(micro_batch=b, dp=dp, zero=zero, recompute=rc,
+                                                   sequence_parallel=sp, schedule=schedule_for(vpp), vpp=vpp,
+                                                   optimizer=pins.optimizer, dtype=pins.dtype, runtime=pins.runtime,
+                                                   ep=ep, expert_tp=etp, ep_overlap=overlap)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -358,10 +368,11 @@ def interleaved_min_stages(settings: Settings) -> int:
 def max_stages(settings: Settings, num_units: int, global_batch: int) -> int:
     """Pipeline stages allowed (:func:`planner.rules.max_pipeline`): one per pipeline unit at most (0 units:
     unknown, the caller caps by its layers), one per ``vpp`` units when interleaved (every stage holds whole
-    chunks); one only with a ZeRO stage the runtime does not combine with a pipeline, or with more
-    micro-batches of ``global_batch`` per replica than a pipeline is timed for."""
+    chunks); one only with a ZeRO stage the runtime does not combine with a pipeline, with expert-parallel
+    overlap without interleaving, or with more micro-batches of ``global_batch`` per replica than a pipeline is
+    timed for."""
     most = rules.max_pipeline(ModelShape(num_units=num_units), get_runtime(settings.runtime), settings.zero,
-                              settings.num_micro_batches(global_batch))
+                              settings.num_micro_batches(global_batch), settings.ep_overlap, settings.vpp)
     return most // settings.vpp if settings.vpp > 1 and most > 1 else most
 
 
