@@ -148,6 +148,15 @@ def test_opset_below_the_oldest_the_cost_rules_know(tmp_path):
     assert answer_is_clean(["inspect", str(save(mlp(opset=MIN_OPSET), tmp_path, "oldest"))])[0] == 0
 
 
+def test_opset_newer_than_the_onnx_library_defines(tmp_path):
+    # the checker resolves every op of opset 999 to its newest schema and passes the model
+    newest = onnx.defs.onnx_opset_version()
+    line = refused(save(mlp(opset=999), tmp_path, "future"), "opset 999", f"newer than opset {newest}",
+                   "re-export", "opset_version")
+    assert f"opset {newest} or older" in line
+    assert answer_is_clean(["inspect", str(save(mlp(opset=newest), tmp_path, "newest"))])[0] == 0
+
+
 def test_checker_error_names_the_node(tmp_path):
     model = mlp()
     model.graph.node[1].attribute.append(h.make_attribute("alpha", 0.5))  # Relu has no attribute alpha

@@ -4,8 +4,9 @@ The onnx library's own checker (``onnx.checker.check_model(full_check=True)``: s
 schema rules, strict type and shape inference) runs on a *skeleton* of the model: weights reduced to their
 declarations, so that no weight data is read, no external-data file is opened (the checker otherwise stats
 every location it finds) and checking a model costs the same whatever its weights weigh. Before it, our own
-checks give the common mistakes a precise message: an opset older than :data:`MIN_OPSET`, an op type the
-default domain does not define at the model's opset, and negative or absurd dimensions.
+checks give the common mistakes a precise message: an opset older than :data:`MIN_OPSET` or newer than the
+installed onnx library defines, an op type the default domain does not define at the model's opset, and
+negative or absurd dimensions.
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ def check_model(model: onnx.ModelProto, nodes: list[Node], where: str) -> None:
 
 
 def default_opset(model: onnx.ModelProto, where: str) -> int:
-    """The model's default-domain opset; one below :data:`MIN_OPSET` is a ModelError."""
+    """The model's default-domain opset; one below :data:`MIN_OPSET`, or newer than the installed onnx library
+    defines, is a ModelError."""
     versions = [o.version for o in model.opset_import if o.domain in DEFAULT_DOMAINS]
     if not versions:
         raise ModelError(f"{where}: the model imports no opset of the default ONNX domain; re-export it "
@@ -85,6 +87,14 @@ def default_opset(model: onnx.ModelProto, where: str) -> int:
         raise ModelError(f"{where}: opset {opset} of the default ONNX domain is older than opset {MIN_OPSET}, "
                          f"the oldest the planner's cost rules are written for; re-export the model with a "
                          f"newer opset (e.g. torch.onnx.export(..., opset_version=17))")
+    newest = onnx.defs.onnx_opset_version()
+    if opset > newest:
+        # the checker does not catch this: it looks each op up as the newest schema at or below the model's
+        # opset, so any opset past the newest one resolves to that one's schemas and passes
+        raise ModelError(f"{where}: opset {opset} of the default ONNX domain is newer than opset {newest}, the "
+                         f"newest the installed onnx library ({onnx.__version__}) defines; re-export the model "
+                         f"with opset {newest} or older (e.g. torch.onnx.export(..., opset_version=17)), or "
+                         f"upgrade the onnx package")
     return opset
 
 
