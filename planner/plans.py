@@ -229,7 +229,18 @@ def load_plan(path: str) -> Plan:
     try:
         return Plan.from_json(text)
     except PlannerError as exc:
-        raise PlannerError(f"{path}: {exc}") from None
+        raise PlannerError(in_plan_file(path, exc)) from None
+
+
+def in_plan_file(path: str | os.PathLike, exc: PlannerError) -> str:
+    """The message of ``exc``, an error about a plan read from the file ``path``, naming the file once: a message
+    that names the plan as ``plan`` at its start (``plan: ...``, or ``plan:LINE: ...`` from the JSON reader) has
+    the file's name in its place (``PATH: ...``, ``PATH:LINE: ...``, as a cluster file's errors read); any other
+    (one naming a field, ``plan.stages[0].tp: ...``) is prefixed with it."""
+    message = str(exc)
+    if message.startswith("plan:"):
+        return f"{path}{message[len('plan'):]}"
+    return f"{path}: {message}"
 
 
 def plan_recompute(plan: Plan, why: str = "the cost model times one mode per plan") -> str:

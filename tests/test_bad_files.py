@@ -368,16 +368,19 @@ def test_bad_plan_file(label, change, words, tmp_path, capsys):
     ("deep", '{"schema_version": 1, "x": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested deeper than"),
     ("5000_digits", '{"schema_version": 1' + "0" * 5000 + "}", "over 4300 digits"),
     ("truncated", SAMPLE_PLANS["gpt"]().to_json()[:200], "not valid JSON"),
-    ("key_twice", '{"schema_version": 1,\n"schema_version": 2}', "plan:2: the key 'schema_version' appears twice"),
+    ("key_twice", '{"schema_version": 1,\n"schema_version": 2}', "plan.json:2: the key 'schema_version' appears twice"),
     # too large to find the line by reading it as YAML as well: the key alone is named
     ("key_twice_in_a_large_file", '{"x": "' + " " * MAX_YAML_BYTES + '", "x": 1}',
-     "plan: the key 'x' appears twice; keep one"),
+     "plan.json: the key 'x' appears twice; keep one"),
+    ("list", "[1, 2]", "plan.json: expected a JSON object at the top level"),
+    ("old_version", '{"schema_version": 0}', "plan.json: schema_version 0 is not supported"),
 ])
 def test_malformed_plan_file(label, text, words, tmp_path, capsys):
     path = tmp_path / "plan.json"
     path.write_text(text)
     line = error_line(["show", str(path)], capsys)
-    assert str(path) in line and words in line, line
+    # the file is named once, in place of the plan (no "PATH: plan: ..." or "PATH: plan:LINE: ...")
+    assert str(path) in line and words in line and "plan:" not in line, line
 
 
 def test_an_oversized_plan_file_is_refused_before_it_is_read(tmp_path, capsys):

@@ -90,6 +90,8 @@ def test_a_plan_for_another_model_or_a_smaller_cluster_is_refused(made, capsys, 
     code = main(["estimate", str(root / "gpt.onnx"), "--cluster", "dgx-a100-80gb*1", "--plan", str(paths["pipeline"])])
     err = capsys.readouterr().err
     assert code == 2 and "uses device 15" in err and "the cluster has 8 devices" in err
+    # the file is named once, in place of the plan the message names
+    assert f"{paths['pipeline']}: it uses device 15" in err and "plan:" not in err
 
 
 def test_a_plan_with_embedding_tables_keeps_its_placement(tmp_path):

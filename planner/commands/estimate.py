@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     from planner.compose import estimate, estimate_plan
     from planner.graph import load_model
     from planner.hardware import load_cluster
-    from planner.plans import load_plan
+    from planner.plans import in_plan_file, load_plan
 
     if args.plan is not None:
         given = [flag for flag in _PLAN_FIXES if getattr(args, flag) is not None]
@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             result = estimate_plan(model, cluster, plan, tables=tables_from_args(args))
         except ConfigError as exc:
-            raise ConfigError(f"{args.plan}: {exc}") from None
+            raise ConfigError(in_plan_file(args.plan, exc)) from None
     if args.json:
         emit_json(estimate_document(model, result))
     else:
