@@ -121,7 +121,8 @@ def test_tables_from_python_are_sharded_as_a_files_are(tiny):
     ({"sweeps": {"count": [object()]}}, r"--sweep count: value .* must be a number or its text"),
     ({"tables": "/nonexistent/tables.json"}, r"tables file '/nonexistent/tables.json' does not exist"),
     ({"progress": 5, "workers": 1}, r"progress: got a int; give a function progress\(done, total\) or None"),
-    ({"backend": None}, r"--backend None: choose one of process, ray"),
+    ({"backend": None}, r"^backend None is not one of process, ray$"),
+    ({"backend": "rey"}, r"^backend 'rey' is not one of process, ray \(did you mean ray\?\)$"),
 ])
 def test_a_wrong_whatif_argument_is_raised_not_reported_as_an_infeasible_point(tmp_path, change, message):
     path = tmp_path / "gpt.onnx"

@@ -24,7 +24,7 @@ TESTS = Path(__file__).resolve().parent
 
 def test_missing_ray_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
-    with pytest.raises(PlannerError, match=r'pip install "planner\[ray\]"'):
+    with pytest.raises(PlannerError, match=r'^backend \'ray\' needs Ray: pip install "planner\[ray\]"'):
         runner.run_tasks(fake_evaluate, [], backend="ray")
 
 

@@ -19,7 +19,8 @@ from types import ModuleType
 from typing import Any, Callable, Sequence, TypeVar
 
 from planner import arguments
-from planner.errors import ConfigError, PlannerError
+from planner.errors import PlannerError
+from planner.rules import check_choice
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -41,11 +42,12 @@ def default_workers() -> int:
 
 def run_tasks(fn: Callable[[T], R], tasks: Sequence[T], *, workers: int | None = None,
               backend: str = "process", progress: Progress | None = None) -> list[R]:
-    if backend not in BACKENDS:
-        raise ConfigError(f"--backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    # worded for the API's backend=/workers= and the CLI's --backend/--workers alike, as check_choice words a
+    # choice and arguments.whole a count
+    check_choice("backend", backend, BACKENDS)
     arguments.function(progress, "progress", "progress(done, total)")
-    if workers is not None and workers < 1:
-        raise ConfigError(f"--workers {workers}: must be at least 1")
+    if workers is not None:
+        workers = arguments.whole(workers, "workers")
     if backend == "ray":
         return _run_ray(fn, tasks, workers, progress)
     count = default_workers() if workers is None else workers
@@ -91,7 +93,7 @@ def _run_ray(fn: Callable[[T], R], tasks: Sequence[T], workers: int | None, prog
     try:
         import ray  # noqa: PLC0415 - optional extra
     except ImportError:
-        raise PlannerError('--backend ray needs Ray: pip install "planner[ray]"') from None
+        raise PlannerError("backend 'ray' needs Ray: pip install \"planner[ray]\" (or use backend 'process')") from None
     if not ray.is_initialized():
         _start_ray(ray)
     remote = ray.remote(num_cpus=1)(fn)
