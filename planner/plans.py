@@ -27,6 +27,7 @@ from planner.rules import INTERLEAVED
 from planner.runtime import DEFAULT_RUNTIME, get_runtime
 from planner.hardware.fp8 import cost_dtype
 from planner.types import Batching, Cluster, LayerGraph, PipelineSpec, ReplicaSpec, StageSpec
+from planner.units import whole_bytes
 
 SCHEMA_VERSION = 1
 
@@ -40,11 +41,21 @@ class ReplicaPlan:
     tp: int
     dp: int
     batch_share: float  # fraction of the stage's samples this replica group processes
-    memory_bytes_per_device: float
+    memory_bytes_per_device: float  # held as a whole number of bytes (see _whole_memory)
     time_s: float
     cp: int = 1  # context-parallel ranks each sample's sequence is split over (devices: tp x cp x dp)
     ep: int = 1  # expert parallelism (mixture-of-experts models; 1 otherwise)
     expert_tp: int = 1  # ranks each expert's matrices are split over
+
+    def __post_init__(self) -> None:
+        _whole_memory(self, "memory_bytes_per_device")
+
+
+def _whole_memory(record: Any, name: str) -> None:
+    """Round ``record``'s byte count ``name`` up to a whole number of bytes (units.whole_bytes): the Plan JSON
+    writes byte counts as integers, and a plan equals the plan read back from its JSON. The cost model's
+    estimate keeps its own unrounded numbers; nothing decides on a plan's."""
+    object.__setattr__(record, name, whole_bytes(getattr(record, name)))
 
 
 # the fields a replica group's JSON takes from its stage, beside its own
@@ -62,7 +73,7 @@ class StagePlan:
     tp: int
     dp: int
     recompute: str
-    memory_bytes_per_device: float
+    memory_bytes_per_device: float  # held as a whole number of bytes (see _whole_memory)
     time_s: float  # forward + backward of one micro-batch on this stage
     replicas: tuple[ReplicaPlan, ...] = ()
     # Layer.kind of each layer ("embedding", "block", "head", ...), parallel to layer_names; empty when
@@ -71,6 +82,9 @@ class StagePlan:
     cp: int = 1  # context-parallel ranks each sample's sequence is split over (devices: tp x cp x dp)
     ep: int = 1  # expert parallelism: the routed experts split over ep ranks (1: dense, or every rank all)
     expert_tp: int = 1  # ranks each expert's matrices are split over (Megatron-Core's default: tp)
+
+    def __post_init__(self) -> None:
+        _whole_memory(self, "memory_bytes_per_device")
 
 
 @dataclass(frozen=True, slots=True)  # slots: a plan may hold a million shards
@@ -134,13 +148,16 @@ class Plan:
     dtype: str = "bf16"
     runtime: str = DEFAULT_RUNTIME
     fp8_recipe: str | None = None  # Transformer Engine's FP8 recipe under dtype fp8 (planner.hardware.fp8)
-    memory_per_device_bytes: float = 0.0
+    memory_per_device_bytes: float = 0.0  # held as a whole number of bytes (see _whole_memory)
     bottleneck: str = ""  # one sentence: what limits this plan and why
     physical_bound_s: float = 0.0  # total FLOPs / summed peak FLOP/s of the devices used
     # the expert-parallel all-to-alls under another micro-batch's computation (planner.cost.moe); written to JSON
     # only where true, so that a plan without it reads as before
     ep_overlap: bool = False
     schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        _whole_memory(self, "memory_per_device_bytes")
 
     # ------------------------------------------------------------------ derived views
     @property

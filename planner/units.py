@@ -6,6 +6,7 @@ A leaf module: it imports nothing from planner, so any package may use it.
 
 from __future__ import annotations
 
+import math
 from typing import Iterable
 
 KIB = 2**10
@@ -30,6 +31,13 @@ def size(value_bytes: float) -> str:
         if value_bytes >= scale:
             return f"{value_bytes / scale:.1f} {unit}"
     return f"{value_bytes:.0f} B"
+
+
+def whole_bytes(value_bytes: float) -> float:
+    """A byte count as the JSON outputs write it: a whole number of bytes, rounded up (the cost model's sums
+    carry fractions and float noise: 35624430182.399994). A value that is not finite is returned as it is, for
+    the writer to report."""
+    return math.ceil(value_bytes) if math.isfinite(value_bytes) else value_bytes
 
 
 def id_ranges(ids: Iterable[int]) -> str:

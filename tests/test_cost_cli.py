@@ -58,6 +58,18 @@ def test_json_document_is_complete_and_deterministic(capsys, model_path):
     assert len(doc["stages"]) == 2 and doc["stages"][0]["devices"] == list(range(8))
 
 
+def test_json_byte_counts_are_whole_bytes(capsys, model_path):
+    """Memory byte counts are integers in the JSON (rounded up), not the cost model's fractional sums."""
+    code, out, _ = run(capsys, model_path, "--cluster", "dgx-a100-80gb*2", "--global-batch", "64", "--tp", "2",
+                       "--pp", "2", "--dp", "4", "--json")
+    doc = json.loads(out)
+    counts = [doc["memory_per_device_bytes"]]
+    for stage in doc["stages"]:
+        counts += [stage["memory_capacity_bytes"], *stage["memory"].values()]
+    assert code == 0 and len(counts) == 15
+    assert all(type(count) is int for count in counts), counts
+
+
 def test_table_output(capsys, model_path):
     code, out, _ = run(capsys, model_path, "--cluster", "dgx-h100*1", "--global-batch", "16", "--tp", "2",
                        "--pp", "1", "--dp", "4", "--recompute", "full")

@@ -66,6 +66,39 @@ def test_sample_plans_validate_and_round_trip(name):
     assert Plan.from_json(plan.to_json()).to_json() == plan.to_json()
 
 
+def _byte_counts(document: dict) -> list:
+    """The memory byte counts of a Plan JSON document: the plan's, each stage's and each replica group's."""
+    stages = document["stages"]
+    return [document["memory_per_device_bytes"], *(s["memory_bytes_per_device"] for s in stages),
+            *(r["memory_bytes_per_device"] for s in stages for r in s["replicas"])]
+
+
+def test_byte_counts_are_written_as_whole_bytes_rounded_up():
+    """The cost model's memory sums carry fractions; the plan holds (and its JSON writes) whole bytes, rounded
+    up, so a plan still equals the plan read back from its JSON."""
+    stage = dataclasses.replace(plan_samples.mixed_plan().stages[1], memory_bytes_per_device=31e9 + 0.4)
+    stage = dataclasses.replace(stage, replicas=(dataclasses.replace(stage.replicas[0],
+                                                                     memory_bytes_per_device=28e9 + 0.999999),
+                                                 *stage.replicas[1:]))
+    plan = dataclasses.replace(plan_samples.mixed_plan(), stages=(plan_samples.mixed_plan().stages[0], stage),
+                               memory_per_device_bytes=35624430182.399994)
+    document = json.loads(plan.to_json())
+    counts = _byte_counts(document)
+    assert all(type(count) is int for count in counts), counts
+    assert counts[0] == 35624430183 and 31_000_000_001 in counts and 28_000_000_001 in counts
+    assert Plan.from_json(plan.to_json()) == plan
+
+
+def test_a_plan_file_with_fractional_byte_counts_still_loads():
+    """Plan files written before byte counts were whole numbers hold fractions: the schema takes any number, and
+    the plan read holds them rounded up."""
+    document = plan_samples.gpt_plan().to_dict()
+    document["memory_per_device_bytes"] = 2703273254.4
+    document["stages"][0]["memory_bytes_per_device"] = 2703273253.2
+    plan = Plan.from_json(json.dumps(document))
+    assert plan.memory_per_device_bytes == 2703273255 and plan.stages[0].memory_bytes_per_device == 2703273254
+
+
 def test_to_json_is_deterministic():
     a, b = plan_samples.dlrm_plan().to_json(), plan_samples.dlrm_plan().to_json()
     assert a == b

@@ -13,7 +13,7 @@ from planner.commands._common import (add_cluster_flags, add_config_flags, add_j
 from planner.commands._common import add_allow_unknown_ops_flag
 from planner.errors import ConfigError
 from planner.types import Batching, Estimate, LayerGraph, MemoryBreakdown
-from planner.units import GIB
+from planner.units import GIB, whole_bytes
 
 HELP = "predict the iteration time, throughput and memory of one parallel configuration"
 
@@ -37,13 +37,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _memory_dict(memory: MemoryBreakdown) -> dict[str, float]:
-    return {"weights_bytes": memory.weights_bytes, "gradients_bytes": memory.gradients_bytes,
-            "optimizer_bytes": memory.optimizer_bytes, "activations_bytes": memory.activations_bytes,
-            "other_bytes": memory.other_bytes, "total_bytes": memory.total_bytes}
+    """A memory breakdown's byte counts, each a whole number of bytes (rounded up on its own, so the parts may
+    add up to a few bytes over the total)."""
+    names = ("weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "other_bytes", "total_bytes")
+    return {name: whole_bytes(getattr(memory, name)) for name in names}
 
 
 def estimate_document(model: LayerGraph, estimate: Estimate) -> dict[str, Any]:
-    """The ``estimate --json`` document (also used by callers that want the same shape)."""
+    """The ``estimate --json`` document (also used by callers that want the same shape); byte counts in whole
+    bytes, rounded up, as a plan's are (``estimate`` keeps its own unrounded numbers)."""
     breakdown = estimate.breakdown.to_dict()
     stages = []
     for stage in estimate.stages:
@@ -54,7 +56,7 @@ def estimate_document(model: LayerGraph, estimate: Estimate) -> dict[str, Any]:
             "cp": stage.cp, "cp_comm_s": stage.cp_comm_s, "forward_s": stage.forward_s,
             "backward_s": stage.backward_s, "tp_comm_s": stage.tp_comm_s,
             "p2p_s": stage.p2p_s, "dp_sync_s": stage.dp_sync_s, "optimizer_s": stage.optimizer_s,
-            "memory": _memory_dict(stage.memory), "memory_capacity_bytes": stage.memory_capacity_bytes,
+            "memory": _memory_dict(stage.memory), "memory_capacity_bytes": whole_bytes(stage.memory_capacity_bytes),
             "ep": stage.ep, "expert_tp": stage.expert_tp, "ep_comm_s": stage.ep_comm_s,
         }
         if len(stage.replicas) > 1:
@@ -63,7 +65,7 @@ def estimate_document(model: LayerGraph, estimate: Estimate) -> dict[str, Any]:
                 "ep": r.ep, "expert_tp": r.expert_tp, "batch_share": r.batch_share,
                 "num_micro_batches": r.num_micro_batches,
                 "forward_s": r.forward_s, "backward_s": r.backward_s, "memory": _memory_dict(r.memory),
-                "memory_capacity_bytes": r.memory_capacity_bytes} for r in stage.replicas]
+                "memory_capacity_bytes": whole_bytes(r.memory_capacity_bytes)} for r in stage.replicas]
         stages.append(entry)
     return {
         "model": {"name": model.name, "params": model.params, "flops_forward_per_sample": model.flops_forward},
@@ -71,7 +73,7 @@ def estimate_document(model: LayerGraph, estimate: Estimate) -> dict[str, Any]:
         "throughput_samples_per_s": estimate.throughput_samples_per_s,
         "feasible": estimate.feasible,
         "reason": estimate.reason,
-        "memory_per_device_bytes": estimate.memory_per_device_bytes,
+        "memory_per_device_bytes": whole_bytes(estimate.memory_per_device_bytes),
         "config": dataclasses.asdict(estimate.config),
         "num_micro_batches": Batching.of(estimate.config).num_micro_batches,
         "breakdown": breakdown,
