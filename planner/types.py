@@ -571,6 +571,8 @@ class StageEstimate:
     ep: int = 1  # expert parallelism (1: every rank holds every expert, or a dense model)
     expert_tp: int = 1  # ranks each expert's matrices are split over
     ep_comm_s: float = 0.0  # of forward_s + backward_s, one micro-batch: all-to-alls and expert-tp gathers
+    # forward_s + backward_s as one merged step under expert-parallel overlap (0: no overlap; planner.cost.moe)
+    merged_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -277,3 +277,9 @@ def test_cli_flag_and_its_errors_in_one_line(tmp_path, capsys):
     assert main(["estimate", *common[:-1], "full", "--ep-overlap"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "without full recomputation" in err[0]
+
+
+def test_the_gantt_draws_merged_steps_of_their_own_length(overlapped_plan):
+    from planner.report.gantt import plan_stage_estimates
+    stages = plan_stage_estimates(overlapped_plan, moe_model(), load_cluster("dgx-h100*2"))
+    assert all(0.0 < s.merged_s < s.forward_s + s.backward_s for s in stages)

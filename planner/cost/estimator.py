@@ -601,7 +601,8 @@ def _to_estimate(work: _Work, result: _Result) -> Estimate:
             dp_sync_s=float(result.stage_sync_s[s]), optimizer_s=float(result.stage_optimizer_s[s]),
             dp_bytes=float(dp_bytes[pl.row_stage == s].max()), cp=stage.replicas[0].cp,
             cp_comm_s=float(result.stage_cp_s[s]), ep=reps[0].ep, expert_tp=reps[0].expert_tp,
-            ep_comm_s=float(result.stage_ep_s[s])))
+            ep_comm_s=float(result.stage_ep_s[s]),
+            merged_s=float(result.stage_merged_s[s]) if result.stage_merged_s is not None else 0.0))
     config = ParallelConfig(global_batch=work.global_batch, tp=pl.rows[0].tp, pp=pp, dp=pl.stage_replicas[0],
                             micro_batch=work.micro_batch, vpp=result.vpp, zero=result.zero,
                             recompute=work.recompute, sequence_parallel=work.sequence_parallel,

@@ -156,10 +156,14 @@ def write_plan_gantt(plan: Plan, model: LayerGraph, cluster: Cluster, path: str 
 
     check_path(path, "--gantt")
     stages = plan_stage_estimates(plan, model, cluster)
+    # expert-parallel overlap: each steady-state forward and backward drawn as one merged step of its own length
+    ratio = [s.merged_s / (s.forward_s + s.backward_s) if s.forward_s + s.backward_s > 0 else 1.0
+             for s in stages] if plan.ep_overlap else None
     simulation = simulate_pipeline([s.forward_s for s in stages], [s.backward_s for s in stages],
                                    plan.num_micro_batches, plan.schedule, max(plan.vpp, 1),
                                    [s.p2p_s for s in stages],
-                                   all_forwards_at_pp=get_runtime(plan.runtime).interleaved_all_forwards_at_pp)
+                                   all_forwards_at_pp=get_runtime(plan.runtime).interleaved_all_forwards_at_pp,
+                                   overlap_ratio=ratio)
     bars, capacities = _memory_bars(stages)
     top = schedule_height_in(len(stages))
     figure, (schedule_ax, memory_ax) = pyplot().subplots(
