@@ -3,7 +3,8 @@
 For random small models (GPT and Llama with 12 or 16 heads, Llama with 4 key/value heads, mixtures of 8 and 6
 experts), clusters (catalog nodes of 1 and 8 GPUs, mi250x-4's with direct links, a 2-GPU node, mixed ones for
 the dense models) and fully pinned configurations (tp, cp, pp, dp, micro-batch, ZeRO, vpp, recompute, runtime,
-ep, expert_tp; cp, micro-batch, ZeRO, vpp, recompute, ep and expert_tp sometimes left free), estimate raises
+ep, expert_tp, ep_overlap; cp, micro-batch, ZeRO, vpp, recompute, ep, expert_tp and ep_overlap sometimes left
+free), estimate raises
 ConfigError exactly when the search's enumeration (validate_pins, enumerate_settings x tp_choices x the stage
 counts max_stages and pipeline_allowed admit) holds no plan of that shape, and the configuration estimate
 resolves is one the search holds.
@@ -96,7 +97,7 @@ def search_contains(model: LayerGraph, cluster: Cluster, config: ParallelConfig)
     for s in enumerate_settings(cluster, config.global_batch, pins, num_units=num_units):
         if not settings_allowed(s, pins) or not experts_allowed(s, pins, tp, cp):
             continue
-        for name in ("micro_batch", "zero", "recompute", "ep"):
+        for name in ("micro_batch", "zero", "recompute", "ep", "ep_overlap"):
             assert getattr(config, name) in (None, getattr(s, name))
         if pp <= min(len(model.layers), max_stages(s, num_units, config.global_batch)) and config.vpp in (None, s.vpp) \
                 and pipeline_allowed(pp, s.num_micro_batches(config.global_batch), s.vpp, num_units,
@@ -122,7 +123,8 @@ def cases(draw: st.DrawFn) -> tuple[LayerGraph, Cluster, ParallelConfig]:
         zero=draw(st.sampled_from((*ZERO_STAGES, None))), vpp=draw(st.sampled_from((1, 1, 2, 3, 4, None))),
         recompute=draw(st.sampled_from((*RECOMPUTE_CHOICES, None))), runtime=draw(st.sampled_from(tuple(RUNTIMES))),
         cp=draw(st.sampled_from((None, None, 1, 2, 4, 3, 64))),
-        ep=draw(st.sampled_from((None, None, 1, 2, 4, 8, 3))), expert_tp=draw(st.sampled_from((None, None, 1, 2, 4))))
+        ep=draw(st.sampled_from((None, None, 1, 2, 4, 8, 3))), expert_tp=draw(st.sampled_from((None, None, 1, 2, 4))),
+        ep_overlap=draw(st.sampled_from((None, None, False, True))))
     return model, cluster, config
 
 
