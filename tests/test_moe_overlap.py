@@ -283,3 +283,9 @@ def test_the_gantt_draws_merged_steps_of_their_own_length(overlapped_plan):
     from planner.report.gantt import plan_stage_estimates
     stages = plan_stage_estimates(overlapped_plan, moe_model(), load_cluster("dgx-h100*2"))
     assert all(0.0 < s.merged_s < s.forward_s + s.backward_s for s in stages)
+
+
+def test_the_table_says_the_traffic_left_is_what_the_overlap_exposes(overlapped_plan):
+    from planner.report import render
+    text = render(overlapped_plan, "table")
+    assert "expert dispatch and combine (exposed)" in text and "(ep overlap)" in text

@@ -67,9 +67,12 @@ def render_table(plan: Plan) -> str:
         rows = [[*row[:5], cp if row[4] else "", *row[5:]] for row, cp in zip(rows, cps)]
     lines += _grid(header, rows)
     total = sum(plan.breakdown.get(key, 0.0) for key, _ in BREAKDOWN_PARTS)
-    width = max(len(label) for _, label in BREAKDOWN_PARTS)
+    # under expert-parallel overlap the part is what the merged steps leave exposed
+    parts = [(key, f"{label} (exposed)" if key == "ep_comm_s" and plan.ep_overlap else label)
+             for key, label in BREAKDOWN_PARTS]
+    width = max(len(label) for _, label in parts)
     lines += ["", "Time per iteration:"]
-    for key, label in BREAKDOWN_PARTS:
+    for key, label in parts:
         value = plan.breakdown.get(key, 0.0)
         if key == "cp_comm_s" and not context:
             continue
