@@ -289,3 +289,11 @@ def test_the_table_says_the_traffic_left_is_what_the_overlap_exposes(overlapped_
     from planner.report import render
     text = render(overlapped_plan, "table")
     assert "expert dispatch and combine (exposed)" in text and "(ep overlap)" in text
+
+
+def test_with_one_micro_batch_there_is_nothing_to_merge_and_the_overlap_is_left_off():
+    cluster = load_cluster("dgx-h100*2")
+    one = estimate(moe_model(), cluster, _config(global_batch=16, micro_batch=1))
+    assert not one.config.ep_overlap
+    assert one.iteration_time_s == estimate(moe_model(), cluster, _config(global_batch=16, micro_batch=1,
+                                                                           ep_overlap=True)).iteration_time_s

@@ -438,12 +438,14 @@ def _in_flight(pp: int, m: int, schedule: str, vpp: int, all_forwards_at_pp: boo
 def _approximate_pipeline(f: np.ndarray, b: np.ndarray, m: int, vpp: int, p2p: np.ndarray, schedule: str,
                           merged: np.ndarray | None = None) -> float:
     """Fast estimate used to rank candidates: ``m`` periods of the slowest stage plus the others' fill and
-    drain (exact for uniform stages without transfers) plus the transfers of one fill and drain; a period is
-    the merged step where ``merged`` is given (expert-parallel overlap)."""
+    drain (exact for uniform stages without transfers) plus the transfers of one fill and drain. With
+    ``merged`` (expert-parallel overlap) a period is the merged step, and one forward and backward run alone
+    (exact for one stage: the first forward and the last backward)."""
     per = f + b if merged is None else merged
+    alone = 0.0 if merged is None else float((f + b - merged).max())
     hops = float(p2p.sum() if schedule == "interleaved" else p2p[:-1].sum())
     fill = (per.sum() - per.max()) / (vpp if schedule == "interleaved" else 1)
-    return float(m * per.max() + fill + 2 * hops)
+    return float(m * per.max() + alone + fill + 2 * hops)
 
 
 def _evaluate(work: _Work, schedule: str, vpp: int, zero: int, exact: bool,
@@ -780,7 +782,8 @@ def _schedule_for(config: ParallelConfig, vpp: int) -> str:
 
 def _simpler_first(finalists: list[_Result], works: list[_Work]) -> int:
     """The finalist to return: the fastest feasible one, or a simpler one (lower ZeRO, less recompute:
-    planner.rules.simplicity_key) within TIE_TOLERANCE of it; with none feasible, the least memory."""
+    planner.rules.simplicity_key) within TIE_TOLERANCE of it, at an equal time the one without expert-parallel
+    overlap (with one micro-batch it merges nothing); with none feasible, the least memory."""
     best = min(range(len(finalists)), key=lambda i: (_rank_key(finalists[i], works[i].placement.capacity), i))
     if not finalists[best].feasible:
         return best
@@ -788,7 +791,7 @@ def _simpler_first(finalists: list[_Result], works: list[_Work]) -> int:
     near = [i for i, r in enumerate(finalists) if r.feasible and r.iteration_s <= limit]
     pp = len(works[best].placement.stages)
     return min(near, key=lambda i: (simplicity_key(finalists[i].zero, works[i].recompute, 1, pp),
-                                    finalists[i].iteration_s, i))
+                                    finalists[i].iteration_s, finalists[i].ep_overlap, i))
 
 
 def estimate(model: LayerGraph, cluster: Cluster, config: ParallelConfig,
