@@ -85,6 +85,15 @@ def test_unknown_bare_names_suggest_nodes_and_clusters(text, message):
     assert message in str(err.value)
 
 
+def test_a_missing_file_named_like_an_example_points_at_the_example(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ClusterError, match=r"h100-a100-mixed.yaml: no such file; the catalog's example cluster of "
+                                           r"that name is --cluster h100-a100-mixed"):
+        load_cluster("h100-a100-mixed.yaml")
+    (tmp_path / "h100-a100-mixed.yaml").write_text("groups: [{node: t4, count: 2}]\n")
+    assert load_cluster("h100-a100-mixed.yaml").device_types == ("t4",)  # a file of that name is read
+
+
 def test_devices_lists_the_example_clusters(capsys):
     assert main(["devices"]) == 0
     out = capsys.readouterr().out

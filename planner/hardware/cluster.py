@@ -51,7 +51,12 @@ def load_cluster(spec: str | os.PathLike) -> Cluster:
     text = os.fspath(spec)
     path = Path(text)
     if path.suffix.lower() in (".yaml", ".yml", ".json") or "/" in text or os.sep in text or (text and _exists(path)):
-        # a missing file: "no such file"; a folder: "is not a file"
+        # a missing file: "no such file" (naming the catalog's example of that name, which --cluster takes by
+        # name); a folder: "is not a file"
+        bundled = catalog.cluster_file(path.stem) if not _exists(path) else None
+        if bundled is not None:
+            raise ClusterError(f"{text}: no such file; the catalog's example cluster of that name is "
+                               f"--cluster {path.stem} (or give its path, {bundled})")
         return _cluster_from_document(read_document(path), path.parent)
     bundled = catalog.cluster_file(text) if _BARE_NAME.fullmatch(text.strip()) else None
     if bundled is not None and text.strip().lower() not in catalog.node_names():
