@@ -14,6 +14,7 @@ Heavy modules are imported on first use, so ``import planner`` stays cheap.
 from __future__ import annotations
 
 from importlib import import_module
+from importlib.util import find_spec
 from typing import Any
 
 from planner.errors import ClusterError, ConfigError, InfeasibleError, ModelError, PlannerError
@@ -38,10 +39,15 @@ __all__ = ["PlannerError", "ModelError", "ClusterError", "ConfigError", "Infeasi
 
 
 def __getattr__(name: str) -> Any:
+    """The lazy API names, then planner's own submodules (``planner.builders`` after a bare ``import planner``)."""
     target = _LAZY.get(name)
-    if target is None:
-        raise AttributeError(f"module 'planner' has no attribute {name!r}")
-    module_name, attr = target.split(":")
-    value = getattr(import_module(module_name), attr)
-    globals()[name] = value
-    return value
+    if target is not None:
+        module_name, attr = target.split(":")
+        value = getattr(import_module(module_name), attr)
+        globals()[name] = value
+        return value
+    # only plain names can be modules; dunders probed by tools (__wrapped__, __path__ ...) must not be looked up
+    spec = find_spec(f"{__name__}.{name}") if name.isidentifier() and not name.startswith("__") else None
+    if spec is not None and spec.origin is not None:  # no origin: a data folder (schemas/), not a module
+        return import_module(f"{__name__}.{name}")  # importing binds it in this module's namespace too
+    raise AttributeError(f"module 'planner' has no attribute {name!r}")
