@@ -14,6 +14,7 @@ import sys
 from importlib import import_module
 from typing import Any, Sequence, TextIO
 
+from planner import __version__
 from planner.errors import ConfigError, PlannerError
 
 # the order in which commands are listed in --help
@@ -128,6 +129,7 @@ class _HeldWarnings(logging.StreamHandler):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="planner", description="Plan parallel training of an ONNX model on a cluster.")
+    parser.add_argument("--version", action="version", version=f"planner {__version__}")
     _add_verbose(parser, default=False)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:

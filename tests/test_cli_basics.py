@@ -13,6 +13,14 @@ def test_help_exits_zero(capsys):
     assert "planner" in capsys.readouterr().out
 
 
+def test_version_prints_the_package_version(capsys):
+    import planner
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out == f"planner {planner.__version__}\n"
+
+
 def test_unknown_command_is_one_line_exit_2(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["no-such-command"])
