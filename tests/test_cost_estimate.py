@@ -117,7 +117,9 @@ def test_explicit_spec_infeasible_memory_names_stage():
                         global_batch=4, micro_batch=1)
     est = estimate_pipeline(model, cluster, spec)
     assert not est.feasible and est.reason.startswith("stage 1 (layers 1-5) on v100-16gb needs")
-    assert "but has 17.2 GB" in est.reason  # 16 GiB
+    # binary units throughout, as the memory column and the "memory ... GiB per device" line beside it
+    assert "but has 16.0 GiB" in est.reason and " GiB per device (weights " in est.reason
+    assert " GB" not in est.reason
     assert est.stages[0].memory.total_bytes < est.stages[0].memory_capacity_bytes
 
 

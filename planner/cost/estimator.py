@@ -58,6 +58,7 @@ from planner.rules import (MAX_PIPELINE_MICRO_BATCHES, TIE_TOLERANCE, ModelShape
 from planner.runtime import Runtime, get_runtime
 from planner.types import (Batching, Breakdown, Cluster, Estimate, LayerGraph, MemoryBreakdown, NodeProfile,
                            ParallelConfig, PipelineSpec, ReplicaEstimate, ReplicaSpec, StageEstimate, StageSpec)
+from planner.units import GIB
 
 log = logging.getLogger(__name__)
 
@@ -588,10 +589,10 @@ def _to_estimate(work: _Work, result: _Result) -> Estimate:
                 ep=pl.experts[i][0], expert_tp=pl.experts[i][1]))
             if mem.total_bytes > capacity and not reason:
                 reason = (f"stage {s} (layers {stage.first_layer}-{stage.last_layer}) on {node.device.name} needs "
-                          f"{mem.total_bytes / 1e9:.1f} GB per device (weights {mem.weights_bytes / 1e9:.1f}, "
-                          f"gradients {mem.gradients_bytes / 1e9:.1f}, optimizer {mem.optimizer_bytes / 1e9:.1f}, "
-                          f"activations {mem.activations_bytes / 1e9:.1f}, other {mem.other_bytes / 1e9:.1f}) "
-                          f"but has {capacity / 1e9:.1f} GB")
+                          f"{mem.total_bytes / GIB:.1f} GiB per device (weights {mem.weights_bytes / GIB:.1f}, "
+                          f"gradients {mem.gradients_bytes / GIB:.1f}, optimizer {mem.optimizer_bytes / GIB:.1f}, "
+                          f"activations {mem.activations_bytes / GIB:.1f}, other {mem.other_bytes / GIB:.1f}) "
+                          f"but has {capacity / GIB:.1f} GiB")  # GiB, as every other memory figure printed
         top = max(reps, key=lambda x: x.memory.total_bytes / x.memory_capacity_bytes)
         stages_out.append(StageEstimate(
             index=s, first_layer=stage.first_layer, last_layer=stage.last_layer,
