@@ -17,7 +17,8 @@ from planner.builders import build, save
 from planner.builders.tables import load_tables
 from planner.errors import ClusterError
 from planner.hardware import catalog, load_cluster
-from planner.hardware.documents import MAX_JSON_BYTES, MAX_NESTING_DEPTH, MAX_YAML_BYTES, RANGES, _size_text
+from planner.hardware.documents import (MAX_JSON_BYTES, MAX_NESTING_DEPTH, MAX_YAML_BYTES, RANGES, _size_text,
+                                        _yaml_number)
 from planner.hardware.profiler import KernelCosts
 
 BILLION_LAUGHS = "".join(
@@ -125,6 +126,15 @@ CLUSTER_CASES = {
                   "malformed YAML/JSON: did not find expected ',' or '}'; fix the syntax at or before that line"),
     "yaml_named_json": ("c.json", "groups: [{node: t4, count: 1}]\n", "not valid JSON (line 1, column 1: Expecting "
                         "value); fix the syntax at that line (a YAML file must be named .yaml or .yml)"),
+    # YAML 1.1 reads an exponent only after a dot and with a sign: 5e1 is text, and the message says how to write it
+    "exponent_without_dot": ("c.yaml", group_text("    inter_node_bandwidth_GBps: 5e1\n"),
+                             "'groups[0].inter_node_bandwidth_GBps' must be a number from 0.001 to 100000, got the "
+                             "text '5e1'; write 50 (YAML reads 5e1 as text; 5.0e+1 is a number)"),
+    "small_exponent": ("c.yaml", "groups: [{node: t4, count: 1}]\nfabric: {latency_us: 2e-1}\n",
+                       "got the text '2e-1'; write 0.2 (YAML reads 2e-1 as text; 2.0e-1 is a number)"),
+    "quoted_count": ("c.yaml", "groups: [{node: t4, count: '2'}]\n",
+                     "'groups[0].count' must be an integer from 1 to 1000000, got the text '2'; write 2 without "
+                     "quotes"),
     "a_date": ("c.yaml", "groups: [{node: t4, count: 2024-01-01}]\n", "'groups[0].count' must be an integer"),
     "no_such_date": ("c.yaml", "groups: [{node: t4, count: 2024-13-45}]\n",
                      "a value cannot be read (month must be in 1..12); write it as plain text or a number"),
@@ -140,6 +150,12 @@ CLUSTER_CASES = {
     "yaml_key_twice": ("c.yaml", "groups: [{node: t4, count: 1}]\ngroups: []\n",
                        ":2: the key 'groups' appears twice; keep one"),
 }
+
+
+@pytest.mark.parametrize("value", [50.0, 0.2, 1e-7, 1.5e-7, 1e20, 123456789.125, -0.001, 2.0**70])
+def test_the_number_a_message_suggests_is_one_yaml_reads_back(value):
+    """The spelling after "write" is a number to YAML 1.1 (an exponent with a dot and a sign), and the same one."""
+    assert yaml.safe_load(_yaml_number(value)) == value
 
 
 @pytest.mark.parametrize("case", sorted(CLUSTER_CASES))

@@ -506,6 +506,43 @@ def _describe(value: Any) -> str:
     return {dict: "a mapping", list: "a list"}.get(type(value), type(value).__name__)
 
 
+_EXPONENT = re.compile(r"([-+]?[0-9]+)(?:\.([0-9]*))?([eE])([-+]?)([0-9]+)")
+_RESOLVER = yaml.resolver.Resolver()  # the tags PyYAML gives plain (unquoted) scalars
+
+
+def _yaml_number(value: float) -> str:
+    """``value`` spelled so that YAML 1.1 reads it as a number: ``50``, ``0.0015``, ``1.0e-07`` (PyYAML takes an
+    exponent only after a dot and with a sign, and Python's repr always writes the sign)."""
+    if value.is_integer() and abs(value) < 1e16:
+        return str(int(value))
+    text = repr(value)
+    mantissa, e, exponent = text.partition("e")
+    return f"{mantissa}.0e{exponent}" if e and "." not in mantissa else text
+
+
+def _number_text_hint(text: str) -> str:
+    """For a text found where a number belongs: how to write it as a number when Python reads it as one (YAML
+    1.1 reads ``5e1`` as text: it needs ``5.0e+1``; a quoted ``"50"`` is text too), else nothing."""
+    text = text.strip()
+    if len(text) > QUOTE_CHARS:
+        return ""
+    try:
+        value = float(text)
+    except ValueError:
+        return ""
+    if not math.isfinite(value):  # nan, inf: no number of a field's range
+        return ""
+    plain = _yaml_number(value)
+    if _RESOLVER.resolve(yaml.ScalarNode, text, (True, False)) != "tag:yaml.org,2002:str":
+        return f"; write {plain} without quotes"  # a number YAML reads, quoted
+    exponent = _EXPONENT.fullmatch(text)
+    if exponent is None:
+        return f"; write {plain}"
+    whole, fraction, e, sign, power = exponent.groups()
+    spelled = f"{whole}.{fraction or '0'}{e}{sign or '+'}{power}"
+    return f"; write {plain} (YAML reads {text} as text; {spelled} is a number)"
+
+
 def _number(value: float) -> str:
     """A number as a message shows it: short, whatever its size (an integer of 4000 digits included)."""
     if isinstance(value, int) and abs(value) >= 10**16:
@@ -570,8 +607,10 @@ def _first_error(value: Any, schema: dict[str, Any], root: dict[str, Any], path:
     type_name = schema.get("type")
     if type_name and not _type_ok(value, type_name):
         article = "an" if type_name[0] in "aeiou" else "a"
-        span = _span(schema) if type_name in ("number", "integer") else ""
-        return path, f"{_field(path)} must be {article} {type_name}{span}, got {_describe(value)}"
+        numeric = type_name in ("number", "integer")
+        span = _span(schema) if numeric else ""
+        hint = _number_text_hint(value) if numeric and isinstance(value, str) else ""
+        return path, f"{_field(path)} must be {article} {type_name}{span}, got {_describe(value)}{hint}"
     if "enum" in schema and value not in schema["enum"]:
         return path, f"{_field(path)} must be one of {', '.join(map(str, schema['enum']))}; got {_describe(value)}"
     if isinstance(value, (int, float)) and not isinstance(value, bool):
