@@ -1,7 +1,10 @@
 """Benchmark: a 64-point what-if sweep for GPT-3 175B over A100/H100 node mixes.
 
     python benchmarks/bench_whatif.py [--workers 2] [--time-limit S] [--a100 0,4,...] [--h100 0,4,...]
-                                      [--out benchmarks/results/whatif.md [--append]] [--plot FILE.png] [--csv FILE]
+                                      [--out FILE [--append]] [--plot FILE.png] [--csv FILE]
+
+The run's section is printed; `--out FILE` also writes it to FILE under the section's header (`--append`: after
+what FILE holds). The recorded runs are in benchmarks/results/whatif.md, among other sections: copy a run there.
 
 Target (issue #8): the 64 points finish within 60 s on a 2-core CPU with 2 worker processes.
 The model (96 layers, hidden 12288, 96 heads, seq 2048, vocab 51200) is built with planner.builders into a
@@ -52,18 +55,20 @@ $40.96/h, p5.48xlarge $98.32/h). Each run below is one invocation of `benchmarks
 """
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--time-limit", type=float, help="search time limit per point, seconds (default: none)")
     parser.add_argument("--budget", type=int, help="search budget per point, work units (default: none)")
     parser.add_argument("--a100", default=",".join(COUNTS), help="dgx-a100-80gb node counts (comma list)")
     parser.add_argument("--h100", default=",".join(COUNTS), help="dgx-h100 node counts (comma list)")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "whatif.md"))
+    parser.add_argument("--out", type=Path, help="also write the section, under its header, to this file")
     parser.add_argument("--append", action="store_true", help="append to --out instead of replacing it")
     parser.add_argument("--plot", help="also write the what-if plot (PNG/SVG)")
     parser.add_argument("--csv", help="also write the sweep's CSV")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.append and not args.out:
+        parser.error("--append adds to the file --out names; give --out FILE")
     logging.getLogger("planner").setLevel(logging.ERROR)  # the search's per-candidate warnings
     sweeps = {"dgx-a100-80gb.count": args.a100.split(","), "dgx-h100.count": args.h100.split(",")}
 
@@ -103,7 +108,7 @@ def main() -> int:
     mixed = [p for p in planned if all(v for _, v in p.settings)]
     single = [p for p in planned if not all(v for _, v in p.settings)]
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    command = "python benchmarks/bench_whatif.py " + " ".join(sys.argv[1:])
+    command = "python benchmarks/bench_whatif.py " + " ".join(sys.argv[1:] if argv is None else argv)
     limit = "; ".join(x for x in (f"{args.time_limit:g} s per point" if args.time_limit else "",
                                   f"budget {args.budget} work units per point" if args.budget else "") if x) or "none"
     lines = [
@@ -135,11 +140,11 @@ def main() -> int:
         lines.append(f"- Pareto front (time vs cost): {len(front)} points: "
                      + "; ".join(_settings(result.points[i].setting) for i in front))
     lines.append("")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    previous = out.read_text() if args.append and out.exists() else HEADER
-    out.write_text(previous + "\n".join(lines) + "\n")
     sys.stdout.write("\n".join(lines) + "\n")
+    if args.out:  # only where asked: the results file holds every recorded run, which a rewrite would lose
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        previous = args.out.read_text() if args.append and args.out.exists() else HEADER
+        args.out.write_text(previous + "\n".join(lines) + "\n")
     return 0
 
 
