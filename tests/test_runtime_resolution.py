@@ -5,6 +5,8 @@ bottleneck line; a named runtime is never replaced."""
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -185,3 +187,12 @@ def test_whatif_resolves_the_runtime_at_every_point(gpt8, tmp_path):
     assert "runtime" in result.to_csv().splitlines()[0].split(",")
     assert result.to_table().endswith(f"2 points, 2 feasible; runtime {FALLBACK}")
 
+
+
+def test_the_api_doc_lists_the_preference_as_the_rules_hold_it():
+    """docs/api.md names RUNTIME_PREFERENCE's runtimes in brackets after it: all of them, in its order."""
+    text = " ".join((Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text(encoding="utf-8").split())
+    listed = re.search(r"`planner\.rules\.RUNTIME_PREFERENCE` \(([^)]*)\)", text)
+    assert listed, "docs/api.md no longer names planner.rules.RUNTIME_PREFERENCE"
+    named = re.findall("|".join(map(re.escape, sorted(RUNTIMES, key=len, reverse=True))), listed.group(1))
+    assert tuple(named) == RUNTIME_PREFERENCE, listed.group(1)
