@@ -62,6 +62,14 @@ def test_example_clusters_load_by_name(path):
     assert shape(load_cluster(f" {path.stem.upper()} ")) == shape(load_cluster(path))
 
 
+def test_the_profiles_readme_lists_every_example_cluster():
+    """hardware_profiles/README.md's paragraph on clusters/ names each example file by its name."""
+    text = (ROOT / "hardware_profiles" / "README.md").read_text(encoding="utf-8")
+    paragraph = " ".join(text.split("`clusters/` holds examples:", 1)[1].split("\n\n", 1)[0].split())
+    missing = [p.stem for p in CLUSTERS if f"`{p.stem}`" not in paragraph]
+    assert not missing, f"hardware_profiles/README.md does not list {missing}"
+
+
 def test_a_node_name_wins_over_a_cluster_file_of_that_name(tmp_path, monkeypatch):
     root = ROOT / "hardware_profiles"
     for kind in ("devices", "nodes"):
