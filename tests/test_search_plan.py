@@ -208,7 +208,7 @@ def test_cli_json_top_and_out(tmp_path):
     table = subprocess.run([sys.executable, "-m", "planner", "plan", str(path), "--dim", "batch=1", "--dim",
                             "seq=512", "--cluster", "dgx-a100-80gb*1", "--global-batch", "32", "--top", "2"],
                            capture_output=True, text=True)
-    assert table.returncode == 0 and "Bottleneck:" in table.stdout and "Top 3 plans" in table.stdout
+    assert table.returncode == 0 and "Bottleneck:" in table.stdout and "Best plan and 2 alternatives:" in table.stdout
 
 
 def test_progress_bar_waits_then_draws():

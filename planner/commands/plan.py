@@ -43,7 +43,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _alternatives(plans: tuple[Plan, ...]) -> str:
-    lines = ["", f"Top {len(plans)} plans:"]
+    """The list under the table: the best plan (rank 1) and the alternatives ``--top K`` asked for (fewer where the
+    search found fewer plans), one line each."""
+    count = len(plans) - 1
+    lines = ["", f"Best plan and {count} alternative{'s' if count != 1 else ''}:"]
     for rank, p in enumerate(plans, 1):
         stages = ", ".join(f"{s.device_type} tp{s.tp}" for s in p.stages[:3]) + (" ..." if len(p.stages) > 3 else "")
         lines.append(f"  {rank}. {p.iteration_time_s:.4g} s  pp={len(p.stages)} dp={p.stages[0].dp} "
