@@ -53,6 +53,22 @@ def test_table_mixed_replicas_and_gap_and_embeddings():
     assert "embedding lower bound 3.50 ms" in text
 
 
+def test_plan_alternatives_list_the_best_plan_and_k_more_with_each_replica_group():
+    """`planner plan --top K` lists the best plan and K alternatives, under a header that says so; a mixed stage
+    is described by its replica groups' own device types and degrees (its summary tp is the first group's)."""
+    from planner.commands.plan import _alternatives
+
+    mixed = plan_samples.mixed_plan()
+    groups = (dataclasses.replace(mixed.stages[1].replicas[0], tp=2, dp=4), mixed.stages[1].replicas[1])
+    stage = dataclasses.replace(mixed.stages[1], dp=6, replicas=groups)
+    mixed = dataclasses.replace(mixed, stages=(mixed.stages[0], stage))
+    lines = _alternatives((mixed, plan_samples.gpt_plan())).splitlines()
+    assert lines[1] == "Best plan and 1 alternative:"
+    assert lines[2].endswith("[a100-80gb tp4, v100-32gb tp2 dp4 + a100-80gb tp4 dp2]")
+    assert lines[3].startswith("  2. ") and lines[3].endswith("[a100-80gb tp4, a100-80gb tp4]")
+    assert _alternatives((mixed, mixed, mixed, mixed)).splitlines()[1] == "Best plan and 3 alternatives:"
+
+
 @pytest.mark.parametrize("name", sorted(plan_samples.ALL))
 def test_json_format_round_trips(name):
     plan = plan_samples.ALL[name]()

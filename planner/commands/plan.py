@@ -15,6 +15,7 @@ from planner.errors import ConfigError
 from planner.outputs import check_distinct, check_output_file, write_text
 from planner.plans import Plan
 from planner.report import FORMATS, render
+from planner.report.table import replica_groups
 from planner.rules import FORMAT_RUNTIMES, format_dtype, refused_rule, runtime_for_format, uniform_stages
 from planner.types import LayerGraph
 
@@ -48,7 +49,9 @@ def _alternatives(plans: tuple[Plan, ...]) -> str:
     count = len(plans) - 1
     lines = ["", f"Best plan and {count} alternative{'s' if count != 1 else ''}:"]
     for rank, p in enumerate(plans, 1):
-        stages = ", ".join(f"{s.device_type} tp{s.tp}" for s in p.stages[:3]) + (" ..." if len(p.stages) > 3 else "")
+        # each stage's replica groups on their own device type and degrees (a mixed stage's summary fields would
+        # give one tp for groups that differ)
+        stages = ", ".join(replica_groups(s) for s in p.stages[:3]) + (" ..." if len(p.stages) > 3 else "")
         lines.append(f"  {rank}. {p.iteration_time_s:.4g} s  pp={len(p.stages)} dp={p.stages[0].dp} "
                      f"micro-batch={p.micro_batch} ZeRO-{p.zero} recompute={p.stages[0].recompute} "
                      f"sp={'on' if p.sequence_parallel else 'off'}  [{stages}]")

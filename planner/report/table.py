@@ -29,6 +29,16 @@ def _stage_rows(stage: StagePlan, plan: Plan) -> list[list[str]]:
     return rows
 
 
+def replica_groups(stage: StagePlan) -> str:
+    """A stage's devices in a few words: ``DEVICE tpT`` for a stage on one replica group; for a stage served by
+    several (mixed hardware), each group's own device type, tp and dp, ``DEVICE tpT dpD + ...``, as the table's
+    replica-group rows give them (the stage's own fields only sum them up: device types joined by '+', the
+    first group's tp, the groups' dp added)."""
+    if len(stage.replicas) <= 1:
+        return f"{stage.device_type} tp{stage.tp}"
+    return " + ".join(f"{group.device_type} tp{group.tp} dp{group.dp}" for group in stage.replicas)
+
+
 def _experts(plan: Plan) -> list[str]:
     """The mixture-of-experts line: routed experts, top-k, and the expert-parallel degrees (none if dense)."""
     if not plan.model.get("experts"):
