@@ -126,6 +126,16 @@ def test_show_torchrec_without_tables_exit_2(tmp_path, capsys):
     assert "no embedding tables" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("fmt", ["megatron", "deepspeed", "torchtitan"])
+def test_show_refusal_names_the_plan_file(tmp_path, capsys, fmt):
+    """An exporter's refusal of a plan read from a file names that file, as `estimate --plan` does."""
+    path = tmp_path / "mixed.json"
+    path.write_text(plan_samples.mixed_plan().to_json())
+    assert main(["show", str(path), "--format", fmt]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"planner: error: {path}: stage 1 is served by several replica groups")
+
+
 def test_show_warns_when_the_format_launches_another_runtime(tmp_path, capsys, caplog):
     """A plan timed for megatron-core, written as DeepSpeed's options: written, and the user told that its
     times were for another runtime."""

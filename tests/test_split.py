@@ -183,6 +183,16 @@ def test_split_cli_missing_model_is_exit_2(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
+def test_split_cli_names_the_plan_file_a_plan_of_another_model_came_from(tmp_path, capsys):
+    plan = tmp_path / "plan.json"
+    plan.write_text(plan_samples.gpt_plan().to_json())
+    model = os.path.join(FIXTURES, "cnn.onnx")
+    assert main(["split", model, "--plan", str(plan), "--out-dir", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"planner: error: {plan}: made for model 'gpt-test'")
+    assert not (tmp_path / "o").exists()
+
+
 # ----------------------------------------------------------------- end to end: load_model -> Plan -> split
 
 def plan_over(graph: LayerGraph, counts: list[int]):

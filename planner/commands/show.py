@@ -7,7 +7,8 @@ import logging
 import sys
 
 from planner.commands._common import output_format
-from planner.plans import load_plan
+from planner.errors import PlannerError
+from planner.plans import in_plan_file, load_plan
 from planner.report import FORMATS, render
 from planner.rules import format_launches
 
@@ -25,7 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     fmt = output_format(args)
     plan = load_plan(args.plan)
-    text = render(plan, fmt)
+    try:
+        text = render(plan, fmt)
+    except PlannerError as exc:  # an exporter's refusal names the plan as "plan": name the file it came from
+        raise type(exc)(in_plan_file(args.plan, exc)) from None
     if not format_launches(fmt, plan.runtime):  # the options are written, but the plan was timed for another
         log.warning("%s was planned for the %s runtime, not the one --format %s launches: its times, and which "
                     "plan is fastest, may differ there; plan with --format %s for a plan timed for it", args.plan,

@@ -6,7 +6,8 @@ import argparse
 import sys
 
 from planner.commands._common import add_dim_flag, add_json_flag, emit_json, parse_dims
-from planner.plans import load_plan
+from planner.errors import ModelError, PlannerError
+from planner.plans import in_plan_file, load_plan
 
 HELP = "write each pipeline stage of a plan as a standalone ONNX model"
 TOLERANCE = 1e-4  # largest absolute difference --verify accepts
@@ -35,7 +36,12 @@ def run(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan)
     layers = load_model(args.model, dims=dims)
     model = read_model(args.model)
-    stages = split_plan(model, plan, layers)
+    try:
+        stages = split_plan(model, plan, layers)
+    except ModelError:  # about the model alone, which its message names
+        raise
+    except PlannerError as exc:  # the plan does not fit the model: name the plan file, as estimate --plan does
+        raise type(exc)(in_plan_file(args.plan, exc)) from None
     document = manifest(args.model, plan, stages)
     if args.verify:
         from planner.export.verify import max_abs_difference, random_feeds, tolerance, weights_as_inputs
