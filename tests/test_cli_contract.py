@@ -159,6 +159,18 @@ def test_plan_format_the_model_cannot_have_is_refused_before_the_search(fmt, mod
     assert not out.exists() and not gantt.exists()
 
 
+@pytest.mark.parametrize("extra, formats", [
+    ([], "table, json, megatron, deepspeed or torchtitan"),
+    (["--optimizer", "adagrad"], "table, json or deepspeed"),  # neither Megatron-LM nor torchtitan builds Adagrad
+])
+def test_plan_torchrec_refusal_suggests_only_the_formats_that_take_the_model(extra, formats, tiny_model, capsys,
+                                                                            monkeypatch):
+    monkeypatch.setattr("planner.search.search", must_not_run)
+    assert main(["plan", tiny_model, "--cluster", "dgx-a100-80gb*1", "--global-batch", "8", "--format", "torchrec",
+                 *extra]) == 2
+    assert one_error_line(capsys).endswith(f"so there is no TorchRec sharding plan; use --format {formats}")
+
+
 @pytest.mark.parametrize("command", ["plan", "whatif"])
 @pytest.mark.parametrize("flag", ["--time-limit", "--work"])
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e400"])

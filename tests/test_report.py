@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import subprocess
 import sys
 
@@ -126,6 +127,22 @@ def test_show_torchrec_without_tables_exit_2(tmp_path, capsys):
     assert "no embedding tables" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("plan, formats", [
+    (plan_samples.gpt_plan(zero=0), "table, json, megatron, deepspeed or torchtitan"),
+    (plan_samples.gpt_plan(vpp=2), "table, json or megatron"),  # DeepSpeed: no vpp; torchtitan: no ZeRO-1
+    (plan_samples.mixed_plan(), "table or json"),  # replica groups on several device types: no framework's
+])
+def test_show_torchrec_without_tables_suggests_only_the_formats_that_write_the_plan(tmp_path, capsys, plan,
+                                                                                    formats):
+    path = tmp_path / "plan.json"
+    path.write_text(plan.to_json())
+    assert main(["show", str(path), "--format", "torchrec"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    # one line: the exporters tried held their warnings back, and logging is as it was after
+    assert len(err) == 1 and err[0].endswith(f"so there is no TorchRec sharding plan; use --format {formats}")
+    assert logging.root.manager.disable == logging.NOTSET
+
+
 @pytest.mark.parametrize("fmt", ["megatron", "deepspeed", "torchtitan"])
 def test_show_refusal_names_the_plan_file(tmp_path, capsys, fmt):
     """An exporter's refusal of a plan read from a file names that file, as `estimate --plan` does."""
@@ -139,8 +156,6 @@ def test_show_refusal_names_the_plan_file(tmp_path, capsys, fmt):
 def test_show_warns_when_the_format_launches_another_runtime(tmp_path, capsys, caplog):
     """A plan timed for megatron-core, written as DeepSpeed's options: written, and the user told that its
     times were for another runtime."""
-    import logging
-
     path = tmp_path / "plan.json"
     path.write_text(plan_samples.gpt_plan().to_json())
     with caplog.at_level(logging.WARNING, logger="planner.commands.show"):

@@ -11,7 +11,7 @@ from planner.commands._common import add_cluster_flags, add_config_flags, add_js
     emit_json, non_negative_int, output_format, parse_dims, positive_int, positive_seconds, tables_from_args, \
     warn_batch_dim
 from planner.commands._common import add_allow_unknown_ops_flag, add_solver_flags, solver_options_from_args
-from planner.errors import ConfigError
+from planner.errors import ConfigError, PlannerError
 from planner.outputs import check_distinct, check_output_file, write_text
 from planner.plans import Plan
 from planner.report import FORMATS, render
@@ -65,11 +65,15 @@ def _check_format(fmt: str, model: LayerGraph, tables: tuple | None, path: str, 
     if fmt in ("torchrec", "deepspeed", "torchtitan"):
         from planner.compose import sparse_tables  # noqa: PLC0415 - the tables the plan will place
         from planner.export import deepspeed, torchtitan  # noqa: PLC0415
-        from planner.export.torchrec import check_has_tables  # noqa: PLC0415
+        from planner.export.torchrec import FRAMEWORK_FORMATS, check_has_tables  # noqa: PLC0415
 
-        check = {"torchrec": check_has_tables, "deepspeed": deepspeed.check_no_tables,
-                 "torchtitan": torchtitan.check_no_tables}[fmt]
-        check(len(sparse_tables(model, tables)), path)
+        count = len(sparse_tables(model, tables))
+        if fmt == "torchrec":
+            if not count:  # refused, naming the formats whose own checks take the model
+                takes = [other for other in FRAMEWORK_FORMATS if _format_takes(other, model, tables, path, optimizer)]
+                check_has_tables(count, path, ["table", "json", *takes])
+        else:
+            {"deepspeed": deepspeed.check_no_tables, "torchtitan": torchtitan.check_no_tables}[fmt](count, path)
     if fmt in ("megatron", "torchtitan"):  # they train transformer layers, with the optimizers they name
         from planner.export._uniform import check_transformer_layers  # noqa: PLC0415
 
@@ -77,6 +81,15 @@ def _check_format(fmt: str, model: LayerGraph, tables: tuple | None, path: str, 
         check_transformer_layers(sum(1 for layer in model.layers if layer.kind == "block"), path, exporter.TRAINING)
         if optimizer is not None:
             exporter.check_optimizer(optimizer, f"--format {fmt}")
+
+
+def _format_takes(fmt: str, model: LayerGraph, tables: tuple | None, path: str, optimizer: str | None) -> bool:
+    """Whether ``--format fmt``'s checks before the search (:func:`_check_format`) pass for the model."""
+    try:
+        _check_format(fmt, model, tables, path, optimizer)
+    except PlannerError:
+        return False
+    return True
 
 
 def run(args: argparse.Namespace) -> int:

@@ -33,6 +33,8 @@ the training script wraps it as ``ShardingPlan({module_fqn: EmbeddingModuleShard
 from __future__ import annotations
 
 import json
+import logging
+from importlib import import_module
 from typing import Any, Sequence
 
 from planner.errors import PlannerError
@@ -124,19 +126,44 @@ def _row_blocks(placement: EmbeddingPlacement, shards: Sequence[EmbeddingShard],
     return [(r, span, cols) for r, span in blocks]
 
 
-def check_has_tables(count: int, what: str) -> None:
+def check_has_tables(count: int, what: str, formats: Sequence[str]) -> None:
     """A TorchRec sharding plan places embedding tables: refuse a plan (or a model, before its search) with
-    ``count`` none."""
+    ``count`` none, suggesting ``formats``, those that take it (the caller knows which)."""
     if not count:
+        suggested = ", ".join(formats[:-1]) + f" or {formats[-1]}" if len(formats) > 1 else "".join(formats)
         raise PlannerError(f"{what}: it has no embedding tables to shard (a token embedding is a pipeline layer, "
-                           "planned with the others), so there is no TorchRec sharding plan; use --format table, "
-                           "json, megatron or deepspeed")
+                           f"planned with the others), so there is no TorchRec sharding plan; use --format "
+                           f"{suggested}")
+
+
+# the framework formats beside TorchRec's; each writes a dense plan unless its exporter refuses it
+FRAMEWORK_FORMATS = ("megatron", "deepspeed", "torchtitan")
+
+
+def _formats_writing(plan: Plan) -> list[str]:
+    """The formats that write ``plan``: table and json, which print any plan, and each framework format whose
+    exporter does not refuse it. The exporters run with warnings held back (logging.disable, restored after):
+    they would warn about options of an export that is not written, and only their refusal counts here."""
+    formats = ["table", "json"]
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        for fmt in FRAMEWORK_FORMATS:
+            try:
+                getattr(import_module(f"planner.export.{fmt}"), f"render_{fmt}")(plan)
+            except PlannerError:
+                continue
+            formats.append(fmt)
+    finally:
+        logging.disable(previous)
+    return formats
 
 
 def torchrec_plan(plan: Plan) -> dict[str, Any]:
     """``{"world_size": N, "rank_devices": [...], "plan": {table: ParameterSharding fields}}`` for the plan's
     embedding tables (see the module docstring)."""
-    check_has_tables(len(plan.embeddings), "plan")
+    if not plan.embeddings:  # refused, naming the formats that do write the plan
+        check_has_tables(0, "plan", _formats_writing(plan))
     devices = rank_devices(plan)
     rank = {device: r for r, device in enumerate(devices)}
     tables: dict[str, Any] = {}
