@@ -176,6 +176,19 @@ def test_whatif_with_a_plan_refuses_what_contradicts_it(made, kwargs, needle):
                        arguments.pop("sweeps"), plan=load_plan(str(paths["pipeline"])), workers=1, **arguments)
 
 
+@pytest.mark.parametrize("extra,needle", [
+    (["--tp", "2"], "--plan fixes the configuration; drop --tp (or drop --plan to re-plan each point)"),
+    (["--optimizer", "adam", "--zero", "1"], "drop --zero --optimizer"),  # the default optimizer is a pin too
+])
+def test_whatif_cli_names_the_configuration_flags_a_plan_fixes(made, capsys, extra, needle):
+    """As `estimate --plan` does: each flag given with --plan is named, before the plan or the model is read."""
+    root, *_ = made
+    code = main(["whatif", str(root / "gpt.onnx"), "--cluster", "dgx-a100-80gb*2", "--plan", str(root / "none.json"),
+                 "--sweep", "count=1,2", *extra])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and needle in err[0]
+
+
 def test_whatif_needs_a_global_batch_or_a_plan(made, capsys):
     root, *_ = made
     code = main(["whatif", str(root / "gpt.onnx"), "--cluster", "dgx-a100-80gb*2", "--sweep", "count=1,2"])

@@ -7,7 +7,7 @@ import json
 import logging
 import math
 import sys
-from typing import Any
+from typing import Any, Sequence
 
 from planner.assignments import split_assignments
 from planner.errors import ConfigError
@@ -214,6 +214,26 @@ def config_from_args(args: argparse.Namespace) -> ParallelConfig:
         expert_tp=getattr(args, "expert_tp", None),
         ep_overlap=getattr(args, "ep_overlap", None),
     )
+
+
+# the configuration flags a plan file fixes: `estimate --plan` and `whatif --plan` re-time the plan's own
+# placement, so none of these may come with --plan (the stage-layer flags are estimate's alone)
+PLAN_FIXES = ("global_batch", "tp", "pp", "dp", "cp", "micro_batch", "vpp", "zero", "recompute", "sequence_parallel",
+              "schedule", "optimizer", "runtime", "dtype", "fp8_recipe", "ep", "expert_tp", "ep_overlap",
+              "first_stage_layers", "last_stage_layers")
+
+
+def flag_names(names: Sequence[str]) -> str:
+    """The command-line spelling of argparse destinations: ``["micro_batch", "tp"]`` -> ``--micro-batch --tp``."""
+    return " ".join("--" + name.replace("_", "-") for name in names)
+
+
+def check_plan_fixes(args: argparse.Namespace, instead: str, fixes: Sequence[str] = PLAN_FIXES) -> None:
+    """Refuse the configuration flags of ``fixes`` given with ``--plan``, naming each given one; ``instead`` says
+    what the command does without --plan ("estimate a configuration")."""
+    given = [name for name in fixes if getattr(args, name, None) is not None]
+    if given:
+        raise ConfigError(f"--plan fixes the configuration; drop {flag_names(given)} (or drop --plan to {instead})")
 
 
 def add_solver_flags(parser: argparse.ArgumentParser, dense: bool = True) -> None:

@@ -8,8 +8,8 @@ import sys
 from typing import Any
 
 from planner.commands._common import (add_cluster_flags, add_config_flags, add_json_flag, add_solver_flags,
-                                      config_from_args, emit_json, parse_dims, positive_int,
-                                      solver_options_from_args, tables_from_args, warn_batch_dim)
+                                      check_plan_fixes, config_from_args, emit_json, flag_names, parse_dims,
+                                      positive_int, solver_options_from_args, tables_from_args, warn_batch_dim)
 from planner.commands._common import add_allow_unknown_ops_flag
 from planner.errors import ConfigError
 from planner.types import Batching, Estimate, LayerGraph, MemoryBreakdown
@@ -110,16 +110,8 @@ def _print_table(model: LayerGraph, estimate: Estimate) -> None:
         out.write(f"note: {note}\n")
 
 
-# what a plan file fixes: none of these may come with --plan
-_PLAN_FIXES = ("global_batch", "tp", "pp", "dp", "cp", "micro_batch", "vpp", "zero", "recompute", "sequence_parallel",
-               "schedule", "optimizer", "runtime", "dtype", "fp8_recipe", "ep", "expert_tp", "ep_overlap",
-               "first_stage_layers", "last_stage_layers")
 # the table sharder's options: a plan file's placement is re-timed, never sharded again
 _PLAN_KEEPS_TABLES = ("work", "seed")
-
-
-def _flags(names: list[str]) -> str:
-    return " ".join("--" + name.replace("_", "-") for name in names)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -129,19 +121,16 @@ def run(args: argparse.Namespace) -> int:
     from planner.plans import in_plan_file, load_plan
 
     if args.plan is not None:
-        given = [flag for flag in _PLAN_FIXES if getattr(args, flag) is not None]
-        if given:
-            raise ConfigError(f"--plan fixes the configuration; drop {_flags(given)} (or drop --plan to estimate a "
-                              "configuration)")
+        check_plan_fixes(args, "estimate a configuration")
         given = [flag for flag in _PLAN_KEEPS_TABLES if getattr(args, flag) is not None]
         if given:
             raise ConfigError(f"--plan keeps the plan's table placement, so no table sharder runs; drop "
-                              f"{_flags(given)} (or drop --plan to shard the tables anew)")
+                              f"{flag_names(given)} (or drop --plan to shard the tables anew)")
         plan = load_plan(args.plan)
     else:
         missing = [flag for flag in ("global_batch", "tp", "pp", "dp") if getattr(args, flag) is None]
         if missing:
-            raise ConfigError(f"estimate needs {_flags(missing)} (a configuration), or --plan PLAN.json (a plan "
+            raise ConfigError(f"estimate needs {flag_names(missing)} (a configuration), or --plan PLAN.json (a plan "
                               "file's placement)")
         config = config_from_args(args)
         options = solver_options_from_args(args)  # a bad option fails before any work

@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from planner.commands._common import (add_cluster_flags, add_config_flags, add_json_flag, add_solver_flags,
-                                      config_from_args, emit_json, parse_dims, positive_int, positive_seconds,
-                                      solver_options_from_args, tables_from_args)
+from planner.commands._common import (PLAN_FIXES, add_cluster_flags, add_config_flags, add_json_flag,
+                                      add_solver_flags, check_plan_fixes, config_from_args, emit_json, parse_dims,
+                                      positive_int, positive_seconds, solver_options_from_args, tables_from_args)
 from planner.errors import ConfigError
 from planner.outputs import check_distinct, check_output_file, write_text
 from planner.sweep.keys import GLOBAL_FIELDS, GROUP_FIELDS, parse_sweep_args, parse_sweeps
@@ -84,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
     if args.plan is not None:
         from planner.plans import load_plan  # noqa: PLC0415
 
+        # --global-batch may come with --plan, to be checked against the plan's own (planner.sweep.whatif)
+        check_plan_fixes(args, "re-plan each point", [name for name in PLAN_FIXES if name != "global_batch"])
         plan = load_plan(args.plan)
         if args.global_batch is None:
             args.global_batch = plan.global_batch
