@@ -144,7 +144,22 @@ def test_cli_work_reaches_the_dense_search(tmp_path, capsys, caplog):
     assert main([*argv, "--work", str(10 / engine.DEFAULT_WORK_UNITS)]) == 0
     assert not json.loads(capsys.readouterr().out)["search"]["proven_optimal"]
     # the stop is logged with the limit that made it and how to search further
-    assert any("work limit of 10 units" in r.getMessage() and "--work" in r.getMessage() for r in caplog.records)
+    assert any("work limit of 10 work units" in r.getMessage() and "--work" in r.getMessage() for r in caplog.records)
+
+
+def test_cli_budget_that_stops_the_search_early_warns_as_work_does(tmp_path, capsys):
+    """--budget N, like --work W, is a limit in work units: a search it stops early says so in one warning
+    naming the flag, beside the plan (whose search line says it is not proven optimal)."""
+    path = tmp_path / "tiny.onnx"
+    save(build("gpt", {"layers": 4, "hidden": 1024, "heads": 16, "vocab": 32000, "seq_len": 512}), str(path))
+    argv = ["plan", str(path), "--dim", "batch=1", "--dim", "seq=512", "--cluster", "dgx-a100-80gb*1+hgx-v100-32gb*1",
+            "--global-batch", "32", "--budget", "10"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "not proven optimal" in captured.out
+    assert captured.err.splitlines() == [
+        "planner: search: stopped at the budget of 10 work units before the search was complete, so the plan is "
+        "the best found, not proven optimal; raise the budget (--budget, budget=) to search further"]
 
 
 def test_pinned_choices_are_kept(tiny):

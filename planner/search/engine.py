@@ -526,17 +526,17 @@ class Limits:
         return min((c for c in (self.budget, self.work_units) if c is not None), default=None)
 
     def log_stop(self, work: int) -> None:
-        """Say which limit stopped a search after ``work`` units: info for a budget or a time limit (an early
-        stop asked for by name), a warning naming the fix for the work limit (the default one is reached only
-        by a search larger than any measured, whose plan is then not proven optimal)."""
+        """Say which limit stopped a search after ``work`` units: info for a time limit (wall clock, whose stop
+        depends on the machine's load), a warning naming the fix for a work limit, the budget's or the
+        SolverOptions' (the same stop on any machine, leaving a plan that is not proven optimal; the default
+        work limit is reached only by a search larger than any measured)."""
         if self.units is None or work < self.units:
             log.info("search: stopped at the time limit of %g s", self.time_s)
-        elif self.units == self.budget:
-            log.info("search: stopped at the budget of %d work units", self.budget)
-        else:
-            log.warning("search: stopped at the work limit of %d units before the search was complete, so the plan "
-                        "is the best found, not proven optimal; give it more work (--work, SolverOptions.work) "
-                        "to search further", self.units)
+            return
+        limit, fix = (("budget", "raise the budget (--budget, budget=)") if self.units == self.budget else
+                      ("work limit", "give it more work (--work, SolverOptions.work)"))
+        log.warning("search: stopped at the %s of %d work units before the search was complete, so the plan is the "
+                    "best found, not proven optimal; %s to search further", limit, self.units, fix)
 
 
 def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, pins: Pins, top_k: int = 1,
