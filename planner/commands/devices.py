@@ -17,8 +17,8 @@ TFLOP = 1e12
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cluster", help="describe this cluster (a file, an example cluster's name or NODE*COUNT[+...]) "
-                        "instead of the catalog")
+    parser.add_argument("--cluster", help="describe this cluster (a file, an example cluster's name or "
+                        "NODE*COUNT[+...]) instead of the catalog")
     add_json_flag(parser)
 
 
