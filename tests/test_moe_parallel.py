@@ -323,3 +323,14 @@ def test_the_busiest_ranks_expert_intermediates_carry_the_routing_imbalance():
     extra = activations(get_runtime("megatron-core")) - activations(BALANCED)
     per_block = 0.25 * (K * F * S * (2 + 2 + 2) + S * K * H * 2)  # intermediates + dispatch buffer
     assert extra == pytest.approx(len(moe_layers(model)) * per_block, rel=1e-12)
+
+
+def test_the_bottleneck_names_each_replica_group_of_a_mixed_stage():
+    est = estimate(dense_model(), load_cluster("dgx-h100*1"), ParallelConfig(global_batch=16, tp=2, dp=4))
+    stage = est.stages[0]
+    groups = (dataclasses.replace(stage.replicas[0], device_type="h100-sxm", tp=1, dp=2),
+              dataclasses.replace(stage.replicas[0], device_type="a100-40gb", tp=2, dp=1))
+    mixed = dataclasses.replace(stage, device_type="h100-sxm+a100-40gb", replicas=groups)
+    text = bottleneck(dataclasses.replace(est, stages=(mixed, *est.stages[1:])), 4)
+    assert "on h100-sxm tp=1 dp=2 + a100-40gb tp=2 dp=1)" in text and "+a100" not in text
+    assert "on h100-sxm, tp=2)" in bottleneck(est, 4)  # one replica group: as before

@@ -36,9 +36,12 @@ def bottleneck(estimate: Estimate, num_micro_batches: int, embedding_s: float = 
         "ep_comm_s": _expert_traffic(stage.ep, stage.expert_tp),
     }.get(overhead[0], "")
     context = f", cp={stage.cp}" if stage.cp > 1 else ""
-    sentence = (f"Stage {slow} (layers {stage.first_layer}-{stage.last_layer} on {stage.device_type}, "
-                f"tp={stage.tp}{context}) is the slowest at {seconds(per_mb[slow])} per micro-batch and sets the "
-                f"pipeline's pace")
+    # a stage served by several replica groups (mixed hardware): each group's own device type, tp and dp, as the
+    # stage's own fields only sum them up
+    where = (f"{stage.device_type}, tp={stage.tp}" if len(stage.replicas) <= 1 else
+             " + ".join(f"{r.device_type} tp={r.tp} dp={r.dp}" for r in stage.replicas))
+    sentence = (f"Stage {slow} (layers {stage.first_layer}-{stage.last_layer} on {where}{context}) is the slowest "
+                f"at {seconds(per_mb[slow])} per micro-batch and sets the pipeline's pace")
     if share >= 0.005:
         sentence += f"; the largest overhead is {overhead[1]} ({share:.0%} of the iteration): {why}"
     elif share > 0.0:
