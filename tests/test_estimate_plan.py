@@ -179,6 +179,8 @@ def test_whatif_with_a_plan_refuses_what_contradicts_it(made, kwargs, needle):
 @pytest.mark.parametrize("extra,needle", [
     (["--tp", "2"], "--plan fixes the configuration; drop --tp (or drop --plan to re-plan each point)"),
     (["--optimizer", "adam", "--zero", "1"], "drop --zero --optimizer"),  # the default optimizer is a pin too
+    (["--budget", "5", "--seed", "1"], "--plan re-times the plan at each point and runs no search; drop --budget "
+                                       "--seed (or drop --plan to re-plan each point)"),
 ])
 def test_whatif_cli_names_the_configuration_flags_a_plan_fixes(made, capsys, extra, needle):
     """As `estimate --plan` does: each flag given with --plan is named, before the plan or the model is read."""
