@@ -50,6 +50,9 @@ def test_json_document(capsys, gpt_file):
     assert [layer["name"] for layer in doc["layers"]] == ["embedding", "transformer.h.0", "transformer.h.1", "head"]
     for layer in doc["layers"]:
         assert {"name", "params", "flops_forward", "activation_bytes"} <= set(layer)
+        # byte counts are whole bytes, written as integers as the plan and estimate JSON write them
+        assert all(type(layer[key]) is int for key in ("activation_bytes", "output_bytes", "input_bytes"))
+    assert type(doc["activation_bytes"]) is int
     assert doc["embedding_tables"][0] | {} == {**doc["embedding_tables"][0], "name": "wte.weight", "rows": 1000,
                                                "dim": 64}
     assert doc["batch"] == 8 and doc["dims"] == {"batch": 8, "seq": 16}

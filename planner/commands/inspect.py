@@ -8,7 +8,7 @@ from typing import Any
 
 from planner.commands._common import add_allow_unknown_ops_flag, add_dim_flag, add_json_flag, emit_json, parse_dims
 from planner.types import Layer, LayerGraph
-from planner.units import size
+from planner.units import size, whole_bytes
 
 HELP = "import an ONNX model and report its parameters, FLOPs, activations, layers and embedding tables"
 
@@ -43,7 +43,7 @@ def to_document(graph: LayerGraph) -> dict[str, Any]:
         "active_params": graph.active_params,
         "flops_forward": graph.flops_forward * b,
         "flops_forward_per_sample": graph.flops_forward,
-        "activation_bytes": sum(layer.activation_bytes for layer in graph.layers) * b,
+        "activation_bytes": whole_bytes(sum(layer.activation_bytes for layer in graph.layers) * b),
         "layers": [
             {
                 "index": layer.index,
@@ -53,9 +53,9 @@ def to_document(graph: LayerGraph) -> dict[str, Any]:
                 "active_params": layer.active_params,
                 **_moe_fields(layer),
                 "flops_forward": layer.flops_forward * b,
-                "activation_bytes": layer.activation_bytes * b,
-                "output_bytes": layer.output_bytes * b,
-                "input_bytes": layer.input_bytes * b,
+                "activation_bytes": whole_bytes(layer.activation_bytes * b),
+                "output_bytes": whole_bytes(layer.output_bytes * b),
+                "input_bytes": whole_bytes(layer.input_bytes * b),
                 "ops": len(layer.ops),
                 "transformer": None if layer.transformer is None else {
                     "hidden": layer.transformer.hidden, "heads": layer.transformer.heads,
