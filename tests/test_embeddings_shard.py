@@ -59,11 +59,11 @@ def test_memory_budget_is_respected():
 
 def test_table_too_big_for_every_device_names_table_and_bytes():
     c = cluster((small_node(A100, 2, memory_bytes=1 * GiB), 1))
-    big = EmbeddingTable("huge_ids", 100_000_000, 128, 1.0)  # 51.2 GB fp32, 102.4 GB with Adagrad
+    big = EmbeddingTable("huge_ids", 100_000_000, 128, 1.0)  # 51.2e9 bytes fp32, 102.4e9 with Adagrad
     with pytest.raises(InfeasibleError) as err:
         shard_tables((big,), c, None, 1024, allow_host=False)
     message = str(err.value)
-    assert "huge_ids" in message and "102 GB" in message and "102400000000 bytes" in message
+    assert "huge_ids" in message and "95.4 GiB" in message and "102400000000 bytes" in message  # 102.4e9 bytes
 
 
 def test_host_memory_takes_what_hbm_cannot():

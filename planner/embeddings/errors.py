@@ -7,8 +7,7 @@ import numpy as np
 from planner.embeddings.devices import DeviceArrays
 from planner.errors import InfeasibleError
 from planner.types import EmbeddingTable
-
-BYTES_PER_GB = 1e9
+from planner.units import GIB
 
 
 def table_does_not_fit(table: EmbeddingTable, dev: DeviceArrays, optimizer: str) -> InfeasibleError:
@@ -20,10 +19,11 @@ def table_does_not_fit(table: EmbeddingTable, dev: DeviceArrays, optimizer: str)
     per_device = shard_memory_bytes(largest_rows, table.dim, table.dtype_bytes, optimizer)
     hbm = float(np.min(dev.hbm_capacity_bytes))
     host = float(np.min(dev.host_capacity_bytes))
-    where = f"{hbm / BYTES_PER_GB:.3g} GB of device memory" + (f" and {host / BYTES_PER_GB:.3g} GB of host memory" if host else "")
+    # GiB, as every other memory figure the command line prints
+    where = f"{hbm / GIB:.3g} GiB of device memory" + (f" and {host / GIB:.3g} GiB of host memory" if host else "")
     return InfeasibleError(
         f"embedding table {table.name!r} ({table.rows} rows x {table.dim} dims, {table.dtype_bytes}-byte values, "
-        f"{optimizer} optimizer) needs {total / BYTES_PER_GB:.3g} GB ({total:.0f} bytes) with its optimizer state, and "
-        f"{per_device / BYTES_PER_GB:.3g} GB per device even row-sharded over all {dev.count} devices, but the smallest "
+        f"{optimizer} optimizer) needs {total / GIB:.3g} GiB ({total:.0f} bytes) with its optimizer state, and "
+        f"{per_device / GIB:.3g} GiB per device even row-sharded over all {dev.count} devices, but the smallest "
         f"device offers {where} to embeddings; add devices, use a smaller optimizer (rowwise_adagrad) or a "
         f"smaller dtype, or allow host memory")
