@@ -330,7 +330,7 @@ def max_pipeline(shape: ModelShape, runtime: Runtime, zero: int | None = None,
     micro-batches per replica."""
     if not runtime.pipeline_parallel or (zero is not None and zero > runtime.max_pipeline_zero):
         return 1
-    if ep_overlap and vpp == 1:
+    if ep_overlap and not ep_overlap_pipeline_fits(2, vpp):
         return 1
     if num_micro_batches is not None and num_micro_batches > MAX_PIPELINE_MICRO_BATCHES:
         return 1
@@ -741,6 +741,12 @@ def ep_overlap_choices(runtime: Runtime, ep: int | None, recompute: str | None, 
     return (False, True) if allowed else (False,)
 
 
+def ep_overlap_pipeline_fits(pp: int | None, vpp: int | None, schedule: str | None = None) -> bool:
+    """Whether expert-parallel overlap runs on this pipeline (None: not fixed): one stage, or the interleaved
+    schedule (vpp > 1), whose steps Megatron-Core merges."""
+    return pp is None or pp <= 1 or not ((vpp is not None and vpp < 2) or schedule in ("1f1b", "gpipe"))
+
+
 def check_ep_overlap(ep_overlap: bool | None, ep: int | None, pp: int | None, vpp: int | None,
                      recompute: str | None, dtype: str | None, runtime: Runtime, schedule: str | None = None,
                      shape: ModelShape | None = None) -> None:
@@ -765,7 +771,7 @@ def check_ep_overlap(ep_overlap: bool | None, ep: int | None, pp: int | None, vp
     if dtype is not None and base_dtype(dtype) not in EP_OVERLAP_DTYPES:
         raise ConfigError(f"ep_overlap with dtype={dtype}: Megatron-Core overlaps the all-to-alls only with bf16 "
                           f"or fp16 weights{fix}, or use --dtype bf16")
-    if pp is not None and pp > 1 and ((vpp is not None and vpp < 2) or schedule in ("1f1b", "gpipe")):
+    if not ep_overlap_pipeline_fits(pp, vpp, schedule):
         raise ConfigError(f"ep_overlap with pp={pp} and no interleaving: Megatron-Core merges the steps of the "
                           f"interleaved schedule only{fix}, or use --vpp 2 or more (or pp 1)")
 

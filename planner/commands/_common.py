@@ -228,12 +228,14 @@ def flag_names(names: Sequence[str]) -> str:
     return " ".join("--" + name.replace("_", "-") for name in names)
 
 
-def check_plan_fixes(args: argparse.Namespace, instead: str, fixes: Sequence[str] = PLAN_FIXES) -> None:
-    """Refuse the configuration flags of ``fixes`` given with ``--plan``, naming each given one; ``instead`` says
-    what the command does without --plan ("estimate a configuration")."""
+def check_plan_fixes(args: argparse.Namespace, instead: str, fixes: Sequence[str] = PLAN_FIXES,
+                     why: str = "fixes the configuration") -> None:
+    """Refuse the flags of ``fixes`` given with ``--plan`` (by default the configuration's), naming each given
+    one; ``why`` says what --plan does that makes them moot, ``instead`` what the command does without --plan
+    ("estimate a configuration")."""
     given = [name for name in fixes if getattr(args, name, None) is not None]
     if given:
-        raise ConfigError(f"--plan fixes the configuration; drop {flag_names(given)} (or drop --plan to {instead})")
+        raise ConfigError(f"--plan {why}; drop {flag_names(given)} (or drop --plan to {instead})")
 
 
 def add_solver_flags(parser: argparse.ArgumentParser, dense: bool = True) -> None:

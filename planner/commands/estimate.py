@@ -122,10 +122,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.plan is not None:
         check_plan_fixes(args, "estimate a configuration")
-        given = [flag for flag in _PLAN_KEEPS_TABLES if getattr(args, flag) is not None]
-        if given:
-            raise ConfigError(f"--plan keeps the plan's table placement, so no table sharder runs; drop "
-                              f"{flag_names(given)} (or drop --plan to shard the tables anew)")
+        check_plan_fixes(args, "shard the tables anew", _PLAN_KEEPS_TABLES,
+                         why="keeps the plan's table placement, so no table sharder runs")
         plan = load_plan(args.plan)
     else:
         missing = [flag for flag in ("global_batch", "tp", "pp", "dp") if getattr(args, flag) is None]

@@ -7,9 +7,8 @@ import argparse
 import sys
 
 from planner.commands._common import (PLAN_FIXES, add_cluster_flags, add_config_flags, add_json_flag,
-                                      add_solver_flags, check_plan_fixes, config_from_args, emit_json, flag_names,
-                                      parse_dims, positive_int, positive_seconds, solver_options_from_args,
-                                      tables_from_args)
+                                      add_solver_flags, check_plan_fixes, config_from_args, emit_json, parse_dims,
+                                      positive_int, positive_seconds, solver_options_from_args, tables_from_args)
 from planner.errors import ConfigError
 from planner.outputs import check_distinct, check_output_file, write_text
 from planner.sweep.keys import GLOBAL_FIELDS, GROUP_FIELDS, parse_sweep_args, parse_sweeps
@@ -89,10 +88,8 @@ def run(args: argparse.Namespace) -> int:
 
         # --global-batch may come with --plan, to be checked against the plan's own (planner.sweep.whatif)
         check_plan_fixes(args, "re-plan each point", [name for name in PLAN_FIXES if name != "global_batch"])
-        searching = [name for name in _SEARCH_FLAGS if getattr(args, name, None) is not None]
-        if searching:  # a re-timed plan runs neither search, so these would do nothing
-            raise ConfigError(f"--plan re-times the plan at each point and runs no search; drop "
-                              f"{flag_names(searching)} (or drop --plan to re-plan each point)")
+        check_plan_fixes(args, "re-plan each point", _SEARCH_FLAGS, why="re-times the plan at each point and runs no "
+                         "search")
         plan = load_plan(args.plan)
         if args.global_batch is None:
             args.global_batch = plan.global_batch

@@ -51,10 +51,10 @@ from planner.hardware.efficiency import resolve_dtype
 from planner.hardware.fp8 import base_dtype, cost_dtype, recipe_name, resolve_fp8_recipe
 from planner.hardware.collectives import CommGroup, p2p_time_s
 from planner.rules import (MAX_PIPELINE_MICRO_BATCHES, TIE_TOLERANCE, ModelShape, check_config, check_ep_overlap,
-                           check_pipeline_micro_batches, divisors, ep_overlap_choices, ep_values, even_split_fits,
-                           expert_tp_values, layer_chunks, micro_batch_choices, pipeline_units, recompute_choices,
-                           resolve_runtime, simplicity_key, stage_blocks, tp_zero_fits, unit_flags, vpp_fits,
-                           zero_stages)
+                           check_pipeline_micro_batches, divisors, ep_overlap_choices, ep_overlap_pipeline_fits,
+                           ep_values, even_split_fits, expert_tp_values, layer_chunks, micro_batch_choices,
+                           pipeline_units, recompute_choices, resolve_runtime, simplicity_key, stage_blocks,
+                           tp_zero_fits, unit_flags, vpp_fits, zero_stages)
 from planner.runtime import Runtime, get_runtime
 from planner.types import (Batching, Breakdown, Cluster, Estimate, LayerGraph, MemoryBreakdown, NodeProfile,
                            ParallelConfig, PipelineSpec, ReplicaEstimate, ReplicaSpec, StageEstimate, StageSpec)
@@ -772,7 +772,7 @@ def _ep_overlaps(config: ParallelConfig, placement: _Placement, recompute: str, 
         choices = [config.ep_overlap]
     else:
         choices = list(ep_overlap_choices(placement.runtime, placement.experts[0][0], recompute, placement.dtype))
-    return [c for c in choices if not (c and pp > 1 and vpp == 1)]
+    return [c for c in choices if not c or ep_overlap_pipeline_fits(pp, vpp)]
 
 
 def _schedule_for(config: ParallelConfig, vpp: int) -> str:

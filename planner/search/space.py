@@ -329,7 +329,7 @@ def enumerate_settings(cluster: Cluster, global_batch: int, pins: Pins, num_unit
                                 overlaps = ([pins.ep_overlap] if pins.ep_overlap is not None
                                             else rules.ep_overlap_choices(runtime, ep, rc, pins.dtype))
                                 for overlap in overlaps:
-                                    if overlap and vpp == 1 and pins.pp > 1:
+                                    if overlap and not rules.ep_overlap_pipeline_fits(pins.pp or None, vpp):
                                         continue
                                     yield Settings(micro_batch=b, dp=dp, zero=zero, recompute=rc,
                                                    sequence_parallel=sp, schedule=schedule_for(vpp), vpp=vpp,
