@@ -40,7 +40,7 @@ from planner.cost.comm import (ZERO_STAGES, DpSync, Pass, dp_bytes_per_iteration
                                tied_grad_sync_s, zero3_exposed_s)
 from planner.cost.compute import layer_costs
 from planner.cost.context import layers_exchange_s
-from planner.cost.moe import ep_group_devices, expert_dp_devices, resolved_expert_tp
+from planner.cost.moe import ep_group_devices, expert_dp_devices, merged_ratio, resolved_expert_tp
 from planner.cost.memory import (dtype_bytes, gradient_reduce_bytes, memory_terms, micro_batches_in_flight,
                                  stage_tied_params)
 from planner.cost.optimizer import optimizer_time_s
@@ -486,7 +486,7 @@ def _evaluate(work: _Work, schedule: str, vpp: int, zero: int, exact: bool,
     if ep_overlap and work.merged_s is not None:
         # ZeRO-2/3's per-micro-batch collectives stay on the computation stream, outside the merged step's overlap
         stage_merged = (work.merged_s[pick] * load[pick]) + stage_z3
-        ratio = np.divide(stage_merged, stage_f + stage_b, out=np.ones(pp), where=(stage_f + stage_b) > 0)
+        ratio = merged_ratio(stage_merged, stage_f, stage_b)
     p2p = work.p2p_s
     # a stage whose units do not split into vpp equal chunks runs chunks of their own sizes (a layout)
     shares = _chunk_shares(pl, work, pick, vpp) if schedule == "interleaved" else None

@@ -59,6 +59,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+import numpy as np
+
 from planner.cost.calibration import DeviceCalibration
 from planner.cost.comm import tp_group
 from planner.cost.memory import dtype_bytes
@@ -188,6 +190,13 @@ def merged_layer_s(pre_forward_s: float, experts_forward_s: float, comm_forward_
     dispatched_back = max(dispatched, start + m_b / 2.0) + d_b
     experts_done = max(start + m_b, dispatched) + m_f
     return max(experts_done, dispatched_back) + max(a_b, d_f)
+
+
+def merged_ratio(merged_s: np.ndarray, forward_s: np.ndarray, backward_s: np.ndarray) -> np.ndarray:
+    """Each merged step's time over its forward and backward one after the other (1 where both are 0): the
+    share of the two operations a step of expert-parallel overlap takes (planner.cost.schedule)."""
+    merged, total = np.asarray(merged_s, dtype=float), np.asarray(forward_s, dtype=float) + backward_s
+    return np.divide(merged, total, out=np.ones_like(total), where=total > 0)
 
 
 def dispatch_buffer_bytes(layer: Layer, micro_batch: int, tp: int, dtype: str, par: ExpertParallel) -> float:

@@ -153,12 +153,13 @@ def write_plan_gantt(plan: Plan, model: LayerGraph, cluster: Cluster, path: str 
     schedule on top (one row per stage), memory per device by kind below (one bar per stage, or per replica
     group on mixed hardware, capacity marked)."""
     from planner.cost import simulate_pipeline  # noqa: PLC0415
+    from planner.cost.moe import merged_ratio  # noqa: PLC0415
 
     check_path(path, "--gantt")
     stages = plan_stage_estimates(plan, model, cluster)
     # expert-parallel overlap: each steady-state forward and backward drawn as one merged step of its own length
-    ratio = [s.merged_s / (s.forward_s + s.backward_s) if s.forward_s + s.backward_s > 0 else 1.0
-             for s in stages] if plan.ep_overlap else None
+    ratio = merged_ratio([s.merged_s for s in stages], [s.forward_s for s in stages],
+                         [s.backward_s for s in stages]) if plan.ep_overlap else None
     simulation = simulate_pipeline([s.forward_s for s in stages], [s.backward_s for s in stages],
                                    plan.num_micro_batches, plan.schedule, max(plan.vpp, 1),
                                    [s.p2p_s for s in stages],

@@ -24,7 +24,7 @@ from planner.cost.calibration import DeviceCalibration, calibration_for
 from planner.cost.comm import (dp_group, dp_sync, layer_collective_s, micro_batch_reduce_s, one_after_other,
                                sync_tail_s, tied_grad_sync_s, zero3_exposed_lower_s)
 from planner.cost.memory import micro_batches_in_flight, prefix_tied_params, segment_tied_params
-from planner.cost.moe import ep_group_devices, expert_dp, expert_dp_devices, resolved_expert_tp
+from planner.cost.moe import ep_group_devices, expert_dp, expert_dp_devices, merged_ratio, resolved_expert_tp
 from planner.hardware.cluster import locate
 from planner.hardware.collectives import CommGroup, p2p_time_s
 from planner.runtime import get_runtime
@@ -72,8 +72,7 @@ class CostModelBackend:
                              ep=settings.ep, expert_tp=etp, ep_group=group)
             forward, backward = lc.forward_s, lc.backward_s
             if settings.ep_overlap:  # each layer's forward and backward scaled to its merged step (a bound)
-                scale = np.divide(lc.merged_s, forward + backward, out=np.ones_like(forward),
-                                  where=(forward + backward) > 0)
+                scale = merged_ratio(lc.merged_s, forward, backward)
                 forward, backward = forward * scale, backward * scale
             hit = LayerTable(forward_s=forward, backward_s=backward, params_per_rank=lc.params_per_rank,
                              act_bytes=lc.activation_bytes, peak_bytes=lc.peak_extra_bytes,
