@@ -387,12 +387,13 @@ def compute_count_bound(size: int, sb: np.ndarray, sf: np.ndarray, caps: np.ndar
     options = np.flatnonzero(caps > 0)
     g = _weights(sb, sf, options, P, m, vpp, ep_overlap)  # (used options, size + 1)
     amount = np.arange(size + 1)
+    # per used option and amount a: G of its stages holding ceil(a / c_o) layers each
+    held = np.take_along_axis(g, np.minimum(-(-amount[None, :] // caps[options][:, None]), size), axis=1)
     best: np.ndarray | None = None  # least threshold at which the pools so far cover a layers, per a
-    pool_ids = np.unique(pools[options])
+    used_pools = pools[options]
+    pool_ids = np.unique(used_pools)
     for n, pool in enumerate(pool_ids):
-        T = np.full(size + 1, np.inf)
-        for row in np.flatnonzero(pools[options] == pool):
-            T = np.minimum(T, g[row, np.minimum(-(-amount // caps[options[row]]), size)])
+        T = held[used_pools == pool].min(axis=0)
         if best is None:
             best = T
         elif n + 1 == len(pool_ids):  # the last pool: only the split of all of U matters
@@ -675,14 +676,12 @@ class QuickSettingsBound:
 
     def _tables(self, options: tuple[StageOption, ...], settings: Settings) -> tuple:
         key = (options, settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype,
-               settings.vpp, settings.runtime, settings.ep, settings.expert_tp, settings.ep_overlap)
+               settings.runtime, settings.ep, settings.expert_tp, settings.ep_overlap)
         hit = self._memo.get(key)
         if hit is None:
             tabs = [self.backend.layer_table(o, settings) for o in options]
             fwd = np.stack([np.asarray(t.forward_s, dtype=float) for t in tabs])
             bwd = np.stack([np.asarray(t.backward_s, dtype=float) for t in tabs])
-            V = settings.vpp
-            sum_min = float((fwd + bwd).min(axis=0).sum()) if V == 1 else float((fwd + bwd / V).min(axis=0).sum())
             widest = float(bwd.min(axis=0).max())
             pools = sorted({o.pool for o in options})
             per_pool = np.zeros((len(options), len(pools)))  # [ref, pool]: max over its options 1/(rho tp)
@@ -701,9 +700,15 @@ class QuickSettingsBound:
             devices = per_pool @ self.pool_devices[np.array(pools)]
             refs = [(float(d), float(self.num_layers * lg), float(sb)) for d, lg, sb, ok
                     in zip(devices, longest, bwd.sum(axis=1), usable) if ok]
-            hit = (sum_min, widest, refs, fwd, bwd)
+            hit = ({}, widest, refs, fwd, bwd)
             self._memo[key] = hit
-        return hit
+        per_vpp, widest, refs, fwd, bwd = hit
+        V = settings.vpp
+        sum_min = per_vpp.get(V)
+        if sum_min is None:  # the least work per layer: the one part that depends on the chunks
+            sum_min = per_vpp[V] = float((fwd + bwd).min(axis=0).sum()) if V == 1 else \
+                float((fwd + bwd / V).min(axis=0).sum())
+        return sum_min, widest, refs, fwd, bwd
 
     def _sorted(self, options: tuple[StageOption, ...], settings: Settings, fwd: np.ndarray, bwd: np.ndarray
                 ) -> list[tuple[int, np.ndarray, np.ndarray]]:

@@ -584,7 +584,7 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
     quick_memo: dict[tuple, float] = {}
 
     def quick_bound(s: Settings, counted: bool) -> float:
-        stages = min(num_layers, max_stages(s, num_units, global_batch))
+        stages = min(num_layers, max_stages(s, num_units, global_batch)) if counted else 0
         key = (s.dp, s.micro_batch, s.recompute, s.sequence_parallel, s.dtype, s.runtime, s.vpp, counted and stages,
                s.ep, s.expert_tp, s.ep_overlap)
         hit = quick_memo.get(key)
