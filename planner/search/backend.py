@@ -232,6 +232,84 @@ def exposure_weights(exposure: str, num_stages: int) -> np.ndarray:
     return np.full(num_stages, 1.0 / num_stages)
 
 
+@dataclass(frozen=True)
+class StagePieces:
+    """What every weighting of one layout's bound shares (:func:`stage_pieces`), per stage: S without the
+    synchronisation and head-start terms, G with the hand-offs, the outgoing hand-off chain (None on the last
+    stage), the cycles of the incoming chain (0 on stage 0), each stage's forward, backward and send, and the
+    memory mask."""
+
+    base_s: tuple[np.ndarray, ...]
+    g: tuple[np.ndarray, ...]
+    outgoing: tuple[np.ndarray | None, ...]
+    incoming_cycles: tuple[int, ...]
+    forward: tuple[np.ndarray, ...]
+    backward: tuple[np.ndarray, ...]
+    p2p: tuple[np.ndarray | None, ...]
+    fits: tuple[np.ndarray, ...]
+    vpp: int
+
+
+def stage_pieces(forward: list[np.ndarray], backward: list[np.ndarray], p2p: list[np.ndarray | None],
+                 fits: list[np.ndarray], num_micro_batches: int, vpp: int = 1, all_forwards_at_pp: bool = True,
+                 ep_overlap: bool = False) -> StagePieces:
+    """The parts of :func:`bound_matrices` that do not depend on the weighting, built once per layout."""
+    P = len(forward)
+    m = num_micro_batches
+    co = bound_coefficients(P, m, vpp, all_forwards_at_pp, ep_overlap)
+    cycles = _handoff_cycles(P, m, vpp, all_forwards_at_pp, ep_overlap)
+    warm = warmups(P, m, vpp, all_forwards_at_pp, ep_overlap)
+    base, gs, outs = [], [], []
+    for k in range(P):
+        f, b = forward[k], backward[k]
+        s = f + co.backward_weight * b if vpp > 1 else f + b
+        if p2p[k] is not None and co.hops[k] > 0:
+            s = s + co.hops[k] * np.asarray(p2p[k])[None, :]
+        g = co.gamma * b + co.delta[k] * f
+        # the steady state's hand-offs with each neighbour (module docstring)
+        outgoing = handoff_g(f, b, np.asarray(p2p[k])[None, :], m, vpp, warm[k], cycles[k]) if k + 1 < P else None
+        if outgoing is not None and cycles[k][0] > 0:
+            g = np.maximum(g, outgoing)
+        if k > 0 and cycles[k - 1][0] > 0:
+            incoming = np.concatenate(([0.0], np.asarray(p2p[k - 1])[:-1]))[:, None]  # sent after layer i - 1
+            g = np.maximum(g, handoff_g(f, b, incoming, m, vpp, warm[k], cycles[k - 1]))
+        base.append(s)
+        gs.append(g)
+        outs.append(outgoing)
+    return StagePieces(tuple(base), tuple(gs), tuple(outs), (0, *(n for n, _ in cycles)), tuple(forward),
+                       tuple(backward), tuple(p2p), tuple(fits), vpp)
+
+
+def weighted_matrices(pieces: StagePieces, tails: list[np.ndarray | None], exposure: str = FIRST
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """(S, G) of one weighting (:data:`EXPOSURES`) from a layout's :class:`StagePieces` and the stages' tails
+    (as :func:`bound_matrices`)."""
+    P = len(pieces.base_s)
+    L = pieces.base_s[0].shape[0]
+    vpp = pieces.vpp
+    w = exposure_weights(exposure, P)
+    later = np.cumsum(w[::-1])[::-1] - w  # W_k = sum of the weights after k
+    S = np.empty((P, L, L))
+    G = np.empty((P, L, L))
+    for k in range(P):
+        s, g, b, p2p = pieces.base_s[k], pieces.g[k], pieces.backward[k], pieces.p2p[k]
+        if w[k] > 0:
+            s = s + w[k] * np.asarray(tails[k], dtype=float)
+        if later[k] > 0:  # the head start of stage k + 1 and after: this stage's last backward and send
+            s = s - later[k] * (b / vpp + (0.0 if p2p is None else np.asarray(p2p)[None, :]))
+        if exposure == HANDOFFS and P > 1:  # this stage's parts of the mean of the links' chains
+            share = (1.0 - _LARGEST_G_SHARE) / (P - 1)
+            if pieces.outgoing[k] is not None:
+                s = s + share * pieces.outgoing[k]
+            if k > 0:
+                s = s + share * pieces.incoming_cycles[k] * (pieces.forward[k] + b) / vpp
+            g = _LARGEST_G_SHARE * g
+        ok = pieces.fits[k] & np.isfinite(s)
+        S[k] = np.where(ok, s, np.inf)
+        G[k] = np.where(ok, g, np.inf)
+    return S, G
+
+
 def bound_matrices(forward: list[np.ndarray], backward: list[np.ndarray], p2p: list[np.ndarray | None],
                    fits: list[np.ndarray], tails: list[np.ndarray | None], num_micro_batches: int, vpp: int = 1,
                    exposure: str = FIRST, all_forwards_at_pp: bool = True, ep_overlap: bool = False
@@ -243,41 +321,5 @@ def bound_matrices(forward: list[np.ndarray], backward: list[np.ndarray], p2p: l
     0 is read). With ``vpp > 1`` the interleaved schedule's bound (:mod:`planner.search.interleave`), its
     warm-up the runtime's (``all_forwards_at_pp``; the default holds for either) and the settings'
     (``ep_overlap``: one more forward)."""
-    P = len(forward)
-    L = forward[0].shape[0]
-    m = num_micro_batches
-    co = bound_coefficients(P, m, vpp, all_forwards_at_pp, ep_overlap)
-    cycles = _handoff_cycles(P, m, vpp, all_forwards_at_pp, ep_overlap)
-    warm = warmups(P, m, vpp, all_forwards_at_pp, ep_overlap)
-    w = exposure_weights(exposure, P)
-    later = np.cumsum(w[::-1])[::-1] - w  # W_k = sum of the weights after k
-    S = np.empty((P, L, L))
-    G = np.empty((P, L, L))
-    for k in range(P):
-        f, b = forward[k], backward[k]
-        s = f + co.backward_weight * b if vpp > 1 else f + b
-        if p2p[k] is not None and co.hops[k] > 0:
-            s = s + co.hops[k] * np.asarray(p2p[k])[None, :]
-        if w[k] > 0:
-            s = s + w[k] * np.asarray(tails[k], dtype=float)
-        if later[k] > 0:  # the head start of stage k + 1 and after: this stage's last backward and send
-            s = s - later[k] * (b / vpp + (0.0 if p2p[k] is None else np.asarray(p2p[k])[None, :]))
-        g = co.gamma * b + co.delta[k] * f
-        # the steady state's hand-offs with each neighbour (module docstring)
-        outgoing = handoff_g(f, b, np.asarray(p2p[k])[None, :], m, vpp, warm[k], cycles[k]) if k + 1 < P else None
-        if outgoing is not None and cycles[k][0] > 0:
-            g = np.maximum(g, outgoing)
-        if k > 0 and cycles[k - 1][0] > 0:
-            incoming = np.concatenate(([0.0], np.asarray(p2p[k - 1])[:-1]))[:, None]  # sent after layer i - 1
-            g = np.maximum(g, handoff_g(f, b, incoming, m, vpp, warm[k], cycles[k - 1]))
-        if exposure == HANDOFFS and P > 1:  # this stage's parts of the mean of the links' chains
-            share = (1.0 - _LARGEST_G_SHARE) / (P - 1)
-            if outgoing is not None:
-                s = s + share * outgoing
-            if k > 0:
-                s = s + share * cycles[k - 1][0] * (f + b) / vpp
-            g = _LARGEST_G_SHARE * g
-        ok = fits[k] & np.isfinite(s)
-        S[k] = np.where(ok, s, np.inf)
-        G[k] = np.where(ok, g, np.inf)
-    return S, G
+    pieces = stage_pieces(forward, backward, p2p, fits, num_micro_batches, vpp, all_forwards_at_pp, ep_overlap)
+    return weighted_matrices(pieces, tails, exposure)

@@ -28,8 +28,9 @@ from planner.cost.moe import ep_group_devices, expert_dp, expert_dp_devices, mer
 from planner.hardware.cluster import locate
 from planner.hardware.collectives import CommGroup, p2p_time_s
 from planner.runtime import get_runtime
-from planner.search.backend import (EXPOSURES, FIRST, MEAN, LayerTable, bound_matrices, exposure_weights,
-                                    least_boundary, segment_max, segment_sums, send_target)
+from planner.search.backend import (EXPOSURES, FIRST, MEAN, LayerTable, StagePieces, exposure_weights,
+                                    least_boundary, segment_max, segment_sums, send_target, stage_pieces,
+                                    weighted_matrices)
 from planner.search.space import Layout, Settings, StageOption
 from planner.search.tables import allocate, first_devices
 from planner.types import Cluster, Estimate, LayerGraph, PipelineSpec
@@ -45,6 +46,7 @@ class CostModelBackend:
     _segments: dict = field(default_factory=dict, compare=False, repr=False)
     _tail_cache: dict = field(default_factory=dict, compare=False, repr=False)
     _collectives: dict = field(default_factory=dict, compare=False, repr=False)
+    _layout_pieces_cache: dict = field(default_factory=dict, compare=False, repr=False)  # the last layout's
 
     def _cal(self, option: StageOption, settings: Settings) -> DeviceCalibration:
         return calibration_for(self.cluster.groups[option.pool].node.device.name, settings.runtime)
@@ -202,13 +204,35 @@ class CostModelBackend:
 
     def stage_matrices(self, layout: Layout, settings: Settings, global_batch: int, exposure: str = FIRST
                        ) -> tuple[np.ndarray, np.ndarray]:
+        key = (layout, settings, global_batch)
+        hit = self._layout_pieces_cache.get(key)
+        if hit is None:  # the search asks for each weighting of a layout in turn: only the last layout is kept
+            self._layout_pieces_cache.clear()
+            hit = self._layout_pieces_cache[key] = self._layout_pieces(layout, settings, global_batch)
+        pieces, devices = hit
+        P = layout.num_stages
+        pipelined = self._pipelined(settings, P)
+        weights = exposure_weights(exposure, P)
+        tails = []
+        for k, option in enumerate(layout.options):
+            # a tied weight's copies are reduced between stage 0 and the stage holding the copy, the last
+            # stage's as far as stage 0 can tell; without tied weights no partner, so that the tails of
+            # layouts whose stage 0 sits elsewhere are shared
+            partner = devices[P - 1 if k == 0 else 0][0] if self.model_has_tied_weights else None
+            # stage 0 starts at layer 0: its prefixes are all it needs
+            tails.append(None if weights[k] == 0 else self._tails(option, devices[k], settings, first=k == 0,
+                                                                  partner=partner, pipelined=pipelined))
+        return weighted_matrices(pieces, tails, exposure)
+
+    def _layout_pieces(self, layout: Layout, settings: Settings, global_batch: int
+                       ) -> tuple[StagePieces, list[tuple[int, ...]]]:
+        """What every weighting of the layout's bound shares, and its stages' devices."""
         m = settings.num_micro_batches(global_batch)
         P = layout.num_stages
         pipelined = self._pipelined(settings, P)
         devices = allocate(self.cluster, layout, settings)
-        weights = exposure_weights(exposure, P)
         all_forwards = get_runtime(settings.runtime).interleaved_all_forwards_at_pp
-        fwd, bwd, sends, fits, tails = [], [], [], [], []
+        fwd, bwd, sends, fits = [], [], [], []
         for k, option in enumerate(layout.options):
             f, b, params, act, peak = self._segments_of(option, settings)
             extra_f, extra_b = self._zero_per_micro_batch(option, devices[k], settings, pipelined)
@@ -220,15 +244,7 @@ class CostModelBackend:
                                                 settings.ep_overlap)
             empty, per_micro_batch = self._memory_of(option, settings, pipelined)
             fits.append(empty + in_flight * per_micro_batch <= self.capacity_bytes(option))
-            # a tied weight's copies are reduced between stage 0 and the stage holding the copy, the last
-            # stage's as far as stage 0 can tell; without tied weights no partner, so that the tails of
-            # layouts whose stage 0 sits elsewhere are shared
-            partner = devices[P - 1 if k == 0 else 0][0] if self.model_has_tied_weights else None
-            # stage 0 starts at layer 0: its prefixes are all it needs
-            tails.append(None if weights[k] == 0 else self._tails(option, devices[k], settings, first=k == 0,
-                                                                  partner=partner, pipelined=pipelined))
-        return bound_matrices(fwd, bwd, sends, fits, tails, m, settings.vpp, exposure, all_forwards,
-                              settings.ep_overlap)
+        return stage_pieces(fwd, bwd, sends, fits, m, settings.vpp, all_forwards, settings.ep_overlap), devices
 
     def _sends(self, layout: Layout, settings: Settings, devices: list[tuple[int, ...]], k: int
                ) -> np.ndarray | None:
@@ -348,7 +364,6 @@ class CostModelBackend:
         cal = self._cal(option, settings)
         group, layer = self._dp(option, devices, settings)
         runtime = get_runtime(settings.runtime)
-        device = self.cluster.groups[option.pool].node.device
         sums = np.cumsum if first else segment_sums
         grad = layer["all_reduce" if settings.zero == 0 else "reduce_scatter"]
         gather = layer["all_gather"]
@@ -371,17 +386,30 @@ class CostModelBackend:
             tied = prefix_tied_params(self.model, option.tp) if first else segment_tied_params(self.model, option.tp)
             out = out + tied_grad_sync_s(tied, dp_group(self.cluster, [devices[0], partner], cal), settings.dtype,
                                          runtime)
-        edp = self._expert_dp(option, settings)
-        # the step's time is not affine in the parameters (memory efficiency grows with size): one call per
-        # distinct segment; blocks of identical layers share most of them
-        cells = np.arange(len(params)) if first else np.triu_indices(len(params))
-        pairs, where = np.unique(np.stack((params[cells], experts[cells])), axis=1, return_inverse=True)
-        steps = np.array([optimizer_time_s(float(p), device, settings.optimizer, settings.zero,
-                                           settings.dp * option.cp, settings.dtype, cal, settings.runtime,
-                                           float(e), edp, pipelined) for p, e in pairs.T])
-        out[cells] = out[cells] + steps[where.ravel()]
+        cells, steps = self._optimizer_steps(option, settings, first, pipelined, params, experts)
+        out[cells] = out[cells] + steps
         self._tail_cache[key] = out
         return out
+
+    def _optimizer_steps(self, option: StageOption, settings: Settings, first: bool, pipelined: bool,
+                         params: np.ndarray, experts: np.ndarray) -> tuple[tuple | np.ndarray, np.ndarray]:
+        """The optimizer step of each segment (``first``: each prefix) of a stage, with the cells they fill; the
+        same wherever the stage sits, so shared by every placement of the option."""
+        key = ("steps", option, settings, first, pipelined)
+        hit = self._collectives.get(key)
+        if hit is None:
+            device = self.cluster.groups[option.pool].node.device
+            cal = self._cal(option, settings)
+            edp = self._expert_dp(option, settings)
+            # the step's time is not affine in the parameters (memory efficiency grows with size): one call per
+            # distinct segment; blocks of identical layers share most of them
+            cells = np.arange(len(params)) if first else np.triu_indices(len(params))
+            pairs, where = np.unique(np.stack((params[cells], experts[cells])), axis=1, return_inverse=True)
+            steps = np.array([optimizer_time_s(float(p), device, settings.optimizer, settings.zero,
+                                               settings.dp * option.cp, settings.dtype, cal, settings.runtime,
+                                               float(e), edp, pipelined) for p, e in pairs.T])
+            hit = self._collectives[key] = (cells, steps[where.ravel()])
+        return hit
 
     def evaluate(self, spec: PipelineSpec) -> Estimate:
         return estimate_pipeline(self.model, self.cluster, spec)
