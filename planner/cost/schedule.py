@@ -207,6 +207,37 @@ def _merged_steps(pp: int, m: int, schedule: str, vpp: int, all_forwards_at_pp: 
     return tuple(steps)
 
 
+@lru_cache(maxsize=16)
+def _topological(pp: int, m: int, schedule: str, vpp: int, all_forwards_at_pp: bool
+                 ) -> tuple[tuple[int, int, int, int, int], ...]:
+    """Every operation of :func:`_program` (no merged steps) as ``(stage, slot, dependency slot or -1, kind,
+    timing)``, in an order that puts each after its input and after the stage's earlier operations. Which
+    operation waits for which does not depend on the durations, so one order serves every simulation of the
+    shape."""
+    programs = _program(pp, m, schedule, vpp, all_forwards_at_pp, False)
+    done = [False] * (2 * vpp * pp * m)
+    ptr = [0] * pp
+    order: list[tuple[int, int, int, int, int]] = []
+    remaining = sum(len(p) for p in programs)
+    while remaining:
+        progressed = 0
+        for s in range(pp):
+            program, i = programs[s], ptr[s]
+            while i < len(program):
+                slot, dep, kind, timing, _, _ = program[i]
+                if dep >= 0 and not done[dep]:
+                    break
+                done[slot] = True
+                order.append((s, slot, dep, kind, timing))
+                i += 1
+            progressed += i - ptr[s]
+            ptr[s] = i
+        if not progressed:  # pragma: no cover - the schedules above never deadlock
+            raise RuntimeError(f"pipeline simulation deadlocked ({schedule}, pp={pp}, m={m}, vpp={vpp})")
+        remaining -= progressed
+    return tuple(order)
+
+
 def _arrival(end: list[float], dep: int, delay: float) -> float:
     """When an operation's input arrives: its producer's end plus the transfer (no producer: 0; -1: the producer
     has not run yet)."""
@@ -247,8 +278,19 @@ def simulate_pipeline(stage_forward_s: Sequence[float], stage_backward_s: Sequen
         duration = [[x for w in shares[s] for x in (f[s] * w, b[s] * w, b[s] * w)] for s in range(pp)]
     delay = [(c[(s - 1) % pp], c[s], 0.0) for s in range(pp)]
     starts: list[list[float]] | None = [[] for _ in range(pp)] if record_events else None
-    remaining = sum(len(p) for p in programs)
-    while remaining:
+    remaining = 0 if merges is None else sum(len(p) for p in programs)
+    if merges is None:  # each operation once, in an order that has its input ready
+        for s, slot, dep, kind, timing in _topological(pp, m, schedule, v, bool(all_forwards_at_pp)):
+            t = free[s]
+            if dep >= 0:
+                ready = end[dep] + delay[s][kind]
+                if ready > t:
+                    t = ready
+            if starts is not None:
+                starts[s].append(t)
+            t += duration[s][timing]
+            end[slot] = free[s] = t
+    while remaining:  # merged steps: each stage as far as its inputs allow, in turn
         progressed = 0
         for s in range(pp):
             program = programs[s]
