@@ -249,3 +249,19 @@ def test_plot_without_matplotlib_fails_before_the_sweep(files, tmp_path, capsys,
     assert main(["whatif", model, "--cluster", cluster, "--global-batch", "8", "--sweep", "l4.count=1,2",
                  "--plot", str(tmp_path / "x.png")]) == 2
     assert "plots need matplotlib" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_limit_that_stops_searches_is_said_once_for_the_sweep(files, caplog, workers):
+    model, cluster = files
+    sweeps = {"l4.count": ["1", "2"], "a10.count": ["1"]}
+    with caplog.at_level("INFO", logger="planner"):
+        result = whatif(model, cluster, 8, sweeps, workers=workers, budget=1)
+    stops = [r for r in caplog.records if "stopped" in r.getMessage()]
+    assert [r.name for r in stops] == ["planner.sweep.whatif"]  # the points' own searches said nothing
+    stopped = sum(p.stopped_at_limit for p in result.points)
+    assert stopped >= 1 and f"at {stopped} of 2 points" in stops[0].getMessage()
+    assert "raise the budget (--budget, budget=)" in stops[0].getMessage()
+    assert "stopped_at_limit" not in result.to_csv() and "stopped_at_limit" not in result.to_json()
+    proven = sum(bool(p.proven_optimal) for p in result.points)
+    assert result.to_table().splitlines()[-1].startswith(f"2 points, 2 feasible, {proven} proven optimal")

@@ -235,7 +235,19 @@ def test_table_lists_every_point():
     result = result_for({"count": ["0", "1", "2"]})
     lines = result.to_table().splitlines()
     assert lines[0].split()[:2] == ["count", "feasible"]
-    assert len(lines) == 1 + 3 + 1 and lines[-1] == "3 points, 2 feasible; runtime megatron-core"
+    assert len(lines) == 1 + 3 + 1 and lines[-1] == "3 points, 2 feasible, 0 proven optimal; runtime megatron-core"
+
+
+def test_table_counts_proofs_and_the_unproven_plans_gap():
+    result = result_for({"count": ["2", "3", "4"]})
+    points = [replace(result.points[0], proven_optimal=True, lower_bound_s=result.points[0].iteration_time_s),
+              replace(result.points[1], proven_optimal=False, lower_bound_s=result.points[1].iteration_time_s / 1.02),
+              replace(result.points[2], proven_optimal=False, lower_bound_s=result.points[2].iteration_time_s / 1.01)]
+    summary = replace(result, points=tuple(points)).to_table().splitlines()[-1]
+    assert summary == "3 points, 3 feasible, 1 proven optimal (unproven plans within 2.00% of their lower bounds); " \
+        "runtime megatron-core"
+    fixed = replace(result, points=tuple(replace(p, proven_optimal=None) for p in points))  # a fixed plan's sweep
+    assert fixed.to_table().splitlines()[-1] == "3 points, 3 feasible; runtime megatron-core"
 
 
 def test_pareto_front_is_the_non_dominated_points():

@@ -58,6 +58,8 @@ from planner.solver import SolverOptions
 from planner.types import Cluster, Estimate, PipelineSpec, ReplicaSpec, StageSpec
 
 log = logging.getLogger(__name__)
+#: the attribute that marks the log record saying a limit stopped a search (a sweep says it once)
+LIMIT_STOP = "search_limit_stop"
 
 # settings queue items: quick bound, counted bound, strong bound, heterogeneous stages (compute floor, then
 # balanced floor)
@@ -530,13 +532,14 @@ class Limits:
         depends on the machine's load), a warning naming the fix for a work limit, the budget's or the
         SolverOptions' (the same stop on any machine, leaving a plan that is not proven optimal; the default
         work limit is reached only by a search larger than any measured)."""
+        marked = {LIMIT_STOP: True}
         if self.units is None or work < self.units:
-            log.info("search: stopped at the time limit of %g s", self.time_s)
+            log.info("search: stopped at the time limit of %g s", self.time_s, extra=marked)
             return
         limit, fix = (("budget", "raise the budget (--budget, budget=)") if self.units == self.budget else
                       ("work limit", "give it more work (--work, SolverOptions.work)"))
         log.warning("search: stopped at the %s of %d work units before the search was complete, so the plan is the "
-                    "best found, not proven optimal; %s to search further", limit, self.units, fix)
+                    "best found, not proven optimal; %s to search further", limit, self.units, fix, extra=marked)
 
 
 def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, pins: Pins, top_k: int = 1,

@@ -75,6 +75,9 @@ class WhatIfPoint:
     # the planner refused the pinned configuration on this point (a ConfigError), as opposed to finding no
     # plan that fits; not an output column (whatif raises when every point refuses)
     refused: bool = False
+    # a limit (budget, work, time) stopped the point's search before it was complete; not an output column
+    # (whatif says it once for the sweep)
+    stopped_at_limit: bool = False
 
     @property
     def setting(self) -> dict[str, Value]:
@@ -82,21 +85,30 @@ class WhatIfPoint:
 
     def row(self) -> dict[str, Any]:
         """Flat columns: the swept keys first, then the numbers (the CSV row; no timings)."""
-        values = asdict(self)
-        del values["settings"], values["search_time_s"], values["refused"]
+        values = _outputs(self)
+        del values["settings"], values["search_time_s"]
         return {**dict(self.settings), **values}
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form: the timing sits under ``search``, the only part that varies between runs."""
-        values = asdict(self)
-        del values["refused"]
+        values = _outputs(self)
         timing = {"time_s": values.pop("search_time_s")}
         return {**values, "settings": dict(self.settings), "search": timing}
 
 
+#: the fields of a point that are not output (what the sweep itself reads)
+_INTERNAL = ("refused", "stopped_at_limit")
 #: the columns after the swept keys, in CSV and table order
 COLUMNS = tuple(f.name for f in WhatIfPoint.__dataclass_fields__.values()
-                if f.name not in ("settings", "search_time_s", "refused"))
+                if f.name not in ("settings", "search_time_s", *_INTERNAL))
+
+
+def _outputs(point: WhatIfPoint) -> dict[str, Any]:
+    """The point's fields without the internal ones."""
+    values = asdict(point)
+    for name in _INTERNAL:
+        del values[name]
+    return values
 TABLE_COLUMNS = ("feasible", "iteration_time_s", "throughput_samples_per_s", "cost_per_million_tokens",
                  "devices_used", "pp", "tp", "cp", "ep", "dp", "micro_batch", "reason")
 
@@ -164,9 +176,22 @@ class WhatIfResult:
         lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
         feasible = sum(p.feasible for p in self.points)
         runtimes = sorted({p.runtime for p in self.points if p.runtime})  # the CSV has it per row
-        lines.append(f"{len(self.points)} points, {feasible} feasible"
+        lines.append(f"{len(self.points)} points, {feasible} feasible{self._proofs()}"
                      + (f"; runtime {', '.join(runtimes)}" if runtimes else ""))
         return "\n".join(lines)
+
+
+    def _proofs(self) -> str:
+        """How many searched plans are proven optimal, and how far the others can be from their lower bounds
+        (empty for a fixed plan's sweep, which searches nothing)."""
+        searched = [p for p in self.points if p.feasible and p.proven_optimal is not None]
+        if not searched:
+            return ""
+        proven = sum(bool(p.proven_optimal) for p in searched)
+        gaps = [p.iteration_time_s / p.lower_bound_s - 1.0 for p in searched
+                if not p.proven_optimal and p.iteration_time_s and p.lower_bound_s]
+        within = f" (unproven plans within {max(gaps):.2%} of their lower bounds)" if gaps else ""
+        return f", {proven} proven optimal{within}"
 
 
 def _cell(value: Any) -> str:
@@ -291,12 +316,34 @@ def infeasible(inputs: PointInputs, reason: str, seq_len: int | None = None) -> 
                        seq_len=seq_len)
 
 
+class _LimitStops(logging.Filter):
+    """Holds back the search's messages that a limit stopped it (the sweep says it once, on any backend) and
+    remembers whether one came."""
+
+    def __init__(self, marker: str) -> None:
+        super().__init__()
+        self.marker, self.seen = marker, False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, self.marker, False):
+            self.seen = True
+            return False
+        return True
+
+
 def evaluate_point(task: PointTask) -> WhatIfPoint:
     """Plan one point. A model that cannot be imported raises (the whole sweep is wrong); a point the
     planner cannot serve is an infeasible row. ``search_time_s`` includes a first import of the model."""
+    from planner.search import engine  # noqa: PLC0415
+
     start = time.perf_counter()
-    point = _evaluate(task)
-    return replace(point, search_time_s=time.perf_counter() - start)
+    stops = _LimitStops(engine.LIMIT_STOP)
+    engine.log.addFilter(stops)
+    try:
+        point = _evaluate(task)
+    finally:
+        engine.log.removeFilter(stops)
+    return replace(point, search_time_s=time.perf_counter() - start, stopped_at_limit=stops.seen)
 
 
 def _evaluate(task: PointTask) -> WhatIfPoint:
@@ -395,10 +442,23 @@ def whatif(model_path: str, cluster_spec: str | Cluster, global_batch: int, swee
     if results and all(p.refused for p in results):  # the pins are the mistake, not the points
         what = "the plan" if plan is not None else "the pinned configuration"
         raise ConfigError(f"every point of the sweep refuses {what}; the first: {results[0].reason}")
+    stopped = sum(p.stopped_at_limit for p in results)
+    if stopped:
+        log.warning("whatif: a limit stopped the search at %d of %d points before it was complete, so their plans "
+                    "are the best found, not proven optimal; %s to search further", stopped, len(results),
+                    _limit_fix(time_limit_s, budget))
     name = cluster.name or (cluster_spec if isinstance(cluster_spec, str) else "")
     used_workers = workers or (default_workers() if backend == "process" else None)
     return WhatIfResult(points=tuple(results), keys=tuple(s.key.text for s in parsed), model=str(model_path),
                         cluster=name, workers=used_workers, backend=backend, elapsed_s=time.perf_counter() - start)
+
+
+def _limit_fix(time_limit_s: float | None, budget: int | None) -> str:
+    """What raises the limits a sweep was given (the work limit of SolverOptions when neither)."""
+    fixes = [fix for given, fix in ((budget, "raise the budget (--budget, budget=)"),
+                                    (time_limit_s, "raise the time limit (--time-limit, time_limit_s=)"))
+             if given is not None]
+    return " or ".join(fixes) or "give it more work (--work, SolverOptions.work)"
 
 
 def _check_fixed_plan(plan: Any, global_batch: int, pinned: Any, keys: Sequence[str]) -> None:
