@@ -180,3 +180,26 @@ def test_a_limit_that_is_not_finite_is_refused_naming_its_flag(tiny_model, capsy
         main([*argv, *(["--sweep", "count=1"] if command == "whatif" else [])])
     assert exit_info.value.code == 2
     assert f"argument {flag}: '{value}' is not a finite number" in one_error_line(capsys)
+
+
+def test_plan_top_with_an_export_format_is_refused_before_the_search(tiny_model, capsys, monkeypatch):
+    # an export writes the best plan alone: --top used to be dropped without a word
+    monkeypatch.setattr("planner.search.search", must_not_run)
+    assert main(["plan", tiny_model, "--cluster", "dgx-a100-80gb*1", "--global-batch", "8", "--top", "2",
+                 "--format", "megatron"]) == 2
+    line = one_error_line(capsys)
+    assert "--top 2" in line and "--format megatron" in line and "leave --top out" in line
+
+
+def test_plan_format_json_lists_the_alternatives_as_json_does(tiny_model, capsys):
+    # the README's '--json' is '--format json': both print the --top K alternatives
+    documents = []
+    for flags in (["--format", "json"], ["--json"]):
+        assert main(["plan", tiny_model, "--cluster", "dgx-a100-80gb*1", "--global-batch", "8", "--top", "1",
+                     *flags]) == 0
+        document = json.loads(capsys.readouterr().out)
+        for plan in (document, *document.get("alternatives", [])):
+            plan["search"].pop("time_s")  # the measured timing, the one field that differs between runs
+        documents.append(document)
+    assert len(documents[0]["alternatives"]) == 1 and documents[0] == documents[1]
+

@@ -28,7 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_allow_unknown_ops_flag(parser)
     add_config_flags(parser, required=False)
     parser.add_argument("--top", type=non_negative_int, default=0, metavar="K",
-                        help="also list the K next best plans (alternatives; at most 99)")
+                        help="also list the K next best plans (alternatives: under the table, or in the JSON; "
+                             "at most 99)")
     parser.add_argument("--time-limit", type=positive_seconds, metavar="S",
                         help="stop searching after S seconds, once a plan is found (the plan then says whether it "
                              "is proven optimal, and its lower bound)")
@@ -105,7 +106,10 @@ def run(args: argparse.Namespace) -> int:
     if args.top >= MAX_TOP_K:
         raise ConfigError(f"--top {args.top}: a search returns at most {MAX_TOP_K} plans; use --top "
                           f"{MAX_TOP_K - 1} or less")
-    output_format(args)
+    fmt = output_format(args)
+    if args.top and fmt not in ("table", "json"):  # an export writes the best plan alone
+        raise ConfigError(f"--top {args.top}: --format {fmt} writes the best plan alone, so it has no alternatives "
+                          "to list; use --format table or --json with --top, or leave --top out")
     if args.gantt is not None:  # an empty path is an error, not "not given"
         check_path(args.gantt, "--gantt")
         pyplot()  # matplotlib missing fails here, before --out is written
@@ -140,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
             bar.close()
     best = result.best
     # rendered first: an export that refuses the plan fails before --out and --gantt are written
-    text = None if args.json else render(best, args.format)
+    text = None if fmt == "json" else render(best, fmt)
     if args.out is not None:
         write_text(args.out, best.to_json() + "\n", "--out")
     if args.gantt is not None:
@@ -153,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
         emit_json(document)
         return 0
     sys.stdout.write(text)
-    if len(result.plans) > 1 and args.format == "table":
+    if len(result.plans) > 1:  # the table's format: json and the exports were handled above
         sys.stdout.write(_alternatives(result.plans))
     return 0
 
