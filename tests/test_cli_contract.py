@@ -203,3 +203,9 @@ def test_plan_format_json_lists_the_alternatives_as_json_does(tiny_model, capsys
         documents.append(document)
     assert len(documents[0]["alternatives"]) == 1 and documents[0] == documents[1]
 
+
+def test_plan_alternatives_name_their_vpp(tiny_model, capsys):
+    # alternatives that differ only in interleaving used to print as identical lines
+    assert main(["plan", tiny_model, "--cluster", "dgx-a100-80gb*1", "--global-batch", "8", "--top", "1"]) == 0
+    lines = capsys.readouterr().out.split("Best plan and 1 alternative:\n")[1].splitlines()
+    assert len(lines) == 2 and all(" vpp=" in line for line in lines)
