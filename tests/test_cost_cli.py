@@ -88,3 +88,18 @@ def test_a_bound_batch_axis_warns_that_it_is_not_the_micro_batch(capsys, caplog,
     with caplog.at_level("WARNING"):
         assert run(capsys, *flags, "--micro-batch", "4")[0] == 0
     assert "batch axis" not in caplog.text
+
+
+
+def test_table_times_are_in_units_that_show_them(capsys, tmp_path):
+    # a small model's parts are microseconds: printed in seconds to 4 places they read "optimizer 0.0000 s"
+    path = tmp_path / "small.onnx"
+    save(build("gpt", {"layers": 2, "hidden": 64, "heads": 2, "vocab": 128, "seq_len": 64}), str(path))
+    flags = [str(path), "--cluster", "dgx-h100*1", "--global-batch", "16", "--tp", "1", "--pp", "1", "--dp", "4"]
+    code, out, _ = run(capsys, *flags, "--json")
+    parts = {key[:-2]: value for key, value in json.loads(out)["breakdown"].items() if value}
+    code, out, _ = run(capsys, *flags)
+    line = next(line for line in out.splitlines() if line.startswith("breakdown: "))
+    printed = dict(item.split(" ", 1) for item in line[len("breakdown: "):].split(", "))
+    assert code == 0 and printed.keys() == parts.keys() and min(parts.values()) < 5e-5
+    assert all(float(text.split()[0]) > 0 for text in printed.values()), line

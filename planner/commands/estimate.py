@@ -13,7 +13,7 @@ from planner.commands._common import (add_cluster_flags, add_config_flags, add_j
 from planner.commands._common import add_allow_unknown_ops_flag
 from planner.errors import ConfigError
 from planner.types import Batching, Estimate, LayerGraph, MemoryBreakdown
-from planner.units import GIB, whole_bytes
+from planner.units import GIB, seconds, whole_bytes
 
 HELP = "predict the iteration time, throughput and memory of one parallel configuration"
 
@@ -96,11 +96,11 @@ def _print_table(model: LayerGraph, estimate: Estimate) -> None:
               f"{f'fp8-recipe={cfg.fp8_recipe} ' if cfg.fp8_recipe else ''}runtime={cfg.runtime}"
               + (f" ep={cfg.ep} expert-tp={cfg.expert_tp} ep-overlap={'yes' if cfg.ep_overlap else 'no'}"
                  if any(layer.moe for layer in model.layers) else "") + "\n")
-    out.write(f"iteration {estimate.iteration_time_s:.4f} s, {estimate.throughput_samples_per_s:.2f} samples/s, "
+    out.write(f"iteration {seconds(estimate.iteration_time_s)}, {estimate.throughput_samples_per_s:.2f} samples/s, "
               f"memory {estimate.memory_per_device_bytes / GIB:.1f} GiB per device (largest), "
               f"{'fits' if estimate.feasible else 'DOES NOT FIT: ' + estimate.reason}\n")
     parts = estimate.breakdown.to_dict()
-    out.write("breakdown: " + ", ".join(f"{k[:-2]} {v:.4f} s" for k, v in parts.items() if v) + "\n")
+    out.write("breakdown: " + ", ".join(f"{k[:-2]} {seconds(v)}" for k, v in parts.items() if v) + "\n")
     out.write(f"{'stage':>5} {'layers':>9} {'device':>12} {'tp':>3} {'dp':>4} {'fwd ms':>9} {'bwd ms':>9} "
               f"{'mem GiB':>8}\n")
     for s in estimate.stages:  # a stage's own tp and dp: a plan's stages may differ from the config's
