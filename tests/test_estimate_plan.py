@@ -206,3 +206,20 @@ def test_the_table_gives_each_stage_its_tp_and_dp(made, capsys):
     header = next(i for i, line in enumerate(lines) if line.split()[:4] == ["stage", "layers", "device", "tp"])
     rows = [line.split() for line in lines[header + 1:header + 3]]
     assert [(int(r[3]), int(r[4])) for r in rows] == [(s.tp, s.dp) for s in plans["pipeline"].stages]
+
+
+def test_the_table_gives_each_replica_group_of_a_mixed_stage_its_row(made, capsys):
+    # a mixed stage's own tp, dp and times only sum its groups up: they used to be all the table printed
+    root, model, _, _, _ = made
+    plan = planner.plan(model, planner.load_cluster(MIXED), 64,
+                        pinned=planner.ParallelConfig(global_batch=64, pp=1, dp=16))
+    groups = plan.stages[0].replicas
+    assert len(groups) == 2
+    path = root / "mixed_stage.json"
+    path.write_text(plan.to_json())
+    assert main(["estimate", str(root / "gpt.onnx"), "--cluster", MIXED, "--plan", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.split()[:4] == ["stage", "layers", "device", "tp"])
+    rows = [line.split() for line in lines[header + 2:header + 4]]
+    assert [(r[0], r[2], int(r[3]), int(r[4])) for r in rows] == \
+        [(f"{g.batch_share:.0%}", g.device_type, g.tp, g.dp) for g in groups]

@@ -87,8 +87,9 @@ def _print_table(model: LayerGraph, estimate: Estimate) -> None:
     cfg = estimate.config
     out = sys.stdout
     out.write(f"model {model.name}: {model.params / 1e9:.2f}B parameters\n")
-    tps = sorted({s.tp for s in estimate.stages})  # a mixed plan's stages may each have their own
-    tp = cfg.tp if len(tps) == 1 else "/".join(map(str, tps)) + " (per stage)"
+    # a mixed plan's stages, and a mixed stage's replica groups, may each have their own
+    tps = sorted({group.tp for s in estimate.stages for group in (s, *s.replicas)})
+    tp = cfg.tp if len(tps) == 1 else "/".join(map(str, tps)) + " (per stage or replica group)"
     out.write(f"config: tp={tp} cp={cfg.cp} pp={cfg.pp} dp={cfg.dp} micro-batch={cfg.micro_batch} vpp={cfg.vpp} "
               f"schedule={cfg.schedule} zero={cfg.zero} recompute={cfg.recompute} "
               f"sequence-parallel={'yes' if cfg.sequence_parallel else 'no'} optimizer={cfg.optimizer} "
@@ -106,6 +107,10 @@ def _print_table(model: LayerGraph, estimate: Estimate) -> None:
     for s in estimate.stages:  # a stage's own tp and dp: a plan's stages may differ from the config's
         out.write(f"{s.index:>5} {f'{s.first_layer}-{s.last_layer}':>9} {s.device_type:>12} {s.tp:>3} {s.dp:>4} "
                   f"{s.forward_s * 1e3:>9.2f} {s.backward_s * 1e3:>9.2f} {s.memory.total_bytes / GIB:>8.1f}\n")
+        if len(s.replicas) > 1:  # a mixed stage's own fields only sum its groups up: each group on its own row
+            for r in s.replicas:
+                out.write(f"{'':>5} {f'{r.batch_share:.0%} batch':>9} {r.device_type:>12} {r.tp:>3} {r.dp:>4} "
+                          f"{r.forward_s * 1e3:>9.2f} {r.backward_s * 1e3:>9.2f} {r.memory.total_bytes / GIB:>8.1f}\n")
     for note in estimate.notes:
         out.write(f"note: {note}\n")
 
