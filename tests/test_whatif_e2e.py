@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import subprocess
 import sys
 
@@ -265,3 +266,18 @@ def test_a_limit_that_stops_searches_is_said_once_for_the_sweep(files, caplog, w
     assert "stopped_at_limit" not in result.to_csv() and "stopped_at_limit" not in result.to_json()
     proven = sum(bool(p.proven_optimal) for p in result.points)
     assert result.to_table().splitlines()[-1].startswith(f"2 points, 2 feasible, {proven} proven optimal")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_time_limit_that_stops_searches_is_said_without_verbose_logging(files, caplog, workers):
+    # a time limit's stop is an info record: at the default WARNING level the points never made it, so the
+    # sweep's warning came only under -v
+    model, cluster = files
+    with caplog.at_level("WARNING", logger="planner"):
+        result = whatif(model, cluster, 8, {"l4.count": ["1", "2"]}, workers=workers, time_limit_s=1e-9)
+        assert logging.getLogger("planner.search.engine").getEffectiveLevel() == logging.WARNING
+    stops = [r for r in caplog.records if "stopped" in r.getMessage()]
+    stopped = sum(p.stopped_at_limit for p in result.points)
+    assert stopped >= 1 and [r.name for r in stops] == ["planner.sweep.whatif"]
+    assert f"at {stopped} of 2 points" in stops[0].getMessage() and "--time-limit" in stops[0].getMessage()
+    assert not [r for r in caplog.records if r.levelno < logging.WARNING]  # nothing else leaks below the level

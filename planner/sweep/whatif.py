@@ -318,17 +318,19 @@ def infeasible(inputs: PointInputs, reason: str, seq_len: int | None = None) -> 
 
 class _LimitStops(logging.Filter):
     """Holds back the search's messages that a limit stopped it (the sweep says it once, on any backend) and
-    remembers whether one came."""
+    remembers whether one came. A time limit's is an info record, which a logger at the default WARNING level
+    never makes: :func:`evaluate_point` lets ``engine.log`` make it, and this filter drops the other records
+    below ``threshold``, the level the logger had, so that nothing else changes."""
 
-    def __init__(self, marker: str) -> None:
+    def __init__(self, marker: str, threshold: int) -> None:
         super().__init__()
-        self.marker, self.seen = marker, False
+        self.marker, self.threshold, self.seen = marker, threshold, False
 
     def filter(self, record: logging.LogRecord) -> bool:
         if getattr(record, self.marker, False):
             self.seen = True
             return False
-        return True
+        return record.levelno >= self.threshold
 
 
 def evaluate_point(task: PointTask) -> WhatIfPoint:
@@ -337,11 +339,14 @@ def evaluate_point(task: PointTask) -> WhatIfPoint:
     from planner.search import engine  # noqa: PLC0415
 
     start = time.perf_counter()
-    stops = _LimitStops(engine.LIMIT_STOP)
+    level = engine.log.level
+    stops = _LimitStops(engine.LIMIT_STOP, engine.log.getEffectiveLevel())
     engine.log.addFilter(stops)
+    engine.log.setLevel(min(stops.threshold, logging.INFO))  # a time limit's stop is an info record
     try:
         point = _evaluate(task)
     finally:
+        engine.log.setLevel(level)
         engine.log.removeFilter(stops)
     return replace(point, search_time_s=time.perf_counter() - start, stopped_at_limit=stops.seen)
 
