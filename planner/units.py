@@ -25,6 +25,14 @@ def seconds(value_s: float) -> str:
     return f"{value_s * 1e6:.1f} us"
 
 
+def count(value: float) -> str:
+    """A count in the largest decimal unit that fits: ``124_439_808`` -> ``"124.4M"``, ``1.3e9`` -> ``"1.30B"``."""
+    for unit, scale, digits in (("T", 1e12, 2), ("B", 1e9, 2), ("M", 1e6, 1), ("K", 1e3, 1)):
+        if value >= scale:
+            return f"{value / scale:.{digits}f}{unit}"
+    return f"{value:.0f}"
+
+
 def size(value_bytes: float) -> str:
     """Bytes in the largest binary unit that fits: ``3 * 2**30`` -> ``"3.0 GiB"``."""
     for unit, scale in (("TiB", TIB), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):

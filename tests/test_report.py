@@ -15,7 +15,7 @@ from planner.cli import main
 from planner.errors import ConfigError
 from planner.plans import Plan
 from planner.report import FORMATS, render
-from planner.units import id_ranges, seconds, size
+from planner.units import count, id_ranges, seconds, size
 
 
 def test_units():
@@ -23,6 +23,8 @@ def test_units():
     assert id_ranges([5]) == "5" and id_ranges([]) == ""
     assert seconds(1.5) == "1.500 s" and seconds(0.0125) == "12.50 ms" and seconds(2e-6) == "2.0 us"
     assert size(80 * 2**30) == "80.0 GiB" and size(512) == "512 B"
+    assert count(124_439_808) == "124.4M" and count(1.3e9) == "1.30B" and count(112_384) == "112.4K"
+    assert count(12) == "12" and count(405e9) == "405.00B" and count(2e12) == "2.00T"
 
 
 def test_table_has_stages_breakdown_bottleneck_and_search():

@@ -13,7 +13,7 @@ from planner.commands._common import (add_cluster_flags, add_config_flags, add_j
 from planner.commands._common import add_allow_unknown_ops_flag
 from planner.errors import ConfigError
 from planner.types import Batching, Estimate, LayerGraph, MemoryBreakdown
-from planner.units import GIB, seconds, whole_bytes
+from planner.units import GIB, count, seconds, whole_bytes
 
 HELP = "predict the iteration time, throughput and memory of one parallel configuration"
 
@@ -86,7 +86,7 @@ def estimate_document(model: LayerGraph, estimate: Estimate) -> dict[str, Any]:
 def _print_table(model: LayerGraph, estimate: Estimate) -> None:
     cfg = estimate.config
     out = sys.stdout
-    out.write(f"model {model.name}: {model.params / 1e9:.2f}B parameters\n")
+    out.write(f"model {model.name}: {count(model.params)} parameters\n")
     # a mixed plan's stages, and a mixed stage's replica groups, may each have their own
     tps = sorted({group.tp for s in estimate.stages for group in (s, *s.replicas)})
     tp = cfg.tp if len(tps) == 1 else "/".join(map(str, tps)) + " (per stage or replica group)"
@@ -97,7 +97,7 @@ def _print_table(model: LayerGraph, estimate: Estimate) -> None:
               f"{f'fp8-recipe={cfg.fp8_recipe} ' if cfg.fp8_recipe else ''}runtime={cfg.runtime}"
               + (f" ep={cfg.ep} expert-tp={cfg.expert_tp} ep-overlap={'yes' if cfg.ep_overlap else 'no'}"
                  if any(layer.moe for layer in model.layers) else "") + "\n")
-    out.write(f"iteration {seconds(estimate.iteration_time_s)}, {estimate.throughput_samples_per_s:.2f} samples/s, "
+    out.write(f"iteration {seconds(estimate.iteration_time_s)}, {estimate.throughput_samples_per_s:.4g} samples/s, "
               f"memory {estimate.memory_per_device_bytes / GIB:.1f} GiB per device (largest), "
               f"{'fits' if estimate.feasible else 'DOES NOT FIT: ' + estimate.reason}\n")
     parts = estimate.breakdown.to_dict()
