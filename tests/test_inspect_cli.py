@@ -74,6 +74,13 @@ def test_missing_file(capsys, tmp_path):
     _one_line_error(err, "nope.onnx", "no such file")
 
 
+def test_a_tables_file_given_as_the_model_is_named(capsys):
+    code, _, err = _run(capsys, "inspect", str(Path(__file__).parents[1] / "models" / "criteo-tables.json"))
+    assert code == 2
+    _one_line_error(err, "criteo-tables.json", "not an ONNX model but a JSON document")
+    assert "--tables FILE" in err and "ModelProto" not in err
+
+
 def test_not_onnx(capsys, tmp_path):
     path = tmp_path / "notes.onnx"
     path.write_text("these are not the bytes you are looking for\n" * 10)
