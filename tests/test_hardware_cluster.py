@@ -242,6 +242,7 @@ def test_a_device_file_that_is_no_profile_is_named_without_its_content(tmp_path,
 def test_missing_cluster_file(capsys, tmp_path):
     line = _run_bad(capsys, str(tmp_path / "absent.yaml"))
     assert "no such file" in line
+    assert "a cluster file's path, an example cluster's name (`planner devices` lists them) or a shorthand" in line
     assert "no such file" in _run_bad(capsys, str(tmp_path / "absent"))
 
 

@@ -57,6 +57,9 @@ def load_cluster(spec: str | os.PathLike) -> Cluster:
         if bundled is not None:
             raise ClusterError(f"{text}: no such file; the catalog's example cluster of that name is "
                                f"--cluster {path.stem} (or give its path, {bundled})")
+        if not _exists(path):
+            raise ClusterError(f"{text}: no such file; give a cluster file's path, an example cluster's name "
+                               f"(`planner devices` lists them) or a shorthand such as dgx-a100-80gb*16")
         return _cluster_from_document(read_document(path), path.parent)
     bundled = catalog.cluster_file(text) if _BARE_NAME.fullmatch(text.strip()) else None
     if bundled is not None and text.strip().lower() not in catalog.node_names():
