@@ -48,6 +48,9 @@ def test_table_mixed_replicas_and_gap_and_embeddings():
     # each replica group: its share and its own micro-batches per replica (0.4 x 32 / (2 x 1))
     assert "40% of batch, 6.4 mb each  v100-32gb  8-15" in text
     assert "replicas (on average: see the replica groups)" in text
+    # the mixed stage's own row leaves the degrees and the memory to its groups' rows
+    mixed_row = next(line for line in text.splitlines() if " mixed " in line)
+    assert " GiB" not in mixed_row and " MiB" not in mixed_row
     assert "within 11% of the lower bound" in text  # 0.5 / 0.45 - 1
     close = dataclasses.replace(plan_samples.mixed_plan(), iteration_time_s=0.45002)
     assert "within 0.0044% of the lower bound" in render(close, "table")  # not "0.0%": a gap, however small

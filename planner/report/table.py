@@ -18,8 +18,9 @@ def _stage_rows(stage: StagePlan, plan: Plan) -> list[list[str]]:
     if len(stage.replicas) <= 1:
         return [[str(stage.index), layers, stage.device_type, id_ranges(stage.devices), str(stage.tp), str(stage.dp),
                  stage.recompute, size(stage.memory_bytes_per_device), seconds(stage.time_s)]]
-    rows = [[str(stage.index), layers, "mixed", id_ranges(stage.devices), "", "", stage.recompute,
-             size(stage.memory_bytes_per_device), seconds(stage.time_s)]]
+    # each replica group's own degrees and memory are on its row below (the stage's fields only sum them up)
+    rows = [[str(stage.index), layers, "mixed", id_ranges(stage.devices), "", "", stage.recompute, "",
+             seconds(stage.time_s)]]
     for replica in stage.replicas:
         per_replica = plan.batching.replica_micro_batches(replica.batch_share, replica.dp)
         rows.append(["", f"  {replica.batch_share:.0%} of batch, {per_replica:g} mb each", replica.device_type,
