@@ -31,6 +31,9 @@ def test_dlrm_plan_has_sharded_tables(tmp_path):
     assert max(overheads, key=overheads.get) == "embedding_s"
     share = best.breakdown["embedding_s"] / best.iteration_time_s
     assert f"the largest overhead is embeddings ({share:.0%} of the iteration)" in best.bottleneck
+    # its memory clause gives the peak with the tables placed, the one the plan's header gives
+    assert f"memory peaks at {best.memory_per_device_bytes / 2**30:.1f} GiB per device with the embedding tables " \
+        "placed (the dense part's tightest: stage 0 (" in best.bottleneck
     # each device: dense memory + embedding memory recomputed from the shards (Adam: weights + 2 states)
     state = {"adam": 2.0, "adagrad": 1.0, "sgd": 0.0}.get(best.optimizer, 1.0)
     dims = {t.name: t for t in tables}

@@ -162,7 +162,7 @@ def search_dense(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinn
         spec, estimate = listed_spec(cand)
         timed = to_plan(model, listed, spec, estimate, dataclasses.replace(
             info, proven_optimal=info.proven_optimal and not slower and refused is None), "")
-        embedding_s = 0.0
+        embedding_s, joined_memory = 0.0, None
         if finish is not None:
             try:
                 timed = finish(timed, estimate)
@@ -170,9 +170,10 @@ def search_dense(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinn
                 refused = refused or exc
                 continue
             embedding_s = float(timed.breakdown.get("embedding_s", 0.0))
+            joined_memory = timed.memory_per_device_bytes
         # the sentence weighs each part's share of the whole iteration, embeddings included
         built.append(dataclasses.replace(timed, bottleneck=bottleneck(
-            estimate, cand.settings.num_micro_batches(global_batch), embedding_s)))
+            estimate, cand.settings.num_micro_batches(global_batch), embedding_s, joined_memory)))
     if not built and refused is not None:
         raise refused
     if outcome.fastest is not None and len(built) == len(outcome.candidates):  # the tie rule's choice, said

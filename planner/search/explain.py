@@ -8,10 +8,12 @@ from planner.types import BREAKDOWN_PARTS, Estimate
 from planner.units import GIB, seconds
 
 
-def bottleneck(estimate: Estimate, num_micro_batches: int, embedding_s: float = 0.0) -> str:
+def bottleneck(estimate: Estimate, num_micro_batches: int, embedding_s: float = 0.0,
+               joined_memory_bytes: float | None = None) -> str:
     """One sentence: which stage sets the pace, and which non-compute part costs most and why.
     ``embedding_s``: the sparse tables' time joined to the dense ``estimate`` (a DLRM's plan); shares are of
-    the whole iteration, embeddings included."""
+    the whole iteration, embeddings included. ``joined_memory_bytes``: the plan's peak per device with those
+    tables placed, said beside the dense stage's."""
     if not estimate.stages:
         return ""
     per_mb = [s.forward_s + s.backward_s for s in estimate.stages]
@@ -47,9 +49,12 @@ def bottleneck(estimate: Estimate, num_micro_batches: int, embedding_s: float = 
     elif share > 0.0:
         sentence += f"; compute is nearly all of it (the largest overhead, {overhead[1]}, is under 1%)"
     fill = memory.memory.total_bytes / max(memory.memory_capacity_bytes, 1.0)
-    sentence += (f"; memory is tightest on stage {memory.index} ({memory.memory.total_bytes / GIB:.1f} of "
-                 f"{memory.memory_capacity_bytes / GIB:.1f} GiB, {fill:.0%}).")
-    return sentence
+    dense = (f"stage {memory.index} ({memory.memory.total_bytes / GIB:.1f} of "
+             f"{memory.memory_capacity_bytes / GIB:.1f} GiB, {fill:.0%})")
+    if joined_memory_bytes is None:
+        return sentence + f"; memory is tightest on {dense}."
+    return sentence + (f"; memory peaks at {joined_memory_bytes / GIB:.1f} GiB per device with the embedding "
+                       f"tables placed (the dense part's tightest: {dense}).")
 
 
 def _expert_traffic(ep: int, expert_tp: int) -> str:
