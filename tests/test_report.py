@@ -72,6 +72,8 @@ def test_plan_alternatives_list_the_best_plan_and_k_more_with_each_replica_group
     assert lines[1] == "Best plan and 1 alternative:"
     assert lines[2].endswith("[a100-80gb tp4, v100-32gb tp2 dp4 + a100-80gb tp4 dp2]")
     assert lines[3].startswith("  2. ") and lines[3].endswith("[a100-80gb tp4, a100-80gb tp4]")
+    # each time in the table's units (planner.units.seconds), as the plan's own table gives it
+    assert lines[2].startswith(f"  1. {seconds(mixed.iteration_time_s)}  pp=")
     assert _alternatives((mixed, mixed, mixed, mixed)).splitlines()[1] == "Best plan and 3 alternatives:"
 
 

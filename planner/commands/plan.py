@@ -18,6 +18,7 @@ from planner.report import FORMATS, render
 from planner.report.table import replica_groups
 from planner.rules import FORMAT_RUNTIMES, format_dtype, refused_rule, runtime_for_format, uniform_stages
 from planner.types import LayerGraph
+from planner.units import seconds
 
 HELP = "search the fastest parallel plan that fits (provably optimal under the cost model where it can say so)"
 
@@ -53,7 +54,7 @@ def _alternatives(plans: tuple[Plan, ...]) -> str:
         # each stage's replica groups on their own device type and degrees (a mixed stage's summary fields would
         # give one tp for groups that differ)
         stages = ", ".join(replica_groups(s) for s in p.stages[:3]) + (" ..." if len(p.stages) > 3 else "")
-        lines.append(f"  {rank}. {p.iteration_time_s:.4g} s  pp={len(p.stages)} vpp={p.vpp} dp={p.stages[0].dp} "
+        lines.append(f"  {rank}. {seconds(p.iteration_time_s)}  pp={len(p.stages)} vpp={p.vpp} dp={p.stages[0].dp} "
                      f"micro-batch={p.micro_batch} ZeRO-{p.zero} recompute={p.stages[0].recompute} "
                      f"sp={'on' if p.sequence_parallel else 'off'}  [{stages}]")
     return "\n".join(lines) + "\n"
