@@ -74,6 +74,15 @@ def test_table_output(capsys, model_path):
     code, out, _ = run(capsys, model_path, "--cluster", "dgx-h100*1", "--global-batch", "16", "--tp", "2",
                        "--pp", "1", "--dp", "4", "--recompute", "full")
     assert code == 0 and "iteration" in out and "recompute=full" in out
+    assert " parameters, on 8 of the cluster's 8 devices" in out.splitlines()[0]  # tp 2 x dp 4
+
+
+def test_table_says_how_many_devices_and_parameters(capsys, tmp_path):
+    path = tmp_path / "small.onnx"
+    save(build("gpt", {"layers": 2, "hidden": 64, "heads": 2, "vocab": 128, "seq_len": 64}), str(path))
+    code, out, _ = run(capsys, str(path), "--cluster", "dgx-h100*2", "--global-batch", "16", "--tp", "1", "--pp", "1",
+                       "--dp", "4")
+    assert code == 0 and out.splitlines()[0] == "model small: 112.4K parameters, on 4 of the cluster's 16 devices"
 
 
 def test_a_bound_batch_axis_warns_that_it_is_not_the_micro_batch(capsys, caplog, model_path):

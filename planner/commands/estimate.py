@@ -83,10 +83,12 @@ def estimate_document(model: LayerGraph, estimate: Estimate) -> dict[str, Any]:
     }
 
 
-def _print_table(model: LayerGraph, estimate: Estimate) -> None:
+def _print_table(model: LayerGraph, estimate: Estimate, num_devices: int) -> None:
     cfg = estimate.config
     out = sys.stdout
-    out.write(f"model {model.name}: {count(model.params)} parameters\n")
+    used = len({d for s in estimate.stages for d in s.devices})
+    out.write(f"model {model.name}: {count(model.params)} parameters, on {used} of the cluster's {num_devices} "
+              "devices\n")
     # a mixed plan's stages, and a mixed stage's replica groups, may each have their own
     tps = sorted({group.tp for s in estimate.stages for group in (s, *s.replicas)})
     tp = cfg.tp if len(tps) == 1 else "/".join(map(str, tps)) + " (per stage or replica group)"
@@ -151,5 +153,5 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(estimate_document(model, result))
     else:
-        _print_table(model, result)
+        _print_table(model, result, cluster.num_devices)
     return 0
