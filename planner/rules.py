@@ -518,9 +518,17 @@ def stage_blocks(num_units: int, pp: int, vpp: int, first: int | None, last: int
                  (middle_stages > 0 and rest - x >= unit and (rest - x) % unit == 0)]
         hint = f"nearest valid first/last count with the other fixed: {nearest(ends[0], valid)}" if valid else \
             "use other counts or another pp"
-        raise ConfigError(f"{flag}first/last stage layers leave {middle} of the {num_units} transformer layers for "
-                          f"{middle_stages} middle stages, which must share them evenly (a multiple of {unit}, "
-                          f"at least {unit}); {hint}")
+        given = " + ".join(map(str, ends))
+        if middle_stages == 0:  # pp 2 with both ends set: they are the whole model
+            raise ConfigError(f"{flag}first/last stage layers {given} must add up to the model's {num_units} "
+                              f"transformer layers (pp={pp} has no other stage); {hint}")
+        others = f"the {middle_stages} middle stages" if len(ends) == 2 else f"the other {middle_stages} stages" \
+            if middle_stages > 1 else "the last stage" if last is None else "the first stage"
+        left = f"leave {middle} of the {num_units} transformer layers" if middle >= 0 else \
+            f"take {sum(ends)} of the model's {num_units} transformer layers"
+        must = f"which must share them evenly (a multiple of {unit}, at least {unit})" if middle_stages > 1 else \
+            "which must hold at least one"
+        raise ConfigError(f"{flag}first/last stage layers {given} {left} for {others}, {must}; {hint}")
     per = middle // middle_stages if middle_stages else 0
     counts = [first if first is not None else per, *[per] * (pp - 2), last if last is not None else per]
     limit = layout_vpp_limit(counts)

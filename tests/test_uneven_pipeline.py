@@ -58,7 +58,11 @@ def test_a_layout_shares_each_stage_over_its_chunks():
     ((24, 4, 4, 0, 8), "at least one transformer layer"),
     ((24, 4, 4, 4, 9), "must share them evenly"),
     ((10, 1, 1, 3, None), "pp >= 2"),
-    ((10, 2, 1, 4, 5), "0 middle stages"),
+    ((10, 2, 1, 4, 5), r"4 \+ 5 must add up to the model's 10 transformer layers \(pp=2 has no other stage\); "
+                       "nearest valid first/last count with the other fixed: 5"),
+    ((24, 2, 1, 24, None), "24 leave 0 of the 24 transformer layers for the last stage"),
+    ((24, 2, 1, None, 30), "30 take 30 of the model's 24 transformer layers for the first stage"),
+    ((24, 4, 1, 20, 20), "20 \\+ 20 take 40 of the model's 24 transformer layers for the 2 middle stages"),
 ])
 def test_stage_blocks_refusals_name_the_fix(args, words):
     with pytest.raises(ConfigError, match=words):
