@@ -77,7 +77,7 @@ def test_missing_file(capsys, tmp_path):
 def test_a_tables_file_given_as_the_model_is_named(capsys):
     code, _, err = _run(capsys, "inspect", str(Path(__file__).parents[1] / "models" / "criteo-tables.json"))
     assert code == 2
-    _one_line_error(err, "criteo-tables.json", "not an ONNX model but a JSON document")
+    _one_line_error(err, "criteo-tables.json", "not a readable ONNX model (JSON that onnx cannot parse)")
     assert "--tables FILE" in err and "ModelProto" not in err
 
 

@@ -51,9 +51,9 @@ def read_model(path: str | os.PathLike) -> onnx.ModelProto:
         raise ModelError(f"{file}: cannot read it ({exc.strerror or exc}); give a readable .onnx model") from None
     except PARSE_ERRORS as exc:
         if file.suffix.lower() in (".json", ".yaml", ".yml"):  # the tables or the cluster given as the model
-            raise ModelError(f"{file}: not an ONNX model but a {file.suffix[1:].upper()} document; give the model's "
-                             f".onnx file (embedding-table statistics go in --tables FILE, a cluster in --cluster "
-                             f"FILE)") from None
+            raise ModelError(f"{file}: not a readable ONNX model ({file.suffix[1:].upper()} that onnx cannot "
+                             f"parse); give the model's .onnx file (embedding-table statistics go in --tables FILE, "
+                             f"a cluster in --cluster FILE)") from None
         raise ModelError(f"{file}: not a readable ONNX model (truncated or corrupted?): "
                          f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}") from None
     check_structure(model, str(file))
