@@ -185,7 +185,8 @@ def test_whatif_resolves_the_runtime_at_every_point(gpt8, tmp_path):
     assert [p.feasible for p in result.points] == [True, True]
     assert [p.runtime for p in result.points] == [FALLBACK, FALLBACK]  # each row says what it resolved to
     assert "runtime" in result.to_csv().splitlines()[0].split(",")
-    assert result.to_table().endswith(f"2 points, 2 feasible; runtime {FALLBACK}")
+    summary = result.to_table().splitlines()[-1]
+    assert summary.startswith("2 points, 2 feasible, ") and summary.endswith(f"; runtime {FALLBACK}")
 
 
 
