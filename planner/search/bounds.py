@@ -36,6 +36,7 @@ import dataclasses
 import functools
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import bisect
 import itertools
@@ -326,13 +327,19 @@ def layer_count_bound(tables: CountTables, options: np.ndarray, counts: np.ndarr
     return out
 
 
+def _weight_coefficients(P: int, m: int, vpp: int, ep_overlap: bool = False) -> tuple[float, float]:
+    """The factors of SB and SF in G = a SB + b SF with P stages (:func:`_weights`)."""
+    if vpp == 1:
+        return m - 1, max(0, m - P - int(ep_overlap))
+    return m - 1.0 / vpp, least_delta(P, m, vpp, ep_overlap)
+
+
 def _weights(sb: np.ndarray, sf: np.ndarray, options: np.ndarray, P: int, m: int, vpp: int,
              ep_overlap: bool = False) -> np.ndarray:
     """G of a stage holding its k smallest layers of U, per option (rows) and k (columns), with P stages
     (``sb``, ``sf`` as in :class:`CountTables`; ``ep_overlap``: one more warm-up forward)."""
-    if vpp == 1:
-        return (m - 1) * sb[options] + max(0, m - P - int(ep_overlap)) * sf[options]
-    return (m - 1.0 / vpp) * sb[options] + least_delta(P, m, vpp, ep_overlap) * sf[options]
+    a, b = _weight_coefficients(P, m, vpp, ep_overlap)
+    return a * sb[options] + b * sf[options]
 
 
 def _one_row(tables: CountTables, options: np.ndarray, counts: np.ndarray, pools: np.ndarray, g: np.ndarray,
@@ -384,6 +391,10 @@ def compute_count_bound(size: int, sb: np.ndarray, sf: np.ndarray, caps: np.ndar
     if size == 0:
         return lo
     caps = np.asarray(caps, dtype=int)
+    a_w, b_w = _weight_coefficients(P, m, vpp, ep_overlap)
+    t = _least_covering(size, sb.tolist(), sf.tolist(), caps.tolist(), np.asarray(pools).tolist(), a_w, b_w)
+    if t is not None:
+        return _covering(t, lo)
     options = np.flatnonzero(caps > 0)
     g = _weights(sb, sf, options, P, m, vpp, ep_overlap)  # (used options, size + 1)
     amount = np.arange(size + 1)
@@ -401,6 +412,41 @@ def compute_count_bound(size: int, sb: np.ndarray, sf: np.ndarray, caps: np.ndar
         else:  # min-max convolution: a layers split between the pools so far and this one
             best = np.array([np.maximum(best[:a + 1], T[a::-1]).min() for a in range(size + 1)])
     return _covering(float(best[size]) if best is not None else np.inf, lo)
+
+
+def _least_covering(size: int, sb: list[list[float]], sf: list[list[float]], caps: list[int], pools: list[int],
+                    a_w: float, b_w: float) -> float | None:
+    """The least covering threshold of :func:`compute_count_bound` (inf: none) for one or two pools, in
+    scalars (``sb``, ``sf`` as Python lists, G = ``a_w`` SB + ``b_w`` SF); None for more pools.
+
+    T_p(a) is non-decreasing in a, so max(T_1(a), T_2(size - a)) is least where the two cross: the first a
+    with T_1(a) >= T_2(size - a) (by bisection) or the one before it. Only min and max act on the values of
+    G, so the threshold is the same number as the vectorised min-max's."""
+    per_pool: dict[int, list[tuple[int, list[float], list[float]]]] = {}
+    for o, c in enumerate(caps):
+        if c > 0:
+            per_pool.setdefault(pools[o], []).append((c, sb[o], sf[o]))
+    if len(per_pool) > 2:
+        return None
+    if not per_pool:
+        return np.inf
+
+    def held(entries: list[tuple[int, list[float], list[float]]], a: int) -> float:
+        """T_p(a): the least G of a pool's options whose stages hold ``a`` layers of U."""
+        return min(a_w * b[-(-a // c)] + b_w * f[-(-a // c)] for c, b, f in entries)
+
+    if len(per_pool) == 1:
+        return held(next(iter(per_pool.values())), size)
+    first, second = (per_pool[p] for p in sorted(per_pool))
+    lo_a, hi_a = 0, size + 1
+    while lo_a < hi_a:
+        mid = (lo_a + hi_a) // 2
+        if held(first, mid) >= held(second, size - mid):
+            hi_a = mid
+        else:
+            lo_a = mid + 1
+    values = ([held(first, lo_a)] if lo_a <= size else []) + ([held(second, size - lo_a + 1)] if lo_a > 0 else [])
+    return min(values)
 
 
 def _covering(t: float, lo: float) -> float:
@@ -623,11 +669,22 @@ def _stage_caps(caps: np.ndarray, pools: np.ndarray, num_layers: int, max_stages
                 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Each option's most stages capped by the layers and ``max_stages``; the pools (all one when a plan has
     one stage: one option in all); the most stages a plan can have (a pool serves one option per plan)."""
-    caps = np.minimum(np.asarray(caps, dtype=int), min(num_layers, max_stages))
+    capped, pool_list, most = _stage_caps_list(np.asarray(caps, dtype=int).tolist(), np.asarray(pools).tolist(),
+                                               num_layers, max_stages)
+    return np.array(capped, dtype=int), np.array(pool_list, dtype=np.asarray(pools).dtype), most
+
+
+def _stage_caps_list(caps: list[int], pools: list[int], num_layers: int, max_stages: int
+                     ) -> tuple[list[int], list[int], int]:
+    """:func:`_stage_caps` on Python lists."""
+    limit = min(num_layers, max_stages)
+    caps = [min(c, limit) for c in caps]
     if max_stages == 1:
-        pools = np.zeros_like(pools)
-    most = sum(int(caps[pools == p].max()) for p in np.unique(pools))
-    return caps, pools, min(num_layers, max_stages, most)
+        pools = [0] * len(pools)
+    most: dict[int, int] = {}
+    for c, pool in zip(caps, pools):
+        most[pool] = max(most.get(pool, c), c)
+    return caps, pools, min(num_layers, max_stages, sum(most.values()))
 
 
 def settings_lower_bound(profiles: list[OptionProfile], caps: np.ndarray, m: int, num_layers: int, max_stages: int,
@@ -671,13 +728,18 @@ class QuickSettingsBound:
 
     def __init__(self, backend: Backend, pool_devices: np.ndarray, num_layers: int) -> None:
         self.backend, self.pool_devices, self.num_layers = backend, pool_devices, num_layers
-        self._memo: dict[tuple, tuple] = {}
-        self._prefix: dict[tuple, list] = {}
+        # per tuple of options (found by its id first: the search passes the same tuples over and over), the
+        # tables per layer-table fields of the settings
+        self._by_id: dict[int, tuple[tuple[StageOption, ...], dict]] = {}
+        self._by_options: dict[tuple[StageOption, ...], dict] = {}
 
-    def _tables(self, options: tuple[StageOption, ...], settings: Settings) -> tuple:
-        key = (options, settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype,
+    def _tables(self, options: tuple[StageOption, ...], settings: Settings) -> _QuickTables:
+        entry = self._by_id.get(id(options))
+        if entry is None or entry[0] is not options:  # keep the tuple alive with its id
+            entry = self._by_id[id(options)] = (options, self._by_options.setdefault(options, {}))
+        key = (settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype,
                settings.runtime, settings.ep, settings.expert_tp, settings.ep_overlap)
-        hit = self._memo.get(key)
+        hit = entry[1].get(key)
         if hit is None:
             tabs = [self.backend.layer_table(o, settings) for o in options]
             fwd = np.stack([np.asarray(t.forward_s, dtype=float) for t in tabs])
@@ -700,48 +762,66 @@ class QuickSettingsBound:
             devices = per_pool @ self.pool_devices[np.array(pools)]
             refs = [(float(d), float(self.num_layers * lg), float(sb)) for d, lg, sb, ok
                     in zip(devices, longest, bwd.sum(axis=1), usable) if ok]
-            hit = ({}, widest, refs, fwd, bwd)
-            self._memo[key] = hit
-        per_vpp, widest, refs, fwd, bwd = hit
-        V = settings.vpp
-        sum_min = per_vpp.get(V)
-        if sum_min is None:  # the least work per layer: the one part that depends on the chunks
-            sum_min = per_vpp[V] = float((fwd + bwd).min(axis=0).sum()) if V == 1 else \
-                float((fwd + bwd / V).min(axis=0).sum())
-        return sum_min, widest, refs, fwd, bwd
-
-    def _sorted(self, options: tuple[StageOption, ...], settings: Settings, fwd: np.ndarray, bwd: np.ndarray
-                ) -> list[tuple[int, np.ndarray, np.ndarray]]:
-        """Per layer set of :func:`_layer_sets`: its size and the prefix sums of sorted backward and forward
-        times (the time part of :class:`CountTables`)."""
-        key = (options, settings.micro_batch, settings.recompute, settings.sequence_parallel, settings.dtype, settings.runtime,
-               settings.ep, settings.expert_tp, settings.ep_overlap)
-        hit = self._prefix.get(key)
-        if hit is None:
-            hit = [(int(layers.sum()), _sorted_prefix(bwd, layers), _sorted_prefix(fwd, layers))
-                   for layers in _layer_sets(fwd + bwd)]
-            self._prefix[key] = hit
+            hit = entry[1][key] = _QuickTables(widest, refs, fwd, bwd, [o.pool for o in options])
         return hit
 
-    def bound(self, options: tuple[StageOption, ...], settings: Settings, m: int, caps: np.ndarray | None = None,
-              max_stages: int | None = None) -> float:
+    def bound(self, options: tuple[StageOption, ...], settings: Settings, m: int,
+              caps: Sequence[int] | None = None, max_stages: int | None = None) -> float:
         """The bound; with ``caps`` (the most stages of each option) and ``max_stages``, also the layer-count
         bound on compute alone (no memory limit), shared by the settings that differ only in ZeRO."""
         if not options:
             return np.inf
-        sum_min, widest, refs, fwd, bwd = self._tables(options, settings)
+        tables = self._tables(options, settings)
+        sum_min = tables.least_work(settings.vpp)
         fluid = 0.0
-        for devices, most_layers, sum_b in refs:
+        for devices, most_layers, sum_b in tables.refs:
             capacity = min(devices / settings.dp, most_layers)
             if capacity > 0:
                 fluid = max(fluid, sum_b / capacity)
         gamma = (m - 1) if settings.vpp == 1 else m - 1.0 / settings.vpp  # G_k >= gamma b_k
-        best = gamma * max(widest, fluid)
+        best = gamma * max(tables.widest, fluid)
         if caps is None or max_stages is None:
             return sum_min + best
         # (not cached here: the search caches this bound per settings, which determines every argument)
-        caps, option_pools, total = _stage_caps(caps, np.array([o.pool for o in options]), self.num_layers,
-                                                max_stages)
-        for size, sb, sf in self._sorted(options, settings, fwd, bwd):
-            best = compute_count_bound(size, sb, sf, caps, option_pools, total, m, best, settings.vpp)
+        caps, option_pools, total = _stage_caps_list([int(c) for c in caps], tables.pools, self.num_layers,
+                                                     max_stages)
+        a_w, b_w = _weight_coefficients(total, m, settings.vpp)
+        for size, sb, sf, sb_rows, sf_rows in tables.sorted():
+            t = _least_covering(size, sb_rows, sf_rows, caps, option_pools, a_w, b_w) if size else None
+            best = compute_count_bound(size, sb, sf, np.array(caps), np.array(option_pools), total, m, best,
+                                       settings.vpp) if t is None else _covering(t, best)
         return sum_min + best
+
+
+@dataclass(eq=False)
+class _QuickTables:
+    """What :class:`QuickSettingsBound` keeps per options and layer tables: the widest layer's least
+    backward, the reference options' (capacity, layer cap, backward sum), the stacked times, each option's
+    pool, and (when first asked) the least work per chunk count and the sorted prefix sums."""
+
+    widest: float
+    refs: list[tuple[float, float, float]]
+    fwd: np.ndarray
+    bwd: np.ndarray
+    pools: list[int]
+    _least: dict[int, float] = dataclasses.field(default_factory=dict)
+    _sorted: list | None = None
+
+    def least_work(self, vpp: int) -> float:
+        """The least work per layer summed: the one part that depends on the chunks."""
+        hit = self._least.get(vpp)
+        if hit is None:
+            fwd, bwd = self.fwd, self.bwd
+            hit = self._least[vpp] = float((fwd + bwd).min(axis=0).sum()) if vpp == 1 else \
+                float((fwd + bwd / vpp).min(axis=0).sum())
+        return hit
+
+    def sorted(self) -> list[tuple[int, np.ndarray, np.ndarray, list, list]]:
+        """Per layer set of :func:`_layer_sets`: its size and the prefix sums of sorted backward and forward
+        times (the time part of :class:`CountTables`), as arrays and as Python lists."""
+        if self._sorted is None:
+            self._sorted = []
+            for layers in _layer_sets(self.fwd + self.bwd):
+                sb, sf = _sorted_prefix(self.bwd, layers), _sorted_prefix(self.fwd, layers)
+                self._sorted.append((int(layers.sum()), sb, sf, sb.tolist(), sf.tolist()))
+        return self._sorted

@@ -595,8 +595,7 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
             options = options_of(s)
             m = s.num_micro_batches(global_batch)
             if counted:
-                caps = np.array([o.most_stages(cluster, s.dp) for o in options], dtype=int)
-                hit = quick.bound(options, s, m, caps, stages)
+                hit = quick.bound(options, s, m, [o.most_stages(cluster, s.dp) for o in options], stages)
             else:
                 hit = quick.bound(options, s, m)
             quick_memo[key] = hit
