@@ -111,6 +111,7 @@ class Profiles:
         self._memory: dict[tuple, tuple[float, float, float, float] | None] = {}
         self._twins: dict[Settings, Settings] = {}
         self.count_memo: dict[tuple, object] = {}  # count tables and stacks of profile lists (shared by vpp twins)
+        self._lists: dict[tuple, tuple[OptionProfile, ...]] = {}
 
     def get(self, option: StageOption, settings: Settings) -> OptionProfile:
         # a profile does not depend on the schedule: interleaved settings share their 1F1B twin's
@@ -127,6 +128,15 @@ class Profiles:
                 self._memory[mkey] = memory_coefficients(self.backend, option, settings)
             hit = option_profile(self.backend, option, settings, self._memory[mkey])
             self._memo[key] = hit
+        return hit
+
+    def get_all(self, options: tuple[StageOption, ...], settings: Settings) -> tuple[OptionProfile, ...]:
+        """:meth:`get` of every option of ``options``, memoised as a whole (the search asks for the same
+        options of a settings for its bound, its choices and its stage-count grids)."""
+        key = (options, settings)
+        hit = self._lists.get(key)
+        if hit is None:
+            hit = self._lists[key] = tuple(self.get(o, settings) for o in options)
         return hit
 
 
@@ -243,7 +253,7 @@ def count_tables(fwd: np.ndarray, bwd: np.ndarray, static: np.ndarray, act: np.n
     return CountTables(size, sb, sf, kmem, sums, m, units)
 
 
-def _count_tables_memo(memo: dict | None, profiles: list[OptionProfile], fwd: np.ndarray, bwd: np.ndarray,
+def _count_tables_memo(memo: dict | None, profiles: Sequence[OptionProfile], fwd: np.ndarray, bwd: np.ndarray,
                        static: np.ndarray, act: np.ndarray, peak: np.ndarray, layers: np.ndarray,
                        most_stages: np.ndarray, m: int) -> CountTables:
     """:func:`count_tables`, memoised in ``memo`` by the profile objects (memoised themselves by
@@ -469,7 +479,7 @@ class _Stack:
     settings bound, the choices' corners and the stage-count grids of a settings and of its interleaved twins
     reuse it."""
 
-    def __init__(self, profiles: list[OptionProfile]) -> None:
+    def __init__(self, profiles: Sequence[OptionProfile]) -> None:
         self.fwd = np.stack([p.forward_s for p in profiles])
         self.bwd = np.stack([p.backward_s for p in profiles])
         self.static = np.stack([p.static_unit for p in profiles])
@@ -477,6 +487,24 @@ class _Stack:
         self.peak = np.stack([p.peak_unit for p in profiles])
         self.pools = np.array([p.option.pool for p in profiles])
         self.tps = np.array([p.option.ranks for p in profiles], dtype=float)  # devices of a replica
+        self._fit: dict[tuple[int, int], bool] = {}
+
+    def states_fit(self, dp: int, num_devices: int) -> bool:
+        """Whether ``num_devices`` can hold the model's states and one micro-batch of activations with dp
+        replicas: sum_l min_o tp_o dp (c1 ppr_l + act_l)(o) / room_o <= devices (memoised per dp and
+        devices)."""
+        key = (dp, num_devices)
+        hit = self._fit.get(key)
+        if hit is None:
+            # dp > 0 scales every option's share alike (rounding is monotone), so the least share times dp is
+            # the least of the shares times dp
+            hit = self._fit[key] = float((self.least_share * dp).sum()) <= num_devices * (1 + 1e-12)
+        return hit
+
+    @functools.cached_property
+    def least_share(self) -> np.ndarray:
+        """Per layer: the least over the options of tp (c1 ppr + act) / room (:meth:`states_fit`)."""
+        return ((self.static + self.act) * self.tps[:, None]).min(axis=0)
 
     @functools.cached_property
     def layer_sets(self) -> list[np.ndarray]:
@@ -500,7 +528,7 @@ class _Stack:
                                                        np.inf))
 
 
-def _stack(profiles: list[OptionProfile], memo: dict | None) -> _Stack:
+def _stack(profiles: Sequence[OptionProfile], memo: dict | None) -> _Stack:
     key = ("stack", tuple(id(p) for p in profiles))
     hit = memo.get(key) if memo is not None else None
     if hit is None:
@@ -559,7 +587,7 @@ def _least_passes(profiles: Profiles, option: StageOption, settings: Settings) -
     return hit
 
 
-def lower_bounds(profiles: list[OptionProfile], counts: np.ndarray, num_micro_batches: int,
+def lower_bounds(profiles: Sequence[OptionProfile], counts: np.ndarray, num_micro_batches: int,
                  corners: bool = False, vpp: int = 1, memo: dict | None = None, cutoff_s: float = np.inf,
                  lows: np.ndarray | None = None, ep_overlap: bool = False) -> np.ndarray:
     """Bounds for every row of ``counts`` (stages per option, shape (n, len(profiles)); 0 = option unused);
@@ -687,7 +715,7 @@ def _stage_caps_list(caps: list[int], pools: list[int], num_layers: int, max_sta
     return caps, pools, min(num_layers, max_stages, sum(most.values()))
 
 
-def settings_lower_bound(profiles: list[OptionProfile], caps: np.ndarray, m: int, num_layers: int, max_stages: int,
+def settings_lower_bound(profiles: Sequence[OptionProfile], caps: np.ndarray, m: int, num_layers: int, max_stages: int,
                          num_devices: int, dp: int, floor_s: float, vpp: int = 1, memo: dict | None = None,
                          cutoff_s: float = np.inf, ep_overlap: bool = False) -> float:
     """A lower bound for every plan of one settings (any pools, tp, stage counts and partition), at least
@@ -700,7 +728,7 @@ def settings_lower_bound(profiles: list[OptionProfile], caps: np.ndarray, m: int
         return np.inf
     st = _stack(profiles, memo)
     fwd, bwd, static, act, peak, pools = st.fwd, st.bwd, st.static, st.act, st.peak, st.pools
-    if float(((static + act) * st.tps[:, None] * dp).min(axis=0).sum()) > num_devices * (1 + 1e-12):
+    if not st.states_fit(dp, num_devices):
         return np.inf
     sum_min = float((fwd + bwd).min(axis=0).sum()) if vpp == 1 else float((fwd + bwd / vpp).min(axis=0).sum())
     best = floor_s - sum_min

@@ -190,7 +190,7 @@ def _choices(profiles: Profiles, cluster: Cluster, settings: Settings, index: in
     corners = np.zeros((len(choices), len(options)), dtype=int)
     for r, (chosen, caps) in enumerate(choices):
         corners[r, [column[o] for o in chosen]] = caps
-    bounds = lower_bounds([profiles.get(o, settings) for o in options], corners, m, corners=True, vpp=settings.vpp,
+    bounds = lower_bounds(profiles.get_all(tuple(options), settings), corners, m, corners=True, vpp=settings.vpp,
                           memo=profiles.count_memo, cutoff_s=cutoff, ep_overlap=settings.ep_overlap)
     return [_Entry(float(b), index, chosen, caps, True, (1,) * len(caps))
             for (chosen, caps), b in zip(choices, bounds) if b < cutoff]
@@ -214,7 +214,7 @@ def _split(profiles: Profiles, settings: Settings, box: _Entry, num_layers: int,
     if not parts:
         return []
     m = settings.num_micro_batches(global_batch)
-    bounds = lower_bounds([profiles.get(o, settings) for o in box.options], np.array([h for _, h in parts]), m,
+    bounds = lower_bounds(profiles.get_all(box.options, settings), np.array([h for _, h in parts]), m,
                           corners=True, vpp=settings.vpp, memo=profiles.count_memo, cutoff_s=cutoff,
                           lows=np.array([lo for lo, _ in parts]), ep_overlap=settings.ep_overlap)
     return [_Entry(max(float(b), box.bound_s), box.settings_index, box.options, highs, True, lows)
@@ -239,7 +239,7 @@ def _blocks(profiles: Profiles, cluster: Cluster, settings: Settings, choice: _E
         counts = counts[np.isin(totals, allowed)]
     if not len(counts):
         return [], full
-    bounds = lower_bounds([profiles.get(o, settings) for o in choice.options], counts, m, vpp=settings.vpp,
+    bounds = lower_bounds(profiles.get_all(choice.options, settings), counts, m, vpp=settings.vpp,
                           memo=profiles.count_memo, cutoff_s=cutoff, ep_overlap=settings.ep_overlap)
     return [_Entry(float(bounds[r]), choice.settings_index, choice.options, tuple(int(c) for c in counts[r]))
             for r in np.flatnonzero(bounds < cutoff)], full
@@ -495,7 +495,7 @@ def settings_bound(profiles: Profiles, cluster: Cluster, settings: Settings, num
         options = tuple(o for opts in pool_options(cluster, settings, pins) for o in opts)
     caps = np.array([o.most_stages(cluster, settings.dp) for o in options], dtype=int)
     stages_cap = min(num_layers, max_stages(settings, num_units, global_batch))
-    return settings_lower_bound([profiles.get(o, settings) for o in options], caps,
+    return settings_lower_bound(profiles.get_all(options, settings), caps,
                                 settings.num_micro_batches(global_batch), num_layers, stages_cap,
                                 cluster.num_devices, settings.dp, floor_s, settings.vpp, profiles.count_memo,
                                 cutoff_s, settings.ep_overlap)
