@@ -40,6 +40,7 @@ from typing import Sequence
 
 import bisect
 import itertools
+import math
 
 import numpy as np
 
@@ -357,28 +358,44 @@ def _one_row(tables: CountTables, options: np.ndarray, counts: np.ndarray, pools
     """:func:`layer_count_bound` of one row: the same coverage, evaluated at O(log) thresholds; at least
     ``stop`` without searching further when the thresholds up to ``stop`` do not cover."""
     g_rows = g.tolist()
-    used = [(int(pools[j]), g_rows[j], int(counts[j]), *tables.lists(int(options[j]), num_stages, in_flight_vpp))
-            for j in range(len(options)) if counts[j] > 0]
+    # per pool, its used options: (G per layer count, stages, kmem reversed (non-decreasing), kmem's prefix sums)
+    per_pool: dict[int, list[tuple[list[float], int, list[int], list[int]]]] = {}
+    for j, (option, count, pool) in enumerate(zip(np.asarray(options).tolist(), np.asarray(counts).tolist(),
+                                                  np.asarray(pools).tolist())):
+        if count > 0:
+            per_pool.setdefault(pool, []).append((g_rows[j], int(count),
+                                                  *tables.lists(option, num_stages, in_flight_vpp)))
+    groups = list(per_pool.values())
+    bisect_left, bisect_right = bisect.bisect_left, bisect.bisect_right
 
     def cover(t: float) -> int:
-        best: dict[int, int] = {}
-        for pool, gj, c, rising, sums in used:  # rising: kmem reversed (non-decreasing)
-            k = bisect.bisect_right(gj, t) - 1  # layers of U within t
-            i0 = len(rising) - bisect.bisect_left(rising, k)  # stages holding k or more in memory
-            upto = min(c, i0)
-            value = k * upto + sums[c] - sums[upto]
-            if value > best.get(pool, -1):
-                best[pool] = value
-        return sum(best.values())
+        covered = 0
+        for group in groups:
+            best = 0  # a pool's best option (a pool whose every option holds nothing adds nothing)
+            for gj, c, rising, sums in group:
+                k = bisect_right(gj, t) - 1  # layers of U within t
+                i0 = len(rising) - bisect_left(rising, k)  # stages holding k or more in memory
+                upto = c if c < i0 else i0
+                value = k * upto + sums[c] - sums[upto]
+                if value > best:
+                    best = value
+            covered += best
+        return covered
 
     if cover(lo) >= tables.size:
         return lo
     if lo >= stop:  # the bound exceeds lo >= stop
         return lo
-    if np.isfinite(stop) and cover(stop / (1 - 1e-9) if stop > 0 else stop) < tables.size:
+    if math.isfinite(stop) and cover(stop / (1 - 1e-9) if stop > 0 else stop) < tables.size:
         return stop  # the first covering threshold t exceeds stop / (1 - 1e-9): the bound t (1 - 1e-9) > stop
-    above = g[:, 1:].ravel()
-    cands = np.sort(above[above > lo]).tolist()  # repeated values do not change the first that covers
+    if lo >= 0:
+        # the coverage changes only at the used options' values of G, and it does not cover at lo: the first
+        # of those above lo that covers is the first of every option's values above lo that covers
+        cands = [x for group in groups for gj, *_ in group for x in gj[max(1, bisect_right(gj, lo)):]]
+        cands.sort()  # repeated values do not change the first that covers
+    else:
+        above = g[:, 1:].ravel()
+        cands = np.sort(above[above > lo]).tolist()
     a, b = 0, len(cands)  # the first threshold that covers, by bisection (coverage grows with t)
     while a < b:
         mid = (a + b) // 2
@@ -443,7 +460,13 @@ def _least_covering(size: int, sb: list[list[float]], sf: list[list[float]], cap
 
     def held(entries: list[tuple[int, list[float], list[float]]], a: int) -> float:
         """T_p(a): the least G of a pool's options whose stages hold ``a`` layers of U."""
-        return min(a_w * b[-(-a // c)] + b_w * f[-(-a // c)] for c, b, f in entries)
+        least = None
+        for c, b, f in entries:
+            k = -(-a // c)  # ceil(a / c) layers per stage
+            value = a_w * b[k] + b_w * f[k]
+            if least is None or value < least:
+                least = value
+        return least
 
     if len(per_pool) == 1:
         return held(next(iter(per_pool.values())), size)
