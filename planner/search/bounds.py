@@ -511,6 +511,7 @@ class _Stack:
         self.pools = np.array([p.option.pool for p in profiles])
         self.tps = np.array([p.option.ranks for p in profiles], dtype=float)  # devices of a replica
         self._fit: dict[tuple[int, int], bool] = {}
+        self._work: dict[int, np.ndarray] = {}
 
     def states_fit(self, dp: int, num_devices: int) -> bool:
         """Whether ``num_devices`` can hold the model's states and one micro-batch of activations with dp
@@ -528,6 +529,26 @@ class _Stack:
     def least_share(self) -> np.ndarray:
         """Per layer: the least over the options of tp (c1 ppr + act) / room (:meth:`states_fit`)."""
         return ((self.static + self.act) * self.tps[:, None]).min(axis=0)
+
+    def work(self, vpp: int) -> np.ndarray:
+        """Each layer's work per option with ``vpp`` chunks: f + b / vpp (memoised)."""
+        hit = self._work.get(vpp)
+        if hit is None:
+            hit = self._work[vpp] = self.fwd + self.bwd if vpp == 1 else self.fwd + self.bwd / vpp
+        return hit
+
+    @functools.cached_property
+    def alone(self) -> np.ndarray:
+        """(O, L): a layer alone in a stage's memory (static, one micro-batch of activations, its peak)."""
+        return self.static + self.act + self.peak
+
+    @functools.cached_property
+    def sums_b(self) -> np.ndarray:
+        return self.bwd.sum(axis=1)
+
+    @functools.cached_property
+    def sums_f(self) -> np.ndarray:
+        return self.fwd.sum(axis=1)
 
     @functools.cached_property
     def layer_sets(self) -> list[np.ndarray]:
@@ -630,23 +651,31 @@ def lower_bounds(profiles: Sequence[OptionProfile], counts: np.ndarray, num_micr
     m = num_micro_batches
     st = _stack(profiles, memo)
     fwd, bwd, static, act, peak = st.fwd, st.bwd, st.static, st.act, st.peak  # (O, L)
-    work = fwd + bwd if vpp == 1 else fwd + bwd / vpp
+    work = st.work(vpp)
     gamma = (m - 1) if vpp == 1 else m - 1.0 / vpp
-    alone = static + act + peak
     O, L = fwd.shape
-    max_in_flight, inverse, pools = st.max_in_flight, st.inverse, st.pools
-    sums_b, sums_f = bwd.sum(axis=1), fwd.sum(axis=1)
+    inverse, pools = st.inverse, st.pools
+    sums_b, sums_f = st.sums_b, st.sums_f
     most = counts.max(axis=0)
     count_sets = [_count_tables_memo(memo, profiles, fwd, bwd, static, act, peak, layers, most, m)
                   for layers in st.layer_sets]
-    members = counts > 0
-    keys, group = np.unique(members, axis=0, return_inverse=True)
-    for g, key in enumerate(keys):
-        rows = np.flatnonzero(group.reshape(-1) == g)
-        M = np.flatnonzero(key)
-        if len(M) == 0:
-            continue
-        worst = float(alone[M].min(axis=0).max())
+    groups = [(M, rows) for M, rows in _row_groups(counts > 0) if len(M)]
+    if not groups:
+        return out
+    # what depends on a group's options alone, for every group at once (min and max are exact, and the sorted
+    # prefix sums and the sums over the layers add the same numbers in the same order as one group's would)
+    masks = np.zeros((len(groups), O), dtype=bool)
+    for g, (M, _) in enumerate(groups):
+        masks[g, M] = True
+    hide = np.where(masks[:, :, None], 0.0, np.inf)  # (groups, O, 1): + inf leaves an option out of a min
+    worsts = (st.alone[None] + hide).min(axis=1).max(axis=1)
+    leasts = (work[None] + hide).min(axis=1)  # (groups, L)
+    sum_mins = leasts.sum(axis=1)
+    # per group and option: 0 and the prefix sums of what the option's layers lose, smallest first
+    prefixes = np.concatenate([np.zeros((len(groups), O, 1)),
+                               np.cumsum(np.sort(work[None] - leasts[:, None, :], axis=2), axis=2)], axis=2)
+    for g, (M, rows) in enumerate(groups):
+        worst = float(worsts[g])
         if worst > 1.0:  # some layer fits on none of the options: infeasible, whatever the counts
             out[rows] = np.inf
             continue
@@ -654,13 +683,12 @@ def lower_bounds(profiles: Sequence[OptionProfile], counts: np.ndarray, num_micr
         total = c.sum(axis=1)
         extra = np.maximum(0.0, m - total - int(ep_overlap)) if vpp == 1 else \
             np.array([least_delta(int(p), m, vpp, ep_overlap) for p in total])
-        least = work[M].min(axis=0)
-        sum_min = float(least.sum())
+        sum_min = float(sum_mins[g])
         # what the layers every stage must hold (vpp of them, a chunk each) lose on their stage's option
         # (corners: at the least counts)
         held = c[:, M] if not corners else np.minimum(c[:, M], 1) if lows is None else \
             np.asarray(lows, dtype=int).reshape(-1, O)[rows][:, M]
-        sums = sum_min + _least_excess(work[M] - least[None, :], vpp * held)
+        sums = sum_min + _pick_sums(prefixes[g, M], vpp * held)
         q = gamma * bwd[M][None] + extra[:, None, None] * fwd[M][None]  # (r, |M|, L)
         max_g = q.min(axis=1).max(axis=1)
         with np.errstate(invalid="ignore"):
@@ -698,7 +726,7 @@ def lower_bounds(profiles: Sequence[OptionProfile], counts: np.ndarray, num_micr
                 pairing[P] = float((in_flight_ascending(int(P), m, vpp)[::-1] - 1.0) @ acts[:P])
         subsets = np.array([[i in t for i in range(len(M))] for size in range(1, len(M) + 1)
                             for t in itertools.combinations(range(len(M)), size)], dtype=bool)
-        carry = max_in_flight[M]  # (|M|, L)
+        carry = st.max_in_flight[M]  # (|M|, L)
         ok = np.stack([_hall_table(carry[t].max(axis=0), m) for t in subsets])  # (subsets, L + 1)
         need = (c[:, M] @ subsets.T.astype(float)).astype(int)  # (rows, subsets): stages on each subset
         hall = ok[np.arange(len(subsets))[None, :], np.minimum(need, L + 1 - 1)].all(axis=1) & (need <= L).all(axis=1)
@@ -707,13 +735,29 @@ def lower_bounds(profiles: Sequence[OptionProfile], counts: np.ndarray, num_micr
     return out
 
 
-def _least_excess(excess: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Per row: sum over options j of the ``counts[r, j]`` smallest ``excess[j]`` (options x layers): the
-    least that distinct layers, ``counts[r, j]`` of them on option j, can add above their fastest work."""
-    L = excess.shape[1]
-    prefix = np.concatenate([np.zeros((len(excess), 1)), np.cumsum(np.sort(excess, axis=1), axis=1)], axis=1)
-    n = np.minimum(np.asarray(counts, dtype=int), L)
-    return prefix[np.arange(len(excess))[None, :], n].sum(axis=1)
+def _pick_sums(prefix: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Per row: sum over options j of ``prefix[j, counts[r, j]]`` (``prefix[j]``: 0 and the running sums of
+    option j's excess over the fastest work, smallest first): the least that distinct layers, ``counts[r, j]``
+    of them on option j, can add above their fastest work."""
+    n = np.minimum(np.asarray(counts, dtype=int), prefix.shape[1] - 1)
+    return prefix[np.arange(len(prefix))[None, :], n].sum(axis=1)
+
+
+def _row_groups(members: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The rows of ``members`` (rows x options, bool) grouped by their set of options: per group, its options
+    and its rows (ascending)."""
+    n, O = members.shape
+    if n == 1 or bool((members == members[0]).all()):
+        return [(np.flatnonzero(members[0]), np.arange(n))]
+    if O <= 62:  # each set of options as one integer
+        _, inverse = np.unique(members.astype(np.int64) @ (1 << np.arange(O, dtype=np.int64)), return_inverse=True)
+    else:
+        _, inverse = np.unique(members, axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    order = np.argsort(inverse, kind="stable")
+    ends = np.cumsum(np.bincount(inverse))
+    return [(np.flatnonzero(members[order[start]]), order[start:end])
+            for start, end in zip(itertools.chain([0], ends[:-1].tolist()), ends.tolist())]
 
 
 def _stage_caps(caps: np.ndarray, pools: np.ndarray, num_layers: int, max_stages: int
