@@ -342,7 +342,13 @@ def _weight_coefficients(P: int, m: int, vpp: int, ep_overlap: bool = False) -> 
     """The factors of SB and SF in G = a SB + b SF with P stages (:func:`_weights`)."""
     if vpp == 1:
         return m - 1, max(0, m - P - int(ep_overlap))
-    return m - 1.0 / vpp, least_delta(P, m, vpp, ep_overlap)
+    return m - 1.0 / vpp, _least_delta(P, m, vpp, ep_overlap)
+
+
+@functools.lru_cache(maxsize=65536)
+def _least_delta(num_stages: int, num_micro_batches: int, vpp: int, ep_overlap: bool) -> float:
+    """:func:`planner.search.interleave.least_delta`, memoised (the bounds ask for the same few stage counts)."""
+    return least_delta(num_stages, num_micro_batches, vpp, ep_overlap)
 
 
 def _weights(sb: np.ndarray, sf: np.ndarray, options: np.ndarray, P: int, m: int, vpp: int,
@@ -386,12 +392,20 @@ def _one_row(tables: CountTables, options: np.ndarray, counts: np.ndarray, pools
         return lo
     if lo >= stop:  # the bound exceeds lo >= stop
         return lo
-    if math.isfinite(stop) and cover(stop / (1 - 1e-9) if stop > 0 else stop) < tables.size:
-        return stop  # the first covering threshold t exceeds stop / (1 - 1e-9): the bound t (1 - 1e-9) > stop
+    top = np.inf
+    if math.isfinite(stop):
+        top = stop / (1 - 1e-9) if stop > 0 else stop
+        if cover(top) < tables.size:
+            return stop  # the first covering threshold t exceeds top: the bound t (1 - 1e-9) > stop
     if lo >= 0:
-        # the coverage changes only at the used options' values of G, and it does not cover at lo: the first
-        # of those above lo that covers is the first of every option's values above lo that covers
-        cands = [x for group in groups for gj, *_ in group for x in gj[max(1, bisect_right(gj, lo)):]]
+        # the coverage changes only at the used options' values of G, it does not cover at lo and it covers at
+        # top: the first of every option's values above lo that covers is among the used options' values in
+        # (lo, top]
+        cands = []
+        for group in groups:
+            for entry in group:
+                gj = entry[0]
+                cands += gj[max(1, bisect_right(gj, lo)):bisect_right(gj, top)]
         cands.sort()  # repeated values do not change the first that covers
     else:
         above = g[:, 1:].ravel()
@@ -682,7 +696,7 @@ def lower_bounds(profiles: Sequence[OptionProfile], counts: np.ndarray, num_micr
         c = counts[rows].astype(float)
         total = c.sum(axis=1)
         extra = np.maximum(0.0, m - total - int(ep_overlap)) if vpp == 1 else \
-            np.array([least_delta(int(p), m, vpp, ep_overlap) for p in total])
+            np.array([_least_delta(int(p), m, vpp, ep_overlap) for p in total.tolist()])
         sum_min = float(sum_mins[g])
         # what the layers every stage must hold (vpp of them, a chunk each) lose on their stage's option
         # (corners: at the least counts)
