@@ -246,6 +246,61 @@ def _arrival(end: list[float], dep: int, delay: float) -> float:
     return end[dep] + delay if end[dep] >= 0.0 else -1.0
 
 
+def _run_merged(programs: tuple[tuple[tuple[int, int, int, int, int, int], ...], ...],
+                merges: tuple[tuple[bool, ...], ...], ratio: Sequence[float], duration: list[list[float]],
+                delay: list[tuple[float, float, float]], end: list[float], free: list[float],
+                starts: list[list[float]] | None, label: str) -> None:
+    """The simulation's loop under expert-parallel overlap: each stage as far as its inputs allow, in turn, a
+    merged step waiting for both of its operations' inputs and ending them together (fills ``end``, ``free``
+    and ``starts``)."""
+    pp = len(programs)
+    ptr = [0] * pp
+    remaining = sum(len(p) for p in programs)
+    while remaining:
+        progressed = 0
+        for s in range(pp):
+            program, merged = programs[s], merges[s]
+            i = ptr[s]
+            n = len(program)
+            t = free[s]
+            dur = duration[s]
+            dly = delay[s]
+            first = i
+            while i < n:
+                slot, dep, kind, timing, _, _ = program[i]
+                if dep >= 0:
+                    ready = end[dep]
+                    if ready < 0.0:
+                        break
+                    ready += dly[kind]
+                    if ready > t:
+                        t = ready
+                if merged[i]:  # a merged step: both inputs, one shared end
+                    slot2, dep2, kind2, timing2, _, _ = program[i + 1]
+                    ready = _arrival(end, dep2, dly[kind2])
+                    if ready < 0.0:
+                        break
+                    t = max(t, ready)
+                    if starts is not None:
+                        starts[s] += [t, t]
+                    t += ratio[s] * (dur[timing] + dur[timing2])
+                    end[slot] = end[slot2] = t
+                    i += 2
+                    continue
+                if starts is not None:
+                    starts[s].append(t)
+                t += dur[timing]
+                end[slot] = t
+                i += 1
+            if i != first:
+                progressed += i - first
+                ptr[s] = i
+                free[s] = t
+        if not progressed:  # pragma: no cover - the schedules above never deadlock
+            raise RuntimeError(f"pipeline simulation deadlocked ({label})")
+        remaining -= progressed
+
+
 def simulate_pipeline(stage_forward_s: Sequence[float], stage_backward_s: Sequence[float],
                       num_micro_batches: int, schedule: str = "1f1b", vpp: int = 1,
                       p2p_s: float | Sequence[float] = 0.0, record_events: bool = True,
@@ -270,7 +325,6 @@ def simulate_pipeline(stage_forward_s: Sequence[float], stage_backward_s: Sequen
     merges = _merged_steps(pp, m, schedule, v, bool(all_forwards_at_pp)) if overlap else None
     end = [-1.0] * (2 * v * pp * m)
     free = [0.0] * pp
-    ptr = [0] * pp
     # per stage: the duration of each kind of operation of each chunk, and the arrival delay of each kind
     if shares is None:
         duration = [[f[s] / v, b[s] / v, b[s] / v] * v for s in range(pp)]
@@ -278,7 +332,6 @@ def simulate_pipeline(stage_forward_s: Sequence[float], stage_backward_s: Sequen
         duration = [[x for w in shares[s] for x in (f[s] * w, b[s] * w, b[s] * w)] for s in range(pp)]
     delay = [(c[(s - 1) % pp], c[s], 0.0) for s in range(pp)]
     starts: list[list[float]] | None = [[] for _ in range(pp)] if record_events else None
-    remaining = 0 if merges is None else sum(len(p) for p in programs)
     if merges is None:  # each operation once, in an order that has its input ready
         for s, slot, dep, kind, timing in _topological(pp, m, schedule, v, bool(all_forwards_at_pp)):
             t = free[s]
@@ -290,50 +343,9 @@ def simulate_pipeline(stage_forward_s: Sequence[float], stage_backward_s: Sequen
                 starts[s].append(t)
             t += duration[s][timing]
             end[slot] = free[s] = t
-    while remaining:  # merged steps: each stage as far as its inputs allow, in turn
-        progressed = 0
-        for s in range(pp):
-            program = programs[s]
-            i = ptr[s]
-            n = len(program)
-            t = free[s]
-            dur = duration[s]
-            dly = delay[s]
-            merged = merges[s] if merges is not None else None
-            first = i
-            while i < n:
-                slot, dep, kind, timing, _, _ = program[i]
-                if dep >= 0:
-                    ready = end[dep]
-                    if ready < 0.0:
-                        break
-                    ready += dly[kind]
-                    if ready > t:
-                        t = ready
-                if merged is not None and merged[i]:  # a merged step: both inputs, one shared end
-                    slot2, dep2, kind2, timing2, _, _ = program[i + 1]
-                    ready = _arrival(end, dep2, dly[kind2])
-                    if ready < 0.0:
-                        break
-                    t = max(t, ready)
-                    if starts is not None:
-                        starts[s] += [t, t]
-                    t += ratio[s] * (dur[timing] + dur[timing2])
-                    end[slot] = end[slot2] = t
-                    i += 2
-                    continue
-                if starts is not None:
-                    starts[s].append(t)
-                t += dur[timing]
-                end[slot] = t
-                i += 1
-            if i != first:
-                progressed += i - first
-                ptr[s] = i
-                free[s] = t
-        if not progressed:  # pragma: no cover - the schedules above never deadlock
-            raise RuntimeError(f"pipeline simulation deadlocked ({schedule}, pp={pp}, m={m}, vpp={v})")
-        remaining -= progressed
+    else:
+        _run_merged(programs, merges, ratio, duration, delay, end, free, starts,
+                    f"{schedule}, pp={pp}, m={m}, vpp={v}")
     total = max(free)
     busy = tuple(m * (f[s] + b[s]) for s in range(pp))
     if merges is not None:  # a merged step is busy for its own time, not its two operations'
