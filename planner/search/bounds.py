@@ -342,13 +342,7 @@ def _weight_coefficients(P: int, m: int, vpp: int, ep_overlap: bool = False) -> 
     """The factors of SB and SF in G = a SB + b SF with P stages (:func:`_weights`)."""
     if vpp == 1:
         return m - 1, max(0, m - P - int(ep_overlap))
-    return m - 1.0 / vpp, _least_delta(P, m, vpp, ep_overlap)
-
-
-@functools.lru_cache(maxsize=65536)
-def _least_delta(num_stages: int, num_micro_batches: int, vpp: int, ep_overlap: bool) -> float:
-    """:func:`planner.search.interleave.least_delta`, memoised (the bounds ask for the same few stage counts)."""
-    return least_delta(num_stages, num_micro_batches, vpp, ep_overlap)
+    return m - 1.0 / vpp, least_delta(P, m, vpp, ep_overlap)
 
 
 def _weights(sb: np.ndarray, sf: np.ndarray, options: np.ndarray, P: int, m: int, vpp: int,
@@ -696,7 +690,7 @@ def lower_bounds(profiles: Sequence[OptionProfile], counts: np.ndarray, num_micr
         c = counts[rows].astype(float)
         total = c.sum(axis=1)
         extra = np.maximum(0.0, m - total - int(ep_overlap)) if vpp == 1 else \
-            np.array([_least_delta(int(p), m, vpp, ep_overlap) for p in total.tolist()])
+            np.array([least_delta(int(p), m, vpp, ep_overlap) for p in total.tolist()])
         sum_min = float(sum_mins[g])
         # what the layers every stage must hold (vpp of them, a chunk each) lose on their stage's option
         # (corners: at the least counts)
@@ -811,7 +805,7 @@ def settings_lower_bound(profiles: Sequence[OptionProfile], caps: np.ndarray, m:
     fwd, bwd, static, act, peak, pools = st.fwd, st.bwd, st.static, st.act, st.peak, st.pools
     if not st.states_fit(dp, num_devices):
         return np.inf
-    sum_min = float((fwd + bwd).min(axis=0).sum()) if vpp == 1 else float((fwd + bwd / vpp).min(axis=0).sum())
+    sum_min = float(st.work(vpp).min(axis=0).sum())
     best = floor_s - sum_min
     caps, pools, most = _stage_caps(caps, pools, num_layers, max_stages)
     total = np.array([most])

@@ -38,6 +38,7 @@ for identical stages without transfers (s = P - 1 gives m (f + b) + (P - 1)(f + 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -108,8 +109,10 @@ def bound_coefficients(num_stages: int, num_micro_batches: int, vpp: int = 1, al
     return BoundCoefficients(backward_weight=1.0 / V, gamma=m - 1.0 / V, delta=delta, hops=hops)
 
 
+@functools.lru_cache(maxsize=65536)
 def least_delta(num_stages: int, num_micro_batches: int, vpp: int = 1, ep_overlap: bool = False) -> float:
-    """min_k delta_k (stage 0's: its warm-up is the longest), for bounds valid at any stage position."""
+    """min_k delta_k (stage 0's: its warm-up is the longest), for bounds valid at any stage position (memoised:
+    the bounds ask for the same few stage counts many times)."""
     return max(0, num_micro_batches * vpp - warmup(0, num_stages, num_micro_batches, vpp, ep_overlap=ep_overlap)
                - 1) / vpp
 
