@@ -60,6 +60,10 @@ from planner.types import Cluster, Estimate, PipelineSpec, ReplicaSpec, StageSpe
 log = logging.getLogger(__name__)
 #: the attribute that marks the log record saying a limit stopped a search (a sweep says it once)
 LIMIT_STOP = "search_limit_stop"
+#: what raises each limit of a search, as its messages say
+BUDGET_FIX = "raise the budget (--budget, budget=)"
+WORK_FIX = "give it more work (--work, SolverOptions.work)"
+TIME_FIX = "raise the time limit (--time-limit, time_limit_s=)"
 
 # settings queue items: quick bound, counted bound, strong bound, heterogeneous stages (compute floor, then
 # balanced floor)
@@ -536,8 +540,7 @@ class Limits:
         if self.units is None or work < self.units:
             log.info("search: stopped at the time limit of %g s", self.time_s, extra=marked)
             return
-        limit, fix = (("budget", "raise the budget (--budget, budget=)") if self.units == self.budget else
-                      ("work limit", "give it more work (--work, SolverOptions.work)"))
+        limit, fix = ("budget", BUDGET_FIX) if self.units == self.budget else ("work limit", WORK_FIX)
         log.warning("search: stopped at the %s of %d work units before the search was complete, so the plan is the "
                     "best found, not proven optimal; %s to search further", limit, self.units, fix, extra=marked)
 

@@ -460,10 +460,10 @@ def whatif(model_path: str, cluster_spec: str | Cluster, global_batch: int, swee
 
 def _limit_fix(time_limit_s: float | None, budget: int | None) -> str:
     """What raises the limits a sweep was given (the work limit of SolverOptions when neither)."""
-    fixes = [fix for given, fix in ((budget, "raise the budget (--budget, budget=)"),
-                                    (time_limit_s, "raise the time limit (--time-limit, time_limit_s=)"))
-             if given is not None]
-    return " or ".join(fixes) or "give it more work (--work, SolverOptions.work)"
+    from planner.search.engine import BUDGET_FIX, TIME_FIX, WORK_FIX  # noqa: PLC0415
+
+    fixes = [fix for given, fix in ((budget, BUDGET_FIX), (time_limit_s, TIME_FIX)) if given is not None]
+    return " or ".join(fixes) or WORK_FIX
 
 
 def _check_fixed_plan(plan: Any, global_batch: int, pinned: Any, keys: Sequence[str]) -> None:
