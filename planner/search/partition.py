@@ -13,8 +13,9 @@ the minimum over candidate thresholds of V + t is the optimum. Thresholds are sc
 over the sorted G values, and a threshold is skipped only when V_min + t (a lower bound for it) cannot beat
 the best objective found, so no optimum is discarded.
 
-DP table: ``f[b, j]`` = least sum of S covering layers 0..j-1 with the stages placed so far, for the b-th
-threshold of a batch; stage k turns f into ``g[b, j] = min_i f[b, i] + S_k[i, j - 1]`` (admissible entries).
+DP table: ``f[j]`` = least sum of S covering layers 0..j-1 with the stages placed so far, under one threshold;
+stage k turns f into ``g[j] = min_i f[i] + S_k[i, j - 1]`` (admissible entries). Every stage holds a layer, so
+stage k starts and ends within layers k..L-P+k, and only that band of S_k is read.
 """
 
 from __future__ import annotations
@@ -42,47 +43,57 @@ def stage_bounds(last_layers: tuple[int, ...]) -> list[tuple[int, int]]:
     return out
 
 
-def _min_sum(S: np.ndarray, G: np.ndarray, t_g: np.ndarray, pointers: bool = True
-             ) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Least sum of S under each of the thresholds ``t_g`` (a batch); with back-pointers when asked."""
+def _min_sum(S: np.ndarray, G: np.ndarray, t_g: float, pointers: bool = True
+             ) -> tuple[float, list[np.ndarray]]:
+    """Least sum of S over partitions whose stages all have G <= ``t_g``; with back-pointers when asked
+    (``back[k][j]``: the first layer of stage k when it ends at layer j). Stage k starts and ends within layers
+    k..L-P+k (each stage holds a layer), so only that band of each S[k] is read: S is infinite where i > j."""
     P, L, _ = S.shape
-    B = len(t_g)
-    f = np.full((B, L + 1), np.inf)
-    f[:, 0] = 0.0
+    f = np.full(L + 1, np.inf)
+    f[0] = 0.0
     back = []
     for k in range(P):
-        allowed = G[k][None, :, :] <= t_g[:, None, None]
-        cand = f[:, :L, None] + np.where(allowed, S[k][None, :, :], np.inf)  # (B, i, j)
+        lo, hi = k, L - P + k + 1  # first and last layers of stage k lie in lo..hi-1
+        Sk = S[k, lo:hi, lo:hi]
+        if t_g != np.inf:
+            Sk = np.where(G[k, lo:hi, lo:hi] <= t_g, Sk, np.inf)
+        cand = f[lo:hi, None] + Sk  # (i, j)
+        g = np.full(L, np.inf)
         if pointers:
-            arg = np.argmin(cand, axis=1)  # (B, j)
-            g = np.take_along_axis(cand, arg[:, None, :], axis=1)[:, 0, :]
-            back.append(arg)
+            arg = cand.argmin(axis=0)  # (j,)
+            g[lo:hi] = cand[arg, np.arange(hi - lo)]
+            full = np.zeros(L, dtype=int)
+            full[lo:hi] = arg + lo
+            back.append(full)
         else:
-            g = cand.min(axis=1)
-        f[:, 1:] = g
-        f[:, 0] = np.inf
-    return f[:, L], back
+            g[lo:hi] = cand.min(axis=0)
+        f[1:] = g
+        f[0] = np.inf
+    return float(f[L]), back
 
 
 def _min_max(S: np.ndarray, G: np.ndarray) -> float:
     """The least possible max over stages of G among partitions that fit: a bottleneck DP,
-    h[j] = min_i max(h[i], G_k[i, j - 1])."""
+    h[j] = min_i max(h[i], G_k[i, j - 1]), over the band of layers stage k may start and end at (as
+    :func:`_min_sum`)."""
     P, L, _ = S.shape
     h = np.full(L + 1, np.inf)
     h[0] = -np.inf
     for k in range(P):
-        Gk = np.where(np.isfinite(S[k]), G[k], np.inf)
-        cand = np.maximum(h[:L, None], Gk)
-        h = np.concatenate(([np.inf], cand.min(axis=0)))
+        lo, hi = k, L - P + k + 1
+        Gk = np.where(np.isfinite(S[k, lo:hi, lo:hi]), G[k, lo:hi, lo:hi], np.inf)
+        cand = np.maximum(h[lo:hi, None], Gk)
+        h = np.full(L + 1, np.inf)
+        h[lo + 1:hi + 1] = cand.min(axis=0)
     return float(h[L])
 
 
-def _backtrack(pointers: list[np.ndarray], b: int, num_layers: int) -> tuple[int, ...]:
+def _backtrack(pointers: list[np.ndarray], num_layers: int) -> tuple[int, ...]:
     last = []
     j = num_layers - 1
     for arg in reversed(pointers):
         last.append(j)
-        j = int(arg[b, j]) - 1
+        j = int(arg[j]) - 1
     return tuple(reversed(last))
 
 
@@ -114,17 +125,16 @@ def _scan(S: np.ndarray, G: np.ndarray, incumbent: tuple[tuple[int, ...], float]
     def V(index: int) -> float:
         nonlocal runs
         if index not in solved:
-            sums, _ = _min_sum(S, G, g_values[index:index + 1], pointers=False)
+            solved[index], _ = _min_sum(S, G, float(g_values[index]), pointers=False)
             runs += 1
-            solved[index] = float(sums[0])
         return solved[index]
 
     def consider(index: int) -> None:
         nonlocal best_last, best_val, runs
         if np.isfinite(V(index)) and V(index) + g_values[index] < best_val:
-            _, ptr = _min_sum(S, G, g_values[index:index + 1])
+            _, ptr = _min_sum(S, G, float(g_values[index]))
             runs += 1
-            last = _backtrack(ptr, 0, L)
+            last = _backtrack(ptr, L)
             val = value(last)
             if val < best_val:
                 best_val, best_last = val, last
@@ -160,15 +170,15 @@ def solve_partition(S: np.ndarray, G: np.ndarray, cutoff: float = np.inf) -> Par
     P, L, _ = S.shape
     if P > L or P == 0:
         return None
-    v_all, ptr = _min_sum(S, G, np.array([np.inf]))
+    v_all, ptr = _min_sum(S, G, np.inf)
     runs = 1
-    if not np.isfinite(v_all[0]):
+    if not np.isfinite(v_all):
         return None
-    first = _backtrack(ptr, 0, L)
+    first = _backtrack(ptr, L)
     best_last, best = first, score(S, G, first)[0]
     g_star = _min_max(S, G)  # every partition has max G >= g_star and sum S >= v_all
     runs += 1
-    if float(v_all[0]) + g_star >= min(best, cutoff):
+    if v_all + g_star >= min(best, cutoff):
         return Partition(best_last, best, runs) if best < cutoff else None
 
     def objective(last: tuple[int, ...]) -> float:
