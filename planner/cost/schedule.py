@@ -39,6 +39,7 @@ forwards and the cool-down's backwards run alone.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Sequence
@@ -210,10 +211,11 @@ def _merged_steps(pp: int, m: int, schedule: str, vpp: int, all_forwards_at_pp: 
 @lru_cache(maxsize=16)
 def _topological(pp: int, m: int, schedule: str, vpp: int, all_forwards_at_pp: bool
                  ) -> tuple[tuple[int, int, int, int, int], ...]:
-    """Every operation of :func:`_program` (no merged steps) as ``(stage, slot, dependency slot or -1, kind,
-    timing)``, in an order that puts each after its input and after the stage's earlier operations. Which
-    operation waits for which does not depend on the durations, so one order serves every simulation of the
-    shape."""
+    """Every operation of :func:`_program` (no merged steps) as ``(stage, slot, dependency slot or -1, delay,
+    duration)``, in an order that puts each after its input and after the stage's earlier operations;
+    ``delay`` indexes the stages' arrival delays ``[stage][kind]`` and ``duration`` their durations
+    ``[stage][chunk][kind]``, both flattened. Which operation waits for which does not depend on the
+    durations, so one order serves every simulation of the shape."""
     programs = _program(pp, m, schedule, vpp, all_forwards_at_pp, False)
     done = [False] * (2 * vpp * pp * m)
     ptr = [0] * pp
@@ -228,7 +230,7 @@ def _topological(pp: int, m: int, schedule: str, vpp: int, all_forwards_at_pp: b
                 if dep >= 0 and not done[dep]:
                     break
                 done[slot] = True
-                order.append((s, slot, dep, kind, timing))
+                order.append((s, slot, dep, 3 * s + kind, 3 * vpp * s + timing))
                 i += 1
             progressed += i - ptr[s]
             ptr[s] = i
@@ -236,6 +238,33 @@ def _topological(pp: int, m: int, schedule: str, vpp: int, all_forwards_at_pp: b
             raise RuntimeError(f"pipeline simulation deadlocked ({schedule}, pp={pp}, m={m}, vpp={vpp})")
         remaining -= progressed
     return tuple(order)
+
+
+def _run_ordered(order: tuple[tuple[int, int, int, int, int], ...], duration: list[list[float]],
+                 delay: list[tuple[float, float, float]], end: list[float], free: list[float],
+                 starts: list[list[float]] | None) -> None:
+    """The simulation's loop without merged steps: each operation of :func:`_topological`'s order once, at the
+    later of its stage's last end and its input's arrival (fills ``end``, ``free`` and ``starts``). An
+    operation without an input reads the sentinel past ``end``'s slots, minus infinity, which never wins."""
+    dly = [x for row in delay for x in row]
+    dur = [x for row in duration for x in row]
+    end.append(-math.inf)  # end[-1]: the input of an operation that has none
+    if starts is None:
+        for s, slot, dep, dk, dt in order:
+            t = free[s]
+            ready = end[dep] + dly[dk]
+            if ready > t:
+                t = ready
+            end[slot] = free[s] = t + dur[dt]
+    else:
+        for s, slot, dep, dk, dt in order:
+            t = free[s]
+            ready = end[dep] + dly[dk]
+            if ready > t:
+                t = ready
+            starts[s].append(t)
+            end[slot] = free[s] = t + dur[dt]
+    end.pop()
 
 
 def _arrival(end: list[float], dep: int, delay: float) -> float:
@@ -333,16 +362,8 @@ def simulate_pipeline(stage_forward_s: Sequence[float], stage_backward_s: Sequen
     delay = [(c[(s - 1) % pp], c[s], 0.0) for s in range(pp)]
     starts: list[list[float]] | None = [[] for _ in range(pp)] if record_events else None
     if merges is None:  # each operation once, in an order that has its input ready
-        for s, slot, dep, kind, timing in _topological(pp, m, schedule, v, bool(all_forwards_at_pp)):
-            t = free[s]
-            if dep >= 0:
-                ready = end[dep] + delay[s][kind]
-                if ready > t:
-                    t = ready
-            if starts is not None:
-                starts[s].append(t)
-            t += duration[s][timing]
-            end[slot] = free[s] = t
+        _run_ordered(_topological(pp, m, schedule, v, bool(all_forwards_at_pp)), duration, delay, end, free,
+                     starts)
     else:
         _run_merged(programs, merges, ratio, duration, delay, end, free, starts,
                     f"{schedule}, pp={pp}, m={m}, vpp={v}")
