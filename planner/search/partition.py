@@ -200,7 +200,7 @@ def partitions_below(pairs: list[tuple[np.ndarray, np.ndarray]], cutoff: float, 
     P, L, _ = pairs[0][0].shape
     if P > L or P == 0:
         return [], 0
-    rests, tops, sums, bottlenecks = [], [], [], []
+    rests, tops = [], []
     for S, G in pairs:
         # rest[k, i], top[k, i]: least sum of S and least max of G over stages k.. holding layers i..
         rest = np.full((P + 1, L + 1), np.inf)
@@ -211,23 +211,28 @@ def partitions_below(pairs: list[tuple[np.ndarray, np.ndarray]], cutoff: float, 
             top[k, :L] = np.maximum(np.where(np.isfinite(S[k]), G[k], np.inf), top[k + 1, 1:][None, :]).min(axis=1)
         rests.append(rest.tolist())
         tops.append(top.tolist())
-        sums.append(S.tolist())
-        bottlenecks.append(G.tolist())
     pairs_range = range(len(pairs))
+    rows: dict[tuple[int, int], tuple[list[list[float]], list[list[float]]]] = {}  # (k, i): S and G rows, as read
     out: list[tuple[int, ...]] = []
     nodes = 0
     stack: list[tuple[int, int, tuple[float, ...], tuple[float, ...], tuple[int, ...]]] = [
         (0, 0, (0.0,) * len(pairs), (-np.inf,) * len(pairs), ())]
     while stack:
         k, i, partial, worst, cuts = stack.pop()
+        hit = rows.get((k, i))
+        if hit is None:
+            hit = rows[k, i] = ([S[k, i].tolist() for S, _ in pairs], [G[k, i].tolist() for _, G in pairs])
+        s_rows, g_rows = hit
+        rest_rows = [r[k + 1] for r in rests]
+        top_rows = [t[k + 1] for t in tops]
         ends = range(L - 1, L) if k == P - 1 else range(i, L - P + k + 1)
         for j in ends:
             nodes += 1
             if nodes > max_nodes:
                 return None, max_nodes
-            s = tuple(partial[e] + sums[e][k][i][j] for e in pairs_range)
-            g = tuple(max(worst[e], bottlenecks[e][k][i][j]) for e in pairs_range)
-            if any(s[e] + rests[e][k + 1][j + 1] + max(g[e], tops[e][k + 1][j + 1]) >= cutoff for e in pairs_range):
+            s = tuple(partial[e] + s_rows[e][j] for e in pairs_range)
+            g = tuple(max(worst[e], g_rows[e][j]) for e in pairs_range)
+            if any(s[e] + rest_rows[e][j + 1] + max(g[e], top_rows[e][j + 1]) >= cutoff for e in pairs_range):
                 continue
             if k == P - 1:
                 out.append((*cuts, j))
