@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from planner.search import engine
-from planner.search.bounds import Profiles, layout_floor, lower_bounds
+from planner.search.bounds import Profiles, layout_floor, lower_bounds, position_count_bound
 from planner.search.interleave import partition_allowed, pipeline_allowed, schedule_for
 from planner.search.partition import score
-from planner.search.space import Pins, Settings, StageOption, ordered_layouts
+from planner.search.space import Layout, Pins, Settings, StageOption, ordered_layouts
 from planner.solver import SolverOptions
 from search_synthetic import SyntheticBackend
 from tests.search_fixtures import cluster, random_model
@@ -307,3 +307,47 @@ def test_groups_of_one_node_listed_apart_plan_as_one_pool():
     # re-timed as placed, on the cluster as listed (what `planner estimate --plan` does)
     assert planner.estimate_plan(model, listed, apart).iteration_time_s == pytest.approx(apart.iteration_time_s,
                                                                                           rel=1e-9)
+
+def model_with_heavy_head(seed: int, layers: int, scale: float):
+    """A random model whose last layer (a head) does three times a block's work."""
+    model = random_model(seed, layers, scale=scale)
+    last = model.layers[-1]
+    head = dataclasses.replace(last, flops_forward=3 * last.flops_forward)
+    return dataclasses.replace(model, layers=(*model.layers[:-1], head))
+
+
+def position_case(seed: int) -> tuple[float, float, float]:
+    """(the layers' least work plus the layout's position count bound, the layout's least bound over its
+    partitions, the order-free block bound) of a seeded 1F1B layout."""
+    rng = np.random.default_rng(900 + seed)
+    layers = int(rng.integers(4, 9))
+    scale = float(rng.choice([0.3, 1.0, 3.0]))
+    model = (model_with_heavy_head if seed % 2 else model_with_small_ends)(seed, layers, scale)
+    c = cluster(("fast", 4, 2), ("slow", 4, 2))
+    settings = Settings(micro_batch=1, dp=1, zero=int(rng.integers(0, 2)), recompute=str(rng.choice(["none", "full"])),
+                        sequence_parallel=False)
+    global_batch = int(rng.choice([2, 4, 8, 16]))
+    m = settings.num_micro_batches(global_batch)
+    layout = Layout(tuple(StageOption(int(rng.integers(0, 2)), 1) for _ in range(int(rng.integers(2, layers + 1)))))
+    backend = SyntheticBackend(model, c)
+    profiles = Profiles(backend)
+    distinct = sorted(set(layout.options))
+    plist = [profiles.get(o, settings) for o in distinct]
+    least = float(np.minimum.reduce([p.forward_s + p.backward_s for p in plist]).sum())
+    bound = least + position_count_bound(profiles, layout, settings, m)
+    block = lower_bounds(plist, np.array([[layout.options.count(o) for o in distinct]]), m)[0]
+    return bound, layout_time(backend, settings, layout, layers, global_batch), block
+
+
+def test_position_count_bound_never_exceeds_the_layouts_bound():
+    """The layer-count bound of a 1F1B layout's own positions (each stage's delta and in-flight memory, the
+    first and last layers on the end stages), on top of the layers' least work, stays at or below the
+    layout's least bound over its partitions, is infinite only where no partition fits, and lifts the
+    order-free block bound on some layouts."""
+    fitted = lifted = 0
+    for seed in range(24):
+        bound, truth, block = position_case(seed)
+        assert bound <= truth * (1 + 1e-9) or np.isinf(truth), (seed, bound, truth)
+        fitted += bool(np.isfinite(truth))
+        lifted += bool(np.isfinite(truth) and bound > block * (1 + 1e-6))
+    assert fitted >= 12 and lifted >= 3, (fitted, lifted)

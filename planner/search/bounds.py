@@ -595,14 +595,14 @@ def layout_floor(profiles: Profiles, layout: Layout, settings: Settings, num_mic
     """A lower bound on one layout's DP bound from its block's (``block_s``, a bound of this module, which
     leaves transfers out) and the stages' least send times (:meth:`Backend.send_floors`), without the
     layout's matrices: the fill holds each stage's least send times its hops on the critical path
-    (:func:`planner.search.interleave.bound_coefficients`), and a link's steady-state hand-off chain
-    (:func:`planner.search.backend.handoff_g`, with the side's least layer) holds its cycles' transfers on top
-    of the fill's least work."""
+    (:func:`planner.search.interleave.bound_coefficients`); on top of the fill's least work, the largest G is
+    at least a link's steady-state hand-off chain (:func:`planner.search.backend.handoff_g`, with the side's
+    least layer) and the layer-count bound of the layout's own stage positions (:func:`position_count_bound`)."""
     P, m, V = layout.num_stages, num_micro_batches, settings.vpp
     all_forwards = get_runtime(settings.runtime).interleaved_all_forwards_at_pp
     floors = profiles.backend.send_floors(layout, settings)
     fill = sum(h * c for h, c in zip(_hops(P, m, V), floors))
-    if P == 1 or not any(floors):
+    if P == 1:
         return block_s + fill
     memo = profiles.count_memo
     key = ("least work", frozenset(layout.options), settings)
@@ -610,17 +610,112 @@ def layout_floor(profiles: Profiles, layout: Layout, settings: Settings, num_mic
     if least is None:
         work = [p.forward_s + p.backward_s / V for p in (profiles.get(o, settings) for o in key[1])]
         least = memo[key] = float(np.minimum.reduce(work).sum())
-    cycles = handoff_cycles(P, m, V, all_forwards, settings.ep_overlap)
-    warm = warmups(P, m, V, all_forwards, settings.ep_overlap)
-    passes = {o: _least_passes(profiles, o, settings) for o in key[1]}
-    chains = 0.0
-    for k, (n, span) in enumerate(cycles):
-        if n == 0 or floors[k] == 0:
-            continue
-        for side in (k, k + 1):
-            f, b = passes[layout.options[side]]
-            chains = max(chains, handoff_g(f, b, floors[k], m, V, warm[side], (n, span)))
-    return max(block_s, least + chains) + fill
+    largest_g = position_count_bound(profiles, layout, settings, m)
+    if any(floors):
+        cycles = handoff_cycles(P, m, V, all_forwards, settings.ep_overlap)
+        warm = warmups(P, m, V, all_forwards, settings.ep_overlap)
+        passes = {o: _least_passes(profiles, o, settings) for o in key[1]}
+        for k, (n, span) in enumerate(cycles):
+            if n == 0 or floors[k] == 0:
+                continue
+            for side in (k, k + 1):
+                f, b = passes[layout.options[side]]
+                largest_g = max(largest_g, handoff_g(f, b, floors[k], m, V, warm[side], (n, span)))
+    return max(block_s, least + largest_g) + fill
+
+
+def position_count_bound(profiles: Profiles, layout: Layout, settings: Settings, num_micro_batches: int) -> float:
+    """A lower bound on max_k G_k of one 1F1B layout from its stages' positions (0 for other schedules and
+    single stages; inf when no partition fits): stage k on option o_k holding layers A has
+    G_k >= gamma b(A) + delta_k f(A) (:func:`planner.search.interleave.bound_coefficients`, the delta of its own
+    position, where the order-free bounds take the least) and holds n_k micro-batches in flight, the cost
+    model's count at its position; stage 0 holds layer 0 and stage P - 1 the last layer. At a threshold t,
+    stage k holds at most as many of the other layers as its smallest ones within t and within its memory,
+    and every stage but the two ends holds one; the least t at which the stages can hold all the other
+    layers bounds the largest G (exact for identical layers but the ends')."""
+    P, m, V = layout.num_stages, num_micro_batches, settings.vpp
+    if V != 1 or P < 2:
+        return 0.0
+    all_forwards = get_runtime(settings.runtime).interleaved_all_forwards_at_pp
+    co = bound_coefficients(P, m, V, all_forwards, settings.ep_overlap)
+    in_flight = _positions_in_flight(P, m, settings.schedule, all_forwards, settings.ep_overlap)
+    rows, most = [], []
+    for k, option in enumerate(layout.options):
+        ends = (k == 0, k == P - 1)
+        sb, sf, end_b, end_f = _inner_prefix(profiles, option, settings, ends)
+        rows.append(co.gamma * (sb + end_b) + co.delta[k] * (sf + end_f))
+        most.append(_inner_memory_count(profiles, option, settings, ends, in_flight[k]))
+    g = np.stack(rows)  # (P, inner layers + 1): G_k holding its end layers and its n smallest others
+    most_inner = np.array(most)
+    least_inner = np.ones(P, dtype=int)
+    least_inner[[0, -1]] = 0
+    if (most_inner < least_inner).any():
+        return np.inf
+    size = g.shape[1] - 1
+    cands = np.unique(g)
+    cands = cands[cands >= g[np.arange(P), least_inner].max()]
+
+    def covers(t: float) -> bool:
+        held = (g <= t).sum(axis=1) - 1
+        return bool((held >= least_inner).all()) and int(np.minimum(held, most_inner).sum()) >= size
+
+    if not len(cands) or not covers(cands[-1]):
+        return np.inf
+    lo, hi = 0, len(cands) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if covers(cands[mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return float(cands[lo]) * (1 - 1e-9)
+
+
+@functools.lru_cache(maxsize=4096)
+def _positions_in_flight(num_stages: int, num_micro_batches: int, schedule: str, all_forwards_at_pp: bool,
+                         ep_overlap: bool) -> tuple[float, ...]:
+    """The micro-batches each stage position holds in flight, as the cost model counts them."""
+    return tuple(micro_batches_in_flight(k, num_stages, num_micro_batches, schedule, 1, all_forwards_at_pp,
+                                         ep_overlap) for k in range(num_stages))
+
+
+def _inner_prefix(profiles: Profiles, option: StageOption, settings: Settings, ends: tuple[bool, bool]
+                  ) -> tuple[np.ndarray, np.ndarray, float, float]:
+    """For a stage on ``option`` holding the first layer (``ends[0]``) and/or the last (``ends[1]``): the
+    prefix sums of the other layers' sorted backward and forward times (0 first), and its end layers'."""
+    key = ("inner prefix", option, settings, ends)
+    hit = profiles.count_memo.get(key)
+    if hit is None:
+        prof = profiles.get(option, settings)
+        b, f = prof.backward_s, prof.forward_s
+        fixed = _end_layers(len(b), ends)
+        inner = np.ones(len(b), dtype=bool)
+        inner[[0, -1]] = False
+        hit = profiles.count_memo[key] = (_sorted_prefix(b[None, :], inner)[0], _sorted_prefix(f[None, :], inner)[0],
+                                          float(b[fixed].sum()), float(f[fixed].sum()))
+    return hit
+
+
+def _inner_memory_count(profiles: Profiles, option: StageOption, settings: Settings, ends: tuple[bool, bool],
+                        in_flight: float) -> int:
+    """The most of the layers other than the first and last a stage on ``option`` holds beside its end layers
+    (``ends`` as :func:`_inner_prefix`) with ``in_flight`` micro-batches (its smallest static + n act, plus
+    the least transient, within one room); -1 when its end layers alone do not fit."""
+    key = ("inner memory", option, settings, ends, in_flight)
+    hit = profiles.count_memo.get(key)
+    if hit is None:
+        prof = profiles.get(option, settings)
+        use = prof.static_unit + in_flight * prof.act_unit
+        fixed = float(use[_end_layers(len(use), ends)].sum()) + float(prof.peak_unit.min())
+        with np.errstate(invalid="ignore"):
+            hit = -1 if not fixed <= 1.0 + 1e-9 else int((np.cumsum(np.sort(use[1:-1])) + fixed <= 1.0 + 1e-9).sum())
+        profiles.count_memo[key] = hit
+    return hit
+
+
+def _end_layers(num_layers: int, ends: tuple[bool, bool]) -> list[int]:
+    """The end layers a stage holds: the first (``ends[0]``) and the last (``ends[1]``)."""
+    return [i for i, held in zip((0, num_layers - 1), ends) if held]
 
 
 @functools.lru_cache(maxsize=4096)
