@@ -625,20 +625,20 @@ def layout_floor(profiles: Profiles, layout: Layout, settings: Settings, num_mic
 
 
 def position_count_bound(profiles: Profiles, layout: Layout, settings: Settings, num_micro_batches: int) -> float:
-    """A lower bound on max_k G_k of one 1F1B layout from its stages' positions (0 for other schedules and
-    single stages; inf when no partition fits): stage k on option o_k holding layers A has
-    G_k >= gamma b(A) + delta_k f(A) (:func:`planner.search.interleave.bound_coefficients`, the delta of its own
-    position, where the order-free bounds take the least) and holds n_k micro-batches in flight, the cost
-    model's count at its position; stage 0 holds layer 0 and stage P - 1 the last layer. At a threshold t,
-    stage k holds at most as many of the other layers as its smallest ones within t and within its memory,
-    and every stage but the two ends holds one; the least t at which the stages can hold all the other
+    """A lower bound on max_k G_k of one layout from its stages' positions (0 for a single stage; inf when no
+    partition fits): stage k on option o_k holding layers A has G_k >= gamma b(A) + delta_k f(A)
+    (:func:`planner.search.interleave.bound_coefficients`, the delta of its own position, where the
+    order-free bounds take the least) and holds n_k micro-batches in flight, the cost model's count at its
+    position; stage 0 holds layer 0 and stage P - 1 the last layer, and every stage holds at least vpp
+    layers (whole chunks). At a threshold t, stage k holds at most as many of the other layers as its
+    smallest ones within t and within its memory; the least t at which the stages can hold all the other
     layers bounds the largest G (exact for identical layers but the ends')."""
     P, m, V = layout.num_stages, num_micro_batches, settings.vpp
-    if V != 1 or P < 2:
+    if P < 2:
         return 0.0
     all_forwards = get_runtime(settings.runtime).interleaved_all_forwards_at_pp
     co = bound_coefficients(P, m, V, all_forwards, settings.ep_overlap)
-    in_flight = _positions_in_flight(P, m, settings.schedule, all_forwards, settings.ep_overlap)
+    in_flight = _positions_in_flight(P, m, settings.schedule, V, all_forwards, settings.ep_overlap)
     rows, most = [], []
     for k, option in enumerate(layout.options):
         ends = (k == 0, k == P - 1)
@@ -647,11 +647,11 @@ def position_count_bound(profiles: Profiles, layout: Layout, settings: Settings,
         most.append(_inner_memory_count(profiles, option, settings, ends, in_flight[k]))
     g = np.stack(rows)  # (P, inner layers + 1): G_k holding its end layers and its n smallest others
     most_inner = np.array(most)
-    least_inner = np.ones(P, dtype=int)
-    least_inner[[0, -1]] = 0
-    if (most_inner < least_inner).any():
-        return np.inf
+    least_inner = np.full(P, V)  # whole chunks; the end stages' own end layers may be one of them
+    least_inner[[0, -1]] = V - 1
     size = g.shape[1] - 1
+    if (most_inner < least_inner).any() or least_inner.sum() > size:
+        return np.inf
     cands = np.unique(g)
     cands = cands[cands >= g[np.arange(P), least_inner].max()]
 
@@ -672,10 +672,10 @@ def position_count_bound(profiles: Profiles, layout: Layout, settings: Settings,
 
 
 @functools.lru_cache(maxsize=4096)
-def _positions_in_flight(num_stages: int, num_micro_batches: int, schedule: str, all_forwards_at_pp: bool,
+def _positions_in_flight(num_stages: int, num_micro_batches: int, schedule: str, vpp: int, all_forwards_at_pp: bool,
                          ep_overlap: bool) -> tuple[float, ...]:
     """The micro-batches each stage position holds in flight, as the cost model counts them."""
-    return tuple(micro_batches_in_flight(k, num_stages, num_micro_batches, schedule, 1, all_forwards_at_pp,
+    return tuple(micro_batches_in_flight(k, num_stages, num_micro_batches, schedule, vpp, all_forwards_at_pp,
                                          ep_overlap) for k in range(num_stages))
 
 
