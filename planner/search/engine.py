@@ -10,7 +10,8 @@ One heap of nodes, each with a lower bound on every plan below it (:mod:`planner
    must hold at its least); a smaller one has each set of stage blocks bounded exactly (every combination
    of counts, or whole pools past ``MAX_GRID`` combinations, which makes the space incomplete);
 4. a set of blocks: for each order of its pools, unless the blocks' bound with that layout's least
-   transfers already reaches the cutoff (:func:`planner.search.bounds.layout_floor`, no matrices built), the
+   transfers and its stages' positions already reaches the cutoff (:func:`planner.search.bounds.layout_floor`,
+   no matrices built), the
    partition DP (:func:`planner.search.partition.solve_partition`) finds the partition minimising the lower
    bound of :mod:`planner.search.backend` (the layout's bound), and the cost model times that partition
    exactly.
@@ -77,7 +78,7 @@ BOX_GRID = 256
 # partial partition costs a small fraction of that, measured in benchmarks/results/search.md)
 EXHAUST_NODES = 20_000
 NODES_PER_WORK_UNIT = 200
-# layouts bounded by their least transfers per work unit (a floor costs a small fraction of a partition DP)
+# layouts bounded by their floor per work unit (a floor costs a small fraction of a partition DP)
 FLOORS_PER_WORK_UNIT = 8
 # partial partitions all the enumerations of one search may take: past it the layouts left keep their bounds
 EXHAUST_TOTAL_NODES = 200_000
@@ -697,7 +698,7 @@ def run(backend: Backend, cluster: Cluster, num_layers: int, global_batch: int, 
             state.work += floored % FLOORS_PER_WORK_UNIT == 0
             if layout_floor(profiles, layout, settings, settings.num_micro_batches(global_batch),
                             entry.bound_s) >= state.cutoff():
-                continue  # its block's bound with the layout's least transfers cannot beat the K-th best
+                continue  # the layout's floor (transfers, stage positions) cannot beat the K-th best
             state.work += 1
             key = (settings.vpp, per_stage)
             if key not in masks:
