@@ -174,23 +174,12 @@ def _program(pp: int, m: int, schedule: str, vpp: int, all_forwards_at_pp: bool,
     slot indexes the end-time table ``[backward][virtual stage][micro-batch]``, flattened, and ``timing``
     the stage's durations ``[chunk][kind]``, flattened. With ``ep_overlap`` the order is
     :func:`operation_order`'s under expert-parallel overlap (:func:`_merged_steps` pairs its steady state)."""
-    last_virtual = (vpp - 1) * pp + pp - 1
-    half = vpp * pp * m
     programs = []
     for s in range(pp):
-        ops = []
-        for backward, chunk, j in operation_order(s, pp, m, schedule, vpp, all_forwards_at_pp, ep_overlap):
-            virtual = chunk * pp + s
-            if not backward:
-                slot = virtual * m + j
-                ops.append((slot, (virtual - 1) * m + j if virtual else -1, _FORWARD, 3 * chunk + _FORWARD, chunk, j))
-            elif virtual == last_virtual:
-                ops.append((half + virtual * m + j, virtual * m + j, _LAST_BACKWARD, 3 * chunk + _LAST_BACKWARD,
-                            chunk, j))
-            else:
-                ops.append((half + virtual * m + j, half + (virtual + 1) * m + j, _BACKWARD, 3 * chunk + _BACKWARD,
-                            chunk, j))
-        programs.append(tuple(ops))
+        order = operation_order(s, pp, m, schedule, vpp, all_forwards_at_pp, ep_overlap)
+        ops = _stage_ops(s, pp, m, schedule, vpp, all_forwards_at_pp, ep_overlap)
+        programs.append(tuple((slot, dep, delay - 3 * s, duration - 3 * vpp * s, chunk, j)
+                              for (_, slot, dep, delay, duration), (_, chunk, j) in zip(ops, order)))
     return tuple(programs)
 
 
@@ -208,16 +197,38 @@ def _merged_steps(pp: int, m: int, schedule: str, vpp: int, all_forwards_at_pp: 
     return tuple(steps)
 
 
+def _stage_ops(stage: int, pp: int, m: int, schedule: str, vpp: int, all_forwards_at_pp: bool,
+               ep_overlap: bool = False) -> list[tuple[int, int, int, int, int]]:
+    """``stage``'s operations in :func:`operation_order`'s order as ``(stage, slot, dependency slot or -1,
+    delay, duration)``: a slot indexes the end-time table ``[backward][virtual stage][micro-batch]``,
+    flattened; ``delay`` the stages' arrival delays ``[stage][kind]`` and ``duration`` their durations
+    ``[stage][chunk][kind]``, both flattened."""
+    last_virtual = (vpp - 1) * pp + pp - 1
+    half = vpp * pp * m
+    delay, duration = 3 * stage, 3 * vpp * stage
+    ops = []
+    for backward, chunk, j in operation_order(stage, pp, m, schedule, vpp, all_forwards_at_pp, ep_overlap):
+        virtual = chunk * pp + stage
+        if not backward:
+            ops.append((stage, virtual * m + j, (virtual - 1) * m + j if virtual else -1, delay + _FORWARD,
+                        duration + 3 * chunk + _FORWARD))
+        elif virtual == last_virtual:
+            ops.append((stage, half + virtual * m + j, virtual * m + j, delay + _LAST_BACKWARD,
+                        duration + 3 * chunk + _LAST_BACKWARD))
+        else:
+            ops.append((stage, half + virtual * m + j, half + (virtual + 1) * m + j, delay + _BACKWARD,
+                        duration + 3 * chunk + _BACKWARD))
+    return ops
+
+
 @lru_cache(maxsize=16)
 def _topological(pp: int, m: int, schedule: str, vpp: int, all_forwards_at_pp: bool
                  ) -> tuple[tuple[int, int, int, int, int], ...]:
-    """Every operation of :func:`_program` (no merged steps) as ``(stage, slot, dependency slot or -1, delay,
-    duration)``, in an order that puts each after its input and after the stage's earlier operations;
-    ``delay`` indexes the stages' arrival delays ``[stage][kind]`` and ``duration`` their durations
-    ``[stage][chunk][kind]``, both flattened. Which operation waits for which does not depend on the
+    """Every operation of every stage (:func:`_stage_ops`, no merged steps) in an order that puts each after
+    its input and after the stage's earlier operations. Which operation waits for which does not depend on the
     durations, so one order serves every simulation of the shape."""
-    programs = _program(pp, m, schedule, vpp, all_forwards_at_pp, False)
-    done = [False] * (2 * vpp * pp * m)
+    programs = [_stage_ops(s, pp, m, schedule, vpp, all_forwards_at_pp) for s in range(pp)]
+    done = [False] * (2 * vpp * pp * m) + [True]  # done[-1]: the input of an operation that has none
     ptr = [0] * pp
     order: list[tuple[int, int, int, int, int]] = []
     remaining = sum(len(p) for p in programs)
@@ -225,15 +236,18 @@ def _topological(pp: int, m: int, schedule: str, vpp: int, all_forwards_at_pp: b
         progressed = 0
         for s in range(pp):
             program, i = programs[s], ptr[s]
-            while i < len(program):
-                slot, dep, kind, timing, _, _ = program[i]
-                if dep >= 0 and not done[dep]:
+            n = len(program)
+            first = i
+            while i < n:
+                op = program[i]
+                if not done[op[2]]:
                     break
-                done[slot] = True
-                order.append((s, slot, dep, 3 * s + kind, 3 * vpp * s + timing))
+                done[op[1]] = True
                 i += 1
-            progressed += i - ptr[s]
-            ptr[s] = i
+            if i != first:
+                order.extend(program[first:i])
+                progressed += i - first
+                ptr[s] = i
         if not progressed:  # pragma: no cover - the schedules above never deadlock
             raise RuntimeError(f"pipeline simulation deadlocked ({schedule}, pp={pp}, m={m}, vpp={vpp})")
         remaining -= progressed
@@ -350,7 +364,8 @@ def simulate_pipeline(stage_forward_s: Sequence[float], stage_backward_s: Sequen
     if overlap and schedule == "gpipe":
         raise ConfigError("expert-parallel overlap merges the 1F1B steady state's steps; GPipe has none")
     ratio = _as_array(overlap_ratio, pp, "overlap_ratio") if overlap else [1.0] * pp
-    programs = _program(pp, m, schedule, v, bool(all_forwards_at_pp), overlap)
+    # the compiled programs: for the merged steps and the events (a plain run reads _topological's order)
+    programs = _program(pp, m, schedule, v, bool(all_forwards_at_pp), overlap) if overlap or record_events else ()
     merges = _merged_steps(pp, m, schedule, v, bool(all_forwards_at_pp)) if overlap else None
     end = [-1.0] * (2 * v * pp * m)
     free = [0.0] * pp
