@@ -308,6 +308,7 @@ def test_groups_of_one_node_listed_apart_plan_as_one_pool():
     assert planner.estimate_plan(model, listed, apart).iteration_time_s == pytest.approx(apart.iteration_time_s,
                                                                                           rel=1e-9)
 
+
 def model_with_heavy_head(seed: int, layers: int, scale: float):
     """A random model whose last layer (a head) does three times a block's work."""
     model = random_model(seed, layers, scale=scale)
