@@ -180,17 +180,17 @@ def in_flight_ascending(num_stages: int, num_micro_batches: int, vpp: int = 1) -
 
 
 def _memory_counts(static: np.ndarray, act: np.ndarray, peak: np.ndarray, count: int, m: int,
-                   in_flight: np.ndarray | None = None) -> np.ndarray:
+                   in_flight: np.ndarray | None = None, held: float = 0.0) -> np.ndarray:
     """``k[i]``: the most layers of this set a stage can hold with ``in_flight[i]`` (default min(i + 1, m))
-    micro-batches in flight (the sum of the smallest static + n act, plus the least transient, within one
-    room); non-increasing when ``in_flight`` is non-decreasing."""
+    micro-batches in flight (the sum of the smallest static + n act, plus ``held``, what the stage holds
+    besides, and the least transient, within one room); non-increasing when ``in_flight`` is non-decreasing."""
     if count == 0:
         return np.zeros(0, dtype=int)
     n = np.minimum(np.arange(1, count + 1), m).astype(float) if in_flight is None else \
         np.asarray(in_flight[:count], dtype=float)
     with np.errstate(invalid="ignore"):
         use = np.sort(static[None, :] + n[:, None] * act[None, :], axis=1)
-        fits = np.cumsum(use, axis=1) + (peak.min() if len(peak) else 0.0) <= 1.0 + 1e-9
+        fits = np.cumsum(use, axis=1) + (held + (peak.min() if len(peak) else 0.0)) <= 1.0 + 1e-9
     return fits.sum(axis=1)
 
 
@@ -705,11 +705,12 @@ def _inner_memory_count(profiles: Profiles, option: StageOption, settings: Setti
     hit = profiles.count_memo.get(key)
     if hit is None:
         prof = profiles.get(option, settings)
-        use = prof.static_unit + in_flight * prof.act_unit
-        fixed = float(use[_end_layers(len(use), ends)].sum()) + float(prof.peak_unit.min())
+        static, act, peak = prof.static_unit, prof.act_unit, prof.peak_unit
+        held = float((static + in_flight * act)[_end_layers(len(static), ends)].sum())
         with np.errstate(invalid="ignore"):
-            hit = -1 if not fixed <= 1.0 + 1e-9 else int((np.cumsum(np.sort(use[1:-1])) + fixed <= 1.0 + 1e-9).sum())
-        profiles.count_memo[key] = hit
+            fits = held + float(peak.min()) <= 1.0 + 1e-9
+        hit = profiles.count_memo[key] = int(_memory_counts(static[1:-1], act[1:-1], peak, 1, 1, np.array([in_flight]),
+                                                            held)[0]) if fits else -1
     return hit
 
 
