@@ -7,11 +7,14 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from embedding_checks import check_result, recomputed_memory
 from embedding_fixtures import GiB, cluster, node, small_node
 from planner.embeddings import load_tables, shard_tables
+from planner.embeddings.devices import device_arrays
+from planner.embeddings.problem import build_problem, check_tables_fit
 from planner.errors import InfeasibleError, PlannerError
 from planner.types import EmbeddingTable
 from planner.solver import SolverOptions
@@ -64,6 +67,29 @@ def test_table_too_big_for_every_device_names_table_and_bytes():
         shard_tables((big,), c, None, 1024, allow_host=False)
     message = str(err.value)
     assert "huge_ids" in message and "95.4 GiB" in message and "102400000000 bytes" in message  # 102.4e9 bytes
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_quick_capacity_test_refuses_exactly_the_tables_that_fit_nowhere(seed):
+    """check_capacity stops at a table's first option that fits; it must refuse where building every option
+    refuses, naming the same table."""
+    rng = np.random.default_rng(seed)
+    c = cluster((small_node(A100, 2, memory_bytes=int(rng.choice([1, 2, 4])) * GiB), 2))
+    tables = tuple(EmbeddingTable(f"t{i}", int(10 ** rng.uniform(3, 8.3)), int(rng.choice([16, 64, 128])), 4.0)
+                   for i in range(6))
+    for allow_host in (False, True):
+        dev = device_arrays(c, None, None, allow_host)
+        try:
+            build_problem(tables, dev, 4096, "adagrad")
+            full = None
+        except InfeasibleError as exc:
+            full = str(exc)
+        try:
+            check_tables_fit(tables, dev, 4096, "adagrad")
+            quick = None
+        except InfeasibleError as exc:
+            quick = str(exc)
+        assert quick == full
 
 
 def test_host_memory_takes_what_hbm_cannot():

@@ -525,12 +525,8 @@ def build_problem(tables: Sequence[EmbeddingTable], dev: DeviceArrays, global_ba
     table that has no option left."""
     from planner.embeddings.errors import table_does_not_fit
 
-    state_elements(optimizer, 1)  # validates the optimizer name before any work
-    demand = sum(shard_memory_bytes(t.rows, t.dim, t.dtype_bytes, optimizer) for t in tables)
-    with_host = bool(dev.host_capacity_bytes.sum() > 0) and demand > 0.5 * float(dev.hbm_capacity_bytes.sum())
-    all_options = tuple(build_options(t, table, dev, global_batch, optimizer, with_host)
-                        for t, table in enumerate(tables))
-    problem = Problem(tuple(tables), dev, global_batch, optimizer, all_options)
+    problem = _every_option(tables, dev, global_batch, optimizer)
+    all_options = problem.options
     kept: list[tuple[Option, ...]] = []
     renumbered: dict[tuple[int, int], int] = {}  # (table, option index before) -> option index kept
     for t, options in enumerate(all_options):
@@ -545,3 +541,28 @@ def build_problem(tables: Sequence[EmbeddingTable], dev: DeviceArrays, global_ba
     for built, into in ((problem._units, final._units), (problem._fits, final._fits)):
         into.update(((t, renumbered[t, o], p), value) for (t, o, p), value in built.items() if (t, o) in renumbered)
     return final
+
+
+def check_tables_fit(tables: Sequence[EmbeddingTable], dev: DeviceArrays, global_batch: int, optimizer: str) -> None:
+    """Raise :func:`build_problem`'s InfeasibleError for the first table that has no option fitting on any
+    position, without building every option's units: a table passes at its first option that fits, trying the
+    one-device options (a vectorised test) before the node-wide and global ones (a unit per position)."""
+    from planner.embeddings.errors import table_does_not_fit
+
+    problem = _every_option(tables, dev, global_batch, optimizer)
+    order = {"device": 0, "node": 1, "global": 2}
+    for t, options in enumerate(problem.options):
+        tries = sorted(range(len(options)), key=lambda o: order[options[o].scope])
+        if not any(problem.fits_somewhere(t, o) for o in tries):
+            raise table_does_not_fit(tables[t], dev, optimizer)
+
+
+def _every_option(tables: Sequence[EmbeddingTable], dev: DeviceArrays, global_batch: int, optimizer: str) -> Problem:
+    """The problem with every option of every table, those that fit nowhere included. Host (UVM) options are
+    offered only when host memory is allowed and the tables' HBM demand exceeds half the devices' HBM."""
+    state_elements(optimizer, 1)  # validates the optimizer name before any work
+    demand = sum(shard_memory_bytes(t.rows, t.dim, t.dtype_bytes, optimizer) for t in tables)
+    with_host = bool(dev.host_capacity_bytes.sum() > 0) and demand > 0.5 * float(dev.hbm_capacity_bytes.sum())
+    return Problem(tuple(tables), dev, global_batch, optimizer,
+                   tuple(build_options(t, table, dev, global_batch, optimizer, with_host)
+                         for t, table in enumerate(tables)))

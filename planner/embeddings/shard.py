@@ -37,7 +37,7 @@ import numpy as np
 from planner.collector import collector_paused
 from planner.embeddings.budget import (NEIGHBOURHOOD_MAX_DEVICES, NODE_MILP_MAX_NODES, DEEP_PATTERNS, Budget,
                                        budget)
-from planner.embeddings.devices import device_arrays
+from planner.embeddings.devices import DeviceArrays, device_arrays
 from planner.embeddings.heuristic import (Assignment, Work, greedy, heuristic, least_work_guide, local_search,
                                           guide_choice, rebuild, target_pack)
 from planner.embeddings.branching import branch_bound
@@ -48,7 +48,8 @@ from planner.embeddings.pattern_bound import PatternBound, PatternBoundSettings
 from planner.embeddings.pattern_primal import choices as pattern_choices
 from planner.embeddings.pattern_primal import without_node_units
 from planner.embeddings.patterns import improve_choice, pattern_place
-from planner.embeddings.problem import Problem, block_split, build_problem, even_split, shard_memory_bytes
+from planner.embeddings.problem import (Problem, block_split, build_problem, check_tables_fit, even_split,
+                                        shard_memory_bytes)
 from planner.errors import ConfigError, InfeasibleError
 from planner.plans import EmbeddingPlacement, EmbeddingShard
 from planner.solver import SolverOptions
@@ -153,11 +154,11 @@ def check_capacity(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: 
     :func:`shard_tables` takes them: a table that fits no device even row-sharded over all of them, or tables
     that need more than the devices' memory together. A quick test that :func:`shard_tables` may pass (it has
     finer constraints) but never fails where this passes for lack of capacity alone."""
-    problem = build_problem(tables, device_arrays(cluster, devices, memory_budget_bytes, allow_host), global_batch,
-                            optimizer)
-    need, have = _need_and_have(problem)
+    dev = device_arrays(cluster, devices, memory_budget_bytes, allow_host)
+    check_tables_fit(tables, dev, global_batch, optimizer)
+    need, have = _need_and_have(tables, dev, optimizer)
     if need > have:
-        raise _too_big_in_total(problem)
+        raise _too_big_in_total(tables, dev, optimizer)
 
 
 class Found(NamedTuple):
@@ -217,7 +218,7 @@ def bound_stage(problem: Problem, classes: Bins, plan_budget: Budget) -> tuple[f
     class_size = milp_size(problem, classes)
     relaxed = solve(problem, classes, integer=False, keep=True, milp_checks=plan_budget.bound_checks)
     if relaxed.status == "infeasible":
-        raise _too_big_in_total(problem)
+        raise _too_big_in_total(problem.tables, problem.dev, problem.optimizer)
     bound = relaxed.bound_s if relaxed.status in ("optimal", "feasible") else 0.0
     # one option per table and whole units per class: still a relaxation of the per-device problem (any plan
     # aggregates to a solution of it), but it cannot mix options within a table
@@ -451,20 +452,20 @@ def milp_size(problem: Problem, bins: Bins | None = None) -> int:
     return size
 
 
-def _need_and_have(problem: Problem) -> tuple[float, float]:
+def _need_and_have(tables: Sequence[EmbeddingTable], dev: DeviceArrays, optimizer: str) -> tuple[float, float]:
     """The bytes the tables need with their optimizer state, one copy each, and the devices' memory for them."""
-    need = sum(shard_memory_bytes(t.rows, t.dim, t.dtype_bytes, problem.optimizer) for t in problem.tables)
-    return float(need), float(problem.dev.hbm_capacity_bytes.sum() + problem.dev.host_capacity_bytes.sum())
+    need = sum(shard_memory_bytes(t.rows, t.dim, t.dtype_bytes, optimizer) for t in tables)
+    return float(need), float(dev.hbm_capacity_bytes.sum() + dev.host_capacity_bytes.sum())
 
 
-def _too_big_in_total(problem: Problem) -> InfeasibleError:
-    need, have = _need_and_have(problem)
-    biggest = max(problem.tables, key=lambda t: t.rows * t.dim * t.dtype_bytes)
-    biggest_bytes = shard_memory_bytes(biggest.rows, biggest.dim, biggest.dtype_bytes, problem.optimizer)
+def _too_big_in_total(tables: Sequence[EmbeddingTable], dev: DeviceArrays, optimizer: str) -> InfeasibleError:
+    need, have = _need_and_have(tables, dev, optimizer)
+    biggest = max(tables, key=lambda t: t.rows * t.dim * t.dtype_bytes)
+    biggest_bytes = shard_memory_bytes(biggest.rows, biggest.dim, biggest.dtype_bytes, optimizer)
     return InfeasibleError(
-        f"the {len(problem.tables)} embedding tables need {need / 1e9:.3g} GB with their {problem.optimizer} "
+        f"the {len(tables)} embedding tables need {need / 1e9:.3g} GB with their {optimizer} "
         f"state (the largest, {biggest.name!r}, {biggest_bytes / 1e9:.3g} GB), "
-        f"but the {problem.dev.count} devices offer {have / 1e9:.3g} GB; add devices or use a smaller optimizer")
+        f"but the {dev.count} devices offer {have / 1e9:.3g} GB; add devices or use a smaller optimizer")
 
 
 def placements(problem: Problem, assignment) -> tuple[EmbeddingPlacement, ...]:
