@@ -22,6 +22,7 @@ same plan on a fast or a slow machine.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -280,23 +281,73 @@ def preferences(problem: Problem, weights: Sequence[Sequence[float]] | None) -> 
 
 
 def _first_feasible(problem: Problem, prefs: list[list[int]], work: Work) -> tuple[list[int], _State] | None:
-    """The LP's favourite options; where the greedy runs out of memory, the table that failed takes its next
-    option (more finely split, or in host memory)."""
-    choice = [p[0] for p in prefs]
-    rank = [0] * len(choice)
-    for _ in range(sum(len(p) for p in prefs)):
+    """The LP's favourite options; where the greedy runs out of memory, the table whose option fills the largest
+    share of a device's memory takes its next option that fills less (more finely split, or in host memory),
+    and so on. The moves are fixed in advance (they do not depend on the greedy's placement), so the greedy
+    runs after 0, 1, 2, 4, ... of them up to the first count that fits, then bisects down to the fewest moves
+    that fit from the last count that did not: a few dozen greedy runs at most where memory is tight on
+    thousands of tables. None when no count tried fits."""
+    moves = _relief_moves(problem, prefs)
+    start = [p[0] for p in prefs]
+
+    def attempt(count: int) -> tuple[list[int], _State] | None:
+        choice = list(start)
+        for t, o in moves[:count]:
+            choice[t] = o
         state = greedy(problem, choice, work)
-        if state is not None:
-            return choice, state
-        # the largest table that is not yet at its last option moves one step down its preference list
-        movable = [t for t in range(len(choice)) if rank[t] + 1 < len(prefs[t])]
-        if not movable:
+        return None if state is None else (choice, state)
+
+    failed, count = 0, 0
+    found = attempt(0)
+    while found is None:
+        if count == len(moves):
             return None
-        t = max(movable, key=lambda j: (problem.options[j][choice[j]].memory_bytes
-                                        or problem.tables[j].rows * problem.tables[j].dim, -j))
-        rank[t] += 1
-        choice[t] = prefs[t][rank[t]]
-    return None
+        failed, count = count, min(max(1, 2 * count), len(moves))
+        found = attempt(count)
+    while count - failed > 1:
+        middle = (failed + count) // 2
+        tried = attempt(middle)
+        if tried is None:
+            failed = middle
+        else:
+            count, found = middle, tried
+    return found
+
+
+def _relief_moves(problem: Problem, prefs: list[list[int]]) -> list[tuple[int, int]]:
+    """The order in which tables give up their favourite options for memory: each move takes the table whose
+    current option fills the largest share of a device's memory (the first table of equal ones) to the next
+    option down its preference list that fills less; a table with no such option left moves no more."""
+    fills = [[_fill(problem, t, o) for o in range(len(options))] for t, options in enumerate(problem.options)]
+
+    def next_down(t: int, rank: int) -> int | None:
+        return next((r for r in range(rank + 1, len(prefs[t])) if fills[t][prefs[t][r]] < fills[t][prefs[t][rank]]),
+                    None)
+
+    ranks = [0] * len(prefs)
+    heap = [(-fills[t][p[0]], t) for t, p in enumerate(prefs) if next_down(t, 0) is not None]
+    heapq.heapify(heap)
+    moves = []
+    while heap:
+        t = heapq.heappop(heap)[1]
+        ranks[t] = next_down(t, ranks[t])
+        moves.append((t, prefs[t][ranks[t]]))
+        if next_down(t, ranks[t]) is not None:
+            heapq.heappush(heap, (-fills[t][prefs[t][ranks[t]]], t))
+    return moves
+
+
+def _fill(problem: Problem, t: int, o: int) -> float:
+    """The largest share of a device's memory (HBM, or host memory for host options) that one unit of table
+    ``t``'s option ``o`` takes: on the largest device for a one-device unit, on each device it spans else."""
+    option, dev = problem.options[t][o], problem.dev
+    capacity = dev.host_capacity_bytes if option.host else dev.hbm_capacity_bytes
+    if option.scope == "device":
+        return option.memory_bytes / float(capacity.max())
+    u = problem.unit(t, o, problem.distinct_positions(option)[0])
+    held = u.host_bytes if option.host else u.hbm_bytes
+    with np.errstate(divide="ignore", invalid="ignore"):  # bytes on a device with none of that memory: inf
+        return float(np.max(np.where(held > 0, held / capacity[u.devices], 0.0), initial=0.0))
 
 
 def _tables_on(state: _State, device: int, spread: bool = True) -> list[int]:
