@@ -4,11 +4,11 @@ Field names follow the user-facing contract (docs/api.md); extra fields are allo
 (sorted keys, fixed float formatting through ``json``) and ``Plan.from_json`` round-trips it.
 
 The JSON Schema ships in the package as ``planner/schemas/plan.schema.json`` (``planner schema`` prints it).
-:func:`validate` checks a plan document against it. It uses ``jsonschema`` when that is installed (the
-``test`` extra) and otherwise a small built-in interpreter of the keywords the schema uses (``type``,
-``required``, ``properties``, ``items``, ``enum``, ``const``, ``minimum``, ``minItems``, ``maxItems``, ``$ref``),
-so a plan file is checked the same way with or without optional dependencies; the tests hold the two to
-the same verdicts.
+:func:`validate` checks a plan document against it with a small built-in interpreter of the keywords the
+schema uses (``type``, ``required``, ``properties``, ``items``, ``enum``, ``const``, ``minimum``, ``minItems``,
+``maxItems``, ``$ref``): no optional dependency, and fast enough for plans that list millions of embedding
+shards (``jsonschema``, a generic validator, takes about ten times as long). The tests hold it to
+``jsonschema``'s verdicts.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from importlib import resources
 from typing import Any
 
 from planner.errors import ConfigError, PlannerError
-from planner.hardware.documents import MAX_JSON_BYTES, expand_ranges, load_json, non_finite, read_input
+from planner.hardware.documents import MAX_PLAN_JSON_BYTES, expand_ranges, load_json, non_finite, read_input
 from planner.rules import INTERLEAVED
 from planner.runtime import DEFAULT_RUNTIME, get_runtime
 from planner.hardware.fp8 import cost_dtype
@@ -177,7 +177,9 @@ class Plan:
 
     # ------------------------------------------------------------------ serialisation
     def to_dict(self) -> dict[str, Any]:
-        document = _jsonable(asdict(self))
+        # the embedding shards (millions on large clusters) are written field by field: asdict deep-copies each
+        document = _jsonable(asdict(replace(self, embeddings=())))
+        document["embeddings"] = [_placement_document(placement) for placement in self.embeddings]
         if not document["ep_overlap"]:
             del document["ep_overlap"]
         # a replica group lists the fields of its stage too (the Plan JSON's contract): the stage's own
@@ -228,8 +230,8 @@ class Plan:
             raise PlannerError(f"plan: got a {type(text).__name__}; give the plan's JSON text (Plan.to_json()), or "
                                "read a plan file with planner.plans.load_plan(PATH)")
         size = len(text.encode("utf-8"))
-        if size > MAX_JSON_BYTES:
-            raise PlannerError(f"plan: the text has {size} bytes, over the limit of {MAX_JSON_BYTES} for a plan "
+        if size > MAX_PLAN_JSON_BYTES:
+            raise PlannerError(f"plan: the text has {size} bytes, over the limit of {MAX_PLAN_JSON_BYTES} for a plan "
                                "file; check that it is the plan meant")
         return cls.from_dict(load_json(text, "plan", PlannerError))
 
@@ -240,7 +242,7 @@ def load_plan(path: str) -> Plan:
         raise PlannerError(f"plan file: got a {type(path).__name__}; give the path of a plan file written by "
                            "'planner plan MODEL ... --out PLAN.json'")
     try:
-        text = read_input(path, PlannerError, MAX_JSON_BYTES)
+        text = read_input(path, PlannerError, MAX_PLAN_JSON_BYTES)
     except PlannerError as exc:
         raise PlannerError(f"{exc}; write a plan file with 'planner plan MODEL ... --out PLAN.json'") from None
     try:
@@ -369,15 +371,7 @@ def schema() -> dict[str, Any]:
 
 def schema_errors(document: Any) -> list[str]:
     """Every violation of the Plan schema in ``document``, as ``"path: message"`` lines (empty: valid)."""
-    try:
-        import jsonschema  # optional (test extra)
-    except ImportError:
-        errors = _SubsetValidator(schema()).errors(document)
-    else:
-        validator = jsonschema.Draft202012Validator(schema())
-        found = sorted(validator.iter_errors(document), key=lambda e: [str(p) for p in e.absolute_path])
-        errors = [f"{_path(e.absolute_path)}: {e.message}" for e in found]
-    return errors or _consistency_errors(document)
+    return _SubsetValidator(schema()).errors(document) or _consistency_errors(document)
 
 
 def _consistency_errors(plan: dict[str, Any]) -> list[str]:
@@ -511,6 +505,7 @@ class _SubsetValidator:
 
     def __init__(self, root: dict[str, Any]) -> None:
         self.root = root
+        self._refs: dict[str, dict[str, Any]] = {}
 
     def errors(self, document: Any) -> list[str]:
         found: list[str] = []
@@ -527,43 +522,51 @@ class _SubsetValidator:
 
     def _check(self, value: Any, node: dict[str, Any], path: list[Any], out: list[str]) -> None:
         if "$ref" in node:
-            ref = node["$ref"]
-            target: Any = self.root
-            for part in ref.lstrip("#/").split("/"):
-                target = target[part]
-            self._check(value, target, path, out)
-        where = _path(path)
+            self._check(value, self._target(node["$ref"]), path, out)
+
+        def fail(message: str) -> None:  # the path is spelt out only for an error
+            out.append(f"{_path(path)}: {message}")
+
         if "type" in node:
             names = node["type"] if isinstance(node["type"], list) else [node["type"]]
             if not any(self._type_ok(value, n) for n in names):
-                out.append(f"{where}: {value!r} is not of type {', '.join(repr(n) for n in names)}")
+                fail(f"{value!r} is not of type {', '.join(repr(n) for n in names)}")
                 return
         if "const" in node and value != node["const"]:
-            out.append(f"{where}: {node['const']!r} was expected")
+            fail(f"{node['const']!r} was expected")
         if "enum" in node and value not in node["enum"]:
-            out.append(f"{where}: {value!r} is not one of {node['enum']!r}")
+            fail(f"{value!r} is not one of {node['enum']!r}")
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             if "minimum" in node and value < node["minimum"]:
-                out.append(f"{where}: {value!r} is less than the minimum of {node['minimum']!r}")
+                fail(f"{value!r} is less than the minimum of {node['minimum']!r}")
             if "exclusiveMinimum" in node and value <= node["exclusiveMinimum"]:
-                out.append(f"{where}: {value!r} is less than or equal to the minimum of {node['exclusiveMinimum']!r}")
+                fail(f"{value!r} is less than or equal to the minimum of {node['exclusiveMinimum']!r}")
             if "maximum" in node and value > node["maximum"]:
-                out.append(f"{where}: {value!r} is greater than the maximum of {node['maximum']!r}")
+                fail(f"{value!r} is greater than the maximum of {node['maximum']!r}")
         if isinstance(value, dict):
             for key in node.get("required", ()):
                 if key not in value:
-                    out.append(f"{where}: {key!r} is a required property")
+                    fail(f"{key!r} is a required property")
             for key, sub in node.get("properties", {}).items():
                 if key in value:
                     self._check(value[key], sub, path + [key], out)
         if isinstance(value, list):
             if "minItems" in node and len(value) < node["minItems"]:
-                out.append(f"{where}: {value!r} should have at least {node['minItems']} items")
+                fail(f"{value!r} should have at least {node['minItems']} items")
             if "maxItems" in node and len(value) > node["maxItems"]:
-                out.append(f"{where}: {value!r} should have at most {node['maxItems']} items")
+                fail(f"{value!r} should have at most {node['maxItems']} items")
             if "items" in node:
                 for i, item in enumerate(value):
                     self._check(item, node["items"], path + [i], out)
+
+    def _target(self, ref: str) -> dict[str, Any]:
+        target = self._refs.get(ref)
+        if target is None:
+            target = self.root
+            for part in ref.lstrip("#/").split("/"):
+                target = target[part]
+            self._refs[ref] = target
+        return target
 
 
 # ----------------------------------------------------------------------------------------- helpers
@@ -581,6 +584,19 @@ def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
     """The entries of ``data`` that are fields of the dataclass ``cls`` (extra JSON fields are allowed)."""
     names = {f.name for f in fields(cls)}
     return {k: v for k, v in data.items() if k in names}
+
+
+def _placement_document(placement: EmbeddingPlacement) -> dict[str, Any]:
+    """``_jsonable(asdict(placement))``, built directly (its fields are strings, integers and pairs of them)."""
+    document: dict[str, Any] = {name: getattr(placement, name) for name in _PLACEMENT_FIELDS}
+    document["shards"] = [{name: list(value) if isinstance(value, tuple) else value
+                           for name in _SHARD_FIELDS for value in (getattr(shard, name),)}
+                          for shard in placement.shards]
+    return document
+
+
+_PLACEMENT_FIELDS = tuple(f.name for f in fields(EmbeddingPlacement) if f.name != "shards")
+_SHARD_FIELDS = tuple(f.name for f in fields(EmbeddingShard))
 
 
 def _jsonable(value: Any) -> Any:

@@ -138,7 +138,6 @@ def test_a_wrong_whatif_argument_is_raised_not_reported_as_an_infeasible_point(t
     (lambda: planner.load_cluster({"nodes": 1}), planner.ClusterError, r"cluster: got a dict"),
     (lambda: load_plan(None), planner.PlannerError, r"plan file: got a NoneType"),
     (lambda: planner.Plan.from_json({}), planner.PlannerError, r"plan: got a dict"),
-    (lambda: planner.Plan.from_json(" " * (5 << 20)), planner.PlannerError, r"over the limit"),
     (lambda: build(None, {}), planner.ConfigError, r"family: got a NoneType"),
     (lambda: save("x", "/tmp/x.onnx"), planner.ConfigError, r"model: got a str"),
     (lambda: save(build("gpt", {"layers": 2}), "/nonexistent-folder/x.onnx"), planner.ConfigError,
@@ -147,6 +146,14 @@ def test_a_wrong_whatif_argument_is_raised_not_reported_as_an_infeasible_point(t
 def test_a_wrong_argument_to_a_loader_or_builder_is_named(call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+
+def test_a_plan_text_over_the_limit_is_refused(monkeypatch):
+    import planner.plans
+
+    monkeypatch.setattr(planner.plans, "MAX_PLAN_JSON_BYTES", 1 << 20)
+    with pytest.raises(planner.PlannerError, match="over the limit"):
+        planner.Plan.from_json(" " * (2 << 20))
 
 
 def test_a_global_batch_past_the_largest_is_refused_at_once(tiny):

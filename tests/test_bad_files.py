@@ -17,8 +17,8 @@ from planner.builders import build, save
 from planner.builders.tables import load_tables
 from planner.errors import ClusterError
 from planner.hardware import catalog, load_cluster
-from planner.hardware.documents import (MAX_JSON_BYTES, MAX_NESTING_DEPTH, MAX_YAML_BYTES, RANGES, _size_text,
-                                        _yaml_number)
+from planner.hardware.documents import (MAX_JSON_BYTES, MAX_NESTING_DEPTH, MAX_PLAN_JSON_BYTES, MAX_YAML_BYTES,
+                                        RANGES, _size_text, _yaml_number)
 from planner.hardware.profiler import KernelCosts
 
 BILLION_LAUGHS = "".join(
@@ -401,9 +401,10 @@ def test_malformed_plan_file(label, text, words, tmp_path, capsys):
 
 def test_an_oversized_plan_file_is_refused_before_it_is_read(tmp_path, capsys):
     path = tmp_path / "plan.json"
-    path.write_text(" " * (MAX_JSON_BYTES + 1))
+    with open(path, "wb") as handle:  # a sparse file: its size without the disk space
+        handle.truncate(MAX_PLAN_JSON_BYTES + 1)
     line = error_line(["show", str(path)], capsys)
-    assert str(path) in line and "over the limit of 4 MiB" in line
+    assert str(path) in line and "over the limit of 1 GiB for a JSON input file" in line
 
 
 # ------------------------------------------------------------------------------ every valid file loads

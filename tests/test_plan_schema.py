@@ -14,7 +14,8 @@ import pytest
 import plan_samples
 from planner.cli import main
 from planner.errors import PlannerError
-from planner.plans import Plan, _SubsetValidator, schema, schema_errors, schema_text, validate
+from planner.plans import (EmbeddingPlacement, EmbeddingShard, Plan, _SubsetValidator, load_plan, schema,
+                           schema_errors, schema_text, validate)
 
 REQUIRED_TOP = ["schema_version", "model", "cluster", "global_batch", "micro_batch", "num_micro_batches", "schedule",
                 "zero", "iteration_time_s", "throughput_samples_per_s", "stages", "embeddings", "breakdown", "search"]
@@ -64,6 +65,19 @@ def test_sample_plans_validate_and_round_trip(name):
     assert schema_errors(document) == []
     assert Plan.from_json(plan.to_json()) == plan
     assert Plan.from_json(plan.to_json()).to_json() == plan.to_json()
+
+
+def test_a_plan_of_many_embedding_shards_is_written_and_read_back(tmp_path):
+    """A plan lists a shard per device of each row-wise table: thousands of tables on a thousand devices make
+    a plan file far larger than other input files, and it must still load."""
+    plan = plan_samples.dlrm_plan()
+    row_wise = tuple(EmbeddingPlacement(f"t{t}", "row_wise", tuple(
+        EmbeddingShard(d, (100 * d, 100 * d + 100), (0, 64)) for d in range(16))) for t in range(1500))
+    plan = dataclasses.replace(plan, embeddings=plan.embeddings + row_wise)
+    path = tmp_path / "plan.json"
+    path.write_text(plan.to_json())
+    assert path.stat().st_size > 4 << 20
+    assert load_plan(str(path)) == plan
 
 
 def _byte_counts(document: dict) -> list:

@@ -39,10 +39,14 @@ QUOTE_CHARS = 60  # how much of a wrong text value an error message quotes
 # 256 KiB (at worst about 130,000 nodes) keeps any YAML input under two seconds; hand-written cluster
 # files and profiles are a few KB, a `planner profile --model` profile some tens.
 MAX_YAML_BYTES = 256 << 10
-# JSON (plan files, table files) parses at 100 MB/s when it holds numbers, but builds only about 1.5
+# JSON (table files, other JSON inputs) parses at 100 MB/s when it holds numbers, but builds only about 1.5
 # million lists or mappings a second: 4 MiB (at worst 1.4 million of them) keeps it under two seconds and
-# holds a plan for a hundred thousand devices.
+# holds the stages of a plan for a hundred thousand devices.
 MAX_JSON_BYTES = 4 << 20
+# A plan file lists every embedding shard (about 190 bytes each as Plan.to_json writes it), one per device of a
+# data-parallel or row-wise table: thousands of tables on a thousand devices write hundreds of MiB, which the
+# planner must read back. 1 GiB holds five million shards (several seconds to parse).
+MAX_PLAN_JSON_BYTES = 1 << 30
 # No format of ours nests deeper than 6 levels (a table of a workload of a table file: workloads[0].tables
 # [0].rows); 32 leaves room for free-form records and stops pathological nesting before any recursion.
 MAX_NESTING_DEPTH = 32
@@ -141,14 +145,15 @@ def load_schema(name: str) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------- reading
 
 def _size_text(size: int) -> str:
-    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if size >= scale:
             return f"{size / scale:.1f} {unit}".replace(".0 ", " ")
     return f"{size} bytes"
 
 
 def _kind(file: Path, max_bytes: int) -> str:
-    return "JSON" if file.suffix.lower() == ".json" and max_bytes == MAX_JSON_BYTES else "YAML/JSON"
+    return "JSON" if file.suffix.lower() == ".json" and max_bytes in (MAX_JSON_BYTES, MAX_PLAN_JSON_BYTES) \
+        else "YAML/JSON"
 
 
 def read_input(path: str | os.PathLike, error: type[PlannerError] = ClusterError,
