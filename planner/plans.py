@@ -394,6 +394,7 @@ def _consistency_errors(plan: dict[str, Any]) -> list[str]:
         out.append(f"plan.global_batch: {plan['global_batch']} is not micro_batch {plan['micro_batch']} x "
                    f"num_micro_batches {plan['num_micro_batches']} x dp {dp}")
     previous_last = -1
+    num_devices = plan["cluster"].get("num_devices")
     owner: dict[Any, int] = {}  # device id -> the first stage listing it
     for i, stage in enumerate(plan["stages"]):
         where = f"plan.stages[{i}]"
@@ -414,7 +415,7 @@ def _consistency_errors(plan: dict[str, Any]) -> list[str]:
             out.append(f"{where}.layer_names: {len(stage['layer_names'])} names for layers {first}..{last}")
         if stage.get("layer_kinds") and len(stage["layer_kinds"]) != len(stage["layer_names"]):
             out.append(f"{where}.layer_kinds: {len(stage['layer_kinds'])} kinds for {len(stage['layer_names'])} layers")
-        out += _device_errors(stage, where, plan["cluster"].get("num_devices"))
+        out += _device_errors(stage, where, num_devices)
         previous_last = last
     for i, table in enumerate(plan["embeddings"]):
         for j, shard in enumerate(table["shards"]):
@@ -422,6 +423,9 @@ def _consistency_errors(plan: dict[str, Any]) -> list[str]:
                 start, end = shard[key]
                 if end <= start:
                     out.append(f"plan.embeddings[{i}].shards[{j}].{key}: [{start}, {end}) is empty")
+            if isinstance(num_devices, int) and shard["device"] >= num_devices:
+                out.append(f"plan.embeddings[{i}].shards[{j}].device: device {shard['device']} is not in the "
+                           f"cluster of {num_devices} devices")
     return out
 
 

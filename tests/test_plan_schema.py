@@ -80,6 +80,15 @@ def test_a_plan_of_many_embedding_shards_is_written_and_read_back(tmp_path):
     assert load_plan(str(path)) == plan
 
 
+def test_an_embedding_shard_off_the_cluster_is_refused():
+    document = plan_samples.dlrm_plan().to_dict()
+    devices = document["cluster"]["num_devices"]
+    document["embeddings"][1]["shards"][0]["device"] = devices
+    with pytest.raises(PlannerError, match=rf"plan.embeddings\[1\].shards\[0\].device: device {devices} is not in "
+                       rf"the cluster of {devices} devices"):
+        Plan.from_dict(document)
+
+
 def _byte_counts(document: dict) -> list:
     """The memory byte counts of a Plan JSON document: the plan's, each stage's and each replica group's."""
     stages = document["stages"]
