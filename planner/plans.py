@@ -13,6 +13,7 @@ shards (``jsonschema``, a generic validator, takes about ten times as long). The
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from collections import Counter
@@ -189,7 +190,11 @@ class Plan:
         return document
 
     def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
+        # json.dump into a buffer, not json.dumps: with an indent, dumps joins a list of every token, several
+        # times the text's memory on a plan of millions of embedding shards; the text is the same
+        buffer = io.StringIO()
+        json.dump(self.to_dict(), buffer, indent=indent, sort_keys=True)
+        return buffer.getvalue()
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Plan":
