@@ -7,7 +7,7 @@ The JSON Schema ships in the package as ``planner/schemas/plan.schema.json`` (``
 :func:`validate` checks a plan document against it with a small built-in interpreter of the keywords the
 schema uses (``type``, ``required``, ``properties``, ``items``, ``enum``, ``const``, ``minimum``, ``minItems``,
 ``maxItems``, ``$ref``): no optional dependency, and fast enough for plans that list millions of embedding
-shards (``jsonschema``, a generic validator, takes about ten times as long). The tests hold it to
+shards (``jsonschema``, a generic validator, takes about five times as long). The tests hold it to
 ``jsonschema``'s verdicts.
 """
 

@@ -45,7 +45,7 @@ MAX_YAML_BYTES = 256 << 10
 MAX_JSON_BYTES = 4 << 20
 # A plan file lists every embedding shard (about 190 bytes each as Plan.to_json writes it), one per device of a
 # data-parallel or row-wise table: thousands of tables on a thousand devices write hundreds of MiB, which the
-# planner must read back. 1 GiB holds five million shards (several seconds to parse).
+# planner must read back. 1 GiB holds five million shards (a few minutes to read and check).
 MAX_PLAN_JSON_BYTES = 1 << 30
 # No format of ours nests deeper than 6 levels (a table of a workload of a table file: workloads[0].tables
 # [0].rows); 32 leaves room for free-form records and stops pathological nesting before any recursion.
