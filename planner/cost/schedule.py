@@ -177,7 +177,7 @@ def _program(pp: int, m: int, schedule: str, vpp: int, all_forwards_at_pp: bool,
     programs = []
     for s in range(pp):
         order = operation_order(s, pp, m, schedule, vpp, all_forwards_at_pp, ep_overlap)
-        ops = _stage_ops(s, pp, m, schedule, vpp, all_forwards_at_pp, ep_overlap)
+        ops = _stage_ops(s, pp, m, vpp, order)
         programs.append(tuple((slot, dep, delay - 3 * s, duration - 3 * vpp * s, chunk, j)
                               for (_, slot, dep, delay, duration), (_, chunk, j) in zip(ops, order)))
     return tuple(programs)
@@ -197,9 +197,9 @@ def _merged_steps(pp: int, m: int, schedule: str, vpp: int, all_forwards_at_pp: 
     return tuple(steps)
 
 
-def _stage_ops(stage: int, pp: int, m: int, schedule: str, vpp: int, all_forwards_at_pp: bool,
-               ep_overlap: bool = False) -> list[tuple[int, int, int, int, int]]:
-    """``stage``'s operations in :func:`operation_order`'s order as ``(stage, slot, dependency slot or -1,
+def _stage_ops(stage: int, pp: int, m: int, vpp: int, order: Sequence[tuple[bool, int, int]]
+               ) -> list[tuple[int, int, int, int, int]]:
+    """``stage``'s operations in ``order`` (its :func:`operation_order`) as ``(stage, slot, dependency slot or -1,
     delay, duration)``: a slot indexes the end-time table ``[backward][virtual stage][micro-batch]``,
     flattened; ``delay`` the stages' arrival delays ``[stage][kind]`` and ``duration`` their durations
     ``[stage][chunk][kind]``, both flattened."""
@@ -207,7 +207,7 @@ def _stage_ops(stage: int, pp: int, m: int, schedule: str, vpp: int, all_forward
     half = vpp * pp * m
     delay, duration = 3 * stage, 3 * vpp * stage
     ops = []
-    for backward, chunk, j in operation_order(stage, pp, m, schedule, vpp, all_forwards_at_pp, ep_overlap):
+    for backward, chunk, j in order:
         virtual = chunk * pp + stage
         if not backward:
             ops.append((stage, virtual * m + j, (virtual - 1) * m + j if virtual else -1, delay + _FORWARD,
@@ -227,7 +227,8 @@ def _topological(pp: int, m: int, schedule: str, vpp: int, all_forwards_at_pp: b
     """Every operation of every stage (:func:`_stage_ops`, no merged steps) in an order that puts each after
     its input and after the stage's earlier operations. Which operation waits for which does not depend on the
     durations, so one order serves every simulation of the shape."""
-    programs = [_stage_ops(s, pp, m, schedule, vpp, all_forwards_at_pp) for s in range(pp)]
+    programs = [_stage_ops(s, pp, m, vpp, operation_order(s, pp, m, schedule, vpp, all_forwards_at_pp))
+                for s in range(pp)]
     done = [False] * (2 * vpp * pp * m) + [True]  # done[-1]: the input of an operation that has none
     ptr = [0] * pp
     order: list[tuple[int, int, int, int, int]] = []

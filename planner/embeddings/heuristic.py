@@ -287,8 +287,11 @@ def _first_feasible(problem: Problem, prefs: list[list[int]], work: Work) -> tup
     runs after 0, 1, 2, 4, ... of them up to the first count that fits, then bisects down to the fewest moves
     that fit from the last count that did not: a few dozen greedy runs at most where memory is tight on
     thousands of tables. None when no count tried fits."""
-    moves = _relief_moves(problem, prefs)
     start = [p[0] for p in prefs]
+    state = greedy(problem, start, work)
+    if state is not None:
+        return start, state
+    moves = _relief_moves(problem, prefs)  # only where the favourites do not fit: it sizes every option
 
     def attempt(count: int) -> tuple[list[int], _State] | None:
         choice = list(start)
@@ -297,8 +300,7 @@ def _first_feasible(problem: Problem, prefs: list[list[int]], work: Work) -> tup
         state = greedy(problem, choice, work)
         return None if state is None else (choice, state)
 
-    failed, count = 0, 0
-    found = attempt(0)
+    failed, count, found = 0, 0, None
     while found is None:
         if count == len(moves):
             return None

@@ -43,7 +43,7 @@ MAX_YAML_BYTES = 256 << 10
 # million lists or mappings a second: 4 MiB (at worst 1.4 million of them) keeps it under two seconds and
 # holds the stages of a plan for a hundred thousand devices.
 MAX_JSON_BYTES = 4 << 20
-# A plan file lists every embedding shard (about 190 bytes each as Plan.to_json writes it), one per device of a
+# A plan file lists every embedding shard (about 200 bytes each as Plan.to_json writes it), one per device of a
 # data-parallel or row-wise table: thousands of tables on a thousand devices write hundreds of MiB, which the
 # planner must read back. 1 GiB holds five million shards (a few minutes to read and check).
 MAX_PLAN_JSON_BYTES = 1 << 30
