@@ -149,10 +149,9 @@ class _State:
         problem, dev = self.problem, self.problem.dev
         self.work.spend()
         option = problem.options[t][o]
-        bw = dev.host_Bps if option.host else dev.lookup_Bps
         a2a = (np.maximum(self.ids_recv + option.ids_recv_bytes, self.ids_send)
                + 2.0 * np.maximum(self.pool_send + option.pool_send_bytes, self.pool_recv))
-        times = (problem.base_time_s() + self.latency + self.compute + option.lookup_bytes / bw
+        times = (problem.base_time_s() + self.latency + self.compute + problem.lookup_s(option)
                  + dev.a2a_s_per_byte * a2a)
         if option.host:
             fits = self.host + option.memory_bytes <= dev.host_capacity_bytes
@@ -165,9 +164,8 @@ class _State:
         bytes as if they queued on one link (no max): the measure a load-balancing planner uses."""
         problem, dev = self.problem, self.problem.dev
         option = problem.options[t][o]
-        bw = dev.host_Bps if option.host else dev.lookup_Bps
         a2a = self.ids_recv + option.ids_recv_bytes + 2.0 * (self.pool_send + option.pool_send_bytes)
-        return self.latency + self.compute + option.lookup_bytes / bw + dev.a2a_s_per_byte * a2a
+        return self.latency + self.compute + problem.lookup_s(option) + dev.a2a_s_per_byte * a2a
 
     def place_unit(self, t: int, o: int, rule: str = "finish") -> bool:
         """Put one unit of (t, o) where it finishes earliest (``rule="finish"``) or where the additive load is

@@ -545,8 +545,7 @@ def _add_traffic_cuts(lp: _Model, problem: Problem, T: int, G: int, choice: dict
         for o, option in enumerate(options):
             z = choice[t, o]
             if option.scope == "device":
-                bw = dev.host_Bps if option.host else dev.lookup_Bps
-                c = option.lookup_bytes / float(bw.max())
+                c = float(problem.lookup_s(option).min())
                 r, q = option.ids_recv_bytes, option.pool_send_bytes
             else:
                 units = [problem.unit(t, o, p) for p in problem.distinct_positions(option)]
@@ -599,8 +598,7 @@ def _add_pigeonhole_cuts(lp: _Model, problem: Problem, bins: Bins, T: int, G: in
                 continue  # never more than one per device: the per-table cuts (f2) already cover it
             send = min(option.pool_send_bytes for _, option in chosen)
             recv = min(option.ids_recv_bytes for _, option in chosen)
-            work = min(option.lookup_bytes / float((dev.host_Bps if option.host else dev.lookup_Bps)[members].max())
-                       for _, option in chosen)
+            work = min(float(problem.lookup_s(option, members).min()) for _, option in chosen)
             k = lp.var(f"k_{b}_{width}", 0, None, integer)
             counts.append(k)
             A = lp.var(f"Ak_{b}_{width}", 0, None)

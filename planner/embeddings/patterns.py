@@ -228,8 +228,8 @@ class _Model:
                     node_kinds.append([])
                 node_kinds[node_kind_of[key]].append(t)
             else:
-                key = (option.lookup_bytes, option.ids_recv_bytes, option.pool_send_bytes, option.memory_bytes,
-                       option.host)
+                key = (option.lookup_bytes, option.output_bytes, option.ids_recv_bytes, option.pool_send_bytes,
+                       option.memory_bytes, option.host)
                 if key not in device_kind_of:
                     device_kind_of[key] = len(device_kinds)
                     device_kinds.append([])

@@ -81,6 +81,22 @@ def lookup_traffic_bytes(lookups: float, pooled: float, width: int, dtype_bytes:
     return forward + backward
 
 
+def output_traffic_bytes(pooled: float, width: int) -> float:
+    """The part of :func:`lookup_traffic_bytes` that is pooled outputs: written forward, their gradients read
+    backward. FBGEMM's kernels allocate these on the GPU whichever memory holds the table
+    (embedding_forward_split_template.cu allocates the output with the options of ``dev_weights``), so they
+    move through HBM even for a table in host memory."""
+    return 2.0 * pooled * width * OUTPUT_BYTES
+
+
+def traffic_s(traffic_bytes, output_bytes, host: bool, table_Bps, hbm_Bps):
+    """Time of a shard's lookup traffic (``output_bytes`` of it pooled outputs): all of it through HBM for a
+    shard in HBM; for one in host memory, its rows over the host link and its outputs through HBM."""
+    if not host:
+        return traffic_bytes / hbm_Bps
+    return (traffic_bytes - output_bytes) / table_Bps + output_bytes / hbm_Bps
+
+
 def even_sizes(total: int, parts: int) -> np.ndarray:
     """Sizes of ``total`` split into ``parts`` nearly equal pieces (larger ones first)."""
     base, extra = divmod(total, parts)
@@ -129,6 +145,7 @@ class Option:
     ids_send_bytes: float  # ids every device sends for this table
     pool_recv_bytes: float  # pooled outputs every device receives (one direction)
     lookup_bytes: float = 0.0  # device scope: memory traffic of one unit
+    output_bytes: float = 0.0  # device scope: the part of it that is pooled outputs, always in HBM
     ids_recv_bytes: float = 0.0  # device scope: ids one unit receives
     pool_send_bytes: float = 0.0  # device scope: pooled outputs one unit sends (one direction)
     memory_bytes: float = 0.0  # device scope: bytes of one unit
@@ -298,8 +315,15 @@ class Problem:
 
     def device_unit_s(self, option: Option, position: int) -> float:
         """The lookup time of one unit of a device-scope ``option`` on device ``position``."""
-        bw = self.dev.host_Bps[position] if option.host else self.dev.lookup_Bps[position]
-        return option.lookup_bytes / bw
+        return float(self.lookup_s(option, position))
+
+    def lookup_s(self, option: Option, devices: np.ndarray | slice | int = slice(None)):
+        """The lookup time of one unit of a device-scope ``option`` on each of ``devices`` (all by default):
+        its rows' traffic over the memory holding them (the host link for host memory), its pooled outputs'
+        over HBM."""
+        dev = self.dev
+        return traffic_s(option.lookup_bytes, option.output_bytes, option.host, dev.host_Bps[devices],
+                         dev.lookup_Bps[devices])
 
     def _make_unit(self, option: Option, position: int) -> UnitLoad:
         dev = self.dev
@@ -311,18 +335,21 @@ class Problem:
                             zero if option.host else mem, mem if option.host else zero)
         members = np.array(dev.nodes[position] if option.scope == "node" else range(dev.count), dtype=int)
         bw = dev.host_Bps[members] if option.host else dev.lookup_Bps[members]
+        hbm_Bps = dev.lookup_Bps[members]
         group = dev.group(members)
-        # the loads depend on the members only through their lookup bandwidths and their links: nodes alike in
+        # the loads depend on the members only through their memory bandwidths and their links: nodes alike in
         # both share them
-        key = (option, group, bw.tobytes())
+        key = (option, group, bw.tobytes(), hbm_Bps.tobytes())
         loads = self._spread.get(key)
         if loads is None:
-            loads = self._spread[key] = self._spread_loads(option, bw, group)
+            loads = self._spread[key] = self._spread_loads(option, bw, hbm_Bps, group)
         return UnitLoad(members, *loads)
 
-    def _spread_loads(self, option: Option, bw: np.ndarray, group: CommGroup) -> tuple[np.ndarray, ...]:
-        """A node-wide or global unit's loads on its members (lookup bandwidths ``bw``, links ``group``):
-        compute, ids received, pooled bytes sent, HBM and host memory."""
+    def _spread_loads(self, option: Option, bw: np.ndarray, hbm_Bps: np.ndarray, group: CommGroup
+                      ) -> tuple[np.ndarray, ...]:
+        """A node-wide or global unit's loads on its members (bandwidths ``bw`` of the memory holding the rows,
+        ``hbm_Bps`` of their HBM, links ``group``): compute, ids received, pooled bytes sent, HBM and host
+        memory."""
         table = self.tables[option.table]
         batch = float(self.global_batch)
         q = len(bw)
@@ -341,11 +368,11 @@ class Problem:
         rows = block_sizes(table.rows, q).astype(float)  # the members in order hold TorchRec's row blocks
         share = rows / table.rows
         lookups = batch * table.pooling_factor * share
-        traffic = lookup_traffic_bytes(lookups, batch, table.dim, table.dtype_bytes, state)
         pooled_bytes = batch * table.dim * OUTPUT_BYTES
         comm = bandwidth_time_s("reduce_scatter", pooled_bytes, group) + bandwidth_time_s(
             "all_gather", pooled_bytes, group)
-        compute = traffic / bw + comm
+        traffic = lookup_traffic_bytes(lookups, batch, table.dim, table.dtype_bytes, state)
+        compute = traffic_s(traffic, output_traffic_bytes(batch, table.dim), option.host, bw, hbm_Bps) + comm
         mem = shard_memory_bytes(rows, table.dim, table.dtype_bytes, self.optimizer)
         zero = np.zeros(q)
         pool_send = np.full(q, batch / q * table.dim * OUTPUT_BYTES) if option.scope == "node" else zero
@@ -410,8 +437,7 @@ class Problem:
             option, dev = self.options[t][o], self.dev
             i = int(np.argmax(dev.lookup_Bps))
             if option.scope == "device":
-                bw = dev.host_Bps[i] if option.host else dev.lookup_Bps[i]
-                cached = option.lookup_bytes / bw + dev.a2a_s_per_byte[i] * (
+                cached = float(self.lookup_s(option, i)) + dev.a2a_s_per_byte[i] * (
                     option.ids_recv_bytes + 2.0 * option.pool_send_bytes)
             else:
                 u = self.unit(t, o, self.distinct_positions(option)[0])
@@ -463,9 +489,8 @@ class Problem:
         pool_recv = float(least_pooled.sum() - least_pooled[t]) + option.pool_recv_bytes
         latency = 0.0
         if option.scope == "device":  # every device at once
-            bw = dev.host_Bps if option.host else dev.lookup_Bps
             a2a = max(option.ids_recv_bytes, ids_send) + 2.0 * max(option.pool_send_bytes, pool_recv)
-            times = self.base_time_s() + option.lookup_bytes / bw + dev.a2a_s_per_byte * a2a
+            times = self.base_time_s() + self.lookup_s(option) + dev.a2a_s_per_byte * a2a
             times = np.where(self._device_fits(option), times, np.inf)
             return float(times.min())
         best = np.inf
@@ -493,6 +518,7 @@ def build_options(t: int, table: EmbeddingTable, dev: DeviceArrays, global_batch
         options.append(Option(
             t, "table_wise", "device", host, 1, table.dim, ids_send, pool_recv,
             lookup_bytes=lookup_traffic_bytes(batch * table.pooling_factor, batch, table.dim, table.dtype_bytes, state),
+            output_bytes=output_traffic_bytes(batch, table.dim),
             ids_recv_bytes=batch * table.pooling_factor * IDS_BYTES,
             pool_send_bytes=batch * table.dim * OUTPUT_BYTES,
             memory_bytes=shard_memory_bytes(table.rows, table.dim, table.dtype_bytes, optimizer)))
@@ -504,6 +530,7 @@ def build_options(t: int, table: EmbeddingTable, dev: DeviceArrays, global_batch
             t, "column_wise", "device", False, shards, width, ids_send * shards, pool_recv,
             lookup_bytes=lookup_traffic_bytes(batch * table.pooling_factor, batch, width, table.dtype_bytes,
                                               width_state),
+            output_bytes=output_traffic_bytes(batch, width),
             ids_recv_bytes=batch * table.pooling_factor * IDS_BYTES,
             pool_send_bytes=batch * width * OUTPUT_BYTES,
             memory_bytes=shard_memory_bytes(table.rows, width, table.dtype_bytes, optimizer)))
