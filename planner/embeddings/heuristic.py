@@ -256,17 +256,21 @@ def least_work_guide(problem: Problem) -> tuple[tuple[float, ...], ...]:
     collectives and all-to-all seconds summed, on its first position): the choice a planner that only balances
     load would make. A third start for the greedy, beside the LP's and the integral relaxation's choices."""
     guide = []
-    dev = problem.dev
     for t, options in enumerate(problem.options):
-        work = []
-        for o, option in enumerate(options):
-            positions = problem.distinct_positions(option)
-            u = problem.unit(t, o, positions[0] if option.scope != "device" else int(np.argmax(dev.lookup_Bps)))
-            a2a = dev.a2a_s_per_byte[u.devices] * (u.ids_recv_bytes + 2.0 * u.pool_send_bytes)
-            work.append((float(np.sum(u.compute_s + a2a)) * option.units, o))
-        best = min(work)[1]
+        best = min((option_work_s(problem, t, o), o) for o in range(len(options)))[1]
         guide.append(tuple(1.0 if o == best else 0.0 for o in range(len(options))))
     return tuple(guide)
+
+
+def option_work_s(problem: Problem, t: int, o: int) -> float:
+    """The seconds table ``t``'s option ``o`` adds over all the devices it touches: its units' lookups,
+    collectives and all-to-all bytes, each unit on its first position (a one-device unit on the fastest
+    device)."""
+    dev, option = problem.dev, problem.options[t][o]
+    positions = problem.distinct_positions(option)
+    u = problem.unit(t, o, positions[0] if option.scope != "device" else int(np.argmax(dev.lookup_Bps)))
+    a2a = dev.a2a_s_per_byte[u.devices] * (u.ids_recv_bytes + 2.0 * u.pool_send_bytes)
+    return float(np.sum(u.compute_s + a2a)) * option.units
 
 
 def preferences(problem: Problem, weights: Sequence[Sequence[float]] | None) -> list[list[int]]:
@@ -279,17 +283,16 @@ def preferences(problem: Problem, weights: Sequence[Sequence[float]] | None) -> 
 
 
 def _first_feasible(problem: Problem, prefs: list[list[int]], work: Work) -> tuple[list[int], _State] | None:
-    """The LP's favourite options; where the greedy runs out of memory, the table whose option fills the largest
-    share of a device's memory takes its next option that fills less (more finely split, or in host memory),
-    and so on. The moves are fixed in advance (they do not depend on the greedy's placement), so the greedy
-    runs after 0, 1, 2, 4, ... of them up to the first count that fits, then bisects down to the fewest moves
-    that fit from the last count that did not: a few dozen greedy runs at most where memory is tight on
-    thousands of tables. None when no count tried fits."""
+    """The LP's favourite options; where the greedy runs out of memory, tables give up their favourites in the
+    order of :func:`_relief_moves`. The moves are fixed in advance (they do not depend on the greedy's
+    placement), so the greedy runs after 0, 1, 2, 4, ... of them up to the first count that fits, then bisects
+    down to the fewest moves that fit from the last count that did not: a few dozen greedy runs at most where
+    memory is tight on thousands of tables. None when no count tried fits."""
     start = [p[0] for p in prefs]
     state = greedy(problem, start, work)
     if state is not None:
         return start, state
-    moves = _relief_moves(problem, prefs)  # only where the favourites do not fit: it sizes every option
+    moves = _relief_moves(problem, start)  # only where the favourites do not fit: it sizes every option
 
     def attempt(count: int) -> tuple[list[int], _State] | None:
         choice = list(start)
@@ -314,27 +317,82 @@ def _first_feasible(problem: Problem, prefs: list[list[int]], work: Work) -> tup
     return found
 
 
-def _relief_moves(problem: Problem, prefs: list[list[int]]) -> list[tuple[int, int]]:
-    """The order in which tables give up their favourite options for memory: each move takes the table whose
-    current option fills the largest share of a device's memory (the first table of equal ones) to the next
-    option down its preference list that fills less; a table with no such option left moves no more."""
-    fills = [[_fill(problem, t, o) for o in range(len(options))] for t, options in enumerate(problem.options)]
+# a unit filling more than half a device's memory cannot share it with another such unit
+BIG_FILL = 0.5
+# the exponent of the memory pressure, sum over HBM and host memory of (demand / capacity) ** PRESSURE_POWER: a
+# smooth stand-in for the fuller of the two, so that bytes move to whichever memory has room
+PRESSURE_POWER = 9
 
-    def next_down(t: int, rank: int) -> int | None:
-        return next((r for r in range(rank + 1, len(prefs[t])) if fills[t][prefs[t][r]] < fills[t][prefs[t][rank]]),
-                    None)
 
-    ranks = [0] * len(prefs)
-    heap = [(-fills[t][p[0]], t) for t, p in enumerate(prefs) if next_down(t, 0) is not None]
+def _relief_moves(problem: Problem, start: list[int]) -> list[tuple[int, int]]:
+    """The order in which tables give up the options ``start`` chose for memory. First each table whose option
+    fills more than half a device (largest first) takes the option filling at most half that adds the least
+    work (:func:`option_work_s`). Then, while some move lowers the memory pressure (HBM and host memory
+    demand over capacity, :data:`PRESSURE_POWER`), the move with the least added work per unit of pressure
+    relieved, among options filling at most half a device or no more than the table's current one: bytes
+    leave the memory that is short (to host memory, to finer shards of cheap tables) at the least cost in
+    time. Every move of the second kind lowers the pressure, so the list ends."""
+    sizes = [len(options) for options in problem.options]
+    work = [[option_work_s(problem, t, o) for o in range(k)] for t, k in enumerate(sizes)]
+    fills = [[_fill(problem, t, o) for o in range(k)] for t, k in enumerate(sizes)]
+    held = [[_memory_bytes(problem, t, o) for o in range(k)] for t, k in enumerate(sizes)]
+    capacity = (float(problem.dev.hbm_capacity_bytes.sum()), float(problem.dev.host_capacity_bytes.sum()))
+    current = list(start)
+    demand = [sum(held[t][o][k] for t, o in enumerate(start)) for k in (0, 1)]
+    moves: list[tuple[int, int]] = []
+
+    def move(t: int, o: int) -> None:
+        for k in (0, 1):
+            demand[k] += held[t][o][k] - held[t][current[t]][k]
+        current[t] = o
+        moves.append((t, o))
+
+    def pressure(hbm: float, host: float) -> float:
+        return sum((d / c) ** PRESSURE_POWER for d, c in zip((hbm, host), capacity) if c > 0)
+
+    big = sorted((t for t, o in enumerate(start) if fills[t][o] > BIG_FILL), key=lambda t: (-fills[t][start[t]], t))
+    for t in big:
+        smaller = [(work[t][o] - work[t][start[t]], o) for o in range(sizes[t]) if fills[t][o] <= BIG_FILL]
+        if smaller:
+            move(t, min(smaller)[1])
+
+    def cheapest(t: int) -> tuple[float, int] | None:
+        """(added work per pressure relieved, option) of table t's best move that relieves any; None if none."""
+        a, now = current[t], pressure(*demand)
+        best = None
+        for o in range(sizes[t]):
+            if o == a or fills[t][o] > max(fills[t][a], BIG_FILL):
+                continue
+            relief = now - pressure(*(demand[k] + held[t][o][k] - held[t][a][k] for k in (0, 1)))
+            if relief > 0:
+                price = (work[t][o] - work[t][a]) / relief
+                best = min(best, (price, o)) if best is not None else (price, o)
+        return best
+
+    # a lazy heap: prices go stale as the demand moves, so a table's move is re-priced when it comes up and
+    # made only if it is still no dearer than the next one on the heap
+    heap = [(m[0], t) for t in range(len(start)) for m in (cheapest(t),) if m is not None]
     heapq.heapify(heap)
-    moves = []
     while heap:
         t = heapq.heappop(heap)[1]
-        ranks[t] = next_down(t, ranks[t])
-        moves.append((t, prefs[t][ranks[t]]))
-        if next_down(t, ranks[t]) is not None:
-            heapq.heappush(heap, (-fills[t][prefs[t][ranks[t]]], t))
+        fresh = cheapest(t)
+        if fresh is None:
+            continue
+        if heap and (fresh[0], t) > heap[0]:
+            heapq.heappush(heap, (fresh[0], t))
+            continue
+        move(t, fresh[1])
+        again = cheapest(t)
+        if again is not None:
+            heapq.heappush(heap, (again[0], t))
     return moves
+
+
+def _memory_bytes(problem: Problem, t: int, o: int) -> tuple[float, float]:
+    """(HBM, host) bytes all the units of table ``t``'s option ``o`` take together."""
+    option = problem.options[t][o]
+    u = problem.unit(t, o, problem.distinct_positions(option)[0] if option.scope != "device" else 0)
+    return option.units * float(u.hbm_bytes.sum()), option.units * float(u.host_bytes.sum())
 
 
 def _fill(problem: Problem, t: int, o: int) -> float:
