@@ -89,7 +89,8 @@ def output_traffic_bytes(pooled: float, width: int) -> float:
     return 2.0 * pooled * width * OUTPUT_BYTES
 
 
-def traffic_s(traffic_bytes, output_bytes, host: bool, table_Bps, hbm_Bps):
+def traffic_s(traffic_bytes: float | np.ndarray, output_bytes: float, host: bool, table_Bps: float | np.ndarray,
+              hbm_Bps: float | np.ndarray) -> float | np.ndarray:
     """Time of a shard's lookup traffic (``output_bytes`` of it pooled outputs): all of it through HBM for a
     shard in HBM; for one in host memory, its rows over the host link and its outputs through HBM."""
     if not host:
@@ -317,7 +318,7 @@ class Problem:
         """The lookup time of one unit of a device-scope ``option`` on device ``position``."""
         return float(self.lookup_s(option, position))
 
-    def lookup_s(self, option: Option, devices: np.ndarray | slice | int = slice(None)):
+    def lookup_s(self, option: Option, devices: np.ndarray | slice | int = slice(None)) -> float | np.ndarray:
         """The lookup time of one unit of a device-scope ``option`` on each of ``devices`` (all by default):
         its rows' traffic over the memory holding them (the host link for host memory), its pooled outputs'
         over HBM."""
