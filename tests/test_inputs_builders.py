@@ -159,3 +159,10 @@ def test_models_build_refuses_at_once(tmp_path: Path, setting: str, words: str, 
     err = capsys.readouterr().err
     assert err.strip().splitlines()[-1] == f"planner: error: {words}", err
     assert not out.exists()
+
+
+def test_models_build_says_what_it_wrote(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "gpt.onnx"
+    assert main(["models", "build", "gpt", "--set", "layers=2", "--out", str(out)]) == 0
+    line = capsys.readouterr().out.strip()
+    assert out.exists() and line.startswith(f"wrote {out}: gpt, ") and "parameters declared" in line

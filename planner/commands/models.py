@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 from planner.assignments import split_assignments
@@ -13,8 +12,6 @@ from planner.outputs import check_output_file
 
 NAME = "models"
 HELP = "list the model families the builder knows, or build one as an ONNX graph (no weight data)"
-
-log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,8 +69,9 @@ def run(args: argparse.Namespace) -> int:
     model = build(args.family, settings, weights_file=weights_file_for(args.out))
     save(model, args.out, "--out")
     params = sum(_numel(t.dims) for t in model.graph.initializer)
-    log.info("wrote %s: %s, %d parameters declared (weights point at %s, not written)", args.out, args.family,
-             params, weights_file_for(args.out))
+    # say what was written, as the other commands that write files (profile, split) do
+    sys.stdout.write(f"wrote {args.out}: {args.family}, {params:,} parameters declared (weights point at "
+                     f"{weights_file_for(args.out)}, not written)\n")
     return 0
 
 
