@@ -7,8 +7,7 @@ import pytest
 
 from embedding_fixtures import GiB, cluster, node, small_node
 from planner.embeddings.devices import device_arrays
-from planner.embeddings.problem import (block_sizes, build_problem, lookup_traffic_bytes, output_traffic_bytes,
-                                        state_elements)
+from planner.embeddings.problem import block_sizes, build_problem, state_elements
 from planner.types import EmbeddingTable
 
 A100 = node("dgx-a100-80gb")
@@ -53,13 +52,12 @@ def test_host_shard_pays_the_host_link_for_its_rows_only():
         assert np.array_equal(host.devices, hbm.devices)
         q = len(host.devices)
         if option.scope == "device":
-            lookups, pooled = np.array([BATCH * table.pooling_factor]), float(BATCH)
+            lookups = np.array([BATCH * table.pooling_factor])
         else:  # every member looks up its row block's share for the whole batch
             lookups = BATCH * table.pooling_factor * block_sizes(table.rows, q) / table.rows
-            pooled = float(BATCH)
         state = state_elements("adagrad", table.dim)
-        rows_bytes = (lookup_traffic_bytes(lookups, pooled, table.dim, table.dtype_bytes, state)
-                      - output_traffic_bytes(pooled, table.dim))
+        # each row read forward, then read and written back with its optimizer state by the fused backward
+        rows_bytes = lookups * table.dim * table.dtype_bytes * (1.0 + 2.0 * (1.0 + state))
         # the same shard, the same collectives: the difference is the rows' traffic over the slower link
         expected = rows_bytes * (1.0 / dev.host_Bps[host.devices] - 1.0 / dev.lookup_Bps[host.devices])
         assert host.compute_s - hbm.compute_s == pytest.approx(expected, rel=1e-9)
