@@ -28,7 +28,7 @@ from typing import Sequence
 
 import numpy as np
 
-from planner.embeddings.problem import Loads, Problem
+from planner.embeddings.problem import Loads, Problem, UnitLoad
 
 Assignment = tuple[tuple[int, tuple[int, ...]], ...]
 # work budget of the refinement, in unit placements x devices (about 0.5 s of numpy work on one core), and
@@ -266,11 +266,18 @@ def option_work_s(problem: Problem, t: int, o: int) -> float:
     """The seconds table ``t``'s option ``o`` adds over all the devices it touches: its units' lookups,
     collectives and all-to-all bytes, each unit on its first position (a one-device unit on the fastest
     device)."""
-    dev, option = problem.dev, problem.options[t][o]
-    positions = problem.distinct_positions(option)
-    u = problem.unit(t, o, positions[0] if option.scope != "device" else int(np.argmax(dev.lookup_Bps)))
+    dev, u = problem.dev, _first_unit(problem, t, o)
     a2a = dev.a2a_s_per_byte[u.devices] * (u.ids_recv_bytes + 2.0 * u.pool_send_bytes)
-    return float(np.sum(u.compute_s + a2a)) * option.units
+    return float(np.sum(u.compute_s + a2a)) * problem.options[t][o].units
+
+
+def _first_unit(problem: Problem, t: int, o: int) -> UnitLoad:
+    """One unit of table ``t``'s option ``o`` standing for all of them: at its first position, a one-device unit
+    on the fastest device."""
+    option = problem.options[t][o]
+    position = (int(np.argmax(problem.dev.lookup_Bps)) if option.scope == "device"
+                else problem.distinct_positions(option)[0])
+    return problem.unit(t, o, position)
 
 
 def preferences(problem: Problem, weights: Sequence[Sequence[float]] | None) -> list[list[int]]:
@@ -390,9 +397,8 @@ def _relief_moves(problem: Problem, start: list[int]) -> list[tuple[int, int]]:
 
 def _memory_bytes(problem: Problem, t: int, o: int) -> tuple[float, float]:
     """(HBM, host) bytes all the units of table ``t``'s option ``o`` take together."""
-    option = problem.options[t][o]
-    u = problem.unit(t, o, problem.distinct_positions(option)[0] if option.scope != "device" else 0)
-    return option.units * float(u.hbm_bytes.sum()), option.units * float(u.host_bytes.sum())
+    units, u = problem.options[t][o].units, _first_unit(problem, t, o)
+    return units * float(u.hbm_bytes.sum()), units * float(u.host_bytes.sum())
 
 
 def _fill(problem: Problem, t: int, o: int) -> float:
@@ -402,7 +408,7 @@ def _fill(problem: Problem, t: int, o: int) -> float:
     capacity = dev.host_capacity_bytes if option.host else dev.hbm_capacity_bytes
     if option.scope == "device":
         return option.memory_bytes / float(capacity.max())
-    u = problem.unit(t, o, problem.distinct_positions(option)[0])
+    u = _first_unit(problem, t, o)
     held = u.host_bytes if option.host else u.hbm_bytes
     with np.errstate(divide="ignore", invalid="ignore"):  # bytes on a device with none of that memory: inf
         return float(np.max(np.where(held > 0, held / capacity[u.devices], 0.0), initial=0.0))
