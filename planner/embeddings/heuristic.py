@@ -1,6 +1,7 @@
 """Greedy placement and local search: the fast path for instances past the MILP's size, and its warm start.
 
-1. Each table takes the option the LP relaxation weights most (ties: the one whose unit alone is fastest).
+1. Each table takes the option the LP relaxation weights most (ties: the one whose unit alone is fastest);
+   where those do not fit in memory, tables give up their favourites in the order of :func:`_relief_moves`.
 2. Units go largest first onto the position that finishes earliest (LPT on heterogeneous devices: the device's
    time after adding the unit, with its own bandwidth and links), within memory; a second pass puts them where
    the additive load (sent + received bytes, no overlap) is least, which spreads both links more evenly.
@@ -22,6 +23,7 @@ same plan on a fast or a slow machine.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -238,11 +240,18 @@ def _with_global_units(problem: Problem, choice: Sequence[int], work: Work) -> t
     return state, [t for t, o in enumerate(choice) if problem.options[t][o].scope != "global"]
 
 
-def greedy(problem: Problem, choice: Sequence[int], work: Work, rule: str = "finish") -> _State | None:
+def greedy(problem: Problem, choice: Sequence[int], work: Work, rule: str = "finish",
+           big_first: bool = False) -> _State | None:
     """LPT placement of the chosen options (global ones first, then node-wide, then per-device units, largest
-    first); None when some unit finds no room."""
+    first; with ``big_first``, units filling more than half a device's memory before all others but the global
+    ones, as each needs a device of its own); None when some unit finds no room."""
     state, pending = _with_global_units(problem, choice, work)
-    pending.sort(key=lambda t: (problem.options[t][choice[t]].scope != "node", -problem.unit_size_s(t, choice[t]), t))
+
+    def order(t: int) -> tuple:
+        big = big_first and _fill(problem, t, choice[t]) > BIG_FILL
+        return (not big, problem.options[t][choice[t]].scope != "node", -problem.unit_size_s(t, choice[t]), t)
+
+    pending.sort(key=order)
     for t in pending:
         o = choice[t]
         for _ in range(problem.options[t][o].units):
@@ -294,21 +303,25 @@ def _first_feasible(problem: Problem, prefs: list[list[int]], work: Work) -> tup
     order of :func:`_relief_moves`. The moves are fixed in advance (they do not depend on the greedy's
     placement), so the greedy runs after 0, 1, 2, 4, ... of them up to the first count that fits, then bisects
     down to the fewest moves that fit from the last count that did not: a few dozen greedy runs at most where
-    memory is tight on thousands of tables. None when no count tried fits."""
+    memory is tight on thousands of tables. None when no count tried fits. Each choice is placed in the
+    greedy's order and, where that does not fit, with the units over half a device first."""
     start = [p[0] for p in prefs]
-    state = greedy(problem, start, work)
-    if state is not None:
-        return start, state
-    moves = _relief_moves(problem, start)  # only where the favourites do not fit: it sizes every option
 
     def attempt(count: int) -> tuple[list[int], _State] | None:
         choice = list(start)
         for t, o in moves[:count]:
             choice[t] = o
         state = greedy(problem, choice, work)
+        if state is None:  # the big units' devices may have been filled before them
+            state = greedy(problem, choice, work, big_first=True)
         return None if state is None else (choice, state)
 
-    failed, count, found = 0, 0, None
+    moves: list[tuple[int, int]] = []
+    found = attempt(0)
+    if found is not None:
+        return found
+    moves = _relief_moves(problem, start)  # only where the favourites do not fit: it sizes every option
+    failed, count = 0, 0
     while found is None:
         if count == len(moves):
             return None
@@ -324,74 +337,136 @@ def _first_feasible(problem: Problem, prefs: list[list[int]], work: Work) -> tup
     return found
 
 
-# a unit filling more than half a device's memory cannot share it with another such unit
+# a unit filling more than half a device's memory cannot share it with another such unit: at most one per device
 BIG_FILL = 0.5
-# the exponent of the memory pressure, sum over HBM and host memory of (demand / capacity) ** PRESSURE_POWER: a
-# smooth stand-in for the fuller of the two, so that bytes move to whichever memory has room
+# the exponent of the memory pressure (:class:`_Pressure`): a smooth stand-in for the fullest of its resources,
+# so that bytes move to whichever memory has room and big units split where they would not fit
 PRESSURE_POWER = 9
 
 
+class _Pressure:
+    """How short of memory a choice of options is. Per memory (HBM, host): (demand / capacity) and (pieces filling
+    more than half a device / devices: a device holds one at most), each to the power :data:`PRESSURE_POWER`,
+    plus :data:`PRESSURE_POWER` times the pieces' overflow: over every piece of the units not spread over all
+    devices, by how much its share of its device and the share the spread units take on every device exceed the
+    whole device (the greedy places the spread ones first, so each other piece must fit beside them; the factor
+    is the first terms' slope where a memory is just full)."""
+
+    def __init__(self, problem: Problem, choice: list[int], fills: list[list[float]]):
+        dev = problem.dev
+        self.choice = list(choice)
+        self.held = [[_memory_bytes(problem, t, o) + _big_pieces(problem, t, o) for o in range(len(options))]
+                     for t, options in enumerate(problem.options)]
+        self.capacity = (float(dev.hbm_capacity_bytes.sum()), float(dev.host_capacity_bytes.sum()),
+                         float(np.count_nonzero(dev.hbm_capacity_bytes)),
+                         float(np.count_nonzero(dev.host_capacity_bytes)))
+        self.used = [sum(self.held[t][o][k] for t, o in enumerate(choice)) for k in range(len(self.capacity))]
+        # per option: its memory, and the share of every device it takes (spread over all devices) or its pieces
+        # and the share of a device each takes
+        self.share: list[list[tuple[int, bool, float, int]]] = [
+            [(int(option.host), option.scope == "global", fills[t][o],
+              option.units if option.scope == "device" else len(_first_unit(problem, t, o).devices))
+             for o, option in enumerate(options)] for t, options in enumerate(problem.options)]
+        self.spread = [0.0, 0.0]
+        self.pieces: list[list[tuple[float, int, int]]] = [[], []]  # per memory, sorted (share, table, count)
+        for t, o in enumerate(choice):
+            self._add(t, o, 1.0)
+
+    def _add(self, t: int, o: int, sign: float) -> None:
+        k, spread, share, count = self.share[t][o]
+        if spread:
+            self.spread[k] += sign * share
+        elif sign > 0:
+            bisect.insort(self.pieces[k], (share, t, count))
+        else:
+            self.pieces[k].remove((share, t, count))
+
+    def _overflow(self, k: int, spread: float, skip: int | None) -> float:
+        """The pieces' overflow in memory ``k`` beside ``spread``, without table ``skip``'s."""
+        pieces = self.pieces[k]
+        first = bisect.bisect_right(pieces, (1.0 - spread, len(self.choice), 0))
+        return sum(count * (share + spread - 1.0) for share, t, count in pieces[first:] if t != skip)
+
+    def value(self, t: int | None = None, o: int = 0) -> float:
+        """The pressure now, or if table ``t`` took option ``o``."""
+        used, spread, extra = self.used, list(self.spread), [0.0, 0.0]
+        if t is not None:
+            a = self.choice[t]
+            used = self._changed(t, a, o)
+            for option, sign in ((a, -1.0), (o, 1.0)):
+                k, is_spread, share, _ = self.share[t][option]
+                if is_spread:
+                    spread[k] += sign * share
+            k, is_spread, share, count = self.share[t][o]
+            if not is_spread:  # its pieces beside the spread share as it would be
+                extra[k] = count * max(0.0, share + spread[k] - 1.0)
+        value = sum((d / c) ** PRESSURE_POWER for d, c in zip(used, self.capacity) if c > 0)
+        return value + PRESSURE_POWER * sum(self._overflow(k, spread[k], t) + extra[k] for k in (0, 1))
+
+    def move(self, t: int, o: int) -> None:
+        a = self.choice[t]
+        self.used = self._changed(t, a, o)
+        self._add(t, a, -1.0)
+        self._add(t, o, 1.0)
+        self.choice[t] = o
+
+    def _changed(self, t: int, a: int, o: int) -> list[float]:
+        """The resources used if table ``t`` went from option ``a`` to ``o``."""
+        return [used + new - old for used, new, old in zip(self.used, self.held[t][o], self.held[t][a])]
+
+
 def _relief_moves(problem: Problem, start: list[int]) -> list[tuple[int, int]]:
-    """The order in which tables give up the options ``start`` chose for memory. First each table whose option
-    fills more than half a device (largest first) takes the option filling at most half that adds the least
-    work (:func:`option_work_s`). Then, while some move lowers the memory pressure (HBM and host memory
-    demand over capacity, :data:`PRESSURE_POWER`), the move with the least added work per unit of pressure
-    relieved, among options filling at most half a device or no more than the table's current one: bytes
-    leave the memory that is short (to host memory, to finer shards of cheap tables) at the least cost in
-    time. Every move of the second kind lowers the pressure, so the list ends."""
+    """The order in which tables give up the options ``start`` chose for memory: while some move lowers the
+    memory pressure (:class:`_Pressure`), the move with the least added work (:func:`option_work_s`) per unit of
+    pressure relieved, among options filling at most half a device or no more than the table's current one;
+    first only the moves whose unit alone (:meth:`Problem.unit_alone_s`) is no slower than the slowest of
+    ``start`` or the table's current one, then any: added work is summed over devices, so a move to one slow
+    unit (a replicated table made whole on one device) could look cheap. Bytes leave the memory that is short
+    (to host memory, to finer shards of cheap tables) and big units split where they would not fit, at the
+    least cost in time. Every move lowers the pressure, so the list ends."""
     sizes = [len(options) for options in problem.options]
     work = [[option_work_s(problem, t, o) for o in range(k)] for t, k in enumerate(sizes)]
     fills = [[_fill(problem, t, o) for o in range(k)] for t, k in enumerate(sizes)]
-    held = [[_memory_bytes(problem, t, o) for o in range(k)] for t, k in enumerate(sizes)]
-    capacity = (float(problem.dev.hbm_capacity_bytes.sum()), float(problem.dev.host_capacity_bytes.sum()))
-    current = list(start)
-    demand = [sum(held[t][o][k] for t, o in enumerate(start)) for k in (0, 1)]
+    alone = [[problem.unit_alone_s(t, o) for o in range(k)] for t, k in enumerate(sizes)]
+    pressure = _Pressure(problem, start, fills)
     moves: list[tuple[int, int]] = []
 
     def move(t: int, o: int) -> None:
-        for k in (0, 1):
-            demand[k] += held[t][o][k] - held[t][current[t]][k]
-        current[t] = o
+        pressure.move(t, o)
         moves.append((t, o))
 
-    def pressure(hbm: float, host: float) -> float:
-        return sum((d / c) ** PRESSURE_POWER for d, c in zip((hbm, host), capacity) if c > 0)
-
-    big = sorted((t for t, o in enumerate(start) if fills[t][o] > BIG_FILL), key=lambda t: (-fills[t][start[t]], t))
-    for t in big:
-        smaller = [(work[t][o] - work[t][start[t]], o) for o in range(sizes[t]) if fills[t][o] <= BIG_FILL]
-        if smaller:
-            move(t, min(smaller)[1])
-
-    def cheapest(t: int) -> tuple[float, int] | None:
-        """(added work per pressure relieved, option) of table t's best move that relieves any; None if none."""
-        a, now = current[t], pressure(*demand)
+    def cheapest(t: int, ceiling: float) -> tuple[float, int] | None:
+        """(added work per pressure relieved, option) of table t's best move that relieves any, to an option
+        whose unit alone takes at most ``ceiling`` or the current one's time; None if none."""
+        a, now = pressure.choice[t], pressure.value()
         best = None
         for o in range(sizes[t]):
-            if o == a or fills[t][o] > max(fills[t][a], BIG_FILL):
+            if o == a or fills[t][o] > max(fills[t][a], BIG_FILL) or alone[t][o] > max(alone[t][a], ceiling):
                 continue
-            relief = now - pressure(*(demand[k] + held[t][o][k] - held[t][a][k] for k in (0, 1)))
+            relief = now - pressure.value(t, o)
             if relief > 0:
                 price = (work[t][o] - work[t][a]) / relief
                 best = min(best, (price, o)) if best is not None else (price, o)
         return best
 
-    # a lazy heap: prices go stale as the demand moves, so a table's move is re-priced when it comes up and
-    # made only if it is still no dearer than the next one on the heap
-    heap = [(m[0], t) for t in range(len(start)) for m in (cheapest(t),) if m is not None]
-    heapq.heapify(heap)
-    while heap:
-        t = heapq.heappop(heap)[1]
-        fresh = cheapest(t)
-        if fresh is None:
-            continue
-        if heap and (fresh[0], t) > heap[0]:
-            heapq.heappush(heap, (fresh[0], t))
-            continue
-        move(t, fresh[1])
-        again = cheapest(t)
-        if again is not None:
-            heapq.heappush(heap, (again[0], t))
+    # the moves that keep every unit within the slowest of the start first, then any; each in a lazy heap:
+    # prices go stale as the demand moves, so a table's move is re-priced when it comes up and made only if it
+    # is still no dearer than the next one on the heap
+    for ceiling in (max(alone[t][o] for t, o in enumerate(start)), np.inf):
+        heap = [(m[0], t) for t in range(len(start)) for m in (cheapest(t, ceiling),) if m is not None]
+        heapq.heapify(heap)
+        while heap:
+            t = heapq.heappop(heap)[1]
+            fresh = cheapest(t, ceiling)
+            if fresh is None:
+                continue
+            if heap and (fresh[0], t) > heap[0]:
+                heapq.heappush(heap, (fresh[0], t))
+                continue
+            move(t, fresh[1])
+            again = cheapest(t, ceiling)
+            if again is not None:
+                heapq.heappush(heap, (again[0], t))
     return moves
 
 
@@ -399,6 +474,20 @@ def _memory_bytes(problem: Problem, t: int, o: int) -> tuple[float, float]:
     """(HBM, host) bytes all the units of table ``t``'s option ``o`` take together."""
     units, u = problem.options[t][o].units, _first_unit(problem, t, o)
     return units * float(u.hbm_bytes.sum()), units * float(u.host_bytes.sum())
+
+
+def _big_pieces(problem: Problem, t: int, o: int) -> tuple[float, float]:
+    """(HBM, host) pieces of table ``t``'s option ``o`` that fill more than half of their device's memory: its
+    one-device units that do (by :func:`_fill`), or the devices a wider unit fills so."""
+    option, dev = problem.options[t][o], problem.dev
+    if option.scope == "device":
+        count = float(option.units) if _fill(problem, t, o) > BIG_FILL else 0.0
+    else:
+        u = _first_unit(problem, t, o)
+        held = u.host_bytes if option.host else u.hbm_bytes
+        capacity = (dev.host_capacity_bytes if option.host else dev.hbm_capacity_bytes)[u.devices]
+        count = float(np.count_nonzero(held > BIG_FILL * capacity))
+    return (0.0, count) if option.host else (count, 0.0)
 
 
 def _fill(problem: Problem, t: int, o: int) -> float:
