@@ -37,9 +37,10 @@ def _unit(problem, t, o):
 
 
 def test_every_sharding_with_host_memory_is_offered():
+    # TorchRec's sharders offer the UVM kernels to every sharding type but data-parallel
     problem = _problem()
-    assert {problem.options[t][o].sharding for t, o, _ in _twins(problem)} == {"table_wise", "table_row_wise",
-                                                                               "row_wise"}
+    assert {problem.options[t][o].sharding for t, o, _ in _twins(problem)} == {"table_wise", "column_wise",
+                                                                               "table_row_wise", "row_wise"}
 
 
 def test_host_shard_pays_the_host_link_for_its_rows_only():
@@ -55,11 +56,11 @@ def test_host_shard_pays_the_host_link_for_its_rows_only():
             lookups = np.array([BATCH * table.pooling_factor])
         else:  # every member looks up its row block's share for the whole batch
             lookups = BATCH * table.pooling_factor * block_sizes(table.rows, q) / table.rows
-        state = state_elements("adagrad", table.dim)
         # each row read forward, then read and written back with its optimizer state by the fused backward
-        rows_bytes = lookups * table.dim * table.dtype_bytes * (1.0 + 2.0 * (1.0 + state))
+        state = state_elements("adagrad", option.width)  # optimizer state per weight at the unit's width
+        rows_bytes = lookups * option.width * table.dtype_bytes * (1.0 + 2.0 * (1.0 + state))
         # the same shard, the same collectives: the difference is the rows' traffic over the slower link
         expected = rows_bytes * (1.0 / dev.host_Bps[host.devices] - 1.0 / dev.lookup_Bps[host.devices])
         assert host.compute_s - hbm.compute_s == pytest.approx(expected, rel=1e-9)
         seen += 1
-    assert seen >= 3
+    assert seen >= 4

@@ -507,7 +507,9 @@ class Problem:
 
 def build_options(t: int, table: EmbeddingTable, dev: DeviceArrays, global_batch: int, optimizer: str,
                   with_host: bool) -> tuple[Option, ...]:
-    """Every sharding option of one table on these devices."""
+    """Every sharding option of one table on these devices; with ``with_host``, each but data-parallel also in
+    host memory, as TorchRec's sharders offer the UVM kernels to every other sharding type
+    (torchrec/distributed/embedding_types.py, ``BaseEmbeddingSharder.compute_kernels``)."""
     n = dev.count
     batch = float(global_batch)
     local = batch / n
@@ -527,14 +529,15 @@ def build_options(t: int, table: EmbeddingTable, dev: DeviceArrays, global_batch
     while shards <= min(n, MAX_COLUMN_SHARDS) and table.dim % (shards * COLUMN_MULTIPLE) == 0:
         width = table.dim // shards
         width_state = state_elements(optimizer, width)
-        options.append(Option(
-            t, "column_wise", "device", False, shards, width, ids_send * shards, pool_recv,
-            lookup_bytes=lookup_traffic_bytes(batch * table.pooling_factor, batch, width, table.dtype_bytes,
-                                              width_state),
-            output_bytes=output_traffic_bytes(batch, width),
-            ids_recv_bytes=batch * table.pooling_factor * IDS_BYTES,
-            pool_send_bytes=batch * width * OUTPUT_BYTES,
-            memory_bytes=shard_memory_bytes(table.rows, width, table.dtype_bytes, optimizer)))
+        for host in (False, True) if with_host else (False,):
+            options.append(Option(
+                t, "column_wise", "device", host, shards, width, ids_send * shards, pool_recv,
+                lookup_bytes=lookup_traffic_bytes(batch * table.pooling_factor, batch, width, table.dtype_bytes,
+                                                  width_state),
+                output_bytes=output_traffic_bytes(batch, width),
+                ids_recv_bytes=batch * table.pooling_factor * IDS_BYTES,
+                pool_send_bytes=batch * width * OUTPUT_BYTES,
+                memory_bytes=shard_memory_bytes(table.rows, width, table.dtype_bytes, optimizer)))
         shards *= 2
     if any(len(members) >= 2 for members in dev.nodes) and len(dev.nodes) > 1:
         for host in (False, True) if with_host else (False,):
