@@ -29,7 +29,7 @@ data-parallel replicas also hold a dense gradient (one more copy).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Sequence
 
 import numpy as np
@@ -510,7 +510,16 @@ def build_options(t: int, table: EmbeddingTable, dev: DeviceArrays, global_batch
     """Every sharding option of one table on these devices; with ``with_host``, each but data-parallel also in
     host memory, as TorchRec's sharders offer the UVM kernels to every other sharding type
     (torchrec/distributed/embedding_types.py, ``BaseEmbeddingSharder.compute_kernels``)."""
-    n = dev.count
+    return _table_options(t, table, dev.count, _node_wide(dev), global_batch, optimizer, with_host)
+
+
+def _node_wide(dev: DeviceArrays) -> bool:
+    """Whether table-row-wise is offered: several nodes, one of them with two devices or more."""
+    return any(len(members) >= 2 for members in dev.nodes) and len(dev.nodes) > 1
+
+
+def _table_options(t: int, table: EmbeddingTable, n: int, node_wide: bool, global_batch: int, optimizer: str,
+                   with_host: bool) -> tuple[Option, ...]:
     batch = float(global_batch)
     local = batch / n
     state = state_elements(optimizer, table.dim)
@@ -539,7 +548,7 @@ def build_options(t: int, table: EmbeddingTable, dev: DeviceArrays, global_batch
                 pool_send_bytes=batch * width * OUTPUT_BYTES,
                 memory_bytes=shard_memory_bytes(table.rows, width, table.dtype_bytes, optimizer)))
         shards *= 2
-    if any(len(members) >= 2 for members in dev.nodes) and len(dev.nodes) > 1:
+    if node_wide:
         for host in (False, True) if with_host else (False,):
             options.append(Option(t, "table_row_wise", "node", host, 1, table.dim, ids_send, pool_recv))
     if n >= 2:
@@ -594,6 +603,15 @@ def _every_option(tables: Sequence[EmbeddingTable], dev: DeviceArrays, global_ba
     state_elements(optimizer, 1)  # validates the optimizer name before any work
     demand = sum(shard_memory_bytes(t.rows, t.dim, t.dtype_bytes, optimizer) for t in tables)
     with_host = bool(dev.host_capacity_bytes.sum() > 0) and demand > 0.5 * float(dev.hbm_capacity_bytes.sum())
-    return Problem(tuple(tables), dev, global_batch, optimizer,
-                   tuple(build_options(t, table, dev, global_batch, optimizer, with_host)
-                         for t, table in enumerate(tables)))
+    tables = tuple(tables)
+    return Problem(tables, dev, global_batch, optimizer,
+                   _all_options(tables, dev.count, _node_wide(dev), global_batch, optimizer, with_host))
+
+
+@lru_cache(maxsize=4)
+def _all_options(tables: tuple[EmbeddingTable, ...], n: int, node_wide: bool, global_batch: int, optimizer: str,
+                 with_host: bool) -> tuple[tuple[Option, ...], ...]:
+    """Every table's options (:func:`build_options`), kept for the last few inputs: the dense search tests the
+    same tables' capacity once per memory budget it leaves, and the options do not depend on the budget."""
+    return tuple(_table_options(t, table, n, node_wide, global_batch, optimizer, with_host)
+                 for t, table in enumerate(tables))
