@@ -522,38 +522,33 @@ def _table_options(t: int, table: EmbeddingTable, n: int, node_wide: bool, globa
                    with_host: bool) -> tuple[Option, ...]:
     batch = float(global_batch)
     local = batch / n
-    state = state_elements(optimizer, table.dim)
     ids_send = local * table.pooling_factor * IDS_BYTES
     pool_recv = local * table.dim * OUTPUT_BYTES
-    options: list[Option] = []
-    for host in (False, True) if with_host else (False,):
-        options.append(Option(
-            t, "table_wise", "device", host, 1, table.dim, ids_send, pool_recv,
-            lookup_bytes=lookup_traffic_bytes(batch * table.pooling_factor, batch, table.dim, table.dtype_bytes, state),
-            output_bytes=output_traffic_bytes(batch, table.dim),
+    memories = (False, True) if with_host else (False,)
+
+    def one_device(sharding: str, shards: int, host: bool) -> Option:
+        """A table-wise option (one shard) or a column-wise one (``shards`` column shards), each shard on one
+        device."""
+        width = table.dim // shards
+        return Option(
+            t, sharding, "device", host, shards, width, ids_send * shards, pool_recv,
+            lookup_bytes=lookup_traffic_bytes(batch * table.pooling_factor, batch, width, table.dtype_bytes,
+                                              state_elements(optimizer, width)),
+            output_bytes=output_traffic_bytes(batch, width),
             ids_recv_bytes=batch * table.pooling_factor * IDS_BYTES,
-            pool_send_bytes=batch * table.dim * OUTPUT_BYTES,
-            memory_bytes=shard_memory_bytes(table.rows, table.dim, table.dtype_bytes, optimizer)))
+            pool_send_bytes=batch * width * OUTPUT_BYTES,
+            memory_bytes=shard_memory_bytes(table.rows, width, table.dtype_bytes, optimizer))
+
+    options = [one_device("table_wise", 1, host) for host in memories]
     shards = 2
     while shards <= min(n, MAX_COLUMN_SHARDS) and table.dim % (shards * COLUMN_MULTIPLE) == 0:
-        width = table.dim // shards
-        width_state = state_elements(optimizer, width)
-        for host in (False, True) if with_host else (False,):
-            options.append(Option(
-                t, "column_wise", "device", host, shards, width, ids_send * shards, pool_recv,
-                lookup_bytes=lookup_traffic_bytes(batch * table.pooling_factor, batch, width, table.dtype_bytes,
-                                                  width_state),
-                output_bytes=output_traffic_bytes(batch, width),
-                ids_recv_bytes=batch * table.pooling_factor * IDS_BYTES,
-                pool_send_bytes=batch * width * OUTPUT_BYTES,
-                memory_bytes=shard_memory_bytes(table.rows, width, table.dtype_bytes, optimizer)))
+        options.extend(one_device("column_wise", shards, host) for host in memories)
         shards *= 2
     if node_wide:
-        for host in (False, True) if with_host else (False,):
-            options.append(Option(t, "table_row_wise", "node", host, 1, table.dim, ids_send, pool_recv))
+        options.extend(Option(t, "table_row_wise", "node", host, 1, table.dim, ids_send, pool_recv)
+                       for host in memories)
     if n >= 2:
-        for host in (False, True) if with_host else (False,):
-            options.append(Option(t, "row_wise", "global", host, 1, table.dim, ids_send, 0.0))
+        options.extend(Option(t, "row_wise", "global", host, 1, table.dim, ids_send, 0.0) for host in memories)
         options.append(Option(t, "data_parallel", "global", False, 1, table.dim, 0.0, 0.0))
     return tuple(options)
 
