@@ -39,7 +39,8 @@ CHECK_EVALUATIONS_PER_VARIABLE = 1.0
 CLASS_CHECK_EVALUATIONS_PER_ROW = 0.2
 # Shares of the budget: the bound (the class MILP and the MILPs that only make guides), the placement (greedy +
 # local search from each guide, then ruin and recreate), the improvement (neighbourhood or option search, the
-# node MILP) and the exact per-device MILP.
+# node MILP) and the exact per-device MILP, or where that model is too large to start, finer shards for the
+# slowest device's units (heuristic.split_bottleneck).
 BOUND_SHARE = 0.25
 GUIDE_SHARE = 0.10
 PLACEMENT_SHARE = 0.15
@@ -104,6 +105,10 @@ class Budget:
 
     def exact_checks(self, variables: int) -> int:
         return self.checks(EXACT_SHARE, variables)
+
+    def split_evaluations(self) -> float:
+        """Finer shards for the slowest device's units, where the exact MILP does not start: its share."""
+        return self._share(EXACT_SHARE)
 
     def placement_evaluations(self, guides: int) -> float:
         """Per guide: the greedy + local search from one guide's option choice."""

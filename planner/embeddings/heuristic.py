@@ -590,8 +590,10 @@ def _group_change(problem: Problem, choice: list[int], state: _State, best: floa
     return None
 
 
-def local_search(state: _State, max_rounds: int = 5000) -> _State:
-    """Local search: improve the slowest device until no move helps (or the work runs out)."""
+def local_search(state: _State, max_rounds: int = 5000, spread: bool = True) -> _State:
+    """Local search: improve the slowest device until no move helps (or the work runs out). ``spread=False``
+    leaves the tables spread over every device (row-wise, data-parallel) out of the re-sharding: each of them
+    is on the slowest device, so trying their options costs the most evaluations per round."""
     for _ in range(max_rounds):
         if state.work.done:
             break
@@ -599,7 +601,7 @@ def local_search(state: _State, max_rounds: int = 5000) -> _State:
         worst = int(np.argmax(times))
         limit = float(times[worst]) * (1 - 1e-9)
         if not (_move_unit(state, worst, limit) or _swap_units(state, worst, limit, times)
-                or _swap_node_units(state, worst, limit, times) or _reshard(state, worst, limit)):
+                or _swap_node_units(state, worst, limit, times) or _reshard(state, worst, limit, spread)):
             break
     return state
 
@@ -713,11 +715,12 @@ def _move_unit(state: _State, device: int, limit: float) -> bool:
     return False
 
 
-def _reshard(state: _State, device: int, limit: float) -> bool:
-    """Re-shard one table on ``device`` with another option if the slowest device gets faster."""
+def _reshard(state: _State, device: int, limit: float, spread: bool = True) -> bool:
+    """Re-shard one table on ``device`` (not one spread over every device, unless ``spread``) with another option
+    if the slowest device gets faster."""
     problem = state.problem
     before = state.makespan()
-    for t in _tables_on(state, device):
+    for t in _tables_on(state, device, spread):
         old = state.remove_table(t)
         for o in range(len(problem.options[t])):
             if o == old[0]:
@@ -792,6 +795,47 @@ def rebuild(problem: Problem, assignment: Assignment, work: Work, tables_per_rou
             state.remove_table(t)
         for t in picked:
             state.restore_table(t, saved[t])
+    return state.assignment()
+
+
+def split_bottleneck(problem: Problem, assignment: Assignment, work: Work, tables_per_device: int = 3) -> Assignment:
+    """Shard the slowest device's largest units more finely, one table at a time: take the table out, place it
+    with an option whose unit alone is faster (more column shards, a node's or every device's rows), let the
+    local search make room around the new units, and keep the plan when its slowest device got faster; repeat
+    until no such change helps or ``work`` is spent.
+
+    Where the slowest devices all carry a unit of one table (its column shards), no single move or swap lowers
+    the maximum, and a finer option placed alone lands on devices that are already loaded; only the option
+    change and the moves that follow it together do."""
+    state = state_of(problem, assignment, work)
+    best = state.makespan()
+    tried: set[tuple[int, int]] = set()
+    while not work.done:
+        worst = int(np.argmax(state.times()))
+        current = state.assignment()
+        improved = False
+        for t in _tables_on(state, worst, spread=False)[:tables_per_device]:
+            o = state.option[t]
+            alone = problem.unit_alone_s(t, o)
+            finer = sorted((problem.unit_alone_s(t, k), k) for k in range(len(problem.options[t]))
+                           if problem.unit_alone_s(t, k) < alone and (t, k) not in tried)
+            for _, k in finer:
+                tried.add((t, k))
+                trial = state_of(problem, current, work)
+                trial.remove_table(t)
+                if not trial.place_table(t, k):
+                    continue
+                trial = local_search(trial, spread=False)
+                value = trial.makespan()
+                if value < best * (1 - 1e-9) and problem.fits(trial.loads()):
+                    state, best, improved = trial, value, True
+                    break
+                if work.done:
+                    break
+            if improved or work.done:
+                break
+        if not improved:
+            break
     return state.assignment()
 
 

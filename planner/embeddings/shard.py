@@ -39,7 +39,7 @@ from planner.embeddings.budget import (NEIGHBOURHOOD_MAX_DEVICES, NODE_MILP_MAX_
                                        budget)
 from planner.embeddings.devices import DeviceArrays, device_arrays
 from planner.embeddings.heuristic import (Assignment, Work, greedy, heuristic, least_work_guide, local_search,
-                                          guide_choice, rebuild, target_pack)
+                                          guide_choice, rebuild, split_bottleneck, target_pack)
 from planner.embeddings.branching import branch_bound
 from planner.embeddings.milp import (PIGEONHOLE_MAX_VARIABLES, Bins, Kept, SolveResult, class_bins,
                                     copy_relaxation, device_bins, model_rows, node_bins, resolve_integer, solve)
@@ -285,7 +285,8 @@ def _faster(problem: Problem, candidate: Assignment | None, assignment: Assignme
 
 def improvement_stage(problem: Problem, classes: Bins, guides: list, plan_budget: Budget, found: Found) -> Found:
     """The neighbourhood search (small clusters) or the option search by kind (large ones) on the best plan, then
-    the node MILP and the exact per-device MILP where the budget covers them."""
+    the node MILP and the exact per-device MILP where the budget covers them (finer shards for the slowest
+    device's units where it does not cover the exact MILP)."""
     assignment, bound, best, method, proven = found
     if assignment is not None and best > bound * (1 + IMPROVE_ABOVE_GAP):
         if problem.dev.count <= NEIGHBOURHOOD_MAX_DEVICES:
@@ -312,6 +313,10 @@ def improvement_stage(problem: Problem, classes: Bins, guides: list, plan_budget
             candidate = heuristic(problem, by_node.weights, Work(plan_budget.placement_evaluations(1)))
             assignment, best = _faster(problem, candidate, assignment, best)
     exact_checks = plan_budget.exact_checks(milp_size(problem))
+    if not exact_checks and assignment is not None and best > bound * (1 + AT_BOUND):
+        # too large for the exact MILP: its share goes to finer shards for the slowest device's units
+        assignment = split_bottleneck(problem, assignment, Work(plan_budget.split_evaluations()))
+        best = problem.makespan_s(assignment)
     if exact_checks and best > bound * (1 + AT_BOUND):
         exact: SolveResult = solve(problem, device_bins(problem), integer=True, work_limit=exact_checks,
                                   incumbent=assignment)
