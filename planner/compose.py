@@ -319,5 +319,5 @@ def search(model: LayerGraph, cluster: Cluster, global_batch: int, *, pinned: Pa
             f"no plan of the dense part of {model.name!r} leaves the {len(sparse)} embedding "
             f"table{'' if len(sparse) == 1 else 's'} enough memory "
             f"on the {cluster.num_devices} devices of {cluster.name or 'the cluster'} at global batch "
-            f"{global_batch}; add devices, use a smaller optimizer (rowwise_adagrad) or unpin --tp, --pp, --dp "
-            "so the search may spread the dense part further") from exc
+            f"{global_batch}; add devices, train with SGD (--optimizer sgd: no optimizer state for the tables) "
+            "or unpin --tp, --pp, --dp so the search may spread the dense part further") from exc

@@ -67,6 +67,19 @@ def test_table_too_big_for_every_device_names_table_and_bytes():
         shard_tables((big,), c, None, 1024, allow_host=False)
     message = str(err.value)
     assert "huge_ids" in message and "95.4 GiB" in message and "102400000000 bytes" in message  # 102.4e9 bytes
+    # the fixes it names are ones a plan can take: SGD (a command-line optimizer) halves Adagrad's bytes here,
+    # and host memory, which this call turned off
+    assert "--optimizer sgd" in message and "23.8 GiB per device" in message and "host memory" in message
+    assert "rowwise_adagrad" not in message
+
+
+def test_table_too_big_with_sgd_and_host_memory_asks_for_devices():
+    c = cluster((small_node(A100, 2, memory_bytes=1 * GiB), 1))
+    big = EmbeddingTable("huge_ids", 10_000_000_000, 128, 1.0)
+    with pytest.raises(InfeasibleError) as err:
+        shard_tables((big,), c, None, 1024, optimizer="sgd")
+    message = str(err.value)
+    assert message.endswith("add devices (or larger ones)")
 
 
 @pytest.mark.parametrize("seed", range(12))

@@ -21,9 +21,19 @@ def table_does_not_fit(table: EmbeddingTable, dev: DeviceArrays, optimizer: str)
     host = float(np.min(dev.host_capacity_bytes))
     # GiB, as every other memory figure the command line prints
     where = f"{hbm / GIB:.3g} GiB of device memory" + (f" and {host / GIB:.3g} GiB of host memory" if host else "")
+    fixes = ["add devices (or larger ones)"]
+    if optimizer != "sgd":  # the only smaller state a plan's optimizer choice reaches
+        bare = shard_memory_bytes(largest_rows, table.dim, table.dtype_bytes, "sgd")
+        fixes.append(f"train with SGD (--optimizer sgd, no optimizer state: {bare / GIB:.3g} GiB per device)")
+    if not host:
+        fixes.append("let shards use host memory")
     return InfeasibleError(
         f"embedding table {table.name!r} ({table.rows} rows x {table.dim} dims, {table.dtype_bytes}-byte values, "
         f"{optimizer} optimizer) needs {total / GIB:.3g} GiB ({total:.0f} bytes) with its optimizer state, and "
         f"{per_device / GIB:.3g} GiB per device even row-sharded over all {dev.count} devices, but the smallest "
-        f"device offers {where} to embeddings; add devices, use a smaller optimizer (rowwise_adagrad) or a "
-        f"smaller dtype, or allow host memory")
+        f"device offers {where} to embeddings; {_either(fixes)}")
+
+
+def _either(fixes: list[str]) -> str:
+    """'a', 'a or b', 'a, b or c'."""
+    return fixes[0] if len(fixes) == 1 else ", ".join(fixes[:-1]) + " or " + fixes[-1]
