@@ -186,6 +186,17 @@ def test_model_too_large_is_infeasible_with_memory_needed():
         planner.plan(big, load_cluster("hgx-v100-16gb*1"), global_batch=8)
 
 
+def test_infeasible_activations_are_those_of_the_pinned_micro_batch():
+    big = gpt(layers=24, hidden=8192, heads=64, seq=2048, vocab=51200)
+    pins = ParallelConfig(global_batch=8, tp=0, pp=0, dp=0, micro_batch=4, recompute="none")
+    with pytest.raises(InfeasibleError) as caught:
+        planner.plan(big, load_cluster("hgx-v100-16gb*1"), global_batch=8, pinned=pins)
+    assert "GiB of activations per micro-batch of 4 samples without recompute" in str(caught.value)
+    with pytest.raises(InfeasibleError) as caught:
+        planner.plan(big, load_cluster("hgx-v100-16gb*1"), global_batch=8)
+    assert "GiB of activations per micro-batch of 1 sample with full recompute" in str(caught.value)
+
+
 def test_infeasible_advice_does_not_ask_for_devices_the_cluster_has():
     """19B parameters' states on 24 V100s of 16 GB (fp16: Megatron's 20 bytes per parameter): they would fill
     24 of the 24, but no split into whole layers leaves room for the rest; the advice says so instead of "at

@@ -220,8 +220,10 @@ def _why_infeasible(model: LayerGraph, cluster: Cluster, global_batch: int, pins
         more = (f"add devices (the model states alone would fill {need_devices} x {largest.name} of the "
                 f"{cluster.num_devices} devices, leaving too little for activations, buffers and whole layers per "
                 "stage)")
+    samples = f"{frugal.micro_batch} sample{'' if frugal.micro_batch == 1 else 's'}"
+    kept = "without recompute" if frugal.recompute == "none" else f"with {frugal.recompute} recompute"
     return (f"no plan of {model.name!r} fits {cluster.name or 'the cluster'} at global batch {global_batch}: "
             f"its weights, gradients and optimizer states take {state / GIB:.1f} GiB "
-            f"(plus {act / GIB:.2f} GiB of activations per sample with full recompute), while the cluster's "
+            f"(plus {act / GIB:.2f} GiB of activations per micro-batch of {samples} {kept}), while the cluster's "
             f"{cluster.num_devices} devices hold {have / GIB:.1f} GiB in all and sharding is limited by tp "
             f"within a node and one layer per stage; {fix}{more}, or use a smaller model")
