@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import sys
 import time
 
@@ -17,7 +18,7 @@ from planner.errors import PlannerError
 from planner.sweep import runner
 from planner.sweep.whatif import PointTask
 
-from whatif_fakes import failing_evaluate, fake_evaluate, points_for
+from whatif_fakes import failing_evaluate, fake_evaluate, points_for, warning_evaluate
 
 
 def main() -> None:
@@ -28,6 +29,11 @@ def main() -> None:
                                                           "fake-h100.count": ["1", "3"]})]
     calls: list[int] = []
     on_ray = runner.run_tasks(fake_evaluate, tasks, backend="ray", workers=2, progress=lambda d, t: calls.append(d))
+    caught = runner._Warnings()
+    logging.getLogger().addHandler(caught)
+    runner.run_tasks(warning_evaluate, tasks, backend="ray", workers=2)
+    logging.getLogger().removeHandler(caught)
+    warned = [message for name, _, message in caught.records if name == "planner.fake"]
     local = runner.run_tasks(fake_evaluate, tasks, workers=1)
     error = ""
     try:
@@ -44,7 +50,8 @@ def main() -> None:
         pass
     gc.collect()
     time.sleep(2.0)  # Ray reports unhandled errors from a background thread
-    print(json.dumps({"matches": on_ray == local, "progress": calls, "error": error}), flush=True)
+    print(json.dumps({"matches": on_ray == local, "progress": calls, "error": error, "warned": warned,
+                      "points": [f"point {dict(t.inputs.settings)}" for t in tasks]}), flush=True)
     sys.stdout.flush()
     ray.shutdown()
 

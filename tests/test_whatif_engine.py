@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import re
 from dataclasses import replace
 
@@ -16,7 +17,8 @@ from planner.sweep.keys import grid, parse_key, parse_sweep_args, parse_sweeps, 
 from planner.sweep.runner import run_tasks
 from planner.sweep.whatif import PointTask, cluster_cost_per_hour
 
-from whatif_fakes import NODES, points_for, result_for, failing_evaluate, fake_evaluate, fake_plan, mixed_cluster
+from whatif_fakes import (NODES, points_for, result_for, failing_evaluate, fake_evaluate, fake_plan, mixed_cluster,
+                          warning_evaluate)
 
 
 # ---------------------------------------------------------------------------------------------- keys
@@ -174,6 +176,16 @@ def test_worker_error_propagates_as_planner_error():
     tasks = [PointTask("x.onnx", p) for p in points_for({"count": ["1", "2", "3"]})]
     with pytest.raises(ClusterError, match="raised in a worker"):
         run_tasks(failing_evaluate, tasks, workers=2)
+
+
+def test_workers_warnings_reach_the_caller_once_each(caplog):
+    """A worker process's log records reach no one; the runner logs its warnings again in the caller, in the
+    order of the points, each once."""
+    tasks = [PointTask("x.onnx", p) for p in points_for({"count": ["1", "2", "3"]})]
+    with caplog.at_level(logging.WARNING):
+        run_tasks(warning_evaluate, tasks, workers=2)
+    messages = [r.getMessage() for r in caplog.records if r.name == "planner.fake"]
+    assert messages == ["the model's tables are not the file's"] + [f"point {dict(t.inputs.settings)}" for t in tasks]
 
 
 def test_bad_backend_and_workers():

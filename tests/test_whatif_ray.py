@@ -62,6 +62,10 @@ def test_ray_backend_matches_processes(ray_results):
     assert ray_results["matches"] and ray_results["progress"] == list(range(1, 7))
 
 
+def test_ray_workers_warnings_reach_the_caller_once_each(ray_results):
+    assert ray_results["warned"] == ["the model's tables are not the file's"] + ray_results["points"]
+
+
 def test_ray_backend_reraises_planner_errors(ray_results):
     assert "raised in a worker" in ray_results["error"]
 

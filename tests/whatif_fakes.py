@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from planner.errors import ClusterError, InfeasibleError
 from planner.plans import Plan, StagePlan
 from planner.sweep.keys import PointInputs, check_groups, parse_sweeps, point_inputs
@@ -74,6 +76,14 @@ def fake_evaluate(task: PointTask) -> WhatIfPoint:
     seq = dict(inputs.dims).get("seq")
     return summarize(inputs.settings, fake_plan(inputs.cluster, inputs.global_batch), inputs.cluster,
                      inputs.global_batch, seq)
+
+
+def warning_evaluate(task: PointTask) -> WhatIfPoint:
+    """fake_evaluate, warning once about every point and once about the point itself (as the model import and
+    a point's own search do)."""
+    logging.getLogger("planner.fake").warning("the model's tables are not the file's")
+    logging.getLogger("planner.fake").warning("point %s", dict(task.inputs.settings))
+    return fake_evaluate(task)
 
 
 def failing_evaluate(task: PointTask) -> WhatIfPoint:

@@ -65,20 +65,56 @@ def _run_serial(fn: Callable[[T], R], tasks: Sequence[T], progress: Progress | N
     return results
 
 
+Warned = tuple[str, int, str]  # a warning a worker logged: (logger name, level, message)
+
+
+class _Warnings(logging.Handler):
+    """Collects the warnings logged while it is attached to the root logger."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[Warned] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append((record.name, record.levelno, record.getMessage()))
+
+
+def _with_warnings(fn: Callable[[T], R], task: T) -> tuple[R, list[Warned]]:
+    """``fn(task)`` in a worker, with the warnings it logged: a worker's log records reach no one, so they go
+    back with the result."""
+    caught = _Warnings()
+    root = logging.getLogger()
+    root.addHandler(caught)
+    try:
+        return fn(task), caught.records
+    finally:
+        root.removeHandler(caught)
+
+
+def _log_again(warned: Sequence[list[Warned]]) -> None:
+    """The workers' warnings logged here, in the order of the points, each once (a process that plans several
+    points warns once, too, where the warning comes from a cached step such as reading the model)."""
+    for name, level, message in dict.fromkeys(w for point in warned for w in point):
+        logging.getLogger(name).log(level, "%s", message)
+
+
 def _run_processes(fn: Callable[[T], R], tasks: Sequence[T], workers: int, progress: Progress | None) -> list[R]:
     results: list[R | None] = [None] * len(tasks)
+    warned: list[list[Warned]] = [[] for _ in tasks]
     log.info("whatif: %d points on %d worker processes", len(tasks), workers)
     pool = concurrent.futures.ProcessPoolExecutor(max_workers=workers)
     try:
-        futures = {pool.submit(fn, task): i for i, task in enumerate(tasks)}
+        futures = {pool.submit(_with_warnings, fn, task): i for i, task in enumerate(tasks)}
         for done, future in enumerate(concurrent.futures.as_completed(futures), start=1):
-            results[futures[future]] = future.result()
+            i = futures[future]
+            results[i], warned[i] = future.result()
             if progress:
                 progress(done, len(tasks))
     except BaseException:
         pool.shutdown(wait=False, cancel_futures=True)  # a failed point ends the sweep now
         raise
     pool.shutdown(wait=True)
+    _log_again(warned)
     return results  # type: ignore[return-value]
 
 
@@ -96,9 +132,10 @@ def _run_ray(fn: Callable[[T], R], tasks: Sequence[T], workers: int | None, prog
         raise PlannerError("backend 'ray' needs Ray: pip install \"planner[ray]\" (or use backend 'process')") from None
     if not ray.is_initialized():
         _start_ray(ray)
-    remote = ray.remote(num_cpus=1)(fn)
+    remote = ray.remote(num_cpus=1)(_with_warnings)
     limit = len(tasks) if workers is None else workers
     results: list[R | None] = [None] * len(tasks)
+    warned: list[list[Warned]] = [[] for _ in tasks]
     pending: dict[object, int] = {}
     queue = list(enumerate(tasks))
     done = 0
@@ -106,16 +143,18 @@ def _run_ray(fn: Callable[[T], R], tasks: Sequence[T], workers: int | None, prog
         while queue or pending:
             while queue and len(pending) < limit:
                 i, task = queue.pop(0)
-                pending[remote.remote(task)] = i
+                pending[remote.remote(fn, task)] = i
             ready, _ = ray.wait(list(pending), num_returns=1)
             for ref in ready:
-                results[pending.pop(ref)] = _ray_get(ray, ref)
+                i = pending.pop(ref)
+                results[i], warned[i] = _ray_get(ray, ref)
                 done += 1
                 if progress:
                     progress(done, len(tasks))
     except BaseException:
         _abandon(ray, list(pending))
         raise
+    _log_again(warned)
     return results  # type: ignore[return-value]
 
 
