@@ -322,6 +322,31 @@ def test_split_command_writes_and_verifies(tmp_path, capsys):
     assert main(argv + ["--force"]) == 0
 
 
+@pytest.mark.parametrize("names", ["none", "all alike"])
+def test_nodes_without_unique_names_split_and_verify(tmp_path, capsys, names):
+    """ONNX node names are optional and need not be unique: the layers and the split then know a node by its
+    type and first output."""
+    from planner.graph import load_model
+
+    model = load("cnn")
+    for node in model.graph.node:
+        node.name = "" if names == "none" else "same"
+    path = str(tmp_path / "cnn.onnx")
+    onnx.save(model, path)
+    graph = load_model(path, dims={"batch": 2})
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(plan_over(graph, [1, 1, len(graph.layers) - 2]).to_json())
+    # onnxruntime refuses a graph with repeated node names, so only the unnamed model can be run
+    verify = ["--verify"] if names == "none" else []
+    argv = ["split", path, "--plan", str(plan_path), "--out-dir", str(tmp_path / "out"), "--dim", "batch=2",
+            "--json", *verify]
+    assert main(argv) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert len(document["stages"]) == 3
+    if verify:
+        assert document["verify"]["max_abs_difference"] <= 1e-4
+
+
 def test_searched_plan_of_a_builder_gpt_splits_and_verifies(tmp_path, capsys):
     """The whole chain: builder GPT (fp16, training-mode dropout) -> search pinned to 2 stages -> plan file ->
     `planner split --verify`. Dropout runs as the identity when verifying (see planner.export.verify)."""

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import onnx
 
 from planner.errors import ConfigError
+from planner.graph.ir import node_labels
 from planner.export.stages import StageModel, split_model
 from planner.outputs import atomic_open, write_error
 from planner.plans import Plan, StagePlan, check_fits_model
@@ -27,7 +28,8 @@ MANIFEST = "manifest.json"
 
 
 def stage_node_names(plan: Plan, layers: LayerGraph) -> list[set[str]]:
-    """The ONNX node names of each plan stage; PlannerError when the plan does not fit the model's layers."""
+    """The ONNX nodes of each plan stage, by label (planner.graph.ir.node_labels); PlannerError when the plan
+    does not fit the model's layers."""
     check_fits_model(plan, layers.params, layers)
     result: list[set[str]] = []
     for stage in plan.stages:
@@ -40,7 +42,7 @@ def stage_node_names(plan: Plan, layers: LayerGraph) -> list[set[str]]:
 
 def split_plan(model: onnx.ModelProto, plan: Plan, layers: LayerGraph) -> list[StageModel]:
     names = stage_node_names(plan, layers)
-    known = {node.name for node in model.graph.node}
+    known = set(node_labels(model.graph.node))
     unmatched = sum(1 for group in names for name in group if name not in known)
     if unmatched:
         log.info("%d layer ops name no ONNX node; they are placed by data flow", unmatched)

@@ -1,7 +1,8 @@
 """Pipeline stages as standalone ONNX models (``planner split``).
 
 A plan's stage ``i`` covers layers ``first_layer..last_layer``; the layers name the ONNX nodes they hold
-(``Layer.ops[k].name``). Every node of the model goes to exactly one stage:
+(``Layer.ops[k].name``: the node's label, planner.graph.ir.node_labels). Every node of the model goes to exactly
+one stage:
 
 1. a node named by a layer goes to that layer's stage;
 2. ``Constant`` nodes are copied into every stage that reads them (they carry no weights);
@@ -32,6 +33,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from planner.errors import ModelError, PlannerError
+from planner.graph.ir import node_labels
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +107,9 @@ def _topological(nodes: Sequence[onnx.NodeProto], producer: dict[str, int]) -> l
 
 def assign_stages(graph: onnx.GraphProto, stage_nodes: Sequence[Collection[str]]) -> dict[int, int]:
     """Stage of each node index of ``graph`` (Constant nodes and dead nodes are left out). ``stage_nodes[s]``
-    names the nodes that the plan puts in stage ``s``."""
+    labels (planner.graph.ir.node_labels) the nodes that the plan puts in stage ``s``."""
     nodes = list(graph.node)
+    labels = node_labels(nodes)
     producer = {t: i for i, node in enumerate(nodes) for t in node.output if t}
     order = _topological(nodes, producer)
     consumers: dict[int, list[int]] = {}
@@ -130,8 +133,8 @@ def assign_stages(graph: onnx.GraphProto, stage_nodes: Sequence[Collection[str]]
         node = nodes[i]
         if node.op_type == "Constant" and not node.input:
             continue
-        if node.name and node.name in by_name:
-            stage_of[i] = by_name[node.name]
+        if labels[i] in by_name:
+            stage_of[i] = by_name[labels[i]]
             continue
         readers = [stage_of[c] for c in consumers.get(i, ()) if c in stage_of]
         needed = any(c in stage_of or c in waiting for c in consumers.get(i, ())) or any(
@@ -158,9 +161,9 @@ def assign_stages(graph: onnx.GraphProto, stage_nodes: Sequence[Collection[str]]
             moved += 1
     if moved:
         log.info("%d nodes read tensors of a later stage than their layer's and moved to that stage", moved)
-    named = [i for i in stage_of if nodes[i].name in by_name]
-    planned = {by_name[nodes[i].name] for i in named}
-    kept = {stage_of[i] for i in named if stage_of[i] == by_name[nodes[i].name]}
+    named = [i for i in stage_of if labels[i] in by_name]
+    planned = {by_name[labels[i]] for i in named}
+    kept = {stage_of[i] for i in named if stage_of[i] == by_name[labels[i]]}
     emptied = sorted(planned - kept)
     if emptied:
         raise PlannerError(f"stage {emptied[0]}: every node of its layers reads tensors of a later stage, so the "

@@ -111,7 +111,7 @@ def _note_routed(graph: OpGraph, layers: int) -> None:
 
 def _cost(graph: OpGraph, node: Node, bag: EmbeddingTable | None = None) -> OpCost:
     view = View(node, graph)
-    name = node.name or f"{node.op_type}_{node.index}"
+    name = node.label
     if bag is not None:
         # a Loop that sums embedding bags (TorchScript's nn.EmbeddingBag): per sample, pooling_factor rows
         # of the table read and added up into one row written

@@ -3,6 +3,7 @@ shapes for ONE sample, element types, and which tensors are constants or paramet
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -42,6 +43,16 @@ def act_bytes(elem_type: int | None) -> int:
     return INT_BYTES.get(elem_type, ACT_BYTES)
 
 
+def node_labels(protos: Iterable[onnx.NodeProto]) -> list[str]:
+    """The label of each node of a graph, by which the layers name their nodes and ``planner split`` finds
+    them: the node's name where it has one no other node shares, else its type and first output (ONNX names
+    are optional and need not be unique; a tensor has one producer)."""
+    protos = list(protos)
+    counts = Counter(p.name for p in protos if p.name)
+    return [p.name if p.name and counts[p.name] == 1 else f"{p.op_type}:{next((o for o in p.output if o), '')}"
+            for p in protos]
+
+
 @dataclass
 class Node:
     index: int  # position in topological order
@@ -52,6 +63,7 @@ class Node:
     outputs: tuple[str, ...]
     proto: onnx.NodeProto
     scope: tuple[str, ...] = ()
+    label: str = ""  # node_labels' label (the name where it is given and unique)
 
     def attr(self, name: str, default: Any) -> Any:
         """An attribute's value, of the same kind as ``default`` (int, float, list of ints, or bytes)."""

@@ -19,7 +19,7 @@ import onnx
 from planner.errors import ModelError
 from planner.graph import gather_bounds
 from planner.graph.inputs import batch_dim_name, bind_dims, classify_inputs, reaches_param_slot
-from planner.graph.ir import FLOAT_TYPES, Node, OpGraph, numel_of
+from planner.graph.ir import FLOAT_TYPES, Node, OpGraph, node_labels, numel_of
 from planner.graph.validate import check_input_dims, check_model
 from planner.graph.shapes import Shapes, Types, fill_shape_gaps, fold_and_reinfer, infer_shapes, prepare, \
     small_initializers
@@ -125,10 +125,11 @@ def _topological(graph: onnx.GraphProto, init_names: set[str], name: str) -> lis
         p = protos[_first_on_a_cycle(waiting, users)]
         raise ModelError(f"{name}: the graph has a cycle through node '{p.name or p.op_type}' "
                          f"({p.op_type}); ONNX graphs must be acyclic")
+    labels = node_labels(protos)
     nodes = []
     for k, i in enumerate(order):
         p = protos[i]
-        nodes.append(Node(k, p.name, p.op_type, p.domain, inputs_of[i], tuple(p.output), p, _scope(p)))
+        nodes.append(Node(k, p.name, p.op_type, p.domain, inputs_of[i], tuple(p.output), p, _scope(p), labels[i]))
     return nodes
 
 
