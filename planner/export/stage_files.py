@@ -17,8 +17,8 @@ from typing import Any, Sequence
 import onnx
 
 from planner.errors import ConfigError
-from planner.graph.ir import node_labels
 from planner.export.stages import StageModel, split_model
+from planner.graph.ir import node_labels
 from planner.outputs import atomic_open, write_error
 from planner.plans import Plan, StagePlan, check_fits_model
 from planner.types import LayerGraph
