@@ -223,3 +223,17 @@ def test_the_table_gives_each_replica_group_of_a_mixed_stage_its_row(made, capsy
     rows = [line.split() for line in lines[header + 2:header + 4]]
     assert [(r[0], r[2], int(r[3]), int(r[4])) for r in rows] == \
         [(f"{g.batch_share:.0%}", g.device_type, g.tp, g.dp) for g in groups]
+
+
+
+def test_a_mixed_stage_row_gives_its_groups_tp(tmp_path, capsys):
+    """The row of a stage whose replica groups run different tp gives them all ('1/2'), not the first group's."""
+    path = "models/gpt-1.3b.onnx"
+    plan = planner.plan(planner.load_model(path), planner.load_cluster("h100-a100-mixed"), 512)
+    tps = sorted({g.tp for g in plan.stages[0].replicas})
+    assert len(tps) == 2  # the H100 group and the smaller A100 group shard differently
+    (tmp_path / "plan.json").write_text(plan.to_json())
+    assert main(["estimate", path, "--cluster", "h100-a100-mixed", "--plan", str(tmp_path / "plan.json")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.split()[:4] == ["stage", "layers", "device", "tp"])
+    assert lines[header + 1].split()[3] == "/".join(map(str, tps))

@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from typing import Any
+from typing import Any, Iterable
 
 from planner.commands._common import (add_cluster_flags, add_config_flags, add_json_flag, add_solver_flags,
                                       check_plan_fixes, config_from_args, emit_json, flag_names, parse_dims,
                                       positive_int, solver_options_from_args, tables_from_args, warn_batch_dim)
 from planner.commands._common import add_allow_unknown_ops_flag
 from planner.errors import ConfigError
-from planner.types import Batching, Estimate, LayerGraph, MemoryBreakdown
+from planner.types import Batching, Estimate, LayerGraph, MemoryBreakdown, ReplicaEstimate, StageEstimate
 from planner.units import GIB, count, seconds, whole_bytes
 
 HELP = "predict the iteration time, throughput and memory of one parallel configuration"
@@ -90,8 +90,8 @@ def _print_table(model: LayerGraph, estimate: Estimate, num_devices: int) -> Non
     out.write(f"model {model.name}: {count(model.params)} parameters, on {used} of the cluster's {num_devices} "
               "devices\n")
     # a mixed plan's stages, and a mixed stage's replica groups, may each have their own
-    tps = sorted({group.tp for s in estimate.stages for group in (s, *s.replicas)})
-    tp = cfg.tp if len(tps) == 1 else "/".join(map(str, tps)) + " (per stage or replica group)"
+    tps = _tps(group for s in estimate.stages for group in (s, *s.replicas))
+    tp = cfg.tp if "/" not in tps else tps + " (per stage or replica group)"
     out.write(f"config: tp={tp} cp={cfg.cp} pp={cfg.pp} dp={cfg.dp} micro-batch={cfg.micro_batch} vpp={cfg.vpp} "
               f"schedule={cfg.schedule} zero={cfg.zero} recompute={cfg.recompute} "
               f"sequence-parallel={'yes' if cfg.sequence_parallel else 'no'} optimizer={cfg.optimizer} "
@@ -107,7 +107,8 @@ def _print_table(model: LayerGraph, estimate: Estimate, num_devices: int) -> Non
     out.write(f"{'stage':>5} {'layers':>9} {'device':>12} {'tp':>3} {'dp':>4} {'fwd ms':>9} {'bwd ms':>9} "
               f"{'mem GiB':>8}\n")
     for s in estimate.stages:  # a stage's own tp and dp: a plan's stages may differ from the config's
-        out.write(f"{s.index:>5} {f'{s.first_layer}-{s.last_layer}':>9} {s.device_type:>12} {s.tp:>3} {s.dp:>4} "
+        out.write(f"{s.index:>5} {f'{s.first_layer}-{s.last_layer}':>9} {s.device_type:>12} "
+                  f"{_tps((s, *s.replicas)):>3} {s.dp:>4} "
                   f"{s.forward_s * 1e3:>9.2f} {s.backward_s * 1e3:>9.2f} {s.memory.total_bytes / GIB:>8.1f}\n")
         if len(s.replicas) > 1:  # a mixed stage's own fields only sum its groups up: each group on its own row
             for r in s.replicas:
@@ -115,6 +116,11 @@ def _print_table(model: LayerGraph, estimate: Estimate, num_devices: int) -> Non
                           f"{r.forward_s * 1e3:>9.2f} {r.backward_s * 1e3:>9.2f} {r.memory.total_bytes / GIB:>8.1f}\n")
     for note in estimate.notes:
         out.write(f"note: {note}\n")
+
+
+def _tps(groups: Iterable[StageEstimate | ReplicaEstimate]) -> str:
+    """The groups' tensor-parallel degrees: '2', or '1/2' where they differ."""
+    return "/".join(map(str, sorted({group.tp for group in groups})))
 
 
 # the table sharder's options: a plan file's placement is re-timed, never sharded again
