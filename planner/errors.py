@@ -8,7 +8,7 @@ Every mistake a user can make (a bad file, an unknown name, an impossible reques
 from __future__ import annotations
 
 from difflib import get_close_matches
-from typing import Iterable
+from typing import Iterable, Sequence
 
 
 class PlannerError(Exception):
@@ -35,3 +35,8 @@ def suggest(name: str, known: Iterable[str], n: int = 3) -> str:
     """Return ``" (did you mean a, b?)"`` for the closest known names, or ``""``."""
     matches = get_close_matches(name, sorted(known), n=n, cutoff=0.5)
     return f" (did you mean {', '.join(matches)}?)" if matches else ""
+
+
+def either(words: Sequence[str]) -> str:
+    """``"a"``, ``"a or b"``, ``"a, b or c"`` (``""`` for none): alternatives in a message."""
+    return ", ".join(words[:-1]) + f" or {words[-1]}" if len(words) > 1 else "".join(words)

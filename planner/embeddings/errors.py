@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from planner.embeddings.devices import DeviceArrays
-from planner.errors import InfeasibleError
+from planner.errors import InfeasibleError, either
 from planner.types import EmbeddingTable
 from planner.units import GIB
 
@@ -31,9 +31,4 @@ def table_does_not_fit(table: EmbeddingTable, dev: DeviceArrays, optimizer: str)
         f"embedding table {table.name!r} ({table.rows} rows x {table.dim} dims, {table.dtype_bytes}-byte values, "
         f"{optimizer} optimizer) needs {total / GIB:.3g} GiB ({total:.0f} bytes) with its optimizer state, and "
         f"{per_device / GIB:.3g} GiB per device even row-sharded over all {dev.count} devices, but the smallest "
-        f"device offers {where} to embeddings; {_either(fixes)}")
-
-
-def _either(fixes: list[str]) -> str:
-    """'a', 'a or b', 'a, b or c'."""
-    return fixes[0] if len(fixes) == 1 else ", ".join(fixes[:-1]) + " or " + fixes[-1]
+        f"device offers {where} to embeddings; {either(fixes)}")

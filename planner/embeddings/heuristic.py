@@ -371,6 +371,7 @@ class _Pressure:
         self.pieces: list[list[tuple[float, int, int]]] = [[], []]  # per memory, sorted (share, table, count)
         for t, o in enumerate(choice):
             self._add(t, o, 1.0)
+        self._now: float | None = None  # value() of the current choice, until it moves
 
     def _add(self, t: int, o: int, sign: float) -> None:
         k, spread, share, count = self.share[t][o]
@@ -389,6 +390,8 @@ class _Pressure:
 
     def value(self, t: int | None = None, o: int = 0) -> float:
         """The pressure now, or if table ``t`` took option ``o``."""
+        if t is None and self._now is not None:
+            return self._now
         used, spread, extra = self.used, list(self.spread), [0.0, 0.0]
         if t is not None:
             a = self.choice[t]
@@ -401,7 +404,10 @@ class _Pressure:
             if not is_spread:  # its pieces beside the spread share as it would be
                 extra[k] = count * max(0.0, share + spread[k] - 1.0)
         value = sum((d / c) ** PRESSURE_POWER for d, c in zip(used, self.capacity) if c > 0)
-        return value + PRESSURE_POWER * sum(self._overflow(k, spread[k], t) + extra[k] for k in (0, 1))
+        value += PRESSURE_POWER * sum(self._overflow(k, spread[k], t) + extra[k] for k in (0, 1))
+        if t is None:
+            self._now = value
+        return value
 
     def move(self, t: int, o: int) -> None:
         a = self.choice[t]
@@ -409,6 +415,7 @@ class _Pressure:
         self._add(t, a, -1.0)
         self._add(t, o, 1.0)
         self.choice[t] = o
+        self._now = None
 
     def _changed(self, t: int, a: int, o: int) -> list[float]:
         """The resources used if table ``t`` went from option ``a`` to ``o``."""

@@ -37,7 +37,7 @@ import logging
 from importlib import import_module
 from typing import Any, Sequence
 
-from planner.errors import PlannerError
+from planner.errors import PlannerError, either
 from planner.plans import EmbeddingPlacement, EmbeddingShard, Plan, cluster_group
 from planner.embeddings.problem import block_split
 
@@ -130,10 +130,9 @@ def check_has_tables(count: int, what: str, formats: Sequence[str]) -> None:
     """A TorchRec sharding plan places embedding tables: refuse a plan (or a model, before its search) with
     ``count`` none, suggesting ``formats``, those that take it (the caller knows which)."""
     if not count:
-        suggested = ", ".join(formats[:-1]) + f" or {formats[-1]}" if len(formats) > 1 else "".join(formats)
         raise PlannerError(f"{what}: it has no embedding tables to shard (a token embedding is a pipeline layer, "
                            f"planned with the others), so there is no TorchRec sharding plan; use --format "
-                           f"{suggested}")
+                           f"{either(formats)}")
 
 
 # the framework formats beside TorchRec's; each writes a dense plan unless its exporter refuses it
