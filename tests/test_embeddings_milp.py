@@ -4,6 +4,7 @@ against the per-device LP."""
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -12,6 +13,8 @@ from embedding_checks import check_plan_memory, check_result
 from embedding_fixtures import GiB, cluster, node, small_node
 from planner.embeddings import shard_tables
 from planner.embeddings.devices import device_arrays
+from planner.embeddings import milp
+from planner.embeddings.highs import CheckLimit
 from planner.embeddings.milp import class_bins, device_bins, model_rows, node_bins, resolve_integer, solve
 from planner.embeddings.problem import Problem, build_options, build_problem
 from planner.types import EmbeddingTable
@@ -376,3 +379,63 @@ def test_fit_checks_carry_over_to_the_kept_options():
     assert problem._fits
     for (t, o, p), fits in problem._fits.items():
         assert fits == fresh.fits_at(t, o, p)
+
+
+def _interrupted_at(limit: CheckLimit, reports) -> int | None:
+    """Feed ``limit`` one interrupt check per (dual bound, primal bound) report, as HiGHS's callback would: the
+    number of the first check it interrupts at (None: it never does)."""
+    for number, (dual, primal) in enumerate(reports, 1):
+        data_in = SimpleNamespace(user_interrupt=False)
+        limit(None, "", SimpleNamespace(mip_dual_bound=dual, mip_primal_bound=primal), data_in, None)
+        if data_in.user_interrupt:
+            return number
+    return None
+
+
+INF = float("inf")
+# checks 1-4: the sub-MIP completing the LP's solution (its own bounds), which finds 8.0; 5-6: the search
+# starts, no dual bound yet; 7: the root LP; 8, 9, ...: one per cut round
+COMPLETION = [(-INF, INF), (5.0, INF), (6.0, 9.0), (7.0, 8.0)]
+ROOT = [(-INF, 8.0), (-INF, 8.0), (5.5, 8.0), (5.6, 8.0), (5.7, 8.0), (5.8, 8.0)]
+
+
+def test_a_check_limit_with_root_rounds_stops_after_that_many_rounds_of_the_search():
+    assert _interrupted_at(CheckLimit(100), COMPLETION + ROOT) is None
+    assert _interrupted_at(CheckLimit(100, root_rounds=1), COMPLETION + ROOT) == 8
+    assert _interrupted_at(CheckLimit(100, root_rounds=2), COMPLETION + ROOT) == 9
+    assert _interrupted_at(CheckLimit(6, root_rounds=1), COMPLETION + ROOT) == 6  # the checks still bound it
+
+
+def test_a_check_limit_counts_no_round_before_the_search_has_an_incumbent():
+    """Without an incumbent when the search starts (the completion found none), only the checks stop it: the
+    rounds' guide would be missing."""
+    no_incumbent = [(dual, INF) for dual, _ in COMPLETION + ROOT]
+    assert _interrupted_at(CheckLimit(100, root_rounds=1), no_incumbent) is None
+    assert _interrupted_at(CheckLimit(8, root_rounds=1), no_incumbent) == 8
+
+
+def test_a_root_only_class_milp_stops_in_its_root_with_an_incumbent_and_a_bound(monkeypatch):
+    """The bound stage's class MILP on a model past ROOT_ONLY_MIN_VARIABLES (lowered here) stops after its root
+    LP and first cut round, through HiGHS's own callback: it holds an incumbent (the guide) and a bound between
+    the LP's and the full MILP's."""
+    rng = np.random.default_rng(5)
+    tables = tuple(EmbeddingTable(f"t{i}", int(10 ** rng.uniform(2, 8)), int(rng.choice([16, 64, 128])),
+                                  float(rng.choice([1, 20, 100]))) for i in range(40))
+    problem = build_problem(tables, device_arrays(cluster((A100, 4), (V100, 4))), 65536, "adagrad")
+    limits = []
+
+    class Recorded(CheckLimit):
+        def __init__(self, *args) -> None:
+            super().__init__(*args)
+            limits.append(self)
+
+    monkeypatch.setattr(milp, "CheckLimit", Recorded)
+    full = resolve_integer(problem, solve(problem, class_bins(problem), integer=False, keep=True), work_limit=500)
+    monkeypatch.setattr(milp, "ROOT_ONLY_MIN_VARIABLES", 0)
+    relaxed = solve(problem, class_bins(problem), integer=False, keep=True)
+    root = resolve_integer(problem, relaxed, work_limit=500, root_only=True)
+    assert limits[1].root_rounds == milp.ROOT_ROUNDS and limits[1].bounded == milp.ROOT_ROUNDS + 1
+    assert limits[1].seen < limits[0].seen
+    assert root.status in ("feasible", "optimal") and root.weights
+    assert relaxed.bound_s * (1 - 1e-9) <= root.bound_s <= full.bound_s * (1 + 1e-9)
+    assert root.bound_s <= root.objective_s * (1 + 1e-9)

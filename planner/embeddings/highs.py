@@ -9,6 +9,7 @@ deterministic (one thread, limits counted in work, never in seconds) and of scal
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 from typing import Iterator
@@ -39,16 +40,34 @@ class CheckLimit:
     HiGHS checks for an interrupt at fixed points of its search (root cut rounds, heuristics, nodes), so the
     count of checks measures work done, as a node limit does, but it also bounds the root node, which a node
     limit does not. With one thread HiGHS is deterministic, so the same model stops at the same point on a fast
-    or a slow machine, unlike a time limit."""
+    or a slow machine, unlike a time limit.
 
-    def __init__(self, checks: int) -> None:
+    ``root_rounds`` also stops it once its search holds an incumbent and its root node has run that many cut
+    rounds. A MILP started from a solution (a re-solve after its LP) first completes it into an incumbent, by a
+    sub-MIP whose checks report the sub-MIP's bounds; its own search then reports no dual bound until the root
+    LP is solved, and a new one at the check that opens each cut round. The checks carry no round count, so the
+    rounds are counted as the checks that report a dual bound once the search has started with an incumbent
+    (the root LP's, then one per round); without an incumbent at the start, only ``checks`` stops it."""
+
+    def __init__(self, checks: int, root_rounds: int | None = None) -> None:
         self.checks = max(int(checks), 1)
+        self.root_rounds = root_rounds
         self.seen = 0
+        self.searching = False  # HiGHS's own search has started, with an incumbent
+        self.bounded = 0  # checks since then that reported a dual bound
 
     def __call__(self, kind, message, data_out, data_in, user_data) -> None:
         self.seen += 1
         if self.seen >= self.checks:
             data_in.user_interrupt = True
+        if self.root_rounds is None:
+            return
+        if math.isinf(data_out.mip_dual_bound):
+            self.searching = self.searching or math.isfinite(data_out.mip_primal_bound)
+        elif self.searching:
+            self.bounded += 1
+            if self.bounded > self.root_rounds:  # the root LP's check, then one per round
+                data_in.user_interrupt = True
 
     def attach(self, highs) -> None:
         import highspy

@@ -60,6 +60,14 @@ log = logging.getLogger(__name__)
 # The pigeonhole cuts (f3) and the excess cut (f4) go into models of up to this many integer variables: past it
 # they slow HiGHS's root node (more rows per variable) far more than they lift the bound.
 PIGEONHOLE_MAX_VARIABLES = 3000
+# The bound stage's class MILP stops after ROOT_ROUNDS cut rounds of its root on models of more than
+# ROOT_ONLY_MIN_VARIABLES integer variables: it already holds its incumbent (HiGHS's completion of the LP's
+# solution), the guide the placement needs, and the root LP with its first round gives most of the lift the
+# root gives; each later round, and the analytic centre and central rounding HiGHS runs after the fifth, takes
+# seconds on models this large for a lift of tenths of a percent (benchmarks/results/embeddings.md, "The class
+# MILP's root on large models").
+ROOT_ONLY_MIN_VARIABLES = 5000
+ROOT_ROUNDS = 1
 
 
 @dataclass(frozen=True)
@@ -441,11 +449,13 @@ def model_rows(relaxed: SolveResult) -> int:
     return int(kept.highs.getNumRow()) + FLOOR_ROWS * left  # the MILP gets the floors the LP left out
 
 
-def resolve_integer(problem: Problem, relaxed: SolveResult, *, work_limit: int | None = None) -> SolveResult:
+def resolve_integer(problem: Problem, relaxed: SolveResult, *, work_limit: int | None = None,
+                    root_only: bool = False) -> SolveResult:
     """The MILP of the same bins as ``relaxed`` (an LP solved with ``keep=True``): the kept HiGHS model gets
     its choice, placement and latency variables declared integer and is solved again from the LP's basis,
-    with no rebuild, for at most ``work_limit`` interrupt checks. Returns the MILP's incumbent value, its dual
-    bound and its option choices."""
+    with no rebuild, for at most ``work_limit`` interrupt checks. ``root_only`` (with a ``work_limit``) stops it
+    sooner on models of more than ROOT_ONLY_MIN_VARIABLES integer variables, after ROOT_ROUNDS cut rounds of its
+    root. Returns the MILP's incumbent value, its dual bound and its option choices."""
     import highspy
 
     kept = relaxed.handle
@@ -456,7 +466,8 @@ def resolve_integer(problem: Problem, relaxed: SolveResult, *, work_limit: int |
     set_integer(highs, kept.integral)
     highs.setOptionValue("mip_rel_gap", 1e-6)
     if work_limit is not None:
-        CheckLimit(work_limit).attach(highs)
+        large = len(kept.integral) > ROOT_ONLY_MIN_VARIABLES
+        CheckLimit(work_limit, ROOT_ROUNDS if root_only and large else None).attach(highs)
     highs.run()
     info = highs.getInfo()
     bound = float(info.mip_dual_bound) / US_PER_S if np.isfinite(info.mip_dual_bound) else relaxed.objective_s

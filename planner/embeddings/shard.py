@@ -3,7 +3,8 @@
 The search runs in stages, each named by what it does:
 
 - **bound**: the LP relaxation over classes of identical devices, then the same with one option per table and
-  whole units per class (a stronger bound that is still a relaxation); their option weights, and those of a
+  whole units per class (a stronger bound that is still a relaxation; on large models only its incumbent, the
+  root LP and its first cut round: milp.ROOT_ONLY_MIN_VARIABLES); their option weights, and those of a
   few variants (without the excess cut, without node-wide options, the least-work choice), are the *guides*;
 - **placement**: from each guide, a greedy placement and local search (heuristic.py), then ruin and recreate on
   the best plan, then the first guides' choices packed against target times below it (heuristic.target_pack);
@@ -226,7 +227,7 @@ def bound_stage(problem: Problem, classes: Bins, plan_budget: Budget) -> tuple[f
     # the LP to branch on once the plan is final (the MILP changes the kept model); where the budget does not
     # cover the MILP, one re-solve of its LP with every floor costs more than the branching's share too
     relaxation = copy_relaxation(relaxed) if checks else None
-    chosen = resolve_integer(problem, relaxed, work_limit=checks) if checks else None
+    chosen = resolve_integer(problem, relaxed, work_limit=checks, root_only=True) if checks else None
     guides = []
     if chosen is not None:
         bound = max(bound, chosen.bound_s if chosen.status != "infeasible" else bound)
