@@ -346,8 +346,16 @@ def test_an_lp_no_milp_follows_adds_only_violated_floors_and_keeps_the_value_of_
     assert full.handle.floors is None
     assert lazy.objective_s == pytest.approx(full.objective_s, rel=1e-9)
     assert sizes == [model_rows(lazy)] and model_rows(lazy) == model_rows(full) == int(full.handle.highs.getNumRow())
+    # the re-solves' pricing (Devex) is not left on for the MILP re-solved from the kept model
+    strategy = "simplex_dual_edge_weight_strategy"
+    assert _option(lazy.handle.highs, strategy) == _option(full.handle.highs, strategy)
     resolve_integer(problem, lazy, work_limit=20)
     assert int(lazy.handle.highs.getNumRow()) == model_rows(full)
+
+
+def _option(highs, name: str):
+    value = highs.getOptionValue(name)
+    return value[1] if isinstance(value, tuple) else value
 
 
 def test_moving_rows_keeps_each_row_whole():

@@ -63,11 +63,13 @@ PIGEONHOLE_MAX_VARIABLES = 3000
 # The bound stage's class MILP stops after ROOT_ROUNDS cut rounds of its root on models of more than
 # ROOT_ONLY_MIN_VARIABLES integer variables: it already holds its incumbent (HiGHS's completion of the LP's
 # solution), the guide the placement needs, and the root LP with its first round gives most of the lift the
-# root gives; each later round, and the analytic centre and central rounding HiGHS runs after the fifth, takes
-# seconds on models this large for a lift of tenths of a percent (benchmarks/results/embeddings.md, "The class
-# MILP's root on large models").
+# root gives; on models this large each later round takes up to a second, and the analytic centre and central
+# rounding HiGHS runs after the fifth 4 to 27 s, for a lift of tenths of a percent (benchmarks/results/
+# embeddings.md, "The class MILP's root on large models").
 ROOT_ONLY_MIN_VARIABLES = 5000
 ROOT_ROUNDS = 1
+# HiGHS's simplex_dual_edge_weight_strategy values: Devex, and HiGHS's own choice (its default).
+DEVEX_EDGE_WEIGHTS, CHOSEN_EDGE_WEIGHTS = 1, -1
 
 
 @dataclass(frozen=True)
@@ -400,10 +402,14 @@ def solve(problem: Problem, bins: Bins, *, integer: bool, work_limit: int | None
 
 def _lazy_floors(highs, floors: _Floors) -> tuple[_Floors, tuple[int, ...]]:
     """Add to a solved LP the floors (f2) its solution violates and solve it again, until it violates none (see
-    :class:`_Floors`); returns the floors and those still left out."""
+    :class:`_Floors`); returns the floors and those still left out. The re-solves price with Devex weights: with
+    HiGHS's default (dual steepest edge) each one first computes every row's weight afresh after the rows and
+    columns are added, which on models of tens of thousands of rows costs about as much as the first solve, even
+    where the re-solve then takes a few iterations."""
     import highspy
 
     left = set(range(len(floors.tables)))
+    highs.setOptionValue("simplex_dual_edge_weight_strategy", DEVEX_EDGE_WEIGHTS)
     while left and highs.getModelStatus() == highspy.HighsModelStatus.kOptimal:
         values = np.asarray(highs.getSolution().col_value)
         violated = [t for t in floors.violated(values) if t in left]
@@ -412,6 +418,7 @@ def _lazy_floors(highs, floors: _Floors) -> tuple[_Floors, tuple[int, ...]]:
         floors.add(highs, violated)
         left.difference_update(violated)
         highs.run()
+    highs.setOptionValue("simplex_dual_edge_weight_strategy", CHOSEN_EDGE_WEIGHTS)
     return floors, tuple(sorted(left))
 
 
