@@ -11,9 +11,8 @@ import pytest
 
 from embedding_checks import check_plan_memory, check_result
 from embedding_fixtures import GiB, cluster, node, small_node
-from planner.embeddings import shard_tables
+from planner.embeddings import milp, shard_tables
 from planner.embeddings.devices import device_arrays
-from planner.embeddings import milp
 from planner.embeddings.highs import CheckLimit
 from planner.embeddings.milp import class_bins, device_bins, model_rows, node_bins, resolve_integer, solve
 from planner.embeddings.problem import Problem, build_options, build_problem
