@@ -19,7 +19,6 @@ that budget (the deep stage runs only past budget.STAGE_WORK_CAP times it).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 import time
@@ -27,22 +26,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from embedding_generated import draw_cases  # noqa: E402
 from planner.embeddings.devices import device_arrays  # noqa: E402
 from planner.embeddings.milp import device_bins, solve  # noqa: E402
 from planner.embeddings.problem import build_problem  # noqa: E402
 from planner.embeddings.shard import search  # noqa: E402
 from planner.solver import SolverOptions  # noqa: E402
-
-
-def _generator():
-    """benchmarks/embedding_generated.py, for its seeded case generator (the benchmarks are scripts, not a
-    package)."""
-    spec = importlib.util.spec_from_file_location("embedding_generated", ROOT / "benchmarks" / "embedding_generated.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve the module of the classes they decorate
-    spec.loader.exec_module(module)
-    return module
 
 
 def attribute(case, time_limit_s: float, min_gap: float) -> dict | None:
@@ -105,8 +96,7 @@ def main() -> int:
     parser.add_argument("--out", default="", help="jsonl of the attributed cases (default: print only)")
     parser.add_argument("--markdown", default="", help="also write the table of cases to this file")
     args = parser.parse_args()
-    generated = _generator()
-    cases = [c for c in generated.draw_cases(args.seed, args.cases)
+    cases = [c for c in draw_cases(args.seed, args.cases)
              if c.gpus <= args.max_gpus and len(c.tables) <= args.max_tables]
     if args.only:
         keep = {int(i) for i in args.only.split(",")}
