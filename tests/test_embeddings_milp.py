@@ -165,6 +165,67 @@ def test_memory_pigeonhole_cut_lifts_and_stays_below_the_brute_force_optimum(see
         assert solve(problem, class_bins(problem), integer=True).bound_s > best * (1 + 1e-4)
 
 
+def _beside_forced_blocks(seed: int, forced_scale: float = 1.0, devices: int = 2, other_rows: int = 400_000):
+    """``devices`` devices; ``forced`` fits only row-wise (too big for one device, too narrow to split by columns),
+    its blocks taking 1.0-1.1 of a device's memory (times ``forced_scale``) spread over all devices; ``big``'s
+    table-wise shard 80-90% of one."""
+    from planner.embeddings.problem import shard_memory_bytes
+
+    rng = np.random.default_rng(900 + seed)
+    big = EmbeddingTable("big", int(rng.integers(4_000_000, 4_800_000)), 4, float(rng.choice([100, 200])))
+    capacity = shard_memory_bytes(big.rows, big.dim, big.dtype_bytes, "adagrad") / float(rng.uniform(0.8, 0.9))
+    rows = int(forced_scale * float(rng.uniform(1.0, 1.1)) * capacity / shard_memory_bytes(1, 4, 4, "adagrad"))
+    forced = EmbeddingTable("forced", rows, 4, float(rng.choice([1, 2])))
+    other = EmbeddingTable("other", other_rows, 4, big.pooling_factor)
+    budget = {i: capacity for i in range(devices)}
+    return (big, other, forced), device_arrays(cluster((small_node(A100, 1), devices)), None, budget, allow_host=False)
+
+
+@pytest.mark.parametrize("seed", [0, 4, 5])
+def test_units_that_cannot_sit_beside_forced_blocks_are_dropped(seed):
+    """A table left only row-wise puts its blocks on every device, so ``big``'s table-wise shard fits on none
+    beside them: the option goes (and so on, as tables are left only row-wise), and the class MILP (which sums
+    memory over the class and would take the shard) proves the brute-force optimum over every option."""
+    from planner.embeddings.problem import _every_option
+
+    tables, devices = _beside_forced_blocks(seed)
+    problem = build_problem(tables, devices, 8192, "adagrad")
+    # big's shard cannot sit beside forced's blocks, so big is left row-wise too, and other's shard, small beside
+    # forced's blocks alone, cannot sit beside both
+    assert [[o.sharding for o in options] for options in problem.options] == [["row_wise"]] * 3
+    best = brute_force(_every_option(tables, devices, 8192, "adagrad"))
+    assert np.isfinite(best) and brute_force(problem) == pytest.approx(best, rel=1e-12)
+    assert solve(problem, class_bins(problem), integer=True).bound_s == pytest.approx(best, rel=1e-6)
+
+
+@pytest.mark.parametrize("seed, scale, devices", [(0, 0.6, 2), (4, 0.6, 2), (0, 1.0, 4), (4, 1.0, 4)])
+def test_every_option_some_plan_fits_with_survives_the_forced_blocks(seed, scale, devices):
+    """Only options that no plan fitting in memory uses are dropped: every option of every fitting plan (all
+    enumerated) is still offered."""
+    from planner.embeddings.problem import _every_option
+
+    tables, devices = _beside_forced_blocks(seed, forced_scale=scale, devices=devices, other_rows=2_000_000)
+    every = _every_option(tables, devices, 8192, "adagrad")
+    used = set()
+    per_table = [[(o, combo) for o, option in enumerate(options)
+                  for combo in itertools.combinations_with_replacement(list(every.positions(option)), option.units)]
+                 for options in every.options]
+    for assignment in itertools.product(*per_table):
+        if every.fits(every.evaluate(assignment)):
+            used.update((t, every.options[t][o]) for t, (o, _) in enumerate(assignment))
+    kept = build_problem(tables, devices, 8192, "adagrad").options
+    assert used and all(option in kept[t] for t, option in used)
+
+
+def test_a_table_that_fits_nowhere_beside_forced_blocks_keeps_its_options():
+    """Where no option of a table fits beside the blocks, the table keeps them (the placement reports that the set
+    does not fit) rather than being left with none."""
+    tables, devices = _beside_forced_blocks(0, forced_scale=1.7)
+    problem = build_problem(tables, devices, 8192, "adagrad")
+    assert [o.sharding for o in problem.options[2]] == ["row_wise"]
+    assert {o.sharding for o in problem.options[0]} == {"table_wise", "row_wise"}
+
+
 def test_aggregated_lp_equals_device_lp():
     rng = np.random.default_rng(5)
     c = cluster((small_node(A100, 4), 2), (small_node(V100, 4), 1))

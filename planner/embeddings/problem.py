@@ -554,7 +554,9 @@ def _table_options(t: int, table: EmbeddingTable, n: int, node_wide: bool, globa
 
 
 def build_problem(tables: Sequence[EmbeddingTable], dev: DeviceArrays, global_batch: int, optimizer: str) -> Problem:
-    """The options of every table, without those that fit on no position. Host (UVM) options are offered only
+    """The options of every table, without those that fit on no position, nor on any beside the row-wise blocks
+    and replicas of the tables left only global options (:func:`_drop_units_beside_forced_blocks`; what no plan
+    can use only weakens the bounds, which sum memory over classes of devices). Host (UVM) options are offered only
     when host memory is allowed and the tables' HBM demand exceeds half the devices' HBM (a host shard is always
     slower than the same shard in HBM, so it only matters when HBM runs short). Raises InfeasibleError naming a
     table that has no option left."""
@@ -562,20 +564,67 @@ def build_problem(tables: Sequence[EmbeddingTable], dev: DeviceArrays, global_ba
 
     problem = _every_option(tables, dev, global_batch, optimizer)
     all_options = problem.options
+    usable: list[list[int]] = []
+    for t, options in enumerate(all_options):
+        fitting = [o for o in range(len(options)) if problem.fits_somewhere(t, o)]
+        if not fitting:
+            raise table_does_not_fit(tables[t], dev, optimizer)
+        usable.append(fitting)
+    _drop_units_beside_forced_blocks(problem, usable)
     kept: list[tuple[Option, ...]] = []
     renumbered: dict[tuple[int, int], int] = {}  # (table, option index before) -> option index kept
     for t, options in enumerate(all_options):
-        usable = [o for o in range(len(options)) if problem.fits_somewhere(t, o)]
-        if not usable:
-            raise table_does_not_fit(tables[t], dev, optimizer)
-        renumbered.update(((t, o), k) for k, o in enumerate(usable))
-        kept.append(tuple(options[o] for o in usable))
+        renumbered.update(((t, o), k) for k, o in enumerate(usable[t]))
+        kept.append(tuple(options[o] for o in usable[t]))
     final = Problem(tuple(tables), dev, global_batch, optimizer, tuple(kept))
     # the units built above, and whether they fit, depend only on the option and position, so they carry over
     # under the new index
     for built, into in ((problem._units, final._units), (problem._fits, final._fits)):
         into.update(((t, renumbered[t, o], p), value) for (t, o, p), value in built.items() if (t, o) in renumbered)
     return final
+
+
+def _drop_units_beside_forced_blocks(problem: Problem, usable: list[list[int]]) -> None:
+    """Drop from ``usable`` (per table, its option indices) the options whose units fit on no device beside the
+    memory every device must give the tables left only global options (row-wise blocks, data-parallel replicas):
+    such a table's blocks sit on every device whichever of its options it takes, so a unit needs its own memory
+    plus theirs on its device. A table keeps its options where it would lose them all (the placement then
+    reports that the set does not fit), and the reserve grows as tables are left only global options, until it
+    settles."""
+    dev = problem.dev
+    capacity = {False: dev.hbm_capacity_bytes, True: dev.host_capacity_bytes}
+    forced = {t for t, options in enumerate(usable) if all(problem.options[t][o].scope == "global" for o in options)}
+    counted: set[int] = set()
+    reserved = {False: np.zeros(dev.count), True: np.zeros(dev.count)}
+    while forced - counted:
+        for t in sorted(forced - counted):
+            for host in (False, True):
+                reserved[host] += np.min([problem.unit(t, o, 0).host_bytes if host else problem.unit(t, o, 0).hbm_bytes
+                                          for o in usable[t]], axis=0)
+        counted |= forced
+        for t, options in enumerate(usable):
+            if t in forced:
+                continue
+            fitting = [o for o in options if _fits_beside(problem, t, o, reserved, capacity)]
+            if fitting:
+                usable[t] = fitting
+            if all(problem.options[t][o].scope == "global" for o in usable[t]):
+                forced.add(t)
+
+
+def _fits_beside(problem: Problem, t: int, o: int, reserved: dict, capacity: dict) -> bool:
+    """Whether one unit of table ``t``'s option ``o`` fits on some position beside ``reserved`` bytes per device
+    (HBM and host)."""
+    option = problem.options[t][o]
+    if option.scope == "device":
+        room = capacity[option.host] - reserved[option.host]
+        return bool(np.any(option.memory_bytes <= room * (1 + 1e-9)))
+    for p in problem.positions(option):
+        unit = problem.unit(t, o, p)
+        if all(np.all((unit.host_bytes if host else unit.hbm_bytes) + reserved[host][unit.devices]
+                      <= capacity[host][unit.devices] * (1 + 1e-9)) for host in (False, True)):
+            return True
+    return False
 
 
 def check_tables_fit(tables: Sequence[EmbeddingTable], dev: DeviceArrays, global_batch: int, optimizer: str) -> None:
