@@ -100,7 +100,7 @@ def pattern_case(tables, cluster: Cluster, row: dict, again: dict, pricing_solve
     """shard_tables' deep stage (the option search from the plan, the bound from device patterns, option choices
     from its LP) with ``pricing_solves``, from the better of the two runs' bounds and plans (the better plan found
     again by its run's stages, which are deterministic; not counted in the times)."""
-    problem = build_problem(tables, device_arrays(cluster), GLOBAL_BATCH, OPTIMIZER)
+    problem = build_problem(tables, device_arrays(cluster), GLOBAL_BATCH, OPTIMIZER, for_search=True)
     low_ms = max(row["lower_bound_ms"], again["lower_bound_ms"])
     better = min((row, again), key=lambda r: r["embedding_ms"])
     found = search(problem, SolverOptions(work=better["work"]))

@@ -38,7 +38,7 @@ def anatomy(case, min_gap: float) -> dict | None:
     """The default plan's terms per device as shares of its bound (mean device and slowest device); None where
     the default gap is at most ``min_gap``."""
     dev = device_arrays(case.cluster(), None, None, True)
-    problem = build_problem(case.tables, dev, case.global_batch, OPTIMIZER)
+    problem = build_problem(case.tables, dev, case.global_batch, OPTIMIZER, for_search=True)
     found = search(problem, SolverOptions())
     if found.assignment is None or found.best_s <= found.bound_s * (1.0 + min_gap):
         return None

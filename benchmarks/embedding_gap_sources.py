@@ -41,7 +41,7 @@ def attribute(case, time_limit_s: float, min_gap: float) -> dict | None:
     the gap's shares: the plan's excess over the optimum and the optimum's over the bound (ranges where the
     MILP does not close); None where the default gap is at most ``min_gap``."""
     dev = device_arrays(case.cluster(), None, None, True)
-    problem = build_problem(case.tables, dev, case.global_batch, "adagrad")
+    problem = build_problem(case.tables, dev, case.global_batch, "adagrad", for_search=True)
     cpu = time.process_time()
     found = search(problem, SolverOptions())
     default_cpu_s = time.process_time() - cpu

@@ -33,8 +33,8 @@ def brute_force(problem) -> float:
     return brute_force_plan(problem)[0]
 
 
-def brute_force_plan(problem):
-    """(the best makespan over every option and every placement of its units, a plan that has it)."""
+def every_assignment(problem):
+    """Every option of every table with every placement of its units."""
     per_table = []
     for t, options in enumerate(problem.options):
         choices = []
@@ -43,8 +43,13 @@ def brute_force_plan(problem):
             for combo in itertools.combinations_with_replacement(positions, option.units):
                 choices.append((o, combo))
         per_table.append(choices)
+    return itertools.product(*per_table)
+
+
+def brute_force_plan(problem):
+    """(the best makespan over every option and every placement of its units, a plan that has it)."""
     best, plan = np.inf, None
-    for assignment in itertools.product(*per_table):
+    for assignment in every_assignment(problem):
         loads = problem.evaluate(assignment)
         if problem.fits(loads):
             value = float(problem.device_time_s(loads).max())
@@ -189,7 +194,7 @@ def test_units_that_cannot_sit_beside_forced_blocks_are_dropped(seed):
     from planner.embeddings.problem import _every_option
 
     tables, devices = _beside_forced_blocks(seed)
-    problem = build_problem(tables, devices, 8192, "adagrad")
+    problem = build_problem(tables, devices, 8192, "adagrad", for_search=True)
     # big's shard cannot sit beside forced's blocks, so big is left row-wise too, and other's shard, small beside
     # forced's blocks alone, cannot sit beside both
     assert [[o.sharding for o in options] for options in problem.options] == [["row_wise"]] * 3
@@ -207,21 +212,36 @@ def test_every_option_some_plan_fits_with_survives_the_forced_blocks(seed, scale
     tables, devices = _beside_forced_blocks(seed, forced_scale=scale, devices=devices, other_rows=2_000_000)
     every = _every_option(tables, devices, 8192, "adagrad")
     used = set()
-    per_table = [[(o, combo) for o, option in enumerate(options)
-                  for combo in itertools.combinations_with_replacement(list(every.positions(option)), option.units)]
-                 for options in every.options]
-    for assignment in itertools.product(*per_table):
+    for assignment in every_assignment(every):
         if every.fits(every.evaluate(assignment)):
             used.update((t, every.options[t][o]) for t, (o, _) in enumerate(assignment))
-    kept = build_problem(tables, devices, 8192, "adagrad").options
+    kept = build_problem(tables, devices, 8192, "adagrad", for_search=True).options
     assert used and all(option in kept[t] for t, option in used)
+
+
+def test_a_given_placement_beside_forced_blocks_is_timed_as_not_fitting():
+    """Only the search's problem drops the options: a plan that puts big's table-wise shard beside the blocks is
+    retimed as not fitting (the caller reports it infeasible), not refused as a sharding that does not exist."""
+    from planner.embeddings.retime import retime_placements
+    from planner.embeddings.shard import placements
+
+    tables, devices = _beside_forced_blocks(0)
+    capacity = float(devices.hbm_capacity_bytes[0])
+    two = cluster((small_node(A100, 1), 2))
+    problem = build_problem(tables, devices, 8192, "adagrad")
+    shardings = [[o.sharding for o in options] for options in problem.options]
+    plan = ((shardings[0].index("table_wise"), (0,)), (shardings[1].index("row_wise"), (0,)),
+            (shardings[2].index("row_wise"), (0,)))
+    given = retime_placements(tables, two, range(2), 8192, placements(problem, plan), optimizer="adagrad",
+                              memory_budget_bytes={0: capacity, 1: capacity})
+    assert given.embedding_time_s == np.inf
 
 
 def test_a_table_that_fits_nowhere_beside_forced_blocks_keeps_its_options():
     """Where no option of a table fits beside the blocks, the table keeps them (the placement reports that the set
     does not fit) rather than being left with none."""
     tables, devices = _beside_forced_blocks(0, forced_scale=1.7)
-    problem = build_problem(tables, devices, 8192, "adagrad")
+    problem = build_problem(tables, devices, 8192, "adagrad", for_search=True)
     assert [o.sharding for o in problem.options[2]] == ["row_wise"]
     assert {o.sharding for o in problem.options[0]} == {"table_wise", "row_wise"}
 

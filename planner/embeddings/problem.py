@@ -553,10 +553,13 @@ def _table_options(t: int, table: EmbeddingTable, n: int, node_wide: bool, globa
     return tuple(options)
 
 
-def build_problem(tables: Sequence[EmbeddingTable], dev: DeviceArrays, global_batch: int, optimizer: str) -> Problem:
-    """The options of every table, without those that fit on no position, nor on any beside the row-wise blocks
-    and replicas of the tables left only global options (:func:`_drop_units_beside_forced_blocks`; what no plan
-    can use only weakens the bounds, which sum memory over classes of devices). Host (UVM) options are offered only
+def build_problem(tables: Sequence[EmbeddingTable], dev: DeviceArrays, global_batch: int, optimizer: str, *,
+                  for_search: bool = False) -> Problem:
+    """The options of every table, without those that fit on no position; ``for_search`` (the sharding search's
+    problem) also drops those that fit on none beside the row-wise blocks and replicas of the tables left only
+    global options (:func:`_drop_units_beside_forced_blocks`: no plan can use them, and they weaken the bounds,
+    which sum memory over classes of devices), while a given placement keeps them, to be timed as not fitting.
+    Host (UVM) options are offered only
     when host memory is allowed and the tables' HBM demand exceeds half the devices' HBM (a host shard is always
     slower than the same shard in HBM, so it only matters when HBM runs short). Raises InfeasibleError naming a
     table that has no option left."""
@@ -570,7 +573,8 @@ def build_problem(tables: Sequence[EmbeddingTable], dev: DeviceArrays, global_ba
         if not fitting:
             raise table_does_not_fit(tables[t], dev, optimizer)
         usable.append(fitting)
-    _drop_units_beside_forced_blocks(problem, usable)
+    if for_search:
+        _drop_units_beside_forced_blocks(problem, usable)
     kept: list[tuple[Option, ...]] = []
     renumbered: dict[tuple[int, int], int] = {}  # (table, option index before) -> option index kept
     for t, options in enumerate(all_options):
@@ -593,7 +597,11 @@ def _drop_units_beside_forced_blocks(problem: Problem, usable: list[list[int]]) 
     settles."""
     dev = problem.dev
     capacity = {False: dev.hbm_capacity_bytes, True: dev.host_capacity_bytes}
-    forced = {t for t, options in enumerate(usable) if all(problem.options[t][o].scope == "global" for o in options)}
+
+    def only_global(t: int) -> bool:
+        return all(problem.options[t][o].scope == "global" for o in usable[t])
+
+    forced = {t for t in range(len(usable)) if only_global(t)}
     counted: set[int] = set()
     reserved = {False: np.zeros(dev.count), True: np.zeros(dev.count)}
     while forced - counted:
@@ -608,7 +616,7 @@ def _drop_units_beside_forced_blocks(problem: Problem, usable: list[list[int]]) 
             fitting = [o for o in options if _fits_beside(problem, t, o, reserved, capacity)]
             if fitting:
                 usable[t] = fitting
-            if all(problem.options[t][o].scope == "global" for o in usable[t]):
+            if only_global(t):
                 forced.add(t)
 
 

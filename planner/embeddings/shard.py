@@ -112,7 +112,7 @@ def shard_tables(tables: Sequence[EmbeddingTable], cluster: Cluster, devices: Se
         dup = next(n for n in names if names.count(n) > 1)
         raise ConfigError(f"embedding table {dup!r} appears twice; table names must be unique")
     dev = device_arrays(cluster, devices, memory_budget_bytes, allow_host)
-    problem = build_problem(tables, dev, global_batch, optimizer)
+    problem = build_problem(tables, dev, global_batch, optimizer, for_search=True)
     assignment, bound, best, method, proven = search(problem, options)
     plan_budget = budget(options)
     if assignment is not None and plan_budget.pricing_solves > 0 and best > bound * (1 + DEEP_FIRST_GAP) \
