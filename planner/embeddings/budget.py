@@ -40,7 +40,8 @@ CLASS_CHECK_EVALUATIONS_PER_ROW = 0.2
 # Shares of the budget: the bound (the class MILP and the MILPs that only make guides), the placement (greedy +
 # local search from each guide, then ruin and recreate), the improvement (neighbourhood or option search, the
 # node MILP) and the exact per-device MILP, or where that model is too large to start, finer shards for the
-# slowest device's units (heuristic.split_bottleneck).
+# slowest device's units (heuristic.split_bottleneck) and, with what they leave, other options for the tables
+# whose units pay all-to-all excess (heuristic.reshard_excess).
 BOUND_SHARE = 0.25
 GUIDE_SHARE = 0.10
 PLACEMENT_SHARE = 0.15
@@ -107,7 +108,8 @@ class Budget:
         return self.checks(EXACT_SHARE, variables)
 
     def split_evaluations(self) -> float:
-        """Finer shards for the slowest device's units, where the exact MILP does not start: its share."""
+        """Finer shards for the slowest device's units, then other options for the tables whose units pay
+        all-to-all excess, where the exact MILP does not start: its share."""
         return self._share(EXACT_SHARE)
 
     def placement_evaluations(self, guides: int) -> float:

@@ -13,6 +13,9 @@
    or a node-wide unit, with a smaller one elsewhere).
 5. Ruin and recreate (:func:`rebuild`, on the best plan of all starts): re-insert a few tables at once with
    their best options, which crosses plateaus where many devices share the maximum.
+6. Option changes followed by a local search, one table at a time: finer shards for the slowest device's
+   units (:func:`split_bottleneck`), other options for the tables whose units pay all-to-all excess
+   (:func:`reshard_excess`).
 
 Beside steps 2-4, :func:`target_pack` packs against a target time instead of balancing: bisection on the target
 between a lower bound and the best plan, units best fit under it, a table split finer where its units fit
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import numpy as np
@@ -141,6 +144,14 @@ class _State:
         for p in positions:
             self.apply_unit(t, o, p, 1.0)
         self.positions[t] = list(positions)
+
+    def copy(self, work: Work) -> "_State":
+        """An independent copy of this state that spends ``work`` (cheaper than rebuilding it from its
+        assignment: no unit is applied again)."""
+        return replace(self, compute=self.compute.copy(), ids_recv=self.ids_recv.copy(),
+                       pool_send=self.pool_send.copy(), hbm=self.hbm.copy(), host=self.host.copy(),
+                       latency=self.latency.copy(), option=list(self.option),
+                       positions=[list(p) for p in self.positions], fused=dict(self.fused), work=work)
 
     def assignment(self) -> Assignment:
         return tuple((int(o), tuple(self.positions[t])) for t, o in enumerate(self.option))
@@ -843,6 +854,77 @@ def split_bottleneck(problem: Problem, assignment: Assignment, work: Work, table
                 break
         if not improved:
             break
+    return state.assignment()
+
+
+def excess_s(problem: Problem, assignment: Assignment) -> dict[int, float]:
+    """Per table with device-scope units, the all-to-all excess its units cause, in seconds summed over devices:
+    a device that receives more ids than it sends (or sends more pooled outputs than it receives) pays the
+    difference, which is split among its units in proportion to their ids (pooled bytes). Tables that cause
+    none are left out."""
+    loads = problem.evaluate(assignment)
+    per_byte = problem.dev.a2a_s_per_byte
+    ids_over = np.maximum(loads.ids_recv_bytes - loads.ids_send_bytes, 0.0)
+    pool_over = np.maximum(loads.pool_send_bytes - loads.pool_recv_bytes, 0.0)
+    ids_share = per_byte * np.divide(ids_over, loads.ids_recv_bytes, out=np.zeros_like(ids_over),
+                                     where=ids_over > 0)
+    pool_share = 2.0 * per_byte * np.divide(pool_over, loads.pool_send_bytes, out=np.zeros_like(pool_over),
+                                            where=pool_over > 0)
+    out: dict[int, float] = {}
+    for t, (o, positions) in enumerate(assignment):
+        option = problem.options[t][o]
+        if option.scope != "device":
+            continue
+        where = np.asarray(positions, dtype=np.int64)
+        value = float(option.ids_recv_bytes * ids_share[where].sum()
+                      + option.pool_send_bytes * pool_share[where].sum())
+        if value > 0.0:
+            out[t] = value
+    return out
+
+
+# reshard_excess gives each trial at most this share of its work for the local search that follows the change
+# (so the work buys at least this many trials)
+RESHARD_TRIALS = 16
+
+
+def reshard_excess(problem: Problem, assignment: Assignment, work: Work) -> Assignment:
+    """Re-shard the tables whose units pay all-to-all excess, one table at a time, most excess first: take the
+    table out, place it with each other option (fewer column shards, a whole table, a node's rows, every
+    device's rows...), polish the plan with a local search of at most 1 / RESHARD_TRIALS of ``work``, and keep
+    it when its slowest device got faster; after a change, the excess is measured again.
+
+    Each column shard receives every id of its table, and a table-wise shard every id of the batch: where units
+    receive more ids (send more pooled outputs) than their devices send (receive), those devices pay the
+    difference on top of the all-to-all every device pays. Fewer or coarser units, or units spread over a node
+    or all devices, cut that traffic; which one helps depends on where the rest goes, hence the polish."""
+    state = state_of(problem, assignment, work)
+    best = state.makespan()
+    polish = work.left / RESHARD_TRIALS
+    tried: set[tuple[int, int]] = set()
+    improved = True
+    while improved and not work.done:
+        improved = False
+        excess = excess_s(problem, state.assignment())
+        for t in sorted(excess, key=lambda t: (-excess[t], t)):
+            for k in range(len(problem.options[t])):
+                if k == state.option[t] or (t, k) in tried:
+                    continue
+                tried.add((t, k))
+                allotted = min(polish, work.left)
+                trial = state.copy(Work(allotted))
+                trial.remove_table(t)
+                if trial.place_table(t, k):
+                    trial = local_search(trial, spread=False)
+                    value = trial.makespan()
+                    if value < best * (1 - 1e-9) and problem.fits(trial.loads()):
+                        state, best, improved = trial, value, True
+                        tried.clear()
+                work.spend(allotted - max(trial.work.left, 0.0))
+                if improved or work.done:
+                    break
+            if improved or work.done:
+                break
     return state.assignment()
 
 

@@ -13,7 +13,8 @@ The search runs in stages, each named by what it does:
   device configurations (patterns.py); the improved plan's option choice packed against target times; then,
   on clusters of a few nodes, the MILP with nodes as bins (a stronger bound, and a guide), and where the
   budget covers it the exact per-device MILP, started from the best plan (a bound, and proof of optimality
-  where it closes);
+  where it closes); where it does not, option changes followed by a local search: finer shards for the slowest
+  device's units, then other options for the tables whose units pay all-to-all excess (heuristic.py);
 - **branching** (once the plan is final, where it is not at its bound): best-first branching on the class LP's
   option choices, without cuts (branching.py), which lifts the bound where the LP splits a table between
   options and the class MILP stopped inside its root;
@@ -40,7 +41,8 @@ from planner.embeddings.budget import (NEIGHBOURHOOD_MAX_DEVICES, NODE_MILP_MAX_
                                        budget)
 from planner.embeddings.devices import DeviceArrays, device_arrays
 from planner.embeddings.heuristic import (Assignment, Work, greedy, heuristic, least_work_guide, local_search,
-                                          guide_choice, rebuild, split_bottleneck, target_pack)
+                                          guide_choice, rebuild, reshard_excess, split_bottleneck,
+                                          target_pack)
 from planner.embeddings.branching import branch_bound
 from planner.embeddings.milp import (PIGEONHOLE_MAX_VARIABLES, Bins, Kept, SolveResult, class_bins,
                                     copy_relaxation, device_bins, model_rows, node_bins, resolve_integer, solve)
@@ -286,8 +288,9 @@ def _faster(problem: Problem, candidate: Assignment | None, assignment: Assignme
 
 def improvement_stage(problem: Problem, classes: Bins, guides: list, plan_budget: Budget, found: Found) -> Found:
     """The neighbourhood search (small clusters) or the option search by kind (large ones) on the best plan, then
-    the node MILP and the exact per-device MILP where the budget covers them (finer shards for the slowest
-    device's units where it does not cover the exact MILP)."""
+    the node MILP and the exact per-device MILP where the budget covers them (where it does not cover the exact
+    MILP, finer shards for the slowest device's units, then other options for the tables whose units pay
+    all-to-all excess)."""
     assignment, bound, best, method, proven = found
     if assignment is not None and best > bound * (1 + IMPROVE_ABOVE_GAP):
         if problem.dev.count <= NEIGHBOURHOOD_MAX_DEVICES:
@@ -315,8 +318,10 @@ def improvement_stage(problem: Problem, classes: Bins, guides: list, plan_budget
             assignment, best = _faster(problem, candidate, assignment, best)
     exact_checks = plan_budget.exact_checks(milp_size(problem))
     if not exact_checks and assignment is not None and best > bound * (1 + AT_BOUND):
-        # too large for the exact MILP: its share goes to finer shards for the slowest device's units
-        assignment = split_bottleneck(problem, assignment, Work(plan_budget.split_evaluations()))
+        # too large for the exact MILP: its share goes to finer shards for the slowest device's units, then (what
+        # is left of it) to other options for the tables whose units pay all-to-all excess
+        work = Work(plan_budget.split_evaluations())
+        assignment = reshard_excess(problem, split_bottleneck(problem, assignment, work), work)
         best = problem.makespan_s(assignment)
     if exact_checks and best > bound * (1 + AT_BOUND):
         exact: SolveResult = solve(problem, device_bins(problem), integer=True, work_limit=exact_checks,
