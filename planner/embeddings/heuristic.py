@@ -891,8 +891,9 @@ RESHARD_TRIALS = 16
 def reshard_excess(problem: Problem, assignment: Assignment, work: Work) -> Assignment:
     """Re-shard the tables whose units pay all-to-all excess, one table at a time, most excess first: take the
     table out, place it with each other option (fewer column shards, a whole table, a node's rows, every
-    device's rows...), polish the plan with a local search of at most 1 / RESHARD_TRIALS of ``work``, and keep
-    it when its slowest device got faster; after a change, the excess is measured again.
+    device's rows...), polish the plan with a local search of at most 1 / RESHARD_TRIALS of the work left at the
+    start (the tables spread over every device left out of its re-sharding, as in :func:`split_bottleneck`), and
+    keep it when its slowest device got faster; after a change, the excess is measured again.
 
     Each column shard receives every id of its table, and a table-wise shard every id of the batch: where units
     receive more ids (send more pooled outputs) than their devices send (receive), those devices pay the
