@@ -903,29 +903,27 @@ def reshard_excess(problem: Problem, assignment: Assignment, work: Work) -> Assi
     best = state.makespan()
     polish = work.left / RESHARD_TRIALS
     tried: set[tuple[int, int]] = set()
-    improved = True
-    while improved and not work.done:
-        improved = False
+    while not work.done:
         excess = excess_s(problem, state.assignment())
-        for t in sorted(excess, key=lambda t: (-excess[t], t)):
-            for k in range(len(problem.options[t])):
-                if k == state.option[t] or (t, k) in tried:
-                    continue
-                tried.add((t, k))
-                allotted = min(polish, work.left)
-                trial = state.copy(Work(allotted))
-                trial.remove_table(t)
-                if trial.place_table(t, k):
-                    trial = local_search(trial, spread=False)
-                    value = trial.makespan()
-                    if value < best * (1 - 1e-9) and problem.fits(trial.loads()):
-                        state, best, improved = trial, value, True
-                        tried.clear()
-                work.spend(allotted - max(trial.work.left, 0.0))
-                if improved or work.done:
-                    break
+        trials = [(t, k) for t in sorted(excess, key=lambda t: (-excess[t], t))
+                  for k in range(len(problem.options[t])) if k != state.option[t] and (t, k) not in tried]
+        improved = False
+        for t, k in trials:
+            tried.add((t, k))
+            allotted = min(polish, work.left)
+            trial = state.copy(Work(allotted))
+            trial.remove_table(t)
+            if trial.place_table(t, k):
+                trial = local_search(trial, spread=False)
+                value = trial.makespan()
+                if value < best * (1 - 1e-9) and problem.fits(trial.loads()):
+                    state, best, improved = trial, value, True
+                    tried.clear()
+            work.spend(allotted - max(trial.work.left, 0.0))
             if improved or work.done:
                 break
+        if not improved:
+            break
     return state.assignment()
 
 

@@ -606,9 +606,9 @@ def _drop_units_beside_forced_blocks(problem: Problem, usable: list[list[int]]) 
     reserved = {False: np.zeros(dev.count), True: np.zeros(dev.count)}
     while forced - counted:
         for t in sorted(forced - counted):
+            units = [problem.unit(t, o, 0) for o in usable[t]]
             for host in (False, True):
-                reserved[host] += np.min([problem.unit(t, o, 0).host_bytes if host else problem.unit(t, o, 0).hbm_bytes
-                                          for o in usable[t]], axis=0)
+                reserved[host] += np.min([_memory_bytes(unit, host) for unit in units], axis=0)
         counted |= forced
         for t, options in enumerate(usable):
             if t in forced:
@@ -620,6 +620,11 @@ def _drop_units_beside_forced_blocks(problem: Problem, usable: list[list[int]]) 
                 forced.add(t)
 
 
+def _memory_bytes(unit: UnitLoad, host: bool) -> np.ndarray:
+    """A unit's bytes per device in host memory (``host``) or in HBM."""
+    return unit.host_bytes if host else unit.hbm_bytes
+
+
 def _fits_beside(problem: Problem, t: int, o: int, reserved: dict, capacity: dict) -> bool:
     """Whether one unit of table ``t``'s option ``o`` fits on some position beside ``reserved`` bytes per device
     (HBM and host)."""
@@ -629,7 +634,7 @@ def _fits_beside(problem: Problem, t: int, o: int, reserved: dict, capacity: dic
         return bool(np.any(option.memory_bytes <= room * (1 + 1e-9)))
     for p in problem.positions(option):
         unit = problem.unit(t, o, p)
-        if all(np.all((unit.host_bytes if host else unit.hbm_bytes) + reserved[host][unit.devices]
+        if all(np.all(_memory_bytes(unit, host) + reserved[host][unit.devices]
                       <= capacity[host][unit.devices] * (1 + 1e-9)) for host in (False, True)):
             return True
     return False
