@@ -1,4 +1,5 @@
-"""Model-family builders: ONNX graphs (weights declared, no weight data) of ``gpt``, ``llama``, ``bert``, ``moe``, ``dlrm``.
+"""Model-family builders: ONNX graphs (weights declared, no weight data) of ``gpt``, ``llama``, ``bert``,
+``moe``, ``dlrm``.
 
     model = build("gpt", {"layers": 96, "hidden": 12288, "heads": 96})   # -> onnx.ModelProto
     save(model, "gpt-175b.onnx")

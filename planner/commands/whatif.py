@@ -32,7 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_cluster_flags(parser, global_batch_required=False)
     parser.add_argument("--plan", metavar="PLAN.json",
                         help="re-time this plan file's own placement at every point instead of re-planning: what "
-                             "the same plan takes on the changed cluster (its global batch and table placement; no pins)")
+                             "the same plan takes on the changed cluster (its global batch and table placement; "
+                             "no pins)")
     add_config_flags(parser, required=False)
     parser.add_argument("--sweep", action="append", required=True, metavar="KEY=V1,V2,...",
                         help="values to try (repeat for a grid; the first key varies slowest). Keys: "

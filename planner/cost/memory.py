@@ -11,7 +11,8 @@ block says otherwise: wider heads, or multi-head latent attention's 192 and 128)
 (grouped-query attention: narrower K and V), MLP width
 ``f``, activation width ``w`` (the training dtype: 4 bytes for fp32/tf32, 2 for bf16/fp16 and fp8), GEMM-input
 width ``g`` (``w``; under fp8 1 byte plus the recipe's scales, where Transformer Engine saves the inputs of its
-fp8 GEMMs as fp8 tensors for the weight gradient) and ``d`` = 1 byte of dropout mask per element where the block has dropout (0 without):
+fp8 GEMMs as fp8 tensors for the weight gradient) and ``d`` = 1 byte of dropout mask per element where the block
+has dropout (0 without):
 
 Per token, replicated across tensor-parallel ranks (divided by ``t`` only under sequence parallelism)::
 

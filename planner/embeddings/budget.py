@@ -136,8 +136,9 @@ class Budget:
     def deep_choice(self) -> ChoiceSettings:
         """The deep stage's option search: the whole default improvement share, more configurations per trial, and
         no kicks (it starts from a plan the default's search already descended from)."""
-        return ChoiceSettings(work=STAGE_WORK_CAP * self._share(IMPROVEMENT_SHARE) * EVALUATION_WORK, start=DEEP_PATTERNS,
-                              pattern=PatternSettings(configurations=100_000, checks=60), kicks=0, seed=self.seed)
+        return ChoiceSettings(work=STAGE_WORK_CAP * self._share(IMPROVEMENT_SHARE) * EVALUATION_WORK,
+                              start=DEEP_PATTERNS, pattern=PatternSettings(configurations=100_000, checks=60),
+                              kicks=0, seed=self.seed)
 
 
 def budget(options: SolverOptions, stage_work: float | None = None) -> Budget:

@@ -680,8 +680,8 @@ def _add_memory_pigeonhole_cuts(lp: _Model, problem: Problem, bins: Bins, placed
     """(f5) per bin b and j = 1, 2, 3 (valid cut): a device holds at most j device-scope units of more than
     1 / (j + 1) of its memory (j + 1 of them would overflow it; HBM units against HBM, host units against host
     memory), so bin b holds at most j n_b of them. The class model only sums memory over a bin, which lets it
-    put 3 tables of 60% of a device's memory on 2 devices. ``slack`` = 1 is the cut; tests pass a larger one (units of more than 1 / (j + slack): invalid) to check
-    that brute force catches an invalid cut."""
+    put 3 tables of 60% of a device's memory on 2 devices. ``slack`` = 1 is the cut; tests pass a larger one
+    (units of more than 1 / (j + slack): invalid) to check that brute force catches an invalid cut."""
     dev = problem.dev
     # per bin, its device-scope placement variables (by table and option) with their unit's memory
     in_bin: list[list[tuple[bool, float, int]]] = [[] for _ in bins.members]

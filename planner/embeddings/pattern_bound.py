@@ -109,8 +109,9 @@ class _Model:
         self.rows: list[tuple[int, int]] = []  # (kind, option index)
         for k, t in enumerate(self.first):
             self.rows.extend((k, o) for o in range(len(problem.options[t])))
-        self.ids_mb = np.array([problem.options[self.first[k]][o].ids_send_bytes * MB_PER_BYTE for k, o in self.rows])
-        self.pooled_mb = np.array([problem.options[self.first[k]][o].pool_recv_bytes * MB_PER_BYTE for k, o in self.rows])
+        row_options = [problem.options[self.first[k]][o] for k, o in self.rows]
+        self.ids_mb = np.array([option.ids_send_bytes * MB_PER_BYTE for option in row_options])
+        self.pooled_mb = np.array([option.pool_recv_bytes * MB_PER_BYTE for option in row_options])
         self.global_latency_us: dict[str, float] = {}  # per global sharding type: its fused collective's latency
         self.classes = self._classes()
         self.global_types = tuple(sorted(self.global_latency_us))
@@ -168,14 +169,16 @@ class _Model:
                 if option.scope == "global":  # every device carries it: its time is shared, not a pattern's
                     shared_us[row] = compute * US_PER_S
                     self.global_latency_us[option.sharding] = problem.fused_latency(key)[1] * US_PER_S
-                    units.append(_Unit(row, option.scope, per_table, int(upper), -1, 0.0, ids * MB_PER_BYTE, pooled * MB_PER_BYTE,
-                                       hbm * GB_PER_BYTE, host * GB_PER_BYTE))
+                    units.append(_Unit(row, option.scope, per_table, int(upper), -1, 0.0, ids * MB_PER_BYTE,
+                                       pooled * MB_PER_BYTE, hbm * GB_PER_BYTE, host * GB_PER_BYTE))
                     continue
                 units.append(_Unit(row, option.scope, per_table, int(upper), latency_index(key), compute * US_PER_S,
                                    ids * MB_PER_BYTE, pooled * MB_PER_BYTE, hbm * GB_PER_BYTE, host * GB_PER_BYTE))
             classes.append(_Class(
-                len(members), float(base[members].min()) * US_PER_S, float(dev.a2a_s_per_byte[members].min()) * US_PER_S / MB_PER_BYTE,
-                float(dev.hbm_capacity_bytes[members].max()) * GB_PER_BYTE, float(dev.host_capacity_bytes[members].max()) * GB_PER_BYTE,
+                len(members), float(base[members].min()) * US_PER_S,
+                float(dev.a2a_s_per_byte[members].min()) * US_PER_S / MB_PER_BYTE,
+                float(dev.hbm_capacity_bytes[members].max()) * GB_PER_BYTE,
+                float(dev.host_capacity_bytes[members].max()) * GB_PER_BYTE,
                 tuple(latency_us), tuple(units), tuple(shared_us)))
         return classes
 

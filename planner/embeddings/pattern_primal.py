@@ -136,7 +136,8 @@ class PrimalLP:
                 g_time, g_hbm, _, g_ids, g_pooled = corner.per_class[ci]
                 value = np.array([0.0 if u.scope == "global" else
                                   duals[cover[u.row]] * (1.0 if u.scope == "device" else u.per_table) for u in c.units])
-                room = target_us - self.model.mode_latency_us(corner.mode) - g_time - c.s_per_mb * (g_ids + 2.0 * g_pooled)
+                room = (target_us - self.model.mode_latency_us(corner.mode) - g_time
+                        - c.s_per_mb * (g_ids + 2.0 * g_pooled))
                 found = self.bound.pricing(ci).best(value, np.zeros(len(c.latency_us)), room, corner.ids_mb - g_ids,
                                                     corner.pooled_mb - g_pooled, hbm_gb=c.hbm_gb - g_hbm)[0]
                 if found is not None and float(value @ np.array(found)) + duals[device_row + ci] > 1e-9:

@@ -61,7 +61,8 @@ def render_table(plan: Plan) -> str:
         f"Plan for {model} on {cluster} ({plan.num_devices} of {plan.cluster.get('num_devices', '?')} devices)",
         f"  global batch {plan.global_batch} = micro-batch {plan.micro_batch} x {plan.num_micro_batches} "
         f"micro-batches x {replicas:g} replicas{mixed}; schedule {plan.schedule}, vpp {plan.vpp}, ZeRO-{plan.zero}, "
-        f"{plan.dtype}{f' ({plan.fp8_recipe} scaling)' if plan.fp8_recipe else ''}, sequence parallel {'on' if plan.sequence_parallel else 'off'}",
+        f"{plan.dtype}{f' ({plan.fp8_recipe} scaling)' if plan.fp8_recipe else ''}, "
+        f"sequence parallel {'on' if plan.sequence_parallel else 'off'}",
         f"  runtime {plan.runtime}{_sharding(plan)}",
         *_experts(plan),
         f"  iteration {seconds(plan.iteration_time_s)}, {plan.throughput_samples_per_s:.4g} samples/s, "

@@ -123,8 +123,8 @@ class Profiles:
         key = (option, twin)
         hit = self._memo.get(key)
         if hit is None:
-            mkey = (option, settings.dp, settings.zero, settings.optimizer, settings.dtype, settings.runtime, settings.ep,
-                    settings.expert_tp)
+            mkey = (option, settings.dp, settings.zero, settings.optimizer, settings.dtype, settings.runtime,
+                    settings.ep, settings.expert_tp)
             if mkey not in self._memory:
                 self._memory[mkey] = memory_coefficients(self.backend, option, settings)
             hit = option_profile(self.backend, option, settings, self._memory[mkey])
@@ -742,12 +742,12 @@ def lower_bounds(profiles: Sequence[OptionProfile], counts: np.ndarray, num_micr
     inf = infeasible. Rows are grouped by their set of options. ``corners``: only the parts that do not
     increase with any stage count (compute, layer counts, a layer alone in memory), so that each row
     bounds every smaller count of its options too, down to ``lows`` (default one stage per used option),
-    where the parts that grow with the counts (the layers each stage must hold) are taken. ``vpp > 1``: the interleaved schedule's weights (b_l / vpp
-    in the sum, (m - 1/vpp) b_l and stage 0's forward weight in q, both non-increasing in the stage count),
-    every stage holding at least ``vpp`` layers (whole chunks), and a row's memory bounds with the in-flight
-    counts of its own stage count (:func:`in_flight_ascending`; corners: 1F1B's, which are smaller for every
-    stage count, since the interleaved warm-up grows with the stage count). A row whose
-    bound reaches ``cutoff_s`` may get any value from ``cutoff_s`` up to its bound (the caller drops it)."""
+    where the parts that grow with the counts (the layers each stage must hold) are taken. ``vpp > 1``: the
+    interleaved schedule's weights (b_l / vpp in the sum, (m - 1/vpp) b_l and stage 0's forward weight in q,
+    both non-increasing in the stage count), every stage holding at least ``vpp`` layers (whole chunks), and a
+    row's memory bounds with the in-flight counts of its own stage count (:func:`in_flight_ascending`; corners:
+    1F1B's, which are smaller for every stage count, since the interleaved warm-up grows with the stage count).
+    A row whose bound reaches ``cutoff_s`` may get any value from ``cutoff_s`` up to its bound (the caller drops it)."""
     counts = np.asarray(counts, dtype=int).reshape(-1, len(profiles))
     out = np.full(len(counts), np.inf)
     if len(counts) == 0:

@@ -21,8 +21,8 @@ Bound. ``max_r m_r t_r`` is a lower bound on the cost model's time of such a pla
 whose stage does not fit in its devices' memory (with one micro-batch in flight) makes it infeasible;
 :func:`settings_floor` bounds all of them for one settings. The search's best-first loop generates the
 candidates of a settings when its floor comes up and times each candidate whose bound is below its K-th
-best plan, in bound order, so these plans do not weaken the proof of optimality. Stages of a multi-stage pipeline on several pools are not searched
-(a pool serves whole stages there).
+best plan, in bound order, so these plans do not weaken the proof of optimality. Stages of a multi-stage pipeline
+on several pools are not searched (a pool serves whole stages there).
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ pipeline shapes (:class:`Layout`), with their enumeration under the user's pins.
 A plan in this space is
   * ``settings``: micro-batch ``b``, data-parallel degree ``D`` of every stage, ZeRO stage, recompute,
     sequence parallelism, schedule with its virtual stages ``vpp`` (1F1B, or Megatron-LM's interleaved
-    schedule with every vpp the rule book allows: :mod:`planner.search.interleave`), shared by all stages as Megatron-LM and
-    DeepSpeed require;
+    schedule with every vpp the rule book allows: :mod:`planner.search.interleave`), shared by all stages as
+    Megatron-LM and DeepSpeed require;
   * a ``layout``: the ordered stages, each on one device pool (a cluster group: GPU type and its nodes)
     with its own tensor-parallel degree ``tp`` and context-parallel degree ``cp`` (the sequence of each
     sample split over cp ranks of tp each); stage ``k`` uses ``tp_k * cp_k * D`` devices of its pool;
