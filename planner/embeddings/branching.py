@@ -15,6 +15,12 @@ budget stops it inside its root. Here the LP itself is branched on, as a MILP so
 - nodes whose value reaches the best plan's time are dropped (no plan under them is faster), and a node whose
   LP has every choice whole stays open with its value (it bounds its plans; branching on it would not lift it).
 
+Each child's LP starts from its parent's basis: a child differs from its parent by one column's bounds, so a
+few dual simplex iterations restore optimality, where the basis of whichever node was solved last (best first
+jumps across the tree) may be far from it. The LP prices with Devex weights: HiGHS's default, dual steepest
+edge, computes every row's weight afresh after a basis is set, which on these models costs more than the
+iterations the parent's basis saves.
+
 The work is simplex iterations, charged LP_ITERATION_EVALUATIONS_PER_ROW evaluations (the search's work unit,
 heuristic.Work) per iteration and row of the LP; each solve may use only what is left, and a solve the limit
 stops keeps its parent's value, which still bounds its plans.
@@ -30,7 +36,7 @@ import numpy as np
 
 from planner.embeddings.heuristic import Work
 from planner.embeddings.highs import US_PER_S
-from planner.embeddings.milp import Kept
+from planner.embeddings.milp import DEVEX_EDGE_WEIGHTS, Kept
 from planner.embeddings.problem import Option, Problem
 
 log = logging.getLogger(__name__)
@@ -66,13 +72,18 @@ def branch_bound(problem: Problem, lp: Kept, lower_s: float, cutoff_s: float, ev
     upper = np.asarray(model.col_upper_)[everything]
     cutoff = cutoff_s * US_PER_S  # the model's unit
     optimal = highspy.HighsModelStatus.kOptimal
+    highs.setOptionValue("simplex_dual_edge_weight_strategy", DEVEX_EDGE_WEIGHTS)
     infeasible = (highspy.HighsModelStatus.kInfeasible, highspy.HighsModelStatus.kUnboundedOrInfeasible)
 
-    def solve(fixings: tuple[tuple[int, float], ...], parent: float) -> tuple[float, list[np.ndarray] | None]:
-        """The LP of a node (its value, and per table its choice weights; None when not solved to its end)."""
+    def solve(fixings: tuple[tuple[int, float], ...], parent: float,
+              basis: highspy.HighsBasis | None = None) -> tuple[float, list[np.ndarray] | None]:
+        """The LP of a node (its value, and per table its choice weights; None when not solved to its end), from
+        ``basis`` (its parent's) where given."""
         highs.changeColsBounds(len(everything), everything, lower, upper)
         for column, value in fixings:
             highs.changeColBounds(column, value, value)
+        if basis is not None:
+            highs.setBasis(basis)
         highs.setOptionValue("simplex_iteration_limit", max(int(work.left / per_iteration), 1))
         highs.run()
         work.spend(float(highs.getInfo().simplex_iteration_count) * per_iteration)
@@ -91,9 +102,9 @@ def branch_bound(problem: Problem, lp: Kept, lower_s: float, cutoff_s: float, ev
 
     order = itertools.count()
     value, weights = solve((), lower_s * US_PER_S)
-    heap = [(value, next(order), (), weights)]
+    heap = [(value, next(order), (), weights, highs.getBasis())]  # the basis its children start from
     while heap and heap[0][0] < cutoff and not work.done:
-        value, _, fixings, weights = heap[0]
+        value, _, fixings, weights, basis = heap[0]
         table = branch_table(weights) if weights is not None else None
         if table is None:  # whole choices, or an LP the limit stopped: this node's value is final here
             break
@@ -101,9 +112,9 @@ def branch_bound(problem: Problem, lp: Kept, lower_s: float, cutoff_s: float, ev
         column = int(columns[table][int(np.argmax(weights[table]))])
         for fixed in (1.0, 0.0):
             child = fixings + ((column, fixed),)
-            child_value, child_weights = solve(child, value)
+            child_value, child_weights = solve(child, value, basis)
             if child_value < cutoff:
-                heapq.heappush(heap, (child_value, next(order), child, child_weights))
+                heapq.heappush(heap, (child_value, next(order), child, child_weights, highs.getBasis()))
     bound = min(heap[0][0], cutoff) if heap else cutoff
     log.debug("embeddings: branching on choices, %d open nodes, bound %.6f s", len(heap), bound / US_PER_S)
     return max(bound / US_PER_S, lower_s)
