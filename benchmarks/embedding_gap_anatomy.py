@@ -45,12 +45,13 @@ def anatomy(case, min_gap: float) -> dict | None:
     loads = problem.evaluate(found.assignment)
     times = problem.device_time_s(loads)
     seconds_per_byte = dev.a2a_s_per_byte
+    ids_over, pool_over = problem.a2a_excess_bytes(loads)
     terms = {
         "latency": problem.base_time_s() + loads.latency_s,
         "compute": loads.compute_s,
         "a2a_floor": seconds_per_byte * (loads.ids_send_bytes + 2.0 * loads.pool_recv_bytes),
-        "ids_excess": seconds_per_byte * np.maximum(loads.ids_recv_bytes - loads.ids_send_bytes, 0.0),
-        "pooled_excess": 2.0 * seconds_per_byte * np.maximum(loads.pool_send_bytes - loads.pool_recv_bytes, 0.0),
+        "ids_excess": seconds_per_byte * ids_over,
+        "pooled_excess": 2.0 * seconds_per_byte * pool_over,
     }
     slowest = int(np.argmax(times))
     shardings = Counter(problem.options[t][o].sharding for t, (o, _) in enumerate(found.assignment))

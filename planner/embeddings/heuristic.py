@@ -33,7 +33,7 @@ from typing import Sequence
 
 import numpy as np
 
-from planner.embeddings.problem import Loads, Problem, UnitLoad
+from planner.embeddings.problem import Loads, Problem, UnitLoad, unit_memory_bytes
 
 Assignment = tuple[tuple[int, tuple[int, ...]], ...]
 # work budget of the refinement, in unit placements x devices (about 0.5 s of numpy work on one core), and
@@ -502,7 +502,7 @@ def _big_pieces(problem: Problem, t: int, o: int) -> tuple[float, float]:
         count = float(option.units) if _fill(problem, t, o) > BIG_FILL else 0.0
     else:
         u = _first_unit(problem, t, o)
-        held = u.host_bytes if option.host else u.hbm_bytes
+        held = unit_memory_bytes(u, option.host)
         capacity = (dev.host_capacity_bytes if option.host else dev.hbm_capacity_bytes)[u.devices]
         count = float(np.count_nonzero(held > BIG_FILL * capacity))
     return (0.0, count) if option.host else (count, 0.0)
@@ -516,7 +516,7 @@ def _fill(problem: Problem, t: int, o: int) -> float:
     if option.scope == "device":
         return option.memory_bytes / float(capacity.max())
     u = _first_unit(problem, t, o)
-    held = u.host_bytes if option.host else u.hbm_bytes
+    held = unit_memory_bytes(u, option.host)
     with np.errstate(divide="ignore", invalid="ignore"):  # bytes on a device with none of that memory: inf
         return float(np.max(np.where(held > 0, held / capacity[u.devices], 0.0), initial=0.0))
 
@@ -864,8 +864,7 @@ def excess_s(problem: Problem, assignment: Assignment) -> dict[int, float]:
     none are left out."""
     loads = problem.evaluate(assignment)
     per_byte = problem.dev.a2a_s_per_byte
-    ids_over = np.maximum(loads.ids_recv_bytes - loads.ids_send_bytes, 0.0)
-    pool_over = np.maximum(loads.pool_send_bytes - loads.pool_recv_bytes, 0.0)
+    ids_over, pool_over = problem.a2a_excess_bytes(loads)
     ids_share = per_byte * np.divide(ids_over, loads.ids_recv_bytes, out=np.zeros_like(ids_over),
                                      where=ids_over > 0)
     pool_share = 2.0 * per_byte * np.divide(pool_over, loads.pool_send_bytes, out=np.zeros_like(pool_over),

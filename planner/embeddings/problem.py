@@ -281,6 +281,14 @@ class Problem:
             cached = self._latency[key] = (members, latency)
         return cached
 
+    @staticmethod
+    def a2a_excess_bytes(loads: Loads) -> tuple[np.ndarray, np.ndarray]:
+        """Per device, the ids it receives beyond those it sends and the pooled bytes it sends beyond those it
+        receives: what its all-to-alls carry on top of what every device carries (:meth:`device_time_s` pays
+        the larger of each pair)."""
+        return (np.maximum(loads.ids_recv_bytes - loads.ids_send_bytes, 0.0),
+                np.maximum(loads.pool_send_bytes - loads.pool_recv_bytes, 0.0))
+
     def device_time_s(self, loads: Loads, devices: np.ndarray | slice = slice(None)) -> np.ndarray:
         """Embedding time per device: latency + compute + ids all-to-all + 2 x pooled all-to-all. The per-device
         arrays of ``loads`` hold the devices ``devices`` selects (all of them by default)."""
@@ -608,7 +616,7 @@ def _drop_units_beside_forced_blocks(problem: Problem, usable: list[list[int]]) 
         for t in sorted(forced - counted):
             units = [problem.unit(t, o, 0) for o in usable[t]]
             for host in (False, True):
-                reserved[host] += np.min([_memory_bytes(unit, host) for unit in units], axis=0)
+                reserved[host] += np.min([unit_memory_bytes(unit, host) for unit in units], axis=0)
         counted |= forced
         for t, options in enumerate(usable):
             if t in forced:
@@ -620,7 +628,7 @@ def _drop_units_beside_forced_blocks(problem: Problem, usable: list[list[int]]) 
                 forced.add(t)
 
 
-def _memory_bytes(unit: UnitLoad, host: bool) -> np.ndarray:
+def unit_memory_bytes(unit: UnitLoad, host: bool) -> np.ndarray:
     """A unit's bytes per device in host memory (``host``) or in HBM."""
     return unit.host_bytes if host else unit.hbm_bytes
 
@@ -634,7 +642,7 @@ def _fits_beside(problem: Problem, t: int, o: int, reserved: dict, capacity: dic
         return bool(np.any(option.memory_bytes <= room * (1 + 1e-9)))
     for p in problem.positions(option):
         unit = problem.unit(t, o, p)
-        if all(np.all(_memory_bytes(unit, host) + reserved[host][unit.devices]
+        if all(np.all(unit_memory_bytes(unit, host) + reserved[host][unit.devices]
                       <= capacity[host][unit.devices] * (1 + 1e-9)) for host in (False, True)):
             return True
     return False
